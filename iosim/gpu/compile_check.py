@@ -1,0 +1,106 @@
+"""CI compile check: build every kernel instantiation the library can launch with nvcc, no GPU and no CuPy needed.
+
+    python -m iosim.gpu.compile_check [--arch 80 --arch 90] [--jobs 2] [--nvcc nvcc]
+
+For each instantiation and architecture it writes a translation unit that #includes the kernel file from
+``kernels/`` and adds one explicit template instantiation, compiles it to a cubin with the options CuPy gives
+NVRTC (see ``build.nvrtc_options``) plus ``-Xptxas -v``, and prints registers, stack frame and spills. Exit status:
+0 when everything compiled and no head-dim 64 or 128 flash configuration spills; 1 otherwise; 2 if nvcc is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from iosim._resources import kernels_dir
+from iosim.gpu.build import COMPILE_ARCHS, FlashInstance, NaiveInstance, all_instances, nvcc_options
+
+NO_SPILL_HEAD_DIMS = (64, 128)  # a spill in these flash configurations fails the check
+
+_RE_REGS = re.compile(r"Used (\d+) registers")
+_RE_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+@dataclass
+class Result:
+    name: str
+    arch: int
+    ok: bool
+    registers: int = -1
+    stack: int = -1
+    spill_stores: int = -1
+    spill_loads: int = -1
+    log: str = ""
+    must_not_spill: bool = False
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_stores > 0 or self.spill_loads > 0
+
+
+def _compile(inst: FlashInstance | NaiveInstance, arch: int, nvcc: str, workdir: Path) -> Result:
+    kdir = kernels_dir()
+    safe = re.sub(r"[^A-Za-z0-9]+", "_", inst.name_expression).strip("_")
+    tu = workdir / f"{safe}_sm{arch}.cu"
+    tu.write_text(f'#include "{inst.source}"\n{inst.explicit_instantiation}\n')
+    cmd = [nvcc, *nvcc_options(kdir, arch), "-o", str(tu.with_suffix(".cubin")), str(tu)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    res = Result(
+        inst.name_expression,
+        arch,
+        proc.returncode == 0,
+        log=log if proc.returncode else "",
+        must_not_spill=isinstance(inst, FlashInstance) and inst.head_dim in NO_SPILL_HEAD_DIMS,
+    )
+    if m := _RE_REGS.search(log):
+        res.registers = int(m.group(1))
+    if m := _RE_SPILL.search(log):
+        res.stack, res.spill_stores, res.spill_loads = (int(x) for x in m.groups())
+    if res.ok and res.registers < 0:  # nvcc said nothing about the kernel: treat as a failure to be looked at
+        res.ok, res.log = False, "ptxas printed no resource report for the kernel\n" + log
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m iosim.gpu.compile_check", description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", type=int, action="append", help="SM architecture, e.g. 80 or 90 (repeatable)")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel nvcc processes (default 2)")
+    ap.add_argument("--nvcc", default="nvcc", help="nvcc executable (default: nvcc on PATH)")
+    args = ap.parse_args(argv)
+    archs = tuple(args.arch or COMPILE_ARCHS)
+    nvcc = shutil.which(args.nvcc)
+    if nvcc is None:
+        print(f"compile_check: nvcc not found (--nvcc {args.nvcc!r}); install the CUDA toolkit", file=sys.stderr)
+        return 2
+    jobs = [(inst, arch) for arch in archs for inst in all_instances()]
+    print(f"compile_check: {len(jobs)} instantiations ({len(jobs) // len(archs)} x sm_{', sm_'.join(map(str, archs))})"
+          f" with {nvcc}, {args.jobs} jobs; kernels from {kernels_dir()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="iosim_cc_") as tmp, ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(lambda ja: _compile(ja[0], ja[1], nvcc, Path(tmp)), jobs))
+
+    failed = [r for r in results if not r.ok]
+    spilled = [r for r in results if r.ok and r.must_not_spill and r.spills]
+    w = max(len(r.name) for r in results)
+    print(f"{'instantiation':<{w}}  arch   regs  stack  spill_st  spill_ld  status")
+    for r in results:
+        status = "FAIL" if not r.ok else ("SPILL" if r.spills and r.must_not_spill else ("spill" if r.spills else "ok"))
+        print(f"{r.name:<{w}}  sm_{r.arch}  {r.registers:>5}  {r.stack:>5}  {r.spill_stores:>8}  {r.spill_loads:>8}  "
+              f"{status}")
+    for r in failed:
+        print(f"\n--- {r.name} sm_{r.arch} failed:\n{r.log}", file=sys.stderr)
+    print(f"compile_check: {len(results) - len(failed)}/{len(results)} compiled; "
+          f"{len(spilled)} forbidden spills (head dims {NO_SPILL_HEAD_DIMS})")
+    return 1 if failed or spilled else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

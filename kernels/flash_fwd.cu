@@ -1,0 +1,304 @@
+// flash_fwd.cu: FlashAttention-2 forward (Dao 2023, Algorithm 1) on tensor cores, mma.sync m16n8k16.
+//
+//   O = softmax(scale * Q K^T) V, per (batch, head); Q (B, N, H, d), K and V (B, N_kv, H_kv, d), O like Q,
+//   lse (B, H, N) fp32 = natural-log logsumexp of each row's scaled scores (-inf for a row that sees no key).
+//
+// Schedule (one thread block = one Q tile of Br rows of one (batch, head); grid = (Tr, H, B)):
+//   Alg. line 4:  load Q_i (Br x d) into SRAM once
+//   Alg. line 6:  for j in 0..Tc-1: load K_j, V_j (Bc x d) into SRAM, double-buffered by cp.async: tile j+1 is in
+//                 flight while tile j is used
+//   Alg. line 8:  S_ij = Q_i K_j^T                                 (tensor cores, fp32 accumulators in registers)
+//   Alg. line 9:  m_new = max(m, rowmax(S)); P = exp2(S*scale*log2e - m_new*scale*log2e); l = l*e^(m-m_new) + rowsum(P)
+//   Alg. line 10: O = O * e^(m-m_new) + P V_j                       (P rounded to the input dtype, V via ldmatrix.trans)
+//   Alg. line 12: O = O / l, written once in the input dtype;  line 13: lse = m*scale + ln(l)
+// Each of the 4 warps owns MT = Br/64 stripes of 16 query rows, so softmax statistics never leave a warp's quad.
+// Shared memory (computed term by term in iosim/gpu/build.py): Q (Br*d) + K, V (2 stages * Bc*d each), input dtype.
+// Layout: 16-byte chunks of each tile row are XOR-swizzled (chunk c of row r lives at c ^ (r & 7)), so the 8 row
+// addresses of every ldmatrix phase and every cp.async store phase fall on 8 different 16-byte bank groups.
+// Masking: keys >= kv_len (ragged last tile, zero-filled by cp.async) and, when causal, keys j > i + (kv_len - N)
+// (bottom-right aligned) get -inf; K/V tiles entirely above the diagonal are never loaded.
+// Grouped-query / multi-query: query head h reads kv head h / (H / H_kv).
+//
+// Versions (llm.c style; numbers: device, bf16, d=128, N=4096, B*N=16384, H=16, TFLOP/s by 4*N^2*d*B*H/t;
+// full tables in docs/benchmarks.md, the log with predictions in docs/kernels.md):
+//   v1  first version: 4 warps, Br=128 (2 row stripes per warp, Q re-read from SRAM per k-step; Br=64 keeps Q
+//       in registers), Bc=64, 2-stage cp.async for K and V together, O staged through SRAM for 16-byte stores,
+//       causal Q tiles launched heaviest first. Measured: see docs/kernels.md (v1 row).
+#include "common.cuh"
+
+namespace iosim {
+
+// element offset of 16-byte chunk c (8 elements) of row r in a swizzled tile with D elements per row
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+    constexpr int C = D / 8;  // chunks per row
+    static_assert(C == 4 || C % 8 == 0, "head dim must be 32 or a multiple of 64");
+    if constexpr (C >= 8) {
+        return r * D + ((c ^ (r & 7)) << 3);
+    } else {  // 64-byte rows: two rows share a 128-byte line, swizzle by the line index
+        return r * D + ((c ^ ((r >> 1) & 3)) << 3);
+    }
+}
+
+// cp.async a ROWS x D tile (row stride `gstride` elements in global memory) into swizzled shared memory;
+// rows >= nvalid are zero-filled (their source is clamped to row 0, never read).
+template <int ROWS, int D, int THREADS, typename T>
+__device__ __forceinline__ void load_tile_async(T* s, const T* g, long long gstride, int nvalid, int tid) {
+    constexpr int C = D / 8;
+    constexpr int TOTAL = ROWS * C;
+#pragma unroll
+    for (int it = 0; it < (TOTAL + THREADS - 1) / THREADS; ++it) {
+        const int idx = it * THREADS + tid;
+        if (TOTAL % THREADS == 0 || idx < TOTAL) {
+            const int r = idx / C, c = idx % C;
+            const bool ok = r < nvalid;
+            const T* src = g + (ok ? r : 0) * gstride + c * 8;
+            cp_async_16(smem_u32(s + swz<D>(r, c)), src, ok ? 16 : 0);
+        }
+    }
+}
+
+template <int D, int Br, int Bc, typename T, bool Causal>
+__global__ void __launch_bounds__(128)
+    flash_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+                     float* __restrict__ lse, int seq_len, int kv_len, int heads, int kv_heads, float scale_log2) {
+    constexpr int kWarps = 4, kThreads = 32 * kWarps;
+    constexpr int MT = Br / (16 * kWarps);  // 16-row stripes per warp
+    constexpr int NT = Bc / 8;              // n8 tiles of S per stripe
+    constexpr int KD = D / 16;              // k16 steps of Q K^T
+    constexpr int ND = D / 8;               // n8 tiles of O per stripe
+    constexpr bool kQInRegs = (MT == 1 && D <= 128);  // Q fragments live in registers for the whole loop
+    static_assert(Br % (16 * kWarps) == 0 && Bc % 16 == 0 && D % 32 == 0, "tile shape");
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw);  // Br x D
+    T* sK = sQ + Br * D;                     // 2 stages x Bc x D
+    T* sV = sK + 2 * Bc * D;                 // 2 stages x Bc x D
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;  // mma fragment coordinates: row group, thread in group
+    // causal Q tiles near the bottom see the most keys: launch them first (longest-processing-time first)
+    const int m_block = Causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (heads / kv_heads);
+    const int m0 = m_block * Br;
+    const long long q_stride = (long long)heads * D;      // elements between consecutive query rows
+    const long long kv_stride = (long long)kv_heads * D;  // elements between consecutive key rows
+    const T* qg = q + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
+    T* og = o + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
+    const T* kg = k + (long long)b * kv_len * kv_stride + (long long)hk * D;
+    const T* vg = v + (long long)b * kv_len * kv_stride + (long long)hk * D;
+    float* lseg = lse + ((long long)b * heads + h) * seq_len + m0;
+
+    const int q_valid = min(Br, seq_len - m0);
+    const int offset = kv_len - seq_len;  // causal: row i sees key j iff j <= i + offset
+    int n_blocks = (kv_len + Bc - 1) / Bc;  // Tc
+    if (Causal) {
+        const int last_key = m0 + Br - 1 + offset;  // the largest key any row of this tile sees
+        n_blocks = min(n_blocks, last_key < 0 ? 0 : last_key / Bc + 1);
+    }
+    if (n_blocks <= 0) {  // no row of this tile sees any key: O = 0, lse = -inf
+        for (int idx = tid; idx < q_valid * ND; idx += kThreads) {
+            *reinterpret_cast<uint4*>(og + (idx / ND) * q_stride + (idx % ND) * 8) = make_uint4(0, 0, 0, 0);
+        }
+        for (int r = tid; r < q_valid; r += kThreads) lseg[r] = -INFINITY;
+        return;
+    }
+
+    // Alg. line 4: Q_i into SRAM (group 0); line 6 for j = 0: K_0, V_0 (group 1)
+    load_tile_async<Br, D, kThreads>(sQ, qg, q_stride, q_valid, tid);
+    cp_async_commit();
+    load_tile_async<Bc, D, kThreads>(sK, kg, kv_stride, kv_len, tid);
+    load_tile_async<Bc, D, kThreads>(sV, vg, kv_stride, kv_len, tid);
+    cp_async_commit();
+
+    float acc_o[MT][ND][4];
+    float m_i[MT][2], l_i[MT][2];  // running row max (raw score units) and this thread's partial row sum
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][nd][e] = 0.f;
+        m_i[mt][0] = m_i[mt][1] = -INFINITY;
+        l_i[mt][0] = l_i[mt][1] = 0.f;
+    }
+    unsigned q_frag[kQInRegs ? KD : 1][4];
+
+    // ldmatrix lane roles (see the fragment layouts of mma.m16n8k16 in the PTX ISA)
+    const int a_row = lane & 15, a_chunk = lane >> 4;            // A (Q): rows 0-15, k chunk 0/1
+    const int b_row = (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;  // B (K): n rows, k chunk
+    const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_chunk = lane >> 4;  // B (V, trans): k rows, n chunk
+
+    for (int j = 0; j < n_blocks; ++j) {
+        const int stage = j & 1;
+        const T* sKs = sK + stage * Bc * D;
+        const T* sVs = sV + stage * Bc * D;
+        if (j + 1 < n_blocks) {  // Alg. line 6 for j+1, overlapped with this tile's math
+            const long long off = (long long)(j + 1) * Bc * kv_stride;
+            load_tile_async<Bc, D, kThreads>(sK + (stage ^ 1) * Bc * D, kg + off, kv_stride, kv_len - (j + 1) * Bc,
+                                             tid);
+            load_tile_async<Bc, D, kThreads>(sV + (stage ^ 1) * Bc * D, vg + off, kv_stride, kv_len - (j + 1) * Bc,
+                                             tid);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();  // everything but the group just issued has landed: Q, K_j, V_j
+        __syncthreads();
+
+        if constexpr (kQInRegs) {
+            if (j == 0) {
+#pragma unroll
+                for (int ks = 0; ks < KD; ++ks)
+                    ldmatrix_x4(q_frag[ks][0], q_frag[ks][1], q_frag[ks][2], q_frag[ks][3],
+                                smem_u32(sQ + swz<D>(warp * 16 + a_row, ks * 2 + a_chunk)));
+            }
+        }
+
+        // Alg. line 8: S = Q_i K_j^T
+        float acc_s[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KD; ++ks) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                if constexpr (kQInRegs) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[ks][e];
+                } else {
+                    ldmatrix_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
+                                smem_u32(sQ + swz<D>(mt * 16 * kWarps + warp * 16 + a_row, ks * 2 + a_chunk)));
+                }
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                unsigned b0, b1, b2, b3;  // (b0, b1): n-tile 2np; (b2, b3): n-tile 2np+1
+                ldmatrix_x4(b0, b1, b2, b3, smem_u32(sKs + swz<D>(np * 16 + b_row, ks * 2 + b_chunk)));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<T>(acc_s[mt][2 * np], a[mt], b0, b1);
+                    mma_16816<T>(acc_s[mt][2 * np + 1], a[mt], b2, b3);
+                }
+            }
+        }
+
+        // mask keys past kv_len and, when causal, above the diagonal; only tiles that hold such keys pay for it
+        const int n0 = j * Bc;
+        const bool need_mask = (n0 + Bc > kv_len) || (Causal && n0 + Bc - 1 > m0 + offset);
+        if (need_mask) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = m0 + mt * 16 * kWarps + warp * 16 + g + ((e >> 1) << 3);
+                        const int col = n0 + nt * 8 + 2 * t4 + (e & 1);
+                        if (col >= kv_len || (Causal && col > row + offset)) acc_s[mt][nt][e] = -INFINITY;
+                    }
+        }
+
+        // Alg. line 9-10: online softmax in fp32, rescale O
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {  // hr = 0: row g, hr = 1: row g + 8
+                float mx = m_i[mt][hr];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * hr], acc_s[mt][nt][2 * hr + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                // a row with no visible key so far keeps max -inf: subtract 0 instead, so exp2(-inf - 0) = 0, no NaN
+                const float m_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
+                const float corr = exp2_approx(m_i[mt][hr] * scale_log2 - m_scaled);
+                m_i[mt][hr] = mx;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+                        const float p = exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -m_scaled));
+                        acc_s[mt][nt][e] = p;
+                        rs += p;
+                    }
+                l_i[mt][hr] = l_i[mt][hr] * corr + rs;
+#pragma unroll
+                for (int nd = 0; nd < ND; ++nd) {
+                    acc_o[mt][nd][2 * hr] *= corr;
+                    acc_o[mt][nd][2 * hr + 1] *= corr;
+                }
+            }
+
+        // Alg. line 10: O += P V_j, P rounded to the input dtype as the A operand
+#pragma unroll
+        for (int kk = 0; kk < Bc / 16; ++kk) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                a[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+                a[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+                a[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                unsigned b0, b1, b2, b3;  // (b0, b1): d-tile 2dp; (b2, b3): d-tile 2dp+1
+                ldmatrix_x4_trans(b0, b1, b2, b3, smem_u32(sVs + swz<D>(kk * 16 + v_row, dp * 2 + v_chunk)));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<T>(acc_o[mt][2 * dp], a[mt], b0, b1);
+                    mma_16816<T>(acc_o[mt][2 * dp + 1], a[mt], b2, b3);
+                }
+            }
+        }
+        __syncthreads();  // all warps are done with stage `stage` before iteration j+1 refills it
+    }
+
+    // Alg. line 12-13: O = O / l, lse = m*scale + ln(l); rows that saw no key: O = 0, lse = -inf
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            float l = l_i[mt][hr];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+            for (int nd = 0; nd < ND; ++nd) {
+                acc_o[mt][nd][2 * hr] *= inv;
+                acc_o[mt][nd][2 * hr + 1] *= inv;
+            }
+            const int row = mt * 16 * kWarps + warp * 16 + g + 8 * hr;
+            if (t4 == 0 && row < q_valid)
+                lseg[row] = l > 0.f ? (m_i[mt][hr] * scale_log2 + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+        }
+
+    // O tile -> this warp's own rows of sQ (no other warp reads them) -> 16-byte coalesced stores
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const int r0 = mt * 16 * kWarps + warp * 16;
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd) {
+            *reinterpret_cast<unsigned*>(sQ + swz<D>(r0 + g, nd) + 2 * t4) =
+                pack2<T>(acc_o[mt][nd][0], acc_o[mt][nd][1]);
+            *reinterpret_cast<unsigned*>(sQ + swz<D>(r0 + g + 8, nd) + 2 * t4) =
+                pack2<T>(acc_o[mt][nd][2], acc_o[mt][nd][3]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int idx = lane; idx < 16 * ND; idx += 32) {
+            const int r = r0 + idx / ND, c = idx % ND;
+            if (r < q_valid)
+                *reinterpret_cast<uint4*>(og + r * q_stride + c * 8) =
+                    *reinterpret_cast<const uint4*>(sQ + swz<D>(r, c));
+        }
+    }
+}
+
+}  // namespace iosim
