@@ -1,0 +1,25 @@
+"""iosim: exact memory-traffic simulation of attention schedules across DRAM, L2 and SRAM.
+
+``import iosim`` needs neither CuPy nor a GPU; :mod:`iosim.gpu` imports CuPy lazily.
+"""
+
+__version__ = "0.1.0"
+
+from .problem import AttentionProblem, ProblemError  # noqa: E402
+from .profile import Profile, ProfileError, get_profile  # noqa: E402
+from .schedules import SCHEDULES, ScheduleError, Tiles  # noqa: E402
+from .simulate import Result, simulate  # noqa: E402
+
+__all__ = [
+    "SCHEDULES",
+    "AttentionProblem",
+    "ProblemError",
+    "Profile",
+    "ProfileError",
+    "Result",
+    "ScheduleError",
+    "Tiles",
+    "__version__",
+    "get_profile",
+    "simulate",
+]

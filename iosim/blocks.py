@@ -1,0 +1,88 @@
+"""Tile geometry: which rows a block holds, and which K/V blocks a Q block visits.
+
+One question per function, like FlashAttention's ``BlockInfo.get_n_block_min_max``. Ragged last tiles hold
+their real rows only (no padding). Everything here works on Python ints and, where noted, on NumPy arrays
+(for the vectorized closed forms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def cdiv(a, b):
+    """Ceiling division for ints or integer arrays."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows [start, stop) of a tensor: one tile's extent along the sequence."""
+
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def slice(self) -> slice:
+        return slice(self.start, self.stop)
+
+
+def block_rows(index: int, block: int, length: int) -> Rows:
+    """Rows of block ``index`` when ``length`` rows are cut into blocks of ``block`` (last one ragged)."""
+    start = index * block
+    return Rows(start, min(start + block, length))
+
+
+def n_kv_blocks_visible(i, Br, Bc, N, Nk, causal):
+    """How many K/V blocks (from block 0) Q block ``i`` must visit: all of them, or, with a causal mask
+    aligned bottom-right, those that hold at least one key visible to a row of the block.
+
+    Query row r sees key c iff ``c <= r + (Nk - N)``; the block's last row is ``min((i+1)·Br, N) - 1``, so
+    the visible keys are ``[0, min(Nk, min((i+1)·Br, N) + Nk - N))``. Works elementwise on arrays.
+    """
+    Tc = cdiv(Nk, Bc)
+    if not causal:
+        return Tc + 0 * i
+    last_row_end = np.minimum((i + 1) * Br, N)
+    visible = np.clip(last_row_end + (Nk - N), 0, Nk)
+    n = cdiv(visible, Bc)
+    return int(n) if np.ndim(n) == 0 else n
+
+
+@dataclass(frozen=True)
+class VisitSums:
+    """Sums over the visited (Q block i, K/V block j) pairs that every tiled closed form is made of.
+
+    pairs     Σ_i n_i                      visited tile pairs
+    row_visits Σ_i br_i · n_i              query rows times K/V blocks visited
+    col_visits Σ_i Σ_{j<n_i} bc_j          key rows streamed, summed over Q blocks
+    area      Σ_i br_i · Σ_{j<n_i} bc_j    score elements computed (masked ones inside visited tiles included)
+    kv_blocks  number of K/V blocks visited by at least one Q block
+    """
+
+    pairs: int
+    row_visits: int
+    col_visits: int
+    area: int
+    kv_blocks: int
+
+
+def visit_sums(N: int, Nk: int, Br: int, Bc: int, causal: bool) -> VisitSums:
+    """Exact visit sums, vectorized over the Q blocks (O(N/Br) NumPy work, no Python loop)."""
+    Tr = cdiv(N, Br)
+    i = np.arange(Tr, dtype=np.int64)
+    br = np.minimum((i + 1) * Br, N) - i * Br
+    n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, causal), dtype=np.int64)
+    cols = np.minimum(n * Bc, Nk)  # visited K/V blocks are 0..n-1, contiguous from the start
+    return VisitSums(
+        pairs=int(n.sum()),
+        row_visits=int((br * n).sum()),
+        col_visits=int(cols.sum()),
+        area=int((br * cols).sum()),
+        kv_blocks=int(n.max()) if Tr else 0,
+    )

@@ -1,0 +1,239 @@
+"""The instruction set of tile programs, and the counting interpreter.
+
+A schedule (``iosim/schedules/*.py``) is written once, as a Python function over one attention head that
+calls the methods of a :class:`Machine`: launch kernels, start thread blocks, load tiles from global memory
+into SRAM, run the algorithm's steps on tiles, store tiles. Interpreters implement the methods:
+
+* :class:`Counter` (here) adds up bytes per boundary, tensor and direction, and FLOPs per kind;
+* :class:`iosim.numeric.NumericMachine` computes on NumPy arrays, so the exactness tests test the very
+  schedule that is costed.
+
+Tiles are opaque to the schedule: the counter's tiles carry only a shape and an element size, the numeric
+machine's carry numbers. The steps are named after the papers' lines (``scores``, ``online_softmax``,
+``rescale``...). FLOPs are counted as executed: a masked element inside a visited tile costs its FLOPs.
+
+On-chip accounting (``sram``): a load writes the tile into SRAM in its storage dtype; a step reads its
+operands out of SRAM and writes its results (fp32, 4 B per element) into it; a store reads the tile out.
+Every on-chip value occupies a buffer named by its role (``Q``, ``K``, ``V``, ``S``, ``P``, ``O``, ``m``,
+``l``...); a new value of a role replaces the old one, as a kernel reuses its registers and shared memory.
+The peak, per thread block, is the largest sum of the live buffers.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .blocks import Rows
+from .counts import KernelCounts
+from .problem import STAT_BYTES, AttentionProblem
+
+ACC_BYTES = 4  # on-chip results (scores, probabilities, accumulators, statistics) are fp32
+
+
+class Machine:
+    """Interface of a tile-program interpreter. One instance runs one head (``head``, ``kv_head``)."""
+
+    problem: AttentionProblem
+
+    @contextmanager
+    def kernel(self, name: str, grid: int):
+        """A kernel launch with ``grid`` thread blocks per head."""
+        yield
+
+    @contextmanager
+    def thread_block(self):
+        """One thread block; its on-chip buffers are released at the end."""
+        yield
+
+    def order(self, blocks):
+        """The order in which a loop visits K/V blocks (the counts do not depend on it)."""
+        return blocks
+
+    # global <-> SRAM
+    def load(self, tensor: str, rows: Rows, cols: Rows | None = None): ...
+    def store(self, tensor: str, rows: Rows, tile, cols: Rows | None = None) -> None: ...
+    def fill(self, tensor: str, rows: Rows, value: float) -> None:
+        """Write a constant straight to global memory (FlashAttention-1 Alg. 1 line 2)."""
+
+    # on-chip steps (see each interpreter for the arithmetic)
+    def scores(self, Q_i, K_j, rows: Rows, cols: Rows): ...
+    def row_softmax(self, S, rows: Rows): ...
+    def matmul_acc(self, O, P, V_j): ...
+    def zeros_acc(self, rows: Rows): ...
+    def block_stats(self, S): ...
+    def flash1_update(self, O_i, l_i, m_i, m_ij, P_ij, l_ij, V_j): ...
+    def init_state(self, rows: Rows): ...
+    def online_softmax(self, S, V_j, O, l, m): ...
+    def finalize(self, O, l, m): ...
+
+
+@dataclass
+class Tile:
+    """A tile as the counter sees it: a shape, an element size and the role of its on-chip buffer."""
+
+    rows: int
+    cols: int
+    elem: int
+    role: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.cols * self.elem
+
+
+class Counter(Machine):
+    """Counts bytes and FLOPs of one head; :func:`iosim.simulate.walk` scales by the number of heads."""
+
+    def __init__(self, problem: AttentionProblem):
+        self.problem = problem
+        self.d = problem.head_dim
+        self.kernels: list[KernelCounts] = []
+        self._k: KernelCounts | None = None
+        self._buffers: dict[str, int] = {}
+        self._peak = 0
+
+    # -- structure -----------------------------------------------------------------------------------
+    @contextmanager
+    def kernel(self, name: str, grid: int):
+        self._k = KernelCounts(name=name, grid=grid, sram_peak=0)
+        yield
+        self.kernels.append(self._k)
+        self._k = None
+
+    @contextmanager
+    def thread_block(self):
+        self._buffers = {}
+        self._peak = 0
+        yield
+        self._k.sram_peak = max(self._k.sram_peak, self._peak)
+        self._buffers = {}
+
+    def _hold(self, tile: Tile) -> Tile:
+        self._buffers[tile.role] = tile.nbytes
+        self._peak = max(self._peak, sum(self._buffers.values()))
+        self._k.sram_write += tile.nbytes
+        return tile
+
+    def _read(self, *tiles: Tile) -> None:
+        self._k.sram_read += sum(t.nbytes for t in tiles)
+
+    def _flops(self, matmul: int = 0, exp: int = 0, other: int = 0) -> None:
+        f = self._k.flops
+        f["matmul"] += matmul
+        f["exp"] += exp
+        f["other"] += other
+
+    def _elem(self, tensor: str) -> int:
+        return STAT_BYTES if tensor in ("m", "l", "lse") else self.problem.elem_bytes
+
+    def _shape(self, tensor: str, rows: Rows, cols: Rows | None) -> tuple[int, int]:
+        if tensor in ("S", "P"):
+            return rows.size, cols.size
+        if tensor in ("m", "l", "lse"):
+            return rows.size, 1
+        return rows.size, self.d
+
+    # -- global <-> SRAM -----------------------------------------------------------------------------
+    def load(self, tensor, rows, cols=None):
+        r, c = self._shape(tensor, rows, cols)
+        tile = Tile(r, c, self._elem(tensor), tensor)
+        self._k.global_read[tensor] += tile.nbytes
+        return self._hold(tile)
+
+    def store(self, tensor, rows, tile, cols=None):
+        r, c = self._shape(tensor, rows, cols)
+        self._k.global_write[tensor] += r * c * self._elem(tensor)
+        self._read(tile)
+
+    def fill(self, tensor, rows, value):
+        r, c = self._shape(tensor, rows, None)
+        self._k.global_write[tensor] += r * c * self._elem(tensor)
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def scores(self, Q_i, K_j, rows, cols):
+        # S = scale * Q_i K_j^T: 2·br·bc·d matmul FLOPs, one multiply per score for the scale
+        br, bc = rows.size, cols.size
+        self._read(Q_i, K_j)
+        self._flops(matmul=2 * br * bc * self.d, other=br * bc)
+        return self._hold(Tile(br, bc, ACC_BYTES, "S"))
+
+    def row_softmax(self, S, rows):
+        # P = softmax(S) row by row: max, subtract, exp, sum, divide
+        self._read(S)
+        n = S.rows * S.cols
+        self._flops(exp=n, other=4 * n)
+        return self._hold(Tile(S.rows, S.cols, ACC_BYTES, "P"))
+
+    def zeros_acc(self, rows):
+        return self._hold(Tile(rows.size, self.d, ACC_BYTES, "O"))
+
+    def matmul_acc(self, O, P, V_j):
+        # O += P V_j: 2·br·bc·d
+        self._read(O, P, V_j)
+        self._flops(matmul=2 * P.rows * P.cols * self.d)
+        return self._hold(Tile(O.rows, O.cols, ACC_BYTES, "O"))
+
+    def block_stats(self, S):
+        # FA1 Alg. 1 line 10: m~ = rowmax(S); P~ = exp(S - m~); l~ = rowsum(P~)
+        br, bc = S.rows, S.cols
+        self._read(S)
+        self._flops(exp=br * bc, other=3 * br * bc)
+        m_ij = self._hold(Tile(br, 1, ACC_BYTES, "m~"))
+        P_ij = self._hold(Tile(br, bc, ACC_BYTES, "S"))  # P~ is written over S, in place
+        l_ij = self._hold(Tile(br, 1, ACC_BYTES, "l~"))
+        return m_ij, P_ij, l_ij
+
+    def flash1_update(self, O_i, l_i, m_i, m_ij, P_ij, l_ij, V_j):
+        # FA1 Alg. 1 line 11: m_new = max(m_i, m~)                             br other
+        #                     l_new = e^(m_i-m_new) l_i + e^(m~-m_new) l~     2br exp, 4br other
+        # line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i-m_new) O_i + e^(m~-m_new) P~ V_j)
+        #          P~ V_j: 2·br·bc·d matmul; per row: 2 factors + 1 reciprocal (3br);
+        #          per element: 2 scalings, 1 add, 1 normalization (4·br·d)
+        br, bc = P_ij.rows, P_ij.cols
+        self._read(O_i, l_i, m_i, m_ij, P_ij, l_ij, V_j)
+        self._flops(matmul=2 * br * bc * self.d, exp=2 * br, other=br + 4 * br + 3 * br + 4 * br * self.d)
+        O_new = self._hold(Tile(br, self.d, ACC_BYTES, "O"))
+        l_new = self._hold(Tile(br, 1, ACC_BYTES, "l"))
+        m_new = self._hold(Tile(br, 1, ACC_BYTES, "m"))
+        return O_new, l_new, m_new
+
+    def init_state(self, rows):
+        # FA2 Alg. 1 line 5, on chip: O = 0, l = 0, m = -inf
+        br = rows.size
+        return (
+            self._hold(Tile(br, self.d, ACC_BYTES, "O")),
+            self._hold(Tile(br, 1, ACC_BYTES, "l")),
+            self._hold(Tile(br, 1, ACC_BYTES, "m")),
+        )
+
+    def online_softmax(self, S, V_j, O, l, m):
+        # FA2 Alg. 1 lines 9-10:
+        #   m_new = max(m, rowmax(S))             br·bc other (row max; the max with m is folded in: + br)
+        #   P~ = exp(S - m_new)                   br·bc other + br·bc exp
+        #   alpha = exp(m - m_new)                br other + br exp
+        #   l = alpha·l + rowsum(P~)              br·bc other + 2br other
+        #   O = diag(alpha) O + P~ V_j            br·d other + 2·br·bc·d matmul
+        br, bc = S.rows, S.cols
+        self._read(S, V_j, O, l, m)
+        self._flops(
+            matmul=2 * br * bc * self.d,
+            exp=br * bc + br,
+            other=3 * br * bc + 4 * br + br * self.d,
+        )
+        self._hold(Tile(br, bc, ACC_BYTES, "S"))  # P~ is written over S, in place
+        return (
+            self._hold(Tile(br, self.d, ACC_BYTES, "O")),
+            self._hold(Tile(br, 1, ACC_BYTES, "l")),
+            self._hold(Tile(br, 1, ACC_BYTES, "m")),
+        )
+
+    def finalize(self, O, l, m):
+        # FA2 Alg. 1 lines 12-13: O = diag(l)^-1 O (br reciprocals + br·d multiplies); L = m + log(l)
+        br = O.rows
+        self._read(O, l, m)
+        self._flops(exp=br, other=br + br * self.d + br)
+        O_out = self._hold(Tile(br, self.d, ACC_BYTES, "O"))
+        lse = self._hold(Tile(br, 1, ACC_BYTES, "lse"))
+        return O_out, lse
+

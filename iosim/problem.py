@@ -1,0 +1,107 @@
+"""The attention problem: shapes, dtype, causality, scale.
+
+Conventions (DESIGN.md section 4): Q, K, V, O, S, P are stored in the problem dtype; softmax statistics
+(m, l, logsumexp) in fp32. Causal masking is aligned to the bottom-right corner when seq_len != kv_len, as
+FlashAttention >= 2.1 does: query row i sees key j iff ``j <= i + (kv_len - seq_len)``. A query row that
+sees no key (possible when seq_len > kv_len) produces zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DType = Literal["fp32", "fp16", "bf16"]
+ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+STAT_BYTES = 4  # m, l, logsumexp are fp32 in every schedule
+
+
+class ProblemError(ValueError):
+    """Invalid problem: the message names the field, the value and what is expected."""
+
+
+class AttentionProblem(BaseModel):
+    """softmax(scale · Q Kᵀ) V for ``batch × heads`` heads, queries (seq_len, head_dim), keys (kv_len, head_dim)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch: int = Field(1, ge=1, description="independent sequences")
+    heads: int = Field(1, ge=1, description="query heads")
+    kv_heads: int | None = Field(None, ge=1, description="key/value heads (grouped-query); default = heads")
+    seq_len: int = Field(ge=1, description="query length N")
+    kv_len: int | None = Field(None, ge=1, description="key/value length; default = seq_len")
+    head_dim: int = Field(128, ge=1, description="d")
+    dtype: DType = "fp16"
+    causal: bool = False
+    scale: float | None = Field(None, gt=0, description="softmax scale; default 1/sqrt(head_dim)")
+
+    @model_validator(mode="after")
+    def _fill_defaults(self):
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.kv_len is None:
+            object.__setattr__(self, "kv_len", self.seq_len)
+        if self.scale is None:
+            object.__setattr__(self, "scale", 1.0 / math.sqrt(self.head_dim))
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"heads={self.heads} is not divisible by kv_heads={self.kv_heads}: "
+                "each key/value head must serve a whole group of query heads"
+            )
+        return self
+
+    @classmethod
+    def make(cls, **kwargs) -> AttentionProblem:
+        """Build a problem, turning pydantic's errors into one ProblemError line per bad field."""
+        try:
+            return cls(**kwargs)
+        except ValidationError as err:
+            parts = []
+            for e in err.errors():
+                field = ".".join(str(p) for p in e["loc"]) or "problem"
+                value = e.get("input")
+                if e["type"] == "extra_forbidden":
+                    parts.append(f"{field}: unknown field")
+                else:
+                    parts.append(f"{field}={value!r}: {e['msg']}")
+            raise ProblemError("; ".join(parts)) from None
+
+    # -- derived sizes -------------------------------------------------------------------------------
+    @property
+    def elem_bytes(self) -> int:
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head."""
+        return self.heads // self.kv_heads
+
+    @property
+    def n_heads_total(self) -> int:
+        return self.batch * self.heads
+
+    @property
+    def causal_offset(self) -> int:
+        """Query row i sees keys j <= i + causal_offset (bottom-right alignment)."""
+        return self.kv_len - self.seq_len
+
+    def visible_keys(self, row: int) -> int:
+        """Number of keys query ``row`` attends to."""
+        if not self.causal:
+            return self.kv_len
+        return max(0, min(self.kv_len, row + self.causal_offset + 1))
+
+    def conventional_flops(self) -> int:
+        """The field's throughput convention: 4·N·N_kv·d per head, halved for causal (FA2/FA3 benchmarks)."""
+        f = 4 * self.seq_len * self.kv_len * self.head_dim * self.n_heads_total
+        return f // 2 if self.causal else f
+
+    def describe(self) -> str:
+        kv = f", kv_heads={self.kv_heads}" if self.kv_heads != self.heads else ""
+        nk = f", kv_len={self.kv_len}" if self.kv_len != self.seq_len else ""
+        return (
+            f"batch={self.batch}, heads={self.heads}{kv}, seq_len={self.seq_len}{nk}, "
+            f"head_dim={self.head_dim}, {self.dtype}{', causal' if self.causal else ''}"
+        )

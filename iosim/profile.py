@@ -1,0 +1,267 @@
+"""Hardware profiles: pydantic models, loadable from YAML or JSON, every number with its source.
+
+A profile lists memory levels outermost first (DRAM/HBM, L2, shared memory, registers), the SM count and
+clock, dense peak rates per dtype for the tensor cores and for plain fp32, and the special-function (exp)
+rate. Every number is a ``{value, source}`` pair; ``value: null`` says the number is not published (the
+source then says so), and anything that needs it fails with a message naming the field.
+
+Quantities are written as people write them: ``80GB``, ``50MiB``, ``3.35 TB/s``, ``228KiB``,
+``989.4 TFLOP/s``, ``1.98 GHz``. Unknown keys are rejected everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from .units import UnitError, parse_quantity
+
+SCHEMA_VERSION = 1
+DEFAULT_PROFILE = "h100-sxm5-80gb"
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+
+
+class ProfileError(ValueError):
+    """A profile could not be found, read or validated; the message names the file and the field."""
+
+
+def _unit(family: str):
+    def convert(v):
+        if v is None:
+            return None
+        try:
+            return parse_quantity(v, family)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+
+    return BeforeValidator(convert)
+
+
+def _int_bytes(v):
+    if v is None:
+        return None
+    try:
+        x = parse_quantity(v, "bytes")
+    except UnitError as exc:
+        raise ValueError(str(exc)) from None
+    if x != int(x):
+        raise ValueError(f"{v!r} is not a whole number of bytes")
+    return int(x)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourcedBytes(_Strict):
+    """A size in bytes (``value`` accepts '50MiB'), with where the number comes from."""
+
+    value: Annotated[int | None, BeforeValidator(_int_bytes)] = Field(description="bytes; null = not published")
+    source: str = Field(min_length=1, description="datasheet, paper, or 'measured on ... with ...'")
+
+
+class SourcedBandwidth(_Strict):
+    value: Annotated[float | None, _unit("bytes/s")] = Field(description="bytes per second")
+    source: str = Field(min_length=1)
+
+
+class SourcedFlops(_Strict):
+    value: Annotated[float | None, _unit("flop/s")] = Field(description="floating-point operations per second")
+    source: str = Field(min_length=1)
+
+
+class SourcedOps(_Strict):
+    value: Annotated[float | None, _unit("op/s")] = Field(description="operations (results) per second")
+    source: str = Field(min_length=1)
+
+
+class SourcedHz(_Strict):
+    value: Annotated[float | None, _unit("Hz")] = Field(description="cycles per second")
+    source: str = Field(min_length=1)
+
+
+class SourcedCount(_Strict):
+    value: int | None = Field(ge=1, description="a count; null = not published")
+    source: str = Field(min_length=1)
+
+
+class DRAM(_Strict):
+    """Device memory (HBM or GDDR): the outermost level."""
+
+    level: Literal["dram"]
+    name: str = Field(default="DRAM", description="HBM3, HBM3e, GDDR6X ...")
+    capacity: SourcedBytes
+    bandwidth: SourcedBandwidth
+
+
+class L2(_Strict):
+    level: Literal["l2"]
+    capacity: SourcedBytes
+    bandwidth: SourcedBandwidth
+    line_size: SourcedBytes = Field(description="cache line (tag granularity), bytes")
+    sector_size: SourcedBytes = Field(description="sector (fill granularity), bytes")
+
+
+class SharedMemory(_Strict):
+    """On-chip SRAM that a thread block addresses (shared memory / LDS)."""
+
+    level: Literal["smem"]
+    per_sm: SourcedBytes
+    per_block: SourcedBytes = Field(description="the most one thread block may use (opt-in maximum)")
+    bandwidth: SourcedBandwidth | None = Field(default=None, description="aggregate over the chip")
+
+
+class Registers(_Strict):
+    level: Literal["registers"]
+    per_sm: SourcedBytes
+
+
+MemoryLevel = Annotated[DRAM | L2 | SharedMemory | Registers, Field(discriminator="level")]
+_ORDER = ["dram", "l2", "smem", "registers"]
+
+
+class TensorRates(_Strict):
+    """Dense (no sparsity) tensor-core peak per input dtype."""
+
+    fp16: SourcedFlops
+    bf16: SourcedFlops
+    fp8: SourcedFlops | None = None
+    tf32: SourcedFlops | None = None
+
+
+class Compute(_Strict):
+    tensor: TensorRates
+    fp32: SourcedFlops = Field(description="plain (non-tensor) fp32, FMA counted as 2 FLOPs")
+    exp: SourcedOps = Field(description="special-function unit: exp2 results per second over the chip")
+
+
+class SMLimits(_Strict):
+    """Per-SM residency limits, used to count thread blocks that run at once."""
+
+    max_threads: SourcedCount
+    max_blocks: SourcedCount
+
+
+class Profile(_Strict):
+    """A GPU (or accelerator) as iosim sees it."""
+
+    schema_version: Literal[1] = 1
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", description="lower-case id, e.g. h100-sxm5-80gb")
+    display_name: str
+    vendor: str
+    notes: str = ""
+    sm_count: SourcedCount
+    clock: SourcedHz = Field(description="boost clock the peak rates assume")
+    memory: list[MemoryLevel] = Field(min_length=4, max_length=4, description="outermost first")
+    sm: SMLimits
+    compute: Compute
+
+    @model_validator(mode="after")
+    def _levels_in_order(self):
+        got = [m.level for m in self.memory]
+        if got != _ORDER:
+            raise ValueError(f"memory levels must be listed outermost first as {_ORDER}, got {got}")
+        return self
+
+    # -- accessors -----------------------------------------------------------------------------------
+    @property
+    def dram(self) -> DRAM:
+        return self.memory[0]  # type: ignore[return-value]
+
+    @property
+    def l2(self) -> L2:
+        return self.memory[1]  # type: ignore[return-value]
+
+    @property
+    def smem(self) -> SharedMemory:
+        return self.memory[2]  # type: ignore[return-value]
+
+    @property
+    def registers(self) -> Registers:
+        return self.memory[3]  # type: ignore[return-value]
+
+    def require(self, dotted: str) -> float:
+        """The value at ``dotted`` (e.g. ``'l2.bandwidth'``), or a ProfileError saying it is not published."""
+        obj = self
+        for part in dotted.split("."):
+            obj = getattr(obj, part) if part not in ("dram", "l2", "smem", "registers") else getattr(self, part)
+        if obj is None or obj.value is None:
+            src = getattr(obj, "source", "absent from the profile")
+            raise ProfileError(f"profile {self.name!r}: {dotted} is not known ({src}); it is needed here")
+        return obj.value
+
+    def matmul_rate(self, dtype: str) -> float:
+        """Tensor-core FLOP/s for ``dtype`` operands (fp32 problems use the plain fp32 rate: no TF32)."""
+        if dtype == "fp32":
+            return self.require("compute.fp32")
+        return self.require(f"compute.tensor.{dtype}")
+
+
+# -- loading ---------------------------------------------------------------------------------------------
+
+
+def _format_validation(err: ValidationError, where: str) -> str:
+    lines = [f"{where}: invalid profile"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (remove it or check its spelling)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def profile_from_dict(data: dict, where: str = "<dict>") -> Profile:
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: a profile must be a mapping, got {type(data).__name__}")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(_format_validation(err, where)) from None
+
+
+def load_profile_file(path: str | Path) -> Profile:
+    """Load a profile from a YAML (``.yaml``/``.yml``) or JSON (``.json``) file. YAML is loaded safely."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"{path}: no such profile file")
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    return profile_from_dict(data, str(path))
+
+
+def builtin_profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+@lru_cache(maxsize=None)
+def _builtin(name: str) -> Profile:
+    return load_profile_file(PROFILES_DIR / f"{name}.yaml")
+
+
+def get_profile(name_or_path: str | Path | Profile | None = None) -> Profile:
+    """A built-in profile by name (default ``h100-sxm5-80gb``), a profile file path, or a Profile as is."""
+    if isinstance(name_or_path, Profile):
+        return name_or_path
+    if name_or_path is None:
+        name_or_path = DEFAULT_PROFILE
+    s = str(name_or_path)
+    if s in builtin_profile_names():
+        return _builtin(s)
+    p = Path(s)
+    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        return load_profile_file(p)
+    raise ProfileError(
+        f"unknown profile {s!r}: expected a built-in name ({', '.join(builtin_profile_names())}) "
+        "or the path of a .yaml/.json profile file"
+    )

@@ -1,0 +1,122 @@
+"""Standard attention: Algorithm 0 of the FlashAttention paper (Dao et al., 2022), as three kernels.
+
+    1. load Q, K;     S = scale · Q Kᵀ;   write S          (S materialized in global memory, problem dtype)
+    2. read S;        P = softmax(S);     write P          (fp32 arithmetic, problem-dtype storage)
+    3. load P, V;     O = P V;            write O
+
+Without tiles (the default) every GEMM reads each operand once, which is how the paper counts
+"HBM accesses" (Theorem 2: Θ(Nd + N²)): b·(4Nd + 4N²) bytes per head when N = N_kv. With explicit tiles
+(Br, Bc) the GEMMs are the tiled kernels a GPU runs: kernel 1 computes one Br×Bc tile of S per thread block
+(Q re-read Tc times, K re-read Tr times), kernel 3 one Br×d tile of O per thread block (V re-read Tr times).
+The softmax kernel reads one row per thread block.
+"""
+
+from __future__ import annotations
+
+from ..blocks import Rows, block_rows, cdiv
+from ..counts import Counts, KernelCounts
+from ..problem import AttentionProblem
+from .base import Tiles
+
+NAME = "naive"
+SUMMARY = "standard attention (Alg. 0): S and P materialized in global memory"
+STATS = ()
+
+
+def default_tiles(p: AttentionProblem, profile) -> Tiles:
+    return Tiles(None, None)
+
+
+def _tiles(p: AttentionProblem, t: Tiles) -> tuple[int, int]:
+    return (p.seq_len, p.kv_len) if t.block_q is None else (t.block_q, t.block_kv)
+
+
+def program(x, p: AttentionProblem, t: Tiles) -> None:
+    """One head."""
+    N, Nk = p.seq_len, p.kv_len
+    Br, Bc = _tiles(p, t)
+    Tr, Tc = cdiv(N, Br), cdiv(Nk, Bc)
+
+    with x.kernel("naive_scores", grid=Tr * Tc):  # Alg. 0 line 1
+        for i in range(Tr):
+            for j in range(Tc):
+                with x.thread_block():
+                    q, k = block_rows(i, Br, N), block_rows(j, Bc, Nk)
+                    Q_i = x.load("Q", q)
+                    K_j = x.load("K", k)
+                    S_ij = x.scores(Q_i, K_j, q, k)  # scale · Q_i K_jᵀ, causal mask applied
+                    x.store("S", q, S_ij, k)
+
+    all_keys = Rows(0, Nk)
+    with x.kernel("naive_softmax", grid=N):  # Alg. 0 line 2
+        for r in range(N):
+            with x.thread_block():
+                row = Rows(r, r + 1)
+                S_r = x.load("S", row, all_keys)
+                P_r = x.row_softmax(S_r, row)
+                x.store("P", row, P_r, all_keys)
+
+    with x.kernel("naive_pv", grid=Tr):  # Alg. 0 line 3
+        for i in range(Tr):
+            with x.thread_block():
+                q = block_rows(i, Br, N)
+                O_i = x.zeros_acc(q)
+                for j in range(Tc):
+                    k = block_rows(j, Bc, Nk)
+                    P_ij = x.load("P", q, k)
+                    V_j = x.load("V", k)
+                    O_i = x.matmul_acc(O_i, P_ij, V_j)  # O_i += P_ij V_j
+                x.store("O", q, O_i)
+
+
+def working_set(p: AttentionProblem, t: Tiles) -> int | None:
+    """On-chip bytes one thread block of the tiled GEMM kernels needs (None when not tiled)."""
+    if t.block_q is None:
+        return None
+    b, d = p.elem_bytes, p.head_dim
+    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    scores_kernel = (
+        br * d * b  # Q_i
+        + bc * d * b  # K_j
+        + br * bc * 4  # S_ij, fp32
+    )
+    pv_kernel = (
+        br * d * 4  # O_i accumulator, fp32
+        + br * bc * b  # P_ij
+        + bc * d * b  # V_j
+    )
+    return max(scores_kernel, pv_kernel)
+
+
+def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
+    """Counts for one head, derived from the three kernels above."""
+    N, Nk, d, b = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes
+    Br, Bc = _tiles(p, t)
+    Tr, Tc = cdiv(N, Br), cdiv(Nk, Bc)
+    NN = N * Nk
+    br, bc = min(Br, N), min(Bc, Nk)
+
+    k1 = KernelCounts("naive_scores", grid=Tr * Tc)
+    k1.global_read.update(Q=Tc * N * d * b, K=Tr * Nk * d * b)
+    k1.global_write.update(S=NN * b)
+    k1.flops.update(matmul=2 * NN * d, other=NN)
+    k1.sram_write = Tc * N * d * b + Tr * Nk * d * b + NN * 4
+    k1.sram_read = Tc * N * d * b + Tr * Nk * d * b + NN * 4
+    k1.sram_peak = (br + bc) * d * b + 4 * br * bc
+
+    k2 = KernelCounts("naive_softmax", grid=N)
+    k2.global_read.update(S=NN * b)
+    k2.global_write.update(P=NN * b)
+    k2.flops.update(exp=NN, other=4 * NN)
+    k2.sram_write = NN * b + NN * 4
+    k2.sram_read = NN * b + NN * 4
+    k2.sram_peak = Nk * (b + 4)
+
+    k3 = KernelCounts("naive_pv", grid=Tr)
+    k3.global_read.update(P=NN * b, V=Tr * Nk * d * b)
+    k3.global_write.update(O=N * d * b)
+    k3.flops.update(matmul=2 * NN * d)
+    k3.sram_write = N * d * 4 + NN * b + Tr * Nk * d * b + Tc * N * d * 4
+    k3.sram_read = Tc * N * d * 4 + NN * b + Tr * Nk * d * b + N * d * 4
+    k3.sram_peak = br * d * 4 + br * bc * b + bc * d * b
+    return Counts([k1, k2, k3])

@@ -1,0 +1,157 @@
+"""Run a schedule on a problem and a profile: tiles, the fit check, counts, time, and the JSON contract.
+
+    >>> from iosim import AttentionProblem, simulate
+    >>> r = simulate("naive", AttentionProblem(seq_len=4096, head_dim=128))
+    >>> r.traffic["global"]["read_bytes"] + r.traffic["global"]["write_bytes"]
+    138412032
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from . import __version__
+from .counts import TENSORS, Counts
+from .machine import Counter
+from .problem import AttentionProblem
+from .profile import Profile, get_profile
+from .roofline import TimeEstimate, predict
+from .schedules import ScheduleError, Tiles, get_schedule
+
+Method = Literal["closed", "walk"]
+
+
+def resolve_tiles(schedule: str, problem: AttentionProblem, profile: Profile,
+                  block_q: int | None = None, block_kv: int | None = None) -> Tiles:
+    """Explicit tiles if given (both, or one of them with the default for the other), else the default."""
+    mod = get_schedule(schedule)
+    if block_q is None and block_kv is None:
+        return mod.default_tiles(problem, profile)
+    if schedule == "naive" and (block_q is None or block_kv is None):
+        raise ScheduleError("naive: give both --block-q and --block-kv to tile its GEMMs, or neither")
+    default = mod.default_tiles(problem, profile)
+    return Tiles(block_q if block_q is not None else default.block_q,
+                 block_kv if block_kv is not None else default.block_kv)
+
+
+def check_fit(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: Profile) -> int | None:
+    """Raise ScheduleError if the tiles' on-chip working set exceeds shared memory per thread block."""
+    need = get_schedule(schedule).working_set(problem, tiles)
+    if need is None:
+        return None
+    have = int(profile.require("smem.per_block"))
+    if need > have:
+        raise ScheduleError(
+            f"{schedule}: tiles block_q={tiles.block_q}, block_kv={tiles.block_kv} need {need:,} B of on-chip "
+            f"memory per thread block at head_dim={problem.head_dim}, {problem.dtype}, but {profile.name} "
+            f"has {have:,} B of shared memory per thread block; use smaller tiles"
+        )
+    return need
+
+
+def closed(schedule: str, problem: AttentionProblem, tiles: Tiles) -> Counts:
+    """Counts of the whole problem from the schedule's closed form."""
+    per_head = get_schedule(schedule).closed_form(problem, tiles)
+    return Counts([k.scaled(problem.n_heads_total) for k in per_head.kernels])
+
+
+def walk(schedule: str, problem: AttentionProblem, tiles: Tiles) -> Counts:
+    """Counts of the whole problem from interpreting the tile program of one head (every head is alike)."""
+    x = Counter(problem)
+    get_schedule(schedule).program(x, problem, tiles)
+    return Counts([k.scaled(problem.n_heads_total) for k in x.kernels])
+
+
+@dataclass
+class Result:
+    schedule: str
+    profile: Profile
+    problem: AttentionProblem
+    tiles: Tiles
+    counts: Counts
+    hbm_read: list[int]
+    hbm_write: list[int]
+    time: TimeEstimate
+    method: str
+    sram_budget: int
+
+    @property
+    def traffic(self) -> dict:
+        c = self.counts
+        return {
+            "global": {"read_bytes": c.global_read_bytes, "write_bytes": c.global_write_bytes},
+            "hbm": {"read_bytes": sum(self.hbm_read), "write_bytes": sum(self.hbm_write)},
+            "sram": {"read_bytes": c.sram_read_bytes, "write_bytes": c.sram_write_bytes},
+        }
+
+    @property
+    def sram_peak_bytes(self) -> int | None:
+        """On-chip bytes one thread block allocates (None for untiled naive: a library GEMM's business)."""
+        if self.tiles.block_q is None:
+            return None
+        return self.counts.sram_peak
+
+    def to_json(self) -> dict:
+        """The public JSON contract (docs/json.md). Bytes and FLOPs are integers for the whole problem."""
+        c, p = self.counts, self.problem
+        reads, writes = c.global_read, c.global_write
+        flops = {k: int(c.flops[k]) for k in ("matmul", "exp", "other")}
+        flops["total"] = sum(flops.values())
+        hbm_total = sum(self.hbm_read) + sum(self.hbm_write)
+        return {
+            "iosim_version": __version__,
+            "schedule": self.schedule,
+            "profile": self.profile.name,
+            "problem": p.model_dump(),
+            "tiles": {"block_q": self.tiles.block_q, "block_kv": self.tiles.block_kv,
+                      "sram_elements": self.tiles.sram_elements},
+            "traffic": self.traffic,
+            "hbm_model": "none: hbm = global (two-level view)",
+            "by_tensor": {
+                t: {"global_read_bytes": int(reads[t]), "global_write_bytes": int(writes[t])}
+                for t in TENSORS if reads[t] or writes[t]
+            },
+            "flops": flops,
+            "conventional_flops": p.conventional_flops(),
+            "sram_peak_bytes": self.sram_peak_bytes,
+            "sram_budget_bytes": self.sram_budget,
+            "time": {
+                "predicted_s": self.time.predicted_s,
+                "bound": self.time.bound,
+                "arithmetic_intensity": flops["total"] / hbm_total if hbm_total else None,
+                "kernels": [
+                    {"name": k.name, "grid": k.grid, "utilization": k.utilization,
+                     "predicted_s": k.predicted_s, "bound": k.bound, "resource_s": k.resources}
+                    for k in self.time.kernels
+                ],
+            },
+            "kernels": [
+                {"name": k.name, "grid": k.grid,
+                 "global_read_bytes": k.global_read_bytes, "global_write_bytes": k.global_write_bytes,
+                 "hbm_read_bytes": hr, "hbm_write_bytes": hw,
+                 "sram_read_bytes": k.sram_read, "sram_write_bytes": k.sram_write,
+                 "flops": {f: int(k.flops[f]) for f in ("matmul", "exp", "other")}}
+                for k, hr, hw in zip(c.kernels, self.hbm_read, self.hbm_write, strict=True)
+            ],
+            "method": self.method,
+        }
+
+
+def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | None = None, *,
+             block_q: int | None = None, block_kv: int | None = None, method: Method = "closed") -> Result:
+    """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb)."""
+    prof = get_profile(profile)
+    tiles = resolve_tiles(schedule, problem, prof, block_q, block_kv)
+    check_fit(schedule, problem, tiles, prof)
+    if method == "closed":
+        counts = closed(schedule, problem, tiles)
+    elif method == "walk":
+        counts = walk(schedule, problem, tiles)
+    else:
+        raise ScheduleError(f"method={method!r}: expected 'closed' or 'walk'")
+    hbm_read = [k.global_read_bytes for k in counts.kernels]  # no L2 model: hbm = global
+    hbm_write = [k.global_write_bytes for k in counts.kernels]
+    time = predict(counts, [r + w for r, w in zip(hbm_read, hbm_write, strict=True)], problem.dtype, prof)
+    return Result(schedule, prof, problem, tiles, counts, hbm_read, hbm_write, time, method,
+                  int(prof.require("smem.per_block")))
