@@ -64,6 +64,8 @@ class AttentionProblem(BaseModel):
                 value = e.get("input")
                 if e["type"] == "extra_forbidden":
                     parts.append(f"{field}: unknown field")
+                elif not e["loc"]:  # a check across fields
+                    parts.append(e["msg"].removeprefix("Value error, "))
                 else:
                     parts.append(f"{field}={value!r}: {e['msg']}")
             raise ProblemError("; ".join(parts)) from None

@@ -8,7 +8,8 @@ Without tiles (the default) every GEMM reads each operand once, which is how the
 "HBM accesses" (Theorem 2: Θ(Nd + N²)): b·(4Nd + 4N²) bytes per head when N = N_kv. With explicit tiles
 (Br, Bc) the GEMMs are the tiled kernels a GPU runs: kernel 1 computes one Br×Bc tile of S per thread block
 (Q re-read Tc times, K re-read Tr times), kernel 3 one Br×d tile of O per thread block (V re-read Tr times).
-The softmax kernel reads one row per thread block.
+The softmax kernel reads one row per thread block. Untiled, the grids (used only by the time model) are
+those of 128×128 output tiles, as a GEMM library would launch.
 """
 
 from __future__ import annotations
@@ -27,8 +28,18 @@ def default_tiles(p: AttentionProblem, profile) -> Tiles:
     return Tiles(None, None)
 
 
+GEMM_TILE = 128  # output tile edge assumed for the grid of an untiled (library) GEMM
+
+
 def _tiles(p: AttentionProblem, t: Tiles) -> tuple[int, int]:
     return (p.seq_len, p.kv_len) if t.block_q is None else (t.block_q, t.block_kv)
+
+
+def _grids(p: AttentionProblem, t: Tiles) -> tuple[int, int, int]:
+    """Thread blocks of the three kernels, per head."""
+    Br, Bc = (GEMM_TILE, GEMM_TILE) if t.block_q is None else (t.block_q, t.block_kv)
+    Tr, Tc = cdiv(p.seq_len, Br), cdiv(p.kv_len, Bc)
+    return Tr * Tc, p.seq_len, Tr
 
 
 def program(x, p: AttentionProblem, t: Tiles) -> None:
@@ -36,8 +47,9 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
     N, Nk = p.seq_len, p.kv_len
     Br, Bc = _tiles(p, t)
     Tr, Tc = cdiv(N, Br), cdiv(Nk, Bc)
+    grid_scores, grid_softmax, grid_pv = _grids(p, t)
 
-    with x.kernel("naive_scores", grid=Tr * Tc):  # Alg. 0 line 1
+    with x.kernel("naive_scores", grid=grid_scores):  # Alg. 0 line 1
         for i in range(Tr):
             for j in range(Tc):
                 with x.thread_block():
@@ -48,7 +60,7 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
                     x.store("S", q, S_ij, k)
 
     all_keys = Rows(0, Nk)
-    with x.kernel("naive_softmax", grid=N):  # Alg. 0 line 2
+    with x.kernel("naive_softmax", grid=grid_softmax):  # Alg. 0 line 2
         for r in range(N):
             with x.thread_block():
                 row = Rows(r, r + 1)
@@ -56,7 +68,7 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
                 P_r = x.row_softmax(S_r, row)
                 x.store("P", row, P_r, all_keys)
 
-    with x.kernel("naive_pv", grid=Tr):  # Alg. 0 line 3
+    with x.kernel("naive_pv", grid=grid_pv):  # Alg. 0 line 3
         for i in range(Tr):
             with x.thread_block():
                 q = block_rows(i, Br, N)
@@ -95,8 +107,9 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     Tr, Tc = cdiv(N, Br), cdiv(Nk, Bc)
     NN = N * Nk
     br, bc = min(Br, N), min(Bc, Nk)
+    grid_scores, grid_softmax, grid_pv = _grids(p, t)
 
-    k1 = KernelCounts("naive_scores", grid=Tr * Tc)
+    k1 = KernelCounts("naive_scores", grid=grid_scores)
     k1.global_read.update(Q=Tc * N * d * b, K=Tr * Nk * d * b)
     k1.global_write.update(S=NN * b)
     k1.flops.update(matmul=2 * NN * d, other=NN)
@@ -104,7 +117,7 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k1.sram_read = Tc * N * d * b + Tr * Nk * d * b + NN * 4
     k1.sram_peak = (br + bc) * d * b + 4 * br * bc
 
-    k2 = KernelCounts("naive_softmax", grid=N)
+    k2 = KernelCounts("naive_softmax", grid=grid_softmax)
     k2.global_read.update(S=NN * b)
     k2.global_write.update(P=NN * b)
     k2.flops.update(exp=NN, other=4 * NN)
@@ -112,7 +125,7 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k2.sram_read = NN * b + NN * 4
     k2.sram_peak = Nk * (b + 4)
 
-    k3 = KernelCounts("naive_pv", grid=Tr)
+    k3 = KernelCounts("naive_pv", grid=grid_pv)
     k3.global_read.update(P=NN * b, V=Tr * Nk * d * b)
     k3.global_write.update(O=N * d * b)
     k3.flops.update(matmul=2 * NN * d)

@@ -1,0 +1,92 @@
+"""``iosim simulate``: counts, FLOPs and predicted time of one schedule on one problem."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..problem import AttentionProblem
+from ..schedules import SCHEDULES
+from ..simulate import Result, simulate
+from ..units import fmt_bytes, fmt_rate, fmt_seconds
+
+
+def problem_options(f):
+    """The attention-problem flags, shared by every command that takes a problem."""
+    opts = [
+        click.option("--batch", type=int, default=1, show_default=True, help="batch size"),
+        click.option("--heads", type=int, default=1, show_default=True, help="query heads"),
+        click.option("--kv-heads", type=int, default=None, help="key/value heads (grouped-query); default = heads"),
+        click.option("--seq-len", type=int, required=True, help="query length N"),
+        click.option("--kv-len", type=int, default=None, help="key/value length; default = seq-len"),
+        click.option("--head-dim", type=int, default=128, show_default=True, help="head dimension d"),
+        click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True),
+        click.option("--causal", is_flag=True, help="causal mask, aligned bottom-right when kv-len != seq-len"),
+        click.option("--scale", type=float, default=None, help="softmax scale; default 1/sqrt(head-dim)"),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def make_problem(batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype, causal, scale) -> AttentionProblem:
+    return AttentionProblem.make(batch=batch, heads=heads, kv_heads=kv_heads, seq_len=seq_len, kv_len=kv_len,
+                                 head_dim=head_dim, dtype=dtype, causal=causal, scale=scale)
+
+
+@click.command("simulate")
+@click.argument("schedule", type=click.Choice(list(SCHEDULES)))
+@click.option("--profile", default=None, help="built-in profile name or a .yaml/.json file [default: h100-sxm5-80gb]")
+@problem_options
+@click.option("--block-q", type=int, default=None, help="Br: query rows per tile")
+@click.option("--block-kv", type=int, default=None, help="Bc: key/value rows per tile")
+@click.option("--method", type=click.Choice(["closed", "walk"]), default="closed", show_default=True,
+              help="closed form (fast) or a walk of the tile program (same numbers, slower)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
+def simulate_cmd(schedule, profile, block_q, block_kv, method, as_json, **problem_kw):
+    """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time."""
+    problem = make_problem(**problem_kw)
+    result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        click.echo(render(result))
+
+
+def render(r: Result) -> str:
+    """A readable table (decimal units: 1 MB = 10^6 B)."""
+    j = r.to_json()
+    tiles = "untiled (each GEMM reads its operands once)" if r.tiles.block_q is None else (
+        f"block_q={r.tiles.block_q}, block_kv={r.tiles.block_kv}"
+        + (f" (M = {r.tiles.sram_elements} elements)" if r.tiles.sram_elements else ""))
+    lines = [
+        f"{r.schedule} on {r.profile.display_name} ({r.profile.name})",
+        f"problem: {r.problem.describe()}",
+        f"tiles:   {tiles}",
+        "",
+        f"{'boundary':<10}{'read':>14}{'write':>14}{'total':>14}",
+    ]
+    for b in ("global", "hbm", "sram"):
+        rd, wr = j["traffic"][b]["read_bytes"], j["traffic"][b]["write_bytes"]
+        lines.append(f"{b:<10}{fmt_bytes(rd):>14}{fmt_bytes(wr):>14}{fmt_bytes(rd + wr):>14}")
+    lines += ["", f"{'tensor':<10}{'global read':>14}{'global write':>14}"]
+    for t, v in j["by_tensor"].items():
+        lines.append(f"{t:<10}{fmt_bytes(v['global_read_bytes']):>14}{fmt_bytes(v['global_write_bytes']):>14}")
+    f = j["flops"]
+    lines += [
+        "",
+        f"FLOPs: {fmt_rate(f['total'], 'FLOP')} (matmul {fmt_rate(f['matmul'], 'FLOP')}, "
+        f"exp {fmt_rate(f['exp'], 'FLOP')}, other {fmt_rate(f['other'], 'FLOP')})",
+        f"on-chip peak per thread block: "
+        + (f"{j['sram_peak_bytes']:,} B of {j['sram_budget_bytes']:,} B" if j["sram_peak_bytes"] is not None
+           else "n/a (untiled)"),
+        f"predicted time: {fmt_seconds(j['time']['predicted_s'])}, bound by {j['time']['bound']}"
+        + (f", arithmetic intensity {j['time']['arithmetic_intensity']:.1f} FLOP/B (hbm)"
+           if j["time"]["arithmetic_intensity"] else ""),
+    ]
+    for k in j["time"]["kernels"]:
+        lines.append(f"  {k['name']:<16} grid {k['grid']:>9,}  {fmt_seconds(k['predicted_s']):>10}  "
+                     f"{k['bound']:<7} utilization {k['utilization']:.0%}")
+    lines.append("(decimal units: 1 MB = 10^6 B; hbm = global without an L2 model)")
+    return "\n".join(lines)

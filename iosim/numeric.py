@@ -1,0 +1,205 @@
+"""The numeric interpreter: runs a schedule's tile program on NumPy arrays.
+
+Storage follows the problem dtype (Q, K, V, O, S, P rounded to fp16/bf16 whenever they are stored in
+global memory), on-chip arithmetic is fp32, statistics are fp32: the same precision a GPU kernel has. Global
+outputs start poisoned (NaN), so an element the schedule never writes fails the exactness tests.
+
+    >>> O, stats = execute("flash2", problem, q, k, v)      # q: (batch, seq_len, heads, head_dim)
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+
+from .blocks import Rows
+from .machine import Machine
+from .problem import AttentionProblem
+from .schedules import Tiles, get_schedule
+
+F32 = np.float32
+
+
+def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Round to the storage precision of ``dtype`` (kept in a float32 array; bf16 by round-to-nearest-even)."""
+    x = np.asarray(x, dtype=F32)
+    if dtype == "fp32":
+        return x.copy()
+    if dtype == "fp16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(F32)
+    if dtype == "bf16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        out = rounded.astype(np.uint32).view(F32)
+        return np.where(np.isnan(x), x, out)
+    raise ValueError(f"dtype={dtype!r}: expected fp32, fp16 or bf16")
+
+
+class NumericMachine(Machine):
+    """Executes one head. ``gmem`` holds that head's global tensors (2-D arrays, rows along the sequence)."""
+
+    def __init__(self, problem: AttentionProblem, gmem: dict[str, np.ndarray], kv_order=None):
+        self.problem = problem
+        self.g = gmem
+        self._kv_order = kv_order
+
+    @contextmanager
+    def kernel(self, name, grid):
+        yield
+
+    @contextmanager
+    def thread_block(self):
+        yield
+
+    def order(self, blocks):
+        blocks = list(blocks)
+        return self._kv_order(blocks) if self._kv_order else blocks
+
+    # -- global <-> SRAM -----------------------------------------------------------------------------
+    def load(self, tensor, rows, cols=None):
+        a = self.g[tensor]
+        tile = a[rows.slice(), cols.slice()] if cols is not None else a[rows.slice()]
+        return tile.astype(F32, copy=True)
+
+    def store(self, tensor, rows, tile, cols=None):
+        stat = tensor in ("m", "l", "lse")
+        value = np.asarray(tile, dtype=F32) if stat else round_to_dtype(tile, self.problem.dtype)
+        if cols is not None:
+            self.g[tensor][rows.slice(), cols.slice()] = value
+        else:
+            self.g[tensor][rows.slice()] = value.reshape(self.g[tensor][rows.slice()].shape)
+
+    def fill(self, tensor, rows, value):
+        self.g[tensor][rows.slice()] = value
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def _mask(self, rows: Rows, cols: Rows) -> np.ndarray | None:
+        """True where query row r may not see key c (bottom-right causal alignment)."""
+        p = self.problem
+        if not p.causal:
+            return None
+        r = np.arange(rows.start, rows.stop)[:, None]
+        c = np.arange(cols.start, cols.stop)[None, :]
+        return c > r + p.causal_offset
+
+    def scores(self, Q_i, K_j, rows, cols):
+        S = (Q_i @ K_j.T) * F32(self.problem.scale)
+        mask = self._mask(rows, cols)
+        if mask is not None:
+            S = np.where(mask, F32(-np.inf), S)
+        return S.astype(F32)
+
+    def row_softmax(self, S, rows):
+        m = S.max(axis=1, keepdims=True)
+        m_safe = np.where(np.isneginf(m), F32(0), m)  # a row that sees no key: P = 0
+        P = np.exp(S - m_safe)
+        s = P.sum(axis=1, keepdims=True)
+        return np.where(s > 0, P / np.where(s > 0, s, 1), F32(0)).astype(F32)
+
+    def zeros_acc(self, rows):
+        return np.zeros((rows.size, self.problem.head_dim), dtype=F32)
+
+    def matmul_acc(self, O, P, V_j):
+        return (O + P @ V_j).astype(F32)
+
+    def block_stats(self, S):
+        m_ij = S.max(axis=1)
+        m_safe = np.where(np.isneginf(m_ij), F32(0), m_ij)
+        P_ij = np.exp(S - m_safe[:, None])  # masked entries: exp(-inf) = 0
+        return m_ij, P_ij.astype(F32), P_ij.sum(axis=1).astype(F32)
+
+    def flash1_update(self, O_i, l_i, m_i, m_ij, P_ij, l_ij, V_j):
+        m_new = np.maximum(m_i, m_ij)
+        safe = np.where(np.isneginf(m_new), F32(0), m_new)  # both -inf: nothing seen yet
+        a = np.exp(m_i - safe)  # e^(m_i - m_new)
+        b = np.exp(np.where(np.isneginf(m_ij), F32(-np.inf), m_ij - safe))  # e^(m~ - m_new)
+        l_new = a * l_i + b * l_ij
+        num = (l_i * a)[:, None] * O_i + b[:, None] * (P_ij @ V_j)
+        O_new = np.where(l_new[:, None] > 0, num / np.where(l_new > 0, l_new, 1)[:, None], F32(0))
+        return O_new.astype(F32), l_new.astype(F32), m_new.astype(F32)
+
+    def init_state(self, rows):
+        br, d = rows.size, self.problem.head_dim
+        return np.zeros((br, d), F32), np.zeros(br, F32), np.full(br, -np.inf, F32)
+
+    def online_softmax(self, S, V_j, O, l, m):
+        m_new = np.maximum(m, S.max(axis=1))
+        safe = np.where(np.isneginf(m_new), F32(0), m_new)
+        P = np.exp(S - safe[:, None])
+        alpha = np.exp(m - safe)
+        l_new = alpha * l + P.sum(axis=1)
+        O_new = alpha[:, None] * O + P @ V_j
+        return O_new.astype(F32), l_new.astype(F32), m_new.astype(F32)
+
+    def finalize(self, O, l, m):
+        seen = l > 0
+        O_out = np.where(seen[:, None], O / np.where(seen, l, 1)[:, None], F32(0))
+        with np.errstate(divide="ignore"):
+            lse = np.where(seen, m + np.log(np.where(seen, l, 1)), F32(-np.inf))
+        return O_out.astype(F32), lse.astype(F32)
+
+
+def _check_inputs(p: AttentionProblem, q, k, v) -> None:
+    want_q = (p.batch, p.seq_len, p.heads, p.head_dim)
+    want_kv = (p.batch, p.kv_len, p.kv_heads, p.head_dim)
+    for name, a, want in (("q", q, want_q), ("k", k, want_kv), ("v", v, want_kv)):
+        if tuple(np.shape(a)) != want:
+            raise ValueError(f"{name} has shape {tuple(np.shape(a))}, expected (batch, seq, heads, head_dim) = {want}")
+
+
+def execute(schedule: str, problem: AttentionProblem, q, k, v, tiles: Tiles | None = None, *,
+            profile=None, kv_order=None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Run ``schedule`` numerically. Inputs (batch, seq, heads, head_dim) are first rounded to the problem dtype.
+
+    Returns O (batch, seq_len, heads, head_dim) as float32 holding dtype-rounded values, and the global
+    statistics the schedule wrote (``lse`` for flash2; ``m``, ``l`` for flash1), each (batch, heads, seq_len).
+    ``kv_order`` (a function of the list of K/V block indices) changes the order of the K/V loop.
+    """
+    from .profile import get_profile
+    from .simulate import resolve_tiles
+
+    p = problem
+    _check_inputs(p, q, k, v)
+    mod = get_schedule(schedule)
+    if tiles is None:
+        tiles = resolve_tiles(schedule, p, get_profile(profile))
+    q, k, v = (round_to_dtype(a, p.dtype) for a in (q, k, v))
+    O = np.full((p.batch, p.seq_len, p.heads, p.head_dim), np.nan, F32)
+    stats = {s: np.full((p.batch, p.heads, p.seq_len), np.nan, F32) for s in mod.STATS}
+    for b in range(p.batch):
+        for h in range(p.heads):
+            hk = h // p.group
+            g = {
+                "Q": q[b, :, h], "K": k[b, :, hk], "V": v[b, :, hk],
+                "O": np.full((p.seq_len, p.head_dim), np.nan, F32),
+                "S": np.full((p.seq_len, p.kv_len), np.nan, F32),
+                "P": np.full((p.seq_len, p.kv_len), np.nan, F32),
+            }
+            for s in mod.STATS:
+                g[s] = np.full(p.seq_len, np.nan, F32)
+            mod.program(NumericMachine(p, g, kv_order), p, tiles)
+            O[b, :, h] = g["O"]
+            for s in mod.STATS:
+                stats[s][b, h] = g[s]
+    return O, stats
+
+
+def reference(problem: AttentionProblem, q, k, v) -> np.ndarray:
+    """softmax(scale · Q Kᵀ) V in float64 from the dtype-rounded inputs; rows that see no key give 0."""
+    p = problem
+    q, k, v = (round_to_dtype(a, p.dtype).astype(np.float64) for a in (q, k, v))
+    kr = np.repeat(k, p.group, axis=2)  # (B, Nk, H, d)
+    vr = np.repeat(v, p.group, axis=2)
+    S = np.einsum("bnhd,bmhd->bhnm", q, kr) * p.scale
+    if p.causal:
+        r = np.arange(p.seq_len)[:, None]
+        c = np.arange(p.kv_len)[None, :]
+        S = np.where(c > r + p.causal_offset, -np.inf, S)
+    m = S.max(axis=-1, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)
+    P = np.exp(S - m)
+    s = P.sum(axis=-1, keepdims=True)
+    P = np.where(s > 0, P / np.where(s > 0, s, 1), 0.0)
+    return np.einsum("bhnm,bmhd->bnhd", P, vr)
