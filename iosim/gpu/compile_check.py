@@ -79,12 +79,20 @@ def main(argv: list[str] | None = None) -> int:
     archs = tuple(args.arch or COMPILE_ARCHS)
     nvcc = shutil.which(args.nvcc)
     if nvcc is None:
-        print(f"compile_check: nvcc not found (--nvcc {args.nvcc!r}); install the CUDA toolkit", file=sys.stderr)
+        print(
+            f"compile_check: nvcc not found (--nvcc {args.nvcc!r}); install the CUDA toolkit", file=sys.stderr
+        )
         return 2
     jobs = [(inst, arch) for arch in archs for inst in all_instances()]
-    print(f"compile_check: {len(jobs)} instantiations ({len(jobs) // len(archs)} x sm_{', sm_'.join(map(str, archs))})"
-          f" with {nvcc}, {args.jobs} jobs; kernels from {kernels_dir()}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="iosim_cc_") as tmp, ThreadPoolExecutor(max(1, args.jobs)) as pool:
+    print(
+        f"compile_check: {len(jobs)} instantiations ({len(jobs) // len(archs)} x sm_{', sm_'.join(map(str, archs))})"
+        f" with {nvcc}, {args.jobs} jobs; kernels from {kernels_dir()}",
+        flush=True,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="iosim_cc_") as tmp,
+        ThreadPoolExecutor(max(1, args.jobs)) as pool,
+    ):
         results = list(pool.map(lambda ja: _compile(ja[0], ja[1], nvcc, Path(tmp)), jobs))
 
     failed = [r for r in results if not r.ok]
@@ -92,13 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     w = max(len(r.name) for r in results)
     print(f"{'instantiation':<{w}}  arch   regs  stack  spill_st  spill_ld  status")
     for r in results:
-        status = "FAIL" if not r.ok else ("SPILL" if r.spills and r.must_not_spill else ("spill" if r.spills else "ok"))
-        print(f"{r.name:<{w}}  sm_{r.arch}  {r.registers:>5}  {r.stack:>5}  {r.spill_stores:>8}  {r.spill_loads:>8}  "
-              f"{status}")
+        status = (
+            "FAIL"
+            if not r.ok
+            else ("SPILL" if r.spills and r.must_not_spill else ("spill" if r.spills else "ok"))
+        )
+        print(
+            f"{r.name:<{w}}  sm_{r.arch}  {r.registers:>5}  {r.stack:>5}  {r.spill_stores:>8}  {r.spill_loads:>8}  "
+            f"{status}"
+        )
     for r in failed:
         print(f"\n--- {r.name} sm_{r.arch} failed:\n{r.log}", file=sys.stderr)
-    print(f"compile_check: {len(results) - len(failed)}/{len(results)} compiled; "
-          f"{len(spilled)} forbidden spills (head dims {NO_SPILL_HEAD_DIMS})")
+    print(
+        f"compile_check: {len(results) - len(failed)}/{len(results)} compiled; "
+        f"{len(spilled)} forbidden spills (head dims {NO_SPILL_HEAD_DIMS})"
+    )
     return 1 if failed or spilled else 0
 
 

@@ -1,0 +1,151 @@
+"""Forward attention throughput: iosim's flash2 kernel vs torch SDPA's flash (FA2) and cuDNN backends.
+
+    python benchmarks/bench_attention.py [--csv out.csv] [--d 64 128] [--n 512 ... 16384] [--dtype bf16 fp16]
+                                         [--tiles 128x32 64x64] [--reps 30]
+
+The FlashAttention papers' benchmark shape: batch * N = 16384 tokens, heads = 2048 / d. Same input values for every
+backend (torch's (B, H, N, d) are transposed views of our (B, N, H, d) tensors), same run, CUDA events around each
+call, warm-up, the median of --reps calls. One input set is 3 * 16384 * 2048 * 2 B = 201 MB, over 3x the H200's
+60 MB L2, so inputs are not rotated. TFLOP/s = 4 * N^2 * d * batch * heads / t, halved when causal.
+Needs torch and CuPy on a CUDA GPU; prints a table and, with --csv, writes it.
+"""
+
+# ruff: noqa: B023  (each timing lambda is called at once, inside its loop iteration)
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+
+
+def _time_ms(fn, reps: int, warmup: int) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--dtype", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"])
+    ap.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
+    ap.add_argument(
+        "--tiles", nargs="*", default=[], help="extra (block_q)x(block_kv) configs of ours, e.g. 64x64"
+    )
+    ap.add_argument("--tokens", type=int, default=16384, help="batch * N")
+    ap.add_argument("--hidden", type=int, default=2048, help="heads * d")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--no-peers", action="store_true", help="time only iosim's kernel")
+    ap.add_argument("--csv", help="write the table here")
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from iosim import gpu
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.cuda.get_device_name()
+    print(f"device: {dev}; torch {torch.__version__}; cupy {cp.__version__}", flush=True)
+    rows = []
+    for dname in args.dtype:
+        tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dname]
+        for d in args.d:
+            for n in args.n:
+                B, H = args.tokens // n, args.hidden // d
+                g = torch.Generator(device="cuda").manual_seed(n * d)
+                q, k, v = (torch.randn(B, n, H, d, device="cuda", dtype=tdt, generator=g) for _ in range(3))
+                qc, kc, vc = (cp.from_dlpack(x) for x in (q, k, v))  # zero-copy views for our kernel
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # (B, H, N, d) views for torch
+                out = cp.empty_like(qc)
+                for causal in (c == "true" for c in args.causal):
+                    flops = 4 * n * n * d * B * H / (2 if causal else 1)
+                    tf = lambda ms, flops=flops: flops / (ms * 1e-3) / 1e12  # noqa: E731
+                    configs = [None] + [tuple(int(x) for x in t.split("x")) for t in args.tiles]
+                    for tiles in configs:
+                        if tiles is not None and tiles not in gpu.FLASH_TILES[d]:
+                            continue
+                        bq, bkv = tiles if tiles else gpu.default_tiles(d, dname, causal)
+                        ours_ms = _time_ms(
+                            lambda: gpu.attention(
+                                qc, kc, vc, causal=causal, block_q=bq, block_kv=bkv, out=out
+                            ),
+                            args.reps,
+                            args.warmup,
+                        )
+                        row = {
+                            "dtype": dname, "d": d, "N": n, "batch": B, "heads": H, "causal": causal,
+                            "tiles": f"{bq}x{bkv}", "ours_ms": ours_ms, "ours_tflops": tf(ours_ms),
+                        }  # fmt: skip
+                        if not args.no_peers and tiles is None:
+                            for name, backend in (
+                                ("flash", SDPBackend.FLASH_ATTENTION),
+                                ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                            ):
+                                try:
+                                    with sdpa_kernel(backend):
+                                        ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                                        ms = _time_ms(
+                                            lambda: F.scaled_dot_product_attention(
+                                                qt, kt, vt, is_causal=causal
+                                            ),
+                                            args.reps,
+                                            args.warmup,
+                                        )
+                                    row[f"{name}_ms"], row[f"{name}_tflops"] = ms, tf(ms)
+                                    if name == "flash":  # same values in: our output must agree with FA2's
+                                        ours = torch.from_dlpack(out).transpose(1, 2).float()
+                                        row["rel_diff_vs_flash"] = float(
+                                            (ours - ref.float()).norm() / ref.float().norm()
+                                        )
+                                except Exception as exc:  # a backend that does not support this case
+                                    print(f"  {name} failed at d={d} N={n}: {type(exc).__name__}: {exc}")
+                                    row[f"{name}_ms"] = row[f"{name}_tflops"] = float("nan")
+                            row["ours/flash"] = row["ours_tflops"] / row["flash_tflops"]
+                            row["ours/cudnn"] = row["ours_tflops"] / row["cudnn_tflops"]
+                        rows.append(row)
+                        print("  " + "  ".join(f"{k_}={v_:.4g}" if isinstance(v_, float) else f"{k_}={v_}"
+                                               for k_, v_ in row.items()), flush=True)  # fmt: skip
+                q = k = v = qc = kc = vc = qt = kt = vt = out = None  # free before the next shape
+                torch.cuda.empty_cache()
+
+    hdr = "| dtype | d | N | causal | tiles | ours TFLOP/s | SDPA flash | SDPA cuDNN | ours/flash | ours/cuDNN |"
+    print(f"\n{dev}, TFLOP/s = 4*N^2*d*B*H/t (causal /2), median of {args.reps} (CUDA events)\n")
+    print(hdr)
+    print("|" + "---|" * (hdr.count("|") - 1))
+    for r in rows:
+        peers = (
+            f"{r.get('flash_tflops', float('nan')):.1f} | {r.get('cudnn_tflops', float('nan')):.1f} | "
+            f"{r.get('ours/flash', float('nan')):.2f} | {r.get('ours/cudnn', float('nan')):.2f}"
+        )
+        print(
+            f"| {r['dtype']} | {r['d']} | {r['N']} | {r['causal']} | {r['tiles']} | {r['ours_tflops']:.1f} | {peers} |"
+        )
+    if args.csv:
+        keys = sorted(
+            {k_ for r in rows for k_ in r}, key=lambda k_: list(rows[0]).index(k_) if k_ in rows[0] else 99
+        )
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

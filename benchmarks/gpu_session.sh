@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: GPU tests, compute-sanitizer, benchmark. Logs go to $OUT (the device tool's
+# folder that comes back), the short summary to stdout last.
+#   usage (repository root, wheels from ../shared/device/wheels.sh carried as .whl):
+#     bash benchmarks/gpu_session.sh [tests] [sanitize] [bench] [bench-quick] [tiles]
+set -uo pipefail
+OUT=${OUT:-/tmp/iosim_out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
+steps=${*:-tests sanitize bench}
+summary=()
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+git rev-parse HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+for s in $steps; do
+  case $s in
+    tests)
+      python3 -m pytest -q -p no:cacheprovider tests/gpu tests/test_gpu_api_cpu.py -rfE 2>&1 | tee "$OUT/tests.log" | tail -25
+      summary+=("tests: $(tail -1 "$OUT/tests.log")") ;;
+    sanitize)
+      python3 benchmarks/sanitize_cases.py > /dev/null 2>&1  # warm CuPy's kernel cache outside the sanitizer
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/sanitize_cases.py > "$OUT/san_$tool.log" 2>&1
+        summary+=("$tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize_cases' "$OUT/san_$tool.log" | tr '\n' ' ')")
+      done ;;
+    bench)
+      python3 benchmarks/bench_attention.py --csv "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log" | tail -52
+      summary+=("bench: see table above") ;;
+    bench-quick)
+      python3 benchmarks/bench_attention.py --d 128 --n 2048 4096 --dtype bf16 --csv "$OUT/bench.csv" 2>&1 \
+        | tee "$OUT/bench.log" | tail -8 ;;
+    tiles)
+      python3 benchmarks/bench_attention.py --no-peers --d 64 128 --n 4096 --dtype bf16 \
+        --tiles 128x32 64x64 128x64 64x128 --csv "$OUT/tiles.csv" 2>&1 | tee "$OUT/tiles.log" | tail -14 ;;
+  esac
+done
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,49 @@
+"""Small launches of every kernel kind, for compute-sanitizer (memcheck, racecheck):
+
+    compute-sanitizer --tool memcheck   python3 benchmarks/sanitize_cases.py
+    compute-sanitizer --tool racecheck  python3 benchmarks/sanitize_cases.py
+
+Ragged tiles (N, N_kv not multiples of any tile), causal with N > N_kv and N < N_kv, grouped-query heads, every
+flash2 tile of head dims 64 and 128 (and the default tile of 32 and 256), both dtypes, and the naive path.
+Run it once without the sanitizer first so CuPy's kernel cache holds the cubins (NVRTC under the sanitizer is slow).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    import cupy as cp
+
+    from iosim import gpu
+
+    rng = cp.random.default_rng(0)
+    n = 0
+    for dtype in ("float16", "bfloat16"):
+        for d, tiles in gpu.FLASH_TILES.items():
+            for bq, bkv in tiles if d in (64, 128) else tiles[:1]:
+                for causal in (False, True):
+                    for N, Nk in ((130, 97), (37, 150)):
+                        q = rng.standard_normal((1, N, 4, d), dtype=cp.float32).astype(dtype)
+                        k = rng.standard_normal((1, Nk, 2, d), dtype=cp.float32).astype(dtype)
+                        v = rng.standard_normal((1, Nk, 2, d), dtype=cp.float32).astype(dtype)
+                        o, _ = gpu.attention(
+                            q, k, v, causal=causal, block_q=bq, block_kv=bkv, return_lse=True
+                        )
+                        assert not bool(cp.isnan(o.astype(cp.float32)).any()), (d, bq, bkv, causal, N, Nk)
+                        n += 1
+        for d in (64, 128):
+            for causal in (False, True):
+                q = rng.standard_normal((1, 70, 4, d), dtype=cp.float32).astype(dtype)
+                k = rng.standard_normal((1, 45, 2, d), dtype=cp.float32).astype(dtype)
+                o, _ = gpu.attention(q, k, k, causal=causal, schedule="naive", return_lse=True)
+                assert not bool(cp.isnan(o.astype(cp.float32)).any())
+                n += 1
+    cp.cuda.runtime.deviceSynchronize()
+    print(f"sanitize_cases: {n} launches ran")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""iosim's real kernels on an NVIDIA GPU through CuPy: FlashAttention-2 forward and the naive three-kernel path.
+
+Importing this package never imports CuPy; the functions import it when called and raise
+:class:`GPUUnavailableError` (one line) where CuPy or a GPU is missing.
+"""
+
+from iosim.gpu._cupy import GPUUnavailableError
+from iosim.gpu.attention import (
+    SCHEDULES,
+    AttentionInputError,
+    AttentionTypeError,
+    KernelLaunch,
+    LaunchRecord,
+    SharedMemoryError,
+    attention,
+    default_tiles,
+    last_launch,
+)
+from iosim.gpu.build import FLASH_TILES, NAIVE_TILES, flash_smem_bytes
+
+__all__ = [
+    "FLASH_TILES",
+    "NAIVE_TILES",
+    "SCHEDULES",
+    "AttentionInputError",
+    "AttentionTypeError",
+    "GPUUnavailableError",
+    "KernelLaunch",
+    "LaunchRecord",
+    "SharedMemoryError",
+    "attention",
+    "default_tiles",
+    "flash_smem_bytes",
+    "last_launch",
+]

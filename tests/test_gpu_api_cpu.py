@@ -1,0 +1,76 @@
+"""What can be checked about iosim.gpu without a GPU: lazy import, the one-line error, shared-memory arithmetic and
+the list of instantiations the library launches (the CI compile check builds that same list)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from iosim.gpu import build
+
+
+def test_import_iosim_and_iosim_gpu_never_import_cupy():
+    code = "import sys, iosim, iosim.gpu, iosim.gpu.compile_check; assert 'cupy' not in sys.modules, 'cupy imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_attention_without_cupy_raises_gpu_unavailable_in_one_line(monkeypatch):
+    from iosim import gpu
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` raise ImportError
+    with pytest.raises(gpu.GPUUnavailableError) as info:
+        gpu.attention(None, None, None)
+    msg = str(info.value)
+    assert "\n" not in msg and "CuPy" in msg and "pip install" in msg
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_flash_smem_budget_is_q_plus_two_stages_of_k_and_v():
+    # Q_i: 128*128*2 = 32768; K_j, V_j: 2 stages * 32*128*2 = 16384 each
+    assert build.flash_smem_terms(128, 128, 32, 2) == {"Q_i": 32768, "K_j": 16384, "V_j": 16384}
+    assert build.flash_smem_bytes(128, 128, 32) == 65536
+    assert build.flash_smem_bytes(128, 64, 64) == 64 * 128 * 2 + 4 * 64 * 128 * 2  # 81920
+    assert build.flash_smem_bytes(256, 64, 32) == 64 * 256 * 2 + 4 * 32 * 256 * 2
+
+
+def test_every_compiled_tile_fits_two_blocks_per_sm_on_hopper():
+    # H100/H200: 227 KB opt-in per block, 228 KB per SM; A100: 163 KB per block (d=256 runs one block per SM there)
+    for d, tiles in build.FLASH_TILES.items():
+        for bq, bkv in tiles:
+            assert 2 * build.flash_smem_bytes(d, bq, bkv) <= 227 * 1024, (d, bq, bkv)
+            assert build.flash_smem_bytes(d, bq, bkv) <= 163 * 1024, (d, bq, bkv)
+            assert bq % 64 == 0 and bkv % 16 == 0
+
+
+def test_naive_softmax_holds_one_row():
+    assert build.naive_softmax_smem_bytes(4097, 2) == 8194
+
+
+def test_instantiation_list_covers_every_tile_dtype_and_mask():
+    insts = build.flash_instances()
+    n_tiles = sum(len(t) for t in build.FLASH_TILES.values())
+    assert len(insts) == len(set(insts)) == n_tiles * 2 * 2
+    assert {64, 128} <= set(build.HEAD_DIMS)
+    for d in build.HEAD_DIMS:
+        for causal in (False, True):
+            assert build.default_tiles(d, "float16", causal) in build.FLASH_TILES[d]
+    inst = build.FlashInstance(128, 128, 32, "bfloat16", True)
+    assert inst.name_expression == "iosim::flash_fwd_kernel<128, 128, 32, __nv_bfloat16, true>"
+    assert inst.explicit_instantiation.startswith("template __global__ void " + inst.name_expression + "(")
+    naive = build.naive_instances()
+    assert len(naive) == 8 and {n.kind for n in naive} == {"qk", "softmax", "pv"}
+
+
+def test_default_tiles_rejects_unknown_head_dim_and_dtype():
+    with pytest.raises(ValueError, match="head_dim=48"):
+        build.default_tiles(48)
+    with pytest.raises(ValueError, match="dtype='float32'"):
+        build.default_tiles(64, "float32")
+
+
+def test_nvcc_options_match_nvrtc_options(tmp_path):
+    nv = build.nvcc_options(tmp_path, 90)
+    assert build.nvrtc_options(tmp_path) == ("--std=c++17", "-ftz=true", f"-I{tmp_path}")
+    assert "-std=c++17" in nv and "-ftz=true" in nv and f"-I{tmp_path}" in nv and "-arch=sm_90" in nv
