@@ -15,12 +15,14 @@ import sys
 
 def main() -> int:
     import cupy as cp
+    import ml_dtypes  # CuPy 14's bfloat16 is ml_dtypes.bfloat16
+    import numpy as np
 
     from iosim import gpu
 
     rng = cp.random.default_rng(0)
     n = 0
-    for dtype in ("float16", "bfloat16"):
+    for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
         for d, tiles in gpu.FLASH_TILES.items():
             for bq, bkv in tiles if d in (64, 128) else tiles[:1]:
                 for causal in (False, True):

@@ -10,6 +10,10 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#ifndef INFINITY  // NVRTC has no <math.h>; nvcc gets it from there
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 namespace iosim {
 
 template <typename A, typename B> struct is_same { static constexpr bool value = false; };
