@@ -63,6 +63,7 @@ class VisitSums:
     col_visits Σ_i Σ_{j<n_i} bc_j          key rows streamed, summed over Q blocks
     area      Σ_i br_i · Σ_{j<n_i} bc_j    score elements computed (masked ones inside visited tiles included)
     kv_blocks  number of K/V blocks visited by at least one Q block
+    q_rows    Σ_{i: n_i > 0} br_i              query rows of the Q blocks that visit at least one K/V block
     """
 
     pairs: int
@@ -70,6 +71,7 @@ class VisitSums:
     col_visits: int
     area: int
     kv_blocks: int
+    q_rows: int
 
 
 def visit_sums(N: int, Nk: int, Br: int, Bc: int, causal: bool) -> VisitSums:
@@ -85,4 +87,5 @@ def visit_sums(N: int, Nk: int, Br: int, Bc: int, causal: bool) -> VisitSums:
         col_visits=int(cols.sum()),
         area=int((br * cols).sum()),
         kv_blocks=int(n.max()) if Tr else 0,
+        q_rows=int(br[n > 0].sum()),
     )

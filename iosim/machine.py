@@ -66,6 +66,7 @@ class Machine:
     def init_state(self, rows: Rows): ...
     def online_softmax(self, S, V_j, O, l, m): ...
     def finalize(self, O, l, m): ...
+    def empty_output(self, rows: Rows): ...
 
 
 @dataclass
@@ -227,6 +228,11 @@ class Counter(Machine):
             self._hold(Tile(br, 1, ACC_BYTES, "l")),
             self._hold(Tile(br, 1, ACC_BYTES, "m")),
         )
+
+    def empty_output(self, rows):
+        # a Q block that sees no key: O = 0, L = -inf, nothing computed
+        br = rows.size
+        return self._hold(Tile(br, self.d, ACC_BYTES, "O")), self._hold(Tile(br, 1, ACC_BYTES, "lse"))
 
     def finalize(self, O, l, m):
         # FA2 Alg. 1 lines 12-13: O = diag(l)^-1 O (br reciprocals + br·d multiplies); L = m + log(l)

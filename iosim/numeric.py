@@ -133,6 +133,9 @@ class NumericMachine(Machine):
         O_new = alpha[:, None] * O + P @ V_j
         return O_new.astype(F32), l_new.astype(F32), m_new.astype(F32)
 
+    def empty_output(self, rows):
+        return np.zeros((rows.size, self.problem.head_dim), F32), np.full(rows.size, -np.inf, F32)
+
     def finalize(self, O, l, m):
         seen = l > 0
         O_out = np.where(seen[:, None], O / np.where(seen, l, 1)[:, None], F32(0))

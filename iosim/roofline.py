@@ -14,6 +14,10 @@ the same work, the busiest SM does ceil(G/S) blocks' worth while the chip could 
 the utilization is G / (S·ceil(G/S)): 1 for a grid that fills whole waves, 1/132 for one block on an H100,
 and less than 1 for a ragged last wave. The ``sram`` bytes are reported but not timed: they lump register
 and shared-memory traffic, whose bandwidths differ by an order of magnitude.
+
+A rate the profile does not publish (``value: null``) leaves its resource out of the roofline; the estimate
+names it in ``unmodeled`` so nobody mistakes a partial roofline for a full one. Without an SM count the
+grid's utilization is taken as 1.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .counts import Counts
-from .profile import Profile
+from .profile import Profile, ProfileError
 
 RESOURCES = ("tensor", "exp", "fp32", "global", "hbm")
 
@@ -39,6 +43,7 @@ class KernelTime:
 @dataclass
 class TimeEstimate:
     kernels: list[KernelTime]
+    unmodeled: dict[str, str]  # resource -> the profile field that is not published
 
     @property
     def predicted_s(self) -> float:
@@ -59,22 +64,33 @@ def utilization(grid: int, sm_count: int) -> float:
 
 def predict(counts: Counts, hbm_bytes: list[int], dtype: str, profile: Profile) -> TimeEstimate:
     """Time of each kernel of ``counts``; ``hbm_bytes[k]`` is kernel k's DRAM read + write bytes."""
-    sms = profile.require("sm_count")
-    tensor = profile.matmul_rate(dtype)
-    exp_rate = profile.require("compute.exp")
-    fp32 = profile.require("compute.fp32")
-    l2_bw = profile.require("l2.bandwidth")
-    dram_bw = profile.require("dram.bandwidth")
+    fields = {
+        "tensor": "compute.fp32" if dtype == "fp32" else f"compute.tensor.{dtype}",
+        "exp": "compute.exp",
+        "fp32": "compute.fp32",
+        "global": "l2.bandwidth",
+        "hbm": "dram.bandwidth",
+    }
+    rates, unmodeled = {}, {}
+    for resource, dotted in fields.items():
+        try:
+            rates[resource] = profile.require(dotted)
+        except ProfileError:
+            unmodeled[resource] = dotted
+    if not rates:
+        raise ProfileError(f"profile {profile.name!r} publishes none of the rates a roofline needs")
+    sms = profile.sm_count.value
     out = []
     for k, hbm in zip(counts.kernels, hbm_bytes, strict=True):
-        res = {
-            "tensor": k.flops["matmul"] / tensor,
-            "exp": k.flops["exp"] / exp_rate,
-            "fp32": k.flops["other"] / fp32,
-            "global": (k.global_read_bytes + k.global_write_bytes) / l2_bw,
-            "hbm": hbm / dram_bw,
+        work = {
+            "tensor": k.flops["matmul"],
+            "exp": k.flops["exp"],
+            "fp32": k.flops["other"],
+            "global": k.global_read_bytes + k.global_write_bytes,
+            "hbm": hbm,
         }
+        res = {r: work[r] / rate for r, rate in rates.items()}
         bound = max(res, key=res.get)
-        u = utilization(k.grid, int(sms))
+        u = utilization(k.grid, int(sms)) if sms else 1.0
         out.append(KernelTime(k.name, k.grid, u, res, res[bound] / u, bound))
-    return TimeEstimate(out)
+    return TimeEstimate(out, unmodeled)

@@ -35,19 +35,43 @@ def resolve_tiles(schedule: str, problem: AttentionProblem, profile: Profile,
                  block_kv if block_kv is not None else default.block_kv)
 
 
+def _on_chip(schedule: str, problem: AttentionProblem, tiles: Tiles) -> tuple[int, int] | None:
+    """(shared-memory bytes, register bytes) one thread block needs, or None when the schedule is untiled."""
+    mod = get_schedule(schedule)
+    total = mod.working_set(problem, tiles)
+    if total is None:
+        return None
+    smem = mod.shared_memory(problem, tiles) if hasattr(mod, "shared_memory") else total
+    return smem, total - smem
+
+
+def fits(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: Profile) -> bool:
+    try:
+        check_fit(schedule, problem, tiles, profile)
+    except ScheduleError:
+        return False
+    return True
+
+
 def check_fit(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: Profile) -> int | None:
-    """Raise ScheduleError if the tiles' on-chip working set exceeds shared memory per thread block."""
-    need = get_schedule(schedule).working_set(problem, tiles)
+    """Raise ScheduleError if a thread block's tiles exceed the shared memory one block may use, or its
+    register-resident part (accumulator, scores, statistics) exceeds the register file (one block may use
+    all of an SM's registers). Returns the whole on-chip working set in bytes."""
+    need = _on_chip(schedule, problem, tiles)
     if need is None:
         return None
-    have = int(profile.require("smem.per_block"))
-    if need > have:
-        raise ScheduleError(
-            f"{schedule}: tiles block_q={tiles.block_q}, block_kv={tiles.block_kv} need {need:,} B of on-chip "
-            f"memory per thread block at head_dim={problem.head_dim}, {problem.dtype}, but {profile.name} "
-            f"has {have:,} B of shared memory per thread block; use smaller tiles"
-        )
-    return need
+    smem, regs = need
+    where = (f"{schedule}: tiles block_q={tiles.block_q}, block_kv={tiles.block_kv} at head_dim="
+             f"{problem.head_dim}, {problem.dtype}")
+    have_smem = int(profile.require("smem.per_block"))
+    if smem > have_smem:
+        raise ScheduleError(f"{where} need {smem:,} B of shared memory per thread block, but {profile.name} has "
+                            f"{have_smem:,} B; use smaller tiles")
+    have_regs = profile.registers.per_sm.value
+    if have_regs is not None and regs > have_regs:
+        raise ScheduleError(f"{where} need {regs:,} B of registers per thread block (fp32 accumulator, scores "
+                            f"and statistics), but {profile.name} has {have_regs:,} B per SM; use smaller tiles")
+    return smem + regs
 
 
 def closed(schedule: str, problem: AttentionProblem, tiles: Tiles) -> Counts:
@@ -75,6 +99,11 @@ class Result:
     time: TimeEstimate
     method: str
     sram_budget: int
+
+    @property
+    def on_chip(self) -> tuple[int, int] | None:
+        """(shared-memory bytes, register bytes) a thread block allocates; None for untiled naive."""
+        return None if self.tiles.block_q is None else _on_chip(self.schedule, self.problem, self.tiles)
 
     @property
     def traffic(self) -> dict:
@@ -115,11 +144,15 @@ class Result:
             "flops": flops,
             "conventional_flops": p.conventional_flops(),
             "sram_peak_bytes": self.sram_peak_bytes,
+            "sram_shared_bytes": self.on_chip[0] if self.on_chip else None,
+            "sram_register_bytes": self.on_chip[1] if self.on_chip else None,
             "sram_budget_bytes": self.sram_budget,
+            "register_budget_bytes": self.profile.registers.per_sm.value,
             "time": {
                 "predicted_s": self.time.predicted_s,
                 "bound": self.time.bound,
                 "arithmetic_intensity": flops["total"] / hbm_total if hbm_total else None,
+                "unmodeled": self.time.unmodeled,
                 "kernels": [
                     {"name": k.name, "grid": k.grid, "utilization": k.utilization,
                      "predicted_s": k.predicted_s, "bound": k.bound, "resource_s": k.resources}

@@ -78,13 +78,17 @@ def render(r: Result) -> str:
         "",
         f"FLOPs: {fmt_rate(f['total'], 'FLOP')} (matmul {fmt_rate(f['matmul'], 'FLOP')}, "
         f"exp {fmt_rate(f['exp'], 'FLOP')}, other {fmt_rate(f['other'], 'FLOP')})",
-        f"on-chip peak per thread block: "
-        + (f"{j['sram_peak_bytes']:,} B of {j['sram_budget_bytes']:,} B" if j["sram_peak_bytes"] is not None
-           else "n/a (untiled)"),
+        "on-chip per thread block: "
+        + (f"{j['sram_peak_bytes']:,} B = shared memory {j['sram_shared_bytes']:,} of {j['sram_budget_bytes']:,} B"
+           f" + registers {j['sram_register_bytes']:,} of {j['register_budget_bytes'] or 0:,} B"
+           if j["sram_peak_bytes"] is not None else "n/a (untiled)"),
         f"predicted time: {fmt_seconds(j['time']['predicted_s'])}, bound by {j['time']['bound']}"
         + (f", arithmetic intensity {j['time']['arithmetic_intensity']:.1f} FLOP/B (hbm)"
            if j["time"]["arithmetic_intensity"] else ""),
     ]
+    if j["time"]["unmodeled"]:
+        lines.append("  not in the roofline (unpublished in the profile): "
+                     + ", ".join(f"{r} ({f})" for r, f in j["time"]["unmodeled"].items()))
     for k in j["time"]["kernels"]:
         lines.append(f"  {k['name']:<16} grid {k['grid']:>9,}  {fmt_seconds(k['predicted_s']):>10}  "
                      f"{k['bound']:<7} utilization {k['utilization']:.0%}")

@@ -18,9 +18,10 @@ whole double loop for one head (the grid is batch × heads). With a causal mask,
 entirely masked is skipped (nothing loaded, nothing computed), as Algorithm 5 skips zero blocks; K_j, V_j are
 still loaded once each (line 6), and every K/V block is visible to the last Q block anyway.
 
-Default tiles (line 1): the paper leaves M's unit open. iosim takes M in elements of the problem dtype and
-picks the largest M for which the tiles' on-chip working set (``working_set`` below, every buffer the
-algorithm holds) fits the profile's shared memory per thread block; that M is reported with the tiles.
+Default tiles (line 1): the paper leaves M's unit open. iosim takes M = the profile's shared memory per
+thread block, in elements of the problem dtype, or the largest smaller M whose tiles fit (the tiles loaded
+from global memory in shared memory, the fp32 O_i, statistics and scores in registers; see ``check_fit``);
+that M is reported with the tiles.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 from ..blocks import block_rows, cdiv, n_kv_blocks_visible, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from .base import ScheduleError, Tiles
+from .base import Tiles
 
 NAME = "flash1"
 SUMMARY = "FlashAttention-1 (Alg. 1): K/V outer loop, O, l, m read and written at every inner step"
@@ -67,8 +68,16 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
                 x.store("m", q, m_i)
 
 
+def shared_memory(p: AttentionProblem, t: Tiles) -> int:
+    """The part of the working set in shared memory: K_j, V_j and Q_i (line 6, 8)."""
+    b, d = p.elem_bytes, p.head_dim
+    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    return 2 * bc * d * b + br * d * b
+
+
 def working_set(p: AttentionProblem, t: Tiles) -> int:
-    """Bytes on chip at the peak of one inner step (after line 12's update)."""
+    """Bytes on chip at the peak of one inner step (after line 12's update); O_i, the statistics and the
+    scores are in registers, the rest in shared memory."""
     b, d = p.elem_bytes, p.head_dim
     br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
     return (
@@ -83,6 +92,8 @@ def working_set(p: AttentionProblem, t: Tiles) -> int:
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
     """Line 1 with the largest M (elements) whose tiles fit the profile's shared memory per block."""
+    from ..simulate import check_fit, fits  # the one fit rule, shared with explicit tiles
+
     d = p.head_dim
     budget = profile.require("smem.per_block")
 
@@ -90,18 +101,12 @@ def default_tiles(p: AttentionProblem, profile) -> Tiles:
         Bc = cdiv(M, 4 * d)
         return Tiles(block_q=min(Bc, d), block_kv=Bc, sram_elements=M)
 
-    def fits(M: int) -> bool:
-        return working_set(p, tiles_for(M)) <= budget
-
-    lo, hi = 1, budget // p.elem_bytes  # M can't exceed the shared memory in elements
-    if not fits(lo):
-        raise ScheduleError(
-            f"flash1: even 1×1 tiles need {working_set(p, tiles_for(lo))} B on chip at head_dim={d}, "
-            f"more than the {budget} B of shared memory per thread block of {profile.name}"
-        )
+    lo, hi = 1, int(budget) // p.elem_bytes  # M can't exceed the shared memory in elements
+    if not fits(NAME, p, tiles_for(lo), profile):
+        check_fit(NAME, p, tiles_for(lo), profile)  # raises, saying how much is needed and how much there is
     while lo < hi:  # largest M that fits; the working set grows with M
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        lo, hi = (mid, hi) if fits(NAME, p, tiles_for(mid), profile) else (lo, mid - 1)
     return tiles_for(lo)
 
 

@@ -16,8 +16,9 @@ Parallelism and Work Partitioning" (2023).
     15     write L_i (logsumexp, fp32) to HBM
 
 O and the softmax statistics stay on chip; O is written once. With a causal mask only the K/V blocks that
-hold a key visible to some row of Q_i are visited (j < n_i); a Q block that sees no key writes O = 0 and
-L = -inf (its Q_i is still loaded: line 4 comes before the loop).
+hold a key visible to some row of Q_i are visited (j < n_i). A Q block that sees no key at all (causal with
+seq_len > kv_len) writes O = 0 and L = -inf without loading Q_i, as FlashAttention-2's kernel exits early
+(flash_fwd_kernel.h: ``if (n_block_max <= n_block_min)``).
 """
 
 from __future__ import annotations
@@ -38,11 +39,16 @@ FA2_TILES = {32: (128, 128), 64: (128, 128), 96: (128, 64), 128: (128, 64), 160:
 
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
-    for dmax in sorted(FA2_TILES):
-        if p.head_dim <= dmax:
-            Br, Bc = FA2_TILES[dmax]
-            return Tiles(Br, Bc)
-    return Tiles(64, 32)  # beyond FA2's head dims: small tiles, checked against SRAM like any other
+    """FA2's tiles for the head dim; on a GPU with less shared memory, halve Bc, then Br, until they fit."""
+    from ..simulate import fits  # the one fit rule, shared with explicit tiles
+
+    Br, Bc = next((FA2_TILES[k] for k in sorted(FA2_TILES) if p.head_dim <= k), (64, 32))
+    while not fits(NAME, p, Tiles(Br, Bc), profile) and (Bc > 16 or Br > 16):
+        if Bc > 16 and Bc >= Br // 2:
+            Bc //= 2
+        else:
+            Br //= 2
+    return Tiles(Br, Bc)
 
 
 def program(x, p: AttentionProblem, t: Tiles) -> None:
@@ -55,9 +61,14 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
         for i in range(Tr):  # line 3: one thread block per Q block
             with x.thread_block():
                 q = block_rows(i, Br, N)
+                n_i = n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal)
+                if n_i == 0:  # causal: no row of this block sees a key
+                    O_i, L_i = x.empty_output(q)
+                    x.store("O", q, O_i)
+                    x.store("lse", q, L_i)
+                    continue
                 Q_i = x.load("Q", q)  # line 4: stays in SRAM throughout
                 O_i, l_i, m_i = x.init_state(q)  # line 5
-                n_i = n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal)
                 for j in x.order(range(n_i)):  # line 6
                     k = block_rows(j, Bc, Nk)
                     K_j = x.load("K", k)  # line 7
@@ -69,8 +80,16 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
                 x.store("lse", q, L_i)  # line 15
 
 
+def shared_memory(p: AttentionProblem, t: Tiles) -> int:
+    """The part of the working set that lives in shared memory: the tiles loaded from global memory."""
+    b, d = p.elem_bytes, p.head_dim
+    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    return br * d * b + 2 * bc * d * b  # Q_i; K_j, V_j
+
+
 def working_set(p: AttentionProblem, t: Tiles) -> int:
-    """Bytes on chip at the end of a thread block (every buffer is live then)."""
+    """Bytes on chip at the end of a thread block (every buffer is live then): shared memory for Q_i, K_j,
+    V_j; registers for the fp32 accumulator, the scores and the statistics."""
     b, d = p.elem_bytes, p.head_dim
     br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
     return (
@@ -84,21 +103,22 @@ def working_set(p: AttentionProblem, t: Tiles) -> int:
 
 
 def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
-    """Counts for one head. rv = Σ_i br_i·n_i, cv = Σ_i Σ_{j<n_i} bc_j (key rows streamed), A = visited area;
-    without causal rv = Tc·N, cv = Tr·N_kv, A = N·N_kv, so K and V are each read Tr times."""
+    """Counts for one head. rv = Σ_i br_i·n_i, cv = Σ_i Σ_{j<n_i} bc_j (key rows streamed), A = visited area,
+    Nv = rows of the Q blocks that see a key; without causal rv = Tc·N, cv = Tr·N_kv, A = N·N_kv, Nv = N, so
+    K and V are each read Tr times."""
     N, Nk, d, b, s = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes, STAT_BYTES
     v = visit_sums(N, Nk, t.block_q, t.block_kv, p.causal)
-    rv, cv, A = v.row_visits, v.col_visits, v.area
+    rv, cv, A, Nv = v.row_visits, v.col_visits, v.area, v.q_rows
 
     k = KernelCounts("flash2_fwd", grid=cdiv(N, t.block_q))
-    k.global_read.update(Q=N * d * b, K=cv * d * b, V=cv * d * b)
+    k.global_read.update(Q=Nv * d * b, K=cv * d * b, V=cv * d * b)
     k.global_write.update(O=N * d * b, lse=N * s)
     k.flops.update(
         matmul=4 * A * d,
-        exp=A + rv + N,  # P~; the rescale factor per row and step; log(l) at the end
-        other=4 * A + (4 + d) * rv + N * (d + 2),
+        exp=A + rv + Nv,  # P~; the rescale factor per row and step; log(l) at the end
+        other=4 * A + (4 + d) * rv + Nv * (d + 2),
     )
-    k.sram_write = N * d * b + 2 * cv * d * b + N * (4 * d + 8) + 8 * A + rv * (4 * d + 8) + N * (4 * d + 4)
-    k.sram_read = rv * d * b + 2 * cv * d * b + 4 * A + rv * (4 * d + 8) + N * (4 * d + 8) + N * (4 * d + 4)
+    k.sram_write = Nv * d * b + 2 * cv * d * b + Nv * (4 * d + 8) + 8 * A + rv * (4 * d + 8) + N * (4 * d + 4)
+    k.sram_read = rv * d * b + 2 * cv * d * b + 4 * A + rv * (4 * d + 8) + Nv * (4 * d + 8) + N * (4 * d + 4)
     k.sram_peak = working_set(p, t)
     return Counts([k])

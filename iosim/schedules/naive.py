@@ -81,6 +81,15 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
                 x.store("O", q, O_i)
 
 
+def shared_memory(p: AttentionProblem, t: Tiles) -> int | None:
+    """Shared-memory part of the tiled GEMMs' working set: the operand tiles (None when not tiled)."""
+    if t.block_q is None:
+        return None
+    b, d = p.elem_bytes, p.head_dim
+    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    return max((br + bc) * d * b, br * bc * b + bc * d * b)  # Q_i, K_j | P_ij, V_j
+
+
 def working_set(p: AttentionProblem, t: Tiles) -> int | None:
     """On-chip bytes one thread block of the tiled GEMM kernels needs (None when not tiled)."""
     if t.block_q is None:
