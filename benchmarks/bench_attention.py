@@ -79,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                     for tiles in configs:
                         if tiles is not None and tiles not in gpu.FLASH_TILES[d]:
                             continue
-                        bq, bkv = tiles if tiles else gpu.default_tiles(d, dname, causal)
+                        bq, bkv = (
+                            tiles
+                            if tiles
+                            else gpu.default_tiles(d, {"bf16": "bfloat16", "fp16": "float16"}[dname], causal)
+                        )
                         ours_ms = _time_ms(
                             lambda: gpu.attention(
                                 qc, kc, vc, causal=causal, block_q=bq, block_kv=bkv, out=out

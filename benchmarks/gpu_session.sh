@@ -11,7 +11,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 steps=${*:-tests sanitize bench}
 summary=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-git rev-parse HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+echo "commit: ${IOSIM_COMMIT:-unknown (set IOSIM_COMMIT)}" | tee -a "$OUT/gpu.txt"
 for s in $steps; do
   case $s in
     tests)
