@@ -5,10 +5,10 @@
 
 __version__ = "0.1.0"
 
-from .problem import AttentionProblem, ProblemError  # noqa: E402
-from .profile import Profile, ProfileError, get_profile  # noqa: E402
-from .schedules import SCHEDULES, ScheduleError, Tiles  # noqa: E402
-from .simulate import Result, simulate  # noqa: E402
+from .problem import AttentionProblem, ProblemError
+from .profile import Profile, ProfileError, get_profile
+from .schedules import SCHEDULES, ScheduleError, Tiles
+from .simulate import Result, simulate
 
 __all__ = [
     "SCHEDULES",

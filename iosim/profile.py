@@ -12,7 +12,7 @@ Quantities are written as people write them: ``80GB``, ``50MiB``, ``3.35 TB/s``,
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -244,7 +244,7 @@ def builtin_profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _builtin(name: str) -> Profile:
     return load_profile_file(PROFILES_DIR / f"{name}.yaml")
 

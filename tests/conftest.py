@@ -26,7 +26,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 def _gpu_unavailable_reason() -> str | None:
     try:
-        import cupy  # noqa: F401
+        import cupy
     except Exception as exc:  # ImportError, or a CUDA library that fails to load
         return f"CuPy is not importable ({type(exc).__name__}: {exc})"
     try:

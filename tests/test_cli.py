@@ -1,0 +1,96 @@
+"""The CLI: the JSON contract, readable output, and one clear line with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from iosim import AttentionProblem, ProblemError
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "iosim", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_simulate_json_carries_the_public_contract_with_exact_integers():
+    out = run("simulate", "naive", "--seq-len", "4096", "--head-dim", "128", "--json")
+    assert out.returncode == 0, out.stderr
+    j = json.loads(out.stdout)
+    for key in ("schedule", "profile", "problem", "tiles", "traffic", "by_tensor", "flops", "sram_peak_bytes", "time"):
+        assert key in j
+    assert j["profile"] == "h100-sxm5-80gb"
+    g = j["traffic"]["global"]
+    assert g["read_bytes"] + g["write_bytes"] == 138_412_032
+    assert j["traffic"]["hbm"] == j["traffic"]["global"]
+    assert set(j["traffic"]["sram"]) == {"read_bytes", "write_bytes"}
+    assert j["by_tensor"]["S"] == {"global_read_bytes": 33_554_432, "global_write_bytes": 33_554_432}
+    assert j["flops"]["total"] == j["flops"]["matmul"] + j["flops"]["exp"] + j["flops"]["other"]
+    assert isinstance(j["flops"]["matmul"], int) and j["flops"]["matmul"] == 4 * 4096 * 4096 * 128
+    assert j["time"]["predicted_s"] > 0 and j["time"]["bound"] in ("tensor", "exp", "fp32", "global", "hbm")
+    assert set(j["tiles"]) >= {"block_q", "block_kv"}
+
+
+def test_simulate_prints_a_readable_table():
+    out = run("simulate", "flash2", "--seq-len", "1000", "--kv-len", "777", "--heads", "8", "--kv-heads", "2",
+              "--causal", "--head-dim", "64", "--dtype", "bf16", "--block-q", "64", "--block-kv", "32")
+    assert out.returncode == 0, out.stderr
+    assert "block_q=64, block_kv=32" in out.stdout and "global" in out.stdout and "lse" in out.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["simulate", "flash2", "--seq-len", "0"], "seq_len=0"),
+    (["simulate", "flash2", "--seq-len", "64", "--heads", "3", "--kv-heads", "2"], "not divisible by kv_heads=2"),
+    (["simulate", "flash9", "--seq-len", "64"], "flash9"),
+    (["simulate", "flash2", "--seq-len", "64", "--dtype", "fp64"], "fp64"),
+    (["simulate", "flash2", "--seq-len", "64", "--profile", "no-such-gpu"], "unknown profile 'no-such-gpu'"),
+    (["simulate", "flash2", "--seq-len", "4096", "--block-q", "512", "--block-kv", "512"], "use smaller tiles"),
+    (["simulate", "flash2", "--seq-len", "64", "--block-q", "-4"], "block_q=-4"),
+    (["simulate", "naive", "--seq-len", "64", "--block-q", "16"], "give both"),
+])
+def test_bad_input_gets_one_line_and_exit_code_2(args, fragment):
+    out = run(*args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert fragment in lines[0]
+
+
+def test_profile_file_with_unknown_key_is_rejected_naming_the_field(tmp_path):
+    good = run("profiles", "show", "h100-sxm5-80gb")
+    assert good.returncode == 0
+    text = good.stdout.replace("sm_count:", "sm_cuont:", 1)
+    f = tmp_path / "typo.yaml"
+    f.write_text(text)
+    out = run("profiles", "validate", str(f))
+    assert out.returncode == 2 and "sm_cuont" in out.stderr and "unknown key" in out.stderr
+    out = run("simulate", "flash2", "--seq-len", "64", "--profile", str(f))
+    assert out.returncode == 2 and "sm_cuont" in out.stderr
+
+
+def test_profile_flag_takes_a_file_path_everywhere(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text(run("profiles", "show", "a100-sxm4-40gb").stdout)
+    assert run("profiles", "validate", str(f)).returncode == 0
+    out = run("simulate", "flash2", "--seq-len", "256", "--profile", str(f), "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["profile"] == "a100-sxm4-40gb"
+
+
+def test_profiles_list_names_every_builtin():
+    out = run("profiles", "list")
+    for name in ("a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb", "b200", "rtx-4090",
+                 "l4", "mi300x"):
+        assert name in out.stdout
+
+
+def test_problem_api_errors_name_the_field():
+    with pytest.raises(ProblemError, match="head_dim=0"):
+        AttentionProblem.make(seq_len=8, head_dim=0)
+    with pytest.raises(ProblemError, match="heads=6 is not divisible by kv_heads=4"):
+        AttentionProblem.make(seq_len=8, heads=6, kv_heads=4)
+    with pytest.raises(ProblemError, match="colour: unknown field"):
+        AttentionProblem.make(seq_len=8, colour="red")
+    p = AttentionProblem.make(seq_len=8, head_dim=64)
+    assert p.kv_len == 8 and p.kv_heads == 1 and p.scale == 0.125
