@@ -1,0 +1,48 @@
+"""The time model: a roofline per kernel that does not predict full-chip speed for a grid that cannot fill it."""
+
+from __future__ import annotations
+
+import pytest
+
+from iosim import AttentionProblem, get_profile, simulate
+from iosim.roofline import utilization
+
+
+def test_utilization_is_one_for_whole_waves_and_less_for_small_or_ragged_grids():
+    assert utilization(132, 132) == 1.0 and utilization(264, 132) == 1.0
+    assert utilization(1, 132) == pytest.approx(1 / 132)
+    assert utilization(133, 132) == pytest.approx(133 / 264)  # a ragged last wave of one block
+
+
+def test_a_single_head_short_sequence_is_not_predicted_at_full_chip_speed():
+    # flash2 at N=512, one head: 4 thread blocks on 132 SMs
+    one = simulate("flash2", AttentionProblem(seq_len=512, head_dim=128))
+    many = simulate("flash2", AttentionProblem(seq_len=512, head_dim=128, heads=33 * 4))  # 528 blocks: 4 waves
+    k1, k2 = one.time.kernels[0], many.time.kernels[0]
+    assert k1.grid == 4 and k1.utilization == pytest.approx(4 / 132)
+    assert k2.utilization == 1.0
+    # 132x the work in 4 full waves costs only ~ (132 / 33)x the time of 4 lonely blocks
+    assert many.time.predicted_s / one.time.predicted_s == pytest.approx(132 * (4 / 132), rel=1e-9)
+
+
+def test_time_is_the_longest_resource_and_the_bound_names_it():
+    r = simulate("flash2", AttentionProblem(seq_len=8192, head_dim=128, heads=32, batch=4, dtype="bf16"),
+                 block_q=128, block_kv=64)
+    k = r.time.kernels[0]
+    assert k.bound == max(k.resources, key=k.resources.get)
+    assert k.predicted_s == pytest.approx(k.resources[k.bound] / k.utilization)
+    prof = get_profile()
+    assert k.resources["tensor"] == pytest.approx(r.counts.flops["matmul"] / prof.compute.tensor.bf16.value)
+
+
+def test_naive_is_memory_bound_and_its_arithmetic_intensity_falls_far_below_flash2s():
+    p = AttentionProblem(seq_len=4096, head_dim=128, heads=32)
+    naive, flash = simulate("naive", p).to_json(), simulate("flash2", p).to_json()
+    assert naive["time"]["bound"] == "hbm"
+    assert naive["time"]["arithmetic_intensity"] < flash["time"]["arithmetic_intensity"] / 1.5
+
+
+def test_unpublished_rates_leave_their_resource_out_and_say_so():
+    r = simulate("flash2", AttentionProblem(seq_len=1024, head_dim=64), "h200-sxm-141gb").to_json()
+    assert r["time"]["unmodeled"] == {"global": "l2.bandwidth"}
+    assert "global" not in r["time"]["kernels"][0]["resource_s"]
