@@ -5,14 +5,14 @@
 //
 // Schedule (one thread block = one Q tile of Br rows of one (batch, head); grid = (Tr, H, B)):
 //   Alg. line 4:  load Q_i (Br x d) into SRAM once
-//   Alg. line 6:  for j in 0..Tc-1: load K_j, V_j (Bc x d) into SRAM, double-buffered by cp.async: tile j+1 is in
-//                 flight while tile j is used
+//   Alg. line 6:  for j in 0..Tc-1: load K_j, V_j (Bc x d) into SRAM through a ring of Stages cp.async buffers:
+//                 tiles j+1 .. j+Stages-1 are in flight while tile j is used
 //   Alg. line 8:  S_ij = Q_i K_j^T                                 (tensor cores, fp32 accumulators in registers)
 //   Alg. line 9:  m_new = max(m, rowmax(S)); P = exp2(S*scale*log2e - m_new*scale*log2e); l = l*e^(m-m_new) + rowsum(P)
 //   Alg. line 10: O = O * e^(m-m_new) + P V_j                       (P rounded to the input dtype, V via ldmatrix.trans)
 //   Alg. line 12: O = O / l, written once in the input dtype;  line 13: lse = m*scale + ln(l)
 // Each of the 4 warps owns MT = Br/64 stripes of 16 query rows, so softmax statistics never leave a warp's quad.
-// Shared memory (computed term by term in iosim/gpu/build.py): Q (Br*d) + K, V (2 stages * Bc*d each), input dtype.
+// Shared memory (computed term by term in iosim/gpu/build.py): Q (Br*d) + K, V (Stages * Bc*d each), input dtype.
 // Layout: 16-byte chunks of each tile row are XOR-swizzled (chunk c of row r lives at c ^ (r & 7)), so the 8 row
 // addresses of every ldmatrix phase and every cp.async store phase fall on 8 different 16-byte bank groups.
 // Masking: keys >= kv_len (ragged last tile, zero-filled by cp.async) and, when causal, keys j > i + (kv_len - N)
@@ -22,11 +22,18 @@
 // Versions (llm.c style; numbers: device, bf16, d=128, N=4096, B*N=16384, H=16, TFLOP/s by 4*N^2*d*B*H/t;
 // full tables in docs/benchmarks.md, the log with predictions in docs/kernels.md):
 //   v1  first version: 4 warps, Br=128 (2 row stripes per warp, Q re-read from SRAM per k-step; Br=64 keeps Q
-//       in registers), Bc=64, 2-stage cp.async for K and V together, O staged through SRAM for 16-byte stores,
-//       causal Q tiles launched heaviest first. Measured: see docs/kernels.md (v1 row).
+//       in registers), Bc=64 (32 at d=128), 2-stage cp.async for K and V together, two barriers per K/V tile, O
+//       staged through SRAM for 16-byte stores, causal Q tiles launched heaviest first. Measured (H200): d=128
+//       bf16 N=4096 296.8 TFLOP/s (0.85x torch SDPA flash), causal 239.9 (0.81x); d=64 291.9 (0.97x).
+//   v2  Stages-deep K/V ring (3 for d <= 128, 2 for d=256) with one barrier per K/V tile: the load of tile
+//       j+Stages-1 is issued right after the barrier that proves every warp is done with tile j-1, whose slot it
+//       reuses. Measured: docs/kernels.md (v2).
 #include "common.cuh"
 
 namespace iosim {
+
+// depth of the K/V cp.async ring; mirrored by iosim/gpu/build.py flash_stages() for the shared-memory budget
+__host__ __device__ constexpr int flash_stages(int D) { return D >= 256 ? 2 : 3; }
 
 // element offset of 16-byte chunk c (8 elements) of row r in a swizzled tile with D elements per row
 template <int D>
@@ -70,10 +77,12 @@ __global__ void __launch_bounds__(128)
     constexpr bool kQInRegs = (MT == 1 && D <= 128);  // Q fragments live in registers for the whole loop
     static_assert(Br % (16 * kWarps) == 0 && Bc % 16 == 0 && D % 32 == 0, "tile shape");
 
+    constexpr int Stages = flash_stages(D);
+
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T* sQ = reinterpret_cast<T*>(smem_raw);  // Br x D
-    T* sK = sQ + Br * D;                     // 2 stages x Bc x D
-    T* sV = sK + 2 * Bc * D;                 // 2 stages x Bc x D
+    T* sK = sQ + Br * D;                     // Stages x Bc x D
+    T* sV = sK + Stages * Bc * D;            // Stages x Bc x D
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -105,12 +114,18 @@ __global__ void __launch_bounds__(128)
         return;
     }
 
-    // Alg. line 4: Q_i into SRAM (group 0); line 6 for j = 0: K_0, V_0 (group 1)
+    // Alg. line 4: Q_i into SRAM (group 0); line 6 for j = 0 .. Stages-2: K_j, V_j (one group each, maybe empty)
     load_tile_async<Br, D, kThreads>(sQ, qg, q_stride, q_valid, tid);
     cp_async_commit();
-    load_tile_async<Bc, D, kThreads>(sK, kg, kv_stride, kv_len, tid);
-    load_tile_async<Bc, D, kThreads>(sV, vg, kv_stride, kv_len, tid);
-    cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < Stages - 1; ++s) {
+        if (s < n_blocks) {
+            const long long off = (long long)s * Bc * kv_stride;
+            load_tile_async<Bc, D, kThreads>(sK + s * Bc * D, kg + off, kv_stride, kv_len - s * Bc, tid);
+            load_tile_async<Bc, D, kThreads>(sV + s * Bc * D, vg + off, kv_stride, kv_len - s * Bc, tid);
+        }
+        cp_async_commit();
+    }
 
     float acc_o[MT][ND][4];
     float m_i[MT][2], l_i[MT][2];  // running row max (raw score units) and this thread's partial row sum
@@ -130,20 +145,23 @@ __global__ void __launch_bounds__(128)
     const int b_row = (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;  // B (K): n rows, k chunk
     const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_chunk = lane >> 4;  // B (V, trans): k rows, n chunk
 
+    int stage = 0;                // slot of tile j in the ring
+    int fill = (Stages - 1) % Stages;  // slot that tile j + Stages - 1 goes to
     for (int j = 0; j < n_blocks; ++j) {
-        const int stage = j & 1;
         const T* sKs = sK + stage * Bc * D;
         const T* sVs = sV + stage * Bc * D;
-        if (j + 1 < n_blocks) {  // Alg. line 6 for j+1, overlapped with this tile's math
-            const long long off = (long long)(j + 1) * Bc * kv_stride;
-            load_tile_async<Bc, D, kThreads>(sK + (stage ^ 1) * Bc * D, kg + off, kv_stride, kv_len - (j + 1) * Bc,
-                                             tid);
-            load_tile_async<Bc, D, kThreads>(sV + (stage ^ 1) * Bc * D, vg + off, kv_stride, kv_len - (j + 1) * Bc,
-                                             tid);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();  // everything but the group just issued has landed: Q, K_j, V_j
+        cp_async_wait<Stages - 2>();  // all but the newest Stages-2 groups have landed: Q, K_j, V_j
+        // one barrier per tile: tile j is visible to every warp, and every warp is done with tile j-1 (slot `fill`)
         __syncthreads();
+        const int jn = j + Stages - 1;
+        if (jn < n_blocks) {  // Alg. line 6 for tile j+Stages-1, overlapped with the math of tiles j ..
+            const long long off = (long long)jn * Bc * kv_stride;
+            load_tile_async<Bc, D, kThreads>(sK + fill * Bc * D, kg + off, kv_stride, kv_len - jn * Bc, tid);
+            load_tile_async<Bc, D, kThreads>(sV + fill * Bc * D, vg + off, kv_stride, kv_len - jn * Bc, tid);
+        }
+        cp_async_commit();  // always one group per iteration, so the wait count above stays exact
+        stage = (stage + 1 == Stages) ? 0 : stage + 1;
+        fill = (fill + 1 == Stages) ? 0 : fill + 1;
 
         if constexpr (kQInRegs) {
             if (j == 0) {
@@ -257,8 +275,8 @@ __global__ void __launch_bounds__(128)
                 }
             }
         }
-        __syncthreads();  // all warps are done with stage `stage` before iteration j+1 refills it
     }
+    cp_async_wait<0>();  // no copy may still be in flight into shared memory when the block exits
 
     // Alg. line 12-13: O = O / l, lse = m*scale + ln(l); rows that saw no key: O = 0, lse = -inf
 #pragma unroll

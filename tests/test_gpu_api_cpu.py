@@ -27,19 +27,20 @@ def test_attention_without_cupy_raises_gpu_unavailable_in_one_line(monkeypatch):
     assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
-def test_flash_smem_budget_is_q_plus_two_stages_of_k_and_v():
-    # Q_i: 128*128*2 = 32768; K_j, V_j: 2 stages * 32*128*2 = 16384 each
-    assert build.flash_smem_terms(128, 128, 32, 2) == {"Q_i": 32768, "K_j": 16384, "V_j": 16384}
-    assert build.flash_smem_bytes(128, 128, 32) == 65536
-    assert build.flash_smem_bytes(128, 64, 64) == 64 * 128 * 2 + 4 * 64 * 128 * 2  # 81920
-    assert build.flash_smem_bytes(256, 64, 32) == 64 * 256 * 2 + 4 * 32 * 256 * 2
+def test_flash_smem_budget_is_q_plus_a_ring_of_k_and_v():
+    # Q_i: 128*128*2 = 32768; K_j, V_j: 3 stages * 32*128*2 = 24576 each
+    assert build.flash_stages(128) == 3 and build.flash_stages(256) == 2
+    assert build.flash_smem_terms(128, 128, 32, 2) == {"Q_i": 32768, "K_j": 24576, "V_j": 24576}
+    assert build.flash_smem_bytes(128, 128, 32) == 81920
+    assert build.flash_smem_bytes(128, 64, 64) == 64 * 128 * 2 + 2 * 3 * 64 * 128 * 2  # 114688
+    assert build.flash_smem_bytes(256, 64, 32) == 64 * 256 * 2 + 2 * 2 * 32 * 256 * 2
 
 
 def test_every_compiled_tile_fits_two_blocks_per_sm_on_hopper():
-    # H100/H200: 227 KB opt-in per block, 228 KB per SM; A100: 163 KB per block (d=256 runs one block per SM there)
+    # H100/H200: 227 KB opt-in per block, 228 KB per SM with 1 KB reserved per block; A100: 163 KB per block
     for d, tiles in build.FLASH_TILES.items():
         for bq, bkv in tiles:
-            assert 2 * build.flash_smem_bytes(d, bq, bkv) <= 227 * 1024, (d, bq, bkv)
+            assert 2 * (build.flash_smem_bytes(d, bq, bkv) + 1024) <= 228 * 1024, (d, bq, bkv)
             assert build.flash_smem_bytes(d, bq, bkv) <= 163 * 1024, (d, bq, bkv)
             assert bq % 64 == 0 and bkv % 16 == 0
 

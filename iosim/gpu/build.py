@@ -40,7 +40,14 @@ FLASH_SOURCE = "flash_fwd.cu"
 FLASH_KERNEL = "iosim::flash_fwd_kernel"
 FLASH_WARPS = 4  # fixed in the kernel: each warp owns block_q / 64 stripes of 16 query rows
 FLASH_THREADS = 32 * FLASH_WARPS
-FLASH_STAGES = 2  # cp.async double buffering of K_j, V_j
+
+
+def flash_stages(head_dim: int) -> int:
+    """Depth of the kernel's K/V cp.async ring (mirrors flash_stages() in kernels/flash_fwd.cu).
+
+    3 (tiles j+1 and j+2 in flight during tile j) where it fits two blocks per SM; 2 at d=256.
+    """
+    return 2 if head_dim >= 256 else 3
 
 # (block_q, block_kv) the library can launch, per head dim. Every entry compiles without register spills for
 # sm_80/sm_90 (checked by compile_check); larger tiles (e.g. 128 x 64 at d=128) spill and are left out.
@@ -82,10 +89,10 @@ def flash_smem_terms(head_dim: int, block_q: int, block_kv: int, itemsize: int =
     return {
         # Q_i (Br x d), resident for the whole K/V loop; its rows are reused to stage O for 16-byte stores
         "Q_i": block_q * head_dim * itemsize,
-        # K_j (Bc x d), FLASH_STAGES buffers so tile j+1 loads while tile j is used
-        "K_j": FLASH_STAGES * block_kv * head_dim * itemsize,
+        # K_j (Bc x d), a ring of flash_stages(d) buffers so later tiles load while tile j is used
+        "K_j": flash_stages(head_dim) * block_kv * head_dim * itemsize,
         # V_j (Bc x d), likewise
-        "V_j": FLASH_STAGES * block_kv * head_dim * itemsize,
+        "V_j": flash_stages(head_dim) * block_kv * head_dim * itemsize,
     }
 
 
