@@ -47,7 +47,8 @@ def n_kv_blocks_visible(i, Br, Bc, N, Nk, causal):
     """
     Tc = cdiv(Nk, Bc)
     if not causal:
-        return Tc + 0 * i
+        n = Tc + 0 * i
+        return int(n) if np.ndim(n) == 0 else n
     last_row_end = np.minimum((i + 1) * Br, N)
     visible = np.clip(last_row_end + (Nk - N), 0, Nk)
     n = cdiv(visible, Bc)
@@ -74,8 +75,32 @@ class VisitSums:
     q_rows: int
 
 
-def visit_sums(N: int, Nk: int, Br: int, Bc: int, causal: bool) -> VisitSums:
-    """Exact visit sums, vectorized over the Q blocks (O(N/Br) NumPy work, no Python loop)."""
+def visit_sums(N, Nk, Br, Bc, causal: bool) -> VisitSums:
+    """Exact visit sums, vectorized over the Q blocks (no Python loop over blocks).
+
+    ``N, Nk, Br, Bc`` may be ints (the fields are then ints) or NumPy integer arrays that broadcast together
+    (the fields are then arrays of that shape): one call covers a whole sweep.
+    """
+    if all(np.ndim(x) == 0 for x in (N, Nk, Br, Bc)):
+        return _visit_sums_scalar(int(N), int(Nk), int(Br), int(Bc), causal)
+    N, Nk, Br, Bc = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(N, Nk, Br, Bc))
+    Tr = cdiv(N, Br)
+    i = np.arange(int(Tr.max()), dtype=np.int64).reshape((-1,) + (1,) * N.ndim)  # blocks along axis 0
+    valid = i < Tr
+    br = np.where(valid, np.minimum((i + 1) * Br, N) - i * Br, 0)
+    n = np.where(valid, n_kv_blocks_visible(i, Br, Bc, N, Nk, causal), 0)
+    cols = np.minimum(n * Bc, Nk)
+    return VisitSums(
+        pairs=n.sum(axis=0),
+        row_visits=(br * n).sum(axis=0),
+        col_visits=cols.sum(axis=0),
+        area=(br * cols).sum(axis=0),
+        kv_blocks=n.max(axis=0),
+        q_rows=np.where(n > 0, br, 0).sum(axis=0),
+    )
+
+
+def _visit_sums_scalar(N: int, Nk: int, Br: int, Bc: int, causal: bool) -> VisitSums:
     Tr = cdiv(N, Br)
     i = np.arange(Tr, dtype=np.int64)
     br = np.minimum((i + 1) * Br, N) - i * Br

@@ -42,7 +42,7 @@ def _on_chip(schedule: str, problem: AttentionProblem, tiles: Tiles) -> tuple[in
     if total is None:
         return None
     smem = mod.shared_memory(problem, tiles) if hasattr(mod, "shared_memory") else total
-    return smem, total - smem
+    return int(smem), int(total - smem)
 
 
 def fits(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: Profile) -> bool:
@@ -77,6 +77,8 @@ def check_fit(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: P
 def closed(schedule: str, problem: AttentionProblem, tiles: Tiles) -> Counts:
     """Counts of the whole problem from the schedule's closed form."""
     per_head = get_schedule(schedule).closed_form(problem, tiles)
+    for k in per_head.kernels:  # closed forms also run on arrays (iosim.sweep); a scalar problem gets ints
+        k.sram_peak = None if k.sram_peak is None else int(k.sram_peak)
     return Counts([k.scaled(problem.n_heads_total) for k in per_head.kernels])
 
 

@@ -26,6 +26,8 @@ that M is reported with the tiles.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..blocks import block_rows, cdiv, n_kv_blocks_visible, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
@@ -71,7 +73,7 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
 def shared_memory(p: AttentionProblem, t: Tiles) -> int:
     """The part of the working set in shared memory: K_j, V_j and Q_i (line 6, 8)."""
     b, d = p.elem_bytes, p.head_dim
-    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    br, bc = np.minimum(t.block_q, p.seq_len), np.minimum(t.block_kv, p.kv_len)
     return 2 * bc * d * b + br * d * b
 
 
@@ -79,7 +81,7 @@ def working_set(p: AttentionProblem, t: Tiles) -> int:
     """Bytes on chip at the peak of one inner step (after line 12's update); O_i, the statistics and the
     scores are in registers, the rest in shared memory."""
     b, d = p.elem_bytes, p.head_dim
-    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    br, bc = np.minimum(t.block_q, p.seq_len), np.minimum(t.block_kv, p.kv_len)
     return (
         2 * bc * d * b  # K_j, V_j (line 6)
         + br * d * b  # Q_i (line 8)

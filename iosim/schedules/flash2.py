@@ -23,6 +23,8 @@ seq_len > kv_len) writes O = 0 and L = -inf without loading Q_i, as FlashAttenti
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..blocks import block_rows, cdiv, n_kv_blocks_visible, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
@@ -83,7 +85,7 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
 def shared_memory(p: AttentionProblem, t: Tiles) -> int:
     """The part of the working set that lives in shared memory: the tiles loaded from global memory."""
     b, d = p.elem_bytes, p.head_dim
-    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    br, bc = np.minimum(t.block_q, p.seq_len), np.minimum(t.block_kv, p.kv_len)
     return br * d * b + 2 * bc * d * b  # Q_i; K_j, V_j
 
 
@@ -91,7 +93,7 @@ def working_set(p: AttentionProblem, t: Tiles) -> int:
     """Bytes on chip at the end of a thread block (every buffer is live then): shared memory for Q_i, K_j,
     V_j; registers for the fp32 accumulator, the scores and the statistics."""
     b, d = p.elem_bytes, p.head_dim
-    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    br, bc = np.minimum(t.block_q, p.seq_len), np.minimum(t.block_kv, p.kv_len)
     return (
         br * d * b  # Q_i (line 4)
         + br * d * 4  # O_i accumulator, fp32 (line 5)

@@ -14,6 +14,8 @@ those of 128×128 output tiles, as a GEMM library would launch.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..blocks import Rows, block_rows, cdiv
 from ..counts import Counts, KernelCounts
 from ..problem import AttentionProblem
@@ -86,8 +88,8 @@ def shared_memory(p: AttentionProblem, t: Tiles) -> int | None:
     if t.block_q is None:
         return None
     b, d = p.elem_bytes, p.head_dim
-    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
-    return max((br + bc) * d * b, br * bc * b + bc * d * b)  # Q_i, K_j | P_ij, V_j
+    br, bc = np.minimum(t.block_q, p.seq_len), np.minimum(t.block_kv, p.kv_len)
+    return np.maximum((br + bc) * d * b, br * bc * b + bc * d * b)  # Q_i, K_j | P_ij, V_j
 
 
 def working_set(p: AttentionProblem, t: Tiles) -> int | None:
@@ -95,7 +97,7 @@ def working_set(p: AttentionProblem, t: Tiles) -> int | None:
     if t.block_q is None:
         return None
     b, d = p.elem_bytes, p.head_dim
-    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    br, bc = np.minimum(t.block_q, p.seq_len), np.minimum(t.block_kv, p.kv_len)
     scores_kernel = (
         br * d * b  # Q_i
         + bc * d * b  # K_j
@@ -106,7 +108,7 @@ def working_set(p: AttentionProblem, t: Tiles) -> int | None:
         + br * bc * b  # P_ij
         + bc * d * b  # V_j
     )
-    return max(scores_kernel, pv_kernel)
+    return np.maximum(scores_kernel, pv_kernel)
 
 
 def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
@@ -115,7 +117,7 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     Br, Bc = _tiles(p, t)
     Tr, Tc = cdiv(N, Br), cdiv(Nk, Bc)
     NN = N * Nk
-    br, bc = min(Br, N), min(Bc, Nk)
+    br, bc = np.minimum(Br, N), np.minimum(Bc, Nk)
     grid_scores, grid_softmax, grid_pv = _grids(p, t)
 
     k1 = KernelCounts("naive_scores", grid=grid_scores)
