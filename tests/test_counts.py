@@ -51,7 +51,7 @@ def test_naive_counts_b_times_4Nd_plus_4N2_per_head():
 
 
 @pytest.mark.parametrize("N,d,Br,Bc,dt", [(4096, 128, 128, 192, "fp16"), (1024, 64, 64, 256, "bf16"),
-                                          (2048, 64, 64, 64, "fp32")])
+                                          (2048, 64, 64, 64, "fp32"), (1000, 64, 96, 160, "fp16")])  # last: ragged
 def test_flash1_matches_algorithm_1_line_by_line(N, d, Br, Bc, dt):
     p = AttentionProblem(seq_len=N, head_dim=d, dtype=dt)
     c = closed("flash1", p, Tiles(Br, Bc))
@@ -85,6 +85,17 @@ def test_tiles_that_do_not_fit_are_an_error_that_says_how_much_is_needed_and_how
         simulate("flash2", AttentionProblem(seq_len=4096, head_dim=256), block_q=256, block_kv=128)
     with pytest.raises(ScheduleError, match=r"need 396,288 B of registers"):
         simulate("flash2", AttentionProblem(seq_len=4096, head_dim=128), block_q=256, block_kv=256)
+
+
+@pytest.mark.parametrize("N,Nk,Br,Bc", [(64, 64, 16, 16), (100, 37, 16, 8), (37, 100, 8, 16), (90, 20, 16, 16)])
+def test_causal_flash1_reads_Q_O_l_m_once_per_tile_that_holds_a_visible_key(N, Nk, Br, Bc):
+    p = AttentionProblem(seq_len=N, kv_len=Nk, head_dim=8, causal=True, dtype="fp16")
+    c = closed("flash1", p, Tiles(Br, Bc))
+    rows = sum(min(Br, N - i * Br) for (i, _) in _visible_blocks_brute_force(N, Nk, Br, Bc))
+    assert c.global_read["Q"] == c.global_read["O"] == rows * 8 * 2
+    assert c.global_read["l"] == c.global_read["m"] == rows * 4
+    assert c.global_write["O"] == (N + rows) * 8 * 2  # line 2's initialization, then line 12 per visited tile
+    assert c.global_read["K"] == Nk * 8 * 2  # line 6: once
 
 
 # -- FlashAttention-2, Algorithm 1 (papers.md §2.7) -----------------------------------------------------
