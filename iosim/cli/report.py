@@ -1,0 +1,131 @@
+"""``iosim run``, ``iosim plot`` and ``iosim report``: scenario files in, results, figures and a report out."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ..scenario import (
+    ScenarioError,
+    default_scenarios,
+    expand,
+    load_scenario,
+    resolve_scenario_arg,
+    run_scenario,
+)
+
+
+def _load(args: tuple[str, ...]):
+    try:
+        if not args:
+            return default_scenarios()
+        return [load_scenario(resolve_scenario_arg(a)) for a in args]
+    except ScenarioError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _progress(quiet: bool):
+    """A rich progress bar on stderr, only where stderr is a terminal and --quiet is not given."""
+    if quiet or not sys.stderr.isatty():
+        yield lambda label, total: (lambda done, total: None)
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=False) as bar:
+        def make(label: str, total: int):
+            task = bar.add_task(label, total=total)
+            return lambda done, _total: bar.update(task, completed=done)
+
+        yield make
+
+
+def _run_all(scenarios, quiet: bool):
+    runs = []
+    with _progress(quiet) as make:
+        for scn in scenarios:
+            cb = make(scn.name, len(expand(scn)))
+            try:
+                runs.append(run_scenario(scn, progress=cb))
+            except ScenarioError as exc:
+                raise click.ClickException(str(exc)) from None
+    return runs
+
+
+@click.command("run")
+@click.argument("scenarios", nargs=-1, required=True)
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="folder for the results (one sub-folder per scenario)")
+@click.option("-q", "--quiet", is_flag=True, help="no progress bar and no summary")
+def run_cmd(scenarios, out_dir, quiet):
+    """Simulate SCENARIOS (files, or names of built-in scenarios) and write tidy CSV + JSON results and the
+    figures (HTML, with each figure's data as CSV beside it) under OUT/<scenario>/."""
+    from ..report import write_run
+    from ..scenario import check_claims
+
+    runs = _run_all(_load(scenarios), quiet)
+    for run in runs:
+        try:
+            paths = write_run(run, out_dir)
+        except ScenarioError as exc:
+            raise click.ClickException(str(exc)) from None
+        if not quiet:
+            checks = check_claims(run, run.scenario.claims)
+            bad = [c for c in checks if not c.ok]
+            claims = f", claims {len(checks) - len(bad)}/{len(checks)} match" if checks else ""
+            click.echo(f"{run.scenario.name}: {len(run.records)} cases, {len(paths)} files in "
+                       f"{out_dir / run.scenario.name}{claims}")
+            for c in bad:
+                click.echo(f"  claim {c.claim.label!r}: simulated {c.shown}, published {c.claim.expect}"
+                           f"{' (' + c.error + ')' if c.error else ''}", err=True)
+
+
+@click.command("plot")
+@click.argument("results_dir", type=click.Path(path_type=Path))
+@click.option("-q", "--quiet", is_flag=True)
+def plot_cmd(results_dir, quiet):
+    """Redraw the figures from results saved by 'iosim run' (RESULTS_DIR or its sub-folders), without
+    simulating again."""
+    from ..report import load_run, saved_runs, write_figures
+
+    for folder in saved_runs(results_dir):
+        try:
+            paths = write_figures(load_run(folder), folder)
+        except ScenarioError as exc:
+            raise click.ClickException(str(exc)) from None
+        if not quiet:
+            click.echo(f"{folder}: {len(paths) // 2} figures redrawn in {folder / 'figures'}")
+
+
+@click.command("report")
+@click.argument("scenarios", nargs=-1)
+@click.option("-o", "--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("report.html"), show_default=True, help="the HTML file to write")
+@click.option("--title", default="iosim report: attention I/O, simulated", show_default=True)
+@click.option("-q", "--quiet", is_flag=True)
+def report_cmd(scenarios, out_file, title, quiet):
+    """Write ONE self-contained HTML report (plotly embedded, opens offline) for SCENARIOS, or for the
+    built-in scenarios when none is named."""
+    from ..report import render_report
+
+    t0 = time.perf_counter()
+    runs = _run_all(_load(scenarios), quiet)
+    try:
+        page = render_report(runs, title=title, elapsed_s=time.perf_counter() - t0)
+    except ScenarioError as exc:
+        raise click.ClickException(str(exc)) from None
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(page, encoding="utf-8")
+    if not quiet:
+        n = page.count('class="plotly-graph-div"')
+        click.echo(f"wrote {out_file} ({len(page) / 1e6:.1f} MB, {len(runs)} scenarios, {n} figures) in "
+                   f"{time.perf_counter() - t0:.1f} s")
+
+
+COMMANDS = [run_cmd, plot_cmd, report_cmd]
