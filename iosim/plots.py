@@ -402,7 +402,7 @@ def bars(records: list[dict], x: str, metric: str = "global_bytes", title: str |
             textposition="none", hovertemplate="%{text}<extra></extra>"))
     fig.update_layout(barmode="group")
     y = _METRIC_AXIS.get(metric, metric)
-    return _layout(fig, title or f"{metric} by {x}", x, y, log_x=False, log_y=metric.endswith("_bytes"),
+    return _layout(fig, title or f"{metric} by {x}", x, y, log_x=False, log_y=False,
                    log_x_type="category")
 
 

@@ -1,0 +1,90 @@
+"""Figures: each returns a plotly figure with units on its axes and exact numbers in hover text, and its data
+can be written as CSV."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from iosim import plots
+from iosim.profile import get_profile
+from iosim.scenario import profile_summary, run_scenario, scenario_from_dict
+
+
+def _records(**over):
+    data = {"schema_version": 1, "name": "t", "title": "t", "schedules": ["naive", "flash1", "flash2"],
+            "problems": [{"seq_len": [256, 1024, 4096], "head_dim": 64}]}
+    data.update(over)
+    return run_scenario(scenario_from_dict(data)).records
+
+
+def test_traffic_vs_n_is_log_log_with_one_line_per_schedule_and_boundary():
+    recs = _records()
+    fig = plots.traffic_vs_n(recs, boundaries=("global", "sram"), compulsory=True)
+    names = [t.name for t in fig.data]
+    assert len(names) == 3 * 2 + 1
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    assert "sequence length" in fig.layout.xaxis.title.text and "bytes" in fig.layout.yaxis.title.text
+    naive = next(t for t in fig.data if t.name == "naive · global")
+    assert list(naive.y) == [r["global_bytes"] for r in recs if r["schedule"] == "naive"]
+    assert f"{recs[0]['global_bytes']:,} B" in naive.text[0]  # the exact integer in the hover text
+
+
+def test_roofline_has_ceilings_from_the_profile():
+    recs = _records()
+    prof = profile_summary(get_profile("h100-sxm5-80gb"))
+    fig = plots.roofline(recs, {prof["name"]: prof})
+    peak = next(t for t in fig.data if t.name == "matmul peak (fp16)")
+    assert peak.y[0] == prof["matmul"]["fp16"]
+    dram = next(t for t in fig.data if t.name.startswith("DRAM bandwidth"))
+    assert np.allclose(np.asarray(dram.y) / np.asarray(dram.x), prof["dram_bandwidth"])
+
+
+def test_traffic_vs_block_marks_tiles_that_do_not_fit_and_shows_references():
+    recs = _records(schedules=["flash1"], profiles=["a100-sxm4-40gb"],
+                    problems=[{"seq_len": 1024, "head_dim": 64}], tiles={"block": [64, 512], "allow_overfill": True})
+    refs = [{"label": "r", "value": 1e9, "x": 64, "tag": "T", "source": "s", "unit": "bytes"}]
+    fig = plots.traffic_vs_block(recs, refs)
+    sim = fig.data[0]
+    assert list(sim.marker.symbol) == ["circle", "circle-open"]
+    assert "third-party transcription" in fig.data[1].name
+
+
+def test_traffic_vs_sram_draws_the_lower_bound_below_both_schedules():
+    recs = _records(schedules=["flash1", "flash2"], problems=[{"seq_len": 1024, "head_dim": 64}],
+                    tiles={"sram_elements": {"start": 256, "stop": 65536, "factor": 4}})
+    fig = plots.traffic_vs_sram(recs)
+    bound = next(t for t in fig.data if t.name.startswith("I/O lower bound"))
+    for tr in fig.data:
+        if tr is bound:
+            continue
+        lb = plots.lower_bound_elements(1024, 1024, 64, np.asarray(tr.x)) * 2
+        assert np.all(np.asarray(tr.y) >= lb)
+    assert any("M = d²" in (a.text or "") for a in fig.layout.annotations)
+    # at M = d^2 both terms of the bound equal N^2
+    assert plots.lower_bound_elements(1024, 1024, 64, 64 * 64) == pytest.approx(1024 * 1024)
+
+
+def test_every_figure_data_can_be_written_as_csv(tmp_path):
+    recs = _records()
+    fig = plots.time_vs_n(recs)
+    path = plots.write_figure_csv(fig, tmp_path / "t.csv")
+    rows = list(csv.DictReader(open(path)))
+    assert len(rows) == 9
+    assert "<" not in rows[0]["hover"]
+
+
+def test_parity_reads_measurement_files(tmp_path):
+    p = tmp_path / "m.csv"
+    with open(p, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=plots.MEASUREMENT_COLUMNS)
+        w.writeheader()
+        w.writerow({"kernel": "flash2", "device": "H200", "profile": "h200-sxm-141gb", "batch": 1, "heads": 32,
+                    "kv_heads": 32, "seq_len": 4096, "kv_len": 4096, "head_dim": 128, "dtype": "fp16",
+                    "causal": "false", "block_q": 128, "block_kv": 64, "boundary": "hbm", "direction": "read",
+                    "simulated_bytes": 100663296, "measured_bytes": 105000000})
+    rows = plots.read_measurements([p])
+    fig = plots.parity(rows)
+    assert fig.data[0].x[0] == 100663296 and fig.data[-1].name == "measured = simulated"

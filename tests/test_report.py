@@ -1,0 +1,135 @@
+"""`iosim run`, `iosim plot` and `iosim report` through the real entry point: files written, figures redrawn
+without simulating, one self-contained HTML report with the seeds' numbers, errors with exit code 2."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+
+import pytest
+
+from iosim.cli import main
+
+SMALL = """\
+schema_version: 1
+name: small
+title: "Small sweep"
+description: |
+  A **tiny** scenario for tests: `naive` against flash2.
+profiles: [h100-sxm5-80gb]
+schedules: [naive, flash2]
+problems:
+  - {seq_len: {start: 128, stop: 1024, factor: 2}, heads: 2, head_dim: 64}
+figures:
+  - {kind: traffic_vs_n, compulsory: true}
+  - {kind: time_vs_n}
+  - {kind: roofline}
+tables:
+  - {kind: summary}
+"""
+
+
+def _cli(args, capsys):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def small(tmp_path):
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL)
+    return p
+
+
+def test_run_writes_tidy_csv_json_and_a_figure_with_its_data(small, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, _ = _cli(["run", str(small), "-o", str(out)], capsys)
+    assert code == 0, stdout
+    d = out / "small"
+    data = json.loads((d / "results.json").read_text())
+    assert len(data["records"]) == 8 and len(data["results"]) == 8
+    assert data["results"][0]["traffic"]["global"]["read_bytes"] == data["records"][0]["global_read_bytes"]
+    rows = list(csv.DictReader(open(d / "results.csv")))
+    assert len(rows) == 8 and {"schedule", "seq_len", "global_bytes", "predicted_s"} <= set(rows[0])
+    tidy = list(csv.DictReader(open(d / "traffic.csv")))
+    assert len(tidy) == 8 * 3 * 2  # cases x boundaries x directions
+    assert {r["boundary"] for r in tidy} == {"global", "hbm", "sram"}
+    figs = sorted(p.name for p in (d / "figures").iterdir())
+    assert "small-1-traffic-vs-n.html" in figs and "small-1-traffic-vs-n.csv" in figs
+    assert "plotly.min.js" in figs  # written once beside the figures, so they open offline
+    fig_rows = list(csv.DictReader(open(d / "figures" / "small-1-traffic-vs-n.csv")))
+    assert {"trace", "x", "y", "hover"} <= set(fig_rows[0])
+
+
+def test_plot_redraws_figures_without_simulating(small, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    assert _cli(["run", str(small), "-o", str(out), "-q"], capsys)[0] == 0
+    figdir = out / "small" / "figures"
+    for p in figdir.glob("*.html"):
+        p.unlink()
+
+    import iosim.scenario
+
+    def boom(*a, **k):
+        raise AssertionError("iosim plot must not simulate")
+
+    monkeypatch.setattr(iosim.scenario, "simulate", boom)
+    monkeypatch.setattr(iosim.scenario, "run_case", boom)
+    code, stdout, err = _cli(["plot", str(out)], capsys)
+    assert code == 0, err
+    assert "3 figures redrawn" in stdout
+    assert len(list(figdir.glob("*.html"))) == 3
+
+
+def test_report_is_one_self_contained_html_file(small, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    code, stdout, err = _cli(["report", str(small), "-o", str(out)], capsys)
+    assert code == 0, err
+    page = out.read_text()
+    assert page.count('class="plotly-graph-div"') == 3
+    assert '<script src="http' not in page and "cdn.plot.ly/plotly" not in page.split("</head>")[1]
+    assert page.count("Plotly.newPlot") == 3
+    assert "<strong>tiny</strong>" in page and "<code>naive</code>" in page
+    assert "3 figures" in stdout
+
+
+def test_default_report_has_the_seed_numbers_and_at_least_five_figures_fast(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # any folder: the built-in scenarios are found from the package
+    t0 = time.perf_counter()
+    code, _stdout, err = _cli(["report", "-o", "report.html", "-q"], capsys)
+    took = time.perf_counter() - t0
+    assert code == 0, err
+    page = (tmp_path / "report.html").read_text()
+    for seed in ("138.4 MB", "4.43 GB", "134 MB", "33x", "4.2 MB", "256 MiB", "32 GiB"):
+        assert f"<b>{seed}</b>" in page, seed  # shown as the simulator's rounded value in a claims table
+    assert "✗" not in page  # every claim matches
+    assert page.count('class="plotly-graph-div"') >= 5
+    assert took < 60
+
+
+def test_bad_scenario_exits_2_with_one_clear_message(tmp_path, capsys):
+    p = tmp_path / "bad.yaml"
+    p.write_text("schema_version: 1\nname: b\ntitle: b\nschedules: [naive]\nproblems: [{seq_len: -4}]\n")
+    code, _, err = _cli(["report", str(p), "-o", str(tmp_path / "x.html")], capsys)
+    assert code == 2
+    assert err.startswith("iosim: error: ") and "bad.yaml" in err and "seq_len" in err
+    assert "Traceback" not in err
+
+
+def test_missing_scenario_and_missing_results_exit_2(tmp_path, capsys):
+    code, _, err = _cli(["run", str(tmp_path / "nope.yaml"), "-o", str(tmp_path)], capsys)
+    assert code == 2 and "no such scenario file or built-in scenario" in err
+    code, _, err = _cli(["plot", str(tmp_path)], capsys)
+    assert code == 2 and "no results.json" in err
+
+
+def test_builtin_scenarios_run_by_name(tmp_path, capsys):
+    code, stdout, err = _cli(["run", "footprint", "-o", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "claims 3/3 match" in stdout
