@@ -27,7 +27,9 @@
 //       bf16 N=4096 296.8 TFLOP/s (0.85x torch SDPA flash), causal 239.9 (0.81x); d=64 291.9 (0.97x).
 //   v2  Stages-deep K/V ring (3 for d <= 128, 2 for d=256) with one barrier per K/V tile: the load of tile
 //       j+Stages-1 is issued right after the barrier that proves every warp is done with tile j-1, whose slot it
-//       reuses. Measured: docs/kernels.md (v2).
+//       reuses. Measured (H200): d=128 bf16 N=4096 311.1 TFLOP/s (0.92x), causal 244-273 across runs; d=64 304.5.
+//   v3  O rescaled only when a row's running max changed (warp vote), __syncwarp before O is staged in the
+//       warp's own Q rows (racecheck warned about lanes of one warp without it). Measured: docs/kernels.md (v3).
 #include "common.cuh"
 
 namespace iosim {
@@ -246,10 +248,15 @@ __global__ void __launch_bounds__(128)
                         rs += p;
                     }
                 l_i[mt][hr] = l_i[mt][hr] * corr + rs;
+                // rescale O only when some row of this warp got a new max (corr != 1): once the running max has
+                // settled, most tiles skip these D/4 multiplies per thread; the vote keeps the branch warp-uniform
+                // and multiplying the other rows by exactly 1 changes nothing
+                if (__any_sync(0xffffffffu, corr != 1.f)) {
 #pragma unroll
-                for (int nd = 0; nd < ND; ++nd) {
-                    acc_o[mt][nd][2 * hr] *= corr;
-                    acc_o[mt][nd][2 * hr + 1] *= corr;
+                    for (int nd = 0; nd < ND; ++nd) {
+                        acc_o[mt][nd][2 * hr] *= corr;
+                        acc_o[mt][nd][2 * hr + 1] *= corr;
+                    }
                 }
             }
 
@@ -298,6 +305,7 @@ __global__ void __launch_bounds__(128)
         }
 
     // O tile -> this warp's own rows of sQ (no other warp reads them) -> 16-byte coalesced stores
+    __syncwarp();  // every lane's last ldmatrix of these Q rows is done before any lane overwrites them
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
         const int r0 = mt * 16 * kWarps + warp * 16;
