@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .blocks import Rows
-from .counts import KernelCounts
+from .counts import FP32_TENSORS, MATRIX_TENSORS, ROW_TENSORS, KernelCounts
 from .problem import STAT_BYTES, AttentionProblem
 
 ACC_BYTES = 4  # on-chip results (scores, probabilities, accumulators, statistics) are fp32
@@ -67,6 +67,21 @@ class Machine:
     def online_softmax(self, S, V_j, O, l, m): ...
     def finalize(self, O, l, m): ...
     def empty_output(self, rows: Rows): ...
+
+    # backward pass (iosim/schedules/*_bwd.py) and split-KV decoding (iosim/schedules/flash_decoding.py)
+    def atomic_add(self, tensor: str, rows: Rows, tile) -> None:
+        """tensor[rows] += tile in global memory, by atomic adds (a read and a write of the rows, fp32)."""
+
+    def zeros_grad(self, role: str, rows: Rows): ...
+    def recompute_probs(self, S, L_i): ...
+    def recompute_probs_ml(self, S, m_i, l_i): ...
+    def matmul_tn_acc(self, acc, A, B): ...
+    def matmul_nn_acc(self, acc, A, B): ...
+    def dprobs(self, dO_i, V_j): ...
+    def rowdot(self, dO_i, O_i): ...
+    def dscores(self, P, dP, D_i): ...
+    def softmax_grad(self, P, dP): ...
+    def merge_partial(self, O, l, m, O_s, L_s): ...
 
 
 @dataclass
@@ -126,12 +141,12 @@ class Counter(Machine):
         f["other"] += other
 
     def _elem(self, tensor: str) -> int:
-        return STAT_BYTES if tensor in ("m", "l", "lse") else self.problem.elem_bytes
+        return STAT_BYTES if tensor in FP32_TENSORS else self.problem.elem_bytes
 
     def _shape(self, tensor: str, rows: Rows, cols: Rows | None) -> tuple[int, int]:
-        if tensor in ("S", "P"):
+        if tensor in MATRIX_TENSORS:
             return rows.size, cols.size
-        if tensor in ("m", "l", "lse"):
+        if tensor in ROW_TENSORS:
             return rows.size, 1
         return rows.size, self.d
 
@@ -243,3 +258,88 @@ class Counter(Machine):
         lse = self._hold(Tile(br, 1, ACC_BYTES, "lse"))
         return O_out, lse
 
+
+    # -- backward pass ------------------------------------------------------------------------------
+    # Names follow FlashAttention-2 Alg. 2 and FlashAttention-1 Algs. 3-4. The softmax scale tau is folded
+    # into dS (dS := tau · P∘(dP - D)), so that dQ = dS K and dK = dSᵀ Q need no further scaling.
+    def atomic_add(self, tensor, rows, tile):
+        # FA2 Alg. 2 line 15: dQ_i += dS K_j by atomicAdd on an fp32 buffer. iosim counts each atomic as
+        # what it moves at the SM <-> L2 boundary: a read and a write of the rows it updates.
+        r, c = self._shape(tensor, rows, None)
+        n = r * c * self._elem(tensor)
+        self._k.global_read[tensor] += n
+        self._k.global_write[tensor] += n
+        self._k.flops["other"] += r * c  # the add
+        self._read(tile)
+
+    def zeros_grad(self, role, rows):
+        # an fp32 gradient accumulator (dQ_i, dK_j, dV_j) set to 0 on chip
+        return self._hold(Tile(rows.size, self.d, ACC_BYTES, role))
+
+    def recompute_probs(self, S, L_i):
+        # FA2 Alg. 2 line 11: P = exp(S - L_i)                      br·bc subtractions, br·bc exp
+        self._read(S, L_i)
+        n = S.rows * S.cols
+        self._flops(exp=n, other=n)
+        return self._hold(Tile(S.rows, S.cols, ACC_BYTES, "S"))  # P is written over S, in place
+
+    def recompute_probs_ml(self, S, m_i, l_i):
+        # FA1 Alg. 4: P = diag(l_i)^-1 exp(S - m_i)        br reciprocals, br·bc subtract + multiply, br·bc exp
+        self._read(S, m_i, l_i)
+        n = S.rows * S.cols
+        self._flops(exp=n, other=2 * n + S.rows)
+        return self._hold(Tile(S.rows, S.cols, ACC_BYTES, "S"))  # P is written over S, in place
+
+    def matmul_tn_acc(self, acc, A, B):
+        # acc += Aᵀ B  (dV_j += P_ijᵀ dO_i, dK_j += dS_ijᵀ Q_i): 2·rows(A)·cols(A)·cols(B)
+        self._read(acc, A, B)
+        self._flops(matmul=2 * A.rows * A.cols * B.cols)
+        return self._hold(Tile(acc.rows, acc.cols, ACC_BYTES, acc.role))
+
+    def matmul_nn_acc(self, acc, A, B):
+        # acc += A B  (dQ_i += dS_ij K_j): 2·rows(A)·cols(A)·cols(B)
+        self._read(acc, A, B)
+        self._flops(matmul=2 * A.rows * A.cols * B.cols)
+        return self._hold(Tile(acc.rows, acc.cols, ACC_BYTES, acc.role))
+
+    def dprobs(self, dO_i, V_j):
+        # dP_ij = dO_i V_jᵀ: 2·br·bc·d
+        self._read(dO_i, V_j)
+        self._flops(matmul=2 * dO_i.rows * V_j.rows * self.d)
+        return self._hold(Tile(dO_i.rows, V_j.rows, ACC_BYTES, "dP"))
+
+    def rowdot(self, dO_i, O_i):
+        # D_i = rowsum(dO_i ∘ O_i): br·d multiplies and adds
+        self._read(dO_i, O_i)
+        self._flops(other=2 * dO_i.rows * self.d)
+        return self._hold(Tile(dO_i.rows, 1, ACC_BYTES, "D"))
+
+    def dscores(self, P, dP, D_i):
+        # dS_ij = tau · P_ij ∘ (dP_ij - D_i): 3 per element
+        self._read(P, dP, D_i)
+        n = P.rows * P.cols
+        self._flops(other=3 * n)
+        return self._hold(Tile(P.rows, P.cols, ACC_BYTES, "dP"))  # dS is written over dP, in place
+
+    def softmax_grad(self, P, dP):
+        # FA1 Alg. 3 line 3 on one row block: D = rowsum(P ∘ dP) (2 per element); dS = tau · P ∘ (dP - D) (3)
+        self._read(P, dP)
+        n = P.rows * P.cols
+        self._flops(other=5 * n)
+        return self._hold(Tile(P.rows, P.cols, ACC_BYTES, "dS"))
+
+    # -- split-KV decoding --------------------------------------------------------------------------
+    def merge_partial(self, O, l, m, O_s, L_s):
+        # Combine one split's normalized partial output O_s and logsumexp L_s into the running (O, l, m):
+        #   m_new = max(m, L_s)                       br other
+        #   a = exp(m - m_new), c = exp(L_s - m_new)  2br exp, 2br other
+        #   l = a·l + c                               2br other
+        #   O = a·O + c·O_s                           3·br·d other
+        br = O.rows
+        self._read(O, l, m, O_s, L_s)
+        self._flops(exp=2 * br, other=5 * br + 3 * br * self.d)
+        return (
+            self._hold(Tile(br, self.d, ACC_BYTES, "O")),
+            self._hold(Tile(br, 1, ACC_BYTES, "l")),
+            self._hold(Tile(br, 1, ACC_BYTES, "m")),
+        )

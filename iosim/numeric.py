@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .blocks import Rows
+from .counts import FP32_TENSORS
 from .machine import Machine
 from .problem import AttentionProblem
 from .schedules import Tiles, get_schedule
@@ -64,7 +65,7 @@ class NumericMachine(Machine):
         return tile.astype(F32, copy=True)
 
     def store(self, tensor, rows, tile, cols=None):
-        stat = tensor in ("m", "l", "lse")
+        stat = tensor in FP32_TENSORS
         value = np.asarray(tile, dtype=F32) if stat else round_to_dtype(tile, self.problem.dtype)
         if cols is not None:
             self.g[tensor][rows.slice(), cols.slice()] = value
@@ -80,7 +81,8 @@ class NumericMachine(Machine):
         p = self.problem
         if not p.causal:
             return None
-        r = np.arange(rows.start, rows.stop)[:, None]
+        # rows_per_query > 1: a kv head's query heads packed as rows (n, g) -> r = n·group + g (flash-decoding)
+        r = np.arange(rows.start, rows.stop)[:, None] // getattr(self, "rows_per_query", 1)
         c = np.arange(cols.start, cols.stop)[None, :]
         return c > r + p.causal_offset
 
@@ -135,6 +137,50 @@ class NumericMachine(Machine):
 
     def empty_output(self, rows):
         return np.zeros((rows.size, self.problem.head_dim), F32), np.full(rows.size, -np.inf, F32)
+
+    # -- backward pass (tau folded into dS) ------------------------------------------------------------
+    def atomic_add(self, tensor, rows, tile):
+        self.g[tensor][rows.slice()] += np.asarray(tile, dtype=F32)
+
+    def zeros_grad(self, role, rows):
+        return np.zeros((rows.size, self.problem.head_dim), F32)
+
+    def recompute_probs(self, S, L_i):
+        with np.errstate(invalid="ignore"):  # masked entries (S = -inf) of a row that sees no key: -inf - -inf
+            P = np.where(np.isneginf(S), F32(0), np.exp(S - L_i[:, None]))
+        return P.astype(F32)
+
+    def recompute_probs_ml(self, S, m_i, l_i):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            P = np.where(np.isneginf(S), F32(0), np.exp(S - m_i[:, None]) / l_i[:, None])
+        return P.astype(F32)
+
+    def matmul_tn_acc(self, acc, A, B):
+        return (acc + A.T @ B).astype(F32)
+
+    def matmul_nn_acc(self, acc, A, B):
+        return (acc + A @ B).astype(F32)
+
+    def dprobs(self, dO_i, V_j):
+        return (dO_i @ V_j.T).astype(F32)
+
+    def rowdot(self, dO_i, O_i):
+        return (dO_i * O_i).sum(axis=1).astype(F32)
+
+    def dscores(self, P, dP, D_i):
+        return (F32(self.problem.scale) * P * (dP - D_i[:, None])).astype(F32)
+
+    def softmax_grad(self, P, dP):
+        D = (P * dP).sum(axis=1, keepdims=True)
+        return (F32(self.problem.scale) * P * (dP - D)).astype(F32)
+
+    # -- split-KV decoding --------------------------------------------------------------------------
+    def merge_partial(self, O, l, m, O_s, L_s):
+        m_new = np.maximum(m, L_s)
+        safe = np.where(np.isneginf(m_new), F32(0), m_new)  # nothing seen in either: weights 0
+        a = np.exp(m - safe)
+        c = np.exp(L_s - safe)
+        return (a[:, None] * O + c[:, None] * O_s).astype(F32), (a * l + c).astype(F32), m_new.astype(F32)
 
     def finalize(self, O, l, m):
         seen = l > 0
@@ -206,3 +252,86 @@ def reference(problem: AttentionProblem, q, k, v) -> np.ndarray:
     s = P.sum(axis=-1, keepdims=True)
     P = np.where(s > 0, P / np.where(s > 0, s, 1), 0.0)
     return np.einsum("bhnm,bmhd->bnhd", P, vr)
+
+
+# -- backward pass ---------------------------------------------------------------------------------------
+
+
+def execute_backward(schedule: str, problem: AttentionProblem, q, k, v, do, tiles: Tiles | None = None, *,
+                     fwd_tiles: Tiles | None = None, profile=None,
+                     kv_order=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run ``schedule``'s forward tile program, then its backward tile program, on the same global memory
+    (the backward reads the O, statistics, and for naive P, that the forward stored).
+
+    Inputs (batch, seq, heads, head_dim) are rounded to the problem dtype first. Returns dQ (batch, seq_len,
+    heads, d) and dK, dV (batch, kv_len, kv_heads, d) as float32 arrays holding dtype-rounded values. With
+    grouped-query heads each query head's dK, dV are summed over the group in fp32 and rounded once (the
+    group-sum kernel of ``iosim.schedules.backward``).
+    """
+    from .profile import get_profile
+    from .schedules import get_module
+    from .simulate import resolve_tiles
+
+    p = problem
+    _check_inputs(p, q, k, v)
+    if tuple(np.shape(do)) != tuple(np.shape(q)):
+        raise ValueError(f"do has shape {tuple(np.shape(do))}, expected the shape of q {tuple(np.shape(q))}")
+    fwd, bwd = get_schedule(schedule), get_module(schedule, "backward")
+    if fwd_tiles is None or tiles is None:
+        prof = get_profile(profile)
+        fwd_tiles = fwd_tiles or resolve_tiles(schedule, p, prof)
+        tiles = tiles or resolve_tiles(schedule, p, prof, pass_="backward")
+    q, k, v, do = (round_to_dtype(a, p.dtype) for a in (q, k, v, do))
+    N, Nk, d = p.seq_len, p.kv_len, p.head_dim
+    dq = np.full((p.batch, N, p.heads, d), np.nan, F32)
+    dk_h = np.full((p.batch, Nk, p.heads, d), np.nan, F32)  # per query head, summed over the group below
+    dv_h = np.full((p.batch, Nk, p.heads, d), np.nan, F32)
+    for b in range(p.batch):
+        for h in range(p.heads):
+            hk = h // p.group
+            g = {
+                "Q": q[b, :, h], "K": k[b, :, hk], "V": v[b, :, hk], "dO": do[b, :, h],
+                **{t: np.full((N, d), np.nan, F32) for t in ("O", "dQ", "dQacc")},
+                **{t: np.full((Nk, d), np.nan, F32) for t in ("dK", "dV")},
+                **{t: np.full((N, Nk), np.nan, F32) for t in ("S", "P", "dS", "dP")},
+                **{t: np.full(N, np.nan, F32) for t in ("m", "l", "lse", "D")},
+            }
+            fwd.program(NumericMachine(p, g, kv_order), p, fwd_tiles)
+            bwd.program(NumericMachine(p, g, kv_order), p, tiles)
+            dq[b, :, h], dk_h[b, :, h], dv_h[b, :, h] = g["dQ"], g["dK"], g["dV"]
+    shape = (p.batch, Nk, p.kv_heads, p.group, d)  # query head h = kv head h // group, member h % group
+    dk = round_to_dtype(dk_h.reshape(shape).sum(axis=3, dtype=F32), p.dtype)
+    dv = round_to_dtype(dv_h.reshape(shape).sum(axis=3, dtype=F32), p.dtype)
+    return dq, dk, dv
+
+
+def reference_backward(problem: AttentionProblem, q, k, v, do) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dQ, dK, dV of O = softmax(tau·Q Kᵀ) V in float64, from the dtype-rounded inputs, derived by hand:
+
+        P = softmax(S), S = tau Q Kᵀ      dV = Pᵀ dO        dP = dO Vᵀ
+        dS = P ∘ (dP - rowsum(P ∘ dP))    dQ = tau dS K     dK = tau dSᵀ Q
+
+    (rowsum(P ∘ dP) = rowsum(dO ∘ O)); with grouped-query heads dK, dV are summed over each group.
+    Rows that see no key have P = 0 and contribute nothing.
+    """
+    p = problem
+    q, k, v, do = (round_to_dtype(a, p.dtype).astype(np.float64) for a in (q, k, v, do))
+    kr = np.repeat(k, p.group, axis=2)  # (B, Nk, H, d)
+    vr = np.repeat(v, p.group, axis=2)
+    S = np.einsum("bnhd,bmhd->bhnm", q, kr) * p.scale
+    if p.causal:
+        r = np.arange(p.seq_len)[:, None]
+        c = np.arange(p.kv_len)[None, :]
+        S = np.where(c > r + p.causal_offset, -np.inf, S)
+    m = S.max(axis=-1, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)
+    P = np.exp(S - m)
+    s = P.sum(axis=-1, keepdims=True)
+    P = np.where(s > 0, P / np.where(s > 0, s, 1), 0.0)  # (B, H, N, Nk)
+    dV = np.einsum("bhnm,bnhd->bmhd", P, do)
+    dP = np.einsum("bnhd,bmhd->bhnm", do, vr)
+    dS = P * (dP - (P * dP).sum(axis=-1, keepdims=True))
+    dQ = p.scale * np.einsum("bhnm,bmhd->bnhd", dS, kr)
+    dK = p.scale * np.einsum("bhnm,bnhd->bmhd", dS, q)
+    shape = (p.batch, p.kv_len, p.kv_heads, p.group, p.head_dim)
+    return dQ, dK.reshape(shape).sum(axis=3), dV.reshape(shape).sum(axis=3)

@@ -17,15 +17,29 @@ from .machine import Counter
 from .problem import AttentionProblem
 from .profile import Profile, get_profile
 from .roofline import TimeEstimate, predict
-from .schedules import ScheduleError, Tiles, get_schedule
+from .schedules import PASSES, ScheduleError, Tiles, get_module, unit_count
+from .schedules.backward import group_sum
 
 Method = Literal["closed", "walk"]
+Pass = Literal["forward", "backward", "both"]
+# the field's throughput convention (FA2/FA3 benchmarks): backward = 2.5 x forward; as twice the factor
+CONVENTIONAL_PASS_FACTOR = {"forward": 2, "backward": 5, "both": 7}
 
 
 def resolve_tiles(schedule: str, problem: AttentionProblem, profile: Profile,
-                  block_q: int | None = None, block_kv: int | None = None) -> Tiles:
-    """Explicit tiles if given (both, or one of them with the default for the other), else the default."""
-    mod = get_schedule(schedule)
+                  block_q: int | None = None, block_kv: int | None = None, *, pass_: str = "forward",
+                  **options) -> Tiles:
+    """Explicit tiles if given (both, or one of them with the default for the other), else the default.
+
+    ``options`` (``splits``, ``density``, ``mask``, ``seed``; None = not given) go to schedules that take
+    them (a module with ``make_tiles``); giving one to any other schedule is an error."""
+    mod = get_module(schedule, pass_)
+    options = {k: v for k, v in options.items() if v is not None}
+    if hasattr(mod, "make_tiles"):
+        return mod.make_tiles(problem, profile, block_q, block_kv, **options)
+    if options:
+        raise ScheduleError(f"{schedule}: takes no {', '.join('--' + k for k in options)} "
+                            f"(only flash-decoding takes --splits, only block-sparse --density/--mask/--seed)")
     if block_q is None and block_kv is None:
         return mod.default_tiles(problem, profile)
     if schedule == "naive" and (block_q is None or block_kv is None):
@@ -35,9 +49,10 @@ def resolve_tiles(schedule: str, problem: AttentionProblem, profile: Profile,
                  block_kv if block_kv is not None else default.block_kv)
 
 
-def _on_chip(schedule: str, problem: AttentionProblem, tiles: Tiles) -> tuple[int, int] | None:
+def _on_chip(schedule: str, problem: AttentionProblem, tiles: Tiles,
+             pass_: str = "forward") -> tuple[int, int] | None:
     """(shared-memory bytes, register bytes) one thread block needs, or None when the schedule is untiled."""
-    mod = get_schedule(schedule)
+    mod = get_module(schedule, pass_)
     total = mod.working_set(problem, tiles)
     if total is None:
         return None
@@ -45,23 +60,24 @@ def _on_chip(schedule: str, problem: AttentionProblem, tiles: Tiles) -> tuple[in
     return int(smem), int(total - smem)
 
 
-def fits(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: Profile) -> bool:
+def fits(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: Profile, pass_: str = "forward") -> bool:
     try:
-        check_fit(schedule, problem, tiles, profile)
+        check_fit(schedule, problem, tiles, profile, pass_)
     except ScheduleError:
         return False
     return True
 
 
-def check_fit(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: Profile) -> int | None:
+def check_fit(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: Profile,
+              pass_: str = "forward") -> int | None:
     """Raise ScheduleError if a thread block's tiles exceed the shared memory one block may use, or its
     register-resident part (accumulator, scores, statistics) exceeds the register file (one block may use
     all of an SM's registers). Returns the whole on-chip working set in bytes."""
-    need = _on_chip(schedule, problem, tiles)
+    need = _on_chip(schedule, problem, tiles, pass_)
     if need is None:
         return None
     smem, regs = need
-    where = (f"{schedule}: tiles block_q={tiles.block_q}, block_kv={tiles.block_kv} at head_dim="
+    where = (f"{schedule}{' backward' if pass_ == 'backward' else ''}: tiles block_q={tiles.block_q}, block_kv={tiles.block_kv} at head_dim="
              f"{problem.head_dim}, {problem.dtype}")
     have_smem = int(profile.require("smem.per_block"))
     if smem > have_smem:
@@ -74,19 +90,24 @@ def check_fit(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: P
     return smem + regs
 
 
-def closed(schedule: str, problem: AttentionProblem, tiles: Tiles) -> Counts:
-    """Counts of the whole problem from the schedule's closed form."""
-    per_head = get_schedule(schedule).closed_form(problem, tiles)
+def closed(schedule: str, problem: AttentionProblem, tiles: Tiles, pass_: str = "forward") -> Counts:
+    """Counts of the whole problem from the schedule's closed form (of one pass: forward or backward)."""
+    mod = get_module(schedule, pass_)
+    per_head = mod.closed_form(problem, tiles)
     for k in per_head.kernels:  # closed forms also run on arrays (iosim.sweep); a scalar problem gets ints
         k.sram_peak = None if k.sram_peak is None else int(k.sram_peak)
-    return Counts([k.scaled(problem.n_heads_total) for k in per_head.kernels])
+    n = unit_count(mod, problem)
+    return Counts([k.scaled(n) for k in per_head.kernels] + (group_sum(problem) if pass_ == "backward" else []))
 
 
-def walk(schedule: str, problem: AttentionProblem, tiles: Tiles) -> Counts:
-    """Counts of the whole problem from interpreting the tile program of one head (every head is alike)."""
+def walk(schedule: str, problem: AttentionProblem, tiles: Tiles, pass_: str = "forward") -> Counts:
+    """Counts of the whole problem from interpreting the tile program of one head (every head is alike;
+    one key/value head with its query heads for a schedule whose unit is the kv head)."""
+    mod = get_module(schedule, pass_)
     x = Counter(problem)
-    get_schedule(schedule).program(x, problem, tiles)
-    return Counts([k.scaled(problem.n_heads_total) for k in x.kernels])
+    mod.program(x, problem, tiles)
+    n = unit_count(mod, problem)
+    return Counts([k.scaled(n) for k in x.kernels] + (group_sum(problem) if pass_ == "backward" else []))
 
 
 @dataclass
@@ -101,11 +122,18 @@ class Result:
     time: TimeEstimate
     method: str
     sram_budget: int
+    pass_: str = "forward"  # "forward", "backward" or "both" (forward kernels first)
+    tiles_by_pass: dict[str, Tiles] | None = None  # each pass's tiles; ``tiles`` is the first pass's
 
     @property
     def on_chip(self) -> tuple[int, int] | None:
-        """(shared-memory bytes, register bytes) a thread block allocates; None for untiled naive."""
-        return None if self.tiles.block_q is None else _on_chip(self.schedule, self.problem, self.tiles)
+        """(shared-memory bytes, register bytes) a thread block allocates; None for untiled naive. With
+        both passes, those of the pass whose thread blocks need more."""
+        if self.tiles.block_q is None:
+            return None
+        by_pass = self.tiles_by_pass or {"forward": self.tiles}
+        need = [_on_chip(self.schedule, self.problem, t, ps) for ps, t in by_pass.items()]
+        return max((n for n in need if n is not None), key=sum, default=None)
 
     @property
     def traffic(self) -> dict:
@@ -144,7 +172,7 @@ class Result:
                 for t in TENSORS if reads[t] or writes[t]
             },
             "flops": flops,
-            "conventional_flops": p.conventional_flops(),
+            "conventional_flops": p.conventional_flops() * CONVENTIONAL_PASS_FACTOR[self.pass_] // 2,
             "sram_peak_bytes": self.sram_peak_bytes,
             "sram_shared_bytes": self.on_chip[0] if self.on_chip else None,
             "sram_register_bytes": self.on_chip[1] if self.on_chip else None,
@@ -170,23 +198,41 @@ class Result:
                 for k, hr, hw in zip(c.kernels, self.hbm_read, self.hbm_write, strict=True)
             ],
             "method": self.method,
+            "pass": self.pass_,
+            "tiles_by_pass": {
+                ps: {"block_q": t.block_q, "block_kv": t.block_kv, "sram_elements": t.sram_elements,
+                     **(t.describe_options() if hasattr(t, "describe_options") else {})}
+                for ps, t in (self.tiles_by_pass or {self.pass_: self.tiles}).items()
+            },
         }
 
 
 def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | None = None, *,
-             block_q: int | None = None, block_kv: int | None = None, method: Method = "closed") -> Result:
-    """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb)."""
+             block_q: int | None = None, block_kv: int | None = None, method: Method = "closed",
+             pass_: Pass = "forward", splits: int | None = None, density: float | None = None,
+             mask=None, seed: int | None = None) -> Result:
+    """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
+
+    ``pass_``: "forward" (default), "backward" (the backward pass, which consumes the forward's O and
+    statistics) or "both" (forward kernels, then backward kernels). Each pass uses its own default tiles
+    unless ``block_q``/``block_kv`` are given. ``splits`` (flash-decoding), ``density``, ``mask`` (a file or
+    an array), ``seed`` (block-sparse) go to the schedules that take them."""
     prof = get_profile(profile)
-    tiles = resolve_tiles(schedule, problem, prof, block_q, block_kv)
-    check_fit(schedule, problem, tiles, prof)
-    if method == "closed":
-        counts = closed(schedule, problem, tiles)
-    elif method == "walk":
-        counts = walk(schedule, problem, tiles)
-    else:
+    if pass_ not in PASSES:
+        raise ScheduleError(f"pass={pass_!r}: expected one of {', '.join(PASSES)}")
+    if method not in ("closed", "walk"):
         raise ScheduleError(f"method={method!r}: expected 'closed' or 'walk'")
+    passes = ["forward", "backward"] if pass_ == "both" else [pass_]
+    options = dict(splits=splits, density=density, mask=mask, seed=seed)
+    tiles_by_pass, kernels = {}, []
+    for ps in passes:
+        tiles = resolve_tiles(schedule, problem, prof, block_q, block_kv, pass_=ps, **options)
+        check_fit(schedule, problem, tiles, prof, ps)
+        tiles_by_pass[ps] = tiles
+        kernels += (closed if method == "closed" else walk)(schedule, problem, tiles, ps).kernels
+    counts = Counts(kernels)
     hbm_read = [k.global_read_bytes for k in counts.kernels]  # no L2 model: hbm = global
     hbm_write = [k.global_write_bytes for k in counts.kernels]
     time = predict(counts, [r + w for r, w in zip(hbm_read, hbm_write, strict=True)], problem.dtype, prof)
-    return Result(schedule, prof, problem, tiles, counts, hbm_read, hbm_write, time, method,
-                  int(prof.require("smem.per_block")))
+    return Result(schedule, prof, problem, tiles_by_pass[passes[0]], counts, hbm_read, hbm_write, time, method,
+                  int(prof.require("smem.per_block")), pass_, tiles_by_pass)

@@ -43,11 +43,22 @@ def make_problem(batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype, causa
 @click.option("--block-kv", type=int, default=None, help="Bc: key/value rows per tile")
 @click.option("--method", type=click.Choice(["closed", "walk"]), default="closed", show_default=True,
               help="closed form (fast) or a walk of the tile program (same numbers, slower)")
+@click.option("--pass", "pass_", type=click.Choice(["forward", "backward", "both"]), default="forward",
+              show_default=True, help="forward, backward (consumes the forward's O and statistics), or both")
+@click.option("--splits", type=int, default=None,
+              help="flash-decoding: K/V splits [default: chosen from the profile's SM count]")
+@click.option("--density", type=float, default=None,
+              help="block-sparse: fraction of non-zero blocks of a drawn mask [default: 1]")
+@click.option("--mask", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="block-sparse: block mask file (.npy, or text: one row of 0/1 per Q block)")
+@click.option("--seed", type=int, default=None, help="block-sparse: seed of the drawn mask [default: 0]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
-def simulate_cmd(schedule, profile, block_q, block_kv, method, as_json, **problem_kw):
+def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, as_json,
+                 **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time."""
     problem = make_problem(**problem_kw)
-    result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method)
+    result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
+                      pass_=pass_, splits=splits, density=density, mask=mask, seed=seed)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -57,11 +68,20 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, as_json, **proble
 def render(r: Result) -> str:
     """A readable table (decimal units: 1 MB = 10^6 B)."""
     j = r.to_json()
-    tiles = "untiled (each GEMM reads its operands once)" if r.tiles.block_q is None else (
-        f"block_q={r.tiles.block_q}, block_kv={r.tiles.block_kv}"
-        + (f" (M = {r.tiles.sram_elements} elements)" if r.tiles.sram_elements else ""))
+
+    def describe(t) -> str:
+        if t.block_q is None:
+            return "untiled (each GEMM reads its operands once)"
+        extra = t.describe_options() if hasattr(t, "describe_options") else {}
+        return (f"block_q={t.block_q}, block_kv={t.block_kv}"
+                + (f" (M = {t.sram_elements} elements)" if t.sram_elements else "")
+                + "".join(f", {k}={v}" for k, v in extra.items()))
+
+    by_pass = r.tiles_by_pass or {r.pass_: r.tiles}
+    tiles = describe(r.tiles) if len(by_pass) == 1 else "; ".join(f"{ps}: {describe(t)}" for ps, t in by_pass.items())
     lines = [
-        f"{r.schedule} on {r.profile.display_name} ({r.profile.name})",
+        f"{r.schedule} on {r.profile.display_name} ({r.profile.name})"
+        + ("" if r.pass_ == "forward" else f", {'forward + backward' if r.pass_ == 'both' else 'backward'} pass"),
         f"problem: {r.problem.describe()}",
         f"tiles:   {tiles}",
         "",

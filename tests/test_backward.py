@@ -1,0 +1,207 @@
+"""The backward pass: Algorithm 3 counted literally (b·(7N² + 8Nd) bytes per head), Algorithms 4 and FA2-2
+line by line, closed form == tile walk, and dQ, dK, dV of the very tile programs equal to a float64 gradient
+derived by hand.
+
+Numeric tolerances are relative Frobenius errors in units of the dtype's roundoff u (fp16 2^-11, bf16 2^-8):
+inputs, O, and (naive) P, dP, dS, and (flash1) dQ at every step are rounded to the dtype, so the error is a
+few u; we allow 8u. fp32 is held to 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from iosim import AttentionProblem, ScheduleError, simulate
+from iosim.blocks import cdiv
+from iosim.numeric import execute_backward, reference_backward
+from iosim.problem import STAT_BYTES
+from iosim.schedules import BACKWARD, Tiles
+from iosim.simulate import closed, walk
+
+TOL = {"fp32": 1e-5, "fp16": 8 * 2**-11, "bf16": 8 * 2**-8}
+
+# -- Algorithm 3: the exact count ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("N,d,dt", [(1024, 64, "fp16"), (4096, 128, "bf16"), (1000, 96, "fp32"), (77, 16, "fp16"),
+                                    (1, 1, "fp32")])
+def test_standard_backward_moves_exactly_b_times_7N2_plus_8Nd_bytes_per_head(N, d, dt):
+    p = AttentionProblem(seq_len=N, head_dim=d, dtype=dt, batch=2, heads=3)
+    r = simulate("naive", p, pass_="backward")
+    b = p.elem_bytes
+    assert r.counts.global_bytes == b * (7 * N * N + 8 * N * d) * 6
+    # papers.md §2.4, per line: reads 5N² + 5Nd, writes 2N² + 3Nd
+    assert r.counts.global_read_bytes == b * (5 * N * N + 5 * N * d) * 6
+    assert r.counts.global_write_bytes == b * (2 * N * N + 3 * N * d) * 6
+    NN, Nd = N * N * b * 6, N * d * b * 6
+    assert dict(r.counts.global_read) == {"P": 2 * NN, "dP": NN, "dS": 2 * NN, "dO": 2 * Nd, "V": Nd, "K": Nd,
+                                          "Q": Nd}
+    assert dict(r.counts.global_write) == {"dV": Nd, "dP": NN, "dS": NN, "dQ": Nd, "dK": Nd}
+
+
+def test_standard_forward_plus_backward_is_12Nd_plus_11N2_elements_and_25_2_GB_at_gpt2_medium():
+    p = AttentionProblem(seq_len=1024, head_dim=64, heads=16, batch=64, dtype="fp16")
+    r = simulate("naive", p, "a100-sxm4-40gb", pass_="both")
+    N, d = 1024, 64
+    assert r.counts.global_bytes == 2 * (12 * N * d + 11 * N * N) * 1024 == 25_232_932_864  # papers.md §1.1: 25.2 GB
+    assert [k.name for k in r.counts.kernels][:3] == ["naive_scores", "naive_softmax", "naive_pv"]
+
+
+# -- FlashAttention-1 Algorithm 4 and FlashAttention-2 Algorithm 2, line by line --------------------------
+
+
+@pytest.mark.parametrize("N,d,Br,Bc,dt", [(1024, 64, 64, 256, "fp16"), (1000, 32, 32, 96, "bf16"),
+                                          (512, 128, 64, 64, "fp32")])
+def test_flash1_backward_matches_algorithm_4_line_by_line(N, d, Br, Bc, dt):
+    p = AttentionProblem(seq_len=N, head_dim=d, dtype=dt)
+    c = closed("flash1", p, Tiles(Br, Bc), "backward")
+    b, s, Tc = p.elem_bytes, STAT_BYTES, cdiv(N, Bc)
+    # line 7: K_j, V_j once; line 10: Q_i, O_i, dO_i, dQ_i, l_i, m_i for every (i, j)
+    assert c.global_read_bytes == 2 * N * d * b + Tc * (4 * N * d * b + 2 * N * s)
+    # line 5: dQ, dK, dV = 0; line 21: dQ_i every (i, j); line 24: dK_j, dV_j once
+    assert c.global_write_bytes == 3 * N * d * b + Tc * N * d * b + 2 * N * d * b
+    # papers.md §2.5: HBM_FA1_bwd = 4Nd + Tc·N·(5d + 2) elements (+3Nd init), here in bytes with fp32 l, m
+    assert c.global_bytes == b * (4 * N * d + 5 * Tc * N * d) + s * 2 * Tc * N + 3 * N * d * b
+
+
+@pytest.mark.parametrize("N,Nk,d,Br,Bc", [(1024, 1024, 64, 128, 128), (1000, 777, 128, 64, 128), (17, 300, 32, 16, 64)])
+def test_flash2_backward_counts_the_prepass_the_atomics_in_fp32_and_dK_dV_written_once(N, Nk, d, Br, Bc):
+    p = AttentionProblem(seq_len=N, kv_len=Nk, head_dim=d, dtype="bf16")
+    c = closed("flash2", p, Tiles(Br, Bc), "backward")
+    b, s, Tc = 2, STAT_BYTES, cdiv(Nk, Bc)
+    pre, main, conv = c.kernels
+    assert dict(pre.global_read) == {"dO": N * d * b, "O": N * d * b}  # line 4: D = rowsum(dO ∘ O)
+    assert dict(pre.global_write) == {"D": N * s, "dQacc": N * d * 4}  # ... and the accumulator cleared
+    # line 6 once per K/V block; line 9 per (i, j); line 15 an fp32 read and write of dQ_i per (i, j)
+    assert dict(main.global_read) == {"K": Nk * d * b, "V": Nk * d * b, "Q": Tc * N * d * b, "dO": Tc * N * d * b,
+                                      "lse": Tc * N * s, "D": Tc * N * s, "dQacc": Tc * N * d * 4}
+    assert dict(main.global_write) == {"dQacc": Tc * N * d * 4, "dK": Nk * d * b, "dV": Nk * d * b}  # line 18
+    assert dict(conv.global_read) == {"dQacc": N * d * 4} and dict(conv.global_write) == {"dQ": N * d * b}
+
+
+def test_causal_flash_backward_visits_the_forwards_tiles_and_about_half_of_them():
+    p = AttentionProblem(seq_len=8192, head_dim=64)
+    for s in ("flash1", "flash2"):
+        full = closed(s, p, Tiles(128, 128), "backward").flops["matmul"]
+        causal = closed(s, p.model_copy(update={"causal": True}), Tiles(128, 128), "backward").flops["matmul"]
+        fwd = closed(s, p.model_copy(update={"causal": True}), Tiles(128, 128)).flops["matmul"]
+        Tr = 8192 // 128
+        assert causal * Tr * Tr == full * Tr * (Tr + 1) // 2
+        assert causal * 4 == fwd * 10  # five GEMMs per visited tile backward, two forward
+
+
+# -- closed form == walk, numeric == reference, over drawn shapes ---------------------------------------
+
+
+@st.composite
+def problems_and_tiles(draw, tiled=True, max_len=200):
+    kv_heads = draw(st.integers(1, 2))
+    p = AttentionProblem(
+        batch=draw(st.integers(1, 2)),
+        heads=kv_heads * draw(st.integers(1, 3)),
+        kv_heads=kv_heads,
+        seq_len=draw(st.integers(1, max_len)),
+        kv_len=draw(st.integers(1, max_len)),
+        head_dim=draw(st.sampled_from([4, 8, 16, 32, 64])),
+        dtype=draw(st.sampled_from(["fp16", "bf16", "fp32"])),
+        causal=draw(st.booleans()),
+    )
+    t = Tiles(draw(st.integers(1, 64)), draw(st.integers(1, 64))) if tiled else Tiles(None, None)
+    return p, t
+
+
+def _without_peak(counts):
+    c = counts.normalized()
+    for k in c.kernels:
+        k.sram_peak = None
+    return c
+
+
+@pytest.mark.parametrize("schedule", list(BACKWARD))
+@given(data=st.data())
+def test_backward_closed_form_equals_tile_walk(schedule, data):
+    p, t = data.draw(problems_and_tiles(tiled=schedule != "naive" or data.draw(st.booleans())))
+    w, c = walk(schedule, p, t, "backward"), closed(schedule, p, t, "backward")
+    assert _without_peak(w) == _without_peak(c)
+    for kw, kc in zip(w.kernels, c.kernels, strict=True):
+        if kc.sram_peak is None:
+            continue
+        assert kw.sram_peak <= kc.sram_peak
+        if t.block_q and not p.causal and p.seq_len % t.block_q == 0 and p.kv_len % t.block_kv == 0:
+            assert kw.sram_peak == kc.sram_peak
+
+
+@pytest.mark.parametrize("schedule", list(BACKWARD))
+@given(case=problems_and_tiles(max_len=48), fwd=st.tuples(st.integers(1, 32), st.integers(1, 32)),
+       seed=st.integers(0, 2**32 - 1))
+def test_backward_numeric_execution_equals_float64_gradient(schedule, case, fwd, seed):
+    p, t = case
+    ft = Tiles(*fwd) if schedule != "naive" else Tiles(None, None)
+    t = t if schedule != "naive" else Tiles(None, None)
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim))
+    k = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
+    v = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
+    do = rng.standard_normal(q.shape)
+    got = execute_backward(schedule, p, q, k, v, do, t, fwd_tiles=ft)
+    want = reference_backward(p, q, k, v, do)
+    for name, x, ref, size in zip(("dQ", "dK", "dV"), got, want, _magnitudes(p, q, k, v, do), strict=True):
+        assert not np.isnan(x).any(), f"{name}: an element was never written (outputs start as NaN)"
+        err = np.linalg.norm(x - ref) / max(np.linalg.norm(ref), size, 1e-300)
+        assert err <= TOL[p.dtype], (name, err)
+
+
+def _magnitudes(p, q, k, v, do):
+    """Frobenius norms of tau·|dS| |K|, tau·|dS|ᵀ |Q|, |P|ᵀ |dO|, with |dS| = P ∘ (|dP| + |D|): the size of
+    the terms each gradient sums. The rows of dS sum to zero, so dQ and dK can be far smaller than their
+    terms (with one key they are exactly 0, with two the entries per row are opposite); an error of a few u
+    relative to the terms is then all a dtype allows."""
+    q, k, v, do = (np.asarray(a, dtype=np.float64) for a in (q, k, v, do))
+    kr, vr = np.repeat(k, p.group, axis=2), np.repeat(v, p.group, axis=2)
+    S = np.einsum("bnhd,bmhd->bhnm", q, kr) * p.scale
+    if p.causal:
+        S = np.where(np.arange(p.kv_len)[None, :] > np.arange(p.seq_len)[:, None] + p.causal_offset, -np.inf, S)
+    m = S.max(axis=-1, keepdims=True)
+    P = np.exp(S - np.where(np.isneginf(m), 0.0, m))
+    P = P / np.where(P.sum(-1, keepdims=True) > 0, P.sum(-1, keepdims=True), 1)
+    dP = np.einsum("bnhd,bmhd->bhnm", do, vr)
+    dS = P * (np.abs(dP) + np.abs((P * dP).sum(-1, keepdims=True)))  # |terms| of P ∘ (dP - D), before cancelling
+    return (p.scale * np.linalg.norm(np.einsum("bhnm,bmhd->bnhd", dS, np.abs(kr))),
+            p.scale * np.linalg.norm(np.einsum("bhnm,bnhd->bmhd", dS, np.abs(q))),
+            np.linalg.norm(np.einsum("bhnm,bnhd->bmhd", P, np.abs(do))))
+
+
+# -- the pass in the API, the JSON and the CLI ----------------------------------------------------------
+
+
+def test_both_passes_are_the_forward_kernels_then_the_backward_kernels_and_forward_stays_the_default():
+    p = AttentionProblem(seq_len=300, head_dim=64, heads=4, kv_heads=2, causal=True)
+    fwd, bwd, both = (simulate("flash2", p, pass_=x) for x in ("forward", "backward", "both"))
+    assert simulate("flash2", p).to_json() == fwd.to_json()
+    assert both.counts.global_bytes == fwd.counts.global_bytes + bwd.counts.global_bytes
+    assert [k.name for k in both.counts.kernels] == [k.name for k in fwd.counts.kernels + bwd.counts.kernels]
+    assert bwd.counts.kernels[-1].name == "bwd_dkdv_group_sum"  # grouped-query: dK, dV summed over the group
+    j = both.to_json()
+    assert j["pass"] == "both" and set(j["tiles_by_pass"]) == {"forward", "backward"}
+    assert j["conventional_flops"] == fwd.to_json()["conventional_flops"] * 7 // 2  # fwd + 2.5 x fwd
+
+
+def test_an_unknown_pass_is_an_error_that_names_the_passes():
+    with pytest.raises(ScheduleError, match="pass='sideways': expected one of forward, backward, both"):
+        simulate("flash2", AttentionProblem(seq_len=64), pass_="sideways")
+
+
+def test_cli_pass_both_prints_json_with_the_pass():
+    out = subprocess.run([sys.executable, "-m", "iosim", "simulate", "naive", "--seq-len", "256", "--head-dim", "64",
+                          "--pass", "backward", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    j = json.loads(out.stdout)
+    total = j["traffic"]["global"]["read_bytes"] + j["traffic"]["global"]["write_bytes"]
+    assert j["pass"] == "backward" and total == 2 * (7 * 256 * 256 + 8 * 256 * 64)
