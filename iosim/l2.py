@@ -261,9 +261,14 @@ def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, vari
             regs = registers or 255
             return LaunchModel((KernelLaunchModel(128, smem, regs),), head_order="head_major", kv_order="reverse",
                                note="FA2: grid (m blocks, batch, heads), K/V blocks visited last to first")
-        # iosim/gpu/attention.py: grid (Tr, H, B), 128 threads, smem = Q + 2 stages of K and V;
+        # iosim/gpu/attention.py: grid (Tr, H, B), 128 threads, smem from iosim/gpu/build.py (Q + the K/V stages);
         # kernels/flash_fwd.cu: causal launches Q tiles last-first (m_block = Tr - 1 - blockIdx.x)
-        smem = Br * d * e + 2 * 2 * Bc * d * e
+        try:
+            from .gpu import build  # no CuPy needed
+
+            smem = build.flash_smem_bytes(d, Br, Bc, e)
+        except Exception:  # pragma: no cover - a head dim the GPU library does not build
+            smem = Br * d * e + 2 * 2 * Bc * d * e
         regs = registers or FLASH2_REGISTERS.get((d, Br, Bc), FLASH2_REGISTERS_DEFAULT)
         return LaunchModel((KernelLaunchModel(128, smem, regs, "reverse" if problem.causal else "forward"),),
                            note="iosim flash2: grid (Tr, heads, batch); causal Q tiles launched last-first")

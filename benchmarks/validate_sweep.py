@@ -1,0 +1,108 @@
+"""Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
+
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|flash|naive|all] [--quick]
+
+Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). The
+simulation side runs on any CPU: benchmarks/validate_compare.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from iosim.measure import Config, measure
+
+MiB = 1 << 20
+
+
+def sweep(part: str) -> list[Config]:
+    c: list[Config] = []
+    if part in ("probes", "all"):
+        c += [Config("copy", nbytes=64 * MiB), Config("copy", nbytes=256 * MiB)]
+        c += [Config("l2probe", nbytes=s * MiB) for s in (8, 16, 24, 32, 40, 48, 56, 64, 80)]
+        c += [Config("l2bw", nbytes=8 * MiB)]
+    if part in ("flash", "all"):
+        F = "flash2"
+        c += [
+            Config(F, seq_len=n, heads=32, head_dim=128) for n in (512, 1024, 2048, 4096, 8192, 16384, 32768)
+        ]
+        c += [Config(F, seq_len=n, heads=32, head_dim=64) for n in (1024, 4096, 16384)]
+        c += [Config(F, seq_len=n, heads=32, head_dim=128, causal=True) for n in (1024, 4096, 16384)]
+        c += [Config(F, seq_len=4096, heads=32, head_dim=64, causal=True)]
+        c += [Config(F, seq_len=n, heads=32, kv_heads=8, head_dim=128) for n in (4096, 16384)]
+        c += [Config(F, seq_len=8192, heads=32, kv_heads=8, head_dim=128, causal=True)]
+        c += [Config(F, seq_len=32768, heads=1, head_dim=128), Config(F, seq_len=8192, heads=8, head_dim=128)]
+        c += [Config(F, seq_len=n, heads=32, head_dim=128, dtype="bf16") for n in (4096, 16384)]
+        c += [Config(F, seq_len=8192, heads=32, head_dim=128, block_q=64, block_kv=64)]
+        c += [Config(F, seq_len=8192, heads=16, batch=2, head_dim=128)]
+        S = "sdpa-flash"
+        c += [Config(S, seq_len=n, heads=32, head_dim=128) for n in (1024, 4096, 16384)]
+        c += [
+            Config(S, seq_len=4096, heads=32, head_dim=64),
+            Config(S, seq_len=4096, heads=32, head_dim=128, causal=True),
+        ]
+        c += [Config(S, seq_len=4096, heads=32, kv_heads=8, head_dim=128)]
+        c += [Config("sdpa-cudnn", seq_len=4096, heads=32, head_dim=128)]
+    if part in ("big", "all"):  # K/V of one head near or above the L2 size
+        c += [
+            Config("flash2", seq_len=65536, heads=32, head_dim=128),
+            Config("flash2", seq_len=131072, heads=8, head_dim=128),
+        ]
+    if part in ("naive", "all"):
+        N_ = "naive"
+        c += [Config(N_, seq_len=n, heads=8, head_dim=64) for n in (512, 1024, 2048, 4096)]
+        c += [Config(N_, seq_len=n, heads=8, head_dim=128) for n in (1024, 4096)]
+        c += [Config(N_, seq_len=2048, heads=8, head_dim=64, causal=True)]
+        c += [Config(N_, seq_len=2048, heads=8, kv_heads=2, head_dim=64)]
+        c += [Config(N_, seq_len=16384, heads=1, head_dim=64)]
+    return c
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    part = sys.argv[sys.argv.index("--part") + 1] if "--part" in sys.argv else "all"
+    out.mkdir(parents=True, exist_ok=True)
+    cfgs = sweep(part)
+    if "--quick" in sys.argv:  # a smoke test of the harness: one of each kind
+        cfgs = [
+            Config("copy", nbytes=64 * MiB),
+            Config("l2probe", nbytes=32 * MiB),
+            Config("l2bw", nbytes=8 * MiB),
+            Config("flash2", seq_len=1024, heads=32, head_dim=128),
+            Config("naive", seq_len=1024, heads=8, head_dim=64),
+            Config("sdpa-flash", seq_len=1024, heads=32, head_dim=128),
+            Config("sdpa-cudnn", seq_len=1024, heads=32, head_dim=128),
+        ]
+    t0 = time.time()
+    run = measure(cfgs, workdir=str(out / f"work_{part}"), keep_csv=str(out / f"ncu_{part}.csv"))
+    data = run.to_json()
+    data["sweep_configs"] = [asdict(x) for x in cfgs]
+    data["wall_s"] = time.time() - t0
+    (out / f"measured_{part}.json").write_text(json.dumps(data, indent=1))
+    for e in run.configs:
+        c, m = e["config"], e.get("measured") or {}
+        print(
+            c["kind"],
+            c["seq_len"],
+            c["heads"],
+            c["kv_heads"],
+            c["head_dim"],
+            c["dtype"],
+            c["causal"],
+            m.get("dram_read_bytes"),
+            m.get("dram_write_bytes"),
+            m.get("l2_read_bytes"),
+            m.get("l2_write_bytes"),
+            e.get("time_ms"),
+            e.get("error", ""),
+            flush=True,
+        )
+    print(f"{part}: {len(cfgs)} configs in {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

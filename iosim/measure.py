@@ -1,0 +1,586 @@
+"""Measure attention kernels on the GPU with Nsight Compute (``ncu``), and time them with CUDA events.
+
+    >>> from iosim.measure import Config, measure
+    >>> run = measure([Config("flash2", seq_len=4096, heads=32, head_dim=128)])   # needs a GPU and ncu
+    >>> run.configs[0]["measured"]["dram_read_bytes"]
+
+What is measured, per kernel launch (and summed over the kernels of one call):
+
+====================  ====================================================  ================================
+quantity              metric                                                boundary (DESIGN.md section 3)
+====================  ====================================================  ================================
+DRAM bytes read       ``dram__bytes_read.sum``                              ``hbm`` read
+DRAM bytes written    ``dram__bytes_write.sum``                             ``hbm`` write
+SM->L2 bytes read     ``lts__t_sectors_srcunit_tex_op_read.sum`` x 32 B     ``global`` read
+SM->L2 bytes written  ``lts__t_sectors_srcunit_tex_op_write.sum`` x 32 B    ``global`` write
+L2 traffic, all       ``lts__t_bytes.sum`` (fills, write-backs, ... too)    (not a boundary: reported only)
+shared-memory         ``l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld``  ``sram`` (wavefronts, not bytes)
+                      / ``_op_st`` ``.sum``, ``smsp__inst_executed_op_ldsm``
+duration              ``gpu__time_duration.sum``
+launch                ``launch__registers_per_thread``, ``launch__occupancy_limit_*``, grid, block, shared memory
+====================  ====================================================  ================================
+
+Why the ``srcunit_tex`` sectors: a plain copy kernel moving B bytes must read B and write B bytes from L2 at the SM
+boundary; ``lts__t_bytes`` also counts the L2's own fills from DRAM and write-backs, so it reads more (the
+``copy`` config measures both; docs/validation.md has the numbers).
+
+Conditions: ``ncu --clock-control none`` and the default ``--cache-control all`` (L2 flushed before each kernel,
+the L2 model's conditions). Throughput time is taken outside the profiler with CUDA events (warm-up, repeats,
+median). Each config's kernels are found by a marker kernel launched before them (``iosim_marker`` with grid =
+config index + 1), so kernels of third-party libraries (torch SDPA's flash or cuDNN backend) are attributed to
+their config whatever their number.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SECTOR = 32
+
+CORE_METRICS = (  # present on GH100 (ncu 2025.3.1 --query-metrics), see ../shared/research/kernels.md 4.1
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "lts__t_bytes.sum",
+    "lts__t_sectors_srcunit_tex_op_read.sum",
+    "gpu__time_duration.sum",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+)
+OPTIONAL_METRICS = (  # used where ``ncu --query-metrics`` lists them
+    "lts__t_sectors_srcunit_tex_op_write.sum",
+    # what the SMs' L1TEX units send to / receive from the memory system (before the L2 request coalescer, LRC,
+    # that merges identical reads of different SMs on Hopper)
+    "l1tex__m_xbar2l1tex_read_bytes.sum",
+    "l1tex__m_l1tex2xbar_write_bytes.sum",
+    "smsp__sass_data_bytes_mem_global_op_ld.sum",
+    "smsp__sass_data_bytes_mem_global_op_ldgsts.sum",
+    "smsp__sass_data_bytes_mem_global_op_st.sum",
+    "lrc__t_sectors.sum",
+    "lrc__t_requests.sum",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
+    "smsp__inst_executed_op_ldsm.sum",
+    "launch__registers_per_thread",
+    "launch__shared_mem_per_block_dynamic",
+    "launch__shared_mem_per_block_static",
+    "launch__occupancy_limit_registers",
+    "launch__occupancy_limit_shared_mem",
+    "launch__occupancy_limit_warps",
+    "launch__occupancy_limit_blocks",
+    "launch__grid_size",
+    "launch__block_size",
+)
+KERNEL_REGEX = r"iosim_|flash_fwd|naive_|sdpa|fprop|fmha"
+KINDS = ("flash2", "naive", "sdpa-flash", "sdpa-cudnn", "copy", "l2probe", "l2bw")
+
+
+class MeasureError(RuntimeError):
+    """Measurement cannot run (no GPU, no ncu, counters not permitted, ncu failed); the message says which."""
+
+
+@dataclass
+class Config:
+    """One measured call: ``kind`` is a schedule of ours (flash2, naive), a torch SDPA backend (sdpa-flash,
+    sdpa-cudnn), or a probe (copy: a float4 copy of ``nbytes``; l2probe: read ``nbytes`` twice; l2bw: L2 read
+    bandwidth over ``nbytes``)."""
+
+    kind: str
+    seq_len: int = 1024
+    heads: int = 1
+    kv_heads: int | None = None
+    batch: int = 1
+    kv_len: int | None = None
+    head_dim: int = 128
+    dtype: str = "fp16"
+    causal: bool = False
+    block_q: int | None = None
+    block_kv: int | None = None
+    nbytes: int = 0
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise MeasureError(f"kind={self.kind!r}: expected one of {', '.join(KINDS)}")
+        if self.dtype not in ("fp16", "bf16"):
+            raise MeasureError(f"dtype={self.dtype!r}: expected fp16 or bf16 (the GPU kernels' dtypes)")
+        if self.kv_heads is None:
+            self.kv_heads = self.heads
+        if self.kv_len is None:
+            self.kv_len = self.seq_len
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# parsing ncu's CSV
+
+
+def _number(s: str):
+    s = s.strip().replace(",", "")
+    if s in ("", "n/a", "N/A"):
+        return None
+    try:
+        return int(s)
+    except ValueError:
+        try:
+            return float(s)
+        except ValueError:
+            return s
+
+
+def parse_ncu_csv(text: str) -> list[dict]:
+    """Kernel launches from ``ncu --csv --print-units base`` (the details page with ``--metrics``).
+
+    Returns one dict per launch, in profiling order: ``id``, ``kernel`` (full demangled name), ``grid``, ``block``
+    (strings as ncu prints them) and ``metrics`` {name: number}. Lines ncu prints around the table (``==PROF==``
+    and the program's own output) are skipped."""
+    if "ERR_NVGPUCTRPERM" in text:
+        raise MeasureError(
+            "ncu: the user may not read the GPU performance counters (ERR_NVGPUCTRPERM); run as "
+            "root or set NVreg_RestrictProfilingToAdminUsers=0 (NVIDIA: ERR_NVGPUCTRPERM)"
+        )
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if start is None:
+        errors = [ln for ln in lines if "==ERROR==" in ln]
+        if errors:
+            raise MeasureError("ncu: " + " | ".join(e.replace("==ERROR==", "").strip() for e in errors[:3]))
+        return []
+    body = [ln for ln in lines[start:] if ln.startswith('"')]
+    rows = list(csv.DictReader(io.StringIO("\n".join(body))))
+    launches: dict[int, dict] = {}
+    for r in rows:
+        try:
+            kid = int(r["ID"])
+        except (KeyError, ValueError):
+            continue
+        k = launches.setdefault(
+            kid,
+            {
+                "id": kid,
+                "kernel": r.get("Kernel Name", ""),
+                "grid": r.get("Grid Size", ""),
+                "block": r.get("Block Size", ""),
+                "metrics": {},
+                "units": {},
+            },
+        )
+        name = r.get("Metric Name")
+        if name:
+            k["metrics"][name] = _number(r.get("Metric Value", ""))
+            k["units"][name] = r.get("Metric Unit", "")
+    return [launches[i] for i in sorted(launches)]
+
+
+def _grid_count(grid: str) -> int:
+    nums = [int(x) for x in re.findall(r"\d+", grid or "")]
+    out = 1
+    for x in nums:
+        out *= x
+    return out if nums else 0
+
+
+def summarize(launch: dict) -> dict:
+    """Bytes at each boundary of one launch (None where the metric was not collected)."""
+    m = launch["metrics"]
+
+    def get(name, scale=1):
+        v = m.get(name)
+        return round(v * scale) if isinstance(v, (int, float)) else None
+
+    return {
+        "dram_read_bytes": get("dram__bytes_read.sum"),
+        "dram_write_bytes": get("dram__bytes_write.sum"),
+        "l2_read_bytes": get("lts__t_sectors_srcunit_tex_op_read.sum", SECTOR),
+        "l2_write_bytes": get("lts__t_sectors_srcunit_tex_op_write.sum", SECTOR),
+        "lts_t_bytes": get("lts__t_bytes.sum"),
+        "xbar_read_bytes": get("l1tex__m_xbar2l1tex_read_bytes.sum"),
+        "xbar_write_bytes": get("l1tex__m_l1tex2xbar_write_bytes.sum"),
+        "sass_global_ld_bytes": get("smsp__sass_data_bytes_mem_global_op_ld.sum"),
+        "sass_global_ldgsts_bytes": get("smsp__sass_data_bytes_mem_global_op_ldgsts.sum"),
+        "sass_global_st_bytes": get("smsp__sass_data_bytes_mem_global_op_st.sum"),
+        "lrc_sectors": get("lrc__t_sectors.sum"),
+        "smem_ld_wavefronts": get("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"),
+        "smem_st_wavefronts": get("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum"),
+        "ldsm_instructions": get("smsp__inst_executed_op_ldsm.sum"),
+        "duration_ns": get("gpu__time_duration.sum"),
+        "registers_per_thread": get("launch__registers_per_thread") or get("Registers Per Thread"),
+        "occupancy_limits": {
+            k.removeprefix("launch__occupancy_limit_").removeprefix("Block Limit ").lower(): v
+            for k, v in m.items()
+            if k.startswith(("launch__occupancy_limit_", "Block Limit "))
+        },
+    }
+
+
+def group_by_marker(launches: list[dict]) -> dict[int, list[dict]]:
+    """Launches after each ``iosim_marker`` (grid = config index + 1) up to the next marker."""
+    out: dict[int, list[dict]] = {}
+    cur = None
+    for k in launches:
+        if "iosim_marker" in k["kernel"]:
+            cur = _grid_count(k["grid"]) - 1
+            out.setdefault(cur, [])
+        elif cur is not None:
+            out[cur].append(k)
+    return out
+
+
+def sum_launches(launches: list[dict]) -> dict:
+    total: dict = {}
+    for k in launches:
+        for key, v in summarize(k).items():
+            if isinstance(v, int):
+                total[key] = (total.get(key) or 0) + v
+            elif key not in total:
+                total[key] = v if not isinstance(v, dict) else None
+    return total
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the worker: runs inside ncu (or alone, for timing)
+
+_PROBE_SRC = r"""
+extern "C" __global__ void iosim_marker(int* p) { if (p && threadIdx.x == 0 && blockIdx.x == 0) p[0] = 1; }
+extern "C" __global__ void iosim_copy(const float4* __restrict__ a, float4* __restrict__ b, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        b[i] = a[i];
+}
+extern "C" __global__ void iosim_l2probe(const float4* __restrict__ a, float* out, long long n, int reps) {
+    float s = 0.f;
+    for (int r = 0; r < reps; ++r)
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+             i += (long long)gridDim.x * blockDim.x) {
+            float4 x = __ldcg(a + i);  // L2 only: L1 must not serve the second pass
+            s += x.x + x.y + x.z + x.w;
+        }
+    if (s == 12345.678f) out[0] = s;  // keeps the loads; never true for the data used
+}
+"""
+
+
+def _worker(spec_path: str, out_path: str) -> None:
+    """Run the configs of ``spec_path`` (JSON); write launch records and timings to ``out_path``."""
+    import cupy as cp
+
+    spec = json.loads(Path(spec_path).read_text())
+    mode = spec.get("mode", "profile")  # "profile": one call each (under ncu); "time": CUDA-event timing
+    reps, warmup = int(spec.get("reps", 10)), int(spec.get("warmup", 3))
+    mod = cp.RawModule(code=_PROBE_SRC)
+    marker = mod.get_function("iosim_marker")
+    copy_k = mod.get_function("iosim_copy")
+    probe_k = mod.get_function("iosim_l2probe")
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    dummy = cp.zeros(1, dtype=cp.int32)
+    try:
+        import torch
+    except Exception:
+        torch = None
+    results = []
+    for idx, c in enumerate(spec["configs"]):
+        c = Config(**c)
+        rec: dict = {"index": idx, "config": asdict(c)}
+        try:
+            fn, info = _prepare(c, cp, torch, copy_k, probe_k, sms)
+            rec.update(info)
+            if mode == "profile":
+                marker((idx + 1,), (32,), (dummy,))
+                fn()
+                cp.cuda.Device().synchronize()
+            else:
+                rec["time_ms"] = _time(fn, cp, reps, warmup)
+            if c.kind in ("flash2", "naive"):
+                from iosim.gpu import last_launch
+
+                lr = last_launch()
+                rec["launch"] = {"tiles": lr.tiles, "kernels": [asdict(k) for k in lr.launches]}
+        except Exception as exc:  # recorded, the sweep goes on
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+        results.append(rec)
+        fn = None  # frees the inputs before the next config
+        cp.get_default_memory_pool().free_all_blocks()
+        if torch is not None:
+            torch.cuda.empty_cache()
+    Path(out_path).write_text(
+        json.dumps({"mode": mode, "device": _device_info(cp), "results": results}, indent=1)
+    )
+
+
+def _device_info(cp) -> dict:
+    p = cp.cuda.runtime.getDeviceProperties(0)
+    name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+    return {
+        "name": name,
+        "sm_count": p["multiProcessorCount"],
+        "l2_bytes": p["l2CacheSize"],
+        "smem_per_sm": p["sharedMemPerMultiprocessor"],
+        "regs_per_sm": p["regsPerMultiprocessor"],
+        "cc": f"{p['major']}.{p['minor']}",
+    }
+
+
+def _time(fn, cp, reps: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(a, b))
+    return statistics.median(ts)
+
+
+def _prepare(c: Config, cp, torch, copy_k, probe_k, sms):
+    """A zero-argument callable that launches the config once, and facts about it."""
+    if c.kind == "copy":
+        n = c.nbytes // 16
+        a = cp.random.random(n * 4, dtype=cp.float32)
+        b = cp.empty_like(a)
+        grid = (sms * 8,)
+        return (lambda: copy_k(grid, (256,), (a, b, cp.int64(n)))), {"bytes": n * 16}
+    if c.kind in ("l2probe", "l2bw"):
+        n = c.nbytes // 16
+        a = cp.random.random(n * 4, dtype=cp.float32) + 1.0
+        o = cp.zeros(1, dtype=cp.float32)
+        reps = 2 if c.kind == "l2probe" else 20
+        grid = (sms * 8,)
+        return (lambda: probe_k(grid, (256,), (a, o, cp.int64(n), cp.int32(reps)))), {"bytes": n * 16 * reps}
+    if torch is None:
+        raise MeasureError("the attention configs need PyTorch for inputs (torch is not importable)")
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[c.dtype]
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    q = torch.randn(c.batch, c.seq_len, c.heads, c.head_dim, device="cuda", dtype=dt, generator=g)
+    k = torch.randn(c.batch, c.kv_len, c.kv_heads, c.head_dim, device="cuda", dtype=dt, generator=g)
+    v = torch.randn(c.batch, c.kv_len, c.kv_heads, c.head_dim, device="cuda", dtype=dt, generator=g)
+    if c.kind in ("flash2", "naive"):
+        from iosim import gpu
+
+        kw = {} if c.kind == "naive" else {"block_q": c.block_q, "block_kv": c.block_kv}
+        return (lambda: gpu.attention(q, k, v, schedule=c.kind, causal=c.causal, **kw)), {}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = SDPBackend.FLASH_ATTENTION if c.kind == "sdpa-flash" else SDPBackend.CUDNN_ATTENTION
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, d) views, no copy
+    gqa = c.heads != c.kv_heads
+
+    def run():
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=c.causal, enable_gqa=gqa
+            )
+
+    return run, {}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the driver
+
+
+def find_ncu(ncu: str | None = None) -> str:
+    cands = (
+        [ncu]
+        if ncu
+        else [
+            shutil.which("ncu"),
+            *sorted(Path("/opt/nvidia/nsight-compute").glob("*/ncu"), reverse=True),
+            "/usr/local/cuda/bin/ncu",
+        ]
+    )
+    for c in cands:
+        if c and Path(c).exists():
+            return str(c)
+    raise MeasureError(
+        "Nsight Compute (ncu) not found: install it (it ships with the CUDA toolkit) or give its "
+        "path with --ncu"
+    )
+
+
+def require_gpu() -> None:
+    from .gpu._cupy import GPUUnavailableError, require_cupy
+
+    try:
+        require_cupy()
+    except GPUUnavailableError as exc:
+        raise MeasureError(str(exc)) from None
+
+
+def available_metrics(ncu: str) -> set[str]:
+    """Base metric names ``ncu --query-metrics`` lists for the local GPU (empty if the query fails)."""
+    try:
+        out = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120).stdout
+    except Exception:
+        return set()
+    return {
+        ln.split()[0] for ln in out.splitlines() if ln and not ln.startswith((" ", "-", "Device", "Metric"))
+    }
+
+
+def choose_metrics(available: set[str]) -> list[str]:
+    extra = [m for m in OPTIONAL_METRICS if not available or m.split(".")[0] in available]
+    return [*CORE_METRICS, *extra]
+
+
+@dataclass
+class Run:
+    device: dict
+    metrics: list[str]
+    ncu_command: str
+    configs: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _run_worker(
+    cmd_prefix: list[str], configs: list[Config], mode: str, workdir: Path, env=None, reps=10, timeout=None
+) -> dict:
+    spec = workdir / f"spec_{mode}.json"
+    out = workdir / f"out_{mode}.json"
+    spec.write_text(json.dumps({"mode": mode, "reps": reps, "configs": [asdict(c) for c in configs]}))
+    cmd = [*cmd_prefix, sys.executable, "-m", "iosim.measure", "worker", str(spec), str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if not out.exists():
+        tail = (p.stdout + p.stderr)[-2000:]
+        if "ERR_NVGPUCTRPERM" in tail:
+            parse_ncu_csv(tail)
+        raise MeasureError(f"the measurement worker failed (exit {p.returncode}): {tail.strip()}")
+    data = json.loads(out.read_text())
+    data["stderr_tail"] = p.stderr[-2000:]
+    return data
+
+
+def measure(
+    configs: list[Config],
+    *,
+    ncu: str | None = None,
+    timing: bool = True,
+    workdir: str | None = None,
+    cache_control: str = "all",
+    metrics: list[str] | None = None,
+    keep_csv: str | None = None,
+    timeout: float | None = None,
+) -> Run:
+    """Profile every config under ncu (one call each), then time it with CUDA events (``timing``)."""
+    require_gpu()
+    ncu_path = find_ncu(ncu)
+    wd = Path(workdir or tempfile.mkdtemp(prefix="iosim-measure-"))
+    wd.mkdir(parents=True, exist_ok=True)
+    mets = metrics or choose_metrics(available_metrics(ncu_path))
+    log = wd / "ncu.csv"
+    prefix = [
+        ncu_path,
+        "--clock-control",
+        "none",
+        "--cache-control",
+        cache_control,
+        "--csv",
+        "--print-units",
+        "base",
+        "--section",
+        "LaunchStats",
+        "--section",
+        "Occupancy",
+        "--metrics",
+        ",".join(mets),
+        "-k",
+        f"regex:{KERNEL_REGEX}",
+        "--log-file",
+        str(log),
+    ]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
+    )
+    prof = _run_worker(prefix, configs, "profile", wd, env=env, timeout=timeout)
+    text = log.read_text(errors="replace") if log.exists() else ""
+    if keep_csv:
+        Path(keep_csv).write_text(text)
+    launches = parse_ncu_csv(text)
+    if not launches:
+        raise MeasureError(f"ncu profiled no kernel (log {log}): {text[-1500:]}")
+    groups = group_by_marker(launches)
+    times = _run_worker([], configs, "time", wd, env=env, timeout=timeout)["results"] if timing else None
+    run = Run(prof["device"], mets, " ".join([*prefix[:-2], "--log-file", "ncu.csv"]))
+    for i, rec in enumerate(prof["results"]):
+        ks = groups.get(i, [])
+        entry = dict(rec)
+        entry["kernels"] = [
+            {"kernel": k["kernel"], "grid": k["grid"], "block": k["block"], **summarize(k)} for k in ks
+        ]
+        entry["measured"] = sum_launches(ks)
+        if times is not None:
+            entry["time_ms"] = times[i].get("time_ms")
+            if "error" in times[i]:
+                entry.setdefault("error", times[i]["error"])
+        run.configs.append(entry)
+    return run
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# outputs
+
+CSV_FIELDS = (
+    "kind",
+    "batch",
+    "heads",
+    "kv_heads",
+    "seq_len",
+    "kv_len",
+    "head_dim",
+    "dtype",
+    "causal",
+    "block_q",
+    "block_kv",
+    "kernels",
+    "dram_read_bytes",
+    "dram_write_bytes",
+    "l2_read_bytes",
+    "l2_write_bytes",
+    "lts_t_bytes",
+    "smem_ld_wavefronts",
+    "smem_st_wavefronts",
+    "duration_ns",
+    "time_ms",
+    "error",
+)
+
+
+def to_csv(run: Run) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for e in run.configs:
+        row = {
+            **e["config"],
+            **(e.get("measured") or {}),
+            "time_ms": e.get("time_ms"),
+            "error": e.get("error", ""),
+        }
+        row["kernels"] = ";".join(k["kernel"].split("(")[0] for k in e.get("kernels", []))
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def main(argv=None) -> None:  # python -m iosim.measure worker SPEC OUT
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and argv[0] == "worker":
+        _worker(argv[1], argv[2])
+        return
+    print(
+        "usage: python -m iosim.measure worker SPEC.json OUT.json (use `iosim measure` instead)",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
