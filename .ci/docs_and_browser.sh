@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Docs build (warnings are errors) and the browser test of the HTML report.
+# Called from .ci/run (CI=true, 2 cores, no GPU). Installs only what is missing:
+#   - Debian's chromium, when /usr/bin/chromium is absent (needs root or sudo);
+#   - mkdocs-material into the active Python environment.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x /usr/bin/chromium ]; then
+  echo "== installing chromium (Debian package)"
+  SUDO=""
+  if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+
+if ! python3 -c "import material" 2>/dev/null; then
+  echo "== installing mkdocs-material"
+  python3 -m pip install -q "mkdocs-material>=9.5"
+fi
+
+echo "== mkdocs build --strict"
+python3 -m mkdocs build --strict --site-dir "${IOSIM_SITE_DIR:-/tmp/iosim-site}"
+
+echo "== pytest -m browser"
+python3 -m pytest -m browser tests/test_report_browser.py -q -rs -s
