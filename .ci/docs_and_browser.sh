@@ -19,6 +19,7 @@ if ! python3 -c "import material" 2>/dev/null; then
   python3 -m pip install -q "mkdocs-material>=9.5"
 fi
 
+export NO_MKDOCS_2_WARNING=1  # the Material end-of-life banner is not a build warning; keep the log short
 echo "== mkdocs build --strict"
 python3 -m mkdocs build --strict --site-dir "${IOSIM_SITE_DIR:-/tmp/iosim-site}"
 
