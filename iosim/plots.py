@@ -433,8 +433,9 @@ MEASUREMENT_COLUMNS = ["kernel", "device", "profile", "batch", "heads", "kv_head
                        "measured_bytes"]
 
 
-def read_measurements(paths: Iterable[Path]) -> list[dict]:
-    """Rows of measurement CSV files (columns MEASUREMENT_COLUMNS); rows missing the byte columns are skipped."""
+def read_measurements(paths: Iterable[Path], skipped: list[str] | None = None) -> list[dict]:
+    """Rows of measurement CSV files (columns MEASUREMENT_COLUMNS). A file without the kernel, boundary and byte
+    columns is left out (and named in ``skipped`` with the reason); so are rows whose bytes are not numbers."""
     rows = []
     for path in paths:
         with open(path, newline="") as f:
@@ -442,7 +443,9 @@ def read_measurements(paths: Iterable[Path]) -> list[dict]:
             missing = [c for c in ("kernel", "boundary", "simulated_bytes", "measured_bytes")
                        if c not in (reader.fieldnames or [])]
             if missing:
-                raise ValueError(f"{path}: measurement file lacks columns {missing}; expected {MEASUREMENT_COLUMNS}")
+                if skipped is not None:
+                    skipped.append(f"{path} (no columns {', '.join(missing)})")
+                continue
             for row in reader:
                 try:
                     row["simulated_bytes"] = float(row["simulated_bytes"])

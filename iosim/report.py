@@ -76,8 +76,11 @@ def make_figure(run: ScenarioRun, spec: FigureSpec, index: int) -> FigureOut:
         if not files:
             return FigureOut(name, spec, None, f"No measurement files match {spec.files} yet: the parity figure "
                              "appears once the cross-check writes them (see the validation page).")
-        rows = plots.read_measurements(files)
-        note = "Read " + ", ".join(str(f) for f in files)
+        skipped: list[str] = []
+        rows = plots.read_measurements(files, skipped)
+        used = sorted({r["file"] for r in rows})
+        note = ("Read " + ", ".join(used) + "." if used else "No measured rows found.") + \
+            (" Not measurement tables: " + "; ".join(skipped) + "." if skipped else "")
         return FigureOut(name, spec, plots.parity(rows, **kw) if rows else None, note)
     if not recs:
         raise ScenarioError(f"{scn.where}: figures[{index}]: where={spec.where} matches no case; fix 'where'")

@@ -88,3 +88,11 @@ def test_parity_reads_measurement_files(tmp_path):
     rows = plots.read_measurements([p])
     fig = plots.parity(rows)
     assert fig.data[0].x[0] == 100663296 and fig.data[-1].name == "measured = simulated"
+
+
+def test_parity_skips_files_that_are_not_measurement_tables(tmp_path):
+    p = tmp_path / "other.csv"
+    p.write_text("kind,seq_len\nflash2,4096\n")
+    skipped: list[str] = []
+    assert plots.read_measurements([p], skipped) == []
+    assert "no columns kernel" in skipped[0]
