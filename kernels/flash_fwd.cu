@@ -29,7 +29,10 @@
 //       j+Stages-1 is issued right after the barrier that proves every warp is done with tile j-1, whose slot it
 //       reuses. Measured (H200): d=128 bf16 N=4096 311.1 TFLOP/s (0.92x), causal 244-273 across runs; d=64 304.5.
 //   v3  O rescaled only when a row's running max changed (warp vote), __syncwarp before O is staged in the
-//       warp's own Q rows (racecheck warned about lanes of one warp without it). Measured: docs/kernels.md (v3).
+//       warp's own Q rows (racecheck warned about lanes of one warp without it). Measured (H200): SLOWER, d=128
+//       bf16 N=4096 289.5 TFLOP/s (-7%), d=64 278.1 (-9%): the branch cost more than the multiplies it skipped.
+//   v4  v3 without the conditional rescale (v2's unconditional O *= corr) and with the __syncwarp.
+//       Measured: docs/kernels.md (v4).
 #include "common.cuh"
 
 namespace iosim {
@@ -248,15 +251,10 @@ __global__ void __launch_bounds__(128)
                         rs += p;
                     }
                 l_i[mt][hr] = l_i[mt][hr] * corr + rs;
-                // rescale O only when some row of this warp got a new max (corr != 1): once the running max has
-                // settled, most tiles skip these D/4 multiplies per thread; the vote keeps the branch warp-uniform
-                // and multiplying the other rows by exactly 1 changes nothing
-                if (__any_sync(0xffffffffu, corr != 1.f)) {
 #pragma unroll
-                    for (int nd = 0; nd < ND; ++nd) {
-                        acc_o[mt][nd][2 * hr] *= corr;
-                        acc_o[mt][nd][2 * hr + 1] *= corr;
-                    }
+                for (int nd = 0; nd < ND; ++nd) {
+                    acc_o[mt][nd][2 * hr] *= corr;
+                    acc_o[mt][nd][2 * hr + 1] *= corr;
                 }
             }
 
