@@ -49,6 +49,7 @@ def flash_stages(head_dim: int) -> int:
     """
     return 2 if head_dim >= 256 else 3
 
+
 # (block_q, block_kv) the library can launch, per head dim. Every entry compiles without register spills for
 # sm_80/sm_90 (checked by compile_check); larger tiles (e.g. 128 x 64 at d=128) spill and are left out.
 FLASH_TILES: dict[int, tuple[tuple[int, int], ...]] = {
