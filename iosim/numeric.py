@@ -215,6 +215,8 @@ def execute(schedule: str, problem: AttentionProblem, q, k, v, tiles: Tiles | No
     if tiles is None:
         tiles = resolve_tiles(schedule, p, get_profile(profile))
     q, k, v = (round_to_dtype(a, p.dtype) for a in (q, k, v))
+    if getattr(mod, "UNIT", "head") == "kv_head":
+        return _execute_kv_heads(mod, p, q, k, v, tiles, kv_order)
     O = np.full((p.batch, p.seq_len, p.heads, p.head_dim), np.nan, F32)
     stats = {s: np.full((p.batch, p.heads, p.seq_len), np.nan, F32) for s in mod.STATS}
     for b in range(p.batch):
@@ -232,6 +234,33 @@ def execute(schedule: str, problem: AttentionProblem, q, k, v, tiles: Tiles | No
             O[b, :, h] = g["O"]
             for s in mod.STATS:
                 stats[s][b, h] = g[s]
+    return O, stats
+
+
+def _execute_kv_heads(mod, p: AttentionProblem, q, k, v, tiles: Tiles, kv_order):
+    """``execute`` for a schedule whose unit is one kv head: its group of query heads packed as rows
+    (row r = n·group + g), so that one program run reads K and V once for the whole group."""
+    N, d, G = p.seq_len, p.head_dim, p.group
+    R, S = G * N, getattr(tiles, "splits", 1)
+    O = np.full((p.batch, N, p.heads, d), np.nan, F32)
+    stats = {s: np.full((p.batch, p.heads, N), np.nan, F32) for s in mod.STATS}
+    for b in range(p.batch):
+        for hk in range(p.kv_heads):
+            heads = slice(hk * G, (hk + 1) * G)
+            g = {
+                "Q": q[b, :, heads].reshape(R, d),  # (N, G, d) -> rows n·G + g
+                "K": k[b, :, hk], "V": v[b, :, hk],
+                "O": np.full((R, d), np.nan, F32),
+                "Opart": np.full((S * R, d), np.nan, F32),
+                "lsepart": np.full(S * R, np.nan, F32),
+                **{s: np.full(R, np.nan, F32) for s in mod.STATS},
+            }
+            x = NumericMachine(p, g, kv_order)
+            x.rows_per_query = G  # causal mask: packed row r is query position r // G
+            mod.program(x, p, tiles)
+            O[b, :, heads] = g["O"].reshape(N, G, d)
+            for s in mod.STATS:
+                stats[s][b, heads] = g[s].reshape(N, G).T
     return O, stats
 
 
