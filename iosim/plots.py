@@ -119,9 +119,10 @@ def _style(records: list[dict]):
 
 
 def traffic_vs_n(records: list[dict], boundaries=("global",), compulsory: bool = False,
-                 title: str = "Traffic vs sequence length") -> go.Figure:
+                 title: str = "Traffic vs sequence length", references: list[dict] = ()) -> go.Figure:
     """Bytes moved against N (log-log), one line per schedule (and profile, dtype ... where they vary) and
-    boundary; optionally the compulsory traffic (Q, K, V read once, O written once)."""
+    boundary; optionally the compulsory traffic (Q, K, V read once, O written once) and outside numbers
+    (``references`` with an ``x``, e.g. measurements) as black markers."""
     fig = go.Figure()
     symbols = _style(records)
     for ident, rows in _series(records, "seq_len"):
@@ -157,8 +158,24 @@ def traffic_vs_n(records: list[dict], boundaries=("global",), compulsory: bool =
                 mode="lines", line={"color": "black", "dash": "dashdot", "width": 1.5},
                 text=[f"compulsory at N={r['seq_len']:,}: {_bytes_hover(r['compulsory_bytes'])}" for r in rows],
                 hovertemplate="%{text}<extra></extra>"))
+    _reference_markers(fig, references)
     y = "bytes moved (decimal: 1 GB = 10⁹ B)"
     return _layout(fig, title, "sequence length N (tokens)", y)
+
+
+def _reference_markers(fig: go.Figure, references) -> None:
+    """Outside numbers with an x position, one legend entry per provenance tag."""
+    refs = [r for r in references if r.get("x") is not None and r.get("unit", "bytes") == "bytes"]
+    symbols = {"measured": "star", "T": "x", "V": "diamond", "F": "cross", "D": "triangle-up"}
+    for tag in sorted({r["tag"] for r in refs}):
+        rs = [r for r in refs if r["tag"] == tag]
+        fig.add_trace(go.Scatter(
+            x=[r["x"] for r in rs], y=[r["value"] for r in rs], mode="markers",
+            name="measured" if tag == "measured" else f"published figure, {_TAGS.get(tag, tag)}",
+            marker={"symbol": symbols.get(tag, "x"), "size": 12, "color": "black"},
+            text=[f"<b>{r['label']}</b><br>{_bytes_hover(r['value'])}<br>tag {r['tag']}: {_TAGS.get(r['tag'], '')}"
+                  f"<br>source: {r['source']}" for r in rs],
+            hovertemplate="%{text}<extra></extra>"))
 
 
 def time_vs_n(records: list[dict], title: str = "Predicted time vs sequence length") -> go.Figure:
@@ -257,16 +274,7 @@ def traffic_vs_block(records: list[dict], references: list[dict] = (), boundarie
                                  f"on-chip working set {r['sram_peak_bytes']:,} B per thread block"
                                  if r.get("sram_peak_bytes") else ""]) for r in rows],
                 hovertemplate="%{text}<extra></extra>"))
-    refs = [r for r in references if r.get("x") is not None and r.get("unit", "bytes") == "bytes"]
-    if refs:
-        tag = refs[0]["tag"]
-        fig.add_trace(go.Scatter(
-            x=[r["x"] for r in refs], y=[r["value"] for r in refs], mode="markers",
-            name=f"published figure, {_TAGS.get(tag, tag)}",
-            marker={"symbol": "x", "size": 11, "color": "black"},
-            text=[f"<b>{r['label']}</b><br>{_bytes_hover(r['value'])}<br>tag {r['tag']}: {_TAGS.get(r['tag'], '')}"
-                  f"<br>source: {r['source']}" for r in refs],
-            hovertemplate="%{text}<extra></extra>"))
+    _reference_markers(fig, references)
     blocks = sorted({r["block_kv"] for r in records if r.get("block_kv")})
     _layout(fig, title, "block size Br = Bc (rows per tile)", "bytes moved (decimal: 1 GB = 10⁹ B)")
     fig.update_xaxes(type="log", tickvals=blocks, ticktext=[str(b) for b in blocks])

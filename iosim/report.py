@@ -85,7 +85,7 @@ def make_figure(run: ScenarioRun, spec: FigureSpec, index: int) -> FigureOut:
     if not recs:
         raise ScenarioError(f"{scn.where}: figures[{index}]: where={spec.where} matches no case; fix 'where'")
     if kind == "traffic_vs_n":
-        fig = plots.traffic_vs_n(recs, spec.boundaries, spec.compulsory, **kw)
+        fig = plots.traffic_vs_n(recs, spec.boundaries, spec.compulsory, references=_refs(run), **kw)
     elif kind == "time_vs_n":
         fig = plots.time_vs_n(recs, **kw)
     elif kind == "roofline":
