@@ -24,7 +24,7 @@ TEMPLATE = "plotly_white"
 # One colour per schedule across every figure (schedules added later get the fallback cycle).
 SCHEDULE_COLORS = {
     "naive": "#d62728", "flash1": "#1f77b4", "flash2": "#2ca02c", "flash3": "#9467bd",
-    "flash_decoding": "#ff7f0e", "block_sparse": "#8c564b",
+    "flash-decoding": "#ff7f0e", "block-sparse": "#8c564b",
 }
 _FALLBACK = ["#17becf", "#bcbd22", "#e377c2", "#7f7f7f"]
 BOUNDARY_DASH = {"global": "solid", "hbm": "dash", "sram": "dot"}
@@ -115,6 +115,13 @@ def _style(records: list[dict]):
     return {p: PROFILE_SYMBOLS[i % len(PROFILE_SYMBOLS)] for i, p in enumerate(profiles)}
 
 
+def _length_axis(records: list[dict]) -> tuple[str, str]:
+    """N along x, or N_kv when only the key/value length varies (decoding: one query, a growing cache)."""
+    if len({r["seq_len"] for r in records}) == 1 and len({r["kv_len"] for r in records}) > 1:
+        return "kv_len", "key/value length N_kv (tokens)"
+    return "seq_len", "sequence length N (tokens)"
+
+
 # -- figures --------------------------------------------------------------------------------------------------
 
 
@@ -125,7 +132,8 @@ def traffic_vs_n(records: list[dict], boundaries=("global",), compulsory: bool =
     (``references`` with an ``x``, e.g. measurements) as black markers."""
     fig = go.Figure()
     symbols = _style(records)
-    for ident, rows in _series(records, "seq_len"):
+    xf, xtitle = _length_axis(records)
+    for ident, rows in _series(records, xf):
         rows = [r for r in rows if r.get("global_bytes") is not None]
         if not rows:
             continue
@@ -133,7 +141,7 @@ def traffic_vs_n(records: list[dict], boundaries=("global",), compulsory: bool =
         for b in boundaries:
             name = _label(ident, schedule=sched) + (f" · {b}" if len(boundaries) > 1 else "")
             fig.add_trace(go.Scatter(
-                x=[r["seq_len"] for r in rows], y=[r[f"{b}_bytes"] for r in rows], name=name,
+                x=[r[xf] for r in rows], y=[r[f"{b}_bytes"] for r in rows], name=name,
                 mode="lines+markers", line={"color": color(sched), "dash": BOUNDARY_DASH[b]},
                 marker={"symbol": symbols[rows[0]["profile"]], "size": 7},
                 text=[_hover(r, [f"{BOUNDARY_LABEL[b]}: {_bytes_hover(r[f'{b}_bytes'])}",
@@ -150,17 +158,17 @@ def traffic_vs_n(records: list[dict], boundaries=("global",), compulsory: bool =
         for r in by_n.values():
             groups.setdefault(tuple(r[f] for f in ident_fields), []).append(r)
         for gkey, rows in groups.items():
-            rows.sort(key=lambda r: r["seq_len"])
+            rows.sort(key=lambda r: r[xf])
             suffix = ", ".join(f"{f}={v}" for f, v in zip(ident_fields, gkey))
             fig.add_trace(go.Scatter(
-                x=[r["seq_len"] for r in rows], y=[r["compulsory_bytes"] for r in rows],
+                x=[r[xf] for r in rows], y=[r["compulsory_bytes"] for r in rows],
                 name="compulsory: Q, K, V read once, O written once" + (f" ({suffix})" if suffix else ""),
                 mode="lines", line={"color": "black", "dash": "dashdot", "width": 1.5},
-                text=[f"compulsory at N={r['seq_len']:,}: {_bytes_hover(r['compulsory_bytes'])}" for r in rows],
+                text=[f"compulsory at {xf}={r[xf]:,}: {_bytes_hover(r['compulsory_bytes'])}" for r in rows],
                 hovertemplate="%{text}<extra></extra>"))
     _reference_markers(fig, references)
     y = "bytes moved (decimal: 1 GB = 10⁹ B)"
-    return _layout(fig, title, "sequence length N (tokens)", y)
+    return _layout(fig, title, xtitle, y)
 
 
 def _reference_markers(fig: go.Figure, references) -> None:
@@ -182,13 +190,14 @@ def time_vs_n(records: list[dict], title: str = "Predicted time vs sequence leng
     """Predicted time (roofline model) against N, log-log, one line per schedule and profile."""
     fig = go.Figure()
     symbols = _style(records)
-    for ident, rows in _series(records, "seq_len"):
+    xf, xtitle = _length_axis(records)
+    for ident, rows in _series(records, xf):
         rows = [r for r in rows if r.get("predicted_s")]
         if not rows:
             continue
         sched = rows[0]["schedule"]
         fig.add_trace(go.Scatter(
-            x=[r["seq_len"] for r in rows], y=[r["predicted_s"] for r in rows], name=_label(ident, schedule=sched),
+            x=[r[xf] for r in rows], y=[r["predicted_s"] for r in rows], name=_label(ident, schedule=sched),
             mode="lines+markers", line={"color": color(sched)},
             marker={"symbol": symbols[rows[0]["profile"]], "size": 7},
             text=[_hover(r, [f"predicted: {fmt_seconds(r['predicted_s'])} ({r['predicted_s']:.6g} s), "
@@ -196,7 +205,7 @@ def time_vs_n(records: list[dict], title: str = "Predicted time vs sequence leng
                              f"global: {_bytes_hover(r['global_bytes'])}",
                              f"FLOPs: {r['flops_total']:,}"]) for r in rows],
             hovertemplate="%{text}<extra></extra>"))
-    return _layout(fig, title, "sequence length N (tokens)", "predicted time (s)")
+    return _layout(fig, title, xtitle, "predicted time (s)")
 
 
 def roofline(records: list[dict], profiles: dict, title: str = "Roofline") -> go.Figure:
