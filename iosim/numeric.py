@@ -283,6 +283,25 @@ def reference(problem: AttentionProblem, q, k, v) -> np.ndarray:
     return np.einsum("bhnm,bmhd->bnhd", P, vr)
 
 
+def reference_block_sparse(problem: AttentionProblem, q, k, v, block_mask, block_q: int, block_kv: int) -> np.ndarray:
+    """softmax attention in float64 where only the keys of the non-zero blocks of ``block_mask`` (Tr × Tc,
+    blocks of block_q × block_kv) count, causal mask included; a row that sees no key gives 0."""
+    p = problem
+    q, k, v = (round_to_dtype(a, p.dtype).astype(np.float64) for a in (q, k, v))
+    kr, vr = np.repeat(k, p.group, axis=2), np.repeat(v, p.group, axis=2)
+    S = np.einsum("bnhd,bmhd->bhnm", q, kr) * p.scale
+    r, c = np.arange(p.seq_len)[:, None], np.arange(p.kv_len)[None, :]
+    hidden = ~np.asarray(block_mask, dtype=bool)[r // block_q, c // block_kv]
+    if p.causal:
+        hidden |= c > r + p.causal_offset
+    S = np.where(hidden, -np.inf, S)
+    m = S.max(axis=-1, keepdims=True)
+    P = np.exp(S - np.where(np.isneginf(m), 0.0, m))
+    s = P.sum(axis=-1, keepdims=True)
+    P = np.where(s > 0, P / np.where(s > 0, s, 1), 0.0)
+    return np.einsum("bhnm,bmhd->bnhd", P, vr)
+
+
 # -- backward pass ---------------------------------------------------------------------------------------
 
 
