@@ -101,7 +101,7 @@ def _tiles_line(r: dict) -> str:
 def _hover(r: dict, lines: list[str]) -> str:
     head = f"<b>{r['schedule']}</b> on {r['profile']}<br>{_problem_line(r)}<br>tiles: {_tiles_line(r)}"
     if r.get("fits") is False:
-        head += "<br><i>tiles exceed shared memory per thread block (hypothetical)</i>"
+        head += "<br><i>hypothetical: " + (r.get("note") or "tiles exceed the GPU's on-chip memory") + "</i>"
     return head + "<br>" + "<br>".join(lines)
 
 

@@ -263,7 +263,8 @@ def table_summary(records: list[dict]) -> str:
             rows.append(f"<tr><td>{r['profile']}</td><td>{r['schedule']}</td><td>{_problem(r)}</td>"
                         f"<td colspan=10 class=bad>{html.escape(r.get('error') or 'not simulated')}</td></tr>")
             continue
-        fit = "" if r.get("fits", True) else ' <span class=warn title="exceeds shared memory per thread block">(does not fit)</span>'
+        fit = "" if r.get("fits", True) else \
+            f' <span class=warn title="{html.escape(r.get("note") or "", quote=True)}">(does not fit: hypothetical)</span>'
         rows.append(
             f"<tr><td>{r['profile']}</td><td><b>{r['schedule']}</b></td><td>{_problem(r)}</td>"
             f"<td>{html.escape(plots._tiles_line(r))}{fit}</td><td>{_b(r['global_read_bytes'])}</td>"

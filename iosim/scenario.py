@@ -514,7 +514,7 @@ def run_case(case: Case, allow_overfill: bool = False, pass_: str = "forward", l
         rec.update(fits=False, error=" ".join(str(exc).split()), **{"pass": pass_})
         return CaseResult(case, rec, None)
     rec = _record(case, problem, r, profile)
-    rec.update(fits=fits, error=note, sram_elements=M if M is not None else r.tiles.sram_elements,
+    rec.update(fits=fits, note=note, sram_elements=M if M is not None else r.tiles.sram_elements,
                hbm_model="l2" if l2_model else "none", **{"pass": pass_})
     return CaseResult(case, rec, r.to_json())
 
@@ -526,7 +526,7 @@ RECORD_FIELDS = [
     "sram_read_bytes", "sram_write_bytes", "sram_bytes", "compulsory_bytes", "global_over_compulsory",
     "hbm_over_compulsory", "matrix_bytes", "linear_bytes",
     "flops_matmul", "flops_exp", "flops_other", "flops_total", "conventional_flops", "predicted_s", "bound",
-    "arithmetic_intensity", "attained_flops_per_s", "sram_peak_bytes", "error",
+    "arithmetic_intensity", "attained_flops_per_s", "sram_peak_bytes", "note", "error",
 ]
 
 
