@@ -186,26 +186,39 @@ def _reference_markers(fig: go.Figure, references) -> None:
             hovertemplate="%{text}<extra></extra>"))
 
 
-def time_vs_n(records: list[dict], title: str = "Predicted time vs sequence length") -> go.Figure:
-    """Predicted time (roofline model) against N, log-log, one line per schedule and profile."""
+def time_vs_n(records: list[dict], title: str = "Predicted time vs sequence length",
+              relative_to: str | None = None) -> go.Figure:
+    """Predicted time (roofline model) against N, log-log, one line per schedule and profile; with
+    ``relative_to`` (a schedule), each time divided by that schedule's time on the same problem and profile."""
     fig = go.Figure()
     symbols = _style(records)
     xf, xtitle = _length_axis(records)
+    base = {}
+    if relative_to:
+        base = {_case_key(r): r["predicted_s"] for r in records if r["schedule"] == relative_to}
     for ident, rows in _series(records, xf):
-        rows = [r for r in rows if r.get("predicted_s")]
+        rows = [r for r in rows if r.get("predicted_s") and (not relative_to or base.get(_case_key(r)))]
         if not rows:
             continue
         sched = rows[0]["schedule"]
+        ys = [r["predicted_s"] / base[_case_key(r)] if relative_to else r["predicted_s"] for r in rows]
         fig.add_trace(go.Scatter(
-            x=[r[xf] for r in rows], y=[r["predicted_s"] for r in rows], name=_label(ident, schedule=sched),
-            mode="lines+markers", line={"color": color(sched)},
+            x=[r[xf] for r in rows], y=ys, name=_label(ident, schedule=sched),
+            mode="lines+markers", line={"color": color(sched), "dash": "dot" if sched == relative_to else "solid"},
             marker={"symbol": symbols[rows[0]["profile"]], "size": 7},
             text=[_hover(r, [f"predicted: {fmt_seconds(r['predicted_s'])} ({r['predicted_s']:.6g} s), "
-                             f"bound by {r['bound']}",
-                             f"global: {_bytes_hover(r['global_bytes'])}",
-                             f"FLOPs: {r['flops_total']:,}"]) for r in rows],
+                             f"bound by {r['bound']}"]
+                         + ([f"{y:.3g}× the time of {relative_to}"] if relative_to else [])
+                         + [f"global: {_bytes_hover(r['global_bytes'])}, hbm: {_bytes_hover(r['hbm_bytes'])}",
+                            f"FLOPs: {r['flops_total']:,}"]) for r, y in zip(rows, ys)],
             hovertemplate="%{text}<extra></extra>"))
-    return _layout(fig, title, xtitle, "predicted time (s)")
+    ytitle = f"predicted time ÷ {relative_to}'s" if relative_to else "predicted time (s)"
+    return _layout(fig, title, xtitle, ytitle, log_y=not relative_to)
+
+
+def _case_key(r: dict) -> tuple:
+    return tuple(r.get(k) for k in ("profile", "pass", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim",
+                                     "dtype", "causal"))
 
 
 def roofline(records: list[dict], profiles: dict, title: str = "Roofline") -> go.Figure:

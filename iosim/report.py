@@ -87,7 +87,7 @@ def make_figure(run: ScenarioRun, spec: FigureSpec, index: int) -> FigureOut:
     if kind == "traffic_vs_n":
         fig = plots.traffic_vs_n(recs, spec.boundaries, spec.compulsory, references=_refs(run), **kw)
     elif kind == "time_vs_n":
-        fig = plots.time_vs_n(recs, **kw)
+        fig = plots.time_vs_n(recs, relative_to=spec.relative_to, **kw)
     elif kind == "roofline":
         fig = plots.roofline(recs, run.profiles, **kw)
     elif kind == "traffic_vs_block":

@@ -176,6 +176,7 @@ class FigureSpec(_Strict):
     x: str | None = Field(None, description="bars: the field along the x axis")
     metric: Metric = Field("global_bytes", description="bars: what the bars show")
     compulsory: bool = Field(False, description="add the compulsory traffic (Q, K, V read once, O written once)")
+    relative_to: str | None = Field(None, description="time_vs_n: divide each time by this schedule's")
     files: str = Field("docs/validation/*.csv", description="parity: measurement CSV files (glob)")
 
 

@@ -96,3 +96,14 @@ def test_parity_skips_files_that_are_not_measurement_tables(tmp_path):
     skipped: list[str] = []
     assert plots.read_measurements([p], skipped) == []
     assert "no columns kernel" in skipped[0]
+
+
+def test_time_relative_to_a_schedule_is_one_for_that_schedule():
+    recs = _records()
+    fig = plots.time_vs_n(recs, relative_to="flash2")
+    f2 = next(t for t in fig.data if t.name == "flash2")
+    assert list(f2.y) == [1.0, 1.0, 1.0]
+    naive = next(t for t in fig.data if t.name == "naive")
+    want = [a["predicted_s"] / b["predicted_s"] for a, b in zip(
+        [r for r in recs if r["schedule"] == "naive"], [r for r in recs if r["schedule"] == "flash2"])]
+    assert list(naive.y) == want
