@@ -75,3 +75,27 @@ def test_nvcc_options_match_nvrtc_options(tmp_path):
     nv = build.nvcc_options(tmp_path, 90)
     assert build.nvrtc_options(tmp_path) == ("--std=c++17", "-ftz=true", f"-I{tmp_path}")
     assert "-std=c++17" in nv and "-ftz=true" in nv and f"-I{tmp_path}" in nv and "-arch=sm_90" in nv
+
+
+def _fake_nvcc(tmp_path, spill_bytes: int):
+    """A stand-in for nvcc that prints a ptxas resource report (what compile_check parses) and succeeds."""
+    exe = tmp_path / f"nvcc_spill{spill_bytes}"
+    exe.write_text(
+        "#!/bin/sh\n"
+        "echo \"ptxas info    : Compiling entry function 'k' for 'sm_90'\" >&2\n"
+        f"echo 'ptxas info    : Function properties for k\n    {spill_bytes} bytes stack frame, {spill_bytes} bytes "
+        f"spill stores, {spill_bytes} bytes spill loads' >&2\n"
+        "echo 'ptxas info    : Used 255 registers, used 1 barriers' >&2\n"
+    )
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_compile_check_passes_without_spills_and_fails_on_a_spill(tmp_path, capsys):
+    from iosim.gpu import compile_check
+
+    assert compile_check.main(["--arch", "90", "--nvcc", _fake_nvcc(tmp_path, 0)]) == 0
+    assert compile_check.main(["--arch", "90", "--nvcc", _fake_nvcc(tmp_path, 108)]) == 1
+    out = capsys.readouterr().out
+    assert "SPILL" in out and "forbidden spills" in out
+    assert compile_check.main(["--arch", "90", "--nvcc", "false"]) == 1  # every compile fails
