@@ -233,6 +233,11 @@ def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | 
     counts = Counts(kernels)
     hbm_read = [k.global_read_bytes for k in counts.kernels]  # no L2 model: hbm = global
     hbm_write = [k.global_write_bytes for k in counts.kernels]
-    time = predict(counts, [r + w for r, w in zip(hbm_read, hbm_write, strict=True)], problem.dtype, prof)
+    hbm = [r + w for r, w in zip(hbm_read, hbm_write, strict=True)]
+    mod = get_module(schedule, passes[0])
+    if pass_ == "forward" and hasattr(mod, "time_model"):  # a schedule with its own time model (flash3: iosim.hopper)
+        time = mod.time_model(counts, hbm, problem, tiles_by_pass["forward"], prof)
+    else:
+        time = predict(counts, hbm, problem.dtype, prof)
     return Result(schedule, prof, problem, tiles_by_pass[passes[0]], counts, hbm_read, hbm_write, time, method,
                   int(prof.require("smem.per_block")), pass_, tiles_by_pass)

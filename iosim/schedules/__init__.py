@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import block_sparse, flash1, flash1_bwd, flash2, flash2_bwd, flash_decoding, naive, naive_bwd
+from . import block_sparse, flash1, flash1_bwd, flash2, flash2_bwd, flash3, flash_decoding, naive, naive_bwd
 from .base import ScheduleError, Tiles
 
-SCHEDULES: dict[str, ModuleType] = {m.NAME: m for m in (naive, flash1, flash2, flash_decoding, block_sparse)}
+SCHEDULES: dict[str, ModuleType] = {m.NAME: m for m in (naive, flash1, flash2, flash3, flash_decoding,
+                                                          block_sparse)}
 BACKWARD: dict[str, ModuleType] = {m.NAME: m for m in (naive_bwd, flash1_bwd, flash2_bwd)}
 PASSES = ("forward", "backward", "both")
 

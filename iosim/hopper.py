@@ -1,0 +1,138 @@
+"""Time of FlashAttention-3's forward on a Hopper GPU: the pipeline, not the sum of its parts.
+
+FA3 (Shah et al. 2024, §3) runs, in every thread block (one per Q block, one block per SM, persistent):
+
+* a **producer** warpgroup that loads K_j, V_j with TMA into a 2-stage buffer, so loads overlap compute;
+* two **consumer** warpgroups that alternate (**ping-pong**): the softmax of one runs while the tensor cores
+  execute the GEMMs of the other; inside a warpgroup the softmax of tile j runs under the QKᵀ GEMM of j+1.
+
+So one K/V step of a thread block costs the *largest* of its parts, not their sum:
+
+    t_gemm    = 4·br·bc·d / (tensor rate per SM · tensor_efficiency)           two wgmma GEMMs
+    t_softmax = exp / (exp rate per SM) + other / (fp32 instruction rate per SM)  one exp2 per score on the
+                special-function unit; max, subtract, sum, rescale on the FP32 pipe (FLOPs of the tile program)
+    t_load    = 2·bc·d·b / (L2 bandwidth per SM)                               K_j, V_j by TMA
+    t_step    = max(t_gemm, t_softmax, t_load)          (overlap=True; FA2-style overlap=False: t_gemm + t_softmax)
+
+and a thread block takes  t_first + Σ_j t_step + t_last: the prologue (load Q_i and the first K/V tile,
+then the first QKᵀ, which nothing hides) and the epilogue (the last P·V, O / l, and the store of O).
+Thread blocks are placed on the SMs longest first (FA3's persistent scheduler), and the kernel takes the
+longer of that schedule and the memory system's floor: global bytes over the L2 bandwidth, and the
+compulsory bytes (Q, K, V read once, O and L written once) over DRAM bandwidth, because FA3's scheduler
+keeps a head's K and V in L2 while its Q blocks run (hopper/tile_scheduler.hpp, "L2 swizzling").
+
+Rates come from the profile. ``tensor_efficiency`` is the sustained fraction of the datasheet's tensor-core
+peak, a parameter of this model with its source (below), not a property of the chip.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from .blocks import cdiv, n_kv_blocks_visible
+from .counts import Counts
+from .problem import STAT_BYTES, AttentionProblem
+from .profile import Profile
+from .roofline import KernelTime, TimeEstimate
+
+
+@dataclass(frozen=True)
+class HopperModel:
+    tensor_efficiency: float = 798 / 989.4
+    """Sustained / datasheet tensor-core rate. Source: a bf16 8192³ GEMM measured ~798 TFLOP/s on the H100 of
+    this project's GPU machine (../shared/research/kernels.md §0) against the datasheet's 989.4 TFLOP/s, which
+    assumes the 1.98 GHz boost clock."""
+    overlap: bool = True
+    """True: FA3's pipeline (max of the parts); False: FA2-style, softmax and GEMMs in sequence."""
+
+
+def _rates(profile: Profile, dtype: str, model: HopperModel) -> dict[str, float]:
+    sms = int(profile.require("sm_count"))
+    return {
+        "sms": sms,
+        "tensor": profile.matmul_rate(dtype) * model.tensor_efficiency / sms,  # FLOP/s per SM
+        "exp": profile.require("compute.exp") / sms,  # exp2/s per SM
+        "alu": profile.require("compute.fp32") / 2 / sms,  # instructions/s per SM (an FMA is 2 FLOPs)
+        "l2": profile.require("l2.bandwidth") / sms,  # B/s per SM
+    }
+
+
+def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile,
+                model: HopperModel = HopperModel()) -> tuple[np.ndarray, dict[str, float]]:
+    """Seconds of each Q block's thread block (one head), and the summed parts (per head, at one SM's rates)."""
+    r = _rates(profile, p.dtype, model)
+    N, Nk, d, b = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes
+    Tr = cdiv(N, Br)
+    i = np.arange(Tr)
+    br = (np.minimum((i + 1) * Br, N) - i * Br).astype(float)
+    n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=float).reshape(-1)
+    cols = np.minimum(n * Bc, Nk)  # keys streamed
+    last = cols - np.maximum(n - 1, 0) * Bc  # keys in the last visited block (ragged or full)
+
+    def parts(rows, keys):
+        """(gemm, softmax, load) seconds of one step over ``keys`` keys; FLOPs as the tile program counts them."""
+        area = rows * keys
+        gemm = 4 * area * d / r["tensor"]
+        softmax = (area + rows) / r["exp"] + (4 * area + (4 + d) * rows) / r["alu"]
+        load = 2 * keys * d * b / r["l2"]
+        return gemm, softmax, load
+
+    def step(rows, keys):
+        g, s, ld = parts(rows, keys)
+        return np.maximum(np.maximum(g, s), ld) if model.overlap else np.maximum(g + s, ld)
+
+    g_full, _, l_full = parts(br, Bc)
+    g_last, _, l_last = parts(br, last)
+    steady = np.where(n > 0, np.maximum(n - 1, 0) * step(br, Bc) + step(br, last), 0.0)
+    first = np.where(n > 0, br * d * b / r["l2"] + np.where(n > 1, l_full, l_last) + np.where(n > 1, g_full, g_last) / 2,
+                     0.0)
+    epilogue = g_last / 2 + br * d * (4 / r["alu"] + b / r["l2"])  # last P·V; O / l; store O
+    t = np.where(n > 0, first + steady + epilogue, br * d * b / r["l2"])  # a Q block that sees no key: store zeros
+    g_all, s_all, l_all = parts(br, cols)
+    sums = {"tensor": float(g_all.sum()), "softmax": float(s_all.sum()), "load": float(l_all.sum())}
+    return t, sums
+
+
+def schedule_time(per_block: np.ndarray, copies: int, sms: int) -> float:
+    """Longest-processing-time-first placement of ``copies`` × ``per_block`` thread blocks on ``sms`` SMs."""
+    jobs = np.sort(np.tile(per_block, copies))[::-1]
+    if len(jobs) <= sms:
+        return float(jobs[0]) if len(jobs) else 0.0
+    if np.all(jobs == jobs[0]):  # equal work: whole waves
+        return float(cdiv(len(jobs), sms) * jobs[0])
+    loads = [0.0] * sms
+    for job in jobs:
+        heapq.heapreplace(loads, loads[0] + float(job))
+    return max(loads)
+
+
+def predict(counts: Counts, problem: AttentionProblem, tiles, profile: Profile,
+            model: HopperModel = HopperModel()) -> TimeEstimate:
+    """A TimeEstimate with one kernel, flash3_fwd, in the shape the roofline returns."""
+    p = problem
+    per_block, sums = block_times(p, tiles.block_q, tiles.block_kv, profile, model)
+    r = _rates(profile, p.dtype, model)
+    sms = r["sms"]
+    heads = p.n_heads_total
+    pipeline = schedule_time(per_block, heads, sms)
+    (k,) = counts.kernels
+    b, d = p.elem_bytes, p.head_dim
+    compulsory = heads * (2 * p.seq_len * d * b + p.seq_len * STAT_BYTES) + p.batch * p.kv_heads * 2 * p.kv_len * d * b
+    res = {
+        "tensor": sums["tensor"] * heads / sms,  # every SM's tensor cores busy all the time
+        "softmax": sums["softmax"] * heads / sms,
+        "load": sums["load"] * heads / sms,
+        "pipeline": pipeline,  # the thread blocks' pipelined times, placed on the SMs
+        "global": (k.global_read_bytes + k.global_write_bytes) / profile.require("l2.bandwidth"),
+        "hbm": compulsory / profile.require("dram.bandwidth"),
+    }
+    total = max(pipeline, res["global"], res["hbm"])
+    if total == pipeline:  # name the part that limits the steady state
+        bound = max(("tensor", "softmax", "load"), key=res.get)
+    else:
+        bound = "global" if res["global"] >= res["hbm"] else "hbm"
+    utilization = (per_block.sum() * heads / sms) / pipeline if pipeline else 1.0
+    return TimeEstimate([KernelTime(k.name, k.grid, float(utilization), res, total, bound)], {})

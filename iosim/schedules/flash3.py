@@ -1,0 +1,107 @@
+"""FlashAttention-3 forward: Shah et al., "FlashAttention-3: Fast and Accurate Attention with Asynchrony and
+Low-precision" (2024), Algorithm 1 (the consumer/producer forward pass), counted as tiles.
+
+    producer warpgroup (TMA):   load Q_i; for j: load K_j, V_j into a 2-stage circular buffer in shared memory
+    consumer warpgroups (x2):   for j: S = Q_i K_jᵀ (wgmma); online softmax; O += P V_j (wgmma)
+                                ping-pong: one warpgroup's softmax runs under the other's GEMMs;
+                                inside a warpgroup the softmax of tile j runs under the QKᵀ GEMM of tile j+1
+    epilogue:                   O = O / l; write O and L = m + log l
+
+The traffic per tile is FlashAttention-2's (Q outer loop, K/V streamed, O and L written once, causal block
+skipping, early exit for Q blocks that see no key): FA3 changes *when* things happen, not what moves. What
+it changes is the time, modeled in :mod:`iosim.hopper` (memory, tensor cores and the softmax overlapped rather
+than summed), and the tiles: FA3's own (hopper/tile_size.h), with K/V double-buffered in shared memory and
+O, S, P, statistics in registers. The counted tile program holds one K/V stage (``sram_peak``); the
+allocation checked against the profile (``working_set``) holds both stages.
+"""
+
+from __future__ import annotations
+
+from ..blocks import block_rows, cdiv, n_kv_blocks_visible
+from ..counts import Counts
+from ..problem import STAT_BYTES, AttentionProblem
+from . import flash2
+from .base import Tiles
+
+NAME = "flash3"
+SUMMARY = "FlashAttention-3: FA2's traffic per tile, Hopper pipeline (TMA producer, ping-pong consumers) in the time"
+STATS = ("lse",)
+STAGES = 2  # K/V pipeline depth (hopper/flash_fwd_launch_template.h: kStages = 2)
+
+# FA3's forward tiles (kBlockM, kBlockN) for fp16/bf16 by head dim, non-causal / causal (research/kernels.md §3.2,
+# from hopper/tile_size.h). The smallest head dim >= d is used.
+FA3_TILES = {64: ((192, 192), (192, 128)), 96: ((192, 144), (192, 144)), 128: ((128, 176), (128, 128)),
+             192: ((128, 112), (128, 112)), 256: ((128, 80), (128, 80))}
+
+
+def default_tiles(p: AttentionProblem, profile) -> Tiles:
+    """FA3's tiles for the head dim; where they do not fit, halve Bc, then Br, until they do."""
+    from ..simulate import fits
+
+    Br, Bc = next((FA3_TILES[k][p.causal] for k in sorted(FA3_TILES) if p.head_dim <= k), (64, 32))
+    while not fits(NAME, p, Tiles(Br, Bc), profile) and (Bc > 16 or Br > 16):
+        if Bc > 16 and Bc >= Br // 2:
+            Bc //= 2
+        else:
+            Br //= 2
+    return Tiles(Br, Bc)
+
+
+def program(x, p: AttentionProblem, t: Tiles) -> None:
+    """One head: one thread block (producer + 2 consumer warpgroups) per Q block."""
+    N, Nk = p.seq_len, p.kv_len
+    Br, Bc = t.block_q, t.block_kv
+    Tr = cdiv(N, Br)
+
+    with x.kernel("flash3_fwd", grid=Tr):
+        for i in range(Tr):
+            with x.thread_block():
+                q = block_rows(i, Br, N)
+                n_i = n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal)
+                if n_i == 0:  # causal: no row of this block sees a key (early exit)
+                    O_i, L_i = x.empty_output(q)
+                    x.store("O", q, O_i)
+                    x.store("lse", q, L_i)
+                    continue
+                Q_i = x.load("Q", q)  # producer: TMA load of Q_i
+                O_i, l_i, m_i = x.init_state(q)
+                for j in x.order(range(n_i)):
+                    k = block_rows(j, Bc, Nk)
+                    K_j = x.load("K", k)  # producer: TMA into stage j % 2
+                    V_j = x.load("V", k)
+                    S_ij = x.scores(Q_i, K_j, q, k)  # consumer: wgmma
+                    O_i, l_i, m_i = x.online_softmax(S_ij, V_j, O_i, l_i, m_i)  # softmax, then wgmma P V_j
+                O_i, L_i = x.finalize(O_i, l_i, m_i)  # epilogue
+                x.store("O", q, O_i)
+                x.store("lse", q, L_i)
+
+
+def shared_memory(p: AttentionProblem, t: Tiles) -> int:
+    """Q_i and STAGES stages of K_j, V_j."""
+    b, d = p.elem_bytes, p.head_dim
+    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    return br * d * b + STAGES * 2 * bc * d * b
+
+
+def working_set(p: AttentionProblem, t: Tiles) -> int:
+    """Shared memory plus registers: the fp32 O accumulator, S/P, l, m and L."""
+    d = p.head_dim
+    br, bc = min(t.block_q, p.seq_len), min(t.block_kv, p.kv_len)
+    return shared_memory(p, t) + br * d * 4 + br * bc * 4 + 3 * br * STAT_BYTES
+
+
+def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
+    """FlashAttention-2's closed form (the same tiles move), the kernel named flash3_fwd; the peak is that of
+    the tile program, with one K/V stage."""
+    c = flash2.closed_form(p, t)
+    (k,) = c.kernels
+    k.name = "flash3_fwd"
+    k.sram_peak = flash2.working_set(p, t)
+    return c
+
+
+def time_model(counts: Counts, hbm_bytes: list[int], problem: AttentionProblem, tiles: Tiles, profile):
+    """The Hopper pipeline's time (:func:`iosim.hopper.predict`) instead of the plain roofline."""
+    from ..hopper import predict
+
+    return predict(counts, problem, tiles, profile)
