@@ -29,6 +29,17 @@ for s in $steps; do
     bench-quick)
       python3 benchmarks/bench_attention.py --d 128 --n 2048 4096 --dtype bf16 --csv "$OUT/bench.csv" 2>&1 \
         | tee "$OUT/bench.log" | tail -8 ;;
+    ncu)  # bank conflicts of the flash kernel; DRAM bytes of each kernel (naive: S and P materialized)
+      m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed_op_ldsm.sum
+      m=$m,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+      ncu --clock-control none --profile-from-start off --metrics $m --csv python3 benchmarks/ncu_kernels.py \
+        > "$OUT/ncu.csv" 2> "$OUT/ncu.err"; summary+=("ncu: rc=$?")
+      m2=l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum
+      m2=$m2,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
+      ncu --clock-control none --profile-from-start off --metrics $m2 --csv python3 benchmarks/ncu_kernels.py \
+        > "$OUT/ncu2.csv" 2> "$OUT/ncu2.err"; summary+=("ncu2: rc=$?")
+      grep -a -E '"(gpu__|dram__|smsp__|l1tex__)' "$OUT/ncu.csv" "$OUT/ncu2.csv" \
+        | awk -F'","' '{print $5" | "$(NF-2)" | "$NF}' | sed 's/"$//' | cut -c1-160 ;;
     tiles)
       python3 benchmarks/bench_attention.py --no-peers --d 64 128 --n 4096 --dtype bf16 \
         --tiles 128x32 64x64 128x64 64x128 --csv "$OUT/tiles.csv" 2>&1 | tee "$OUT/tiles.log" | tail -14 ;;
