@@ -65,6 +65,17 @@ def measurement_files(pattern: str) -> list[Path]:
     return []
 
 
+def _short(path) -> str:
+    """A path relative to the working folder or the checkout, for notes."""
+    p = Path(path)
+    for root in (Path.cwd(), data_dir("scenarios").parent):
+        try:
+            return str(p.resolve().relative_to(root.resolve()))
+        except (ValueError, FileNotFoundError):
+            continue
+    return str(p)
+
+
 def make_figure(run: ScenarioRun, spec: FigureSpec, index: int) -> FigureOut:
     scn = run.scenario
     name = spec.name or f"{scn.name}-{index + 1}-{spec.kind.replace('_', '-')}"
@@ -78,7 +89,7 @@ def make_figure(run: ScenarioRun, spec: FigureSpec, index: int) -> FigureOut:
                              "appears once the cross-check writes them (see the validation page).")
         skipped: list[str] = []
         rows = plots.read_measurements(files, skipped)
-        used = sorted({r["file"] for r in rows})
+        used = sorted({_short(r["file"]) for r in rows})
         note = ("Read " + ", ".join(used) + "." if used else "No measured rows found.") + \
             (" Not measurement tables: " + "; ".join(skipped) + "." if skipped else "")
         return FigureOut(name, spec, plots.parity(rows, **kw) if rows else None, note)
@@ -323,6 +334,27 @@ def table_references(run: ScenarioRun) -> str:
     return f"<table><tr><th>number</th><th>value</th><th>provenance</th><th>source</th></tr>{''.join(rows)}</table>"
 
 
+def table_parity(pattern: str) -> str:
+    """Measured ÷ simulated bytes per kernel, boundary and direction: median, min and max over the files' rows."""
+    rows = plots.read_measurements(measurement_files(pattern))
+    if not rows:
+        return f"<p class=note>No measurement rows match {html.escape(pattern)} yet.</p>"
+    groups: dict = {}
+    for r in rows:
+        if r["simulated_bytes"] > 0:
+            groups.setdefault((r["kernel"], r["boundary"], r.get("direction", "")), []).append(
+                r["measured_bytes"] / r["simulated_bytes"])
+    out = []
+    for (kernel, boundary, direction), ratios in sorted(groups.items()):
+        ratios.sort()
+        med = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+        out.append(f"<tr><td>{html.escape(kernel)}</td><td>{html.escape(boundary)}</td><td>{html.escape(direction)}</td>"
+                   f"<td class=num>{len(ratios)}</td><td class=num><b>{med:.3f}</b></td>"
+                   f"<td class=num>{ratios[0]:.3f}</td><td class=num>{ratios[-1]:.3f}</td></tr>")
+    return ("<table><tr><th>kernel</th><th>boundary</th><th>direction</th><th>rows</th><th>measured ÷ simulated, "
+            f"median</th><th>min</th><th>max</th></tr>{''.join(out)}</table>")
+
+
 def make_tables(run: ScenarioRun) -> list[tuple[str, str, str]]:
     """(title, caption, html) per table spec of the scenario."""
     out = []
@@ -334,10 +366,13 @@ def make_tables(run: ScenarioRun) -> list[tuple[str, str, str]]:
             t = table_by_tensor(recs)
         elif spec.kind == "claims":
             t = table_claims(run)
+        elif spec.kind == "parity":
+            t = table_parity(spec.files)
         else:
             t = table_references(run)
         default = {"summary": "Simulated traffic", "by_tensor": "Global traffic per tensor",
-                   "claims": "Published numbers, recomputed", "references": "Numbers from outside the simulator"}
+                   "claims": "Published numbers, recomputed", "references": "Numbers from outside the simulator",
+                   "parity": "Measured ÷ simulated"}
         out.append((spec.title or default[spec.kind], spec.caption, t))
     return out
 

@@ -181,10 +181,11 @@ class FigureSpec(_Strict):
 
 
 class TableSpec(_Strict):
-    kind: Literal["summary", "by_tensor", "claims", "references"]
+    kind: Literal["summary", "by_tensor", "claims", "references", "parity"]
     title: str | None = None
     caption: str = ""
     where: Where = Field(default_factory=dict)
+    files: str = Field("docs/validation/*.csv", description="parity: measurement CSV files (glob)")
 
 
 ClaimQuantity = Literal["global_bytes", "hbm_bytes", "sram_bytes", "compulsory_bytes", "global_over_compulsory",

@@ -133,3 +133,23 @@ def test_builtin_scenarios_run_by_name(tmp_path, capsys):
     code, stdout, err = _cli(["run", "footprint", "-o", str(tmp_path)], capsys)
     assert code == 0, err
     assert "claims 3/3 match" in stdout
+
+
+def test_parity_table_and_figure_read_measurement_files_from_the_working_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    header = ("kernel,device,profile,batch,heads,kv_heads,seq_len,kv_len,head_dim,dtype,causal,block_q,block_kv,"
+              "boundary,direction,simulated_bytes,measured_bytes\n")
+    row = "flash2,H200,h200-sxm-141gb,1,32,32,4096,4096,128,fp16,False,128,64,hbm,read,{s},{m}\n"
+    (tmp_path / "m" / "a.csv").write_text(header + row.format(s=100, m=110) + row.format(s=100, m=90)
+                                          + row.format(s=100, m=100))
+    (tmp_path / "m" / "other.csv").write_text("kind,seq_len\nx,1\n")
+    scn = tmp_path / "v.yaml"
+    scn.write_text("schema_version: 1\nname: v\ntitle: v\nschedules: [flash2]\nproblems: [{seq_len: 128}]\n"
+                   "tables: [{kind: parity, files: 'm/*.csv'}]\nfigures: [{kind: parity, files: 'm/*.csv'}]\n")
+    code, _, err = _cli(["report", str(scn), "-o", "v.html", "-q"], capsys)
+    assert code == 0, err
+    page = (tmp_path / "v.html").read_text()
+    assert "<td class=num><b>1.000</b></td><td class=num>0.900</td><td class=num>1.100</td>" in page
+    assert "Read m/a.csv." in page and "m/other.csv (no columns kernel" in page
+    assert page.count('class="plotly-graph-div"') == 1
