@@ -28,7 +28,8 @@ How the access stream is made
 
 Approximation (``dedupe=True``, the default): within one round, a tile that several blocks read is touched once,
 at its first occurrence in the round (later reads in the same round are hits in both models; only their recency
-order inside the round differs). This makes lockstep blocks that stream the same K/V cost one LRU operation per
+order inside the round differs; valid when L2 holds a few rounds' worth of tiles, R x tile bytes, which is 2 MiB
+against 60 MiB for flash2 on an H200). This makes lockstep blocks that stream the same K/V cost one LRU operation per
 round instead of R. The tests bound its difference from the exact trace (``dedupe=False``) on small cases.
 
 Not modeled: set associativity and address hashing, the two L2 partitions, sectors of a line left unfilled (row
@@ -153,12 +154,21 @@ def _from_lists(name: str, blocks: list[list[tuple]]) -> KernelTrace:
     ptr[1:] = np.cumsum([len(b) for b in blocks])
     flat = [a for b in blocks for a in b]
     arr = np.array(flat, dtype=np.int64).reshape(-1, 6) if flat else np.zeros((0, 6), dtype=np.int64)
-    return KernelTrace(name, ptr, arr[:, 0].astype(np.int8), arr[:, 1].copy(), arr[:, 2].copy(),
-                       arr[:, 3].copy(), arr[:, 4].copy(), arr[:, 5].astype(bool))
+    return KernelTrace(
+        name,
+        ptr,
+        arr[:, 0].astype(np.int8),
+        arr[:, 1].copy(),
+        arr[:, 2].copy(),
+        arr[:, 3].copy(),
+        arr[:, 4].copy(),
+        arr[:, 5].astype(bool),
+    )
 
 
-def trace_program(schedule: str, problem: AttentionProblem, tiles: Tiles, kv_order: str = "forward"
-                  ) -> list[KernelTrace]:
+def trace_program(
+    schedule: str, problem: AttentionProblem, tiles: Tiles, kv_order: str = "forward"
+) -> list[KernelTrace]:
     """Run the schedule's tile program for one head through the :class:`Tracer`."""
     x = Tracer(problem, kv_order)
     get_schedule(schedule).program(x, problem, tiles)
@@ -170,10 +180,11 @@ def _flash2_fill(Tr, Br, Bc, N, Nk, n, reverse, ptr, tensor, r0, r1, write):
     for i in range(Tr):
         p = ptr[i]
         qs, qe = i * Br, min((i + 1) * Br, N)
-        tensor[p] = 0
-        r0[p] = qs
-        r1[p] = qe
-        p += 1
+        if n[i] > 0:  # a block that sees no key (causal) loads nothing and writes O = 0, lse = -inf
+            tensor[p] = 0
+            r0[p] = qs
+            r1[p] = qe
+            p += 1
         for s in range(n[i]):
             j = n[i] - 1 - s if reverse else s
             for code in (1, 2):  # K_j, V_j
@@ -196,7 +207,7 @@ def _flash2_fast(p: AttentionProblem, t: Tiles, kv_order: str) -> list[KernelTra
     i = np.arange(Tr, dtype=np.int64)
     n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=np.int64).reshape(Tr)
     ptr = np.zeros(Tr + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum(2 * n + 3)  # Q, (K, V) x n, O, lse
+    ptr[1:] = np.cumsum(np.where(n > 0, 2 * n + 3, 2))  # Q, (K, V) x n, O, lse
     total = int(ptr[-1])
     tensor = np.empty(total, dtype=np.int8)
     r0 = np.empty(total, dtype=np.int64)
@@ -207,8 +218,14 @@ def _flash2_fast(p: AttentionProblem, t: Tiles, kv_order: str) -> list[KernelTra
     return [KernelTrace("flash2_fwd", ptr, tensor, r0, r1, zeros, zeros, write)]
 
 
-def head_program(schedule: str, problem: AttentionProblem, tiles: Tiles, *, kv_order: str = "forward",
-                 fast: bool | None = None) -> list[KernelTrace]:
+def head_program(
+    schedule: str,
+    problem: AttentionProblem,
+    tiles: Tiles,
+    *,
+    kv_order: str = "forward",
+    fast: bool | None = None,
+) -> list[KernelTrace]:
     """Accesses of one head, per kernel. ``fast=None``: NumPy for flash2 (any size), the tracer otherwise."""
     if fast is None:
         fast = schedule == "flash2"
@@ -220,8 +237,12 @@ def head_program(schedule: str, problem: AttentionProblem, tiles: Tiles, *, kv_o
 # ----------------------------------------------------------------------------------------------------------------
 # 2. Launch geometry (what iosim/gpu launches; stated here so the model needs no GPU)
 
-# registers per thread of iosim's flash2 kernel, from ptxas -v for sm_90 (docs/kernels.md, v1); (d, Br, Bc) -> regs
-FLASH2_REGISTERS = {(128, 128, 32): 255, (128, 64, 64): 229, (64, 128, 64): 222}
+# registers per thread of iosim's flash2 kernel (launch__registers_per_thread, ncu on the H200, kernel v3)
+FLASH2_REGISTERS = {
+    (128, 128, 32): 255,
+    (128, 64, 64): 249,
+    (64, 128, 64): 238,
+}  # v3, read by ncu on the H200
 FLASH2_REGISTERS_DEFAULT = 255  # unknown instantiation: assume the register cap of __launch_bounds__(128)
 
 
@@ -244,13 +265,21 @@ class KernelLaunchModel:
 @dataclass(frozen=True)
 class LaunchModel:
     kernels: tuple[KernelLaunchModel, ...]
-    head_order: str = "batch_major"  # grid (.., heads, batch): heads fastest; "head_major": grid (.., batch, heads)
+    head_order: str = (
+        "batch_major"  # grid (.., heads, batch): heads fastest; "head_major": grid (.., batch, heads)
+    )
     kv_order: str = "forward"
     note: str = ""
 
 
-def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, variant: str = "iosim",
-                 registers: int | None = None) -> LaunchModel:
+def launch_model(
+    schedule: str,
+    problem: AttentionProblem,
+    tiles: Tiles,
+    *,
+    variant: str = "iosim",
+    registers: int | list[int] | None = None,
+) -> LaunchModel:
     """The launch of ``schedule`` as iosim's kernels do it (``variant="iosim"``, read from iosim/gpu), or as
     FlashAttention-2 (``variant="fa2"``: grid (num_m_blocks, batch, heads), K/V loop in reverse, m blocks forward)."""
     d, e = problem.head_dim, problem.elem_bytes
@@ -258,9 +287,13 @@ def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, vari
         Br, Bc = tiles.block_q, tiles.block_kv
         if variant == "fa2":
             smem = Br * d * e + 2 * Bc * d * e  # Flash_fwd_kernel_traits: sQ + sK + sV (one stage each)
-            regs = registers or 255
-            return LaunchModel((KernelLaunchModel(128, smem, regs),), head_order="head_major", kv_order="reverse",
-                               note="FA2: grid (m blocks, batch, heads), K/V blocks visited last to first")
+            regs = (registers[0] if isinstance(registers, (list, tuple)) else registers) or 255
+            return LaunchModel(
+                (KernelLaunchModel(128, smem, regs),),
+                head_order="head_major",
+                kv_order="reverse",
+                note="FA2: grid (m blocks, batch, heads), K/V blocks visited last to first",
+            )
         # iosim/gpu/attention.py: grid (Tr, H, B), 128 threads, smem from iosim/gpu/build.py (Q + the K/V stages);
         # kernels/flash_fwd.cu: causal launches Q tiles last-first (m_block = Tr - 1 - blockIdx.x)
         try:
@@ -269,27 +302,42 @@ def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, vari
             smem = build.flash_smem_bytes(d, Br, Bc, e)
         except Exception:  # pragma: no cover - a head dim the GPU library does not build
             smem = Br * d * e + 2 * 2 * Bc * d * e
-        regs = registers or FLASH2_REGISTERS.get((d, Br, Bc), FLASH2_REGISTERS_DEFAULT)
-        return LaunchModel((KernelLaunchModel(128, smem, regs, "reverse" if problem.causal else "forward"),),
-                           note="iosim flash2: grid (Tr, heads, batch); causal Q tiles launched last-first")
+        regs = (registers[0] if isinstance(registers, (list, tuple)) else registers) or FLASH2_REGISTERS.get(
+            (d, Br, Bc), FLASH2_REGISTERS_DEFAULT
+        )
+        return LaunchModel(
+            (KernelLaunchModel(128, smem, regs, "reverse" if problem.causal else "forward"),),
+            note="iosim flash2: grid (Tr, heads, batch); causal Q tiles launched last-first",
+        )
     if schedule == "naive":
         # iosim/gpu/build.py NAIVE_TILES: qk grid (Tc, Tr, B*H) 256 threads; softmax one row per block;
         # pv grid (ceil(d/64), Tr, B*H): ceil(d/64) blocks per Q block. Static smem of the GEMMs: 2 x 16 x 68 fp32.
+        # registers (ptxas via ncu on the H200): qk 80, softmax 31, pv 40
         gemm_smem = 2 * 16 * 68 * 4
-        regs = registers or 64
-        return LaunchModel((
-            KernelLaunchModel(256, gemm_smem, regs),
-            KernelLaunchModel(256, problem.kv_len * e, 32),
-            KernelLaunchModel(256, gemm_smem, regs, gpu_blocks_per_block=cdiv(d, 64)),
-        ), note="iosim naive: qk grid (Tc, Tr, B*H), softmax (B*H*N), pv (ceil(d/64), Tr, B*H)")
+        regs = (
+            registers
+            if isinstance(registers, (list, tuple))
+            else [registers or 80, registers or 31, registers or 40]
+        )
+        return LaunchModel(
+            (
+                KernelLaunchModel(256, gemm_smem, regs[0]),
+                KernelLaunchModel(256, problem.kv_len * e, regs[1]),
+                KernelLaunchModel(256, gemm_smem, regs[2], gpu_blocks_per_block=cdiv(d, 64)),
+            ),
+            note="iosim naive: qk grid (Tc, Tr, B*H), softmax (B*H*N), pv (ceil(d/64), Tr, B*H)",
+        )
     if schedule == "flash1":
-        return LaunchModel((KernelLaunchModel(128, get_schedule("flash1").shared_memory(problem, tiles), 255),),
-                           note="flash1: one block per head (no GPU kernel; geometry assumed)")
+        return LaunchModel(
+            (KernelLaunchModel(128, get_schedule("flash1").shared_memory(problem, tiles), 255),),
+            note="flash1: one block per head (no GPU kernel; geometry assumed)",
+        )
     raise L2ModelError(f"no launch geometry known for schedule {schedule!r}")
 
 
-def resident_blocks(profile: Profile, threads: int, smem: int, registers: int, *,
-                    smem_reserved: int = 1024) -> tuple[int, dict]:
+def resident_blocks(
+    profile: Profile, threads: int, smem: int, registers: int, *, smem_reserved: int = 1024
+) -> tuple[int, dict]:
     """Thread blocks of one kernel resident at once on the whole GPU, and the per-SM limit of each resource.
 
     Registers are allocated per warp in units of 256 (CUDA occupancy calculator); the runtime reserves 1 KiB of
@@ -298,7 +346,9 @@ def resident_blocks(profile: Profile, threads: int, smem: int, registers: int, *
     max_threads = profile.sm.max_threads.value if profile.sm else None
     max_blocks = profile.sm.max_blocks.value if profile.sm else None
     if max_threads is None or max_blocks is None:
-        raise L2ModelError(f"profile {profile.name}: sm.max_threads and sm.max_blocks are needed for residency")
+        raise L2ModelError(
+            f"profile {profile.name}: sm.max_threads and sm.max_blocks are needed for residency"
+        )
     smem_sm = int(profile.require("smem.per_sm"))
     regs_sm = int(profile.require("registers.per_sm")) // 4
     warps = cdiv(threads, 32)
@@ -325,7 +375,9 @@ class _Atoms:
     atom_kv: np.ndarray  # bool [A]: indexed by the kv head (K, V), else by the query head
     atom_tensor: np.ndarray  # int64 [A]
     acc_atom: np.ndarray  # int32 per access: its first atom
-    acc_shape: np.ndarray  # int32 per access: 0 = one atom; k > 0 = shapes row k (rows of atoms, cols, stride)
+    acc_shape: (
+        np.ndarray
+    )  # int32 per access: 0 = one atom; k > 0 = shapes row k (rows of atoms, cols, stride)
     shapes: np.ndarray  # int64 [K, 3]
 
 
@@ -386,30 +438,271 @@ def _atomize(kt: KernelTrace, p: AttentionProblem) -> _Atoms:
     def cat(xs, dt):
         return np.concatenate(xs) if xs else np.zeros(0, dt)
 
-    return _Atoms(cat(bytes_parts, np.int64), cat(kv_parts, bool), cat(t_parts, np.int64),
-                  acc_atom.astype(np.int32), acc_shape, shapes)
+    return _Atoms(
+        cat(bytes_parts, np.int64),
+        cat(kv_parts, bool),
+        cat(t_parts, np.int64),
+        acc_atom.astype(np.int32),
+        acc_shape,
+        shapes,
+    )
 
 
 @_njit
-def _simulate_kernel(ptr, acc_atom, acc_shape, acc_write, shapes, atom_bytes, atom_kv, atom_tensor, block_order,
-                     head_q, head_kv, n_slots, capacity, dedupe, out_read, out_write):
+def _simulate_kernel(
+    ptr,
+    acc_atom,
+    acc_shape,
+    acc_write,
+    shapes,
+    atom_bytes,
+    atom_kv,
+    atom_tensor,
+    block_order,
+    head_q,
+    head_kv,
+    n_slots,
+    capacity,
+    dedupe,
+    out_read,
+    out_write,
+    cost_private,
+    cost_shared,
+    n_sms,
+):
     """Round-robin execution of the grid over a byte-weighted LRU. Returns (dram_read, dram_write, dirty_end,
-    rounds); ``out_read``/``out_write`` (per tensor) are incremented."""
+    rounds); ``out_read``/``out_write`` (per tensor) are incremented.
+
+    Capacity is counted in half-bytes: an atom occupies ``cost * bytes / 2`` where ``cost`` is ``cost_private``
+    until SMs of both halves of the chip (slot % n_sms below / above n_sms / 2) have touched it, then
+    ``cost_shared`` (2 and 2: a plain LRU; 3 and 4: copies in both L2 partitions, see simulate_l2)."""
     nb = block_order.shape[0]
     n_heads = head_q.shape[0]
     A = atom_bytes.shape[0]
     n_slot_heads = max(head_q.max(), head_kv.max()) + 1
     G = n_slot_heads * A
     res = np.zeros(G, np.int64)
+    cost = np.zeros(G, np.int64)
+    mask = np.zeros(G, np.int8)
     dirty = np.zeros(G, np.bool_)
     prev = np.full(G, -1, np.int64)
     nxt = np.full(G, -1, np.int64)
     last_round = np.full(G, -1, np.int64)
+    cap_units = 2 * capacity
     lru_head = -1  # most recent
     lru_tail = -1  # least recent
-    used = 0
+    used = 0  # half-bytes
     dram_read = 0
     dram_write = 0
+    total_blocks = nb * n_heads
+    slot_pos = np.zeros(n_slots, np.int64)
+    slot_end = np.zeros(n_slots, np.int64)
+    slot_qoff = np.zeros(n_slots, np.int64)
+    slot_kvoff = np.zeros(n_slots, np.int64)
+    slot_live = np.zeros(n_slots, np.bool_)
+    slot_half = np.zeros(n_slots, np.int8)
+    for s in range(n_slots):
+        slot_half[s] = 1 if (s % n_sms) * 2 < n_sms else 2
+    launched = 0
+    live = 0
+    for s in range(n_slots):
+        if launched < total_blocks:
+            h = launched // nb
+            b = block_order[launched % nb]
+            slot_pos[s] = ptr[b]
+            slot_end[s] = ptr[b + 1]
+            slot_qoff[s] = head_q[h] * A
+            slot_kvoff[s] = head_kv[h] * A
+            slot_live[s] = True
+            launched += 1
+            live += 1
+    rnd = 0
+    while live > 0:
+        rnd += 1
+        for s in range(n_slots):
+            if not slot_live[s]:
+                continue
+            pos = slot_pos[s]
+            if pos < slot_end[s]:
+                a0 = acc_atom[pos]
+                w = acc_write[pos]
+                k = acc_shape[pos]
+                if k == 0:
+                    nr, nc, stride = 1, 1, 1
+                else:
+                    nr, nc, stride = shapes[k, 0], shapes[k, 1], shapes[k, 2]
+                for ra in range(nr):
+                    for ca in range(nc):
+                        a = a0 + ra * stride + ca
+                        g = a + (slot_kvoff[s] if atom_kv[a] else slot_qoff[s])
+                        size = atom_bytes[a]
+                        t = atom_tensor[a]
+                        r = res[g]
+                        mask[g] |= slot_half[s]
+                        want = cost_shared if mask[g] == 3 else cost_private
+                        if dedupe and (not w) and last_round[g] == rnd:
+                            if r > 0 and cost[g] != want:  # now shared: a second copy takes room
+                                used += r * (want - cost[g])
+                                cost[g] = want
+                            else:
+                                continue
+                        else:
+                            last_round[g] = rnd
+                            used -= r * cost[g]  # the atom's old room; it is re-linked at the head below
+                            if 0 < r < size:
+                                # partly evicted: it is the LRU tail, and a line-level LRU walking its lines in
+                                # order evicts each remaining line just before reaching it: all of it misses
+                                if dirty[g]:
+                                    dram_write += r
+                                    out_write[t] += r
+                                    dirty[g] = False
+                            if r > 0:  # unlink
+                                pv = prev[g]
+                                nx = nxt[g]
+                                if pv >= 0:
+                                    nxt[pv] = nx
+                                else:
+                                    lru_head = nx
+                                if nx >= 0:
+                                    prev[nx] = pv
+                                else:
+                                    lru_tail = pv
+                            miss = 0 if r == size else size
+                            if w:
+                                dirty[g] = True
+                            else:
+                                dram_read += miss
+                                out_read[t] += miss
+                            res[g] = size
+                            cost[g] = want
+                            used += size * want
+                            prev[g] = -1  # link at the head (most recent)
+                            nxt[g] = lru_head
+                            if lru_head >= 0:
+                                prev[lru_head] = g
+                            lru_head = g
+                            if lru_tail < 0:
+                                lru_tail = g
+                        while used > cap_units:  # evict the least recent bytes
+                            v = lru_tail  # (v == g only for an atom larger than L2: its first bytes go)
+                            cv = cost[v]
+                            take = min(res[v], (used - cap_units + cv - 1) // cv)
+                            res[v] -= take
+                            used -= take * cv
+                            if dirty[v]:
+                                dram_write += take
+                                out_write[atom_tensor[v % A]] += take
+                            if res[v] == 0:
+                                dirty[v] = False
+                                mask[v] = 0
+                                cost[v] = 0
+                                pv = prev[v]
+                                lru_tail = pv
+                                if pv >= 0:
+                                    nxt[pv] = -1
+                                else:
+                                    lru_head = -1
+                                prev[v] = -1
+                pos += 1
+                slot_pos[s] = pos
+            if pos >= slot_end[s]:
+                if launched < total_blocks:
+                    h = launched // nb
+                    b = block_order[launched % nb]
+                    slot_pos[s] = ptr[b]
+                    slot_end[s] = ptr[b + 1]
+                    slot_qoff[s] = head_q[h] * A
+                    slot_kvoff[s] = head_kv[h] * A
+                    launched += 1
+                else:
+                    slot_live[s] = False
+                    live -= 1
+    dirty_end = 0
+    for g in range(G):
+        if dirty[g]:
+            dirty_end += res[g]
+    return dram_read, dram_write, dirty_end, rnd
+
+
+@_njit
+def _miss(curve_x, curve_y, d):
+    """Miss probability of a reuse at stack distance ``d`` bytes (linear interpolation, 1 beyond the curve)."""
+    n = curve_x.shape[0]
+    if d >= curve_x[n - 1]:
+        return 1.0
+    if d <= curve_x[0]:
+        return curve_y[0]
+    lo, hi = 0, n - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if curve_x[mid] <= d:
+            lo = mid
+        else:
+            hi = mid
+    f = (d - curve_x[lo]) / (curve_x[hi] - curve_x[lo])
+    return curve_y[lo] + f * (curve_y[hi] - curve_y[lo])
+
+
+@_njit
+def _bit_add(tree, i, v):
+    i += 1
+    n = tree.shape[0]
+    while i < n:
+        tree[i] += v
+        i += i & (-i)
+
+
+@_njit
+def _bit_prefix(tree, i):  # sum of [0, i]
+    s = 0
+    i += 1
+    while i > 0:
+        s += tree[i]
+        i -= i & (-i)
+    return s
+
+
+@_njit
+def _simulate_kernel_sd(
+    ptr,
+    acc_atom,
+    acc_shape,
+    acc_write,
+    shapes,
+    atom_bytes,
+    atom_kv,
+    atom_tensor,
+    block_order,
+    head_q,
+    head_kv,
+    n_slots,
+    dedupe,
+    out_read,
+    out_write,
+    curve_x,
+    curve_y,
+    window,
+):
+    """The same execution as :func:`_simulate_kernel`, with L2 hits decided by a measured miss curve: a reuse of
+    an atom after ``d`` distinct bytes (its LRU stack distance) misses with probability ``curve(d)``; a dirty
+    atom is written back with the probability that it was evicted. Expected bytes (floats)."""
+    nb = block_order.shape[0]
+    n_heads = head_q.shape[0]
+    A = atom_bytes.shape[0]
+    n_slot_heads = max(head_q.max(), head_kv.max()) + 1
+    G = n_slot_heads * A
+    dmax = curve_x[curve_x.shape[0] - 1]
+    last_t = np.full(G, -1, np.int64)
+    dirty = np.zeros(G, np.float64)  # expected dirty bytes in L2
+    last_round = np.full(G, -1, np.int64)
+    TW = window
+    tree = np.zeros(TW + 1, np.int64)
+    atom_at = np.full(TW, -1, np.int64)
+    total = 0  # bytes of atoms in the window
+    tau = 0
+    oldest = 0
+    dram_read = 0.0
+    dram_write = 0.0
     total_blocks = nb * n_heads
     slot_pos = np.zeros(n_slots, np.int64)
     slot_end = np.zeros(n_slots, np.int64)
@@ -453,57 +746,63 @@ def _simulate_kernel(ptr, acc_atom, acc_shape, acc_write, shapes, atom_bytes, at
                         last_round[g] = rnd
                         size = atom_bytes[a]
                         t = atom_tensor[a]
-                        r = res[g]
-                        if 0 < r < size:
-                            # partly evicted: it is the LRU tail, and a line-level LRU walking its lines in
-                            # order evicts each remaining line just before reaching it: all of it misses
-                            if dirty[g]:
-                                dram_write += r
-                                out_write[t] += r
-                                dirty[g] = False
-                            used -= r
-                        if r > 0:  # unlink
-                            pv = prev[g]
-                            nx = nxt[g]
-                            if pv >= 0:
-                                nxt[pv] = nx
-                            else:
-                                lru_head = nx
-                            if nx >= 0:
-                                prev[nx] = pv
-                            else:
-                                lru_tail = pv
-                        miss = 0 if r == size else size
-                        if w:
-                            dirty[g] = True
+                        lt = last_t[g]
+                        if lt >= 0:
+                            d = total - _bit_prefix(tree, lt)
+                            m = _miss(curve_x, curve_y, d)
+                            _bit_add(tree, lt, -size)
+                            total -= size
+                            atom_at[lt] = -1
                         else:
-                            dram_read += miss
-                            out_read[t] += miss
-                        used += miss
-                        res[g] = size
-                        prev[g] = -1  # link at the head (most recent)
-                        nxt[g] = lru_head
-                        if lru_head >= 0:
-                            prev[lru_head] = g
-                        lru_head = g
-                        if lru_tail < 0:
-                            lru_tail = g
-                        while used > capacity:  # evict the least recent bytes
-                            v = lru_tail
-                            if v == g:
-                                break  # one atom larger than L2: keep it
-                            take = min(res[v], used - capacity)
-                            res[v] -= take
-                            used -= take
-                            if dirty[v]:
-                                dram_write += take
-                                out_write[atom_tensor[v % A]] += take
-                            if res[v] == 0:
-                                dirty[v] = False
-                                pv = prev[v]
-                                lru_tail = pv
-                                nxt[pv] = -1
-                                prev[v] = -1
+                            m = 1.0
+                        if dirty[g] > 0:
+                            wb = dirty[g] * m
+                            dram_write += wb
+                            out_write[t] += wb
+                            dirty[g] -= wb
+                        if w:
+                            dirty[g] = size
+                        else:
+                            dram_read += size * m
+                            out_read[t] += size * m
+                        if tau == TW:  # renumber the window's timestamps from 0
+                            j = 0
+                            for u in range(oldest, TW):
+                                v = atom_at[u]
+                                if v >= 0:
+                                    atom_at[j] = v
+                                    last_t[v] = j
+                                    j += 1
+                            for u in range(j, TW):
+                                atom_at[u] = -1
+                            tree[:] = 0
+                            for u in range(j):
+                                _bit_add(tree, u, atom_bytes[atom_at[u] % A])
+                            tau = j
+                            oldest = 0
+                        last_t[g] = tau
+                        atom_at[tau] = g
+                        _bit_add(tree, tau, size)
+                        total += size
+                        tau += 1
+                        # atoms more than the curve's reach behind are surely gone: drop them
+                        while oldest < tau:
+                            v = atom_at[oldest]
+                            if v < 0:
+                                oldest += 1
+                                continue
+                            vb = atom_bytes[v % A]
+                            if total - _bit_prefix(tree, oldest) < dmax:
+                                break
+                            if dirty[v] > 0:
+                                dram_write += dirty[v]
+                                out_write[atom_tensor[v % A]] += dirty[v]
+                                dirty[v] = 0.0
+                            _bit_add(tree, oldest, -vb)
+                            total -= vb
+                            last_t[v] = -1
+                            atom_at[oldest] = -1
+                            oldest += 1
                 pos += 1
                 slot_pos[s] = pos
             if pos >= slot_end[s]:
@@ -518,10 +817,14 @@ def _simulate_kernel(ptr, acc_atom, acc_shape, acc_write, shapes, atom_bytes, at
                 else:
                     slot_live[s] = False
                     live -= 1
-    dirty_end = 0
-    for g in range(G):
-        if dirty[g]:
-            dirty_end += res[g]
+    dirty_end = 0.0
+    for u in range(oldest, tau):
+        v = atom_at[u]
+        if v >= 0 and dirty[v] > 0:
+            m = _miss(curve_x, curve_y, total - _bit_prefix(tree, u))
+            dram_write += dirty[v] * m
+            out_write[atom_tensor[v % A]] += dirty[v] * m
+            dirty_end += dirty[v] * (1.0 - m)
     return dram_read, dram_write, dirty_end, rnd
 
 
@@ -580,18 +883,37 @@ class L2Result:
             "dedupe": self.dedupe,
             "launch": self.launch.note,
             "kernels": [
-                {"name": k.name, "grid": k.grid, "resident": k.resident, "hbm_read_bytes": k.dram_read,
-                 "hbm_write_bytes": k.dram_write, "dirty_at_end_bytes": k.dirty_at_end,
-                 "hbm_read_by_tensor": k.read_by_tensor, "hbm_write_by_tensor": k.write_by_tensor}
+                {
+                    "name": k.name,
+                    "grid": k.grid,
+                    "resident": k.resident,
+                    "hbm_read_bytes": k.dram_read,
+                    "hbm_write_bytes": k.dram_write,
+                    "dirty_at_end_bytes": k.dirty_at_end,
+                    "hbm_read_by_tensor": k.read_by_tensor,
+                    "hbm_write_by_tensor": k.write_by_tensor,
+                }
                 for k in self.kernels
             ],
         }
 
 
-def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: str | Profile | None = None, *,
-                capacity: int | None = None, resident: int | list[int] | None = None, dedupe: bool = True,
-                variant: str = "iosim", registers: int | None = None, fast: bool | None = None,
-                traces: list[KernelTrace] | None = None) -> L2Result:
+def simulate_l2(
+    schedule: str,
+    problem: AttentionProblem,
+    tiles: Tiles,
+    profile: str | Profile | None = None,
+    *,
+    capacity: int | None = None,
+    resident: int | list[int] | None = None,
+    dedupe: bool = True,
+    variant: str = "iosim",
+    registers: int | list[int] | None = None,
+    fast: bool | None = None,
+    traces: list[KernelTrace] | None = None,
+    partitions: bool = False,
+    miss_curve: list[tuple[float, float]] | None = None,
+) -> L2Result:
     """DRAM read/write bytes of every kernel of ``schedule`` under the L2 model (see the module docstring).
 
     ``capacity`` overrides the profile's L2 size; ``resident`` the number of program blocks running at once (one
@@ -616,6 +938,8 @@ def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile:
             limits = {"given": r}
         at = _atomize(kt, problem)
         nb = kt.n_blocks
+        costs = (3, 4) if partitions else (2, 2)
+        sms = int(prof.require("sm_count"))
         order = np.arange(nb, dtype=np.int64)
         if klm.block_order == "reverse":
             order = order[::-1].copy()
@@ -624,14 +948,71 @@ def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile:
         wr_t = np.zeros(len(TENSOR_CODES), np.int64)
         if nb == 0:
             rd = wr = dirty = rounds = 0
+        elif miss_curve is not None:
+            cx = np.array([x for x, _ in miss_curve], dtype=np.float64)
+            cy = np.array([y for _, y in miss_curve], dtype=np.float64)
+            rdf, wrf = np.zeros(len(TENSOR_CODES)), np.zeros(len(TENSOR_CODES))
+            rd, wr, dirty, rounds = _simulate_kernel_sd(
+                kt.ptr,
+                at.acc_atom,
+                at.acc_shape,
+                kt.write,
+                at.shapes,
+                at.atom_bytes,
+                at.atom_kv,
+                at.atom_tensor,
+                order,
+                head_q,
+                head_kv,
+                r,
+                dedupe,
+                rdf,
+                wrf,
+                cx,
+                cy,
+                1 << 22,
+            )
+            rd, wr, dirty = round(rd), round(wr), round(dirty)
+            rd_t, wr_t = np.round(rdf).astype(np.int64), np.round(wrf).astype(np.int64)
         else:
             rd, wr, dirty, rounds = _simulate_kernel(
-                kt.ptr, at.acc_atom, at.acc_shape, kt.write, at.shapes, at.atom_bytes, at.atom_kv, at.atom_tensor,
-                order, head_q, head_kv, r, cap, dedupe, rd_t, wr_t)
+                kt.ptr,
+                at.acc_atom,
+                at.acc_shape,
+                kt.write,
+                at.shapes,
+                at.atom_bytes,
+                at.atom_kv,
+                at.atom_tensor,
+                order,
+                head_q,
+                head_kv,
+                r,
+                cap,
+                dedupe,
+                rd_t,
+                wr_t,
+                costs[0],
+                costs[1],
+                sms,
+            )
         gr, gw = _global_bytes(kt, problem, len(head_q))
-        out.append(KernelL2(kt.name, nb * len(head_q), r, limits, int(rd), int(wr), int(dirty),
-                            {TENSOR_NAMES[i]: int(v) for i, v in enumerate(rd_t) if v},
-                            {TENSOR_NAMES[i]: int(v) for i, v in enumerate(wr_t) if v}, gr, gw, int(rounds)))
+        out.append(
+            KernelL2(
+                kt.name,
+                nb * len(head_q),
+                r,
+                limits,
+                int(rd),
+                int(wr),
+                int(dirty),
+                {TENSOR_NAMES[i]: int(v) for i, v in enumerate(rd_t) if v},
+                {TENSOR_NAMES[i]: int(v) for i, v in enumerate(wr_t) if v},
+                gr,
+                gw,
+                int(rounds),
+            )
+        )
     return L2Result(schedule, prof.name, cap, out, lm, dedupe, time.perf_counter() - t0)
 
 
@@ -665,15 +1046,22 @@ def apply_l2(result, *, capacity: int | None = None, dedupe: bool = True):
     """A copy of an :class:`iosim.simulate.Result` whose ``hbm`` bytes (and predicted time) come from the L2 model."""
     from .roofline import predict
 
-    l2 = simulate_l2(result.schedule, result.problem, result.tiles, result.profile, capacity=capacity,
-                     dedupe=dedupe)
+    l2 = simulate_l2(
+        result.schedule, result.problem, result.tiles, result.profile, capacity=capacity, dedupe=dedupe
+    )
     if len(l2.kernels) != len(result.counts.kernels):
-        raise L2ModelError(f"{result.schedule}: the L2 model saw {len(l2.kernels)} kernels, the counts "
-                           f"{len(result.counts.kernels)}")
+        raise L2ModelError(
+            f"{result.schedule}: the L2 model saw {len(l2.kernels)} kernels, the counts "
+            f"{len(result.counts.kernels)}"
+        )
     hbm_read = [k.dram_read for k in l2.kernels]
     hbm_write = [k.dram_write for k in l2.kernels]
-    time = predict(result.counts, [r + w for r, w in zip(hbm_read, hbm_write, strict=True)], result.problem.dtype,
-                   result.profile)
+    time = predict(
+        result.counts,
+        [r + w for r, w in zip(hbm_read, hbm_write, strict=True)],
+        result.problem.dtype,
+        result.profile,
+    )
     new = replace(result, hbm_read=hbm_read, hbm_write=hbm_write, time=time)
     new.l2 = l2  # the model's details (per-tensor misses, residency, dirty bytes left at the end)
     return new
@@ -691,9 +1079,18 @@ def simulate_hbm(schedule: str, problem: AttentionProblem, profile: str | Profil
 # 5. Reference: a plain line-level LRU over the exact trace (for tests; slow, small problems only)
 
 
-def reference_lines(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: str | Profile | None = None,
-                    *, capacity: int, line: int = 128, resident: int | list[int] | None = None,
-                    variant: str = "iosim", traces: list[KernelTrace] | None = None) -> list[tuple[int, int, int]]:
+def reference_lines(
+    schedule: str,
+    problem: AttentionProblem,
+    tiles: Tiles,
+    profile: str | Profile | None = None,
+    *,
+    capacity: int,
+    line: int = 128,
+    resident: int | list[int] | None = None,
+    variant: str = "iosim",
+    traces: list[KernelTrace] | None = None,
+) -> list[tuple[int, int, int]]:
     """(dram_read, dram_write, dirty_at_end) per kernel from an OrderedDict LRU over lines of real addresses.
 
     Addresses follow the GPU layouts: Q, O (B, N, H, d); K, V (B, N_kv, H_kv, d); S, P (B, H, N, N_kv);
@@ -734,7 +1131,7 @@ def reference_lines(schedule: str, problem: AttentionProblem, tiles: Tiles, prof
         nb = kt.n_blocks
         order = list(range(nb))[::-1] if klm.block_order == "reverse" else list(range(nb))
         queue = [(h, order[b]) for h in range(len(head_q)) for b in range(nb)]
-        cache: OrderedDict = OrderedDict()  # line -> dirty
+        cache: OrderedDict = OrderedDict()  # line -> dirty bytes
         lines_cap = capacity // line
         rd = wr = 0
         slots = [None] * min(R, len(queue))
@@ -764,19 +1161,18 @@ def reference_lines(schedule: str, problem: AttentionProblem, tiles: Tiles, prof
                         a0 = addr(t, int(head_q[h]), int(head_kv[h]), r, c0)
                         nbytes = (c1 - c0) * el
                         for ln in range(a0 // line, (a0 + nbytes - 1) // line + 1):
+                            lo, hi = max(a0, ln * line), min(a0 + nbytes, (ln + 1) * line)
                             if ln in cache:
                                 cache.move_to_end(ln)
                                 if w:
-                                    cache[ln] = True
+                                    cache[ln] = min(line, cache[ln] + hi - lo)  # each byte is written once
                             else:
-                                lo, hi = max(a0, ln * line), min(a0 + nbytes, (ln + 1) * line)
                                 if not w:
                                     rd += hi - lo
-                                cache[ln] = w
+                                cache[ln] = hi - lo if w else 0  # dirty bytes of the line
                                 if len(cache) > lines_cap:
                                     _, dt = cache.popitem(last=False)
-                                    if dt:
-                                        wr += line
+                                    wr += dt
                     sl[1] = pos + 1
                     pos += 1
                 if pos >= end:
@@ -786,7 +1182,7 @@ def reference_lines(schedule: str, problem: AttentionProblem, tiles: Tiles, prof
                         nxt_blk += 1
                     else:
                         slots[s] = None
-        dirty_end = sum(line for dt in cache.values() if dt)
+        dirty_end = sum(cache.values())
         out.append((rd, wr, dirty_end))
     return out
 

@@ -1,0 +1,367 @@
+"""Simulation side of the cross-check: measured (docs/validation/raw/measured_*.json) against simulated.
+
+    python benchmarks/validate_compare.py [RAW_DIR] [--device h200]
+
+Writes docs/validation/<device>.csv (the issue's columns), docs/validation/<device>-extra.csv (other metrics, time,
+the L2 model at the physical capacity), docs/validation/<device>-parity.html, and prints the error tables that
+docs/validation.md quotes. Runs on any CPU; the measurements come from benchmarks/validate_sweep.py on the GPU.
+
+What is compared (DESIGN.md section 3):
+
+* ``global`` read/write: the schedule's counts (``iosim.simulate``, closed form) against the bytes the kernel's
+  global load/store instructions move (``smsp__sass_data_bytes_mem_global_op_{ld,ldgsts,st}``). The -extra CSV
+  also has what leaves the SM (``l1tex__m_xbar2l1tex_read_bytes``, after L1 hits) and what reaches the L2 slices
+  (``lts__t_sectors_srcunit_tex_op_read`` x 32, after the L2 request coalescer merges reads of different SMs).
+* ``hbm`` read/write: ``iosim.l2.simulate_l2`` (L2 flushed before each kernel, dirty lines left at the end not
+  written) against ``dram__bytes_{read,write}.sum``.
+* time: the roofline with ``hbm`` from the L2 model against the CUDA-event median.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+from iosim import l2
+from iosim.problem import AttentionProblem
+from iosim.profile import get_profile
+from iosim.roofline import predict
+from iosim.simulate import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = ROOT / "docs/validation/h200-sxm-141gb-measured.yaml"
+PHYSICAL_L2 = 62_914_560
+FIELDS = (
+    "kernel",
+    "device",
+    "profile",
+    "batch",
+    "heads",
+    "kv_heads",
+    "seq_len",
+    "kv_len",
+    "head_dim",
+    "dtype",
+    "causal",
+    "block_q",
+    "block_kv",
+    "boundary",
+    "direction",
+    "simulated_bytes",
+    "measured_bytes",
+)
+
+
+def fa2_tiles(name: str) -> tuple[int, int, int]:
+    """(d, Br, Bc) from FlashAttention-2's kernel name: Flash_fwd_kernel_traits<d, Br, Bc, warps, ...>."""
+    m = re.search(r"Flash_fwd_kernel_traits<(\d+), (\d+), (\d+), (\d+)", name)
+    if not m:
+        raise ValueError(f"no Flash_fwd_kernel_traits in {name[:120]!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def load(raw: Path) -> list[dict]:
+    out = []
+    for part in ("naive", "flash", "big"):
+        f = raw / f"measured_{part}.json"
+        if f.exists():
+            d = json.loads(f.read_text())
+            for e in d["configs"]:
+                e["device"] = d["device"]["name"]
+                out.append(e)
+    return out
+
+
+def probe_curve(raw: Path) -> list[tuple[float, float]]:
+    """The L2 miss curve measured by the read-twice probe: (reuse distance in bytes, miss fraction of the second
+    pass), made monotone."""
+    d = json.loads((raw / "measured_probes.json").read_text())
+    curve = [(0.0, 0.0)]
+    for e in d["configs"]:
+        if e["config"]["kind"] == "l2probe":
+            size = e["config"]["nbytes"]
+            miss = (e["measured"]["dram_read_bytes"] - size) / size
+            curve.append((float(size), min(1.0, max(curve[-1][1], miss))))
+    return curve
+
+
+def simulate_config(
+    e: dict, prof, capacity: int | None = None, partitions: bool = False, miss_curve=None
+) -> dict | None:
+    c = e["config"]
+    kind = c["kind"]
+    if kind not in ("flash2", "naive", "sdpa-flash") or e.get("error") or not e.get("kernels"):
+        return None
+    p = AttentionProblem.make(
+        batch=c["batch"],
+        heads=c["heads"],
+        kv_heads=c["kv_heads"],
+        seq_len=c["seq_len"],
+        kv_len=c["kv_len"],
+        head_dim=c["head_dim"],
+        dtype=c["dtype"],
+        causal=c["causal"],
+    )
+    regs = [k.get("registers_per_thread") for k in e["kernels"]]
+    if kind == "flash2":
+        t = e["launch"]["tiles"]
+        bq, bkv, schedule, variant = t["block_q"], t["block_kv"], "flash2", "iosim"
+    elif kind == "naive":
+        qk = e["launch"]["tiles"]["qk"]
+        bq, bkv, schedule, variant = qk["block_m"], qk["block_n"], "naive", "iosim"
+    else:
+        _, bq, bkv = fa2_tiles(e["kernels"][0]["kernel"])
+        schedule, variant = "flash2", "fa2"
+    r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv)
+    res = l2.simulate_l2(
+        schedule,
+        p,
+        r.tiles,
+        prof,
+        capacity=capacity,
+        variant=variant,
+        registers=regs,
+        partitions=partitions,
+        miss_curve=miss_curve,
+    )
+    hbm = [k.dram_read + k.dram_write for k in res.kernels]
+    time = predict(r.counts, hbm, p.dtype, prof)
+    return {
+        "problem": p,
+        "block_q": bq,
+        "block_kv": bkv,
+        "global_read": r.counts.global_read_bytes,
+        "global_write": r.counts.global_write_bytes,
+        "hbm_read": res.read_bytes,
+        "hbm_write": res.write_bytes,
+        "dirty_at_end": sum(k.dirty_at_end for k in res.kernels),
+        "time_s": time.predicted_s,
+        "resident": [k.resident for k in res.kernels],
+        "l2_seconds": res.seconds,
+    }
+
+
+def measured(e: dict) -> dict:
+    m = e["measured"]
+    return {
+        "global_read": (m.get("sass_global_ld_bytes") or 0) + (m.get("sass_global_ldgsts_bytes") or 0),
+        "global_write": m.get("sass_global_st_bytes"),
+        "hbm_read": m["dram_read_bytes"],
+        "hbm_write": m["dram_write_bytes"],
+        "xbar_read": m.get("xbar_read_bytes"),
+        "lts_read": m.get("l2_read_bytes"),
+        "time_s": (e.get("time_ms") or 0) / 1e3,
+    }
+
+
+def err(sim, meas):
+    if meas in (None, 0):
+        return None
+    return (sim - meas) / meas
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    raw = Path(args[0]) if args else ROOT / "docs/validation/raw"
+    dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "h200"
+    prof = get_profile(PROFILE)
+    curve = probe_curve(raw)
+    rows, extra = [], []
+    for e in load(raw):
+        s = simulate_config(e, prof)
+        if s is None:
+            continue
+        s60 = simulate_config(e, prof, capacity=PHYSICAL_L2)
+        s2p = simulate_config(e, prof, capacity=PHYSICAL_L2, partitions=True)
+        scv = simulate_config(e, prof, miss_curve=curve)
+        m = measured(e)
+        c = e["config"]
+        base = {
+            "kernel": c["kind"],
+            "device": e["device"],
+            "profile": prof.name,
+            "batch": c["batch"],
+            "heads": c["heads"],
+            "kv_heads": c["kv_heads"],
+            "seq_len": c["seq_len"],
+            "kv_len": c["kv_len"],
+            "head_dim": c["head_dim"],
+            "dtype": c["dtype"],
+            "causal": c["causal"],
+            "block_q": s["block_q"],
+            "block_kv": s["block_kv"],
+        }
+        for b, d, key in (
+            ("global", "read", "global_read"),
+            ("global", "write", "global_write"),
+            ("hbm", "read", "hbm_read"),
+            ("hbm", "write", "hbm_write"),
+        ):
+            rows.append(
+                {**base, "boundary": b, "direction": d, "simulated_bytes": s[key], "measured_bytes": m[key]}
+            )
+        extra.append(
+            {
+                **base,
+                "xbar_read_bytes": m["xbar_read"],
+                "lts_read_bytes": m["lts_read"],
+                "hbm_read_l2_60MiB": s60["hbm_read"],
+                "hbm_write_l2_60MiB": s60["hbm_write"],
+                "hbm_read_partitions": s2p["hbm_read"],
+                "hbm_write_partitions": s2p["hbm_write"],
+                "hbm_read_miss_curve": scv["hbm_read"],
+                "hbm_write_miss_curve": scv["hbm_write"],
+                "dirty_at_end_bytes": s["dirty_at_end"],
+                "resident": ";".join(map(str, s["resident"])),
+                "predicted_s": s["time_s"],
+                "measured_s": m["time_s"],
+                "l2_model_s": round(s["l2_seconds"], 3),
+            }
+        )
+    out = ROOT / "docs/validation"
+    with open(out / f"{dev}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    with open(out / f"{dev}-extra.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(extra[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(extra)
+    report(rows, extra)
+    parity(rows, out / f"{dev}-parity.html")
+
+
+def _label(r):
+    gqa = f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else ""
+    return (
+        f"{r['kernel']} N={r['seq_len']} H={r['heads']}{gqa} d={r['head_dim']} {r['dtype']}"
+        f"{' causal' if r['causal'] in (True, 'True') else ''} {r['block_q']}x{r['block_kv']}"
+        + (f" B={r['batch']}" if r["batch"] != 1 else "")
+    )
+
+
+def report(rows, extra) -> None:
+    bounds = {
+        ("global", "read"): 0.05,
+        ("hbm", "read"): 0.05,
+        ("hbm", "write"): 0.10,
+        ("global", "write"): 0.05,
+    }
+    print(
+        "\n| config | global read | global write | hbm read | hbm write | hbm read sim / meas (MB) | "
+        "hbm write sim / meas (MB) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    by = {}
+    for r in rows:
+        by.setdefault(_label(r), {})[(r["boundary"], r["direction"])] = r
+    outliers = []
+    for lab, d in by.items():
+        cells = []
+        for key in (("global", "read"), ("global", "write"), ("hbm", "read"), ("hbm", "write")):
+            r = d[key]
+            x = err(r["simulated_bytes"], r["measured_bytes"])
+            bad = x is None or abs(x) > bounds[key]
+            if bad:
+                outliers.append((lab, key, r["simulated_bytes"], r["measured_bytes"], x))
+            cells.append("n/a" if x is None else f"{'**' if bad else ''}{x:+.1%}{'**' if bad else ''}")
+        hr, hw = d[("hbm", "read")], d[("hbm", "write")]
+        cells.append(f"{hr['simulated_bytes'] / 1e6:.1f} / {hr['measured_bytes'] / 1e6:.1f}")
+        cells.append(f"{hw['simulated_bytes'] / 1e6:.1f} / {hw['measured_bytes'] / 1e6:.1f}")
+        print(f"| {lab} | " + " | ".join(cells) + " |")
+    print(f"\noutliers: {len(outliers)}")
+    for o in outliers:
+        print("  ", o[0], o[1], o[2], o[3], "n/a" if o[4] is None else f"{o[4]:+.1%}")
+    print(
+        "\n| config | hbm read err, LRU at 60 MiB | hbm read / write err, two-partition variant | "
+        "hbm read / write err, measured miss curve | SM->L2 (xbar) read err | L2-slice (lts) read err | "
+        "predicted ms | measured ms | time err |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for x in extra:
+        lab = _label(x)
+        d = by[lab]
+        hr = d[("hbm", "read")]["measured_bytes"]
+        g = d[("global", "read")]["simulated_bytes"]
+        e60 = err(x["hbm_read_l2_60MiB"], hr)
+        hw = d[("hbm", "write")]["measured_bytes"]
+        ep = f"{err(x['hbm_read_partitions'], hr):+.1%} / " + (
+            "n/a" if not hw else f"{err(x['hbm_write_partitions'], hw):+.1%}"
+        )
+        ex = err(g, x["xbar_read_bytes"])
+        el = err(g, x["lts_read_bytes"])
+        et = err(x["predicted_s"], x["measured_s"])
+        def f(v):
+            return "n/a" if v is None else f"{v:+.1%}"
+        ec = f"{err(x['hbm_read_miss_curve'], hr):+.1%} / " + (
+            "n/a" if not hw else f"{err(x['hbm_write_miss_curve'], hw):+.1%}"
+        )
+        print(
+            f"| {lab} | {f(e60)} | {ep} | {ec} | {f(ex)} | {f(el)} | {x['predicted_s'] * 1e3:.3f} | {x['measured_s'] * 1e3:.3f} "
+            f"| {f(et)} |"
+        )
+
+
+def parity(rows, path: Path) -> None:
+    try:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+    except ImportError:
+        print("plotly not installed: no parity plot")
+        return
+    panels = [("global", "read"), ("hbm", "read"), ("hbm", "write"), ("global", "write")]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[f"{b} {d} (bytes)" for b, d in panels])
+    colors = {"flash2": "#1f77b4", "naive": "#d62728", "sdpa-flash": "#2ca02c"}
+    for i, (b, d) in enumerate(panels):
+        rr, cc = i // 2 + 1, i % 2 + 1
+        sel = [r for r in rows if r["boundary"] == b and r["direction"] == d and r["measured_bytes"]]
+        lo = max(1.0, min(min(r["measured_bytes"], max(r["simulated_bytes"], 1)) for r in sel) / 2)
+        hi = max(max(r["measured_bytes"], r["simulated_bytes"]) for r in sel) * 2
+        fig.add_trace(
+            go.Scatter(
+                x=[lo, hi],
+                y=[lo, hi],
+                mode="lines",
+                line={"color": "gray", "dash": "dot"},
+                showlegend=False,
+                hoverinfo="skip",
+            ),
+            row=rr,
+            col=cc,
+        )
+        for kind, col in colors.items():
+            pts = [r for r in sel if r["kernel"] == kind]
+            if not pts:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[r["measured_bytes"] for r in pts],
+                    y=[max(r["simulated_bytes"], lo) for r in pts],
+                    mode="markers",
+                    name=kind,
+                    legendgroup=kind,
+                    showlegend=i == 0,
+                    marker={"color": col, "size": 8},
+                    text=[_label(r) for r in pts],
+                    hovertemplate="%{text}<br>measured %{x:.4s}B<br>simulated %{y:.4s}B<extra></extra>",
+                ),
+                row=rr,
+                col=cc,
+            )
+        fig.update_xaxes(type="log", title_text="measured (Nsight Compute)", row=rr, col=cc)
+        fig.update_yaxes(type="log", title_text="simulated (iosim)", row=rr, col=cc)
+    fig.update_layout(
+        title="iosim vs Nsight Compute on an NVIDIA H200 (sdpa-flash = blind check, torch's FA2)",
+        height=900,
+        width=1100,
+        template="plotly_white",
+    )
+    fig.write_html(path, include_plotlyjs="cdn")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""iosim.measure without a GPU: parsing ncu's CSV (a sample recorded on the H200), grouping launches by marker
+kernels, summing, CSV output, and the clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from iosim import measure as M
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return M.parse_ncu_csv((DATA / "ncu_h200_smoke.csv").read_text())
+
+
+def test_parse_sample_launches(sample):
+    names = [k["kernel"] for k in sample]
+    assert len(sample) == 16  # 7 markers + copy + l2probe x2 + flash2 + naive x3 + sdpa flash + cuDNN
+    assert sum("iosim_marker" in n for n in names) == 7
+    assert any("iosim::flash_fwd_kernel<128, 128, 32, __half, 0>" in n for n in names)
+    assert any("Flash_fwd_kernel_traits<128, 128, 64, 4" in n for n in names)
+    for k in sample:  # numbers without thousands separators, in base units
+        for v in k["metrics"].values():
+            assert v is None or isinstance(v, (int, float, str))
+    copy = next(k for k in sample if "iosim_copy" in k["kernel"])
+    s = M.summarize(copy)
+    # the metric choice, proven on a copy of 64 MiB: SM->L2 sectors x 32 = the bytes the kernel reads and writes
+    assert s["l2_read_bytes"] == s["l2_write_bytes"] == 64 << 20
+    assert s["lts_t_bytes"] > 2 * (64 << 20)  # lts__t_bytes counts fills and write-backs too
+    assert s["dram_read_bytes"] >= 64 << 20
+    assert copy["grid"] == "(1056, 1, 1)"
+
+
+def test_group_by_marker_and_sum(sample):
+    g = M.group_by_marker(sample)
+    assert sorted(g) == list(range(7))
+    assert [len(g[i]) for i in range(7)] == [1, 1, 1, 1, 3, 1, 1]
+    naive = M.sum_launches(g[4])
+    parts = [M.summarize(k) for k in g[4]]
+    assert naive["dram_read_bytes"] == sum(p["dram_read_bytes"] for p in parts)
+    assert naive["duration_ns"] == sum(p["duration_ns"] for p in parts)
+
+
+def test_summary_matches_the_recorded_run(sample):
+    """The committed JSON of the same run was produced by the same parser on the device."""
+    rec = json.loads((DATA / "measured_h200_smoke.json").read_text())
+    g = M.group_by_marker(sample)
+    for i, e in enumerate(rec["configs"]):
+        assert M.sum_launches(g[i])["dram_read_bytes"] == e["measured"]["dram_read_bytes"]
+
+
+def test_counter_permission_error():
+    text = "==PROF== Connected\n==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters"
+    with pytest.raises(M.MeasureError, match="ERR_NVGPUCTRPERM"):
+        M.parse_ncu_csv(text)
+
+
+def test_ncu_error_lines_are_reported():
+    with pytest.raises(M.MeasureError, match="Failed to find metric"):
+        M.parse_ncu_csv("==ERROR== Failed to find metric foo__bar.sum\n")
+    assert M.parse_ncu_csv("==PROF== nothing profiled\n") == []
+
+
+def test_missing_ncu_is_a_clear_error(tmp_path):
+    with pytest.raises(M.MeasureError, match="ncu"):
+        M.find_ncu(str(tmp_path / "no-such-ncu"))
+
+
+def test_bad_config_fields():
+    with pytest.raises(M.MeasureError, match="kind='flash3'"):
+        M.Config("flash3")
+    with pytest.raises(M.MeasureError, match="dtype='fp32'"):
+        M.Config("flash2", dtype="fp32")
+    c = M.Config("flash2", seq_len=512, heads=8)
+    assert c.kv_heads == 8 and c.kv_len == 512
+
+
+def test_no_gpu_is_a_clear_error(monkeypatch):
+    from iosim.gpu import _cupy
+
+    def boom():
+        raise _cupy.GPUUnavailableError("iosim.gpu needs CuPy and an NVIDIA GPU")
+
+    monkeypatch.setattr(_cupy, "require_cupy", boom)
+    with pytest.raises(M.MeasureError, match="GPU"):
+        M.measure([M.Config("flash2")])
+
+
+def test_csv_output(sample):
+    rec = json.loads((DATA / "measured_h200_smoke.json").read_text())
+    run = M.Run(rec["device"], rec["metrics"], rec["ncu_command"], rec["configs"])
+    text = M.to_csv(run)
+    lines = text.strip().splitlines()
+    assert lines[0].startswith("kind,batch,heads")
+    assert len(lines) == 1 + len(rec["configs"])
+    assert "flash_fwd_kernel" in text
+
+
+def test_choose_metrics_filters_optional():
+    mets = M.choose_metrics({"lts__t_sectors_srcunit_tex_op_write"})
+    assert "lts__t_sectors_srcunit_tex_op_write.sum" in mets
+    assert "l1tex__m_xbar2l1tex_read_bytes.sum" not in mets
+    assert all(m in mets for m in M.CORE_METRICS)
