@@ -329,8 +329,9 @@ def table_references(run: ScenarioRun) -> str:
     rows = []
     for r in run.scenario.references:
         v = _b(r.value) if r.unit == "bytes" else f"{fmt_seconds(r.value)}"
-        rows.append(f"<tr><td>{html.escape(r.label)}</td><td class=num>{v}</td><td>{r.tag}: "
-                    f"{plots._TAGS.get(r.tag, '')}</td><td class=src>{html.escape(r.source)}</td></tr>")
+        tag = "measured" if r.tag == "measured" else f"{r.tag}: {plots._TAGS.get(r.tag, '')}"
+        rows.append(f"<tr><td>{html.escape(r.label)}</td><td class=num>{v}</td><td>{tag}</td>"
+                    f"<td class=src>{html.escape(r.source)}</td></tr>")
     return f"<table><tr><th>number</th><th>value</th><th>provenance</th><th>source</th></tr>{''.join(rows)}</table>"
 
 
@@ -388,7 +389,7 @@ th{background:#f5f5f5;text-align:left} td.num{text-align:right;font-variant-nume
 tr.total td{background:#fbfbf3} .ok{color:#1a7f37;font-weight:600} .bad{color:#c62828;font-weight:600}
 .warn{color:#b26a00} .src{color:#555;font-size:.92em;max-width:380px}
 figure{margin:1em 0 2em} figcaption{color:#555;font-size:.9em;margin-top:.3em}
-nav ol{columns:2;font-size:.95em} .note{background:#fff8e1;border-left:4px solid #f0c36d;padding:6px 12px}
+nav ol{columns:2;column-gap:3em;font-size:.95em} nav li{break-inside:avoid;margin-bottom:.2em} .note{background:#fff8e1;border-left:4px solid #f0c36d;padding:6px 12px}
 """
 
 
