@@ -153,3 +153,14 @@ def test_parity_table_and_figure_read_measurement_files_from_the_working_folder(
     assert "<td class=num><b>1.000</b></td><td class=num>0.900</td><td class=num>1.100</td>" in page
     assert "Read m/a.csv." in page and "m/other.csv (no columns kernel" in page
     assert page.count('class="plotly-graph-div"') == 1
+
+
+def test_check_flag_exits_1_when_a_published_number_does_not_match(tmp_path, capsys):
+    p = tmp_path / "c.yaml"
+    p.write_text("schema_version: 1\nname: c\ntitle: c\nschedules: [naive]\nproblems: [{seq_len: 4096}]\n"
+                 "claims:\n  - {label: wrong, quantity: global_bytes, digits: 4, expect: '139.0 MB'}\n"
+                 "  - {label: right, quantity: global_bytes, digits: 4, expect: '138.4 MB'}\n")
+    code, _, err = _cli(["report", str(p), "-o", str(tmp_path / "c.html"), "-q"], capsys)
+    assert code == 0 and "claim 'wrong': simulated 138.4 MB, published 139.0 MB" in err
+    code, _, err = _cli(["run", str(p), "-o", str(tmp_path / "o"), "--check"], capsys)
+    assert code == 1 and "'right'" not in err

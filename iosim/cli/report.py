@@ -63,7 +63,8 @@ def _run_all(scenarios, quiet: bool):
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="folder for the results (one sub-folder per scenario)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar and no summary")
-def run_cmd(scenarios, out_dir, quiet):
+@click.option("--check", is_flag=True, help="exit with code 1 if a published number (claim) does not match")
+def run_cmd(scenarios, out_dir, quiet, check):
     """Simulate SCENARIOS (files, or names of built-in scenarios) and write tidy CSV + JSON results and the
     figures (HTML, with each figure's data as CSV beside it) under OUT/<scenario>/."""
     from ..report import write_run
@@ -77,13 +78,22 @@ def run_cmd(scenarios, out_dir, quiet):
             raise click.ClickException(str(exc)) from None
         if not quiet:
             checks = check_claims(run, run.scenario.claims)
-            bad = [c for c in checks if not c.ok]
-            claims = f", claims {len(checks) - len(bad)}/{len(checks)} match" if checks else ""
+            claims = f", claims {sum(c.ok for c in checks)}/{len(checks)} match" if checks else ""
             click.echo(f"{run.scenario.name}: {len(run.records)} cases, {len(paths)} files in "
                        f"{out_dir / run.scenario.name}{claims}")
-            for c in bad:
-                click.echo(f"  claim {c.claim.label!r}: simulated {c.shown}, published {c.claim.expect}"
-                           f"{' (' + c.error + ')' if c.error else ''}", err=True)
+    _claims_verdict(runs, check)
+
+
+def _claims_verdict(runs, check: bool) -> None:
+    """Every claim that does not match goes to stderr; with --check, they make the exit code 1."""
+    from ..scenario import check_claims
+
+    bad = [(run, c) for run in runs for c in check_claims(run, run.scenario.claims) if not c.ok]
+    for run, c in bad:
+        click.echo(f"iosim: {run.scenario.name}: claim {c.claim.label!r}: simulated {c.shown}, published "
+                   f"{c.claim.expect}{' (' + c.error + ')' if c.error else ''}", err=True)
+    if check and bad:
+        sys.exit(1)
 
 
 @click.command("plot")
@@ -109,7 +119,8 @@ def plot_cmd(results_dir, quiet):
               default=Path("report.html"), show_default=True, help="the HTML file to write")
 @click.option("--title", default="iosim report: attention I/O, simulated", show_default=True)
 @click.option("-q", "--quiet", is_flag=True)
-def report_cmd(scenarios, out_file, title, quiet):
+@click.option("--check", is_flag=True, help="exit with code 1 if a published number (claim) does not match")
+def report_cmd(scenarios, out_file, title, quiet, check):
     """Write ONE self-contained HTML report (plotly embedded, opens offline) for SCENARIOS, or for the
     built-in scenarios when none is named."""
     from ..report import render_report
@@ -126,6 +137,7 @@ def report_cmd(scenarios, out_file, title, quiet):
         n = page.count('class="plotly-graph-div"')
         click.echo(f"wrote {out_file} ({len(page) / 1e6:.1f} MB, {len(runs)} scenarios, {n} figures) in "
                    f"{time.perf_counter() - t0:.1f} s")
+    _claims_verdict(runs, check)
 
 
 COMMANDS = [run_cmd, plot_cmd, report_cmd]
