@@ -106,3 +106,19 @@ def test_choose_metrics_filters_optional():
     assert "lts__t_sectors_srcunit_tex_op_write.sum" in mets
     assert "l1tex__m_xbar2l1tex_read_bytes.sum" not in mets
     assert all(m in mets for m in M.CORE_METRICS)
+
+
+def test_cli_without_gpu_is_one_line(monkeypatch):
+    from click.testing import CliRunner
+
+    from iosim.cli.measure import measure_cmd
+    from iosim.gpu import _cupy
+
+    def boom():
+        raise _cupy.GPUUnavailableError("iosim.gpu needs CuPy and an NVIDIA GPU")
+
+    monkeypatch.setattr(_cupy, "require_cupy", boom)
+    res = CliRunner().invoke(measure_cmd, ["--kind", "flash2", "--seq-len", "1024"])
+    assert res.exit_code == 1  # click's exit code for ClickException when run standalone
+    assert "needs CuPy and an NVIDIA GPU" in res.output
+    assert "Traceback" not in res.output

@@ -73,8 +73,59 @@ def measure_cmd(
 
     Runs under `ncu --clock-control none` with L2 flushed before each kernel (ncu's default); time for throughput
     is the median of CUDA-event timings outside the profiler. Decimal units (1 MB = 10^6 B)."""
-    from ..measure import Config, measure, to_csv
+    from ..measure import Config, MeasureError, measure, to_csv
 
+    try:
+        _run(
+            Config,
+            measure,
+            to_csv,
+            kinds,
+            batch,
+            heads,
+            kv_heads,
+            seq_len,
+            kv_len,
+            head_dim,
+            dtype,
+            causal,
+            block_q,
+            block_kv,
+            copy_bytes,
+            sweep_file,
+            ncu,
+            no_timing,
+            json_out,
+            csv_out,
+            ncu_csv,
+        )
+    except MeasureError as exc:  # no GPU, no ncu, counters not permitted: one line, exit 2
+        raise click.ClickException(str(exc)) from None
+
+
+def _run(
+    Config,
+    measure,
+    to_csv,
+    kinds,
+    batch,
+    heads,
+    kv_heads,
+    seq_len,
+    kv_len,
+    head_dim,
+    dtype,
+    causal,
+    block_q,
+    block_kv,
+    copy_bytes,
+    sweep_file,
+    ncu,
+    no_timing,
+    json_out,
+    csv_out,
+    ncu_csv,
+):
     if sweep_file:
         configs = [Config(**c) for c in json.loads(Path(sweep_file).read_text())]
     else:
