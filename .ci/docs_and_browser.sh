@@ -24,4 +24,6 @@ echo "== mkdocs build --strict"
 python3 -m mkdocs build --strict --site-dir "${IOSIM_SITE_DIR:-/tmp/iosim-site}"
 
 echo "== pytest -m browser"
+# the screenshots are copied here (pytest's own tmp dirs are rotated away after three runs)
+export IOSIM_SCREENSHOT_DIR="${IOSIM_SCREENSHOT_DIR:-/tmp/iosim-screenshots}"
 python3 -m pytest -m browser tests/test_report_browser.py -q -rs -s

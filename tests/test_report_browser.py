@@ -97,6 +97,10 @@ def _screenshot(tmp_path: Path, report: Path, name: str) -> Path:
               report.as_uri())
     assert shot.is_file() and shot.stat().st_size > 10_000, "chromium wrote no screenshot"
     print(f"\nscreenshot: {shot}")
+    keep = os.environ.get("IOSIM_SCREENSHOT_DIR")  # pytest keeps only its last 3 tmp dirs; CI can keep a copy
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        print(f"screenshot kept: {shutil.copy(shot, Path(keep) / name)}")
     return shot
 
 
