@@ -35,7 +35,22 @@ def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         out = rounded.astype(np.uint32).view(F32)
         return np.where(np.isnan(x), x, out)
-    raise ValueError(f"dtype={dtype!r}: expected fp32, fp16 or bf16")
+    if dtype == "fp8":
+        return _round_e4m3(x)
+    raise ValueError(f"dtype={dtype!r}: expected fp32, fp16, bf16 or fp8")
+
+
+E4M3_MAX = 448.0  # largest finite fp8 e4m3 value (1.75 · 2^8); e4m3 has no infinities
+
+
+def _round_e4m3(x: np.ndarray) -> np.ndarray:
+    """Round to fp8 e4m3 (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; subnormals down to 2^-9):
+    round to nearest, ties to even, saturating at ±448 as ``cvt.rn.satfinite.e4m3x2.f32`` does. NaN stays NaN."""
+    a = np.abs(x).astype(np.float64)
+    _, e = np.frexp(np.where(a > 0, a, 1.0))  # a = m · 2^e, m in [0.5, 1): the leading bit is 2^(e-1)
+    quantum = np.exp2(np.maximum(e - 1, -6) - 3)  # 3 mantissa bits below the leading one; 2^-9 for subnormals
+    r = np.minimum(np.rint(a / quantum) * quantum, E4M3_MAX)  # np.rint rounds ties to even
+    return np.where(np.isnan(x), x, np.copysign(r, x)).astype(F32)
 
 
 class NumericMachine(Machine):

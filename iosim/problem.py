@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-DType = Literal["fp32", "fp16", "bf16"]
+DType = Literal["fp32", "fp16", "bf16", "fp8"]  # fp8 = e4m3 (FlashAttention-3's fp8 forward)
 ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 STAT_BYTES = 4  # m, l, logsumexp are fp32 in every schedule
 

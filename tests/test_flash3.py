@@ -88,3 +88,36 @@ def test_predicted_fa3_throughput_beside_figure_5_errors_per_point():
         assert all(b >= a for a, b in itertools.pairwise(pred))  # throughput grows with N, as published
     assert worst[256, False] < 0.20 and worst[128, False] < 0.20
     assert max(worst.values()) < 0.50
+
+
+# -- fp8 (e4m3) -------------------------------------------------------------------------------------------
+
+
+def test_e4m3_rounding_is_round_to_nearest_even_with_subnormals_and_saturation():
+    from iosim.numeric import round_to_dtype
+
+    x = np.array([1.0625, 1.1875, 232.0, 0.3, 2.0**-10, 1.5 * 2.0**-10, 449.0, -1000.0, np.nan], np.float32)
+    got = round_to_dtype(x, "fp8")
+    # 3 mantissa bits: 1.0625 ties to 1.0 (even), 1.1875 to 1.25; 232 ties to 224 (quantum 16 in [128, 256))
+    assert list(got[:4]) == [1.0, 1.25, 224.0, 0.3125]
+    assert got[4] == 0.0 and got[5] == 2.0**-9  # subnormal quantum 2^-9; a tie at 2^-10 goes to 0 (even)
+    assert got[6] == 448.0 and got[7] == -448.0 and np.isnan(got[8])  # satfinite: no infinities in e4m3
+
+
+def test_fp8_flash3_moves_one_byte_elements_at_twice_the_tensor_rate_and_stays_exact_within_e4m3():
+    p16 = AttentionProblem(batch=4, seq_len=4096, heads=16, head_dim=128)
+    p8 = p16.model_copy(update={"dtype": "fp8"})
+    t = Tiles(128, 224)
+    c16, c8 = closed("flash3", p16, t), closed("flash3", p8, t)
+    assert c8.global_read["K"] * 2 == c16.global_read["K"] and c8.global_write["lse"] == c16.global_write["lse"]
+    r16, r8 = (simulate("flash3", p, H100, block_q=128, block_kv=112) for p in (p16, p8))  # 224 needs fp8's smem
+    assert r8.time.kernels[0].resources["tensor"] * 2 == pytest.approx(r16.time.kernels[0].resources["tensor"], rel=1e-3)
+    assert simulate("flash3", p8, H100).tiles == Tiles(128, 224)  # FA3's fp8 tiles for d <= 128
+    from iosim.numeric import execute, reference
+
+    p = AttentionProblem(batch=1, heads=2, seq_len=40, kv_len=33, head_dim=16, dtype="fp8", causal=True)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, n, 2, 16)) for n in (40, 33, 33))
+    O, _ = execute("flash3", p, q, k, v, Tiles(8, 8))
+    ref = reference(p, q, k, v)
+    assert np.linalg.norm(O - ref) / np.linalg.norm(ref) <= 4 * 2**-4  # e4m3: u = 2^-4

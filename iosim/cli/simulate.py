@@ -21,7 +21,8 @@ def problem_options(f):
         click.option("--seq-len", type=int, required=True, help="query length N"),
         click.option("--kv-len", type=int, default=None, help="key/value length; default = seq-len"),
         click.option("--head-dim", type=int, default=128, show_default=True, help="head dimension d"),
-        click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True),
+        click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32", "fp8"]), default="fp16", show_default=True,
+                     help="element type of Q, K, V, O (fp8 = e4m3)"),
         click.option("--causal", is_flag=True, help="causal mask, aligned bottom-right when kv-len != seq-len"),
         click.option("--scale", type=float, default=None, help="softmax scale; default 1/sqrt(head-dim)"),
     ]

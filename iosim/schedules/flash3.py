@@ -13,6 +13,10 @@ it changes is the time, modeled in :mod:`iosim.hopper` (memory, tensor cores and
 than summed), and the tiles: FA3's own (hopper/tile_size.h), with K/V double-buffered in shared memory and
 O, S, P, statistics in registers. The counted tile program holds one K/V stage (``sram_peak``); the
 allocation checked against the profile (``working_set``) holds both stages.
+
+fp8 (e4m3, ``dtype="fp8"``): 1-byte Q, K, V, twice the tensor-core rate (the profile's ``compute.tensor.fp8``),
+FA3's fp8 tiles. Deviations from FA3's fp8 kernel, not modeled: O is stored in the problem dtype (FA3 writes
+bf16), and the in-kernel transpose of V and the block quantization scales cost nothing here.
 """
 
 from __future__ import annotations
@@ -32,13 +36,15 @@ STAGES = 2  # K/V pipeline depth (hopper/flash_fwd_launch_template.h: kStages = 
 # from hopper/tile_size.h). The smallest head dim >= d is used.
 FA3_TILES = {64: ((192, 192), (192, 128)), 96: ((192, 144), (192, 144)), 128: ((128, 176), (128, 128)),
              192: ((128, 112), (128, 112)), 256: ((128, 80), (128, 80))}
+FA3_TILES_FP8 = {128: ((128, 224), (128, 224))}  # fp8 e4m3, d <= 128 (same source); larger d: the table above
 
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
     """FA3's tiles for the head dim; where they do not fit, halve Bc, then Br, until they do."""
     from ..simulate import fits
 
-    Br, Bc = next((FA3_TILES[k][p.causal] for k in sorted(FA3_TILES) if p.head_dim <= k), (64, 32))
+    table = FA3_TILES_FP8 if p.dtype == "fp8" and p.head_dim <= max(FA3_TILES_FP8) else FA3_TILES
+    Br, Bc = next((table[k][p.causal] for k in sorted(table) if p.head_dim <= k), (64, 32))
     while not fits(NAME, p, Tiles(Br, Bc), profile) and (Bc > 16 or Br > 16):
         if Bc > 16 and Bc >= Br // 2:
             Bc //= 2
