@@ -295,8 +295,10 @@ def report(rows, extra) -> None:
         ex = err(g, x["xbar_read_bytes"])
         el = err(g, x["lts_read_bytes"])
         et = err(x["predicted_s"], x["measured_s"])
+
         def f(v):
             return "n/a" if v is None else f"{v:+.1%}"
+
         ec = f"{err(x['hbm_read_miss_curve'], hr):+.1%} / " + (
             "n/a" if not hw else f"{err(x['hbm_write_miss_curve'], hw):+.1%}"
         )

@@ -22,7 +22,9 @@ for tiles in (Tiles(128, 32), Tiles(128, 64)):
     t1 = time.perf_counter()
     r = l2.simulate_l2("flash2", p, tiles, "h200-sxm-141gb")
     k = r.kernels[0]
-    print(f"flash2 N=131072 H=32 d=128 tiles {tiles.block_q}x{tiles.block_kv}: {time.perf_counter() - t1:.2f} s "
-          f"(hbm read {k.dram_read / 1e9:.2f} GB, write {k.dram_write / 1e9:.2f} GB, global read "
-          f"{k.global_read / 1e9:.0f} GB, {k.resident} blocks resident, {k.rounds} rounds)")
+    print(
+        f"flash2 N=131072 H=32 d=128 tiles {tiles.block_q}x{tiles.block_kv}: {time.perf_counter() - t1:.2f} s "
+        f"(hbm read {k.dram_read / 1e9:.2f} GB, write {k.dram_write / 1e9:.2f} GB, global read "
+        f"{k.global_read / 1e9:.0f} GB, {k.resident} blocks resident, {k.rounds} rounds)"
+    )
 print(f"import {t_import:.2f} s, total {time.perf_counter() - t0:.2f} s")

@@ -1122,10 +1122,15 @@ def apply_l2(
 
 
 def simulate_hbm(schedule: str, problem: AttentionProblem, profile: str | Profile | None = None, **kw):
-    """``iosim.simulate.simulate`` followed by :func:`apply_l2`."""
+    """``iosim.simulate.simulate`` followed by :func:`apply_l2` (keywords ``capacity``, ``dedupe``, ``miss_curve``,
+    ``strict`` go to the L2 model, the rest to ``simulate``)."""
+    import inspect
+
     from .simulate import simulate
 
-    l2kw = {k: kw.pop(k) for k in ("capacity", "dedupe") if k in kw}
+    l2kw = {k: kw.pop(k) for k in ("capacity", "dedupe", "miss_curve", "strict") if k in kw}
+    if "l2" in inspect.signature(simulate).parameters:
+        kw.setdefault("l2", False)  # applied once, below, with the keywords given here
     return apply_l2(simulate(schedule, problem, profile, **kw), **l2kw)
 
 
