@@ -368,24 +368,27 @@ def execute_backward(schedule: str, problem: AttentionProblem, q, k, v, do, tile
     return dq, dk, dv
 
 
-def reference_backward(problem: AttentionProblem, q, k, v, do) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def reference_backward(problem: AttentionProblem, q, k, v, do, block_mask=None, block_q: int | None = None,
+                       block_kv: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dQ, dK, dV of O = softmax(tau·Q Kᵀ) V in float64, from the dtype-rounded inputs, derived by hand:
 
         P = softmax(S), S = tau Q Kᵀ      dV = Pᵀ dO        dP = dO Vᵀ
         dS = P ∘ (dP - rowsum(P ∘ dP))    dQ = tau dS K     dK = tau dSᵀ Q
 
     (rowsum(P ∘ dP) = rowsum(dO ∘ O)); with grouped-query heads dK, dV are summed over each group.
-    Rows that see no key have P = 0 and contribute nothing.
+    Rows that see no key have P = 0 and contribute nothing. With ``block_mask`` (Tr × Tc, blocks of
+    block_q × block_kv) only the keys of non-zero blocks count (block-sparse attention).
     """
     p = problem
     q, k, v, do = (round_to_dtype(a, p.dtype).astype(np.float64) for a in (q, k, v, do))
     kr = np.repeat(k, p.group, axis=2)  # (B, Nk, H, d)
     vr = np.repeat(v, p.group, axis=2)
     S = np.einsum("bnhd,bmhd->bhnm", q, kr) * p.scale
+    r, c = np.arange(p.seq_len)[:, None], np.arange(p.kv_len)[None, :]
     if p.causal:
-        r = np.arange(p.seq_len)[:, None]
-        c = np.arange(p.kv_len)[None, :]
         S = np.where(c > r + p.causal_offset, -np.inf, S)
+    if block_mask is not None:
+        S = np.where(np.asarray(block_mask, dtype=bool)[r // block_q, c // block_kv], S, -np.inf)
     m = S.max(axis=-1, keepdims=True)
     m = np.where(np.isneginf(m), 0.0, m)
     P = np.exp(S - m)

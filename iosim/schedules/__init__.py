@@ -4,7 +4,8 @@ Each module provides ``NAME``, ``SUMMARY``, ``STATS`` (its softmax-statistics te
 ``program`` (the tile program of one head), ``working_set`` (on-chip bytes a thread block allocates) and
 ``closed_form`` (counts of one head, proven equal to the program's walk by the tests).
 
-Backward passes live in their own modules (``naive_bwd``, ``flash1_bwd``, ``flash2_bwd``), registered in
+Backward passes live in their own modules (``naive_bwd``, ``flash1_bwd``, ``flash2_bwd``, ``block_sparse_bwd``),
+registered in
 ``BACKWARD`` under the name of the forward schedule whose outputs they consume. A module may declare
 ``UNIT = "kv_head"`` when its program runs one key/value head with its group of query heads (split-KV
 decoding); the default unit is one query head.
@@ -14,12 +15,23 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import block_sparse, flash1, flash1_bwd, flash2, flash2_bwd, flash3, flash_decoding, naive, naive_bwd
+from . import (
+    block_sparse,
+    block_sparse_bwd,
+    flash1,
+    flash1_bwd,
+    flash2,
+    flash2_bwd,
+    flash3,
+    flash_decoding,
+    naive,
+    naive_bwd,
+)
 from .base import ScheduleError, Tiles
 
 SCHEDULES: dict[str, ModuleType] = {m.NAME: m for m in (naive, flash1, flash2, flash3, flash_decoding,
                                                           block_sparse)}
-BACKWARD: dict[str, ModuleType] = {m.NAME: m for m in (naive_bwd, flash1_bwd, flash2_bwd)}
+BACKWARD: dict[str, ModuleType] = {m.NAME: m for m in (naive_bwd, flash1_bwd, flash2_bwd, block_sparse_bwd)}
 PASSES = ("forward", "backward", "both")
 
 

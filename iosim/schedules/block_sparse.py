@@ -16,7 +16,9 @@ only if it is non-zero and holds a visible key. Query rows whose every block is 
 The mask: a file (``.npy``, or text with one row of 0/1 per Q block) whose shape must be (Tr, Tc) for the
 tiles, or drawn with exactly round(density·Tr·Tc) non-zero blocks placed uniformly at random by NumPy's
 ``default_rng(seed)``. A plain :class:`Tiles` (no mask) is dense: the counts are then flash1's.
-Tiles default to Algorithm 1's (``flash1.default_tiles``), whose blocks the mask refers to.
+Tiles default to Algorithm 4's line-2 rule (the same Bc = ceil(M/4d), Br = min(Bc, d) as Algorithm 1) with the
+largest M whose *backward* working set fits, so that the forward and the backward (``block_sparse_bwd``) share
+one tiling and one mask.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 from ..blocks import block_rows, cdiv, n_kv_blocks_visible
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from . import flash1
+from . import flash1, flash1_bwd
 from .base import ScheduleError, Tiles
 
 NAME = "block-sparse"
@@ -70,7 +72,7 @@ def _load_mask(path) -> np.ndarray:
 
 def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, density=None, mask=None,
                seed=None) -> SparseTiles:
-    base = flash1.default_tiles(p, profile) if block_q is None or block_kv is None else None
+    base = flash1_bwd.default_tiles(p, profile) if block_q is None or block_kv is None else None
     Br = block_q if block_q is not None else base.block_q
     Bc = block_kv if block_kv is not None else base.block_kv
     sram_elements = base.sram_elements if base is not None and block_q is None and block_kv is None else None
@@ -151,17 +153,22 @@ def visited(p: AttentionProblem, t: Tiles) -> np.ndarray:
     return vis if mask is None else vis & mask
 
 
+def visit_totals(p: AttentionProblem, t: Tiles) -> tuple[int, int, int]:
+    """rv = Σ br_i, cv = Σ bc_j, A = Σ br_i·bc_j over the visited tiles (i, j)."""
+    Br, Bc = t.block_q, t.block_kv
+    Tr, Tc = cdiv(p.seq_len, Br), cdiv(p.kv_len, Bc)
+    br = np.minimum((np.arange(Tr) + 1) * Br, p.seq_len) - np.arange(Tr) * Br
+    bc = np.minimum((np.arange(Tc) + 1) * Bc, p.kv_len) - np.arange(Tc) * Bc
+    vis = visited(p, t)
+    return int((br[:, None] * vis).sum()), int((bc[None, :] * vis).sum()), int((br[:, None] * bc * vis).sum())
+
+
 def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     """Algorithm 1's closed form (``flash1.closed_form``) over the visited tiles only: rv = Σ br_i,
     cv = Σ bc_j, A = Σ br_i·bc_j over visited (i, j). Dense and non-causal: rv = Tc·N, A = N·N_kv; with
     tiles that divide the sequences, every sum is the dense one times s = (non-zero blocks) / (Tr·Tc)."""
     N, Nk, d, b, s = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes, STAT_BYTES
-    Br, Bc = t.block_q, t.block_kv
-    Tr, Tc = cdiv(N, Br), cdiv(Nk, Bc)
-    br = np.minimum((np.arange(Tr) + 1) * Br, N) - np.arange(Tr) * Br
-    bc = np.minimum((np.arange(Tc) + 1) * Bc, Nk) - np.arange(Tc) * Bc
-    vis = visited(p, t)
-    rv, cv, A = int((br[:, None] * vis).sum()), int((bc[None, :] * vis).sum()), int((br[:, None] * bc * vis).sum())
+    rv, cv, A = visit_totals(p, t)
 
     k = KernelCounts("block_sparse_fwd", grid=1)
     k.global_read.update(K=Nk * d * b, V=Nk * d * b,  # line 6: every K/V block

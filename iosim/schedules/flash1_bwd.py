@@ -38,11 +38,16 @@ SUMMARY = "FlashAttention-1 backward (Alg. 4): K/V outer; Q, O, dO, dQ, l, m rea
 
 def program(x, p: AttentionProblem, t: Tiles) -> None:
     """One head."""
+    tile_program(x, p, t, "flash1_bwd", mask=None)
+
+
+def tile_program(x, p: AttentionProblem, t: Tiles, kernel: str, mask) -> None:
+    """Algorithm 4; with a block ``mask`` (Tr × Tc booleans), the zero blocks are skipped (block-sparse)."""
     N, Nk = p.seq_len, p.kv_len
     Br, Bc = t.block_q, t.block_kv
     Tr, Tc = cdiv(N, Br), cdiv(Nk, Bc)
 
-    with x.kernel("flash1_bwd", grid=1), x.thread_block():
+    with x.kernel(kernel, grid=1), x.thread_block():
         for i in range(Tr):  # line 5: dQ = 0 in HBM
             x.fill("dQ", block_rows(i, Br, N), 0.0)
         for j in range(Tc):  # line 5: dK = 0, dV = 0 in HBM
@@ -55,6 +60,8 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
             dK_j = x.zeros_grad("dK", k)  # line 8
             dV_j = x.zeros_grad("dV", k)
             for i in range(Tr):  # line 9
+                if mask is not None and not mask[i, j]:
+                    continue  # block-sparse: a zero block
                 if j >= n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal):
                     continue  # causal: tile (i, j) entirely masked
                 q = block_rows(i, Br, N)
@@ -122,11 +129,14 @@ def default_tiles(p: AttentionProblem, profile) -> Tiles:
 def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     """Counts for one head over the visited pairs: rv = Σ br_i, cv = Σ bc_j, A = Σ br_i·bc_j (no causal:
     rv = Tc·N, cv = Tr·N_kv, A = N·N_kv)."""
-    N, Nk, d, b, s = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes, STAT_BYTES
-    v = visit_sums(N, Nk, t.block_q, t.block_kv, p.causal)
-    rv, cv, A = v.row_visits, v.col_visits, v.area
+    v = visit_sums(p.seq_len, p.kv_len, t.block_q, t.block_kv, p.causal)
+    return counts_from_visits(p, t, v.row_visits, v.col_visits, v.area, "flash1_bwd")
 
-    k = KernelCounts("flash1_bwd", grid=1)
+
+def counts_from_visits(p: AttentionProblem, t: Tiles, rv: int, cv: int, A: int, kernel: str) -> Counts:
+    """The counts of ``tile_program`` given its visit sums over the visited (i, j) tiles."""
+    N, Nk, d, b, s = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes, STAT_BYTES
+    k = KernelCounts(kernel, grid=1)
     k.global_read.update(
         K=Nk * d * b, V=Nk * d * b,  # line 7
         Q=rv * d * b, O=rv * d * b, dO=rv * d * b, dQ=rv * d * b, l=rv * s, m=rv * s,  # line 10
