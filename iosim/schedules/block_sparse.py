@@ -167,6 +167,9 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     """Algorithm 1's closed form (``flash1.closed_form``) over the visited tiles only: rv = Σ br_i,
     cv = Σ bc_j, A = Σ br_i·bc_j over visited (i, j). Dense and non-causal: rv = Tc·N, A = N·N_kv; with
     tiles that divide the sequences, every sum is the dense one times s = (non-zero blocks) / (Tr·Tc)."""
+    if not isinstance(p, AttentionProblem):
+        raise ScheduleError("block-sparse: its closed form runs one problem at a time (no array sweeps); "
+                            "use simulate() per point")
     N, Nk, d, b, s = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes, STAT_BYTES
     rv, cv, A = visit_totals(p, t)
 

@@ -186,6 +186,9 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     """Counts for one kv head. Over the Q blocks i of packed rows: n_i visible K/V blocks, E_i = ceil(n_i / per_split)
     splits that visit any (the rest exit early); rv = Σ br_i·n_i, cv = Σ min(n_i·Bc, N_kv), A = Σ br_i·cols_i,
     NE = Σ br_i·E_i (rows of the thread blocks that load Q and finalize). Without causal E_i = S."""
+    if not isinstance(p, AttentionProblem):
+        raise ScheduleError("flash-decoding: its closed form runs one problem at a time (no array sweeps); "
+                            "use simulate() per point")
     R, Nk, d, b, st = _rows(p), p.kv_len, p.head_dim, p.elem_bytes, STAT_BYTES
     Br, Bc, S = t.block_q, t.block_kv, splits_of(t)
     Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
