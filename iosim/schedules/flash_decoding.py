@@ -7,7 +7,7 @@
            load Q_i; O = 0, l = 0, m = -inf on chip
            for the K/V blocks j of split s: load K_j, V_j; S_ij = Q_i K_jᵀ; online softmax (FA2 lines 8-10)
            write the split's normalized O_s (fp32) and its logsumexp L_s (fp32)
-    3  for every Q block i, one thread block:                             kernel flash_decoding_combine
+    3  for every block of combine_rows(d) rows, one thread block:        kernel flash_decoding_combine
            for s = 1..S: load L_s, O_s; merge (O, l, m) with weight exp(L_s - m)   (Milakov-Gimelshein ⊕)
            O = O / l; write O (problem dtype) and L = m + log l
 
@@ -43,6 +43,12 @@ UNIT = "kv_head"  # the program runs one key/value head with its group of query 
 MAX_SPLITS = 128  # FlashAttention-2 flash_api.cpp: num_splits_heuristic(..., 128)
 BLOCK_Q = 64  # FlashAttention-2 split-KV kernel: kBlockM = 64
 BLOCK_KV = {64: 256, 128: 128, 256: 64}  # kBlockN by head dim (run_mha_fwd_splitkv_dispatch)
+
+
+def combine_rows(d: int) -> int:
+    """Rows per thread block of the combine kernel: FA2's kBlockM = 4 if d % 128 == 0, 8 if d % 64 == 0, else 16
+    (flash_fwd_launch_template.h, run_mha_fwd_splitkv_dispatch)."""
+    return 4 if d % 128 == 0 else 8 if d % 64 == 0 else 16
 
 
 @dataclass(frozen=True)
@@ -151,10 +157,11 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
     if direct:
         return
 
-    with x.kernel("flash_decoding_combine", grid=Tr):  # step 3
-        for i in range(Tr):
+    Bm = combine_rows(p.head_dim)
+    with x.kernel("flash_decoding_combine", grid=cdiv(R, Bm)):  # step 3, Bm rows per thread block
+        for i in range(cdiv(R, Bm)):
             with x.thread_block():
-                q = block_rows(i, Br, R)
+                q = block_rows(i, Bm, R)
                 O, l, m = x.init_state(q)
                 for s in range(S):
                     part = Rows(s * R + q.start, s * R + q.stop)
@@ -214,11 +221,12 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     if S == 1:
         return Counts([k1])
 
-    k2 = KernelCounts("flash_decoding_combine", grid=Tr)
+    Bm = combine_rows(d)
+    k2 = KernelCounts("flash_decoding_combine", grid=cdiv(R, Bm))
     k2.global_read.update(Opart=SR * d * 4, lsepart=SR * st)
     k2.global_write.update(O=R * d * b, lse=R * st)
     k2.flops.update(exp=2 * SR + R, other=SR * (5 + 3 * d) + R * (d + 2))
     k2.sram_write = (R + SR) * (8 * d + 12)
     k2.sram_read = (R + SR) * (8 * d + 12)
-    k2.sram_peak = min(Br, R) * (8 * d + 16)
+    k2.sram_peak = min(Bm, R) * (8 * d + 16)
     return Counts([k1, k2])
