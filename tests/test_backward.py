@@ -205,3 +205,20 @@ def test_cli_pass_both_prints_json_with_the_pass():
     j = json.loads(out.stdout)
     total = j["traffic"]["global"]["read_bytes"] + j["traffic"]["global"]["write_bytes"]
     assert j["pass"] == "backward" and total == 2 * (7 * 256 * 256 + 8 * 256 * 64)
+
+
+@pytest.mark.parametrize("schedule", ["flash1", "flash2"])
+@given(case=problems_and_tiles(max_len=40), order_seed=st.integers(0, 1000), seed=st.integers(0, 2**16))
+def test_backward_gradients_do_not_depend_on_the_order_of_the_inner_loop(schedule, case, order_seed, seed):
+    p, t = case
+    p = p.model_copy(update={"dtype": "fp32"})
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim))
+    k, v = (rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim)) for _ in range(2))
+    do = rng.standard_normal(q.shape)
+    shuffle = np.random.default_rng(order_seed).permutation
+    a = execute_backward(schedule, p, q, k, v, do, t, fwd_tiles=t)
+    b = execute_backward(schedule, p, q, k, v, do, t, fwd_tiles=t,
+                         kv_order=lambda blocks: [blocks[i] for i in shuffle(len(blocks))])
+    for x, y in zip(a, b, strict=True):
+        assert np.abs(x - y).max() <= 1e-4 * max(1.0, np.abs(x).max())
