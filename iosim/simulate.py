@@ -68,6 +68,19 @@ def fits(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: Profil
     return True
 
 
+def shrink_to_fit(schedule: str, problem: AttentionProblem, block_q: int, block_kv: int, profile: Profile,
+                  pass_: str = "forward") -> Tiles:
+    """A kernel's preferred tiles, halved until they fit the profile: Bc first while it is at least half of
+    Br, then Br, down to 16 (what FlashAttention's launchers do across GPUs with less shared memory)."""
+    Br, Bc = block_q, block_kv
+    while not fits(schedule, problem, Tiles(Br, Bc), profile, pass_) and (Bc > 16 or Br > 16):
+        if Bc > 16 and Bc >= Br // 2:
+            Bc //= 2
+        else:
+            Br //= 2
+    return Tiles(Br, Bc)
+
+
 def check_fit(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: Profile,
               pass_: str = "forward") -> int | None:
     """Raise ScheduleError if a thread block's tiles exceed the shared memory one block may use, or its

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import without_peak
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -42,18 +43,11 @@ def cases(draw, max_len=200):
     return p, t
 
 
-def _without_peak(counts):
-    c = counts.normalized()
-    for k in c.kernels:
-        k.sram_peak = None
-    return c
-
-
 @given(cases())
 def test_block_sparse_closed_form_equals_tile_walk(case):
     p, t = case
     w, c = walk("block-sparse", p, t), closed("block-sparse", p, t)
-    assert _without_peak(w) == _without_peak(c)
+    assert without_peak(w) == without_peak(c)
     assert w.kernels[0].sram_peak <= c.kernels[0].sram_peak
 
 
@@ -136,7 +130,7 @@ def test_cli_block_sparse_flags(tmp_path):
 def test_block_sparse_backward_closed_form_equals_tile_walk(case):
     p, t = case
     w, c = walk("block-sparse", p, t, "backward"), closed("block-sparse", p, t, "backward")
-    assert _without_peak(w) == _without_peak(c)
+    assert without_peak(w) == without_peak(c)
 
 
 @given(cases(max_len=40), st.integers(0, 2**32 - 1))

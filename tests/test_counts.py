@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from helpers import problems_and_tiles, without_peak
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -138,36 +139,12 @@ def test_causal_flash2_visits_exactly_the_tiles_that_hold_a_visible_key(N, Nk, B
 # -- closed form == walk, over drawn shapes -------------------------------------------------------------
 
 
-@st.composite
-def problems_and_tiles(draw, tiled=True):
-    kv_heads = draw(st.integers(1, 3))
-    p = AttentionProblem(
-        batch=draw(st.integers(1, 3)),
-        heads=kv_heads * draw(st.integers(1, 3)),
-        kv_heads=kv_heads,
-        seq_len=draw(st.integers(1, 300)),
-        kv_len=draw(st.integers(1, 300)),
-        head_dim=draw(st.sampled_from([8, 16, 32, 64, 128])),
-        dtype=draw(st.sampled_from(["fp16", "bf16", "fp32"])),
-        causal=draw(st.booleans()),
-    )
-    t = Tiles(draw(st.integers(1, 96)), draw(st.integers(1, 96))) if tiled else Tiles(None, None)
-    return p, t
-
-
-def _without_peak(counts):
-    c = counts.normalized()
-    for k in c.kernels:
-        k.sram_peak = None
-    return c
-
-
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @given(data=st.data())
 def test_closed_form_equals_tile_walk(schedule, data):
     p, t = data.draw(problems_and_tiles(tiled=schedule != "naive" or data.draw(st.booleans())))
     w, c = walk(schedule, p, t), closed(schedule, p, t)
-    assert _without_peak(w) == _without_peak(c)
+    assert without_peak(w) == without_peak(c)
     # the walk's peak is what the buffers really held; the closed form's is the allocation (an upper bound),
     # reached exactly when tiles divide the sequences and no tile is skipped
     for kw, kc in zip(w.kernels, c.kernels, strict=True):

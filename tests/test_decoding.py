@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import without_peak
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -48,18 +49,11 @@ def cases(draw, max_len=300):
     return p, t
 
 
-def _without_peak(counts):
-    c = counts.normalized()
-    for k in c.kernels:
-        k.sram_peak = None
-    return c
-
-
 @given(cases())
 def test_decoding_closed_form_equals_tile_walk(case):
     p, t = case
     w, c = walk("flash-decoding", p, t), closed("flash-decoding", p, t)
-    assert _without_peak(w) == _without_peak(c)
+    assert without_peak(w) == without_peak(c)
     for kw, kc in zip(w.kernels, c.kernels, strict=True):
         assert kw.sram_peak <= kc.sram_peak
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import random_inputs, rel_err
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,18 +18,6 @@ from iosim.numeric import execute, reference, round_to_dtype
 from iosim.schedules import SCHEDULES, Tiles
 
 TOL = {"fp32": 1e-5, "fp16": 4 * 2**-11, "bf16": 4 * 2**-8}
-
-
-def rel_err(x, ref):
-    return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300)
-
-
-def inputs(p: AttentionProblem, seed: int, scale: float = 1.0):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim)) * scale
-    k = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
-    v = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
-    return q, k, v
 
 
 @st.composite
@@ -52,7 +41,7 @@ def cases(draw):
 @given(case=cases())
 def test_numeric_execution_equals_float64_softmax_attention(schedule, case):
     p, tiles, seed = case
-    q, k, v = inputs(p, seed)
+    q, k, v = random_inputs(p, seed)
     O, _ = execute(schedule, p, q, k, v, tiles)
     assert not np.isnan(O).any(), "an output element was never written (outputs start as NaN)"
     assert rel_err(O, reference(p, q, k, v)) <= TOL[p.dtype]
@@ -61,7 +50,7 @@ def test_numeric_execution_equals_float64_softmax_attention(schedule, case):
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_logits_large_enough_to_overflow_a_naive_exp_are_exact(schedule):
     p = AttentionProblem(seq_len=48, kv_len=40, head_dim=16, dtype="fp32", causal=True)
-    q, k, v = inputs(p, seed=7, scale=400.0)
+    q, k, v = random_inputs(p, seed=7, scale=400.0)
     logits = np.einsum("nd,md->nm", q[0, :, 0], k[0, :, 0]) * p.scale
     with np.errstate(over="ignore"):
         assert np.isinf(np.exp(logits)).any()  # exp without the max subtraction overflows
@@ -75,7 +64,7 @@ def test_logits_large_enough_to_overflow_a_naive_exp_are_exact(schedule):
 def test_online_softmax_merge_does_not_depend_on_the_order_of_kv_blocks(schedule, case, order_seed):
     p, tiles, seed = case
     p = p.model_copy(update={"dtype": "fp32"})
-    q, k, v = inputs(p, seed)
+    q, k, v = random_inputs(p, seed)
     shuffle = np.random.default_rng(order_seed).permutation
     O1, _ = execute(schedule, p, q, k, v, tiles)
     O2, _ = execute(schedule, p, q, k, v, tiles, kv_order=lambda blocks: [blocks[i] for i in shuffle(len(blocks))])
@@ -85,7 +74,7 @@ def test_online_softmax_merge_does_not_depend_on_the_order_of_kv_blocks(schedule
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_causal_rows_that_see_no_key_give_zeros_when_seq_len_exceeds_kv_len(schedule):
     p = AttentionProblem(seq_len=50, kv_len=20, head_dim=8, dtype="fp32", causal=True)
-    q, k, v = inputs(p, seed=3)
+    q, k, v = random_inputs(p, seed=3)
     O, stats = execute(schedule, p, q, k, v, Tiles(16, 8))
     # bottom-right alignment: row r sees keys c <= r - 30, so rows 0..29 see none
     assert np.array_equal(O[0, :30, 0], np.zeros((30, 8), np.float32))
@@ -97,7 +86,7 @@ def test_causal_rows_that_see_no_key_give_zeros_when_seq_len_exceeds_kv_len(sche
 
 def test_flash2_logsumexp_is_the_log_of_the_softmax_denominator():
     p = AttentionProblem(seq_len=33, kv_len=65, head_dim=16, dtype="fp32", causal=True)
-    q, k, v = inputs(p, seed=11)
+    q, k, v = random_inputs(p, seed=11)
     _, stats = execute("flash2", p, q, k, v, Tiles(16, 16))
     S = np.einsum("nd,md->nm", q[0, :, 0].astype(np.float64), k[0, :, 0]) * p.scale
     r, c = np.arange(33)[:, None], np.arange(65)[None, :]

@@ -42,15 +42,10 @@ FA2_TILES = {32: (128, 128), 64: (128, 128), 96: (128, 64), 128: (128, 64), 160:
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
     """FA2's tiles for the head dim; on a GPU with less shared memory, halve Bc, then Br, until they fit."""
-    from ..simulate import fits  # the one fit rule, shared with explicit tiles
+    from ..simulate import shrink_to_fit  # the one fit rule, shared with explicit tiles
 
     Br, Bc = next((FA2_TILES[k] for k in sorted(FA2_TILES) if p.head_dim <= k), (64, 32))
-    while not fits(NAME, p, Tiles(Br, Bc), profile) and (Bc > 16 or Br > 16):
-        if Bc > 16 and Bc >= Br // 2:
-            Bc //= 2
-        else:
-            Br //= 2
-    return Tiles(Br, Bc)
+    return shrink_to_fit(NAME, p, Br, Bc, profile)
 
 
 def program(x, p: AttentionProblem, t: Tiles) -> None:

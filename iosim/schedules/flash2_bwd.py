@@ -44,15 +44,10 @@ FA2_BWD_TILES = {32: (128, 128), 64: (128, 128), 96: (64, 128), 128: (64, 128), 
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
     """FA2's backward tiles for the head dim; where they do not fit, halve Bc, then Br, until they do."""
-    from ..simulate import fits
+    from ..simulate import shrink_to_fit
 
     Br, Bc = next((FA2_BWD_TILES[k] for k in sorted(FA2_BWD_TILES) if p.head_dim <= k), (64, 32))
-    while not fits(NAME, p, Tiles(Br, Bc), profile, pass_="backward") and (Bc > 16 or Br > 16):
-        if Bc > 16 and Bc >= Br // 2:
-            Bc //= 2
-        else:
-            Br //= 2
-    return Tiles(Br, Bc)
+    return shrink_to_fit(NAME, p, Br, Bc, profile, pass_="backward")
 
 
 def _visiting(i_range, j, Br, Bc, N, Nk, causal):

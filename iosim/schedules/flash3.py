@@ -41,16 +41,11 @@ FA3_TILES_FP8 = {128: ((128, 224), (128, 224))}  # fp8 e4m3, d <= 128 (same sour
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
     """FA3's tiles for the head dim; where they do not fit, halve Bc, then Br, until they do."""
-    from ..simulate import fits
+    from ..simulate import shrink_to_fit
 
     table = FA3_TILES_FP8 if p.dtype == "fp8" and p.head_dim <= max(FA3_TILES_FP8) else FA3_TILES
     Br, Bc = next((table[k][p.causal] for k in sorted(table) if p.head_dim <= k), (64, 32))
-    while not fits(NAME, p, Tiles(Br, Bc), profile) and (Bc > 16 or Br > 16):
-        if Bc > 16 and Bc >= Br // 2:
-            Bc //= 2
-        else:
-            Br //= 2
-    return Tiles(Br, Bc)
+    return shrink_to_fit(NAME, p, Br, Bc, profile)
 
 
 def program(x, p: AttentionProblem, t: Tiles) -> None:

@@ -1,0 +1,50 @@
+"""What several test files share: drawn problems, random inputs, and comparisons of counts."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from iosim import AttentionProblem
+from iosim.schedules import Tiles
+
+
+@st.composite
+def problems_and_tiles(draw, tiled=True, max_len=300, head_dims=(8, 16, 32, 64, 128), max_tile=96):
+    """A problem (grouped-query, ragged, causal or not, seq_len != kv_len) and tiles (1..max_tile each)."""
+    kv_heads = draw(st.integers(1, 3))
+    p = AttentionProblem(
+        batch=draw(st.integers(1, 3)),
+        heads=kv_heads * draw(st.integers(1, 3)),
+        kv_heads=kv_heads,
+        seq_len=draw(st.integers(1, max_len)),
+        kv_len=draw(st.integers(1, max_len)),
+        head_dim=draw(st.sampled_from(head_dims)),
+        dtype=draw(st.sampled_from(["fp16", "bf16", "fp32"])),
+        causal=draw(st.booleans()),
+    )
+    t = Tiles(draw(st.integers(1, max_tile)), draw(st.integers(1, max_tile))) if tiled else Tiles(None, None)
+    return p, t
+
+
+def without_peak(counts):
+    """Counts with zero entries and the on-chip peaks dropped: what a walk and a closed form must share
+    (the walk's peak is what the buffers really held, the closed form's the allocation, an upper bound)."""
+    c = counts.normalized()
+    for k in c.kernels:
+        k.sram_peak = None
+    return c
+
+
+def random_inputs(p: AttentionProblem, seed: int, scale: float = 1.0):
+    """Fresh standard-normal q, k, v laid out (batch, seq, heads, head_dim); q scaled by ``scale``."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim)) * scale
+    k = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
+    v = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
+    return q, k, v
+
+
+def rel_err(x, ref) -> float:
+    """Relative Frobenius error."""
+    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300))
