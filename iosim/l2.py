@@ -1061,7 +1061,7 @@ def _unsupported(result) -> str | None:
     return None
 
 
-MAX_TRACED_ACCESSES = 3_000_000
+MAX_TRACED_ACCESSES = 1_000_000  # about 2.5 s of Python tracing
 
 
 def _with_model(result, text: str, **changes):
