@@ -137,6 +137,7 @@ class Result:
     sram_budget: int
     pass_: str = "forward"  # "forward", "backward" or "both" (forward kernels first)
     tiles_by_pass: dict[str, Tiles] | None = None  # each pass's tiles; ``tiles`` is the first pass's
+    hbm_model: str = "none: hbm = global (two-level view)"  # set by iosim.l2.apply_l2
 
     @property
     def on_chip(self) -> tuple[int, int] | None:
@@ -179,7 +180,7 @@ class Result:
             "tiles": {"block_q": self.tiles.block_q, "block_kv": self.tiles.block_kv,
                       "sram_elements": self.tiles.sram_elements},
             "traffic": self.traffic,
-            "hbm_model": "none: hbm = global (two-level view)",
+            "hbm_model": self.hbm_model,
             "by_tensor": {
                 t: {"global_read_bytes": int(reads[t]), "global_write_bytes": int(writes[t])}
                 for t in TENSORS if reads[t] or writes[t]
@@ -223,13 +224,14 @@ class Result:
 def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | None = None, *,
              block_q: int | None = None, block_kv: int | None = None, method: Method = "closed",
              pass_: Pass = "forward", splits: int | None = None, density: float | None = None,
-             mask=None, seed: int | None = None) -> Result:
+             mask=None, seed: int | None = None, l2: bool = False) -> Result:
     """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
 
     ``pass_``: "forward" (default), "backward" (the backward pass, which consumes the forward's O and
     statistics) or "both" (forward kernels, then backward kernels). Each pass uses its own default tiles
     unless ``block_q``/``block_kv`` are given. ``splits`` (flash-decoding), ``density``, ``mask`` (a file or
-    an array), ``seed`` (block-sparse) go to the schedules that take them."""
+    an array), ``seed`` (block-sparse) go to the schedules that take them. ``l2=True`` takes ``hbm`` from the
+    L2 model (:mod:`iosim.l2`; the CLI's default) where it applies; ``hbm_model`` says which view a result is."""
     prof = get_profile(profile)
     if pass_ not in PASSES:
         raise ScheduleError(f"pass={pass_!r}: expected one of {', '.join(PASSES)}")
@@ -252,5 +254,10 @@ def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | 
         time = mod.time_model(counts, hbm, problem, tiles_by_pass["forward"], prof)
     else:
         time = predict(counts, hbm, problem.dtype, prof)
-    return Result(schedule, prof, problem, tiles_by_pass[passes[0]], counts, hbm_read, hbm_write, time, method,
-                  int(prof.require("smem.per_block")), pass_, tiles_by_pass)
+    result = Result(schedule, prof, problem, tiles_by_pass[passes[0]], counts, hbm_read, hbm_write, time, method,
+                    int(prof.require("smem.per_block")), pass_, tiles_by_pass)
+    if l2:  # hbm from the L2 model where it applies; elsewhere hbm = global, and hbm_model says why
+        from .l2 import apply_l2
+
+        result = apply_l2(result)
+    return result

@@ -16,7 +16,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_simulate_json_carries_the_public_contract_with_exact_integers():
-    out = run("simulate", "naive", "--seq-len", "4096", "--head-dim", "128", "--json")
+    out = run("simulate", "naive", "--seq-len", "4096", "--head-dim", "128", "--json", "--no-l2")
     assert out.returncode == 0, out.stderr
     j = json.loads(out.stdout)
     for key in ("schedule", "profile", "problem", "tiles", "traffic", "by_tensor", "flops", "sram_peak_bytes", "time"):
@@ -24,13 +24,23 @@ def test_simulate_json_carries_the_public_contract_with_exact_integers():
     assert j["profile"] == "h100-sxm5-80gb"
     g = j["traffic"]["global"]
     assert g["read_bytes"] + g["write_bytes"] == 138_412_032
-    assert j["traffic"]["hbm"] == j["traffic"]["global"]
+    assert j["traffic"]["hbm"] == j["traffic"]["global"] and j["hbm_model"].startswith("none")
     assert set(j["traffic"]["sram"]) == {"read_bytes", "write_bytes"}
     assert j["by_tensor"]["S"] == {"global_read_bytes": 33_554_432, "global_write_bytes": 33_554_432}
     assert j["flops"]["total"] == j["flops"]["matmul"] + j["flops"]["exp"] + j["flops"]["other"]
     assert isinstance(j["flops"]["matmul"], int) and j["flops"]["matmul"] == 4 * 4096 * 4096 * 128
     assert j["time"]["predicted_s"] > 0 and j["time"]["bound"] in ("tensor", "exp", "fp32", "global", "hbm")
     assert set(j["tiles"]) >= {"block_q", "block_kv"}
+
+
+def test_simulate_takes_hbm_from_the_l2_model_by_default():
+    out = run("simulate", "flash2", "--seq-len", "4096", "--heads", "32", "--json")
+    assert out.returncode == 0, out.stderr
+    j = json.loads(out.stdout)
+    # K and V of a head (2 MB) stay in the 50 MB L2: DRAM sees about the compulsory bytes, L2 all the re-reads
+    compulsory = 4 * 4096 * 128 * 2 * 32
+    assert j["traffic"]["hbm"]["read_bytes"] < 1.1 * compulsory < j["traffic"]["global"]["read_bytes"] / 5
+    assert not j["hbm_model"].startswith("none")
 
 
 def test_simulate_prints_a_readable_table():

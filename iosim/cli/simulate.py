@@ -53,13 +53,16 @@ def make_problem(batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype, causa
 @click.option("--mask", type=click.Path(exists=True, dir_okay=False), default=None,
               help="block-sparse: block mask file (.npy, or text: one row of 0/1 per Q block)")
 @click.option("--seed", type=int, default=None, help="block-sparse: seed of the drawn mask [default: 0]")
+@click.option("--l2/--no-l2", "use_l2", default=True, show_default=True,
+              help="hbm from the L2 model (LRU, L2 flushed before each kernel as Nsight Compute does); "
+                   "--no-l2: hbm = global, the papers' two-level view")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
-def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, as_json,
+def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, use_l2, as_json,
                  **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time."""
     problem = make_problem(**problem_kw)
     result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
-                      pass_=pass_, splits=splits, density=density, mask=mask, seed=seed)
+                      pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, l2=use_l2)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -113,5 +116,5 @@ def render(r: Result) -> str:
     for k in j["time"]["kernels"]:
         lines.append(f"  {k['name']:<16} grid {k['grid']:>9,}  {fmt_seconds(k['predicted_s']):>10}  "
                      f"{k['bound']:<7} utilization {k['utilization']:.0%}")
-    lines.append("(decimal units: 1 MB = 10^6 B; hbm = global without an L2 model)")
+    lines.append(f"(decimal units: 1 MB = 10^6 B; hbm model: {r.hbm_model})")
     return "\n".join(lines)
