@@ -2,7 +2,10 @@
 
 Tolerances are relative Frobenius errors set by the dtype's unit roundoff u (fp16 2^-11, bf16 2^-8): the
 inputs, P (naive) and the output are each rounded once to the dtype, so the error is a few u; we allow 4u.
-fp32 is held to 1e-5 (fp32 accumulation over at most a few hundred terms).
+FlashAttention-1 is the exception (and block-sparse, its Algorithm 5): Algorithm 1 line 12 writes O_i back to
+HBM, in the dtype, after every K/V block, so its output carries up to Tc = ceil(N_kv / Bc) more roundings (each at most u relative; the rescale
+factors are <= 1 and do not amplify them): (4 + Tc)·u. fp32 is held to 1e-5 (fp32 accumulation over at most a
+few hundred terms).
 """
 
 from __future__ import annotations
@@ -14,10 +17,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from iosim import AttentionProblem
+from iosim.blocks import cdiv
 from iosim.numeric import execute, reference, round_to_dtype
 from iosim.schedules import SCHEDULES, Tiles
 
 TOL = {"fp32": 1e-5, "fp16": 4 * 2**-11, "bf16": 4 * 2**-8}
+UNIT_ROUNDOFF = {"fp16": 2**-11, "bf16": 2**-8}
+
+
+def tolerance(schedule: str, p: AttentionProblem, tiles: Tiles) -> float:
+    if schedule in ("flash1", "block-sparse") and p.dtype != "fp32":
+        return (4 + cdiv(p.kv_len, tiles.block_kv)) * UNIT_ROUNDOFF[p.dtype]
+    return TOL[p.dtype]
 
 
 @st.composite
@@ -44,7 +55,7 @@ def test_numeric_execution_equals_float64_softmax_attention(schedule, case):
     q, k, v = random_inputs(p, seed)
     O, _ = execute(schedule, p, q, k, v, tiles)
     assert not np.isnan(O).any(), "an output element was never written (outputs start as NaN)"
-    assert rel_err(O, reference(p, q, k, v)) <= TOL[p.dtype]
+    assert rel_err(O, reference(p, q, k, v)) <= tolerance(schedule, p, tiles)
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
