@@ -1,12 +1,11 @@
-"""The schedules iosim knows, one module each: naive, flash1, flash2.
+"""The schedules iosim knows, one module each: naive, flash1, flash2, flash3, flash-decoding, block-sparse.
 
 Each module provides ``NAME``, ``SUMMARY``, ``STATS`` (its softmax-statistics tensors), ``default_tiles``,
 ``program`` (the tile program of one head), ``working_set`` (on-chip bytes a thread block allocates) and
 ``closed_form`` (counts of one head, proven equal to the program's walk by the tests).
 
 Backward passes live in their own modules (``naive_bwd``, ``flash1_bwd``, ``flash2_bwd``, ``block_sparse_bwd``),
-registered in
-``BACKWARD`` under the name of the forward schedule whose outputs they consume. A module may declare
+registered in ``BACKWARD`` under the name of the forward schedule whose outputs they consume. A module may declare
 ``UNIT = "kv_head"`` when its program runs one key/value head with its group of query heads (split-KV
 decoding); the default unit is one query head.
 """
