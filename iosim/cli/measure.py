@@ -76,103 +76,56 @@ def measure_cmd(
     from ..measure import Config, MeasureError, measure, to_csv
 
     try:
-        _run(
-            Config,
-            measure,
-            to_csv,
-            kinds,
-            batch,
-            heads,
-            kv_heads,
-            seq_len,
-            kv_len,
-            head_dim,
-            dtype,
-            causal,
-            block_q,
-            block_kv,
-            copy_bytes,
-            sweep_file,
-            ncu,
-            no_timing,
-            json_out,
-            csv_out,
-            ncu_csv,
+        if sweep_file:
+            configs = [Config(**c) for c in json.loads(Path(sweep_file).read_text())]
+        else:
+            configs = []
+            for k in kinds:
+                if k == "copy":
+                    configs.append(Config("copy", nbytes=copy_bytes))
+                else:
+                    configs.append(
+                        Config(
+                            k,
+                            seq_len=seq_len,
+                            heads=heads,
+                            kv_heads=kv_heads,
+                            batch=batch,
+                            kv_len=kv_len,
+                            head_dim=head_dim,
+                            dtype=dtype,
+                            causal=causal,
+                            block_q=block_q if k == "flash2" else None,
+                            block_kv=block_kv if k == "flash2" else None,
+                        )
+                    )
+        run = measure(configs, ncu=ncu, timing=not no_timing, keep_csv=ncu_csv)
+        if json_out:
+            Path(json_out).write_text(json.dumps(run.to_json(), indent=1))
+        if csv_out:
+            Path(csv_out).write_text(to_csv(run))
+        click.echo(
+            f"device: {run.device.get('name')} ({run.device.get('sm_count')} SMs, L2 {run.device.get('l2_bytes'):,} B)"
         )
+        click.echo(
+            f"{'kind':<11}{'N':>7}{'H':>4}{'d':>5} {'DRAM rd':>10}{'DRAM wr':>10}{'L2 rd':>10}{'L2 wr':>10}"
+            f"{'ncu us':>9}{'event ms':>10}"
+        )
+        for e in run.configs:
+            c, m = e["config"], e.get("measured") or {}
+
+            def b(x):
+                return fmt_bytes(x) if isinstance(x, int) else "-"
+
+            click.echo(
+                f"{c['kind']:<11}{c['seq_len']:>7}{c['heads']:>4}{c['head_dim']:>5} {b(m.get('dram_read_bytes')):>10}"
+                f"{b(m.get('dram_write_bytes')):>10}{b(m.get('l2_read_bytes')):>10}{b(m.get('l2_write_bytes')):>10}"
+                f"{(m.get('duration_ns') or 0) / 1e3:>9.1f}{e.get('time_ms') or float('nan'):>10.3f}"
+                + (f"  error: {e['error']}" if e.get("error") else "")
+            )
+
     except MeasureError as exc:  # no GPU, no ncu, counters not permitted: one line, exit 2
         raise click.ClickException(str(exc)) from None
-
-
-def _run(
-    Config,
-    measure,
-    to_csv,
-    kinds,
-    batch,
-    heads,
-    kv_heads,
-    seq_len,
-    kv_len,
-    head_dim,
-    dtype,
-    causal,
-    block_q,
-    block_kv,
-    copy_bytes,
-    sweep_file,
-    ncu,
-    no_timing,
-    json_out,
-    csv_out,
-    ncu_csv,
-):
-    if sweep_file:
-        configs = [Config(**c) for c in json.loads(Path(sweep_file).read_text())]
-    else:
-        configs = []
-        for k in kinds:
-            if k == "copy":
-                configs.append(Config("copy", nbytes=copy_bytes))
-            else:
-                configs.append(
-                    Config(
-                        k,
-                        seq_len=seq_len,
-                        heads=heads,
-                        kv_heads=kv_heads,
-                        batch=batch,
-                        kv_len=kv_len,
-                        head_dim=head_dim,
-                        dtype=dtype,
-                        causal=causal,
-                        block_q=block_q if k == "flash2" else None,
-                        block_kv=block_kv if k == "flash2" else None,
-                    )
-                )
-    run = measure(configs, ncu=ncu, timing=not no_timing, keep_csv=ncu_csv)
-    if json_out:
-        Path(json_out).write_text(json.dumps(run.to_json(), indent=1))
-    if csv_out:
-        Path(csv_out).write_text(to_csv(run))
-    click.echo(
-        f"device: {run.device.get('name')} ({run.device.get('sm_count')} SMs, L2 {run.device.get('l2_bytes'):,} B)"
-    )
-    click.echo(
-        f"{'kind':<11}{'N':>7}{'H':>4}{'d':>5} {'DRAM rd':>10}{'DRAM wr':>10}{'L2 rd':>10}{'L2 wr':>10}"
-        f"{'ncu us':>9}{'event ms':>10}"
-    )
-    for e in run.configs:
-        c, m = e["config"], e.get("measured") or {}
-
-        def b(x):
-            return fmt_bytes(x) if isinstance(x, int) else "-"
-
-        click.echo(
-            f"{c['kind']:<11}{c['seq_len']:>7}{c['heads']:>4}{c['head_dim']:>5} {b(m.get('dram_read_bytes')):>10}"
-            f"{b(m.get('dram_write_bytes')):>10}{b(m.get('l2_read_bytes')):>10}{b(m.get('l2_write_bytes')):>10}"
-            f"{(m.get('duration_ns') or 0) / 1e3:>9.1f}{e.get('time_ms') or float('nan'):>10.3f}"
-            + (f"  error: {e['error']}" if e.get("error") else "")
-        )
 
 
 COMMANDS = [measure_cmd]
