@@ -36,13 +36,14 @@ def without_peak(counts):
     return c
 
 
-def random_inputs(p: AttentionProblem, seed: int, scale: float = 1.0):
-    """Fresh standard-normal q, k, v laid out (batch, seq, heads, head_dim); q scaled by ``scale``."""
+def random_inputs(p: AttentionProblem, seed: int, scale: float = 1.0, grad: bool = False):
+    """Fresh standard-normal q, k, v laid out (batch, seq, heads, head_dim); q scaled by ``scale``.
+    With ``grad``, also dO (shaped like q) for the backward pass: (q, k, v, do)."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim)) * scale
     k = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
     v = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
-    return q, k, v
+    return (q, k, v, rng.standard_normal(q.shape)) if grad else (q, k, v)
 
 
 def rel_err(x, ref) -> float:

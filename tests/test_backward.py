@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import problems_and_tiles, without_peak
+from helpers import problems_and_tiles, random_inputs, without_peak
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -124,11 +124,7 @@ def test_backward_numeric_execution_equals_float64_gradient(schedule, case, fwd,
     p, t = case
     ft = Tiles(*fwd) if schedule != "naive" else Tiles(None, None)
     t = t if schedule != "naive" else Tiles(None, None)
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim))
-    k = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
-    v = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
-    do = rng.standard_normal(q.shape)
+    q, k, v, do = random_inputs(p, seed, grad=True)
     got = execute_backward(schedule, p, q, k, v, do, t, fwd_tiles=ft)
     want = reference_backward(p, q, k, v, do)
     for name, x, ref, size in zip(("dQ", "dK", "dV"), got, want, _magnitudes(p, q, k, v, do), strict=True):
@@ -191,10 +187,7 @@ def test_cli_pass_both_prints_json_with_the_pass():
 def test_backward_gradients_do_not_depend_on_the_order_of_the_inner_loop(schedule, case, order_seed, seed):
     p, t = case
     p = p.model_copy(update={"dtype": "fp32"})
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim))
-    k, v = (rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim)) for _ in range(2))
-    do = rng.standard_normal(q.shape)
+    q, k, v, do = random_inputs(p, seed, grad=True)
     shuffle = np.random.default_rng(order_seed).permutation
     a = execute_backward(schedule, p, q, k, v, do, t, fwd_tiles=t)
     b = execute_backward(schedule, p, q, k, v, do, t, fwd_tiles=t,

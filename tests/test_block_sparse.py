@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import without_peak
+from helpers import random_inputs, without_peak
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -54,10 +54,7 @@ def test_block_sparse_closed_form_equals_tile_walk(case):
 @given(cases(max_len=60), st.integers(0, 2**32 - 1))
 def test_block_sparse_numeric_execution_equals_float64_attention_over_the_masks_blocks(case, seed):
     p, t = case
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim))
-    k = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
-    v = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
+    q, k, v = random_inputs(p, seed)
     O, _ = execute("block-sparse", p, q, k, v, t)
     assert not np.isnan(O).any()
     ref = reference_block_sparse(p, q, k, v, block_mask(t), t.block_q, t.block_kv)
@@ -139,11 +136,7 @@ def test_block_sparse_backward_gradients_equal_float64_over_the_masks_blocks(cas
 
     p, t = case
     p = p.model_copy(update={"dtype": "fp32"})
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim))
-    k = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
-    v = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
-    do = rng.standard_normal(q.shape)
+    q, k, v, do = random_inputs(p, seed, grad=True)
     got = execute_backward("block-sparse", p, q, k, v, do, t, fwd_tiles=t)
     want = reference_backward(p, q, k, v, do, block_mask(t), t.block_q, t.block_kv)
     for x, ref in zip(got, want, strict=True):

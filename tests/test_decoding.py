@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import without_peak
+from helpers import random_inputs, without_peak
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -61,10 +61,7 @@ def test_decoding_closed_form_equals_tile_walk(case):
 @given(cases(max_len=80), st.integers(0, 2**32 - 1))
 def test_decoding_numeric_execution_with_any_splits_equals_float64_attention(case, seed):
     p, t = case
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim))
-    k = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
-    v = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
+    q, k, v = random_inputs(p, seed)
     O, stats = execute("flash-decoding", p, q, k, v, t)
     assert not np.isnan(O).any() and not np.isnan(stats["lse"]).any()
     ref = reference(p, q, k, v)
@@ -142,10 +139,7 @@ def test_cli_takes_splits():
 def test_the_combined_logsumexp_is_the_log_of_the_whole_softmax_denominator(case, seed):
     p, t = case
     p = p.model_copy(update={"dtype": "fp32"})
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((p.batch, p.seq_len, p.heads, p.head_dim))
-    k = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
-    v = rng.standard_normal((p.batch, p.kv_len, p.kv_heads, p.head_dim))
+    q, k, v = random_inputs(p, seed)
     _, stats = execute("flash-decoding", p, q, k, v, t)
     _, ref = execute("flash2", p, q, k, v, DecodingTiles(t.block_q, t.block_kv))  # unsplit, one query head at a time
     seen = np.isfinite(ref["lse"])
