@@ -449,6 +449,21 @@ def _atomize(kt: KernelTrace, p: AttentionProblem) -> _Atoms:
 
 
 @_njit
+def _launch_block(
+    launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
+):
+    """Put the grid's next thread block (number ``launched`` in launch order) into residency slot ``s``: its
+    accesses are ``ptr[b]:ptr[b+1]`` of the trace, offset into its head's Q-side and K/V-side atoms."""
+    nb = block_order.shape[0]
+    h = launched // nb
+    b = block_order[launched % nb]
+    slot_pos[s] = ptr[b]
+    slot_end[s] = ptr[b + 1]
+    slot_qoff[s] = head_q[h] * A
+    slot_kvoff[s] = head_kv[h] * A
+
+
+@_njit
 def _simulate_kernel(
     ptr,
     acc_atom,
@@ -507,12 +522,9 @@ def _simulate_kernel(
     live = 0
     for s in range(n_slots):
         if launched < total_blocks:
-            h = launched // nb
-            b = block_order[launched % nb]
-            slot_pos[s] = ptr[b]
-            slot_end[s] = ptr[b + 1]
-            slot_qoff[s] = head_q[h] * A
-            slot_kvoff[s] = head_kv[h] * A
+            _launch_block(
+                launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
+            )
             slot_live[s] = True
             launched += 1
             live += 1
@@ -607,12 +619,19 @@ def _simulate_kernel(
                 slot_pos[s] = pos
             if pos >= slot_end[s]:
                 if launched < total_blocks:
-                    h = launched // nb
-                    b = block_order[launched % nb]
-                    slot_pos[s] = ptr[b]
-                    slot_end[s] = ptr[b + 1]
-                    slot_qoff[s] = head_q[h] * A
-                    slot_kvoff[s] = head_kv[h] * A
+                    _launch_block(
+                        launched,
+                        s,
+                        block_order,
+                        ptr,
+                        head_q,
+                        head_kv,
+                        A,
+                        slot_pos,
+                        slot_end,
+                        slot_qoff,
+                        slot_kvoff,
+                    )
                     launched += 1
                 else:
                     slot_live[s] = False
@@ -713,12 +732,9 @@ def _simulate_kernel_sd(
     live = 0
     for s in range(n_slots):
         if launched < total_blocks:
-            h = launched // nb
-            b = block_order[launched % nb]
-            slot_pos[s] = ptr[b]
-            slot_end[s] = ptr[b + 1]
-            slot_qoff[s] = head_q[h] * A
-            slot_kvoff[s] = head_kv[h] * A
+            _launch_block(
+                launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
+            )
             slot_live[s] = True
             launched += 1
             live += 1
@@ -807,12 +823,19 @@ def _simulate_kernel_sd(
                 slot_pos[s] = pos
             if pos >= slot_end[s]:
                 if launched < total_blocks:
-                    h = launched // nb
-                    b = block_order[launched % nb]
-                    slot_pos[s] = ptr[b]
-                    slot_end[s] = ptr[b + 1]
-                    slot_qoff[s] = head_q[h] * A
-                    slot_kvoff[s] = head_kv[h] * A
+                    _launch_block(
+                        launched,
+                        s,
+                        block_order,
+                        ptr,
+                        head_q,
+                        head_kv,
+                        A,
+                        slot_pos,
+                        slot_end,
+                        slot_qoff,
+                        slot_kvoff,
+                    )
                     launched += 1
                 else:
                     slot_live[s] = False
