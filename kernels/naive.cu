@@ -23,6 +23,18 @@ constexpr int kNaiveBK = 16;        // reduction step (head dims for QK^T, keys 
 constexpr int kNaiveThreads = 256;  // 16 x 16 threads, 4 x 4 outputs each
 constexpr int kSoftmaxThreads = 256;
 
+// acc += A_tileᵀ B_tile for this thread's 4 x 4 outputs (rows ty + 16i, columns tx + 16j) over one k-step;
+// both tiles are k-major in shared memory. Shared by the two GEMMs (S = Q Kᵀ and O = P V).
+__device__ __forceinline__ void tile_fma(float (&acc)[4][4], const float (&sA)[kNaiveBK][kNaiveBM + 4],
+                                         const float (&sB)[kNaiveBK][kNaiveBN + 4], int tx, int ty) {
+#pragma unroll
+    for (int kk = 0; kk < kNaiveBK; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) acc[i][jj] = fmaf(sA[kk][ty + 16 * i], sB[kk][tx + 16 * jj], acc[i][jj]);
+}
+
 // (1) S[b, h, i, j] = scale * sum_k Q[b, i, h, k] K[b, j, hk, k]; grid (ceil(N_kv/64), ceil(N/64), B*H)
 template <typename T, bool Causal>
 __global__ void __launch_bounds__(kNaiveThreads)
@@ -45,12 +57,7 @@ __global__ void __launch_bounds__(kNaiveThreads)
             sB[kk][r] = (n0 + r < kv_len && okk) ? to_float(kg[(n0 + r) * kv_stride + k0 + kk]) : 0.f;
         }
         __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < kNaiveBK; ++kk)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int jj = 0; jj < 4; ++jj) acc[i][jj] = fmaf(sA[kk][ty + 16 * i], sB[kk][tx + 16 * jj], acc[i][jj]);
+        tile_fma(acc, sA, sB, tx, ty);
         __syncthreads();
     }
     T* sg = s + (long long)bh * seq_len * kv_len;
@@ -134,12 +141,7 @@ __global__ void __launch_bounds__(kNaiveThreads)
             sB[kk2][n] = (k0 + kk2 < kv_len && n0 + n < head_dim) ? to_float(vg[(k0 + kk2) * kv_stride + n0 + n]) : 0.f;
         }
         __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < kNaiveBK; ++kk)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int jj = 0; jj < 4; ++jj) acc[i][jj] = fmaf(sA[kk][ty + 16 * i], sB[kk][tx + 16 * jj], acc[i][jj]);
+        tile_fma(acc, sA, sB, tx, ty);
         __syncthreads();
     }
     T* og = o + (long long)b * seq_len * o_stride + (long long)h * head_dim;
