@@ -1,4 +1,4 @@
-"""The L2 model (iosim/l2.py): trace = schedule counts, cold-cache compulsory traffic, LRU thrash, dirty lines left
+"""The L2 model (iosim/l2/): trace = schedule counts, cold-cache compulsory traffic, LRU thrash, dirty lines left
 at the end, and equality of the fast atom model with a plain line-level LRU over the exact trace."""
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""The L2 model: a three-level hierarchy (DRAM - L2 - SM) that turns a schedule's tile accesses into DRAM bytes.
+
+``global`` (what the SMs request from L2) is the schedule's own count. ``hbm`` (what crosses L2 <-> DRAM) depends on
+which thread blocks run at once, the order the hardware launches them, and the L2 capacity; this module predicts
+it under the conditions Nsight Compute measures by default:
+
+* L2 is flushed (clean and empty) before every kernel, so each kernel starts cold;
+* reads that miss fetch their bytes from DRAM; writes allocate without a fetch (whole sectors are written) and
+  mark the bytes dirty; a dirty byte reaches DRAM only when it is evicted during the kernel;
+* dirty bytes still in L2 when the kernel ends are NOT counted as DRAM writes (reported as ``dirty_at_end``).
+
+How the access stream is made
+-----------------------------
+1. The tile program of ONE head is run by :class:`Tracer` (a :class:`~iosim.machine.Counter` that also records
+   every load/store as ``(tensor, rows, cols, write)`` per thread block). For flash2 and naive, whose programs
+   are simple, :func:`head_program` can produce the same records with NumPy (``fast=True``; the tests prove them
+   equal to the tracer's), because a Python walk of a 131072-token head takes minutes.
+2. Each tensor's accesses within one kernel are cut into *atoms*: rectangles between consecutive tile edges. Every
+   access is a whole number of atoms; a line belongs to exactly one atom.
+3. The grid is laid out as the GPU launches it (:data:`LAUNCH` states it per schedule, read from ``iosim/gpu``):
+   heads outermost in the kernel's grid order, the blocks of a head in ``blockIdx.x`` order. ``R`` thread blocks
+   run at once (:func:`resident_blocks`: shared memory, registers, threads, block limit per SM, times the SM
+   count). Execution is modeled as rounds: in each round every running block issues its next tile access (slot
+   order); a block that finishes hands its slot to the next block in launch order.
+4. L2 is a fully associative LRU over bytes, with atoms as the unit of recency and partial eviction of the
+   least-recent atom. This equals a line-granular LRU over the same trace when every access touches its atoms'
+   lines in a fixed order (tested against a plain line-level LRU).
+
+Approximation (``dedupe=True``, the default): within one round, a tile that several blocks read is touched once,
+at its first occurrence in the round (later reads in the same round are hits in both models; only their recency
+order inside the round differs; valid when L2 holds a few rounds' worth of tiles, R x tile bytes, which is 2 MiB
+against 60 MiB for flash2 on an H200). This makes lockstep blocks that stream the same K/V cost one LRU operation per
+round instead of R. The tests bound its difference from the exact trace (``dedupe=False``) on small cases.
+
+Not modeled: set associativity and address hashing, the two L2 partitions, sectors of a line left unfilled (row
+segments shorter than a line), prefetch, compression, and differences in speed between blocks beyond "one tile
+access per round".
+"""
+
+from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError
+from .cache import KernelL2, L2Result, simulate_l2
+from .hooks import MAX_TRACED_ACCESSES, apply_l2, simulate_hbm
+from .launch import (
+    FLASH2_REGISTERS,
+    FLASH2_REGISTERS_DEFAULT,
+    KernelLaunchModel,
+    LaunchModel,
+    launch_model,
+    resident_blocks,
+)
+from .reference import compulsory, reference_lines
+from .trace import KernelTrace, Tracer, head_program, trace_program
+
+__all__ = [
+    "FLASH2_REGISTERS",
+    "FLASH2_REGISTERS_DEFAULT",
+    "KV_TENSORS",
+    "MAX_TRACED_ACCESSES",
+    "TENSOR_CODES",
+    "TENSOR_NAMES",
+    "KernelL2",
+    "KernelLaunchModel",
+    "KernelTrace",
+    "L2ModelError",
+    "L2Result",
+    "LaunchModel",
+    "Tracer",
+    "apply_l2",
+    "compulsory",
+    "head_program",
+    "launch_model",
+    "reference_lines",
+    "resident_blocks",
+    "simulate_hbm",
+    "simulate_l2",
+    "trace_program",
+]

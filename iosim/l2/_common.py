@@ -1,0 +1,23 @@
+"""What every part of the L2 model shares: the numba decorator, tensor codes, the error type."""
+
+from __future__ import annotations
+
+try:  # numba is a runtime dependency; the pure-Python fallback is only for environments without it
+    import numba
+
+    _njit = numba.njit(cache=True, nogil=True)
+except ImportError:  # pragma: no cover
+    numba = None
+
+    def _njit(f):
+        return f
+
+
+# tensor codes used in traces
+TENSOR_CODES = {"Q": 0, "K": 1, "V": 2, "O": 3, "S": 4, "P": 5, "m": 6, "l": 7, "lse": 8}
+TENSOR_NAMES = {v: k for k, v in TENSOR_CODES.items()}
+KV_TENSORS = (TENSOR_CODES["K"], TENSOR_CODES["V"])  # indexed by the key/value head
+
+
+class L2ModelError(ValueError):
+    """The L2 model cannot run as asked (missing profile field, unknown schedule geometry, ...)."""

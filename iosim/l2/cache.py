@@ -1,0 +1,710 @@
+"""Atoms and the L2 simulation: byte-weighted LRU (and the stack-distance variant) over the block schedule.
+
+Part of the L2 model; the model as a whole is described in :mod:`iosim.l2`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..problem import STAT_BYTES, AttentionProblem
+from ..profile import Profile, get_profile
+from ..schedules import Tiles
+from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError, _njit
+from .launch import LaunchModel, launch_model, resident_blocks
+from .trace import KernelTrace, head_program
+
+
+@dataclass
+class _Atoms:
+    """The atoms of one kernel (one head) and each access as (first atom, shape)."""
+
+    atom_bytes: np.ndarray  # int64 [A]
+    atom_kv: np.ndarray  # bool [A]: indexed by the kv head (K, V), else by the query head
+    atom_tensor: np.ndarray  # int64 [A]
+    acc_atom: np.ndarray  # int32 per access: its first atom
+    # int32 per access: 0 = one atom; k > 0 = shapes row k (rows of atoms, cols, stride)
+    acc_shape: np.ndarray
+    shapes: np.ndarray  # int64 [K, 3]
+
+
+def _bounds(starts, stops, size):
+    mark = np.zeros(size + 1, dtype=bool)
+    mark[starts] = True
+    mark[stops] = True
+    rb = np.flatnonzero(mark).astype(np.int64)
+    lut = np.cumsum(mark) - 1  # lut[x] = index of boundary x in rb (x a boundary)
+    return rb, lut
+
+
+def _atomize(kt: KernelTrace, p: AttentionProblem) -> _Atoms:
+    n_acc = len(kt.tensor)
+    acc_atom = np.zeros(n_acc, dtype=np.int64)
+    nr_all = np.ones(n_acc, dtype=np.int64)
+    nc_all = np.ones(n_acc, dtype=np.int64)
+    stride_all = np.ones(n_acc, dtype=np.int64)
+    bytes_parts, kv_parts, t_parts = [], [], []
+    nxt = 0
+    for t in range(len(TENSOR_CODES)):
+        sel = np.nonzero(kt.tensor == t)[0]
+        if len(sel) == 0:
+            continue
+        name = TENSOR_NAMES[t]
+        r0, r1 = kt.r0[sel], kt.r1[sel]
+        rb, rlut = _bounds(r0, r1, int(r1.max()))
+        has_cols = name in ("S", "P")
+        if has_cols:
+            c0, c1 = kt.c0[sel], kt.c1[sel]
+            cb, clut = _bounds(c0, c1, int(c1.max()))
+            ca0, ca1 = clut[c0], clut[c1]
+            width = np.diff(cb)
+        else:
+            cb = np.array([0, 1], np.int64)
+            ca0, ca1 = np.zeros(len(sel), np.int64), np.ones(len(sel), np.int64)
+            width = np.array([1 if name in ("m", "l", "lse") else p.head_dim])
+        ra0, ra1 = rlut[r0], rlut[r1]
+        nr, nc = len(rb) - 1, len(cb) - 1
+        acc_atom[sel] = nxt + ra0 * nc + ca0
+        nr_all[sel], nc_all[sel], stride_all[sel] = ra1 - ra0, ca1 - ca0, nc
+        elem = STAT_BYTES if name in ("m", "l", "lse") else p.elem_bytes
+        bytes_parts.append((np.diff(rb)[:, None] * width[None, :] * elem).reshape(-1).astype(np.int64))
+        kv_parts.append(np.full(nr * nc, t in KV_TENSORS))
+        t_parts.append(np.full(nr * nc, t, dtype=np.int64))
+        nxt += nr * nc
+    single = (nr_all == 1) & (nc_all == 1)
+    shape_keys = np.stack([nr_all, nc_all, stride_all], axis=1)
+    acc_shape = np.zeros(n_acc, dtype=np.int32)
+    shapes = np.zeros((1, 3), dtype=np.int64)
+    if not single.all():
+        uniq, inv = np.unique(shape_keys[~single], axis=0, return_inverse=True)
+        shapes = np.concatenate([shapes, uniq])
+        acc_shape[~single] = inv.reshape(-1) + 1
+    if nxt >= 2**31:
+        raise L2ModelError(f"{kt.name}: {nxt} atoms per head is too many for the model")
+
+    def cat(xs, dt):
+        return np.concatenate(xs) if xs else np.zeros(0, dt)
+
+    return _Atoms(
+        cat(bytes_parts, np.int64),
+        cat(kv_parts, bool),
+        cat(t_parts, np.int64),
+        acc_atom.astype(np.int32),
+        acc_shape,
+        shapes,
+    )
+
+
+@_njit
+def _launch_block(
+    launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
+):
+    """Put the grid's next thread block (number ``launched`` in launch order) into residency slot ``s``: its
+    accesses are ``ptr[b]:ptr[b+1]`` of the trace, offset into its head's Q-side and K/V-side atoms."""
+    nb = block_order.shape[0]
+    h = launched // nb
+    b = block_order[launched % nb]
+    slot_pos[s] = ptr[b]
+    slot_end[s] = ptr[b + 1]
+    slot_qoff[s] = head_q[h] * A
+    slot_kvoff[s] = head_kv[h] * A
+
+
+@_njit
+def _simulate_kernel(
+    ptr,
+    acc_atom,
+    acc_shape,
+    acc_write,
+    shapes,
+    atom_bytes,
+    atom_kv,
+    atom_tensor,
+    block_order,
+    head_q,
+    head_kv,
+    n_slots,
+    capacity,
+    dedupe,
+    out_read,
+    out_write,
+    cost_private,
+    cost_shared,
+    n_sms,
+):
+    """Round-robin execution of the grid over a byte-weighted LRU. Returns (dram_read, dram_write, dirty_end,
+    rounds); ``out_read``/``out_write`` (per tensor) are incremented.
+
+    Capacity is counted in half-bytes: an atom occupies ``cost * bytes / 2`` where ``cost`` is ``cost_private``
+    until SMs of both halves of the chip (slot % n_sms below / above n_sms / 2) have touched it, then
+    ``cost_shared`` (2 and 2: a plain LRU; 3 and 4: copies in both L2 partitions, see simulate_l2)."""
+    nb = block_order.shape[0]
+    n_heads = head_q.shape[0]
+    A = atom_bytes.shape[0]
+    n_slot_heads = max(head_q.max(), head_kv.max()) + 1
+    G = n_slot_heads * A
+    res = np.zeros(G, np.int64)
+    cost = np.zeros(G, np.int64)
+    mask = np.zeros(G, np.int8)
+    dirty = np.zeros(G, np.bool_)
+    prev = np.full(G, -1, np.int64)
+    nxt = np.full(G, -1, np.int64)
+    last_round = np.full(G, -1, np.int64)
+    cap_units = 2 * capacity
+    lru_head = -1  # most recent
+    lru_tail = -1  # least recent
+    used = 0  # half-bytes
+    dram_read = 0
+    dram_write = 0
+    total_blocks = nb * n_heads
+    slot_pos = np.zeros(n_slots, np.int64)
+    slot_end = np.zeros(n_slots, np.int64)
+    slot_qoff = np.zeros(n_slots, np.int64)
+    slot_kvoff = np.zeros(n_slots, np.int64)
+    slot_live = np.zeros(n_slots, np.bool_)
+    slot_half = np.zeros(n_slots, np.int8)
+    for s in range(n_slots):
+        slot_half[s] = 1 if (s % n_sms) * 2 < n_sms else 2
+    launched = 0
+    live = 0
+    for s in range(n_slots):
+        if launched < total_blocks:
+            _launch_block(
+                launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
+            )
+            slot_live[s] = True
+            launched += 1
+            live += 1
+    rnd = 0
+    while live > 0:
+        rnd += 1
+        for s in range(n_slots):
+            if not slot_live[s]:
+                continue
+            pos = slot_pos[s]
+            if pos < slot_end[s]:
+                a0 = acc_atom[pos]
+                w = acc_write[pos]
+                k = acc_shape[pos]
+                if k == 0:
+                    nr, nc, stride = 1, 1, 1
+                else:
+                    nr, nc, stride = shapes[k, 0], shapes[k, 1], shapes[k, 2]
+                for ra in range(nr):
+                    for ca in range(nc):
+                        a = a0 + ra * stride + ca
+                        g = a + (slot_kvoff[s] if atom_kv[a] else slot_qoff[s])
+                        size = atom_bytes[a]
+                        t = atom_tensor[a]
+                        r = res[g]
+                        mask[g] |= slot_half[s]
+                        want = cost_shared if mask[g] == 3 else cost_private
+                        if dedupe and (not w) and last_round[g] == rnd:
+                            if r > 0 and cost[g] != want:  # now shared: a second copy takes room
+                                used += r * (want - cost[g])
+                                cost[g] = want
+                            else:
+                                continue
+                        else:
+                            last_round[g] = rnd
+                            used -= r * cost[g]  # the atom's old room; it is re-linked at the head below
+                            if 0 < r < size:
+                                # partly evicted: it is the LRU tail, and a line-level LRU walking its lines in
+                                # order evicts each remaining line just before reaching it: all of it misses
+                                if dirty[g]:
+                                    dram_write += r
+                                    out_write[t] += r
+                                    dirty[g] = False
+                            if r > 0:  # unlink
+                                pv = prev[g]
+                                nx = nxt[g]
+                                if pv >= 0:
+                                    nxt[pv] = nx
+                                else:
+                                    lru_head = nx
+                                if nx >= 0:
+                                    prev[nx] = pv
+                                else:
+                                    lru_tail = pv
+                            miss = 0 if r == size else size
+                            if w:
+                                dirty[g] = True
+                            else:
+                                dram_read += miss
+                                out_read[t] += miss
+                            res[g] = size
+                            cost[g] = want
+                            used += size * want
+                            prev[g] = -1  # link at the head (most recent)
+                            nxt[g] = lru_head
+                            if lru_head >= 0:
+                                prev[lru_head] = g
+                            lru_head = g
+                            if lru_tail < 0:
+                                lru_tail = g
+                        while used > cap_units:  # evict the least recent bytes
+                            v = lru_tail  # (v == g only for an atom larger than L2: its first bytes go)
+                            cv = cost[v]
+                            take = min(res[v], (used - cap_units + cv - 1) // cv)
+                            res[v] -= take
+                            used -= take * cv
+                            if dirty[v]:
+                                dram_write += take
+                                out_write[atom_tensor[v % A]] += take
+                            if res[v] == 0:
+                                dirty[v] = False
+                                mask[v] = 0
+                                cost[v] = 0
+                                pv = prev[v]
+                                lru_tail = pv
+                                if pv >= 0:
+                                    nxt[pv] = -1
+                                else:
+                                    lru_head = -1
+                                prev[v] = -1
+                pos += 1
+                slot_pos[s] = pos
+            if pos >= slot_end[s]:
+                if launched < total_blocks:
+                    _launch_block(
+                        launched,
+                        s,
+                        block_order,
+                        ptr,
+                        head_q,
+                        head_kv,
+                        A,
+                        slot_pos,
+                        slot_end,
+                        slot_qoff,
+                        slot_kvoff,
+                    )
+                    launched += 1
+                else:
+                    slot_live[s] = False
+                    live -= 1
+    dirty_end = 0
+    for g in range(G):
+        if dirty[g]:
+            dirty_end += res[g]
+    return dram_read, dram_write, dirty_end, rnd
+
+
+@_njit
+def _miss(curve_x, curve_y, d):
+    """Miss probability of a reuse at stack distance ``d`` bytes (linear interpolation, 1 beyond the curve)."""
+    n = curve_x.shape[0]
+    if d >= curve_x[n - 1]:
+        return 1.0
+    if d <= curve_x[0]:
+        return curve_y[0]
+    lo, hi = 0, n - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if curve_x[mid] <= d:
+            lo = mid
+        else:
+            hi = mid
+    f = (d - curve_x[lo]) / (curve_x[hi] - curve_x[lo])
+    return curve_y[lo] + f * (curve_y[hi] - curve_y[lo])
+
+
+@_njit
+def _bit_add(tree, i, v):
+    i += 1
+    n = tree.shape[0]
+    while i < n:
+        tree[i] += v
+        i += i & (-i)
+
+
+@_njit
+def _bit_prefix(tree, i):  # sum of [0, i]
+    s = 0
+    i += 1
+    while i > 0:
+        s += tree[i]
+        i -= i & (-i)
+    return s
+
+
+@_njit
+def _simulate_kernel_sd(
+    ptr,
+    acc_atom,
+    acc_shape,
+    acc_write,
+    shapes,
+    atom_bytes,
+    atom_kv,
+    atom_tensor,
+    block_order,
+    head_q,
+    head_kv,
+    n_slots,
+    dedupe,
+    out_read,
+    out_write,
+    curve_x,
+    curve_y,
+    window,
+):
+    """The same execution as :func:`_simulate_kernel`, with L2 hits decided by a measured miss curve: a reuse of
+    an atom after ``d`` distinct bytes (its LRU stack distance) misses with probability ``curve(d)``; a dirty
+    atom is written back with the probability that it was evicted. Expected bytes (floats)."""
+    nb = block_order.shape[0]
+    n_heads = head_q.shape[0]
+    A = atom_bytes.shape[0]
+    n_slot_heads = max(head_q.max(), head_kv.max()) + 1
+    G = n_slot_heads * A
+    dmax = curve_x[curve_x.shape[0] - 1]
+    last_t = np.full(G, -1, np.int64)
+    dirty = np.zeros(G, np.float64)  # expected dirty bytes in L2
+    last_round = np.full(G, -1, np.int64)
+    TW = window
+    tree = np.zeros(TW + 1, np.int64)
+    atom_at = np.full(TW, -1, np.int64)
+    total = 0  # bytes of atoms in the window
+    tau = 0
+    oldest = 0
+    dram_read = 0.0
+    dram_write = 0.0
+    total_blocks = nb * n_heads
+    slot_pos = np.zeros(n_slots, np.int64)
+    slot_end = np.zeros(n_slots, np.int64)
+    slot_qoff = np.zeros(n_slots, np.int64)
+    slot_kvoff = np.zeros(n_slots, np.int64)
+    slot_live = np.zeros(n_slots, np.bool_)
+    launched = 0
+    live = 0
+    for s in range(n_slots):
+        if launched < total_blocks:
+            _launch_block(
+                launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
+            )
+            slot_live[s] = True
+            launched += 1
+            live += 1
+    rnd = 0
+    while live > 0:
+        rnd += 1
+        for s in range(n_slots):
+            if not slot_live[s]:
+                continue
+            pos = slot_pos[s]
+            if pos < slot_end[s]:
+                a0 = acc_atom[pos]
+                w = acc_write[pos]
+                k = acc_shape[pos]
+                if k == 0:
+                    nr, nc, stride = 1, 1, 1
+                else:
+                    nr, nc, stride = shapes[k, 0], shapes[k, 1], shapes[k, 2]
+                for ra in range(nr):
+                    for ca in range(nc):
+                        a = a0 + ra * stride + ca
+                        g = a + (slot_kvoff[s] if atom_kv[a] else slot_qoff[s])
+                        if dedupe and (not w) and last_round[g] == rnd:
+                            continue
+                        last_round[g] = rnd
+                        size = atom_bytes[a]
+                        t = atom_tensor[a]
+                        lt = last_t[g]
+                        if lt >= 0:
+                            d = total - _bit_prefix(tree, lt)
+                            m = _miss(curve_x, curve_y, d)
+                            _bit_add(tree, lt, -size)
+                            total -= size
+                            atom_at[lt] = -1
+                        else:
+                            m = 1.0
+                        if dirty[g] > 0:
+                            wb = dirty[g] * m
+                            dram_write += wb
+                            out_write[t] += wb
+                            dirty[g] -= wb
+                        if w:
+                            dirty[g] = size
+                        else:
+                            dram_read += size * m
+                            out_read[t] += size * m
+                        if tau == TW:  # renumber the window's timestamps from 0
+                            j = 0
+                            for u in range(oldest, TW):
+                                v = atom_at[u]
+                                if v >= 0:
+                                    atom_at[j] = v
+                                    last_t[v] = j
+                                    j += 1
+                            for u in range(j, TW):
+                                atom_at[u] = -1
+                            tree[:] = 0
+                            for u in range(j):
+                                _bit_add(tree, u, atom_bytes[atom_at[u] % A])
+                            tau = j
+                            oldest = 0
+                        last_t[g] = tau
+                        atom_at[tau] = g
+                        _bit_add(tree, tau, size)
+                        total += size
+                        tau += 1
+                        # atoms more than the curve's reach behind are surely gone: drop them
+                        while oldest < tau:
+                            v = atom_at[oldest]
+                            if v < 0:
+                                oldest += 1
+                                continue
+                            vb = atom_bytes[v % A]
+                            if total - _bit_prefix(tree, oldest) < dmax:
+                                break
+                            if dirty[v] > 0:
+                                dram_write += dirty[v]
+                                out_write[atom_tensor[v % A]] += dirty[v]
+                                dirty[v] = 0.0
+                            _bit_add(tree, oldest, -vb)
+                            total -= vb
+                            last_t[v] = -1
+                            atom_at[oldest] = -1
+                            oldest += 1
+                pos += 1
+                slot_pos[s] = pos
+            if pos >= slot_end[s]:
+                if launched < total_blocks:
+                    _launch_block(
+                        launched,
+                        s,
+                        block_order,
+                        ptr,
+                        head_q,
+                        head_kv,
+                        A,
+                        slot_pos,
+                        slot_end,
+                        slot_qoff,
+                        slot_kvoff,
+                    )
+                    launched += 1
+                else:
+                    slot_live[s] = False
+                    live -= 1
+    dirty_end = 0.0
+    for u in range(oldest, tau):
+        v = atom_at[u]
+        if v >= 0 and dirty[v] > 0:
+            m = _miss(curve_x, curve_y, total - _bit_prefix(tree, u))
+            dram_write += dirty[v] * m
+            out_write[atom_tensor[v % A]] += dirty[v] * m
+            dirty_end += dirty[v] * (1.0 - m)
+    return dram_read, dram_write, dirty_end, rnd
+
+
+def _head_slots(p: AttentionProblem, head_order: str) -> tuple[np.ndarray, np.ndarray]:
+    """Query-head and kv-head slot of each head, in the order the grid launches them."""
+    B, H, Hk = p.batch, p.heads, p.kv_heads
+    g = H // Hk
+    if head_order == "batch_major":
+        b, h = np.divmod(np.arange(B * H, dtype=np.int64), H)
+    elif head_order == "head_major":
+        h, b = np.divmod(np.arange(B * H, dtype=np.int64), B)
+    else:
+        raise L2ModelError(f"head_order={head_order!r}")
+    return b * H + h, b * Hk + h // g
+
+
+@dataclass
+class KernelL2:
+    name: str
+    grid: int  # thread blocks of the schedule's program (all heads)
+    resident: int  # program blocks running at once
+    resident_limits: dict
+    dram_read: int
+    dram_write: int
+    dirty_at_end: int
+    read_by_tensor: dict = field(default_factory=dict)
+    write_by_tensor: dict = field(default_factory=dict)
+    global_read: int = 0
+    global_write: int = 0
+    rounds: int = 0
+
+
+@dataclass
+class L2Result:
+    schedule: str
+    profile: str
+    capacity: int
+    kernels: list[KernelL2]
+    launch: LaunchModel
+    dedupe: bool
+    seconds: float = 0.0
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(k.dram_read for k in self.kernels)
+
+    @property
+    def write_bytes(self) -> int:
+        return sum(k.dram_write for k in self.kernels)
+
+    def to_json(self) -> dict:
+        return {
+            "model": "l2-lru",
+            "conditions": "L2 flushed before each kernel; dirty lines left in L2 at kernel end not written (ncu)",
+            "capacity_bytes": self.capacity,
+            "dedupe": self.dedupe,
+            "launch": self.launch.note,
+            "kernels": [
+                {
+                    "name": k.name,
+                    "grid": k.grid,
+                    "resident": k.resident,
+                    "hbm_read_bytes": k.dram_read,
+                    "hbm_write_bytes": k.dram_write,
+                    "dirty_at_end_bytes": k.dirty_at_end,
+                    "hbm_read_by_tensor": k.read_by_tensor,
+                    "hbm_write_by_tensor": k.write_by_tensor,
+                }
+                for k in self.kernels
+            ],
+        }
+
+
+def simulate_l2(
+    schedule: str,
+    problem: AttentionProblem,
+    tiles: Tiles,
+    profile: str | Profile | None = None,
+    *,
+    capacity: int | None = None,
+    resident: int | list[int] | None = None,
+    dedupe: bool = True,
+    variant: str = "iosim",
+    registers: int | list[int] | None = None,
+    fast: bool | None = None,
+    traces: list[KernelTrace] | None = None,
+    partitions: bool = False,
+    miss_curve: list[tuple[float, float]] | None = None,
+) -> L2Result:
+    """DRAM read/write bytes of every kernel of ``schedule`` under the L2 model (see the module docstring).
+
+    ``capacity`` overrides the profile's L2 size; ``resident`` the number of program blocks running at once (one
+    number, or one per kernel); ``variant``: ``"iosim"`` (our kernels' launch) or ``"fa2"`` (FlashAttention-2's)."""
+    import time
+
+    t0 = time.perf_counter()
+    prof = get_profile(profile)
+    cap = int(capacity if capacity is not None else prof.require("l2.capacity"))
+    lm = launch_model(schedule, problem, tiles, variant=variant, registers=registers)
+    if traces is None:
+        traces = head_program(schedule, problem, tiles, kv_order=lm.kv_order, fast=fast)
+    head_q, head_kv = _head_slots(problem, lm.head_order)
+    out = []
+    for ki, kt in enumerate(traces):
+        klm = lm.kernels[ki]
+        if resident is None:
+            r_gpu, limits = resident_blocks(prof, klm.threads, klm.smem, klm.registers)
+            r = max(1, r_gpu // klm.gpu_blocks_per_block)
+        else:
+            r = resident[ki] if isinstance(resident, (list, tuple)) else resident
+            limits = {"given": r}
+        at = _atomize(kt, problem)
+        nb = kt.n_blocks
+        costs = (3, 4) if partitions else (2, 2)
+        sms = int(prof.require("sm_count"))
+        order = np.arange(nb, dtype=np.int64)
+        if klm.block_order == "reverse":
+            order = order[::-1].copy()
+        r = int(min(r, nb * len(head_q))) if nb else 1
+        rd_t = np.zeros(len(TENSOR_CODES), np.int64)
+        wr_t = np.zeros(len(TENSOR_CODES), np.int64)
+        if nb == 0:
+            rd = wr = dirty = rounds = 0
+        elif miss_curve is not None:
+            cx = np.array([x for x, _ in miss_curve], dtype=np.float64)
+            cy = np.array([y for _, y in miss_curve], dtype=np.float64)
+            rdf, wrf = np.zeros(len(TENSOR_CODES)), np.zeros(len(TENSOR_CODES))
+            rd, wr, dirty, rounds = _simulate_kernel_sd(
+                kt.ptr,
+                at.acc_atom,
+                at.acc_shape,
+                kt.write,
+                at.shapes,
+                at.atom_bytes,
+                at.atom_kv,
+                at.atom_tensor,
+                order,
+                head_q,
+                head_kv,
+                r,
+                dedupe,
+                rdf,
+                wrf,
+                cx,
+                cy,
+                1 << 22,
+            )
+            rd, wr, dirty = round(rd), round(wr), round(dirty)
+            rd_t, wr_t = np.round(rdf).astype(np.int64), np.round(wrf).astype(np.int64)
+        else:
+            rd, wr, dirty, rounds = _simulate_kernel(
+                kt.ptr,
+                at.acc_atom,
+                at.acc_shape,
+                kt.write,
+                at.shapes,
+                at.atom_bytes,
+                at.atom_kv,
+                at.atom_tensor,
+                order,
+                head_q,
+                head_kv,
+                r,
+                cap,
+                dedupe,
+                rd_t,
+                wr_t,
+                costs[0],
+                costs[1],
+                sms,
+            )
+        gr, gw = _global_bytes(kt, problem, len(head_q))
+        out.append(
+            KernelL2(
+                kt.name,
+                nb * len(head_q),
+                r,
+                limits,
+                int(rd),
+                int(wr),
+                int(dirty),
+                {TENSOR_NAMES[i]: int(v) for i, v in enumerate(rd_t) if v},
+                {TENSOR_NAMES[i]: int(v) for i, v in enumerate(wr_t) if v},
+                gr,
+                gw,
+                int(rounds),
+            )
+        )
+    return L2Result(schedule, prof.name, cap, out, lm, dedupe, time.perf_counter() - t0)
+
+
+def _access_bytes(kt: KernelTrace, p: AttentionProblem) -> np.ndarray:
+    """Bytes of each access of a trace."""
+    nbytes = np.zeros(len(kt.tensor), dtype=np.int64)
+    rows = kt.r1 - kt.r0
+    for t in np.unique(kt.tensor):
+        sel = kt.tensor == t
+        name = TENSOR_NAMES[int(t)]
+        if name in ("S", "P"):
+            nbytes[sel] = rows[sel] * (kt.c1[sel] - kt.c0[sel]) * p.elem_bytes
+        elif name in ("m", "l", "lse"):
+            nbytes[sel] = rows[sel] * STAT_BYTES
+        else:
+            nbytes[sel] = rows[sel] * p.head_dim * p.elem_bytes
+    return nbytes
+
+
+def _global_bytes(kt: KernelTrace, p: AttentionProblem, n_heads: int) -> tuple[int, int]:
+    """The trace's requested bytes (all heads): equal to the schedule's ``global`` count (tested)."""
+    nbytes = _access_bytes(kt, p)
+    return int(nbytes[~kt.write].sum()) * n_heads, int(nbytes[kt.write].sum()) * n_heads

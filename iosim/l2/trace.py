@@ -1,0 +1,176 @@
+"""The tracer: a schedule's tile program, recorded as tile accesses per thread block.
+
+Part of the L2 model; the model as a whole is described in :mod:`iosim.l2`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..blocks import cdiv, n_kv_blocks_visible
+from ..machine import Counter
+from ..problem import AttentionProblem
+from ..schedules import Tiles, get_schedule
+from ._common import TENSOR_CODES, _njit
+
+
+class Tracer(Counter):
+    """Records every global load/store of a tile program as ``(tensor, r0, r1, c0, c1, write)`` per thread block.
+
+    It counts like the :class:`~iosim.machine.Counter` it extends (so a test can check the trace adds up to the
+    schedule's ``global`` bytes). ``kv_order`` overrides the order of the K/V loop (``"forward"`` as written, or
+    ``"reverse"`` as FlashAttention-2's CUDA kernel iterates). One kernel launch = one list of blocks.
+    """
+
+    def __init__(self, problem: AttentionProblem, kv_order: str = "forward"):
+        super().__init__(problem)
+        self.kv_order = kv_order
+        self.traces: list[list[list[tuple]]] = []  # kernel -> block -> accesses
+        self._blocks: list[list[tuple]] | None = None
+        self._cur: list[tuple] | None = None
+
+    @contextmanager
+    def kernel(self, name, grid):
+        self._blocks = []
+        with super().kernel(name, grid):
+            yield
+        if self._cur is not None:  # a kernel whose program opened no thread block (one block for the grid)
+            self._blocks.append(self._cur)
+            self._cur = None
+        self.traces.append(self._blocks)
+        self._blocks = None
+
+    @contextmanager
+    def thread_block(self):
+        self._cur = []
+        with super().thread_block():
+            yield
+        self._blocks.append(self._cur)
+        self._cur = None
+
+    def order(self, blocks):
+        return reversed(list(blocks)) if self.kv_order == "reverse" else blocks
+
+    def _rec(self, tensor, rows, cols, write):
+        if self._cur is None:
+            self._cur = []
+        c0, c1 = (cols.start, cols.stop) if cols is not None else (0, 0)
+        self._cur.append((TENSOR_CODES[tensor], rows.start, rows.stop, c0, c1, write))
+
+    def load(self, tensor, rows, cols=None):
+        self._rec(tensor, rows, cols, False)
+        return super().load(tensor, rows, cols)
+
+    def store(self, tensor, rows, tile, cols=None):
+        self._rec(tensor, rows, cols, True)
+        return super().store(tensor, rows, tile, cols)
+
+    def fill(self, tensor, rows, value):
+        self._rec(tensor, rows, None, True)
+        return super().fill(tensor, rows, value)
+
+
+@dataclass
+class KernelTrace:
+    """One kernel's accesses for one head: block b's accesses are rows ``ptr[b]:ptr[b+1]`` of the arrays."""
+
+    name: str
+    ptr: np.ndarray  # int64 (blocks + 1)
+    tensor: np.ndarray  # int8
+    r0: np.ndarray  # int64
+    r1: np.ndarray
+    c0: np.ndarray
+    c1: np.ndarray
+    write: np.ndarray  # bool
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.ptr) - 1
+
+
+def _from_lists(name: str, blocks: list[list[tuple]]) -> KernelTrace:
+    ptr = np.zeros(len(blocks) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(b) for b in blocks])
+    flat = [a for b in blocks for a in b]
+    arr = np.array(flat, dtype=np.int64).reshape(-1, 6) if flat else np.zeros((0, 6), dtype=np.int64)
+    return KernelTrace(
+        name,
+        ptr,
+        arr[:, 0].astype(np.int8),
+        arr[:, 1].copy(),
+        arr[:, 2].copy(),
+        arr[:, 3].copy(),
+        arr[:, 4].copy(),
+        arr[:, 5].astype(bool),
+    )
+
+
+def trace_program(
+    schedule: str, problem: AttentionProblem, tiles: Tiles, kv_order: str = "forward"
+) -> list[KernelTrace]:
+    """Run the schedule's tile program for one head through the :class:`Tracer`."""
+    x = Tracer(problem, kv_order)
+    get_schedule(schedule).program(x, problem, tiles)
+    return [_from_lists(k.name, blocks) for k, blocks in zip(x.kernels, x.traces, strict=True)]
+
+
+@_njit
+def _flash2_fill(Tr, Br, Bc, N, Nk, n, reverse, ptr, tensor, r0, r1, write):
+    for i in range(Tr):
+        p = ptr[i]
+        qs, qe = i * Br, min((i + 1) * Br, N)
+        if n[i] > 0:  # a block that sees no key (causal) loads nothing and writes O = 0, lse = -inf
+            tensor[p] = 0
+            r0[p] = qs
+            r1[p] = qe
+            p += 1
+        for s in range(n[i]):
+            j = n[i] - 1 - s if reverse else s
+            for code in (1, 2):  # K_j, V_j
+                tensor[p] = code
+                r0[p] = j * Bc
+                r1[p] = min((j + 1) * Bc, Nk)
+                p += 1
+        for code in (3, 8):  # O_i, lse_i
+            tensor[p] = code
+            r0[p] = qs
+            r1[p] = qe
+            write[p] = True
+            p += 1
+
+
+def _flash2_fast(p: AttentionProblem, t: Tiles, kv_order: str) -> list[KernelTrace]:
+    """The flash2 program's records, built without walking the program (equal to the tracer's: tests)."""
+    N, Nk, Br, Bc = p.seq_len, p.kv_len, t.block_q, t.block_kv
+    Tr = cdiv(N, Br)
+    i = np.arange(Tr, dtype=np.int64)
+    n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=np.int64).reshape(Tr)
+    ptr = np.zeros(Tr + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(np.where(n > 0, 2 * n + 3, 2))  # Q, (K, V) x n, O, lse
+    total = int(ptr[-1])
+    tensor = np.empty(total, dtype=np.int8)
+    r0 = np.empty(total, dtype=np.int64)
+    r1 = np.empty(total, dtype=np.int64)
+    write = np.zeros(total, dtype=bool)
+    _flash2_fill(Tr, Br, Bc, N, Nk, n, kv_order == "reverse", ptr, tensor, r0, r1, write)
+    zeros = np.zeros(total, dtype=np.int64)
+    return [KernelTrace("flash2_fwd", ptr, tensor, r0, r1, zeros, zeros, write)]
+
+
+def head_program(
+    schedule: str,
+    problem: AttentionProblem,
+    tiles: Tiles,
+    *,
+    kv_order: str = "forward",
+    fast: bool | None = None,
+) -> list[KernelTrace]:
+    """Accesses of one head, per kernel. ``fast=None``: NumPy for flash2 (any size), the tracer otherwise."""
+    if fast is None:
+        fast = schedule == "flash2"
+    if fast and schedule == "flash2":
+        return _flash2_fast(problem, tiles, kv_order)
+    return trace_program(schedule, problem, tiles, kv_order)
