@@ -5,7 +5,7 @@
 //   (2) naive_softmax_kernel: P = softmax(S) row by row    read S once, write P (B, H, N, N_kv) in the input dtype;
 //                             fp32 arithmetic; the row is held in shared memory between its passes; a row that is
 //                             all -inf gets P = 0 (and lse = -inf when lse is asked for)
-//   (3) naive_pv_kernel:      O = P V                      read P, V; write O (B, N, H, d)
+//   (3) naive_pv_kernel:      O = P V                      read P once, V once per 64 rows; write O (B, N, H, d)
 // Q, O (B, N, H, d); K, V (B, N_kv, H_kv, d); query head h reads kv head h / (H / H_kv).
 // The GEMMs are plain shared-memory-tiled fp32 FMA kernels (correctness first, not speed); their tile sizes are the
 // compile-time constants below and are mirrored in iosim/gpu/build.py (NAIVE_TILES) for the simulator.
@@ -15,12 +15,19 @@
 //       for the softmax. Measured: see docs/kernels.md.
 //   v1.1 the two GEMMs' inner product factored into tile_fma (no change in code generation: ptxas reports the same
 //       registers, 80/31/40 on sm_90, no spills); GPU tests and compute-sanitizer re-run clean (docs/benchmarks.md run 6).
+//   v1.2 naive_pv_kernel: one block computes a 64-row x full-head-dim tile of O (grid (1, ceil(N/64), B*H)), so P
+//       is read from global memory exactly once and V once per 64-row block, as the `naive` schedule counts kernel 3
+//       ("one Br x d tile of O per thread block"). Before, O was tiled 64 x 64, so at d > 64 the ceil(d/64) blocks of
+//       one row block each re-read the same P rows (measured on an H200: `global` read 11.1% off the simulator's
+//       count). Each k-step stages the V rows for all head dims in shared memory, sB[chunk][16][68] (up to 4 chunks
+//       of 64 columns, d <= 256), and each thread accumulates acc[chunk][4][4] in registers. ptxas, sm_90: 128
+//       registers (__launch_bounds__(256, 2)), 21,760 B static shared memory, no spills (v1.1: 40 registers, 8,704 B).
 #include "common.cuh"
 
 namespace iosim {
 
 constexpr int kNaiveBM = 64;        // output rows per block (query rows)
-constexpr int kNaiveBN = 64;        // output columns per block (keys for QK^T, head dims for PV)
+constexpr int kNaiveBN = 64;        // output columns per tile (keys for QK^T; one chunk of head dims for PV)
 constexpr int kNaiveBK = 16;        // reduction step (head dims for QK^T, keys for PV)
 constexpr int kNaiveThreads = 256;  // 16 x 16 threads, 4 x 4 outputs each
 constexpr int kSoftmaxThreads = 256;
@@ -120,41 +127,63 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     if (lse != nullptr && threadIdx.x == 0) lse[row] = sum > 0.f ? m_safe + logf(sum) : -INFINITY;
 }
 
-// (3) O[b, i, h, n] = sum_j P[b, h, i, j] V[b, j, hk, n]; grid (ceil(d/64), ceil(N/64), B*H)
+// (3) O[b, i, h, n] = sum_j P[b, h, i, j] V[b, j, hk, n]; grid (1, ceil(N/64), B*H).
+// One block owns 64 query rows and ALL head dims of them, so each element of P is loaded from global memory by
+// exactly one block, exactly once (and V once per block). Per k-step of 16 keys the block stages
+//   sA = P[m0 : m0+64, k0 : k0+16]      and      sB[c] = V[k0 : k0+16, 64c : 64c+64] for every chunk c < d/64,
+// then runs tile_fma once per chunk into acc[c]. Chunks at or past head_dim are skipped (a block-uniform branch).
+// __launch_bounds__(256, 2): two blocks per SM, so ptxas keeps to 128 registers (acc alone is 64; no spills).
+constexpr int kNaivePvChunks = 4;  // column chunks of kNaiveBN: head_dim <= 256
+
 template <typename T>
-__global__ void __launch_bounds__(kNaiveThreads)
+__global__ void __launch_bounds__(kNaiveThreads, 2)
     naive_pv_kernel(const T* __restrict__ p, const T* __restrict__ v, T* __restrict__ o, int seq_len, int kv_len,
                     int heads, int kv_heads, int head_dim) {
-    __shared__ float sA[kNaiveBK][kNaiveBM + 4];  // P tile, key-major
-    __shared__ float sB[kNaiveBK][kNaiveBN + 4];  // V tile, key-major
+    __shared__ float sA[kNaiveBK][kNaiveBM + 4];                  // P tile (64 rows x 16 keys), key-major
+    __shared__ float sB[kNaivePvChunks][kNaiveBK][kNaiveBN + 4];  // V tile (16 keys x all head dims), key-major
     const int bh = blockIdx.z, b = bh / heads, h = bh % heads, hk = h / (heads / kv_heads);
-    const int m0 = blockIdx.y * kNaiveBM, n0 = blockIdx.x * kNaiveBN;
+    const int m0 = blockIdx.y * kNaiveBM;
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const long long o_stride = (long long)heads * head_dim, kv_stride = (long long)kv_heads * head_dim;
     const T* pg = p + (long long)bh * seq_len * kv_len;
     const T* vg = v + (long long)b * kv_len * kv_stride + (long long)hk * head_dim;
-    float acc[4][4] = {};
+    float acc[kNaivePvChunks][4][4] = {};  // every loop over chunks is unrolled, so acc stays in registers
     for (int k0 = 0; k0 < kv_len; k0 += kNaiveBK) {
+        const T* pk = pg + (long long)m0 * kv_len + k0;  // P[m0, k0]
+        const T* vk = vg + (long long)k0 * kv_stride;    // V[k0, 0]
+#pragma unroll
         for (int idx = threadIdx.x; idx < kNaiveBM * kNaiveBK; idx += kNaiveThreads) {
-            const int r = idx / kNaiveBK, kk = idx % kNaiveBK;  // P: row r, key kk
-            sA[kk][r] = (m0 + r < seq_len && k0 + kk < kv_len) ? to_float(pg[(long long)(m0 + r) * kv_len + k0 + kk])
-                                                                 : 0.f;
-            const int kk2 = idx / kNaiveBN, n = idx % kNaiveBN;  // V: key kk2, dim n
-            sB[kk2][n] = (k0 + kk2 < kv_len && n0 + n < head_dim) ? to_float(vg[(k0 + kk2) * kv_stride + n0 + n]) : 0.f;
+            const int r = idx / kNaiveBK, kk = idx % kNaiveBK;  // P: row m0 + r, key k0 + kk
+            sA[kk][r] = (m0 + r < seq_len && k0 + kk < kv_len) ? to_float(pk[(long long)r * kv_len + kk]) : 0.f;
+        }
+#pragma unroll
+        for (int c = 0; c < kNaivePvChunks; ++c) {
+            const int n0 = c * kNaiveBN;
+            if (n0 >= head_dim) break;
+#pragma unroll
+            for (int idx = threadIdx.x; idx < kNaiveBK * kNaiveBN; idx += kNaiveThreads) {
+                const int kk = idx / kNaiveBN, n = idx % kNaiveBN;  // V: key k0 + kk, dim n0 + n
+                sB[c][kk][n] = (k0 + kk < kv_len && n0 + n < head_dim) ? to_float(vk[kk * kv_stride + n0 + n]) : 0.f;
+            }
         }
         __syncthreads();
-        tile_fma(acc, sA, sB, tx, ty);
+#pragma unroll
+        for (int c = 0; c < kNaivePvChunks; ++c)
+            if (c * kNaiveBN < head_dim) tile_fma(acc[c], sA, sB[c], tx, ty);
         __syncthreads();
     }
     T* og = o + (long long)b * seq_len * o_stride + (long long)h * head_dim;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int row = m0 + ty + 16 * i;
-        if (row >= seq_len) continue;
+    for (int c = 0; c < kNaivePvChunks; ++c) {
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            const int n = n0 + tx + 16 * jj;
-            if (n < head_dim) og[row * o_stride + n] = from_float<T>(acc[i][jj]);
+        for (int i = 0; i < 4; ++i) {
+            const int row = m0 + ty + 16 * i;
+            if (row >= seq_len) continue;
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                const int n = c * kNaiveBN + tx + 16 * jj;
+                if (n < head_dim) og[row * o_stride + n] = from_float<T>(acc[c][i][jj]);
+            }
         }
     }
 }

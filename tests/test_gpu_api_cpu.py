@@ -62,6 +62,9 @@ def test_instantiation_list_covers_every_tile_dtype_and_mask():
     assert inst.explicit_instantiation.startswith("template __global__ void " + inst.name_expression + "(")
     naive = build.naive_instances()
     assert len(naive) == 8 and {n.kind for n in naive} == {"qk", "softmax", "pv"}
+    # naive pv: one block covers every head dim (naive.cu kNaivePvChunks column chunks of 64)
+    pv = build.NAIVE_TILES["pv"]
+    assert max(build.HEAD_DIMS) <= pv["max_head_dim"] == 4 * pv["head_dim_chunk"]
 
 
 def test_default_tiles_rejects_unknown_head_dim_and_dtype():

@@ -187,6 +187,13 @@ def test_fa2_variant_reverses_kv_and_heads():
     assert lm.kv_order == "reverse" and lm.head_order == "head_major"
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_naive_pv_is_one_gpu_block_per_program_block(d):
+    """naive.cu v1.2: one pv block computes 64 query rows x all of d, so P is read once (no ceil(d/64) split)."""
+    pv = l2.launch_model("naive", _p(seq_len=256, head_dim=d), Tiles(64, 64)).kernels[2]
+    assert pv.gpu_blocks_per_block == 1 and pv.smem == (16 * 68 + 4 * 16 * 68) * 4 and pv.registers == 128
+
+
 def test_miss_curve_model_matches_lru_for_a_step_curve():
     """The stack-distance variant with a step miss curve at C is an LRU of capacity C (up to atom edges)."""
     p = _p(heads=4, kv_heads=2, seq_len=1024, head_dim=64, causal=True)

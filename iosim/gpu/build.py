@@ -151,8 +151,10 @@ NAIVE_TILES: dict[str, dict[str, int]] = {
     "qk": {"block_m": 64, "block_n": 64, "block_k": 16, "threads": 256},
     # P = softmax(S): one row of S per block, the row held in shared memory (kv_len elements) between passes
     "softmax": {"rows_per_block": 1, "threads": 256},
-    # O = P V: a 64 x 64 tile of O (rows x head dims) per block, reduction over keys in steps of 16
-    "pv": {"block_m": 64, "block_n": 64, "block_k": 16, "threads": 256},
+    # O = P V: a 64 x d tile of O (64 query rows x every head dim) per block, grid (1, ceil(N/64), B*H), so P is
+    # read once and V once per 64 rows; reduction over keys in steps of 16, V staged per step in column chunks of 64
+    # (at most 4: head_dim <= 256; the kernel's kNaivePvChunks)
+    "pv": {"block_m": 64, "block_k": 16, "head_dim_chunk": 64, "max_head_dim": 256, "threads": 256},
 }
 
 

@@ -27,8 +27,9 @@ class KernelLaunchModel:
     """How one kernel of a schedule is launched, per head: threads, shared memory, registers, block order.
 
     ``block_order``: permutation of the head's program blocks in ``blockIdx.x`` order (None = program order).
-    ``gpu_blocks_per_block``: thread blocks the GPU launches for one program block (naive pv at d > 64 splits the
-    output columns over ``ceil(d/64)`` blocks); residency is divided by it.
+    ``gpu_blocks_per_block``: thread blocks the GPU launches for one program block; residency is divided by it.
+    1 for every kernel iosim launches today (naive pv split O's columns over ``ceil(d/64)`` blocks before naive.cu
+    v1.2).
     """
 
     threads: int
@@ -87,21 +88,24 @@ def launch_model(
         )
     if schedule == "naive":
         # iosim/gpu/build.py NAIVE_TILES: qk grid (Tc, Tr, B*H) 256 threads; softmax one row per block;
-        # pv grid (ceil(d/64), Tr, B*H): ceil(d/64) blocks per Q block. Static smem of the GEMMs: 2 x 16 x 68 fp32.
-        # registers (ptxas via ncu on the H200): qk 80, softmax 31, pv 40
-        gemm_smem = 2 * 16 * 68 * 4
+        # pv grid (1, Tr, B*H): one GPU block per program block (64 query rows x all d, naive.cu v1.2).
+        # Static smem: qk 2 x 16 x 68 fp32 (Q and K tiles); pv 16 x 68 (P) + 4 x 16 x 68 (V, four 64-column
+        # chunks) fp32 = 21,760 B at every d. Registers: qk 80, softmax 31 (ptxas via ncu on the H200, v1.1);
+        # pv 128 (ptxas, sm_90, compile_check on naive.cu v1.2; ncu on the H200 read the same).
+        qk_smem = 2 * 16 * 68 * 4
+        pv_smem = (16 * 68 + 4 * 16 * 68) * 4
         regs = (
             registers
             if isinstance(registers, (list, tuple))
-            else [registers or 80, registers or 31, registers or 40]
+            else [registers or 80, registers or 31, registers or 128]
         )
         return LaunchModel(
             (
-                KernelLaunchModel(256, gemm_smem, regs[0]),
+                KernelLaunchModel(256, qk_smem, regs[0]),
                 KernelLaunchModel(256, problem.kv_len * e, regs[1]),
-                KernelLaunchModel(256, gemm_smem, regs[2], gpu_blocks_per_block=cdiv(d, 64)),
+                KernelLaunchModel(256, pv_smem, regs[2]),
             ),
-            note="iosim naive: qk grid (Tc, Tr, B*H), softmax (B*H*N), pv (ceil(d/64), Tr, B*H)",
+            note="iosim naive: qk grid (Tc, Tr, B*H), softmax (B*H*N), pv (1, Tr, B*H)",
         )
     if schedule == "flash1":
         return LaunchModel(
