@@ -1,6 +1,6 @@
 """Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
 
-    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|flash|naive|all] [--quick]
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|flash|naive|big|all] [--quick]
 
 Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). The
 simulation side runs on any CPU: benchmarks/validate_compare.py.
@@ -25,6 +25,16 @@ def sweep(part: str) -> list[Config]:
         c += [Config("copy", nbytes=64 * MiB), Config("copy", nbytes=256 * MiB)]
         c += [Config("l2probe", nbytes=s * MiB) for s in (8, 16, 24, 32, 40, 48, 56, 64, 80)]
         c += [Config("l2bw", nbytes=8 * MiB)]
+    if part in ("writeback", "all"):  # how dirty lines leave L2: the L2 model's write-back input
+        W = "l2write"
+        c += [Config(W, nbytes=s * MiB) for s in (8, 16, 24, 32, 40, 48, 64, 96)]  # writes only
+        for shared in (False, True):  # 8 MiB dirty, then reads of other data, one SM / every SM per line
+            c += [
+                Config(W, nbytes=8 * MiB, read_bytes=r * MiB, read_shared=shared)
+                for r in (8, 16, 24, 32, 40, 48, 64)
+            ]
+        c += [Config(W, nbytes=s * MiB, spin_us=2000) for s in (8, 32)]  # idle: does L2 clean on its own?
+        c += [Config(W, nbytes=32 * MiB, read_bytes=r * MiB) for r in (8, 16, 32)]
     if part in ("flash", "all"):
         F = "flash2"
         c += [

@@ -80,7 +80,7 @@ OPTIONAL_METRICS = (  # used where ``ncu --query-metrics`` lists them
     "launch__block_size",
 )
 KERNEL_REGEX = r"iosim_|flash_fwd|naive_|sdpa|fprop|fmha"
-KINDS = ("flash2", "naive", "sdpa-flash", "sdpa-cudnn", "copy", "l2probe", "l2bw")
+KINDS = ("flash2", "naive", "sdpa-flash", "sdpa-cudnn", "copy", "l2probe", "l2bw", "l2write")
 
 
 class MeasureError(RuntimeError):
@@ -91,7 +91,9 @@ class MeasureError(RuntimeError):
 class Config:
     """One measured call: ``kind`` is a schedule of ours (flash2, naive), a torch SDPA backend (sdpa-flash,
     sdpa-cudnn), or a probe (copy: a float4 copy of ``nbytes``; l2probe: read ``nbytes`` twice; l2bw: L2 read
-    bandwidth over ``nbytes``)."""
+    bandwidth over ``nbytes``; l2write: write ``nbytes`` (dirty lines), then, after a grid barrier and
+    ``spin_us`` of idling, read ``read_bytes`` of other data, each line by one SM or, ``read_shared``, by every
+    SM: the DRAM writes are the dirty bytes the reads pushed out of L2)."""
 
     kind: str
     seq_len: int = 1024
@@ -105,6 +107,9 @@ class Config:
     block_q: int | None = None
     block_kv: int | None = None
     nbytes: int = 0
+    read_bytes: int = 0
+    read_shared: bool = False
+    spin_us: int = 0
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -262,6 +267,33 @@ extern "C" __global__ void iosim_l2probe(const float4* __restrict__ a, float* ou
         }
     if (s == 12345.678f) out[0] = s;  // keeps the loads; never true for the data used
 }
+// Write-back probe: one block per SM (all co-resident). Phase 1 writes w (dirty lines); a grid barrier; thread 0 of
+// each block idles spin_ns on the global timer; phase 2 reads r through L2 (ld.global.cg): each float4 by one
+// block (shared = 0) or the whole of r by every block in the same order (shared = 1, like K/V in attention).
+extern "C" __global__ void iosim_l2write(float4* w, long long nw, const float4* __restrict__ r, long long nr,
+                                         int shared, long long spin_ns, unsigned* bar, float* out) {
+    const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x, nthreads = (long long)gridDim.x * blockDim.x;
+    for (long long i = tid; i < nw; i += nthreads) w[i] = make_float4(1.f, 2.f, 3.f, (float)i);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(bar, 1u);
+        while (atomicAdd(bar, 0u) < gridDim.x) {}
+        if (spin_ns > 0) {
+            unsigned long long t0, t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+            do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < (unsigned long long)spin_ns);
+        }
+    }
+    __syncthreads();
+    float s = 0.f;
+    const long long start = shared ? threadIdx.x : tid, step = shared ? blockDim.x : nthreads;
+    for (long long i = start; i < nr; i += step) {
+        float4 x = __ldcg(r + i);
+        s += x.x + x.y + x.z + x.w;
+    }
+    if (s == 12345.678f) out[0] = s;
+}
 """
 
 
@@ -276,6 +308,7 @@ def _worker(spec_path: str, out_path: str) -> None:
     marker = mod.get_function("iosim_marker")
     copy_k = mod.get_function("iosim_copy")
     probe_k = mod.get_function("iosim_l2probe")
+    write_k = mod.get_function("iosim_l2write")
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     dummy = cp.zeros(1, dtype=cp.int32)
     try:
@@ -287,7 +320,7 @@ def _worker(spec_path: str, out_path: str) -> None:
         c = Config(**c)
         rec: dict = {"index": idx, "config": asdict(c)}
         try:
-            fn, info = _prepare(c, cp, torch, copy_k, probe_k, sms)
+            fn, info = _prepare(c, cp, torch, (copy_k, probe_k, write_k), sms)
             rec.update(info)
             if mode == "profile":
                 marker((idx + 1,), (32,), (dummy,))
@@ -339,8 +372,32 @@ def _time(fn, cp, reps: int, warmup: int) -> float:
     return statistics.median(ts)
 
 
-def _prepare(c: Config, cp, torch, copy_k, probe_k, sms):
+def _prepare(c: Config, cp, torch, probes, sms):
     """A zero-argument callable that launches the config once, and facts about it."""
+    copy_k, probe_k, write_k = probes
+    if c.kind == "l2write":
+        nw, nr = c.nbytes // 16, c.read_bytes // 16
+        w = cp.zeros(max(nw, 1) * 4, dtype=cp.float32)
+        r = cp.random.random(max(nr, 1) * 4, dtype=cp.float32) + 1.0
+        bar = cp.zeros(1, dtype=cp.uint32)
+        o = cp.zeros(1, dtype=cp.float32)
+        args = (
+            w,
+            cp.int64(nw),
+            r,
+            cp.int64(nr),
+            cp.int32(int(c.read_shared)),
+            cp.int64(c.spin_us * 1000),
+            bar,
+            o,
+        )
+
+        def run():
+            cp.cuda.runtime.memsetAsync(bar.data.ptr, 0, 4, cp.cuda.get_current_stream().ptr)
+            write_k((sms,), (256,), args)  # one block per SM: the grid barrier needs all of them resident
+
+        reads = nr * 16 * (sms if c.read_shared else 1)
+        return run, {"bytes": nw * 16 + reads, "write_bytes": nw * 16, "read_bytes": reads}
     if c.kind == "copy":
         n = c.nbytes // 16
         a = cp.random.random(n * 4, dtype=cp.float32)

@@ -94,3 +94,41 @@ __device__ __forceinline__ float exp2_approx(float x) {  // 2^x; ex2.approx(-inf
 }
 
 }  // namespace iosim
+
+#ifdef IOSIM_BLOCK_TRACE
+// Block timeline (compiled only with -DIOSIM_BLOCK_TRACE; iosim.gpu.attention(block_trace=...) sets it): thread 0
+// of every thread block writes {start ns, end ns, SM id, 0} (%globaltimer, %smid) to iosim_block_trace[4 * linear
+// block id]. The L2 model's drift input (docs/validation.md); one store pair per block, off the hot loop.
+__device__ unsigned long long* iosim_block_trace;
+
+namespace iosim {
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned long long* block_trace_record() {  // this block's 4 slots, or null
+    if (threadIdx.x != 0 || iosim_block_trace == nullptr) return nullptr;
+    return iosim_block_trace + 4 * (blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+}
+// RAII: start and SM are stored at once (no register held across the kernel); the end when the body returns,
+// whichever return it takes.
+struct BlockTrace {
+    __device__ BlockTrace() {
+        if (unsigned long long* rec = block_trace_record()) {
+            unsigned smid;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+            rec[0] = global_timer_ns();
+            rec[2] = smid;
+            rec[3] = 0;
+        }
+    }
+    __device__ ~BlockTrace() {
+        if (unsigned long long* rec = block_trace_record()) rec[1] = global_timer_ns();
+    }
+};
+}  // namespace iosim
+#define IOSIM_TRACE_BLOCK() ::iosim::BlockTrace iosim_block_trace_guard_
+#else
+#define IOSIM_TRACE_BLOCK() ((void)0)
+#endif

@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(128)
     static_assert(Br % (16 * kWarps) == 0 && Bc % 16 == 0 && D % 32 == 0, "tile shape");
 
     constexpr int Stages = flash_stages(D);
+    IOSIM_TRACE_BLOCK();  // no-op unless compiled with -DIOSIM_BLOCK_TRACE (kernels/common.cuh)
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T* sQ = reinterpret_cast<T*>(smem_raw);  // Br x D

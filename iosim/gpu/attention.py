@@ -224,22 +224,34 @@ def _validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_
 # compilation (one module per instantiation, cached per process; CuPy caches the cubin on disk)
 
 
-def _kernel(cp: Any, inst: Any, smem_bytes: int) -> Any:
+def _kernel(cp: Any, inst: Any, smem_bytes: int, trace: bool = False) -> Any:
+    """The compiled kernel of ``inst``; ``trace``: the variant built with -DIOSIM_BLOCK_TRACE (then a pair
+    (kernel, module), the module holding the ``iosim_block_trace`` pointer)."""
     dev = cp.cuda.Device()
-    key = (inst, dev.id)
+    key = (inst, dev.id, trace)
     with _lock:
-        fn = _modules.get(key)
-        if fn is None:
+        hit = _modules.get(key)
+        if hit is None:
             kdir = kernels_dir()
             code = (kdir / inst.source).read_text()
-            mod = cp.RawModule(
-                code=code, options=build.nvrtc_options(kdir), name_expressions=[inst.name_expression]
-            )
-            fn = mod.get_function(inst.name_expression)
-            _modules[key] = fn
+            opts = build.nvrtc_options(kdir) + (("-DIOSIM_BLOCK_TRACE",) if trace else ())
+            mod = cp.RawModule(code=code, options=opts, name_expressions=[inst.name_expression])
+            hit = (mod.get_function(inst.name_expression), mod)
+            _modules[key] = hit
+    fn, mod = hit
     if smem_bytes > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem_bytes:
         fn.max_dynamic_shared_size_bytes = smem_bytes  # opt in to more than 48 KB of dynamic shared memory
-    return fn
+    return (fn, mod) if trace else fn
+
+
+def _set_block_trace(cp: Any, mod: Any, buf: Any, n_blocks: int) -> None:
+    if not (isinstance(buf, cp.ndarray) and buf.dtype == cp.uint64 and buf.size >= 4 * n_blocks):
+        raise ValueError(
+            f"block_trace: expected a CuPy uint64 array of at least 4 x {n_blocks} elements (one record per "
+            f"thread block), got {type(buf).__name__} {getattr(buf, 'dtype', '')} size {getattr(buf, 'size', '?')}"
+        )
+    sym = mod.get_global("iosim_block_trace")
+    cp.ndarray((1,), cp.uint64, memptr=sym)[0] = buf.data.ptr
 
 
 def _smem_limit(cp: Any) -> int:
@@ -263,6 +275,7 @@ def attention(
     return_lse: bool = False,
     out: Any = None,
     lse_out: Any = None,
+    block_trace: Any = None,
 ) -> Any:
     """softmax(scale * Q K^T) V on the GPU with iosim's kernels.
 
@@ -275,6 +288,9 @@ def attention(
     block_q, block_kv: flash2 tiles Br, Bc (both or neither; default :func:`default_tiles`).
     scale: default 1/sqrt(head_dim). return_lse: also return lse (batch, heads, seq_len) fp32, natural log.
     out, lse_out: optional preallocated CuPy outputs (every element is overwritten).
+    block_trace: flash2 only: a CuPy uint64 array of 4 x (number of thread blocks) elements; the kernel (built with
+    -DIOSIM_BLOCK_TRACE) writes each block's ``start_ns, end_ns, sm_id, 0`` at 4 x its linear block id
+    (``blockIdx.x + Tr * (blockIdx.y + H * blockIdx.z)``), the timeline the L2 model's drift input is read from.
     Returns a CuPy array like q (and lse when asked).
     """
     global _last
@@ -307,8 +323,12 @@ def attention(
             if lse is None:  # the kernel always writes lse (B*H*N*4 bytes, counted by the flash2 schedule)
                 lse = cp.empty((B, H, N), dtype=cp.float32)
             inst = build.FlashInstance(D, block_q, block_kv, dt, causal)
-            fn = _kernel(cp, inst, smem)
             grid = ((N + block_q - 1) // block_q, H, B)  # Q tiles fastest: co-resident blocks share K/V in L2
+            if block_trace is None:
+                fn = _kernel(cp, inst, smem)
+            else:
+                fn, mod = _kernel(cp, inst, smem, trace=True)
+                _set_block_trace(cp, mod, block_trace, grid[0] * H * B)
             block = (build.FLASH_THREADS, 1, 1)
             fn(
                 grid,
@@ -319,6 +339,8 @@ def attention(
             launches = (KernelLaunch(inst.name_expression, grid, block, smem),)
             tiles: dict[str, Any] = {"block_q": block_q, "block_kv": block_kv}
         else:
+            if block_trace is not None:
+                raise ValueError("block_trace is supported by schedule='flash2' only")
             smem = build.naive_softmax_smem_bytes(Nk, itemsize)
             if smem > limit:
                 raise SharedMemoryError(
@@ -334,7 +356,7 @@ def attention(
             f_qk, f_sm, f_pv = _kernel(cp, i_qk, 0), _kernel(cp, i_sm, smem), _kernel(cp, i_pv, 0)
             g_qk = (-(-Nk // t["qk"]["block_n"]), -(-N // t["qk"]["block_m"]), B * H)
             g_sm = (B * H * N, 1, 1)
-            g_pv = (-(-D // t["pv"]["block_n"]), -(-N // t["pv"]["block_m"]), B * H)
+            g_pv = (1, -(-N // t["pv"]["block_m"]), B * H)  # one block per 64 query rows, all head dims
             b_qk, b_sm, b_pv = ((t[x]["threads"], 1, 1) for x in ("qk", "softmax", "pv"))
             f_qk(g_qk, b_qk, (q, k, s, i32(N), i32(Nk), i32(H), i32(Hk), i32(D), cp.float32(scale)))
             lse_arg = lse if lse is not None else cp.uint64(0)  # a null pointer: the kernel skips lse

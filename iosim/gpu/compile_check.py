@@ -6,6 +6,7 @@ For each instantiation and architecture it writes a translation unit that #inclu
 ``kernels/`` and adds one explicit template instantiation, compiles it to a cubin with the options CuPy gives
 NVRTC (see ``build.nvrtc_options``) plus ``-Xptxas -v``, and prints registers, stack frame and spills. Exit status:
 0 when everything compiled and no head-dim 64 or 128 flash configuration spills; 1 otherwise; 2 if nvcc is missing.
+One flash instantiation per architecture is also built with -DIOSIM_BLOCK_TRACE (the block-timeline variant).
 """
 
 from __future__ import annotations
@@ -46,16 +47,21 @@ class Result:
         return self.spill_stores > 0 or self.spill_loads > 0
 
 
-def _compile(inst: FlashInstance | NaiveInstance, arch: int, nvcc: str, workdir: Path) -> Result:
+TRACE_DEFINE = "-DIOSIM_BLOCK_TRACE"
+
+
+def _compile(
+    inst: FlashInstance | NaiveInstance, arch: int, nvcc: str, workdir: Path, defines: tuple[str, ...] = ()
+) -> Result:
     kdir = kernels_dir()
-    safe = re.sub(r"[^A-Za-z0-9]+", "_", inst.name_expression).strip("_")
+    safe = re.sub(r"[^A-Za-z0-9]+", "_", inst.name_expression + "".join(defines)).strip("_")
     tu = workdir / f"{safe}_sm{arch}.cu"
     tu.write_text(f'#include "{inst.source}"\n{inst.explicit_instantiation}\n')
-    cmd = [nvcc, *nvcc_options(kdir, arch), "-o", str(tu.with_suffix(".cubin")), str(tu)]
+    cmd = [nvcc, *nvcc_options(kdir, arch), *defines, "-o", str(tu.with_suffix(".cubin")), str(tu)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     res = Result(
-        inst.name_expression,
+        inst.name_expression + (" " + " ".join(defines) if defines else ""),
         arch,
         proc.returncode == 0,
         log=log if proc.returncode else "",
@@ -83,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             f"compile_check: nvcc not found (--nvcc {args.nvcc!r}); install the CUDA toolkit", file=sys.stderr
         )
         return 2
-    jobs = [(inst, arch) for arch in archs for inst in all_instances()]
+    jobs = [(inst, arch, ()) for arch in archs for inst in all_instances()]
+    traced = next(i for i in all_instances() if isinstance(i, FlashInstance) and i.head_dim == 128)
+    jobs += [(traced, arch, (TRACE_DEFINE,)) for arch in archs]
     print(
         f"compile_check: {len(jobs)} instantiations ({len(jobs) // len(archs)} x sm_{', sm_'.join(map(str, archs))})"
         f" with {nvcc}, {args.jobs} jobs; kernels from {kernels_dir()}",
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="iosim_cc_") as tmp,
         ThreadPoolExecutor(max(1, args.jobs)) as pool,
     ):
-        results = list(pool.map(lambda ja: _compile(ja[0], ja[1], nvcc, Path(tmp)), jobs))
+        results = list(pool.map(lambda ja: _compile(ja[0], ja[1], nvcc, Path(tmp), ja[2]), jobs))
 
     failed = [r for r in results if not r.ok]
     spilled = [r for r in results if r.ok and r.must_not_spill and r.spills]

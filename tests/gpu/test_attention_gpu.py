@@ -301,3 +301,30 @@ def test_naive_softmax_row_that_does_not_fit_shared_memory_says_needed_and_avail
     k = cp.zeros((1, 120_000, 1, 64), dtype=cp.float16)
     with pytest.raises(gpu.SharedMemoryError, match=r"240000 B.*allows \d+ B"):
         gpu.attention(q, k, k, schedule="naive")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_trace_records_every_block_and_leaves_the_result_unchanged(causal):
+    """The -DIOSIM_BLOCK_TRACE build (the L2 model's drift input) is as exact as the plain one, and every thread
+    block leaves one record: start < end, a valid SM id, all inside the kernel's span."""
+    from iosim import gpu
+
+    cp = _cp()
+    rng = np.random.default_rng()
+    host, dev = rand_inputs(rng, 2, 1000, 777, 4, 2, 128, "float16")
+    run(*dev, "float16", causal=causal)
+    grid = gpu.last_launch().launches[0].grid
+    n_blocks = grid[0] * grid[1] * grid[2]
+    buf = cp.zeros(4 * n_blocks + 4, dtype=cp.uint64)  # one spare record: must stay untouched
+    o, lse = run(*dev, "float16", causal=causal, block_trace=buf)
+    check(o, lse, *reference(*host, causal), "float16", f"traced causal={causal}")
+    rec = cp.asnumpy(buf).reshape(-1, 4)
+    blocks, spare = rec[:n_blocks], rec[n_blocks]
+    assert (blocks[:, 0] > 0).all() and (blocks[:, 1] > blocks[:, 0]).all(), "a block without a start/end"
+    assert (blocks[:, 2] < cp.cuda.Device().attributes["MultiProcessorCount"]).all()
+    assert blocks[:, 1].max() - blocks[:, 0].min() < 10**9, "records from one launch span under a second"
+    assert (spare == 0).all()
+    with pytest.raises(ValueError, match="uint64 array of at least"):
+        gpu.attention(*dev, block_trace=cp.zeros(4, dtype=cp.uint64))
+    with pytest.raises(ValueError, match="flash2 only"):
+        gpu.attention(*dev, schedule="naive", block_trace=buf)

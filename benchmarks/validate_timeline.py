@@ -1,0 +1,92 @@
+"""Device side: the block timeline of iosim's flash2 kernel (each thread block's SM, start and end).
+
+    python3 benchmarks/validate_timeline.py OUTDIR
+
+For each config: a warm-up launch, then one launch of the -DIOSIM_BLOCK_TRACE build (iosim.gpu.attention's
+``block_trace``), saved as OUTDIR/timeline_<name>.npz (start_ns, end_ns, sm: one entry per block in linear block
+order; grid; config), and the CUDA-event time of the traced and plain kernels (median of 5), to show the trace
+costs nothing measurable. The L2 model's drift input is read from these (docs/validation.md).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+from iosim import gpu
+
+CONFIGS = [  # (seq_len, heads, head_dim, causal)
+    (4096, 32, 128, False),
+    (16384, 32, 128, False),
+    (32768, 32, 128, False),
+    (65536, 32, 128, False),
+    (131072, 8, 128, False),
+    (16384, 32, 128, True),
+]
+
+
+def _ms(fn, reps=5):
+    ts = []
+    for _ in range(reps):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(a, b))
+    return statistics.median(ts)
+
+
+def trace_one(out: Path, n: int, h: int, d: int, causal: bool) -> dict:
+    rng = cp.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, n, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    gpu.attention(q, k, v, causal=causal)
+    grid = gpu.last_launch().launches[0].grid
+    nblk = grid[0] * grid[1] * grid[2]
+    buf = cp.zeros(4 * nblk, dtype=cp.uint64)
+    t_plain = _ms(lambda: gpu.attention(q, k, v, causal=causal))
+    t_traced = _ms(lambda: gpu.attention(q, k, v, causal=causal, block_trace=buf))
+    rec = buf.reshape(nblk, 4).get()
+    if (rec[:, 1] == 0).any():
+        raise RuntimeError(f"N={n}: {(rec[:, 1] == 0).sum()} blocks left no record")
+    name = f"N{n}_H{h}_d{d}{'_causal' if causal else ''}"
+    t0 = int(rec[:, 0].min())
+    np.savez_compressed(
+        out / f"timeline_{name}.npz",
+        start_ns=(rec[:, 0] - t0).astype(np.int64),
+        end_ns=(rec[:, 1] - t0).astype(np.int64),
+        sm=rec[:, 2].astype(np.int32),
+        grid=np.array(grid),
+        config=json.dumps({"seq_len": n, "heads": h, "head_dim": d, "causal": causal, "dtype": "fp16"}),
+    )
+    dur = (rec[:, 1] - rec[:, 0]) / 1e3
+    return {
+        "name": name,
+        "blocks": nblk,
+        "sms": len(np.unique(rec[:, 2])),
+        "plain_ms": t_plain,
+        "traced_ms": t_traced,
+        "span_ms": (rec[:, 1].max() - t0) / 1e6,
+        "block_us_median": float(np.median(dur)),
+        "block_us_cv": float(dur.std() / dur.mean()),
+    }
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    summary = []
+    for cfg in CONFIGS:
+        summary.append(trace_one(out, *cfg))
+        print(json.dumps(summary[-1]), flush=True)
+        cp.get_default_memory_pool().free_all_blocks()
+    (out / "timeline_summary.json").write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
