@@ -34,6 +34,17 @@ from iosim.simulate import simulate
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "docs/validation/h200-sxm-141gb-measured.yaml"
 PHYSICAL_L2 = 62_914_560
+# Ablations: the model with one measured input taken away (docs/validation.md, "What each input buys")
+ABLATIONS = {
+    "lockstep": {"block_share": 1.0},  # no block drift
+    "plain_room": {"room": (1.0, 1.0, 1.0), "dirty_at_start": 0},  # LRU of the physical 60 MiB, all lines alike
+    "previous": {  # the first model: LRU of the read probe's effective 44.8 MiB, lockstep, nothing dirty at start
+        "capacity": 46_978_048,
+        "room": (1.0, 1.0, 1.0),
+        "dirty_at_start": 0,
+        "block_share": 1.0,
+    },
+}
 FIELDS = (
     "kernel",
     "device",
@@ -75,22 +86,8 @@ def load(raw: Path) -> list[dict]:
     return out
 
 
-def probe_curve(raw: Path) -> list[tuple[float, float]]:
-    """The L2 miss curve measured by the read-twice probe: (reuse distance in bytes, miss fraction of the second
-    pass), made monotone."""
-    d = json.loads((raw / "measured_probes.json").read_text())
-    curve = [(0.0, 0.0)]
-    for e in d["configs"]:
-        if e["config"]["kind"] == "l2probe":
-            size = e["config"]["nbytes"]
-            miss = (e["measured"]["dram_read_bytes"] - size) / size
-            curve.append((float(size), min(1.0, max(curve[-1][1], miss))))
-    return curve
-
-
-def simulate_config(
-    e: dict, prof, capacity: int | None = None, partitions: bool = False, miss_curve=None
-) -> dict | None:
+def simulate_config(e: dict, prof, **model) -> dict | None:
+    """Simulated bytes and time of one measured config; ``model``: options of ``iosim.l2.simulate_l2``."""
     c = e["config"]
     kind = c["kind"]
     if kind not in ("flash2", "naive", "sdpa-flash") or e.get("error") or not e.get("kernels"):
@@ -121,11 +118,9 @@ def simulate_config(
         p,
         r.tiles,
         prof,
-        capacity=capacity,
         variant=variant,
         registers=regs,
-        partitions=partitions,
-        miss_curve=miss_curve,
+        **model,
     )
     hbm = [k.dram_read + k.dram_write for k in res.kernels]
     time = predict(r.counts, hbm, p.dtype, prof)
@@ -170,15 +165,12 @@ def main() -> None:
     raw = Path(args[0]) if args else ROOT / "docs/validation/raw"
     dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "h200"
     prof = get_profile(PROFILE)
-    curve = probe_curve(raw)
     rows, extra = [], []
     for e in load(raw):
         s = simulate_config(e, prof)
         if s is None:
             continue
-        s60 = simulate_config(e, prof, capacity=PHYSICAL_L2)
-        s2p = simulate_config(e, prof, capacity=PHYSICAL_L2, partitions=True)
-        scv = simulate_config(e, prof, miss_curve=curve)
+        abl = {name: simulate_config(e, prof, **kw) for name, kw in ABLATIONS.items()}
         m = measured(e)
         c = e["config"]
         base = {
@@ -210,12 +202,7 @@ def main() -> None:
                 **base,
                 "xbar_read_bytes": m["xbar_read"],
                 "lts_read_bytes": m["lts_read"],
-                "hbm_read_l2_60MiB": s60["hbm_read"],
-                "hbm_write_l2_60MiB": s60["hbm_write"],
-                "hbm_read_partitions": s2p["hbm_read"],
-                "hbm_write_partitions": s2p["hbm_write"],
-                "hbm_read_miss_curve": scv["hbm_read"],
-                "hbm_write_miss_curve": scv["hbm_write"],
+                **{f"hbm_{d}_{name}": a[f"hbm_{d}"] for name, a in abl.items() for d in ("read", "write")},
                 "dirty_at_end_bytes": s["dirty_at_end"],
                 "resident": ";".join(map(str, s["resident"])),
                 "predicted_s": s["time_s"],
@@ -277,34 +264,26 @@ def report(rows, extra) -> None:
     for o in outliers:
         print("  ", o[0], o[1], o[2], o[3], "n/a" if o[4] is None else f"{o[4]:+.1%}")
     print(
-        "\n| config | hbm read err, LRU at 60 MiB | hbm read / write err, two-partition variant | "
-        "hbm read / write err, measured miss curve | SM->L2 (xbar) read err | L2-slice (lts) read err | "
-        "predicted ms | measured ms | time err |"
+        "\n| config | hbm read / write err, lockstep | ... all lines alike (plain LRU of 60 MiB) | ... previous model "
+        "(LRU of 44.8 MiB, lockstep) | SM->L2 (xbar) read err | L2-slice (lts) read err | predicted ms | measured ms "
+        "| time err |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
+
+    def f(v):
+        return "n/a" if v is None else f"{v:+.1%}"
+
     for x in extra:
         lab = _label(x)
         d = by[lab]
-        hr = d[("hbm", "read")]["measured_bytes"]
+        hr, hw = d[("hbm", "read")]["measured_bytes"], d[("hbm", "write")]["measured_bytes"]
         g = d[("global", "read")]["simulated_bytes"]
-        e60 = err(x["hbm_read_l2_60MiB"], hr)
-        hw = d[("hbm", "write")]["measured_bytes"]
-        ep = f"{err(x['hbm_read_partitions'], hr):+.1%} / " + (
-            "n/a" if not hw else f"{err(x['hbm_write_partitions'], hw):+.1%}"
-        )
-        ex = err(g, x["xbar_read_bytes"])
-        el = err(g, x["lts_read_bytes"])
+        cols = [f"{f(err(x[f'hbm_read_{n}'], hr))} / {f(err(x[f'hbm_write_{n}'], hw))}" for n in ABLATIONS]
+        ex, el = err(g, x["xbar_read_bytes"]), err(g, x["lts_read_bytes"])
         et = err(x["predicted_s"], x["measured_s"])
-
-        def f(v):
-            return "n/a" if v is None else f"{v:+.1%}"
-
-        ec = f"{err(x['hbm_read_miss_curve'], hr):+.1%} / " + (
-            "n/a" if not hw else f"{err(x['hbm_write_miss_curve'], hw):+.1%}"
-        )
         print(
-            f"| {lab} | {f(e60)} | {ep} | {ec} | {f(ex)} | {f(el)} | {x['predicted_s'] * 1e3:.3f} | {x['measured_s'] * 1e3:.3f} "
-            f"| {f(et)} |"
+            f"| {lab} | {' | '.join(cols)} | {f(ex)} | {f(el)} | {x['predicted_s'] * 1e3:.3f} | "
+            f"{x['measured_s'] * 1e3:.3f} | {f(et)} |"
         )
 
 

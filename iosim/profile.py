@@ -90,6 +90,11 @@ class SourcedCount(_Strict):
     source: str = Field(min_length=1)
 
 
+class SourcedRatio(_Strict):
+    value: float | None = Field(gt=0, le=1, description="a ratio in (0, 1]; null = not measured")
+    source: str = Field(min_length=1)
+
+
 class DRAM(_Strict):
     """Device memory (HBM or GDDR): the outermost level."""
 
@@ -99,12 +104,25 @@ class DRAM(_Strict):
     bandwidth: SourcedBandwidth
 
 
+class L2Room(_Strict):
+    """L2 bytes one byte of each kind takes in the L2 model (measured with probes; 1 = a plain LRU)."""
+
+    private: float = Field(gt=0, description="a clean line read by the SMs of one half of the chip")
+    shared: float = Field(gt=0, description="a clean line read by SMs of both halves")
+    dirty: float = Field(gt=0, description="a line written during the kernel, not yet written back")
+    source: str = Field(min_length=1)
+
+
 class L2(_Strict):
     level: Literal["l2"]
     capacity: SourcedBytes
     bandwidth: SourcedBandwidth
     line_size: SourcedBytes = Field(description="cache line (tag granularity), bytes")
     sector_size: SourcedBytes = Field(description="sector (fill granularity), bytes")
+    room: L2Room | None = Field(default=None, description="the L2 model's room per byte of each kind")
+    dirty_at_start: SourcedBytes | None = Field(
+        default=None, description="dirty bytes in L2 when a profiled kernel starts (the L2 model's)"
+    )
 
 
 class SharedMemory(_Strict):
@@ -145,6 +163,11 @@ class SMLimits(_Strict):
 
     max_threads: SourcedCount
     max_blocks: SourcedCount
+    block_share: SourcedRatio | None = Field(
+        default=None,
+        description="issue share of a resident thread block relative to the next older one on its SM (the L2 "
+        "model's block drift; 1 or absent = all resident blocks progress alike)",
+    )
 
 
 class Profile(_Strict):
@@ -194,6 +217,20 @@ class Profile(_Strict):
             src = getattr(obj, "source", "absent from the profile")
             raise ProfileError(f"profile {self.name!r}: {dotted} is not known ({src}); it is needed here")
         return obj.value
+
+    def l2_room(self) -> tuple[float, float, float]:
+        """``l2.room`` as (private, shared, dirty); (1, 1, 1) where the profile does not give it."""
+        r = self.l2.room
+        return (1.0, 1.0, 1.0) if r is None else (r.private, r.shared, r.dirty)
+
+    def l2_dirty_at_start(self) -> int:
+        d = self.l2.dirty_at_start
+        return 0 if d is None or d.value is None else int(d.value)
+
+    def block_share(self) -> float:
+        """``sm.block_share`` (the L2 model's block drift), 1.0 where the profile does not give it."""
+        bs = self.sm.block_share if self.sm else None
+        return 1.0 if bs is None or bs.value is None else float(bs.value)
 
     def matmul_rate(self, dtype: str) -> float:
         """Tensor-core FLOP/s for ``dtype`` operands (fp32 problems use the plain fp32 rate: no TF32)."""

@@ -8,6 +8,7 @@ import json
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -57,8 +58,14 @@ PREFIXES = {
 def _sourced(obj, path=""):
     """Every {value, source} pair in a profile, with its dotted location."""
     if isinstance(obj, BaseModel):
-        if "source" in type(obj).model_fields:
+        fields = type(obj).model_fields
+        if "source" in fields and "value" in fields:
             yield path, obj
+            return
+        if "source" in fields:  # several numbers under one source (l2.room): each is a pair of its own
+            for f in fields:
+                if f != "source":
+                    yield f"{path}.{f}", SimpleNamespace(value=getattr(obj, f), source=obj.source)
             return
         for field in type(obj).model_fields:
             yield from _sourced(getattr(obj, field), f"{path}.{field}" if path else field)

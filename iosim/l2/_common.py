@@ -14,7 +14,9 @@ except ImportError:  # pragma: no cover
 
 
 # tensor codes used in traces
-TENSOR_CODES = {"Q": 0, "K": 1, "V": 2, "O": 3, "S": 4, "P": 5, "m": 6, "l": 7, "lse": 8}
+TENSOR_CODES = {"Q": 0, "K": 1, "V": 2, "O": 3, "S": 4, "P": 5, "m": 6, "l": 7, "lse": 8, "foreign": 9}
+FOREIGN = TENSOR_CODES["foreign"]  # dirty lines in L2 before the kernel starts (not the kernel's data)
+ROOM_UNIT = 64  # the L2 model counts room in 1/64 byte (room factors are multiples of 1/64)
 TENSOR_NAMES = {v: k for k, v in TENSOR_CODES.items()}
 KV_TENSORS = (TENSOR_CODES["K"], TENSOR_CODES["V"])  # indexed by the key/value head
 

@@ -12,7 +12,7 @@ import numpy as np
 from ..problem import STAT_BYTES, AttentionProblem
 from ..profile import Profile, get_profile
 from ..schedules import Tiles
-from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError, _njit
+from ._common import FOREIGN, KV_TENSORS, ROOM_UNIT, TENSOR_CODES, TENSOR_NAMES, L2ModelError, _njit
 from .launch import LaunchModel, launch_model, resident_blocks
 from .trace import KernelTrace, head_program
 
@@ -113,6 +113,26 @@ def _launch_block(
 
 
 @_njit
+def _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, ratio):
+    """Issue shares of the blocks resident on SM ``m`` (slots m, m + n_sms, ...): the k-th oldest gets a share
+    proportional to ``ratio ** k``; shares sum to 1 access per round (a lone block runs at the SM's full rate)."""
+    k = 0
+    for s in range(m, n_slots, n_sms):
+        if slot_live[s]:
+            k += 1
+    total = 0.0
+    for i in range(k):
+        total += ratio**i
+    for s in range(m, n_slots, n_sms):
+        if slot_live[s]:
+            rank = 0
+            for t in range(m, n_slots, n_sms):
+                if slot_live[t] and slot_age[t] < slot_age[s]:
+                    rank += 1
+            slot_rate[s] = ratio**rank / total
+
+
+@_njit
 def _simulate_kernel(
     ptr,
     acc_atom,
@@ -132,19 +152,25 @@ def _simulate_kernel(
     out_write,
     cost_private,
     cost_shared,
+    cost_dirty,
+    init_dirty,
     n_sms,
+    share_ratio,
 ):
     """Round-robin execution of the grid over a byte-weighted LRU. Returns (dram_read, dram_write, dirty_end,
     rounds); ``out_read``/``out_write`` (per tensor) are incremented.
 
-    Capacity is counted in half-bytes: an atom occupies ``cost * bytes / 2`` where ``cost`` is ``cost_private``
-    until SMs of both halves of the chip (slot % n_sms below / above n_sms / 2) have touched it, then
-    ``cost_shared`` (2 and 2: a plain LRU; 3 and 4: copies in both L2 partitions, see simulate_l2)."""
+    Capacity is counted in units of 1/ROOM_UNIT byte: a clean atom occupies ``cost * bytes`` units where ``cost`` is
+    ``cost_private`` until SMs of both halves of the chip (slot % n_sms below / above n_sms / 2) have touched it,
+    then ``cost_shared``; a dirty atom ``cost_dirty`` (all ROOM_UNIT: a plain LRU). ``init_dirty`` bytes of other
+    dirty lines are in L2 when the kernel starts (the least recent), written back if evicted (reported in
+    ``out_write[FOREIGN]``)."""
     nb = block_order.shape[0]
     n_heads = head_q.shape[0]
     A = atom_bytes.shape[0]
     n_slot_heads = max(head_q.max(), head_kv.max()) + 1
-    G = n_slot_heads * A
+    F = n_slot_heads * A  # the foreign dirty lines present at the start
+    G = F + 1
     res = np.zeros(G, np.int64)
     cost = np.zeros(G, np.int64)
     mask = np.zeros(G, np.int8)
@@ -152,10 +178,17 @@ def _simulate_kernel(
     prev = np.full(G, -1, np.int64)
     nxt = np.full(G, -1, np.int64)
     last_round = np.full(G, -1, np.int64)
-    cap_units = 2 * capacity
+    cap_units = ROOM_UNIT * capacity
     lru_head = -1  # most recent
     lru_tail = -1  # least recent
-    used = 0  # half-bytes
+    used = 0  # units of 1/ROOM_UNIT byte
+    if init_dirty > 0:
+        res[F] = init_dirty
+        cost[F] = cost_dirty
+        dirty[F] = True
+        lru_head = F
+        lru_tail = F
+        used = init_dirty * cost_dirty
     dram_read = 0
     dram_write = 0
     total_blocks = nb * n_heads
@@ -177,12 +210,24 @@ def _simulate_kernel(
             slot_live[s] = True
             launched += 1
             live += 1
+    drift = share_ratio < 1.0  # else every resident block makes one access per round (lockstep)
+    slot_age = np.arange(n_slots).astype(np.int64)  # launch number of the block in the slot
+    slot_rate = np.ones(n_slots, np.float64)
+    slot_credit = np.zeros(n_slots, np.float64)
+    if drift:
+        for m in range(min(n_sms, n_slots)):
+            _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
     rnd = 0
     while live > 0:
         rnd += 1
         for s in range(n_slots):
             if not slot_live[s]:
                 continue
+            if drift:  # a block with share r makes an access in a fraction r of the rounds
+                slot_credit[s] += slot_rate[s]
+                if slot_credit[s] < 1.0 - 1e-9:
+                    continue
+                slot_credit[s] -= 1.0
             pos = slot_pos[s]
             if pos < slot_end[s]:
                 a0 = acc_atom[pos]
@@ -201,6 +246,8 @@ def _simulate_kernel(
                         r = res[g]
                         mask[g] |= slot_half[s]
                         want = cost_shared if mask[g] == 3 else cost_private
+                        if w or (dirty[g] and r > 0):
+                            want = cost_dirty
                         if dedupe and (not w) and last_round[g] == rnd:
                             if r > 0 and cost[g] != want:  # now shared: a second copy takes room
                                 used += r * (want - cost[g])
@@ -252,7 +299,7 @@ def _simulate_kernel(
                             used -= take * cv
                             if dirty[v]:
                                 dram_write += take
-                                out_write[atom_tensor[v % A]] += take
+                                out_write[FOREIGN if v == F else atom_tensor[v % A]] += take
                             if res[v] == 0:
                                 dirty[v] = False
                                 mask[v] = 0
@@ -281,12 +328,16 @@ def _simulate_kernel(
                         slot_qoff,
                         slot_kvoff,
                     )
+                    slot_age[s] = launched
+                    slot_credit[s] = 0.0
                     launched += 1
                 else:
                     slot_live[s] = False
                     live -= 1
+                if drift:
+                    _set_sm_rates(s % n_sms, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
     dirty_end = 0
-    for g in range(G):
+    for g in range(F):
         if dirty[g]:
             dirty_end += res[g]
     return dram_read, dram_write, dirty_end, rnd
@@ -350,6 +401,8 @@ def _simulate_kernel_sd(
     curve_x,
     curve_y,
     window,
+    n_sms,
+    share_ratio,
 ):
     """The same execution as :func:`_simulate_kernel`, with L2 hits decided by a measured miss curve: a reuse of
     an atom after ``d`` distinct bytes (its LRU stack distance) misses with probability ``curve(d)``; a dirty
@@ -387,12 +440,24 @@ def _simulate_kernel_sd(
             slot_live[s] = True
             launched += 1
             live += 1
+    drift = share_ratio < 1.0  # else every resident block makes one access per round (lockstep)
+    slot_age = np.arange(n_slots).astype(np.int64)  # launch number of the block in the slot
+    slot_rate = np.ones(n_slots, np.float64)
+    slot_credit = np.zeros(n_slots, np.float64)
+    if drift:
+        for m in range(min(n_sms, n_slots)):
+            _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
     rnd = 0
     while live > 0:
         rnd += 1
         for s in range(n_slots):
             if not slot_live[s]:
                 continue
+            if drift:  # a block with share r makes an access in a fraction r of the rounds
+                slot_credit[s] += slot_rate[s]
+                if slot_credit[s] < 1.0 - 1e-9:
+                    continue
+                slot_credit[s] -= 1.0
             pos = slot_pos[s]
             if pos < slot_end[s]:
                 a0 = acc_atom[pos]
@@ -485,10 +550,14 @@ def _simulate_kernel_sd(
                         slot_qoff,
                         slot_kvoff,
                     )
+                    slot_age[s] = launched
+                    slot_credit[s] = 0.0
                     launched += 1
                 else:
                     slot_live[s] = False
                     live -= 1
+                if drift:
+                    _set_sm_rates(s % n_sms, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
     dirty_end = 0.0
     for u in range(oldest, tau):
         v = atom_at[u]
@@ -583,19 +652,33 @@ def simulate_l2(
     registers: int | list[int] | None = None,
     fast: bool | None = None,
     traces: list[KernelTrace] | None = None,
-    partitions: bool = False,
+    room: tuple[float, float, float] | None = None,
+    dirty_at_start: int | None = None,
     miss_curve: list[tuple[float, float]] | None = None,
+    block_share: float | None = None,
 ) -> L2Result:
     """DRAM read/write bytes of every kernel of ``schedule`` under the L2 model (see the module docstring).
 
     ``capacity`` overrides the profile's L2 size; ``resident`` the number of program blocks running at once (one
-    number, or one per kernel); ``variant``: ``"iosim"`` (our kernels' launch) or ``"fa2"`` (FlashAttention-2's)."""
+    number, or one per kernel); ``variant``: ``"iosim"`` (our kernels' launch) or ``"fa2"`` (FlashAttention-2's).
+    ``block_share``: issue share of a block relative to the next older block on its SM (the profile's
+    ``sm.block_share``; 1 = every resident block makes one access per round, the blocks in lockstep).
+    ``room``: L2 bytes one byte takes when (clean and read by the SMs of one half of the chip, clean and read by
+    both halves, dirty); ``dirty_at_start``: bytes of dirty lines already in L2 when the kernel starts. Both default
+    to the profile's ``l2.room`` and ``l2.dirty_at_start`` (else 1, 1, 1 and 0: a plain LRU of ``capacity``)."""
     import time
 
     t0 = time.perf_counter()
     prof = get_profile(profile)
     cap = int(capacity if capacity is not None else prof.require("l2.capacity"))
     lm = launch_model(schedule, problem, tiles, variant=variant, registers=registers)
+    share = float(block_share if block_share is not None else prof.block_share())
+    rooms = tuple(room) if room is not None else prof.l2_room()
+    init_dirty = int(dirty_at_start if dirty_at_start is not None else prof.l2_dirty_at_start())
+    if len(rooms) != 3 or min(rooms) < 1.0 / ROOM_UNIT:
+        raise L2ModelError(f"room={rooms}: expected three positive factors (private, shared, dirty)")
+    if not 0.0 < share <= 1.0:
+        raise L2ModelError(f"block_share={share}: expected 0 < block_share <= 1")
     if traces is None:
         traces = head_program(schedule, problem, tiles, kv_order=lm.kv_order, fast=fast)
     head_q, head_kv = _head_slots(problem, lm.head_order)
@@ -610,7 +693,7 @@ def simulate_l2(
             limits = {"given": r}
         at = _atomize(kt, problem)
         nb = kt.n_blocks
-        costs = (3, 4) if partitions else (2, 2)
+        costs = [round(x * ROOM_UNIT) for x in rooms]
         sms = int(prof.require("sm_count"))
         order = np.arange(nb, dtype=np.int64)
         if klm.block_order == "reverse":
@@ -643,6 +726,8 @@ def simulate_l2(
                 cx,
                 cy,
                 1 << 22,
+                sms,
+                share,
             )
             rd, wr, dirty = round(rd), round(wr), round(dirty)
             rd_t, wr_t = np.round(rdf).astype(np.int64), np.round(wrf).astype(np.int64)
@@ -666,7 +751,10 @@ def simulate_l2(
                 wr_t,
                 costs[0],
                 costs[1],
+                costs[2],
+                init_dirty,
                 sms,
+                share,
             )
         gr, gw = _global_bytes(kt, problem, len(head_q))
         out.append(

@@ -1,0 +1,98 @@
+"""The L2 model's measured inputs, from the probe runs and block timelines in docs/validation/raw/.
+
+    python benchmarks/fit_l2_inputs.py [RAW_DIR]
+
+Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
+
+* ``sm.block_share``: from each timeline, the first wave's two blocks per SM: the older (first dispatched) block
+  of an SM finishes after D0, the younger after D1. With shares f (older) and 1 - f and a lone block at the SM's full
+  rate, f D0 = (1 - f) D0 + f (D1 - D0), so f = D0 / (3 D0 - D1); block_share = (1 - f) / f.
+* ``l2.dirty_at_start``: DRAM bytes written by the read-only probe (l2probe) once its buffer is past L2 (>= 48 MiB).
+* ``l2.room``: the (private, shared, dirty) factors on a 1/16 grid for which the L2 model (iosim.l2.probes), at
+  the physical capacity, reproduces the probes' DRAM read and write bytes best (least squares, MB).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from iosim.l2.probes import simulate_probe
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = ROOT / "docs/validation/h200-sxm-141gb-measured.yaml"
+MiB = 1 << 20
+PHYSICAL_L2 = 62_914_560
+
+
+def block_share(raw: Path) -> list[tuple[str, float]]:
+    out = []
+    for f in sorted(raw.glob("timeline_*.npz")):
+        z = np.load(f)
+        if json.loads(str(z["config"]))["causal"]:
+            continue  # unequal work per block: the shares cannot be read from durations
+        s, e, sm = z["start_ns"], z["end_ns"], z["sm"]
+        first = np.argsort(s, kind="stable")[: 2 * len(np.unique(sm))]
+        d = np.sort(e[first] - s[first])
+        half = len(d) // 2
+        d0, d1 = np.median(d[:half]), np.median(d[half:])
+        f_old = d0 / (3 * d0 - d1)
+        out.append((f.stem, (1 - f_old) / f_old))
+    return out
+
+
+def probes(raw: Path) -> list[tuple]:
+    cases = []
+    for part in ("writeback", "probes"):
+        for e in json.loads((raw / f"measured_{part}.json").read_text())["configs"]:
+            c, m = e["config"], e.get("measured") or {}
+            if c["kind"] == "l2write" and not c.get("spin_us"):
+                cases.append((c["nbytes"], c["read_bytes"], c["read_shared"], False, m))
+            elif c["kind"] == "l2probe":
+                cases.append((0, c["nbytes"], False, True, m))
+    return cases
+
+
+def misfit(cases, room, init) -> float:
+    err = 0.0
+    for w, r, shared, reread, m in cases:
+        res = simulate_probe(
+            w,
+            r,
+            PROFILE,
+            shared=shared,
+            reread=reread,
+            capacity=PHYSICAL_L2,
+            room=room,
+            dirty_at_start=init,
+            block_share=1.0,
+        )
+        err += ((res.write_bytes - m["dram_write_bytes"]) / 1e6) ** 2
+        err += ((res.read_bytes - m["dram_read_bytes"]) / 1e6) ** 2
+    return err
+
+
+def main() -> None:
+    raw = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs/validation/raw"
+    shares = block_share(raw)
+    for name, b in shares:
+        print(f"block_share {name}: {b:.3f}")
+    print(f"block_share (median): {np.median([b for _, b in shares]):.3f}")
+    cases = probes(raw)
+    big = [m["dram_write_bytes"] for w, r, _, rr, m in cases if rr and r >= 48 * MiB]
+    init = int(np.mean(big))
+    print(f"dirty_at_start: {init} B (read-only probe >= 48 MiB: {', '.join(map(str, big))})")
+    grid = itertools.product((1.25, 1.3125, 1.375), (1.875, 2.0, 2.125), (2.0, 2.125, 2.25))
+    fits = sorted((misfit(cases, room, init), room) for room in grid)
+    for e, room in fits[:5]:
+        print(
+            f"room private {room[0]}, shared {room[1]}, dirty {room[2]}: misfit {e:.1f} MB^2 over {len(cases)} probes"
+        )
+
+
+if __name__ == "__main__":
+    main()

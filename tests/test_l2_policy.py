@@ -1,0 +1,128 @@
+"""The L2 model's measured-policy parts, each against a number derived by hand:
+
+* room per kind of line (``room``: private clean, shared clean, dirty) and dirty lines present at the start
+  (``dirty_at_start``), on the probe kernels' access streams (iosim.l2.probes);
+* block drift (``block_share``): co-resident blocks of one SM progress at different rates, older first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from iosim import l2
+from iosim.l2.cache import _set_sm_rates
+from iosim.l2.probes import CHUNK, probe_trace, simulate_probe
+from iosim.problem import AttentionProblem
+from iosim.profile import SourcedCount, get_profile
+from iosim.schedules import Tiles
+
+MiB = 1 << 20
+C = 8 * MiB  # a small L2 for the hand-derived cases
+PROF = "h100-sxm5-80gb"
+
+
+def probe(w, r=0, **kw):
+    return simulate_probe(w, r, PROF, capacity=C, block_share=1.0, **kw)
+
+
+@pytest.mark.parametrize("dirty_room", [1.0, 2.0, 2.125])
+def test_dirty_lines_take_their_room(dirty_room):
+    """Writing W > L2 bytes keeps C / dirty_room of them in L2 and writes the rest back (to a chunk)."""
+    res = probe(16 * MiB, room=(1.0, 1.0, dirty_room))
+    kept = C / dirty_room
+    assert abs(res.write_bytes - (16 * MiB - kept)) <= CHUNK
+    assert res.read_bytes == 0
+
+
+@pytest.mark.parametrize(
+    "size_mib,private_room,second_pass_hits", [(5, 1.5, True), (6, 1.5, False), (7, 1.0, True)]
+)
+def test_private_room_decides_whether_a_reread_hits(size_mib, private_room, second_pass_hits):
+    """Reading B bytes twice (one SM per line): the second pass hits iff B x private_room fits in L2 (cyclic LRU
+    misses everything otherwise)."""
+    b = size_mib * MiB
+    res = probe(0, b, reread=True, room=(private_room, 2.0, 1.0))
+    assert res.read_bytes == (b if second_pass_hits else 2 * b)
+
+
+@pytest.mark.parametrize("read_mib,evicted", [(3, False), (4, True)])
+def test_lines_every_sm_reads_take_shared_room(read_mib, evicted):
+    """1 MiB dirty, then R bytes read by every SM at shared room 2: the dirty bytes stay iff 1 + 2R <= 8 MiB."""
+    res = probe(1 * MiB, read_mib * MiB, shared=True, room=(1.0, 2.0, 1.0))
+    assert res.write_bytes == (1 * MiB if evicted else 0)
+    same_private = probe(1 * MiB, read_mib * MiB, shared=False, room=(1.0, 2.0, 1.0))
+    assert same_private.write_bytes == 0  # 1 + R <= 8 MiB: the same bytes read by one SM each fit
+
+
+def test_dirty_lines_present_at_start_are_written_back_when_evicted():
+    init = 100_000
+    small = probe(0, 4 * MiB, room=(1.0, 1.0, 1.0), dirty_at_start=init)
+    big = probe(0, 16 * MiB, room=(1.0, 1.0, 1.0), dirty_at_start=init)
+    assert small.write_bytes == 0
+    assert big.write_bytes == init
+    assert big.kernels[0].write_by_tensor == {"foreign": init}
+    assert big.kernels[0].dirty_at_end == 0  # the kernel wrote nothing
+
+
+def test_probe_trace_moves_the_probe_bytes():
+    kt, _ = probe_trace(3 * MiB, 5 * MiB, shared=True, sms=4)
+    rows = kt.r1 - kt.r0
+    assert (rows[kt.write] * 256).sum() == 3 * MiB
+    assert (rows[~kt.write] * 256).sum() == 4 * 5 * MiB  # every one of the 4 SMs reads all of it
+
+
+def test_sm_rates_are_shares_by_age():
+    n_sms, n_slots = 2, 6  # slots 0, 2, 4 on SM 0
+    live = np.array([True, True, True, False, True, True])
+    age = np.array([5, 0, 2, 9, 7, 1], dtype=np.int64)
+    rate = np.zeros(n_slots)
+    _set_sm_rates(0, n_sms, n_slots, live, age, rate, 0.5)
+    # SM 0 holds ages 5 (slot 0), 2 (slot 2), 7 (slot 4): ranks 1, 0, 2; shares 1 : 0.5 : 0.25
+    assert rate[[2, 0, 4]] == pytest.approx(np.array([1, 0.5, 0.25]) / 1.75)
+    _set_sm_rates(1, n_sms, n_slots, live, age, rate, 0.5)
+    assert rate[[1, 5]] == pytest.approx([1 / 1.5, 0.5 / 1.5])  # ages 0 and 1; slot 3 is not live
+
+
+def _two_blocks_one_sm(share, chunks=200, cap_chunks=16):
+    """Two blocks on one SM, each reading the same K chunks 0..chunks-1 in order; DRAM reads in chunks."""
+    rows = CHUNK // 256
+    per_block = [(1, j * rows, (j + 1) * rows, False) for j in range(chunks)]
+    flat = np.array(per_block * 2, dtype=np.int64)
+    z = np.zeros(len(flat), dtype=np.int64)
+    kt = l2.KernelTrace(
+        "two",
+        np.array([0, chunks, 2 * chunks]),
+        flat[:, 0].astype(np.int8),
+        flat[:, 1],
+        flat[:, 2],
+        z,
+        z,
+        flat[:, 3].astype(bool),
+    )
+    prof = get_profile(PROF)
+    prof = prof.model_copy(update={"sm_count": SourcedCount(value=1, source="test: one SM")})
+    p = AttentionProblem(seq_len=chunks * rows, heads=1, head_dim=128, dtype="fp16")
+    res = l2.simulate_l2(
+        "flash2",
+        p,
+        Tiles(rows, rows),
+        prof,
+        traces=[kt],
+        resident=2,
+        capacity=cap_chunks * CHUNK,
+        block_share=share,
+    )
+    return res.read_bytes // CHUNK
+
+
+def test_lockstep_blocks_share_every_chunk():
+    assert _two_blocks_one_sm(1.0) == 200
+
+
+def test_drifting_blocks_miss_once_the_lag_exceeds_l2():
+    """Shares 2/3 and 1/3 (block_share 0.5): when block 1 reaches chunk j, block 0 read it j/2 of block 1's reads
+    ago and has read j newer chunks since, so its stack distance is 1.5 j chunks: a hit iff 1.5 j < 16, for
+    j = 0..10. After block 0 ends (block 1 at chunk 100) the rest misses too: 200 + 189 reads, give or take a
+    round of the credit scheme."""
+    assert 389 - 2 <= _two_blocks_one_sm(0.5) <= 389 + 2
