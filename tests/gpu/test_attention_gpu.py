@@ -326,5 +326,5 @@ def test_block_trace_records_every_block_and_leaves_the_result_unchanged(causal)
     assert (spare == 0).all()
     with pytest.raises(ValueError, match="uint64 array of at least"):
         gpu.attention(*dev, block_trace=cp.zeros(4, dtype=cp.uint64))
-    with pytest.raises(ValueError, match="flash2 only"):
+    with pytest.raises(ValueError, match="supported by schedule='flash2' only"):
         gpu.attention(*dev, schedule="naive", block_trace=buf)
