@@ -17,14 +17,20 @@ How the access stream is made
    equal to the tracer's), because a Python walk of a 131072-token head takes minutes.
 2. Each tensor's accesses within one kernel are cut into *atoms*: rectangles between consecutive tile edges. Every
    access is a whole number of atoms; a line belongs to exactly one atom.
-3. The grid is laid out as the GPU launches it (:data:`LAUNCH` states it per schedule, read from ``iosim/gpu``):
+3. The grid is laid out as the GPU launches it (:func:`launch_model` states it per schedule, read from ``iosim/gpu``):
    heads outermost in the kernel's grid order, the blocks of a head in ``blockIdx.x`` order. ``R`` thread blocks
    run at once (:func:`resident_blocks`: shared memory, registers, threads, block limit per SM, times the SM
-   count). Execution is modeled as rounds: in each round every running block issues its next tile access (slot
-   order); a block that finishes hands its slot to the next block in launch order.
-4. L2 is a fully associative LRU over bytes, with atoms as the unit of recency and partial eviction of the
-   least-recent atom. This equals a line-granular LRU over the same trace when every access touches its atoms'
-   lines in a fixed order (tested against a plain line-level LRU).
+   count); slot ``s`` is on SM ``s mod sm_count``. Execution is modeled as rounds: in each round a running block
+   issues its next tile access if its share allows; a block that finishes hands its slot to the next block in launch
+   order. Shares (block drift, ``sm.block_share`` = b): the k-th oldest block on an SM gets a share proportional to
+   b**k, the shares of an SM summing to one access per round (b = 1: every block one access per round, lockstep).
+   Measured on the H200 from block timelines (docs/validation.md): b = 0.851.
+4. L2 is a byte-weighted LRU of the profile's capacity, with atoms as the unit of recency and partial eviction of
+   the least-recent atom. Each byte takes room by kind (``l2.room``): a clean line read by SMs of one half of the
+   chip (slots below / above ``sm_count / 2``), one read by both halves (a copy in each L2 partition), a dirty line.
+   ``l2.dirty_at_start`` bytes of dirty lines (not the kernel's) are the least recent at the start. With no room
+   factors and nothing dirty at the start this equals a line-granular LRU over the same trace when every access
+   touches its atoms' lines in a fixed order (tested against a plain line-level LRU).
 
 Approximation (``dedupe=True``, the default): within one round, a tile that several blocks read is touched once,
 at its first occurrence in the round (later reads in the same round are hits in both models; only their recency
@@ -32,9 +38,11 @@ order inside the round differs; valid when L2 holds a few rounds' worth of tiles
 against 60 MiB for flash2 on an H200). This makes lockstep blocks that stream the same K/V cost one LRU operation per
 round instead of R. The tests bound its difference from the exact trace (``dedupe=False``) on small cases.
 
-Not modeled: set associativity and address hashing, the two L2 partitions, sectors of a line left unfilled (row
-segments shorter than a line), prefetch, compression, and differences in speed between blocks beyond "one tile
-access per round".
+Not modeled: set associativity and address hashing (the model's edge is hard where the L2's is soft:
+docs/validation.md, outliers), which GPC feeds which L2 partition (halves by slot number are a guess), sectors of
+a line left unfilled (row segments shorter than a line), prefetch, compression, and speed differences between
+blocks other than by age on their SM. :mod:`iosim.l2.probes` runs the model on the probe kernels that measure
+its inputs.
 """
 
 from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError
