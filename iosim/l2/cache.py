@@ -665,7 +665,9 @@ def simulate_l2(
     ``sm.block_share``; 1 = every resident block makes one access per round, the blocks in lockstep).
     ``room``: L2 bytes one byte takes when (clean and read by the SMs of one half of the chip, clean and read by
     both halves, dirty); ``dirty_at_start``: bytes of dirty lines already in L2 when the kernel starts. Both default
-    to the profile's ``l2.room`` and ``l2.dirty_at_start`` (else 1, 1, 1 and 0: a plain LRU of ``capacity``)."""
+    to the profile's ``l2.room`` and ``l2.dirty_at_start`` (else 1, 1, 1 and 0: a plain LRU of ``capacity``).
+    ``miss_curve``: the stack-distance variant (a reuse after d distinct bytes misses with probability curve(d));
+    it uses the block drift but neither ``room`` nor ``dirty_at_start``."""
     import time
 
     t0 = time.perf_counter()
