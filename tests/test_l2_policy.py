@@ -126,3 +126,14 @@ def test_drifting_blocks_miss_once_the_lag_exceeds_l2():
     j = 0..10. After block 0 ends (block 1 at chunk 100) the rest misses too: 200 + 189 reads, give or take a
     round of the credit scheme."""
     assert 389 - 2 <= _two_blocks_one_sm(0.5) <= 389 + 2
+
+
+def test_the_h200_profile_carries_the_measured_inputs_and_results_say_which_were_used():
+    p = AttentionProblem(seq_len=1024, heads=2, head_dim=64, dtype="fp16")
+    h200 = l2.simulate_l2("flash2", p, Tiles(128, 64), "h200-sxm-141gb")
+    j = h200.to_json()
+    assert j["block_share"] == 0.851 and j["room"] == {"private": 1.3125, "shared": 2.0, "dirty": 2.125}
+    assert j["dirty_at_start_bytes"] == 2_405_504
+    assert "block share 0.851" in h200.describe() and "dirty at start" in h200.describe()
+    plain = l2.simulate_l2("flash2", p, Tiles(128, 64), PROF)  # no measured inputs: a plain LRU in lockstep
+    assert plain.to_json()["block_share"] == 1.0 and plain.describe().endswith("blocks resident")

@@ -607,6 +607,22 @@ class L2Result:
     launch: LaunchModel
     dedupe: bool
     seconds: float = 0.0
+    block_share: float = 1.0
+    room: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    dirty_at_start: int = 0
+
+    def describe(self) -> str:
+        """The model's inputs in one line (what ``iosim simulate`` prints under its table)."""
+        extra = []
+        if self.block_share < 1.0:
+            extra.append(f"block share {self.block_share:g}")
+        if self.room != (1.0, 1.0, 1.0):
+            extra.append("room private/shared/dirty " + "/".join(f"{x:g}" for x in self.room))
+        if self.dirty_at_start:
+            extra.append(f"{self.dirty_at_start:,} B dirty at start")
+        return f"{self.capacity:,} B L2, {self.kernels[0].resident} blocks resident" + "".join(
+            ", " + e for e in extra
+        )
 
     @property
     def read_bytes(self) -> int:
@@ -621,6 +637,9 @@ class L2Result:
             "model": "l2-lru",
             "conditions": "L2 flushed before each kernel; dirty lines left in L2 at kernel end not written (ncu)",
             "capacity_bytes": self.capacity,
+            "block_share": self.block_share,
+            "room": {"private": self.room[0], "shared": self.room[1], "dirty": self.room[2]},
+            "dirty_at_start_bytes": self.dirty_at_start,
             "dedupe": self.dedupe,
             "launch": self.launch.note,
             "kernels": [
@@ -775,7 +794,9 @@ def simulate_l2(
                 int(rounds),
             )
         )
-    return L2Result(schedule, prof.name, cap, out, lm, dedupe, time.perf_counter() - t0)
+    return L2Result(
+        schedule, prof.name, cap, out, lm, dedupe, time.perf_counter() - t0, share, rooms, init_dirty
+    )
 
 
 def _access_bytes(kt: KernelTrace, p: AttentionProblem) -> np.ndarray:

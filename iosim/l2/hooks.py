@@ -82,10 +82,9 @@ def apply_l2(
         result.problem.dtype,
         result.profile,
     )
-    cap = l2.capacity
     text = (
-        f"l2-lru: {cap:,} B L2, {l2.kernels[0].resident} blocks resident, L2 flushed before each kernel, "
-        "dirty lines left at the end not written (Nsight Compute's conditions); iosim.l2"
+        f"l2-lru: {l2.describe()}; L2 flushed before each kernel, dirty lines left at the end not written "
+        "(Nsight Compute's conditions); iosim.l2"
     )
     new = _with_model(result, text, hbm_read=hbm_read, hbm_write=hbm_write, time=time)
     new.l2 = l2  # the model's details (per-tensor misses, residency, dirty bytes left at the end)
