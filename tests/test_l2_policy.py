@@ -137,3 +137,14 @@ def test_the_h200_profile_carries_the_measured_inputs_and_results_say_which_were
     assert "block share 0.851" in h200.describe() and "dirty at start" in h200.describe()
     plain = l2.simulate_l2("flash2", p, Tiles(128, 64), PROF)  # no measured inputs: a plain LRU in lockstep
     assert plain.to_json()["block_share"] == 1.0 and plain.describe().endswith("blocks resident")
+
+
+def test_miss_curve_variant_with_a_step_curve_keeps_what_the_lru_keeps():
+    """The stack-distance variant weighs atoms by their room too: with a step curve at the capacity it keeps
+    C / dirty_room of a write-only stream, like the LRU."""
+    step = [(C - 1.0, 0.0), (float(C), 1.0)]  # in room bytes
+    for dirty_room in (1.0, 2.0):
+        sd = probe(16 * MiB, room=(1.0, 1.0, dirty_room), miss_curve=step)
+        assert abs(sd.write_bytes - (16 * MiB - C / dirty_room)) <= 2 * CHUNK
+    init = probe(0, 16 * MiB, room=(1.0, 1.0, 1.0), dirty_at_start=100_000, miss_curve=step)
+    assert abs(init.write_bytes - 100_000) <= 1  # the foreign lines are far past the step

@@ -403,25 +403,46 @@ def _simulate_kernel_sd(
     window,
     n_sms,
     share_ratio,
+    cost_private,
+    cost_shared,
+    cost_dirty,
+    init_dirty,
 ):
     """The same execution as :func:`_simulate_kernel`, with L2 hits decided by a measured miss curve: a reuse of
     an atom after ``d`` distinct bytes (its LRU stack distance) misses with probability ``curve(d)``; a dirty
-    atom is written back with the probability that it was evicted. Expected bytes (floats)."""
+    atom is written back with the probability that it was evicted. Expected bytes (floats).
+
+    Distances are in room units (1/ROOM_UNIT byte, as in :func:`_simulate_kernel`: an atom weighs its bytes times
+    its cost, private / shared / dirty); ``init_dirty`` bytes of foreign dirty lines are the oldest entry."""
     nb = block_order.shape[0]
     n_heads = head_q.shape[0]
     A = atom_bytes.shape[0]
     n_slot_heads = max(head_q.max(), head_kv.max()) + 1
-    G = n_slot_heads * A
+    F = n_slot_heads * A  # the foreign dirty lines present at the start
+    G = F + 1
     dmax = curve_x[curve_x.shape[0] - 1]
     last_t = np.full(G, -1, np.int64)
+    wgt = np.zeros(G, np.int64)  # room of each atom in the window
+    mask = np.zeros(G, np.int8)
     dirty = np.zeros(G, np.float64)  # expected dirty bytes in L2
     last_round = np.full(G, -1, np.int64)
     TW = window
     tree = np.zeros(TW + 1, np.int64)
     atom_at = np.full(TW, -1, np.int64)
-    total = 0  # bytes of atoms in the window
+    total = 0  # room of atoms in the window
     tau = 0
     oldest = 0
+    if init_dirty > 0:
+        wgt[F] = init_dirty * cost_dirty
+        dirty[F] = init_dirty
+        last_t[F] = 0
+        atom_at[0] = F
+        _bit_add(tree, 0, wgt[F])
+        total = wgt[F]
+        tau = 1
+    slot_half = np.zeros(n_slots, np.int8)
+    for s in range(n_slots):
+        slot_half[s] = 1 if (s % n_sms) * 2 < n_sms else 2
     dram_read = 0.0
     dram_write = 0.0
     total_blocks = nb * n_heads
@@ -471,17 +492,25 @@ def _simulate_kernel_sd(
                     for ca in range(nc):
                         a = a0 + ra * stride + ca
                         g = a + (slot_kvoff[s] if atom_kv[a] else slot_qoff[s])
+                        size = atom_bytes[a]
+                        mask[g] |= slot_half[s]
+                        want = cost_shared if mask[g] == 3 else cost_private
+                        if w or dirty[g] > 0:
+                            want = cost_dirty
                         if dedupe and (not w) and last_round[g] == rnd:
+                            if last_t[g] >= 0 and wgt[g] != size * want:  # now shared: more room
+                                _bit_add(tree, last_t[g], size * want - wgt[g])
+                                total += size * want - wgt[g]
+                                wgt[g] = size * want
                             continue
                         last_round[g] = rnd
-                        size = atom_bytes[a]
                         t = atom_tensor[a]
                         lt = last_t[g]
                         if lt >= 0:
                             d = total - _bit_prefix(tree, lt)
                             m = _miss(curve_x, curve_y, d)
-                            _bit_add(tree, lt, -size)
-                            total -= size
+                            _bit_add(tree, lt, -wgt[g])
+                            total -= wgt[g]
                             atom_at[lt] = -1
                         else:
                             m = 1.0
@@ -507,13 +536,14 @@ def _simulate_kernel_sd(
                                 atom_at[u] = -1
                             tree[:] = 0
                             for u in range(j):
-                                _bit_add(tree, u, atom_bytes[atom_at[u] % A])
+                                _bit_add(tree, u, wgt[atom_at[u]])
                             tau = j
                             oldest = 0
                         last_t[g] = tau
                         atom_at[tau] = g
-                        _bit_add(tree, tau, size)
-                        total += size
+                        wgt[g] = size * want
+                        _bit_add(tree, tau, wgt[g])
+                        total += wgt[g]
                         tau += 1
                         # atoms more than the curve's reach behind are surely gone: drop them
                         while oldest < tau:
@@ -521,13 +551,14 @@ def _simulate_kernel_sd(
                             if v < 0:
                                 oldest += 1
                                 continue
-                            vb = atom_bytes[v % A]
+                            vb = wgt[v]
                             if total - _bit_prefix(tree, oldest) < dmax:
                                 break
                             if dirty[v] > 0:
                                 dram_write += dirty[v]
-                                out_write[atom_tensor[v % A]] += dirty[v]
+                                out_write[FOREIGN if v == F else atom_tensor[v % A]] += dirty[v]
                                 dirty[v] = 0.0
+                            mask[v] = 0
                             _bit_add(tree, oldest, -vb)
                             total -= vb
                             last_t[v] = -1
@@ -564,8 +595,9 @@ def _simulate_kernel_sd(
         if v >= 0 and dirty[v] > 0:
             m = _miss(curve_x, curve_y, total - _bit_prefix(tree, u))
             dram_write += dirty[v] * m
-            out_write[atom_tensor[v % A]] += dirty[v] * m
-            dirty_end += dirty[v] * (1.0 - m)
+            out_write[FOREIGN if v == F else atom_tensor[v % A]] += dirty[v] * m
+            if v != F:
+                dirty_end += dirty[v] * (1.0 - m)
     return dram_read, dram_write, dirty_end, rnd
 
 
@@ -685,8 +717,10 @@ def simulate_l2(
     ``room``: L2 bytes one byte takes when (clean and read by the SMs of one half of the chip, clean and read by
     both halves, dirty); ``dirty_at_start``: bytes of dirty lines already in L2 when the kernel starts. Both default
     to the profile's ``l2.room`` and ``l2.dirty_at_start`` (else 1, 1, 1 and 0: a plain LRU of ``capacity``).
-    ``miss_curve``: the stack-distance variant (a reuse after d distinct bytes misses with probability curve(d));
-    it uses the block drift but neither ``room`` nor ``dirty_at_start``."""
+    ``miss_curve``: the stack-distance variant, a soft edge in place of the LRU's hard one: a reuse after d room
+    bytes of distinct data (the room-weighted LRU stack distance) misses with probability curve(d), and a dirty
+    line is written back with the probability that it was evicted (expected bytes). It uses the same block drift,
+    room and dirty lines at start; the curve replaces ``capacity``."""
     import time
 
     t0 = time.perf_counter()
@@ -725,7 +759,7 @@ def simulate_l2(
         if nb == 0:
             rd = wr = dirty = rounds = 0
         elif miss_curve is not None:
-            cx = np.array([x for x, _ in miss_curve], dtype=np.float64)
+            cx = np.array([x for x, _ in miss_curve], dtype=np.float64) * ROOM_UNIT  # room bytes -> units
             cy = np.array([y for _, y in miss_curve], dtype=np.float64)
             rdf, wrf = np.zeros(len(TENSOR_CODES)), np.zeros(len(TENSOR_CODES))
             rd, wr, dirty, rounds = _simulate_kernel_sd(
@@ -749,6 +783,10 @@ def simulate_l2(
                 1 << 22,
                 sms,
                 share,
+                costs[0],
+                costs[1],
+                costs[2],
+                init_dirty,
             )
             rd, wr, dirty = round(rd), round(wr), round(dirty)
             rd_t, wr_t = np.round(rdf).astype(np.int64), np.round(wrf).astype(np.int64)
