@@ -133,6 +133,83 @@ def _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, ratio):
 
 
 @_njit
+def _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio):
+    """Slot state at the kernel's start: the first ``n_slots`` blocks in launch order, one per slot, and their
+    issue shares (:func:`_set_sm_rates`; all 1 in lockstep). Slot ``s`` is on SM ``s % n_sms``."""
+    slot_pos = np.zeros(n_slots, np.int64)
+    slot_end = np.zeros(n_slots, np.int64)
+    slot_qoff = np.zeros(n_slots, np.int64)
+    slot_kvoff = np.zeros(n_slots, np.int64)
+    slot_live = np.zeros(n_slots, np.bool_)
+    slot_age = np.arange(n_slots).astype(np.int64)  # launch number of the block in the slot
+    slot_rate = np.ones(n_slots, np.float64)
+    slot_credit = np.zeros(n_slots, np.float64)
+    launched = 0
+    for s in range(n_slots):
+        if launched < total_blocks:
+            _launch_block(
+                launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
+            )
+            slot_live[s] = True
+            launched += 1
+    if share_ratio < 1.0:
+        for m in range(min(n_sms, n_slots)):
+            _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
+    return slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit, launched
+
+
+@_njit
+def _takes_turn(s, share_ratio, slot_rate, slot_credit):
+    """Whether the block in slot ``s`` makes an access this round: with share r, in a fraction r of the rounds
+    (every round in lockstep)."""
+    if share_ratio >= 1.0:
+        return True
+    slot_credit[s] += slot_rate[s]
+    if slot_credit[s] < 1.0 - 1e-9:
+        return False
+    slot_credit[s] -= 1.0
+    return True
+
+
+@_njit
+def _refill_slot(
+    s,
+    launched,
+    total_blocks,
+    block_order,
+    ptr,
+    head_q,
+    head_kv,
+    A,
+    slot_pos,
+    slot_end,
+    slot_qoff,
+    slot_kvoff,
+    slot_live,
+    slot_age,
+    slot_rate,
+    slot_credit,
+    n_sms,
+    share_ratio,
+):
+    """The block in slot ``s`` has finished: launch the grid's next block there, or retire the slot; the shares
+    of that SM's blocks change. Returns the new ``launched``."""
+    n_slots = slot_pos.shape[0]
+    if launched < total_blocks:
+        _launch_block(
+            launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
+        )
+        slot_age[s] = launched
+        slot_credit[s] = 0.0
+        launched += 1
+    else:
+        slot_live[s] = False
+    if share_ratio < 1.0:
+        _set_sm_rates(s % n_sms, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
+    return launched
+
+
+@_njit
 def _simulate_kernel(
     ptr,
     acc_atom,
@@ -192,42 +269,19 @@ def _simulate_kernel(
     dram_read = 0
     dram_write = 0
     total_blocks = nb * n_heads
-    slot_pos = np.zeros(n_slots, np.int64)
-    slot_end = np.zeros(n_slots, np.int64)
-    slot_qoff = np.zeros(n_slots, np.int64)
-    slot_kvoff = np.zeros(n_slots, np.int64)
-    slot_live = np.zeros(n_slots, np.bool_)
     slot_half = np.zeros(n_slots, np.int8)
     for s in range(n_slots):
         slot_half[s] = 1 if (s % n_sms) * 2 < n_sms else 2
-    launched = 0
-    live = 0
-    for s in range(n_slots):
-        if launched < total_blocks:
-            _launch_block(
-                launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
-            )
-            slot_live[s] = True
-            launched += 1
-            live += 1
-    drift = share_ratio < 1.0  # else every resident block makes one access per round (lockstep)
-    slot_age = np.arange(n_slots).astype(np.int64)  # launch number of the block in the slot
-    slot_rate = np.ones(n_slots, np.float64)
-    slot_credit = np.zeros(n_slots, np.float64)
-    if drift:
-        for m in range(min(n_sms, n_slots)):
-            _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
+    slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit, launched = (
+        _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio)
+    )
+    live = launched
     rnd = 0
     while live > 0:
         rnd += 1
         for s in range(n_slots):
-            if not slot_live[s]:
+            if not slot_live[s] or not _takes_turn(s, share_ratio, slot_rate, slot_credit):
                 continue
-            if drift:  # a block with share r makes an access in a fraction r of the rounds
-                slot_credit[s] += slot_rate[s]
-                if slot_credit[s] < 1.0 - 1e-9:
-                    continue
-                slot_credit[s] -= 1.0
             pos = slot_pos[s]
             if pos < slot_end[s]:
                 a0 = acc_atom[pos]
@@ -314,28 +368,28 @@ def _simulate_kernel(
                 pos += 1
                 slot_pos[s] = pos
             if pos >= slot_end[s]:
-                if launched < total_blocks:
-                    _launch_block(
-                        launched,
-                        s,
-                        block_order,
-                        ptr,
-                        head_q,
-                        head_kv,
-                        A,
-                        slot_pos,
-                        slot_end,
-                        slot_qoff,
-                        slot_kvoff,
-                    )
-                    slot_age[s] = launched
-                    slot_credit[s] = 0.0
-                    launched += 1
-                else:
-                    slot_live[s] = False
+                launched = _refill_slot(
+                    s,
+                    launched,
+                    total_blocks,
+                    block_order,
+                    ptr,
+                    head_q,
+                    head_kv,
+                    A,
+                    slot_pos,
+                    slot_end,
+                    slot_qoff,
+                    slot_kvoff,
+                    slot_live,
+                    slot_age,
+                    slot_rate,
+                    slot_credit,
+                    n_sms,
+                    share_ratio,
+                )
+                if not slot_live[s]:
                     live -= 1
-                if drift:
-                    _set_sm_rates(s % n_sms, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
     dirty_end = 0
     for g in range(F):
         if dirty[g]:
@@ -446,39 +500,16 @@ def _simulate_kernel_sd(
     dram_read = 0.0
     dram_write = 0.0
     total_blocks = nb * n_heads
-    slot_pos = np.zeros(n_slots, np.int64)
-    slot_end = np.zeros(n_slots, np.int64)
-    slot_qoff = np.zeros(n_slots, np.int64)
-    slot_kvoff = np.zeros(n_slots, np.int64)
-    slot_live = np.zeros(n_slots, np.bool_)
-    launched = 0
-    live = 0
-    for s in range(n_slots):
-        if launched < total_blocks:
-            _launch_block(
-                launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
-            )
-            slot_live[s] = True
-            launched += 1
-            live += 1
-    drift = share_ratio < 1.0  # else every resident block makes one access per round (lockstep)
-    slot_age = np.arange(n_slots).astype(np.int64)  # launch number of the block in the slot
-    slot_rate = np.ones(n_slots, np.float64)
-    slot_credit = np.zeros(n_slots, np.float64)
-    if drift:
-        for m in range(min(n_sms, n_slots)):
-            _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
+    slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit, launched = (
+        _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio)
+    )
+    live = launched
     rnd = 0
     while live > 0:
         rnd += 1
         for s in range(n_slots):
-            if not slot_live[s]:
+            if not slot_live[s] or not _takes_turn(s, share_ratio, slot_rate, slot_credit):
                 continue
-            if drift:  # a block with share r makes an access in a fraction r of the rounds
-                slot_credit[s] += slot_rate[s]
-                if slot_credit[s] < 1.0 - 1e-9:
-                    continue
-                slot_credit[s] -= 1.0
             pos = slot_pos[s]
             if pos < slot_end[s]:
                 a0 = acc_atom[pos]
@@ -567,28 +598,28 @@ def _simulate_kernel_sd(
                 pos += 1
                 slot_pos[s] = pos
             if pos >= slot_end[s]:
-                if launched < total_blocks:
-                    _launch_block(
-                        launched,
-                        s,
-                        block_order,
-                        ptr,
-                        head_q,
-                        head_kv,
-                        A,
-                        slot_pos,
-                        slot_end,
-                        slot_qoff,
-                        slot_kvoff,
-                    )
-                    slot_age[s] = launched
-                    slot_credit[s] = 0.0
-                    launched += 1
-                else:
-                    slot_live[s] = False
+                launched = _refill_slot(
+                    s,
+                    launched,
+                    total_blocks,
+                    block_order,
+                    ptr,
+                    head_q,
+                    head_kv,
+                    A,
+                    slot_pos,
+                    slot_end,
+                    slot_qoff,
+                    slot_kvoff,
+                    slot_live,
+                    slot_age,
+                    slot_rate,
+                    slot_credit,
+                    n_sms,
+                    share_ratio,
+                )
+                if not slot_live[s]:
                     live -= 1
-                if drift:
-                    _set_sm_rates(s % n_sms, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
     dirty_end = 0.0
     for u in range(oldest, tau):
         v = atom_at[u]
