@@ -11,7 +11,6 @@ costs nothing measurable. The L2 model's drift input is read from these (docs/va
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import cupy as cp
 import numpy as np
 
 from iosim import gpu
+from iosim.measure import event_median_ms
 
 CONFIGS = [  # (seq_len, heads, head_dim, causal)
     (4096, 32, 128, False),
@@ -30,18 +30,6 @@ CONFIGS = [  # (seq_len, heads, head_dim, causal)
 ]
 
 
-def _ms(fn, reps=5):
-    ts = []
-    for _ in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(a, b))
-    return statistics.median(ts)
-
-
 def trace_one(out: Path, n: int, h: int, d: int, causal: bool) -> dict:
     rng = cp.random.default_rng(7)
     q, k, v = (rng.standard_normal((1, n, h, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
@@ -49,8 +37,8 @@ def trace_one(out: Path, n: int, h: int, d: int, causal: bool) -> dict:
     grid = gpu.last_launch().launches[0].grid
     nblk = grid[0] * grid[1] * grid[2]
     buf = cp.zeros(4 * nblk, dtype=cp.uint64)
-    t_plain = _ms(lambda: gpu.attention(q, k, v, causal=causal))
-    t_traced = _ms(lambda: gpu.attention(q, k, v, causal=causal, block_trace=buf))
+    t_plain = event_median_ms(lambda: gpu.attention(q, k, v, causal=causal), cp, 5)
+    t_traced = event_median_ms(lambda: gpu.attention(q, k, v, causal=causal, block_trace=buf), cp, 5)
     rec = buf.reshape(nblk, 4).get()
     if (rec[:, 1] == 0).any():
         raise RuntimeError(f"N={n}: {(rec[:, 1] == 0).sum()} blocks left no record")

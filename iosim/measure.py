@@ -327,7 +327,7 @@ def _worker(spec_path: str, out_path: str) -> None:
                 fn()
                 cp.cuda.Device().synchronize()
             else:
-                rec["time_ms"] = _time(fn, cp, reps, warmup)
+                rec["time_ms"] = event_median_ms(fn, cp, reps, warmup)
             if c.kind in ("flash2", "naive"):
                 from iosim.gpu import last_launch
 
@@ -358,7 +358,8 @@ def _device_info(cp) -> dict:
     }
 
 
-def _time(fn, cp, reps: int, warmup: int) -> float:
+def event_median_ms(fn, cp, reps: int, warmup: int = 0) -> float:
+    """Median CUDA-event time of ``fn()`` over ``reps`` calls after ``warmup`` untimed ones, in ms."""
     for _ in range(warmup):
         fn()
     ts = []
