@@ -1,9 +1,11 @@
 """Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
 
-    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|flash|naive|big|all] [--quick]
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|flash|naive|big|all] [--repeat K] [--quick]
 
-Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). The
-simulation side runs on any CPU: benchmarks/validate_compare.py.
+Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). ``--repeat K``
+measures the whole list K times over (the list again after its end, not each config K times in a row); the
+comparison takes each config's median and reports the spread. The simulation side runs on any CPU:
+benchmarks/validate_compare.py.
 """
 
 from __future__ import annotations
@@ -87,11 +89,14 @@ def main() -> None:
             Config("sdpa-flash", seq_len=1024, heads=32, head_dim=128),
             Config("sdpa-cudnn", seq_len=1024, heads=32, head_dim=128),
         ]
+    repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
+    cfgs = cfgs * repeat
     t0 = time.time()
     run = measure(cfgs, workdir=str(out / f"work_{part}"), keep_csv=str(out / f"ncu_{part}.csv"))
     data = run.to_json()
     data["sweep_configs"] = [asdict(x) for x in cfgs]
     data["wall_s"] = time.time() - t0
+    data["repeat"] = repeat
     (out / f"measured_{part}.json").write_text(json.dumps(data, indent=1))
     for e in run.configs:
         c, m = e["config"], e.get("measured") or {}

@@ -6,7 +6,8 @@ For each instantiation and architecture it writes a translation unit that #inclu
 ``kernels/`` and adds one explicit template instantiation, compiles it to a cubin with the options CuPy gives
 NVRTC (see ``build.nvrtc_options``) plus ``-Xptxas -v``, and prints registers, stack frame and spills. Exit status:
 0 when everything compiled and no head-dim 64 or 128 flash configuration spills; 1 otherwise; 2 if nvcc is missing.
-One flash instantiation per architecture is also built with -DIOSIM_BLOCK_TRACE (the block-timeline variant).
+One flash instantiation per architecture is also built with -DIOSIM_BLOCK_TRACE (the block-timeline variant), and
+the probe kernels of ``kernels/topology.cu`` (plain C, no templates) are built as they are.
 """
 
 from __future__ import annotations
@@ -50,8 +51,23 @@ class Result:
 TRACE_DEFINE = "-DIOSIM_BLOCK_TRACE"
 
 
+@dataclass(frozen=True)
+class PlainSource:
+    """A kernel file with extern "C" kernels only: compiled as it is (no instantiation to add)."""
+
+    source: str
+    name_expression: str = ""
+    explicit_instantiation: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "name_expression", self.source)
+
+
+PLAIN_SOURCES = (PlainSource("topology.cu"),)
+
+
 def _compile(
-    inst: FlashInstance | NaiveInstance, arch: int, nvcc: str, workdir: Path, defines: tuple[str, ...] = ()
+    inst: FlashInstance | NaiveInstance | PlainSource, arch: int, nvcc: str, workdir: Path, defines: tuple[str, ...] = ()
 ) -> Result:
     kdir = kernels_dir()
     safe = re.sub(r"[^A-Za-z0-9]+", "_", inst.name_expression + "".join(defines)).strip("_")
@@ -92,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(inst, arch, ()) for arch in archs for inst in all_instances()]
     traced = next(i for i in all_instances() if isinstance(i, FlashInstance) and i.head_dim == 128)
     jobs += [(traced, arch, (TRACE_DEFINE,)) for arch in archs]
+    jobs += [(src, arch, ()) for arch in archs for src in PLAIN_SOURCES]
     print(
         f"compile_check: {len(jobs)} instantiations ({len(jobs) // len(archs)} x sm_{', sm_'.join(map(str, archs))})"
         f" with {nvcc}, {args.jobs} jobs; kernels from {kernels_dir()}",
