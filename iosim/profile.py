@@ -61,7 +61,9 @@ class _Strict(BaseModel):
 class SourcedBytes(_Strict):
     """A size in bytes (``value`` accepts '50MiB'), with where the number comes from."""
 
-    value: Annotated[int | None, BeforeValidator(_int_bytes)] = Field(description="bytes; null = not published")
+    value: Annotated[int | None, BeforeValidator(_int_bytes)] = Field(
+        description="bytes; null = not published"
+    )
     source: str = Field(min_length=1, description="datasheet, paper, or 'measured on ... with ...'")
 
 
@@ -71,7 +73,9 @@ class SourcedBandwidth(_Strict):
 
 
 class SourcedFlops(_Strict):
-    value: Annotated[float | None, _unit("flop/s")] = Field(description="floating-point operations per second")
+    value: Annotated[float | None, _unit("flop/s")] = Field(
+        description="floating-point operations per second"
+    )
     source: str = Field(min_length=1)
 
 
@@ -158,6 +162,32 @@ class Compute(_Strict):
     exp: SourcedOps = Field(description="special-function unit: exp2 results per second over the chip")
 
 
+class SMTopology(_Strict):
+    """Where the hardware puts thread blocks and which SMs share an L2 partition (measured: iosim.gpu.topology)."""
+
+    l2_partition: list[Literal[0, 1]] = Field(description="L2 partition nearest to each SM, by SM id")
+    dispatch: dict[int, list[int]] = Field(
+        description="by blocks per SM k: the SM of each block of a first wave of k x SM-count blocks, in launch "
+        "order"
+    )
+    source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        n = len(self.l2_partition)
+        if not 0 < sum(self.l2_partition) < n:
+            raise ValueError("l2_partition: both partitions must have SMs")
+        for k, sms in self.dispatch.items():
+            counts = [0] * n
+            for m in sms:
+                if not 0 <= m < n:
+                    raise ValueError(f"dispatch[{k}]: SM {m} is not one of the {n} SMs of l2_partition")
+                counts[m] += 1
+            if k < 1 or any(c != k for c in counts):
+                raise ValueError(f"dispatch[{k}]: every SM must appear exactly {k} times")
+        return self
+
+
 class SMLimits(_Strict):
     """Per-SM residency limits, used to count thread blocks that run at once."""
 
@@ -167,6 +197,11 @@ class SMLimits(_Strict):
         default=None,
         description="issue share of a resident thread block relative to the next older one on its SM (the L2 "
         "model's block drift; 1 or absent = all resident blocks progress alike)",
+    )
+    topology: SMTopology | None = Field(
+        default=None,
+        description="measured block placement and SM -> L2 partition map (absent: block i of the first wave on "
+        "SM i mod SM-count, SMs below SM-count / 2 on one partition)",
     )
 
 
@@ -212,7 +247,9 @@ class Profile(_Strict):
         """The value at ``dotted`` (e.g. ``'l2.bandwidth'``), or a ProfileError saying it is not published."""
         obj = self
         for part in dotted.split("."):
-            obj = getattr(obj, part) if part not in ("dram", "l2", "smem", "registers") else getattr(self, part)
+            obj = (
+                getattr(obj, part) if part not in ("dram", "l2", "smem", "registers") else getattr(self, part)
+            )
         if obj is None or obj.value is None:
             src = getattr(obj, "source", "absent from the profile")
             raise ProfileError(f"profile {self.name!r}: {dotted} is not known ({src}); it is needed here")
@@ -231,6 +268,16 @@ class Profile(_Strict):
         """``sm.block_share`` (the L2 model's block drift), 1.0 where the profile does not give it."""
         bs = self.sm.block_share if self.sm else None
         return 1.0 if bs is None or bs.value is None else float(bs.value)
+
+    def sm_topology(self) -> SMTopology | None:
+        """``sm.topology``, checked against ``sm_count`` (None where the profile does not give it)."""
+        t = self.sm.topology if self.sm else None
+        if t is not None and len(t.l2_partition) != int(self.require("sm_count")):
+            raise ProfileError(
+                f"profile {self.name!r}: sm.topology.l2_partition has {len(t.l2_partition)} SMs, sm_count is "
+                f"{int(self.require('sm_count'))}"
+            )
+        return t
 
     def matmul_rate(self, dtype: str) -> float:
         """Tensor-core FLOP/s for ``dtype`` operands (fp32 problems use the plain fp32 rate: no TF32)."""
@@ -273,7 +320,9 @@ def load_profile_file(path: str | Path) -> Profile:
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+        raise ProfileError(
+            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
     return profile_from_dict(data, str(path))
 
 

@@ -132,8 +132,12 @@ def test_the_h200_profile_carries_the_measured_inputs_and_results_say_which_were
     p = AttentionProblem(seq_len=1024, heads=2, head_dim=64, dtype="fp16")
     h200 = l2.simulate_l2("flash2", p, Tiles(128, 64), "h200-sxm-141gb")
     j = h200.to_json()
-    assert j["block_share"] == 0.851 and j["room"] == {"private": 1.3125, "shared": 2.0, "dirty": 2.125}
-    assert j["dirty_at_start_bytes"] == 2_405_504
+    prof = get_profile("h200-sxm-141gb")
+    assert prof.l2_room() != (1.0, 1.0, 1.0) and prof.l2_dirty_at_start() > 0 and prof.block_share() < 1.0
+    assert j["block_share"] == prof.block_share() == 0.851
+    assert tuple(j["room"].values()) == prof.l2_room()
+    assert j["dirty_at_start_bytes"] == prof.l2_dirty_at_start()
+    assert j["placement"] == "assumed"  # the built-in profile has no sm.topology
     assert "block share 0.851" in h200.describe() and "dirty at start" in h200.describe()
     plain = l2.simulate_l2("flash2", p, Tiles(128, 64), PROF)  # no measured inputs: a plain LRU in lockstep
     assert plain.to_json()["block_share"] == 1.0 and plain.describe().endswith("blocks resident")
@@ -148,3 +152,41 @@ def test_miss_curve_variant_with_a_step_curve_keeps_what_the_lru_keeps():
         assert abs(sd.write_bytes - (16 * MiB - C / dirty_room)) <= 2 * CHUNK
     init = probe(0, 16 * MiB, room=(1.0, 1.0, 1.0), dirty_at_start=100_000, miss_curve=step)
     assert abs(init.write_bytes - 100_000) <= 1  # the foreign lines are far past the step
+
+
+def _placed_probe(dispatch):
+    """1 MiB dirty, then 4 MiB that each of 4 blocks reads whole, on an 8-SM chip whose SMs 0-3 share one L2
+    partition and 4-7 the other; room (1, 2, 1) in 8 MiB: the dirty MiB stays iff the reads are private
+    (1 + 4 <= 8), and is written back iff they are shared (1 + 2 x 4 > 8)."""
+    from iosim.profile import SMTopology
+
+    prof = get_profile(PROF).model_copy(update={"sm_count": SourcedCount(value=8, source="test: eight SMs")})
+    topo = SMTopology(l2_partition=[0, 0, 0, 0, 1, 1, 1, 1], dispatch={1: dispatch}, source="test")
+    res = simulate_probe(
+        1 * MiB,
+        4 * MiB,
+        prof,
+        shared=True,
+        sms=4,
+        capacity=C,
+        block_share=1.0,
+        room=(1.0, 2.0, 1.0),
+        topology=topo,
+    )
+    return res
+
+
+def test_measured_placement_decides_which_lines_are_shared():
+    one_side = _placed_probe([0, 1, 2, 3, 4, 5, 6, 7])  # blocks 0-3 on SMs 0-3: one partition
+    both = _placed_probe([0, 4, 1, 5, 2, 6, 3, 7])  # blocks on SMs 0, 4, 1, 5: both partitions
+    assert one_side.write_bytes == 0 and both.write_bytes == 1 * MiB
+    assert both.to_json()["placement"] == "measured" and "measured block placement" in both.describe()
+
+
+def test_topology_must_name_every_sm_its_blocks_per_sm_times():
+    from iosim.profile import SMTopology
+
+    with pytest.raises(ValueError, match="exactly 2 times"):
+        SMTopology(l2_partition=[0, 1], dispatch={2: [0, 1, 1, 1]}, source="test")
+    with pytest.raises(ValueError, match="both partitions"):
+        SMTopology(l2_partition=[0, 0], dispatch={}, source="test")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..problem import STAT_BYTES, AttentionProblem
-from ..profile import Profile, get_profile
+from ..profile import Profile, SMTopology, get_profile
 from ..schedules import Tiles
 from ._common import FOREIGN, KV_TENSORS, ROOM_UNIT, TENSOR_CODES, TENSOR_NAMES, L2ModelError, _njit
 from .launch import LaunchModel, launch_model, resident_blocks
@@ -133,9 +133,10 @@ def _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, ratio):
 
 
 @_njit
-def _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio):
-    """Slot state at the kernel's start: the first ``n_slots`` blocks in launch order, one per slot, and their
-    issue shares (:func:`_set_sm_rates`; all 1 in lockstep). Slot ``s`` is on SM ``s % n_sms``."""
+def _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill):
+    """Slot state at the kernel's start: the first ``n_slots`` blocks in launch order, block ``i`` in slot
+    ``fill[i]``, and their issue shares (:func:`_set_sm_rates`; all 1 in lockstep). Slot ``s`` is on SM
+    ``s % n_sms``, so ``fill`` says where the hardware puts each block of the first wave."""
     slot_pos = np.zeros(n_slots, np.int64)
     slot_end = np.zeros(n_slots, np.int64)
     slot_qoff = np.zeros(n_slots, np.int64)
@@ -145,12 +146,14 @@ def _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_s
     slot_rate = np.ones(n_slots, np.float64)
     slot_credit = np.zeros(n_slots, np.float64)
     launched = 0
-    for s in range(n_slots):
+    for i in range(n_slots):
+        s = fill[i]
         if launched < total_blocks:
             _launch_block(
                 launched, s, block_order, ptr, head_q, head_kv, A, slot_pos, slot_end, slot_qoff, slot_kvoff
             )
             slot_live[s] = True
+            slot_age[s] = launched
             launched += 1
     if share_ratio < 1.0:
         for m in range(min(n_sms, n_slots)):
@@ -233,12 +236,14 @@ def _simulate_kernel(
     init_dirty,
     n_sms,
     share_ratio,
+    fill,
+    sm_half,
 ):
     """Round-robin execution of the grid over a byte-weighted LRU. Returns (dram_read, dram_write, dirty_end,
     rounds); ``out_read``/``out_write`` (per tensor) are incremented.
 
     Capacity is counted in units of 1/ROOM_UNIT byte: a clean atom occupies ``cost * bytes`` units where ``cost`` is
-    ``cost_private`` until SMs of both halves of the chip (slot % n_sms below / above n_sms / 2) have touched it,
+    ``cost_private`` until SMs of both L2 partitions (``sm_half`` of the slot's SM, 1 or 2) have touched it,
     then ``cost_shared``; a dirty atom ``cost_dirty`` (all ROOM_UNIT: a plain LRU). ``init_dirty`` bytes of other
     dirty lines are in L2 when the kernel starts (the least recent), written back if evicted (reported in
     ``out_write[FOREIGN]``)."""
@@ -271,15 +276,16 @@ def _simulate_kernel(
     total_blocks = nb * n_heads
     slot_half = np.zeros(n_slots, np.int8)
     for s in range(n_slots):
-        slot_half[s] = 1 if (s % n_sms) * 2 < n_sms else 2
+        slot_half[s] = sm_half[s % n_sms]
     slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit, launched = (
-        _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio)
+        _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill)
     )
     live = launched
     rnd = 0
     while live > 0:
         rnd += 1
-        for s in range(n_slots):
+        for i in range(n_slots):
+            s = fill[i]
             if not slot_live[s] or not _takes_turn(s, share_ratio, slot_rate, slot_credit):
                 continue
             pos = slot_pos[s]
@@ -461,6 +467,8 @@ def _simulate_kernel_sd(
     cost_shared,
     cost_dirty,
     init_dirty,
+    fill,
+    sm_half,
 ):
     """The same execution as :func:`_simulate_kernel`, with L2 hits decided by a measured miss curve: a reuse of
     an atom after ``d`` distinct bytes (its LRU stack distance) misses with probability ``curve(d)``; a dirty
@@ -496,18 +504,19 @@ def _simulate_kernel_sd(
         tau = 1
     slot_half = np.zeros(n_slots, np.int8)
     for s in range(n_slots):
-        slot_half[s] = 1 if (s % n_sms) * 2 < n_sms else 2
+        slot_half[s] = sm_half[s % n_sms]
     dram_read = 0.0
     dram_write = 0.0
     total_blocks = nb * n_heads
     slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit, launched = (
-        _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio)
+        _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill)
     )
     live = launched
     rnd = 0
     while live > 0:
         rnd += 1
-        for s in range(n_slots):
+        for i in range(n_slots):
+            s = fill[i]
             if not slot_live[s] or not _takes_turn(s, share_ratio, slot_rate, slot_credit):
                 continue
             pos = slot_pos[s]
@@ -673,6 +682,7 @@ class L2Result:
     block_share: float = 1.0
     room: tuple[float, float, float] = (1.0, 1.0, 1.0)
     dirty_at_start: int = 0
+    placement: str = "assumed"  # "measured": the profile's sm.topology placed the blocks (see simulate_l2)
 
     def describe(self) -> str:
         """The model's inputs in one line (what ``iosim simulate`` prints under its table)."""
@@ -683,6 +693,8 @@ class L2Result:
             extra.append("room private/shared/dirty " + "/".join(f"{x:g}" for x in self.room))
         if self.dirty_at_start:
             extra.append(f"{self.dirty_at_start:,} B dirty at start")
+        if self.placement != "assumed":
+            extra.append(f"{self.placement} block placement")
         return f"{self.capacity:,} B L2, {self.kernels[0].resident} blocks resident" + "".join(
             ", " + e for e in extra
         )
@@ -703,6 +715,7 @@ class L2Result:
             "block_share": self.block_share,
             "room": {"private": self.room[0], "shared": self.room[1], "dirty": self.room[2]},
             "dirty_at_start_bytes": self.dirty_at_start,
+            "placement": self.placement,
             "dedupe": self.dedupe,
             "launch": self.launch.note,
             "kernels": [
@@ -738,6 +751,7 @@ def simulate_l2(
     dirty_at_start: int | None = None,
     miss_curve: list[tuple[float, float]] | None = None,
     block_share: float | None = None,
+    topology: SMTopology | bool | None = None,
 ) -> L2Result:
     """DRAM read/write bytes of every kernel of ``schedule`` under the L2 model (see the module docstring).
 
@@ -751,7 +765,10 @@ def simulate_l2(
     ``miss_curve``: the stack-distance variant, a soft edge in place of the LRU's hard one: a reuse after d room
     bytes of distinct data (the room-weighted LRU stack distance) misses with probability curve(d), and a dirty
     line is written back with the probability that it was evicted (expected bytes). It uses the same block drift,
-    room and dirty lines at start; the curve replaces ``capacity``."""
+    room and dirty lines at start; the curve replaces ``capacity``.
+    ``topology``: where blocks land and which SMs share an L2 partition (:class:`~iosim.profile.SMTopology`);
+    None takes the profile's ``sm.topology``, False ignores it (block i of the first wave on SM i mod SM-count, the
+    lower half of SM numbers on one partition)."""
     import time
 
     t0 = time.perf_counter()
@@ -768,15 +785,19 @@ def simulate_l2(
     if traces is None:
         traces = head_program(schedule, problem, tiles, kv_order=lm.kv_order, fast=fast)
     head_q, head_kv = _head_slots(problem, lm.head_order)
+    topo = prof.sm_topology() if topology is None else (topology or None)
     out = []
     for ki, kt in enumerate(traces):
         klm = lm.kernels[ki]
+        per_sm = 0  # blocks per SM, where the measured placement applies
         if resident is None:
             r_gpu, limits = resident_blocks(prof, klm.threads, klm.smem, klm.registers)
             r = max(1, r_gpu // klm.gpu_blocks_per_block)
+            per_sm = r_gpu // int(prof.require("sm_count")) if klm.gpu_blocks_per_block == 1 else 0
         else:
             r = resident[ki] if isinstance(resident, (list, tuple)) else resident
             limits = {"given": r}
+            per_sm = -(-int(r) // int(prof.require("sm_count")))
         at = _atomize(kt, problem)
         nb = kt.n_blocks
         costs = [round(x * ROOM_UNIT) for x in rooms]
@@ -785,6 +806,7 @@ def simulate_l2(
         if klm.block_order == "reverse":
             order = order[::-1].copy()
         r = int(min(r, nb * len(head_q))) if nb else 1
+        n_slots, fill, sm_half = _placement(topo, per_sm, sms, r)
         rd_t = np.zeros(len(TENSOR_CODES), np.int64)
         wr_t = np.zeros(len(TENSOR_CODES), np.int64)
         if nb == 0:
@@ -805,7 +827,7 @@ def simulate_l2(
                 order,
                 head_q,
                 head_kv,
-                r,
+                n_slots,
                 dedupe,
                 rdf,
                 wrf,
@@ -818,6 +840,8 @@ def simulate_l2(
                 costs[1],
                 costs[2],
                 init_dirty,
+                fill,
+                sm_half,
             )
             rd, wr, dirty = round(rd), round(wr), round(dirty)
             rd_t, wr_t = np.round(rdf).astype(np.int64), np.round(wrf).astype(np.int64)
@@ -834,7 +858,7 @@ def simulate_l2(
                 order,
                 head_q,
                 head_kv,
-                r,
+                n_slots,
                 cap,
                 dedupe,
                 rd_t,
@@ -845,6 +869,8 @@ def simulate_l2(
                 init_dirty,
                 sms,
                 share,
+                fill,
+                sm_half,
             )
         gr, gw = _global_bytes(kt, problem, len(head_q))
         out.append(
@@ -864,8 +890,38 @@ def simulate_l2(
             )
         )
     return L2Result(
-        schedule, prof.name, cap, out, lm, dedupe, time.perf_counter() - t0, share, rooms, init_dirty
+        schedule,
+        prof.name,
+        cap,
+        out,
+        lm,
+        dedupe,
+        time.perf_counter() - t0,
+        share,
+        rooms,
+        init_dirty,
+        "assumed" if topo is None else "measured",
     )
+
+
+def _placement(topo: SMTopology | None, per_sm: int, n_sms: int, r: int):
+    """(slots, fill, sm_half) for the kernels: ``fill[i]`` is the slot of the first wave's block i (slot s is on
+    SM s mod ``n_sms``), ``sm_half[m]`` the L2 partition of SM m (1 or 2). With the measured topology for
+    ``per_sm`` blocks per SM, block i goes to SM ``dispatch[per_sm][i]``; the slots are then all ``per_sm`` x
+    ``n_sms`` of a full wave (those past the grid stay empty). Otherwise block i is on SM i mod ``n_sms`` and the
+    lower half of SM numbers is one partition."""
+    if topo is not None and per_sm in topo.dispatch and r <= per_sm * n_sms:
+        n_slots = per_sm * n_sms
+        fill = np.zeros(n_slots, np.int64)
+        seen = np.zeros(n_sms, np.int64)
+        for i, m in enumerate(topo.dispatch[per_sm]):
+            fill[i] = m + seen[m] * n_sms
+            seen[m] += 1
+        return n_slots, fill, np.array([1 + x for x in topo.l2_partition], np.int8)
+    half = np.array([1 if 2 * m < n_sms else 2 for m in range(n_sms)], np.int8)
+    if topo is not None:
+        half = np.array([1 + x for x in topo.l2_partition], np.int8)
+    return r, np.arange(r, dtype=np.int64), half
 
 
 def _access_bytes(kt: KernelTrace, p: AttentionProblem) -> np.ndarray:
