@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from validate_compare import merge_repeats  # a sweep run with --repeat K: each config's median
 
 from iosim.l2.probes import simulate_probe
 
@@ -48,7 +49,7 @@ def block_share(raw: Path) -> list[tuple[str, float]]:
 def probes(raw: Path) -> list[tuple]:
     cases = []
     for part in ("writeback", "probes"):
-        for e in json.loads((raw / f"measured_{part}.json").read_text())["configs"]:
+        for e in merge_repeats(json.loads((raw / f"measured_{part}.json").read_text())["configs"]):
             c, m = e["config"], e.get("measured") or {}
             if c["kind"] == "l2write" and not c.get("spin_us"):
                 cases.append((c["nbytes"], c["read_bytes"], c["read_shared"], False, m))

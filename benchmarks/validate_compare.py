@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -36,6 +37,7 @@ PROFILE = ROOT / "docs/validation/h200-sxm-141gb-measured.yaml"
 PHYSICAL_L2 = 62_914_560
 # Ablations: the model with one measured input taken away (docs/validation.md, "What each input buys")
 ABLATIONS = {
+    "placement": {},  # measured block placement and L2 partitions (raw/topology.json; filled in by main)
     "lockstep": {"block_share": 1.0},  # no block drift
     "plain_room": {
         "room": (1.0, 1.0, 1.0),
@@ -48,6 +50,24 @@ ABLATIONS = {
         "block_share": 1.0,
     },
 }
+
+
+def measured_topology(raw: Path):
+    """The placement measured by benchmarks/validate_topology.py: the first reference's split, the first run of
+    each occupancy's dispatch map (every run was identical)."""
+    from iosim.profile import SMTopology
+
+    f = raw / "topology.json"
+    if not f.exists():
+        return None
+    d = json.loads(f.read_text())
+    return SMTopology(
+        l2_partition=d["partition"][0]["split"],
+        dispatch={int(k): runs[0]["sm"] for k, runs in d["dispatch"].items()},
+        source=f"measured: {f.name}",
+    )
+
+
 FIELDS = (
     "kernel",
     "device",
@@ -77,13 +97,40 @@ def fa2_tiles(name: str) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
-def load(raw: Path) -> list[dict]:
+def merge_repeats(entries: list[dict]) -> list[dict]:
+    """One entry per config: a sweep run with ``--repeat K`` measured each config K times. Every numeric counter
+    and the time become the median over the repeats; ``repeats`` keeps each run's DRAM bytes for the spread."""
+    groups: dict[str, list[dict]] = {}
+    for e in entries:
+        groups.setdefault(json.dumps(e["config"], sort_keys=True), []).append(e)
     out = []
-    for part in ("naive", "flash", "big"):
+    for runs in groups.values():
+        ok = [e for e in runs if not e.get("error") and e.get("measured")]
+        e = dict(ok[0] if ok else runs[0])
+        if ok:
+            m = dict(ok[0]["measured"])
+            for key, v in m.items():
+                vals = [r["measured"].get(key) for r in ok]
+                if isinstance(v, (int, float)) and all(isinstance(x, (int, float)) for x in vals):
+                    m[key] = statistics.median(vals)
+            e["measured"] = m
+            times = [r["time_ms"] for r in ok if r.get("time_ms")]
+            e["time_ms"] = statistics.median(times) if times else None
+            e["repeats"] = [
+                {"hbm_read": r["measured"]["dram_read_bytes"], "hbm_write": r["measured"]["dram_write_bytes"]}
+                for r in ok
+            ]
+        out.append(e)
+    return out
+
+
+def load(raw: Path, parts=("naive", "flash", "big")) -> list[dict]:
+    out = []
+    for part in parts:
         f = raw / f"measured_{part}.json"
         if f.exists():
             d = json.loads(f.read_text())
-            for e in d["configs"]:
+            for e in merge_repeats(d["configs"]):
                 e["device"] = d["device"]["name"]
                 out.append(e)
     return out
@@ -173,7 +220,7 @@ SOFT_EDGE_ROOM = (
 def probe_curve(raw: Path, private_room: float) -> list[tuple[float, float]]:
     """The read probe's second-pass miss fraction against its room-weighted stack distance (buffer x room)."""
     pts, last = [(0.0, 0.0)], 0.0
-    for e in json.loads((raw / "measured_probes.json").read_text())["configs"]:
+    for e in merge_repeats(json.loads((raw / "measured_probes.json").read_text())["configs"]):
         if e["config"]["kind"] == "l2probe" and e.get("measured"):
             size = e["config"]["nbytes"]
             last = min(1.0, max(last, (e["measured"]["dram_read_bytes"] - size) / size))
@@ -189,12 +236,16 @@ def main() -> None:
     prof = get_profile(PROFILE)
     soft = "--soft-edge" in sys.argv
     model = {"miss_curve": probe_curve(raw, SOFT_EDGE_ROOM[0]), "room": SOFT_EDGE_ROOM} if soft else {}
+    topo = measured_topology(raw)
+    ablations = {k: v for k, v in ABLATIONS.items() if k != "placement" or topo is not None}
+    if topo is not None:
+        ablations["placement"] = {"topology": topo}
     rows, extra = [], []
     for e in load(raw):
         s = simulate_config(e, prof, **model)
         if s is None:
             continue
-        abl = {name: simulate_config(e, prof, **kw) for name, kw in ABLATIONS.items()}
+        abl = {name: simulate_config(e, prof, **kw) for name, kw in ablations.items()}
         m = measured(e)
         c = e["config"]
         base = {
@@ -227,6 +278,10 @@ def main() -> None:
                 "xbar_read_bytes": m["xbar_read"],
                 "lts_read_bytes": m["lts_read"],
                 **{f"hbm_{d}_{name}": a[f"hbm_{d}"] for name, a in abl.items() for d in ("read", "write")},
+                **{
+                    f"hbm_{d}_runs": ";".join(str(r[f"hbm_{d}"]) for r in e.get("repeats", []))
+                    for d in ("read", "write")
+                },
                 "dirty_at_end_bytes": s["dirty_at_end"],
                 "resident": ";".join(map(str, s["resident"])),
                 "predicted_s": s["time_s"],
@@ -287,29 +342,63 @@ def report(rows, extra) -> None:
         cells.append(f"{hr['simulated_bytes'] / 1e6:.1f} / {hr['measured_bytes'] / 1e6:.1f}")
         cells.append(f"{hw['simulated_bytes'] / 1e6:.1f} / {hw['measured_bytes'] / 1e6:.1f}")
         print(f"| {lab} | " + " | ".join(cells) + " |")
+    print("\n| kernel | global read | global write | hbm read | hbm write |\n|---|---|---|---|---|")
+    for kern in dict.fromkeys(r["kernel"] for r in rows):
+        cells = []
+        for key in (("global", "read"), ("global", "write"), ("hbm", "read"), ("hbm", "write")):
+            es = [
+                err(r["simulated_bytes"], r["measured_bytes"])
+                for r in rows
+                if r["kernel"] == kern and (r["boundary"], r["direction"]) == key
+            ]
+            a = sorted(abs(x) if x is not None else float("inf") for x in es)
+            ok = sum(x <= bounds[key] for x in a)
+            cells.append(f"{ok}/{len(a)}, median {statistics.median(a):.1%}, max {a[-1]:.1%}")
+        print(f"| {kern} | " + " | ".join(cells) + " |")
+    print("\npredicted time error:\n\n| kernel | min | max | median |\n|---|---|---|---|")
+    for kern in dict.fromkeys(x["kernel"] for x in extra):
+        t = sorted(
+            err(x["predicted_s"], x["measured_s"]) for x in extra if x["kernel"] == kern and x["measured_s"]
+        )
+        print(f"| {kern} | {t[0]:+.0%} | {t[-1]:+.0%} | {statistics.median(t):+.0%} |")
     print(f"\noutliers: {len(outliers)}")
     for o in outliers:
         print("  ", o[0], o[1], o[2], o[3], "n/a" if o[4] is None else f"{o[4]:+.1%}")
+    heads = {
+        "placement": "hbm read / write err, measured placement",
+        "lockstep": "... lockstep",
+        "plain_room": "... all lines alike (plain LRU of 60 MiB)",
+        "previous": "... previous model (LRU of 44.8 MiB, lockstep)",
+    }
+    names = [n for n in ABLATIONS if extra and f"hbm_read_{n}" in extra[0]]
     print(
-        "\n| config | hbm read / write err, lockstep | ... all lines alike (plain LRU of 60 MiB) | ... previous model "
-        "(LRU of 44.8 MiB, lockstep) | SM->L2 (xbar) read err | L2-slice (lts) read err | predicted ms | measured ms "
-        "| time err |"
+        "\n| config | measured spread read / write | "
+        + " | ".join(heads[n] for n in names)
+        + " | SM->L2 (xbar) read err | L2-slice (lts) read err | predicted ms | measured ms | time err |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---" * (len(names) + 7) + "|")
 
     def f(v):
         return "n/a" if v is None else f"{v:+.1%}"
+
+    def spread(runs: str) -> str:  # (max - min) / median over the repeats
+        v = sorted(int(t) for t in runs.split(";") if t)
+        if len(v) < 2:
+            return "-"
+        med = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+        return f"{(v[-1] - v[0]) / med:.1%}" if med else "0 B"
 
     for x in extra:
         lab = _label(x)
         d = by[lab]
         hr, hw = d[("hbm", "read")]["measured_bytes"], d[("hbm", "write")]["measured_bytes"]
         g = d[("global", "read")]["simulated_bytes"]
-        cols = [f"{f(err(x[f'hbm_read_{n}'], hr))} / {f(err(x[f'hbm_write_{n}'], hw))}" for n in ABLATIONS]
+        cols = [f"{f(err(x[f'hbm_read_{n}'], hr))} / {f(err(x[f'hbm_write_{n}'], hw))}" for n in names]
         ex, el = err(g, x["xbar_read_bytes"]), err(g, x["lts_read_bytes"])
         et = err(x["predicted_s"], x["measured_s"])
+        sp = f"{spread(x['hbm_read_runs'])} / {spread(x['hbm_write_runs'])}"
         print(
-            f"| {lab} | {' | '.join(cols)} | {f(ex)} | {f(el)} | {x['predicted_s'] * 1e3:.3f} | "
+            f"| {lab} | {sp} | {' | '.join(cols)} | {f(ex)} | {f(el)} | {x['predicted_s'] * 1e3:.3f} | "
             f"{x['measured_s'] * 1e3:.3f} | {f(et)} |"
         )
 
