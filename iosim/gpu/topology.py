@@ -2,6 +2,8 @@
 
 * :func:`dispatch_map`: the SM of every block of a grid that fits the GPU at once, for a given number of blocks per
   SM (set through dynamic shared memory). The L2 model puts the k-th block of the first wave where this map says.
+* :func:`masked_read_probe`: the read-twice L2 probe with only the SMs of one partition reading (under ncu it
+  tells how much of L2 one partition's SMs can use).
 * :func:`l2_partition_map`: for each SM, the mean latency of L2 hits on lines another SM (the reference) has just
   loaded, against the same lines once it has loaded them itself. SMs on the reference's partition see no
   difference; the others pay a trip across the chip for part of the lines. :func:`split_halves` turns the latencies
@@ -154,3 +156,22 @@ def split_halves(p: PartitionProbe) -> tuple[list[int], float]:
     for b in order[cut + 1 :]:
         part[p.sm[b]] = 1
     return part, float(gaps[cut])
+
+
+def masked_read_probe(nbytes: int, readers: list[int]):
+    """A zero-argument launcher of ``iosim_l2probe_masked``: ``nbytes`` (a multiple of 16) read twice, each float4
+    by one thread, by the blocks on the SMs ``readers`` only (one block per SM). Run it under ncu for DRAM bytes."""
+    cp = require_cupy()
+    n_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    if not readers or any(not 0 <= m < n_sms for m in readers):
+        raise TopologyError(f"readers must be SM ids in 0..{n_sms - 1}")
+    kern = _module(cp).get_function("iosim_l2probe_masked")
+    rank = np.full(n_sms, -1, dtype=np.int32)
+    rank[sorted(readers)] = np.arange(len(readers), dtype=np.int32)
+    rank_d = cp.asarray(rank)
+    n = nbytes // 16
+    a = cp.random.random(n * 4, dtype=cp.float32) + 1.0
+    out = cp.zeros(1, dtype=cp.float32)
+    smem = _smem_for(1, cp)
+    args = (a, cp.int64(n), rank_d, cp.int32(len(readers)), out)
+    return lambda: _launch(kern, n_sms, 256, args, smem)

@@ -38,3 +38,11 @@ def test_dispatch_map_rejects_an_occupancy_shared_memory_cannot_force():
 
     with pytest.raises(topo.TopologyError, match="cannot hold an SM"):
         topo.dispatch_map(1000)
+
+
+def test_masked_read_probe_runs_on_the_chosen_sms_and_rejects_others():
+    from iosim.gpu import topology as topo
+
+    topo.masked_read_probe(1 << 20, [0, 1, 2])()  # launches and returns; ncu gives its DRAM bytes
+    with pytest.raises(topo.TopologyError, match="SM ids"):
+        topo.masked_read_probe(1 << 20, [100000])
