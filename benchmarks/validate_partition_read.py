@@ -4,7 +4,7 @@
 
 Finds the two SM groups (iosim.gpu.topology.l2_partition_map), then runs the read-twice probe under Nsight Compute
 (L2 flushed first) with every SM reading, with only partition 0's SMs, and with only partition 1's, at several
-buffer sizes. Second-pass DRAM reads / buffer - 1 is the fraction that missed. Writes OUTDIR/partition_read.json and
+buffer sizes; then a write-only probe from every SM and from partition 0's SMs only. Second-pass DRAM reads / buffer - 1 is the fraction that missed. Writes OUTDIR/partition_read.json and
 OUTDIR/partition_read_ncu.csv; prints the table.
 
 Predictions written before the run (docs/validation.md): if each partition keeps a copy of every line its own SMs
@@ -23,6 +23,7 @@ from pathlib import Path
 
 MiB = 1 << 20
 SIZES = (8, 16, 20, 24, 28, 32, 36, 40, 48, 56)
+WRITE_SIZES = (16, 24, 32, 40, 48, 64)
 METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum"
 
 
@@ -46,6 +47,11 @@ def _launch_all(split_path: Path) -> None:
             fn()
             cp.cuda.Device().synchronize()
             print(f"LAUNCHED {who} {size}", flush=True)
+    for who in ("all", "p0"):
+        for size in WRITE_SIZES:
+            fn = topo.masked_read_probe(size * MiB, groups[who], write=True)
+            fn()
+            cp.cuda.Device().synchronize()
 
 
 def main() -> None:
@@ -58,7 +64,7 @@ def main() -> None:
 
     log = out / "partition_read_ncu.csv"
     cmd = [find_ncu(), "--clock-control", "none", "--cache-control", "all", "--csv", "--print-units", "base"]
-    cmd += ["--metrics", METRICS, "-k", "regex:iosim_l2probe_masked", "--log-file", str(log)]
+    cmd += ["--metrics", METRICS, "-k", "regex:iosim_l2(probe|write)_masked", "--log-file", str(log)]
     cmd += [sys.executable, __file__, "--inside", str(out / "partition_split.json")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if proc.returncode:
@@ -66,6 +72,7 @@ def main() -> None:
         raise SystemExit(proc.returncode)
     launches = parse_ncu_csv(log.read_text())
     order = [(w, s) for w in ("all", "p0", "p1") for s in SIZES]
+    order += [(w + " write", s) for w in ("all", "p0") for s in WRITE_SIZES]
     if len(launches) != len(order):
         raise SystemExit(f"expected {len(order)} profiled launches, ncu has {len(launches)}")
     rows = []
@@ -90,6 +97,11 @@ def main() -> None:
     for who in ("all", "p0", "p1"):
         fr = [r["dram_read"] / (r["mib"] * MiB) - 1 for r in rows if r["readers"] == who]
         print(f"{who:7} | " + " | ".join(f"{x:.3f}" for x in fr))
+    print("written only: dirty bytes L2 kept (written - DRAM writes, MB) by buffer MiB:")
+    print("writers | " + " | ".join(str(s) for s in WRITE_SIZES))
+    for who in ("all write", "p0 write"):
+        kept = [(r["mib"] * MiB - r["dram_write"]) / 1e6 for r in rows if r["readers"] == who]
+        print(f"{who[:-6]:7} | " + " | ".join(f"{x:.2f}" for x in kept))
 
 
 if __name__ == "__main__":

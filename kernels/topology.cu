@@ -103,3 +103,15 @@ extern "C" __global__ void iosim_l2probe_masked(const float4* __restrict__ a, lo
         }
     if (s == 12345.678f) out[0] = s;  // keeps the loads; never true for the data used
 }
+
+// iosim_l2write_masked: write nbytes (whole lines, dirty in L2) from the chosen SMs only (rank_of_sm as above).
+// Under ncu the DRAM writes are what L2 could not keep dirty.
+extern "C" __global__ void iosim_l2write_masked(float4* w, long long n, const int* rank_of_sm, int n_active) {
+    extern __shared__ unsigned char hold[];
+    const int rank = rank_of_sm[iosim_smid()];
+    if (rank < 0) return;
+    if (threadIdx.x == 0) hold[0] = 0;
+    const long long stride = (long long)n_active * blockDim.x;
+    for (long long i = (long long)rank * blockDim.x + threadIdx.x; i < n; i += stride)
+        w[i] = make_float4(1.f, 2.f, 3.f, (float)i);
+}

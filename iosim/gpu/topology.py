@@ -158,20 +158,25 @@ def split_halves(p: PartitionProbe) -> tuple[list[int], float]:
     return part, float(gaps[cut])
 
 
-def masked_read_probe(nbytes: int, readers: list[int]):
+def masked_read_probe(nbytes: int, readers: list[int], write: bool = False):
     """A zero-argument launcher of ``iosim_l2probe_masked``: ``nbytes`` (a multiple of 16) read twice, each float4
-    by one thread, by the blocks on the SMs ``readers`` only (one block per SM). Run it under ncu for DRAM bytes."""
+    by one thread, by the blocks on the SMs ``readers`` only (one block per SM); ``write``: ``iosim_l2write_masked``
+    instead, the same SMs write ``nbytes`` once. Run it under ncu for DRAM bytes."""
     cp = require_cupy()
     n_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     if not readers or any(not 0 <= m < n_sms for m in readers):
         raise TopologyError(f"readers must be SM ids in 0..{n_sms - 1}")
-    kern = _module(cp).get_function("iosim_l2probe_masked")
     rank = np.full(n_sms, -1, dtype=np.int32)
     rank[sorted(readers)] = np.arange(len(readers), dtype=np.int32)
     rank_d = cp.asarray(rank)
     n = nbytes // 16
-    a = cp.random.random(n * 4, dtype=cp.float32) + 1.0
-    out = cp.zeros(1, dtype=cp.float32)
     smem = _smem_for(1, cp)
-    args = (a, cp.int64(n), rank_d, cp.int32(len(readers)), out)
+    if write:
+        kern = _module(cp).get_function("iosim_l2write_masked")
+        w = cp.zeros(n * 4, dtype=cp.float32)
+        args = (w, cp.int64(n), rank_d, cp.int32(len(readers)))
+    else:
+        kern = _module(cp).get_function("iosim_l2probe_masked")
+        a = cp.random.random(n * 4, dtype=cp.float32) + 1.0
+        args = (a, cp.int64(n), rank_d, cp.int32(len(readers)), cp.zeros(1, dtype=cp.float32))
     return lambda: _launch(kern, n_sms, 256, args, smem)
