@@ -1,6 +1,6 @@
 """The L2 model's measured inputs, from the probe runs and block timelines in docs/validation/raw/.
 
-    python benchmarks/fit_l2_inputs.py [RAW_DIR]
+    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions]
 
 Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 
@@ -10,6 +10,7 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 * ``l2.dirty_at_start``: DRAM bytes written by the read-only probe (l2probe) once its buffer is past L2 (>= 48 MiB).
 * ``l2.room``: the (private, shared, dirty) factors on a 1/16 grid for which the L2 model (iosim.l2.probes), at
   the physical capacity, reproduces the probes' DRAM read and write bytes best (least squares, MB).
+* ``--partitions``: the same for the two-partition L2 (iosim.l2.partitions), which has only the dirty factor.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def probes(raw: Path) -> list[tuple]:
     return cases
 
 
-def misfit(cases, room, init) -> float:
+def misfit(cases, room, init, partitions=False) -> float:
     err = 0.0
     for w, r, shared, reread, m in cases:
         res = simulate_probe(
@@ -71,14 +72,35 @@ def misfit(cases, room, init) -> float:
             room=room,
             dirty_at_start=init,
             block_share=1.0,
+            partitions=partitions,
         )
         err += ((res.write_bytes - m["dram_write_bytes"]) / 1e6) ** 2
         err += ((res.read_bytes - m["dram_read_bytes"]) / 1e6) ** 2
     return err
 
 
+def one_partition(raw: Path, dirty: float, init: int) -> None:
+    """The one-partition read probe (benchmarks/validate_partition_read.py: only partition 0's 66 SMs read B twice)
+    against both models: second-pass miss fraction. Not used by any fit."""
+    f = raw / "partition_read.json"
+    if not f.exists():
+        return
+    rows = [r for r in json.loads(f.read_text())["rows"] if r["readers"] == "p0"]
+    print(
+        "one partition's readers, second-pass miss fraction: measured / two partitions / one pool (room fit)"
+    )
+    for r in rows:
+        b = r["mib"] * MiB
+        kw = {"reread": True, "capacity": PHYSICAL_L2, "dirty_at_start": init, "block_share": 1.0, "sms": 66}
+        two = simulate_probe(0, b, PROFILE, partitions=True, room=(1.0, 1.0, dirty), **kw)
+        pool = simulate_probe(0, b, PROFILE, **kw)  # the profile's room factors; slots 0-65 on one half
+        fr = [x / b - 1 for x in (r["dram_read"], two.read_bytes, pool.read_bytes)]
+        print(f"  {r['mib']:3d} MiB: {fr[0]:.3f} / {fr[1]:.3f} / {fr[2]:.3f}")
+
+
 def main() -> None:
-    raw = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs/validation/raw"
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    raw = Path(args[0]) if args else ROOT / "docs/validation/raw"
     shares = block_share(raw)
     for name, b in shares:
         print(f"block_share {name}: {b:.3f}")
@@ -87,6 +109,12 @@ def main() -> None:
     big = [m["dram_write_bytes"] for w, r, _, rr, m in cases if rr and r >= 48 * MiB]
     init = int(np.mean(big))
     print(f"dirty_at_start: {init} B (read-only probe >= 48 MiB: {', '.join(map(str, big))})")
+    if "--partitions" in sys.argv:
+        fits = sorted((misfit(cases, (1.0, 1.0, d), init, True), d) for d in (1.875, 2.0, 2.125, 2.25, 2.375))
+        for e, d in fits:
+            print(f"two partitions, dirty {d}: misfit {e:.1f} MB^2 over {len(cases)} probes")
+        one_partition(raw, fits[0][1], init)
+        return
     grid = itertools.product((1.25, 1.3125, 1.375), (1.875, 2.0, 2.125), (2.0, 2.125, 2.25))
     fits = sorted((misfit(cases, room, init), room) for room in grid)
     for e, room in fits[:5]:

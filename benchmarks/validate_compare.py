@@ -38,6 +38,8 @@ PHYSICAL_L2 = 62_914_560
 # Ablations: the model with one measured input taken away (docs/validation.md, "What each input buys")
 ABLATIONS = {
     "placement": {},  # measured block placement and L2 partitions (raw/topology.json; filled in by main)
+    # the two-partition L2 (iosim.l2.partitions) with its own dirty factor (fit_l2_inputs.py --partitions)
+    "partitions": {"partitions": True, "room": (1.0, 1.0, 2.0)},
     "lockstep": {"block_share": 1.0},  # no block drift
     "plain_room": {
         "room": (1.0, 1.0, 1.0),
@@ -366,6 +368,7 @@ def report(rows, extra) -> None:
         print("  ", o[0], o[1], o[2], o[3], "n/a" if o[4] is None else f"{o[4]:+.1%}")
     heads = {
         "placement": "hbm read / write err, measured placement",
+        "partitions": "... two partitions",
         "lockstep": "... lockstep",
         "plain_room": "... all lines alike (plain LRU of 60 MiB)",
         "previous": "... previous model (LRU of 44.8 MiB, lockstep)",

@@ -752,6 +752,7 @@ def simulate_l2(
     miss_curve: list[tuple[float, float]] | None = None,
     block_share: float | None = None,
     topology: SMTopology | bool | None = None,
+    partitions: bool = False,
 ) -> L2Result:
     """DRAM read/write bytes of every kernel of ``schedule`` under the L2 model (see the module docstring).
 
@@ -768,7 +769,9 @@ def simulate_l2(
     room and dirty lines at start; the curve replaces ``capacity``.
     ``topology``: where blocks land and which SMs share an L2 partition (:class:`~iosim.profile.SMTopology`);
     None takes the profile's ``sm.topology``, False ignores it (block i of the first wave on SM i mod SM-count, the
-    lower half of SM numbers on one partition)."""
+    lower half of SM numbers on one partition).
+    ``partitions``: the two-partition L2 (:mod:`iosim.l2.partitions`): each half of the capacity an LRU of its own,
+    lines homed by address in either, copies in the reader's partition; ``room`` then only gives the dirty factor."""
     import time
 
     t0 = time.perf_counter()
@@ -845,6 +848,33 @@ def simulate_l2(
             )
             rd, wr, dirty = round(rd), round(wr), round(dirty)
             rd_t, wr_t = np.round(rdf).astype(np.int64), np.round(wrf).astype(np.int64)
+        elif partitions:
+            from .partitions import _simulate_kernel_2p
+
+            rd, wr, dirty, rounds = _simulate_kernel_2p(
+                kt.ptr,
+                at.acc_atom,
+                at.acc_shape,
+                kt.write,
+                at.shapes,
+                at.atom_bytes,
+                at.atom_kv,
+                at.atom_tensor,
+                order,
+                head_q,
+                head_kv,
+                n_slots,
+                cap,
+                dedupe,
+                rd_t,
+                wr_t,
+                costs[2],
+                init_dirty,
+                sms,
+                share,
+                fill,
+                sm_half,
+            )
         else:
             rd, wr, dirty, rounds = _simulate_kernel(
                 kt.ptr,
