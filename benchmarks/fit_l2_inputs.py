@@ -8,9 +8,11 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
   of an SM finishes after D0, the younger after D1. With shares f (older) and 1 - f and a lone block at the SM's full
   rate, f D0 = (1 - f) D0 + f (D1 - D0), so f = D0 / (3 D0 - D1); block_share = (1 - f) / f.
 * ``l2.dirty_at_start``: DRAM bytes written by the read-only probe (l2probe) once its buffer is past L2 (>= 48 MiB).
-* ``l2.room``: the (private, shared, dirty) factors on a 1/16 grid for which the L2 model (iosim.l2.probes), at
-  the physical capacity, reproduces the probes' DRAM read and write bytes best (least squares, MB).
-* ``--partitions``: the same for the two-partition L2 (iosim.l2.partitions), which has only the dirty factor.
+* ``l2.room`` of the one-pool model (``l2.partitions`` 1): the (private, shared, dirty) factors on a 1/16 grid for
+  which the L2 model (iosim.l2.probes), at the physical capacity, reproduces the probes' DRAM read and write bytes
+  best (least squares, MB).
+* ``--partitions``: the dirty factor of the two-partition model (``l2.partitions`` 2, the profile's), which has no
+  other; then the one-partition read probe against both models.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from validate_compare import merge_repeats  # a sweep run with --repeat K: each config's median
+from validate_compare import ONE_POOL_ROOM, merge_repeats  # merge: a --repeat K sweep, each config's median
 
 from iosim.l2.probes import simulate_probe
 
@@ -93,7 +95,7 @@ def one_partition(raw: Path, dirty: float, init: int) -> None:
         b = r["mib"] * MiB
         kw = {"reread": True, "capacity": PHYSICAL_L2, "dirty_at_start": init, "block_share": 1.0, "sms": 66}
         two = simulate_probe(0, b, PROFILE, partitions=True, room=(1.0, 1.0, dirty), **kw)
-        pool = simulate_probe(0, b, PROFILE, **kw)  # the profile's room factors; slots 0-65 on one half
+        pool = simulate_probe(0, b, PROFILE, partitions=False, room=ONE_POOL_ROOM, **kw)  # slots 0-65: one half
         fr = [x / b - 1 for x in (r["dram_read"], two.read_bytes, pool.read_bytes)]
         print(f"  {r['mib']:3d} MiB: {fr[0]:.3f} / {fr[1]:.3f} / {fr[2]:.3f}")
 

@@ -36,20 +36,28 @@ ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "docs/validation/h200-sxm-141gb-measured.yaml"
 PHYSICAL_L2 = 62_914_560
 # Ablations: the model with one measured input taken away (docs/validation.md, "What each input buys")
+ONE_POOL_ROOM = (1.3125, 2.125, 2.125)  # private, shared, dirty: the one-pool model's fit on run 3's probes
+TWO_PARTITION_ROOM = (
+    1.0,
+    1.0,
+    2.0,
+)  # the two-partition model: only the dirty factor (fit on the same probes)
 ABLATIONS = {
     "placement": {},  # measured block placement and L2 partitions (raw/topology.json; filled in by main)
     # the two-partition L2 (iosim.l2.partitions) with its own dirty factor (fit_l2_inputs.py --partitions)
-    "partitions": {"partitions": True, "room": (1.0, 1.0, 2.0)},
+    "partitions": {"partitions": True, "room": TWO_PARTITION_ROOM},
     "lockstep": {"block_share": 1.0},  # no block drift
     "plain_room": {
         "room": (1.0, 1.0, 1.0),
         "dirty_at_start": 0,
+        "partitions": False,
     },  # LRU of the physical 60 MiB, all lines alike
     "previous": {  # the first model: LRU of the read probe's effective 44.8 MiB, lockstep, nothing dirty at start
         "capacity": 46_978_048,
         "room": (1.0, 1.0, 1.0),
         "dirty_at_start": 0,
         "block_share": 1.0,
+        "partitions": False,
     },
 }
 
@@ -237,7 +245,11 @@ def main() -> None:
     dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "h200"
     prof = get_profile(PROFILE)
     soft = "--soft-edge" in sys.argv
-    model = {"miss_curve": probe_curve(raw, SOFT_EDGE_ROOM[0]), "room": SOFT_EDGE_ROOM} if soft else {}
+    model = (
+        {"miss_curve": probe_curve(raw, SOFT_EDGE_ROOM[0]), "room": SOFT_EDGE_ROOM, "partitions": False}
+        if soft
+        else {}
+    )
     topo = measured_topology(raw)
     ablations = {k: v for k, v in ABLATIONS.items() if k != "placement" or topo is not None}
     if topo is not None:

@@ -127,6 +127,18 @@ class L2(_Strict):
     dirty_at_start: SourcedBytes | None = Field(
         default=None, description="dirty bytes in L2 when a profiled kernel starts (the L2 model's)"
     )
+    partitions: SourcedCount | None = Field(
+        default=None,
+        description="L2 partitions the model keeps apart (2: each half an LRU of its own, with copies of lines "
+        "homed in the other; absent or 1: one pool with room factors)",
+    )
+
+    @model_validator(mode="after")
+    def _partitions(self):
+        n = self.partitions.value if self.partitions is not None else None
+        if n not in (None, 1, 2):
+            raise ValueError(f"l2.partitions: the L2 model knows 1 or 2 partitions, not {n}")
+        return self
 
 
 class SharedMemory(_Strict):
@@ -259,6 +271,11 @@ class Profile(_Strict):
         """``l2.room`` as (private, shared, dirty); (1, 1, 1) where the profile does not give it."""
         r = self.l2.room
         return (1.0, 1.0, 1.0) if r is None else (r.private, r.shared, r.dirty)
+
+    def l2_partitions(self) -> int:
+        """``l2.partitions`` (1 where the profile does not give it)."""
+        n = self.l2.partitions
+        return 1 if n is None or n.value is None else int(n.value)
 
     def l2_dirty_at_start(self) -> int:
         d = self.l2.dirty_at_start

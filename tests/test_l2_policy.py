@@ -223,3 +223,23 @@ def test_two_partitions_dirty_lines_live_at_home_whoever_writes(writers):
     from all (the measured probe: 29.3 vs 29.4 MB)."""
     res = _two_part(16 * MiB, 0, writers, room=(1.0, 1.0, 2.0))
     assert abs(res.write_bytes - 12 * MiB) <= 2 * CHUNK
+
+
+def test_profile_l2_partitions_selects_the_two_partition_model():
+    base = get_profile(PROF)
+    two = base.model_copy(
+        update={
+            "memory": [
+                base.memory[0],
+                base.l2.model_copy(update={"partitions": SourcedCount(value=2, source="t")}),
+                *base.memory[2:],
+            ]
+        }
+    )
+    p = AttentionProblem(seq_len=1024, heads=2, head_dim=64, dtype="fp16")
+    assert l2.simulate_l2("flash2", p, Tiles(128, 64), two).to_json()["model"] == "l2-lru-2p"
+    assert l2.simulate_l2("flash2", p, Tiles(128, 64), two, partitions=False).to_json()["model"] == "l2-lru"
+    with pytest.raises(l2.L2ModelError, match="one-pool model"):
+        l2.simulate_l2("flash2", p, Tiles(128, 64), two, miss_curve=[(0.0, 0.0), (1.0, 1.0)])
+    with pytest.raises(ValueError, match="1 or 2 partitions"):
+        type(base.l2).model_validate({**base.l2.model_dump(), "partitions": {"value": 3, "source": "t"}})

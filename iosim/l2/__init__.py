@@ -38,8 +38,13 @@ order inside the round differs; valid when L2 holds a few rounds' worth of tiles
 against 60 MiB for flash2 on an H200). This makes lockstep blocks that stream the same K/V cost one LRU operation per
 round instead of R. The tests bound its difference from the exact trace (``dedupe=False``) on small cases.
 
+Two options change the picture of L2 (docs/validation.md): ``partitions=True`` (or ``l2.partitions: 2``) keeps the
+two L2 partitions apart, each an LRU of half the capacity with copies of lines homed across
+(:mod:`iosim.l2.partitions`, as the one-partition probe shows), and ``topology`` places blocks on SMs and SMs on
+partitions as measured (:class:`iosim.profile.SMTopology`). Neither is the default.
+
 Not modeled: set associativity and address hashing (the model's edge is hard where the L2's is soft:
-docs/validation.md, outliers), which GPC feeds which L2 partition (halves by slot number are a guess), sectors of
+docs/validation.md, outliers), the measured placement by default (the assumed one: halves by slot number), sectors of
 a line left unfilled (row segments shorter than a line), prefetch, compression, and speed differences between
 blocks other than by age on their SM. :mod:`iosim.l2.probes` runs the model on the probe kernels that measure
 its inputs.

@@ -683,13 +683,16 @@ class L2Result:
     room: tuple[float, float, float] = (1.0, 1.0, 1.0)
     dirty_at_start: int = 0
     placement: str = "assumed"  # "measured": the profile's sm.topology placed the blocks (see simulate_l2)
+    partitions: int = 1  # 2: the two-partition L2 (iosim.l2.partitions)
 
     def describe(self) -> str:
         """The model's inputs in one line (what ``iosim simulate`` prints under its table)."""
         extra = []
         if self.block_share < 1.0:
             extra.append(f"block share {self.block_share:g}")
-        if self.room != (1.0, 1.0, 1.0):
+        if self.partitions == 2:
+            extra.append(f"two partitions, dirty room {self.room[2]:g}")
+        elif self.room != (1.0, 1.0, 1.0):
             extra.append("room private/shared/dirty " + "/".join(f"{x:g}" for x in self.room))
         if self.dirty_at_start:
             extra.append(f"{self.dirty_at_start:,} B dirty at start")
@@ -709,13 +712,14 @@ class L2Result:
 
     def to_json(self) -> dict:
         return {
-            "model": "l2-lru",
+            "model": "l2-lru-2p" if self.partitions == 2 else "l2-lru",
             "conditions": "L2 flushed before each kernel; dirty lines left in L2 at kernel end not written (ncu)",
             "capacity_bytes": self.capacity,
             "block_share": self.block_share,
             "room": {"private": self.room[0], "shared": self.room[1], "dirty": self.room[2]},
             "dirty_at_start_bytes": self.dirty_at_start,
             "placement": self.placement,
+            "partitions": self.partitions,
             "dedupe": self.dedupe,
             "launch": self.launch.note,
             "kernels": [
@@ -752,7 +756,7 @@ def simulate_l2(
     miss_curve: list[tuple[float, float]] | None = None,
     block_share: float | None = None,
     topology: SMTopology | bool | None = None,
-    partitions: bool = False,
+    partitions: bool | None = None,
 ) -> L2Result:
     """DRAM read/write bytes of every kernel of ``schedule`` under the L2 model (see the module docstring).
 
@@ -771,7 +775,8 @@ def simulate_l2(
     None takes the profile's ``sm.topology``, False ignores it (block i of the first wave on SM i mod SM-count, the
     lower half of SM numbers on one partition).
     ``partitions``: the two-partition L2 (:mod:`iosim.l2.partitions`): each half of the capacity an LRU of its own,
-    lines homed by address in either, copies in the reader's partition; ``room`` then only gives the dirty factor."""
+    lines homed by address in either, copies in the reader's partition; ``room`` then only gives the dirty factor.
+    None takes the profile's ``l2.partitions`` (2: on); False is the one-pool LRU with room factors."""
     import time
 
     t0 = time.perf_counter()
@@ -789,6 +794,9 @@ def simulate_l2(
         traces = head_program(schedule, problem, tiles, kv_order=lm.kv_order, fast=fast)
     head_q, head_kv = _head_slots(problem, lm.head_order)
     topo = prof.sm_topology() if topology is None else (topology or None)
+    two = prof.l2_partitions() == 2 if partitions is None else bool(partitions)
+    if two and miss_curve is not None:
+        raise L2ModelError("miss_curve (the stack-distance variant) is a one-pool model: give partitions=False")
     out = []
     for ki, kt in enumerate(traces):
         klm = lm.kernels[ki]
@@ -848,7 +856,7 @@ def simulate_l2(
             )
             rd, wr, dirty = round(rd), round(wr), round(dirty)
             rd_t, wr_t = np.round(rdf).astype(np.int64), np.round(wrf).astype(np.int64)
-        elif partitions:
+        elif two:
             from .partitions import _simulate_kernel_2p
 
             rd, wr, dirty, rounds = _simulate_kernel_2p(
@@ -931,6 +939,7 @@ def simulate_l2(
         rooms,
         init_dirty,
         "assumed" if topo is None else "measured",
+        2 if two else 1,
     )
 
 
