@@ -281,11 +281,15 @@ def _simulate_kernel(
         _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill)
     )
     live = launched
+    permuted = False
+    for i in range(n_slots):
+        if fill[i] != i:
+            permuted = True
     rnd = 0
     while live > 0:
         rnd += 1
         for i in range(n_slots):
-            s = fill[i]
+            s = fill[i] if permuted else i  # (the identity fill without a load per turn: the hot loop)
             if not slot_live[s] or not _takes_turn(s, share_ratio, slot_rate, slot_credit):
                 continue
             pos = slot_pos[s]
@@ -512,11 +516,15 @@ def _simulate_kernel_sd(
         _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill)
     )
     live = launched
+    permuted = False
+    for i in range(n_slots):
+        if fill[i] != i:
+            permuted = True
     rnd = 0
     while live > 0:
         rnd += 1
         for i in range(n_slots):
-            s = fill[i]
+            s = fill[i] if permuted else i  # (the identity fill without a load per turn: the hot loop)
             if not slot_live[s] or not _takes_turn(s, share_ratio, slot_rate, slot_credit):
                 continue
             pos = slot_pos[s]
@@ -796,7 +804,9 @@ def simulate_l2(
     topo = prof.sm_topology() if topology is None else (topology or None)
     two = prof.l2_partitions() == 2 if partitions is None else bool(partitions)
     if two and miss_curve is not None:
-        raise L2ModelError("miss_curve (the stack-distance variant) is a one-pool model: give partitions=False")
+        raise L2ModelError(
+            "miss_curve (the stack-distance variant) is a one-pool model: give partitions=False"
+        )
     out = []
     for ki, kt in enumerate(traces):
         klm = lm.kernels[ki]
