@@ -136,7 +136,11 @@ def _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, ratio):
 def _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill):
     """Slot state at the kernel's start: the first ``n_slots`` blocks in launch order, block ``i`` in slot
     ``fill[i]``, and their issue shares (:func:`_set_sm_rates`; all 1 in lockstep). Slot ``s`` is on SM
-    ``s % n_sms``, so ``fill`` says where the hardware puts each block of the first wave."""
+    ``s % n_sms``, so ``fill`` says where the hardware puts each block of the first wave.
+
+    Returns (slots, launched, permuted): ``slots`` = (pos, end, qoff, kvoff, live, age, rate, credit) arrays by
+    slot; ``permuted``: ``fill`` is not the identity (the turn loop visits slots in ``fill`` order, and skips the
+    load of ``fill[i]`` per turn when it is the identity)."""
     slot_pos = np.zeros(n_slots, np.int64)
     slot_end = np.zeros(n_slots, np.int64)
     slot_qoff = np.zeros(n_slots, np.int64)
@@ -158,7 +162,21 @@ def _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_s
     if share_ratio < 1.0:
         for m in range(min(n_sms, n_slots)):
             _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
-    return slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit, launched
+    permuted = False
+    for i in range(n_slots):
+        if fill[i] != i:
+            permuted = True
+    slots = (slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit)
+    return slots, launched, permuted
+
+
+@_njit
+def _access(pos, acc_atom, acc_write, acc_shape, shapes):
+    """Access ``pos`` of the trace: (first atom, write, rows of atoms, atoms per row, row stride)."""
+    k = acc_shape[pos]
+    if k == 0:
+        return acc_atom[pos], acc_write[pos], 1, 1, 1
+    return acc_atom[pos], acc_write[pos], shapes[k, 0], shapes[k, 1], shapes[k, 2]
 
 
 @_njit
@@ -176,27 +194,11 @@ def _takes_turn(s, share_ratio, slot_rate, slot_credit):
 
 @_njit
 def _refill_slot(
-    s,
-    launched,
-    total_blocks,
-    block_order,
-    ptr,
-    head_q,
-    head_kv,
-    A,
-    slot_pos,
-    slot_end,
-    slot_qoff,
-    slot_kvoff,
-    slot_live,
-    slot_age,
-    slot_rate,
-    slot_credit,
-    n_sms,
-    share_ratio,
+    s, launched, live, total_blocks, block_order, ptr, head_q, head_kv, A, slots, n_sms, share_ratio
 ):
     """The block in slot ``s`` has finished: launch the grid's next block there, or retire the slot; the shares
-    of that SM's blocks change. Returns the new ``launched``."""
+    of that SM's blocks change. Returns the new (``launched``, ``live``)."""
+    slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit = slots
     n_slots = slot_pos.shape[0]
     if launched < total_blocks:
         _launch_block(
@@ -207,9 +209,10 @@ def _refill_slot(
         launched += 1
     else:
         slot_live[s] = False
+        live -= 1
     if share_ratio < 1.0:
         _set_sm_rates(s % n_sms, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
-    return launched
+    return launched, live
 
 
 @_njit
@@ -277,14 +280,11 @@ def _simulate_kernel(
     slot_half = np.zeros(n_slots, np.int8)
     for s in range(n_slots):
         slot_half[s] = sm_half[s % n_sms]
-    slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit, launched = (
-        _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill)
+    slots, launched, permuted = _start_grid(
+        n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill
     )
+    slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, _, slot_rate, slot_credit = slots
     live = launched
-    permuted = False
-    for i in range(n_slots):
-        if fill[i] != i:
-            permuted = True
     rnd = 0
     while live > 0:
         rnd += 1
@@ -294,13 +294,7 @@ def _simulate_kernel(
                 continue
             pos = slot_pos[s]
             if pos < slot_end[s]:
-                a0 = acc_atom[pos]
-                w = acc_write[pos]
-                k = acc_shape[pos]
-                if k == 0:
-                    nr, nc, stride = 1, 1, 1
-                else:
-                    nr, nc, stride = shapes[k, 0], shapes[k, 1], shapes[k, 2]
+                a0, w, nr, nc, stride = _access(pos, acc_atom, acc_write, acc_shape, shapes)
                 for ra in range(nr):
                     for ca in range(nc):
                         a = a0 + ra * stride + ca
@@ -378,28 +372,20 @@ def _simulate_kernel(
                 pos += 1
                 slot_pos[s] = pos
             if pos >= slot_end[s]:
-                launched = _refill_slot(
+                launched, live = _refill_slot(
                     s,
                     launched,
+                    live,
                     total_blocks,
                     block_order,
                     ptr,
                     head_q,
                     head_kv,
                     A,
-                    slot_pos,
-                    slot_end,
-                    slot_qoff,
-                    slot_kvoff,
-                    slot_live,
-                    slot_age,
-                    slot_rate,
-                    slot_credit,
+                    slots,
                     n_sms,
                     share_ratio,
                 )
-                if not slot_live[s]:
-                    live -= 1
     dirty_end = 0
     for g in range(F):
         if dirty[g]:
@@ -512,14 +498,11 @@ def _simulate_kernel_sd(
     dram_read = 0.0
     dram_write = 0.0
     total_blocks = nb * n_heads
-    slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit, launched = (
-        _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill)
+    slots, launched, permuted = _start_grid(
+        n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill
     )
+    slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, _, slot_rate, slot_credit = slots
     live = launched
-    permuted = False
-    for i in range(n_slots):
-        if fill[i] != i:
-            permuted = True
     rnd = 0
     while live > 0:
         rnd += 1
@@ -529,13 +512,7 @@ def _simulate_kernel_sd(
                 continue
             pos = slot_pos[s]
             if pos < slot_end[s]:
-                a0 = acc_atom[pos]
-                w = acc_write[pos]
-                k = acc_shape[pos]
-                if k == 0:
-                    nr, nc, stride = 1, 1, 1
-                else:
-                    nr, nc, stride = shapes[k, 0], shapes[k, 1], shapes[k, 2]
+                a0, w, nr, nc, stride = _access(pos, acc_atom, acc_write, acc_shape, shapes)
                 for ra in range(nr):
                     for ca in range(nc):
                         a = a0 + ra * stride + ca
@@ -615,28 +592,20 @@ def _simulate_kernel_sd(
                 pos += 1
                 slot_pos[s] = pos
             if pos >= slot_end[s]:
-                launched = _refill_slot(
+                launched, live = _refill_slot(
                     s,
                     launched,
+                    live,
                     total_blocks,
                     block_order,
                     ptr,
                     head_q,
                     head_kv,
                     A,
-                    slot_pos,
-                    slot_end,
-                    slot_qoff,
-                    slot_kvoff,
-                    slot_live,
-                    slot_age,
-                    slot_rate,
-                    slot_credit,
+                    slots,
                     n_sms,
                     share_ratio,
                 )
-                if not slot_live[s]:
-                    live -= 1
     dirty_end = 0.0
     for u in range(oldest, tau):
         v = atom_at[u]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._common import FOREIGN, ROOM_UNIT, _njit, numba
-from .cache import _refill_slot, _start_grid, _takes_turn
+from .cache import _access, _refill_slot, _start_grid, _takes_turn
 
 # the LRU steps are inlined into the kernel loop (numba IR inlining)
 _inline = numba.njit(cache=True, nogil=True, inline="always") if numba is not None else _njit
@@ -172,14 +172,11 @@ def _simulate_kernel_2p(
     slot_part = np.zeros(n_slots, np.int64)
     for s in range(n_slots):
         slot_part[s] = sm_half[s % n_sms] - 1
-    slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, slot_age, slot_rate, slot_credit, launched = (
-        _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill)
+    slots, launched, permuted = _start_grid(
+        n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill
     )
+    slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, _, slot_rate, slot_credit = slots
     live = launched
-    permuted = False
-    for i in range(n_slots):
-        if fill[i] != i:
-            permuted = True
     rnd = 0
     while live > 0:
         rnd += 1
@@ -191,13 +188,7 @@ def _simulate_kernel_2p(
             if pos < slot_end[s]:
                 P = slot_part[s]
                 Q = 1 - P
-                a0 = acc_atom[pos]
-                w = acc_write[pos]
-                k = acc_shape[pos]
-                if k == 0:
-                    nr, nc, stride = 1, 1, 1
-                else:
-                    nr, nc, stride = shapes[k, 0], shapes[k, 1], shapes[k, 2]
+                a0, w, nr, nc, stride = _access(pos, acc_atom, acc_write, acc_shape, shapes)
                 for ra in range(nr):
                     for ca in range(nc):
                         a = a0 + ra * stride + ca
@@ -249,28 +240,20 @@ def _simulate_kernel_2p(
                 pos += 1
                 slot_pos[s] = pos
             if pos >= slot_end[s]:
-                launched = _refill_slot(
+                launched, live = _refill_slot(
                     s,
                     launched,
+                    live,
                     total_blocks,
                     block_order,
                     ptr,
                     head_q,
                     head_kv,
                     A,
-                    slot_pos,
-                    slot_end,
-                    slot_qoff,
-                    slot_kvoff,
-                    slot_live,
-                    slot_age,
-                    slot_rate,
-                    slot_credit,
+                    slots,
                     n_sms,
                     share_ratio,
                 )
-                if not slot_live[s]:
-                    live -= 1
     dirty_end = 0
     for e in range(2 * F):
         if _dirty(st, e):
