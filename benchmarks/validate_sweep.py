@@ -1,6 +1,6 @@
 """Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
 
-    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|flash|naive|big|all] [--repeat K] [--quick]
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|flash|naive|big|extra|all] [--repeat K] [--quick]
 
 Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). ``--repeat K``
 measures the whole list K times over (the list again after its end, not each config K times in a row); the
@@ -64,6 +64,16 @@ def sweep(part: str) -> list[Config]:
             Config("flash2", seq_len=65536, heads=32, head_dim=128),
             Config("flash2", seq_len=131072, heads=8, head_dim=128),
         ]
+    if part in ("extra", "all"):  # run 5: axes the earlier runs left out, measured after the model was set
+        F, N_ = "flash2", "naive"
+        c += [Config(F, seq_len=131072, heads=32, head_dim=128)]  # the speed case, measured
+        c += [Config(F, seq_len=16384, heads=4, head_dim=128), Config(F, seq_len=4096, heads=16, head_dim=64)]
+        c += [Config(F, seq_len=8192, heads=32, head_dim=128, dtype="bf16", causal=True)]
+        c += [Config(F, seq_len=32768, heads=16, kv_heads=2, head_dim=64, causal=True)]
+        c += [Config(F, seq_len=2048, heads=2, head_dim=128)]
+        c += [Config(N_, seq_len=n, heads=8, head_dim=64, dtype="bf16") for n in (1024, 4096)]
+        c += [Config(N_, seq_len=2048, heads=4, head_dim=128, dtype="bf16", causal=True)]
+        c += [Config(N_, seq_len=8192, heads=2, kv_heads=1, head_dim=64)]
     if part in ("naive", "all"):
         N_ = "naive"
         c += [Config(N_, seq_len=n, heads=8, head_dim=64) for n in (512, 1024, 2048, 4096)]
@@ -112,6 +122,11 @@ def main() -> None:
             m.get("dram_write_bytes"),
             m.get("l2_read_bytes"),
             m.get("l2_write_bytes"),
+            "passes",
+            m.get("dram_passes"),
+            "replayed",
+            m.get("dram_read_bytes_replayed"),
+            m.get("dram_write_bytes_replayed"),
             e.get("time_ms"),
             e.get("error", ""),
             flush=True,

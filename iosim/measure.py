@@ -25,8 +25,12 @@ boundary; ``lts__t_bytes`` also counts the L2's own fills from DRAM and write-ba
 ``copy`` config measures both; docs/validation.md has the numbers).
 
 Conditions: ``ncu --clock-control none`` and the default ``--cache-control all`` (L2 flushed before each kernel,
-the L2 model's conditions). Throughput time is taken outside the profiler with CUDA events (warm-up, repeats,
-median). Each config's kernels are found by a marker kernel launched before them (``iosim_marker`` with grid =
+the L2 model's conditions). The DRAM bytes come from a profile of their own that collects nothing else, so ncu
+runs each kernel once (one pass): with the other counters in the same profile, ncu replays the kernel several
+times and restores the memory it wrote between replays, and the pass that counts DRAM then starts with about
+2.4 MB of dirty lines in L2 that are not the kernel's (docs/validation.md, "Dirty lines at the start"). The
+replayed profile's DRAM bytes are kept as ``dram_*_bytes_replayed``; each launch's number of passes is recorded.
+Throughput time is taken outside the profiler with CUDA events (warm-up, repeats, median). Each config's kernels are found by a marker kernel launched before them (``iosim_marker`` with grid =
 config index + 1), so kernels of third-party libraries (torch SDPA's flash or cuDNN backend) are attributed to
 their config whatever their number.
 """
@@ -79,6 +83,7 @@ OPTIONAL_METRICS = (  # used where ``ncu --query-metrics`` lists them
     "launch__grid_size",
     "launch__block_size",
 )
+DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")  # one pass
 KERNEL_REGEX = r"iosim_|flash_fwd|naive_|sdpa|fprop|fmha"
 KINDS = ("flash2", "naive", "sdpa-flash", "sdpa-cudnn", "copy", "l2probe", "l2bw", "l2write")
 
@@ -181,6 +186,12 @@ def parse_ncu_csv(text: str) -> list[dict]:
             k["metrics"][name] = _number(r.get("Metric Value", ""))
             k["units"][name] = r.get("Metric Unit", "")
     return [launches[i] for i in sorted(launches)]
+
+
+def parse_passes(text: str) -> list[int]:
+    """Passes of each profiled launch, in profiling order, from ncu's progress lines
+    (``==PROF== Profiling "name" - 3: 0%....50%....100% - 1 pass``)."""
+    return [int(n) for n in re.findall(r"==PROF== Profiling .*? - (\d+) pass", text)]
 
 
 def _grid_count(grid: str) -> int:
@@ -493,6 +504,7 @@ class Run:
     metrics: list[str]
     ncu_command: str
     configs: list[dict] = field(default_factory=list)
+    dram_command: str | None = None  # the one-pass DRAM profile's command (None: DRAM from the replayed one)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -512,8 +524,27 @@ def _run_worker(
             parse_ncu_csv(tail)
         raise MeasureError(f"the measurement worker failed (exit {p.returncode}): {tail.strip()}")
     data = json.loads(out.read_text())
-    data["stderr_tail"] = p.stderr[-2000:]
+    data["stderr_tail"] = p.stderr[-200_000:]  # ncu's progress lines (passes per launch) may be here
+    data["stdout_tail"] = p.stdout[-200_000:]
     return data
+
+
+def _profile(ncu_path, args, configs, wd: Path, tag: str, env, timeout) -> tuple[dict, list[dict], str]:
+    """One run of the worker under ncu with ``args``: (the worker's records, ncu's launches, ncu's command)."""
+    log = wd / f"ncu_{tag}.csv"
+    prefix = [ncu_path, *args, "-k", f"regex:{KERNEL_REGEX}", "--log-file", str(log)]
+    sub = wd / tag
+    sub.mkdir(parents=True, exist_ok=True)
+    prof = _run_worker(prefix, configs, "profile", sub, env=env, timeout=timeout)
+    text = log.read_text(errors="replace") if log.exists() else ""
+    launches = parse_ncu_csv(text)
+    if not launches:
+        raise MeasureError(f"ncu profiled no kernel (log {log}): {text[-1500:]}")
+    passes = parse_passes(text) or parse_passes(prof["stdout_tail"] + prof["stderr_tail"])
+    if len(passes) == len(launches):
+        for k, n in zip(launches, passes):
+            k["passes"] = n
+    return prof, launches, " ".join([*prefix[:-2], "--log-file", log.name])
 
 
 def measure(
@@ -526,61 +557,76 @@ def measure(
     metrics: list[str] | None = None,
     keep_csv: str | None = None,
     timeout: float | None = None,
+    dram_pass: bool = True,
 ) -> Run:
-    """Profile every config under ncu (one call each), then time it with CUDA events (``timing``)."""
+    """Profile every config under ncu (one call each), then time it with CUDA events (``timing``).
+
+    ``dram_pass`` (default): DRAM bytes from a one-pass profile of their own (module docstring); off, they come
+    from the replayed profile with every other counter, as before 2026-11-22's run 5."""
     require_gpu()
     ncu_path = find_ncu(ncu)
     wd = Path(workdir or tempfile.mkdtemp(prefix="iosim-measure-"))
     wd.mkdir(parents=True, exist_ok=True)
     mets = metrics or choose_metrics(available_metrics(ncu_path))
-    log = wd / "ncu.csv"
-    prefix = [
-        ncu_path,
-        "--clock-control",
-        "none",
-        "--cache-control",
-        cache_control,
-        "--csv",
-        "--print-units",
-        "base",
-        "--section",
-        "LaunchStats",
-        "--section",
-        "Occupancy",
-        "--metrics",
-        ",".join(mets),
-        "-k",
-        f"regex:{KERNEL_REGEX}",
-        "--log-file",
-        str(log),
-    ]
+    common = ["--clock-control", "none", "--cache-control", cache_control, "--csv", "--print-units", "base"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
     )
-    prof = _run_worker(prefix, configs, "profile", wd, env=env, timeout=timeout)
-    text = log.read_text(errors="replace") if log.exists() else ""
+    args = [*common, "--section", "LaunchStats", "--section", "Occupancy", "--metrics", ",".join(mets)]
+    prof, launches, command = _profile(ncu_path, args, configs, wd, "counters", env, timeout)
+    text = (wd / "ncu_counters.csv").read_text(errors="replace")
+    groups = group_by_marker(launches)
+    dram_groups, dram_command = None, None
+    if dram_pass:
+        args = [*common, "--metrics", ",".join(DRAM_METRICS)]
+        _, dram_launches, dram_command = _profile(ncu_path, args, configs, wd, "dram", env, timeout)
+        dram_groups = group_by_marker(dram_launches)
+        text += (wd / "ncu_dram.csv").read_text(errors="replace")
     if keep_csv:
         Path(keep_csv).write_text(text)
-    launches = parse_ncu_csv(text)
-    if not launches:
-        raise MeasureError(f"ncu profiled no kernel (log {log}): {text[-1500:]}")
-    groups = group_by_marker(launches)
     times = _run_worker([], configs, "time", wd, env=env, timeout=timeout)["results"] if timing else None
-    run = Run(prof["device"], mets, " ".join([*prefix[:-2], "--log-file", "ncu.csv"]))
+    run = Run(prof["device"], mets, command, dram_command=dram_command)
     for i, rec in enumerate(prof["results"]):
         ks = groups.get(i, [])
         entry = dict(rec)
         entry["kernels"] = [
-            {"kernel": k["kernel"], "grid": k["grid"], "block": k["block"], **summarize(k)} for k in ks
+            {"kernel": k["kernel"], "grid": k["grid"], "block": k["block"], "passes": k.get("passes"), **summarize(k)}
+            for k in ks
         ]
         entry["measured"] = sum_launches(ks)
+        if dram_groups is not None:
+            _use_dram_pass(entry, ks, dram_groups.get(i, []))
         if times is not None:
             entry["time_ms"] = times[i].get("time_ms")
             if "error" in times[i]:
                 entry.setdefault("error", times[i]["error"])
         run.configs.append(entry)
     return run
+
+
+def _use_dram_pass(entry: dict, counters: list[dict], dram: list[dict]) -> None:
+    """Put the one-pass profile's DRAM bytes into ``entry`` (per kernel and summed); the replayed profile's stay as
+    ``dram_*_bytes_replayed``. The two profiles must have seen the same kernels."""
+    names = [k["kernel"] for k in counters], [k["kernel"] for k in dram]
+    if names[0] != names[1]:
+        entry.setdefault("error", f"MeasureError: the DRAM profile saw other kernels ({names[1]}) than {names[0]}")
+        return
+    for rec, k in zip(entry["kernels"], dram):
+        m = summarize(k)
+        for key in ("dram_read_bytes", "dram_write_bytes"):
+            rec[key + "_replayed"] = rec[key]
+            rec[key] = m[key]
+        rec["dram_passes"] = k.get("passes")
+    total = entry["measured"]
+    for key in ("dram_read_bytes", "dram_write_bytes"):
+        total[key + "_replayed"] = total.get(key)
+        vals = [r[key] for r in entry["kernels"]]
+        total[key] = sum(vals) if vals and all(isinstance(v, int) for v in vals) else None
+    passes = [r["dram_passes"] for r in entry["kernels"]]
+    total["dram_passes"] = max(passes) if passes and all(isinstance(p, int) for p in passes) else None
+    if total["dram_passes"] not in (None, 1):
+        entry.setdefault("warning", f"the DRAM profile took {total['dram_passes']} passes (replayed)")
 
 
 # ----------------------------------------------------------------------------------------------------------------
