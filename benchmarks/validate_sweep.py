@@ -122,8 +122,6 @@ def main() -> None:
             m.get("dram_write_bytes"),
             m.get("l2_read_bytes"),
             m.get("l2_write_bytes"),
-            "passes",
-            m.get("dram_passes"),
             "replayed",
             m.get("dram_read_bytes_replayed"),
             m.get("dram_write_bytes_replayed"),

@@ -29,7 +29,7 @@ the L2 model's conditions). The DRAM bytes come from a profile of their own that
 runs each kernel once (one pass): with the other counters in the same profile, ncu replays the kernel several
 times and restores the memory it wrote between replays, and the pass that counts DRAM then starts with about
 2.4 MB of dirty lines in L2 that are not the kernel's (docs/validation.md, "Dirty lines at the start"). The
-replayed profile's DRAM bytes are kept as ``dram_*_bytes_replayed``; each launch's number of passes is recorded.
+replayed profile's DRAM bytes are kept as ``dram_*_bytes_replayed``.
 Throughput time is taken outside the profiler with CUDA events (warm-up, repeats, median). Each config's kernels are found by a marker kernel launched before them (``iosim_marker`` with grid =
 config index + 1), so kernels of third-party libraries (torch SDPA's flash or cuDNN backend) are attributed to
 their config whatever their number.
@@ -186,12 +186,6 @@ def parse_ncu_csv(text: str) -> list[dict]:
             k["metrics"][name] = _number(r.get("Metric Value", ""))
             k["units"][name] = r.get("Metric Unit", "")
     return [launches[i] for i in sorted(launches)]
-
-
-def parse_passes(text: str) -> list[int]:
-    """Passes of each profiled launch, in profiling order, from ncu's progress lines
-    (``==PROF== Profiling "name" - 3: 0%....50%....100% - 1 pass``)."""
-    return [int(n) for n in re.findall(r"==PROF== Profiling .*? - (\d+) pass", text)]
 
 
 def _grid_count(grid: str) -> int:
@@ -524,8 +518,7 @@ def _run_worker(
             parse_ncu_csv(tail)
         raise MeasureError(f"the measurement worker failed (exit {p.returncode}): {tail.strip()}")
     data = json.loads(out.read_text())
-    data["stderr_tail"] = p.stderr[-200_000:]  # ncu's progress lines (passes per launch) may be here
-    data["stdout_tail"] = p.stdout[-200_000:]
+    data["stderr_tail"] = p.stderr[-2000:]
     return data
 
 
@@ -540,10 +533,6 @@ def _profile(ncu_path, args, configs, wd: Path, tag: str, env, timeout) -> tuple
     launches = parse_ncu_csv(text)
     if not launches:
         raise MeasureError(f"ncu profiled no kernel (log {log}): {text[-1500:]}")
-    passes = parse_passes(text) or parse_passes(prof["stdout_tail"] + prof["stderr_tail"])
-    if len(passes) == len(launches):
-        for k, n in zip(launches, passes):
-            k["passes"] = n
     return prof, launches, " ".join([*prefix[:-2], "--log-file", log.name])
 
 
@@ -591,7 +580,7 @@ def measure(
         ks = groups.get(i, [])
         entry = dict(rec)
         entry["kernels"] = [
-            {"kernel": k["kernel"], "grid": k["grid"], "block": k["block"], "passes": k.get("passes"), **summarize(k)}
+            {"kernel": k["kernel"], "grid": k["grid"], "block": k["block"], **summarize(k)}
             for k in ks
         ]
         entry["measured"] = sum_launches(ks)
@@ -617,16 +606,11 @@ def _use_dram_pass(entry: dict, counters: list[dict], dram: list[dict]) -> None:
         for key in ("dram_read_bytes", "dram_write_bytes"):
             rec[key + "_replayed"] = rec[key]
             rec[key] = m[key]
-        rec["dram_passes"] = k.get("passes")
     total = entry["measured"]
     for key in ("dram_read_bytes", "dram_write_bytes"):
         total[key + "_replayed"] = total.get(key)
         vals = [r[key] for r in entry["kernels"]]
         total[key] = sum(vals) if vals and all(isinstance(v, int) for v in vals) else None
-    passes = [r["dram_passes"] for r in entry["kernels"]]
-    total["dram_passes"] = max(passes) if passes and all(isinstance(p, int) for p in passes) else None
-    if total["dram_passes"] not in (None, 1):
-        entry.setdefault("warning", f"the DRAM profile took {total['dram_passes']} passes (replayed)")
 
 
 # ----------------------------------------------------------------------------------------------------------------
