@@ -1,11 +1,12 @@
 """Device side: the block timeline of iosim's flash2 kernel (each thread block's SM, start and end).
 
-    python3 benchmarks/validate_timeline.py OUTDIR
+    python3 benchmarks/validate_timeline.py OUTDIR [N:H ...]
 
 For each config: a warm-up launch, then one launch of the -DIOSIM_BLOCK_TRACE build (iosim.gpu.attention's
 ``block_trace``), saved as OUTDIR/timeline_<name>.npz (start_ns, end_ns, sm: one entry per block in linear block
 order; grid; config), and the CUDA-event time of the traced and plain kernels (median of 5), to show the trace
-costs nothing measurable. The L2 model's drift input is read from these (docs/validation.md).
+costs nothing measurable. The L2 model's drift input is read from these (docs/validation.md). ``N:H`` pairs
+(d=128, not causal) replace the default list; their summary goes to timeline_summary_more.json.
 """
 
 from __future__ import annotations
@@ -68,12 +69,15 @@ def trace_one(out: Path, n: int, h: int, d: int, causal: bool) -> dict:
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
+    pairs = [tuple(map(int, a.split(":"))) for a in sys.argv[2:]]
+    configs = [(n, h, 128, False) for n, h in pairs] or CONFIGS
     summary = []
-    for cfg in CONFIGS:
+    for cfg in configs:
         summary.append(trace_one(out, *cfg))
         print(json.dumps(summary[-1]), flush=True)
         cp.get_default_memory_pool().free_all_blocks()
-    (out / "timeline_summary.json").write_text(json.dumps(summary, indent=1))
+    name = "timeline_summary_more.json" if pairs else "timeline_summary.json"
+    (out / name).write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
