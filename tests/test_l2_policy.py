@@ -77,14 +77,14 @@ def test_sm_rates_are_shares_by_age():
     live = np.array([True, True, True, False, True, True])
     age = np.array([5, 0, 2, 9, 7, 1], dtype=np.int64)
     rate = np.zeros(n_slots)
-    _set_sm_rates(0, n_sms, n_slots, live, age, rate, 0.5)
+    _set_sm_rates(0, n_sms, n_slots, live, age, rate, 0.5, np.zeros(0))
     # SM 0 holds ages 5 (slot 0), 2 (slot 2), 7 (slot 4): ranks 1, 0, 2; shares 1 : 0.5 : 0.25
     assert rate[[2, 0, 4]] == pytest.approx(np.array([1, 0.5, 0.25]) / 1.75)
-    _set_sm_rates(1, n_sms, n_slots, live, age, rate, 0.5)
+    _set_sm_rates(1, n_sms, n_slots, live, age, rate, 0.5, np.zeros(0))
     assert rate[[1, 5]] == pytest.approx([1 / 1.5, 0.5 / 1.5])  # ages 0 and 1; slot 3 is not live
 
 
-def _two_blocks_one_sm(share, chunks=200, cap_chunks=16):
+def _two_blocks_one_sm(share, chunks=200, cap_chunks=16, block_rate=None):
     """Two blocks on one SM, each reading the same K chunks 0..chunks-1 in order; DRAM reads in chunks."""
     rows = CHUNK // 256
     per_block = [(1, j * rows, (j + 1) * rows, False) for j in range(chunks)]
@@ -112,7 +112,9 @@ def _two_blocks_one_sm(share, chunks=200, cap_chunks=16):
         resident=2,
         capacity=cap_chunks * CHUNK,
         block_share=share,
+        block_rate=block_rate,
     )
+    assert res.timeline == (block_rate is not None)
     return res.read_bytes // CHUNK
 
 
@@ -126,6 +128,29 @@ def test_drifting_blocks_miss_once_the_lag_exceeds_l2():
     j = 0..10. After block 0 ends (block 1 at chunk 100) the rest misses too: 200 + 189 reads, give or take a
     round of the credit scheme."""
     assert 389 - 2 <= _two_blocks_one_sm(0.5) <= 389 + 2
+
+
+def test_a_replayed_timeline_of_equal_rates_is_lockstep():
+    assert _two_blocks_one_sm(0.5, block_rate=[1.0, 1.0]) == 200
+
+
+def test_a_replayed_timeline_sets_each_blocks_rate_whatever_runs_beside_it():
+    """Block 0 at one access per round, block 1 at half (the shares ignored): the speeds 2 : 1 of block_share 0.5,
+    so the same count as test_drifting_blocks_miss_once_the_lag_exceeds_l2 (block 1's reuse of chunk j at stack
+    distance 1.5 j), give or take a round."""
+    assert 389 - 2 <= _two_blocks_one_sm(1.0, block_rate=[1.0, 0.5]) <= 389 + 2
+
+
+@pytest.mark.parametrize("rates", [[1.0], [1.0, 0.0], [1.0, 1.5]])
+def test_a_replayed_timeline_needs_a_rate_in_0_1_per_block(rates):
+    with pytest.raises(l2.L2ModelError, match="block_rate"):
+        _two_blocks_one_sm(0.5, block_rate=rates)
+
+
+def test_timeline_rates_are_the_fastest_duration_over_each():
+    assert l2.timeline_rates([0, 10, 5], [100, 60, 205]).tolist() == [0.5, 1.0, 0.25]
+    with pytest.raises(l2.L2ModelError, match="positive duration"):
+        l2.timeline_rates([0, 10], [100, 10])
 
 
 def test_the_h200_profile_carries_the_measured_inputs_and_results_say_which_were_used():

@@ -51,7 +51,7 @@ its inputs.
 """
 
 from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError
-from .cache import KernelL2, L2Result, simulate_l2
+from .cache import KernelL2, L2Result, simulate_l2, timeline_rates
 from .hooks import MAX_TRACED_ACCESSES, apply_l2, simulate_hbm
 from .launch import (
     FLASH2_REGISTERS,
@@ -86,5 +86,6 @@ __all__ = [
     "resident_blocks",
     "simulate_hbm",
     "simulate_l2",
+    "timeline_rates",
     "trace_program",
 ]

@@ -113,9 +113,17 @@ def _launch_block(
 
 
 @_njit
-def _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, ratio):
+def _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, ratio, pace):
     """Issue shares of the blocks resident on SM ``m`` (slots m, m + n_sms, ...): the k-th oldest gets a share
-    proportional to ``ratio ** k``; shares sum to 1 access per round (a lone block runs at the SM's full rate)."""
+    proportional to ``ratio ** k``; shares sum to 1 access per round (a lone block runs at the SM's full rate).
+
+    ``ratio`` = 0 (a measured timeline replayed): each block runs at its own rate ``pace[launch number]``,
+    whatever runs beside it."""
+    if ratio == 0.0:
+        for s in range(m, n_slots, n_sms):
+            if slot_live[s]:
+                slot_rate[s] = pace[slot_age[s]]
+        return
     k = 0
     for s in range(m, n_slots, n_sms):
         if slot_live[s]:
@@ -133,7 +141,7 @@ def _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, ratio):
 
 
 @_njit
-def _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill):
+def _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill, pace):
     """Slot state at the kernel's start: the first ``n_slots`` blocks in launch order, block ``i`` in slot
     ``fill[i]``, and their issue shares (:func:`_set_sm_rates`; all 1 in lockstep). Slot ``s`` is on SM
     ``s % n_sms``, so ``fill`` says where the hardware puts each block of the first wave.
@@ -161,7 +169,7 @@ def _start_grid(n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_s
             launched += 1
     if share_ratio < 1.0:
         for m in range(min(n_sms, n_slots)):
-            _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
+            _set_sm_rates(m, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio, pace)
     permuted = False
     for i in range(n_slots):
         if fill[i] != i:
@@ -194,7 +202,7 @@ def _takes_turn(s, share_ratio, slot_rate, slot_credit):
 
 @_njit
 def _refill_slot(
-    s, launched, live, total_blocks, block_order, ptr, head_q, head_kv, A, slots, n_sms, share_ratio
+    s, launched, live, total_blocks, block_order, ptr, head_q, head_kv, A, slots, n_sms, share_ratio, pace
 ):
     """The block in slot ``s`` has finished: launch the grid's next block there, or retire the slot; the shares
     of that SM's blocks change. Returns the new (``launched``, ``live``)."""
@@ -211,7 +219,7 @@ def _refill_slot(
         slot_live[s] = False
         live -= 1
     if share_ratio < 1.0:
-        _set_sm_rates(s % n_sms, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio)
+        _set_sm_rates(s % n_sms, n_sms, n_slots, slot_live, slot_age, slot_rate, share_ratio, pace)
     return launched, live
 
 
@@ -241,6 +249,7 @@ def _simulate_kernel(
     share_ratio,
     fill,
     sm_half,
+    pace,
 ):
     """Round-robin execution of the grid over a byte-weighted LRU. Returns (dram_read, dram_write, dirty_end,
     rounds); ``out_read``/``out_write`` (per tensor) are incremented.
@@ -281,7 +290,7 @@ def _simulate_kernel(
     for s in range(n_slots):
         slot_half[s] = sm_half[s % n_sms]
     slots, launched, permuted = _start_grid(
-        n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill
+        n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill, pace
     )
     slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, _, slot_rate, slot_credit = slots
     live = launched
@@ -385,6 +394,7 @@ def _simulate_kernel(
                     slots,
                     n_sms,
                     share_ratio,
+                    pace,
                 )
     dirty_end = 0
     for g in range(F):
@@ -459,6 +469,7 @@ def _simulate_kernel_sd(
     init_dirty,
     fill,
     sm_half,
+    pace,
 ):
     """The same execution as :func:`_simulate_kernel`, with L2 hits decided by a measured miss curve: a reuse of
     an atom after ``d`` distinct bytes (its LRU stack distance) misses with probability ``curve(d)``; a dirty
@@ -499,7 +510,7 @@ def _simulate_kernel_sd(
     dram_write = 0.0
     total_blocks = nb * n_heads
     slots, launched, permuted = _start_grid(
-        n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill
+        n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill, pace
     )
     slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, _, slot_rate, slot_credit = slots
     live = launched
@@ -605,6 +616,7 @@ def _simulate_kernel_sd(
                     slots,
                     n_sms,
                     share_ratio,
+                    pace,
                 )
     dirty_end = 0.0
     for u in range(oldest, tau):
@@ -661,11 +673,14 @@ class L2Result:
     dirty_at_start: int = 0
     placement: str = "assumed"  # "measured": the profile's sm.topology placed the blocks (see simulate_l2)
     partitions: int = 1  # 2: the two-partition L2 (iosim.l2.partitions)
+    timeline: bool = False  # True: block rates from a measured timeline (block_rate), not shares
 
     def describe(self) -> str:
         """The model's inputs in one line (what ``iosim simulate`` prints under its table)."""
         extra = []
-        if self.block_share < 1.0:
+        if self.timeline:
+            extra.append("block rates from a measured timeline")
+        elif self.block_share < 1.0:
             extra.append(f"block share {self.block_share:g}")
         if self.partitions == 2:
             extra.append(f"two partitions, dirty room {self.room[2]:g}")
@@ -693,6 +708,7 @@ class L2Result:
             "conditions": "L2 flushed before each kernel; dirty lines left in L2 at kernel end not written (ncu)",
             "capacity_bytes": self.capacity,
             "block_share": self.block_share,
+            "timeline": self.timeline,
             "room": {"private": self.room[0], "shared": self.room[1], "dirty": self.room[2]},
             "dirty_at_start_bytes": self.dirty_at_start,
             "placement": self.placement,
@@ -734,6 +750,7 @@ def simulate_l2(
     block_share: float | None = None,
     topology: SMTopology | bool | None = None,
     partitions: bool | None = None,
+    block_rate=None,
 ) -> L2Result:
     """DRAM read/write bytes of every kernel of ``schedule`` under the L2 model (see the module docstring).
 
@@ -753,7 +770,10 @@ def simulate_l2(
     lower half of SM numbers on one partition).
     ``partitions``: the two-partition L2 (:mod:`iosim.l2.partitions`): each half of the capacity an LRU of its own,
     lines homed by address in either, copies in the reader's partition; ``room`` then only gives the dirty factor.
-    None takes the profile's ``l2.partitions`` (2: on); False is the one-pool LRU with room factors."""
+    None takes the profile's ``l2.partitions`` (2: on); False is the one-pool LRU with room factors.
+    ``block_rate``: a measured block timeline replayed in place of the shares: one rate per block in launch order
+    (accesses per round, in (0, 1]: the fastest block's duration over each block's, :func:`timeline_rates`).
+    The cache model then sees the schedule the GPU ran (docs/validation.md, "Long grids")."""
     import time
 
     t0 = time.perf_counter()
@@ -776,6 +796,14 @@ def simulate_l2(
         raise L2ModelError(
             "miss_curve (the stack-distance variant) is a one-pool model: give partitions=False"
         )
+    pace, pace_share = np.zeros(0), share
+    if block_rate is not None:  # a timeline replayed: its rates instead of the shares (share 0 says so)
+        pace, pace_share = np.asarray(block_rate, dtype=np.float64), 0.0
+        blocks = max(kt.n_blocks for kt in traces) * len(head_q)
+        if pace.ndim != 1 or len(pace) < blocks or not (pace.min() > 0 and pace.max() <= 1):
+            raise L2ModelError(
+                f"block_rate: expected one rate in (0, 1] per block ({blocks} blocks), got shape {pace.shape}"
+            )
     out = []
     for ki, kt in enumerate(traces):
         klm = lm.kernels[ki]
@@ -825,13 +853,14 @@ def simulate_l2(
                 cy,
                 1 << 22,
                 sms,
-                share,
+                pace_share,
                 costs[0],
                 costs[1],
                 costs[2],
                 init_dirty,
                 fill,
                 sm_half,
+                pace,
             )
             rd, wr, dirty = round(rd), round(wr), round(dirty)
             rd_t, wr_t = np.round(rdf).astype(np.int64), np.round(wrf).astype(np.int64)
@@ -858,9 +887,10 @@ def simulate_l2(
                 costs[2],
                 init_dirty,
                 sms,
-                share,
+                pace_share,
                 fill,
                 sm_half,
+                pace,
             )
         else:
             rd, wr, dirty, rounds = _simulate_kernel(
@@ -885,9 +915,10 @@ def simulate_l2(
                 costs[2],
                 init_dirty,
                 sms,
-                share,
+                pace_share,
                 fill,
                 sm_half,
+                pace,
             )
         gr, gw = _global_bytes(kt, problem, len(head_q))
         out.append(
@@ -919,7 +950,18 @@ def simulate_l2(
         init_dirty,
         "assumed" if topo is None else "measured",
         2 if two else 1,
+        block_rate is not None,
     )
+
+
+def timeline_rates(start_ns, end_ns) -> np.ndarray:
+    """``block_rate`` for :func:`simulate_l2` from a block timeline (``gpu.attention(block_trace=)``,
+    benchmarks/validate_timeline.py): every block makes the same number of accesses, so its rate is the fastest
+    block's duration over its own."""
+    d = np.asarray(end_ns, dtype=np.float64) - np.asarray(start_ns, dtype=np.float64)
+    if d.ndim != 1 or len(d) == 0 or d.min() <= 0:
+        raise L2ModelError("timeline: expected one positive duration per block (end_ns > start_ns)")
+    return d.min() / d
 
 
 def _placement(topo: SMTopology | None, per_sm: int, n_sms: int, r: int):

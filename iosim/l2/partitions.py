@@ -140,6 +140,7 @@ def _simulate_kernel_2p(
     share_ratio,
     fill,
     sm_half,
+    pace,
 ):
     """The grid's execution (as in ``_simulate_kernel``) over two partitions of ``capacity // 2`` bytes; the slot's
     SM is near partition ``sm_half[sm] - 1``. Node ``2 g + p``: atom ``g`` in partition ``p`` (its half homed
@@ -173,7 +174,7 @@ def _simulate_kernel_2p(
     for s in range(n_slots):
         slot_part[s] = sm_half[s % n_sms] - 1
     slots, launched, permuted = _start_grid(
-        n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill
+        n_slots, total_blocks, block_order, ptr, head_q, head_kv, A, n_sms, share_ratio, fill, pace
     )
     slot_pos, slot_end, slot_qoff, slot_kvoff, slot_live, _, slot_rate, slot_credit = slots
     live = launched
@@ -253,6 +254,7 @@ def _simulate_kernel_2p(
                     slots,
                     n_sms,
                     share_ratio,
+                    pace,
                 )
     dirty_end = 0
     for e in range(2 * F):
