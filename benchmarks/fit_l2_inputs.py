@@ -1,6 +1,6 @@
 """The L2 model's measured inputs, from the probe runs and block timelines in docs/validation/raw/.
 
-    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions]
+    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag]
 
 Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 
@@ -11,6 +11,7 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 * ``l2.room`` of the one-pool model (``l2.partitions`` 1): the (private, shared, dirty) factors on a 1/16 grid for
   which the L2 model (iosim.l2.probes), at the physical capacity, reproduces the probes' DRAM read and write bytes
   best (least squares, MB).
+* how far SMs drift apart over a long grid, from the same timelines (not an input; ``--lag``: by SM);
 * ``--partitions``: the dirty factor of the two-partition model (``l2.partitions`` 2, the profile's), which has no
   other; then the one-partition read probe against both models.
 """
@@ -47,6 +48,28 @@ def block_share(raw: Path) -> list[tuple[str, float]]:
         f_old = d0 / (3 * d0 - d1)
         out.append((f.stem, (1 - f_old) / f_old))
     return out
+
+
+def sm_lag(raw: Path) -> None:
+    """How far each SM falls behind over a long grid (not a model input: docs/validation.md, "Long grids").
+
+    From each timeline: the start of every SM's k-th block minus the mean over SMs, in block durations; printed at
+    the last k every SM reached: the spread, the pair correlation of the two SMs of a TPC, and the lag by SM."""
+    for f in sorted(raw.glob("timeline_*.npz")):
+        z = np.load(f)
+        if json.loads(str(z["config"]))["causal"]:
+            continue
+        s, e, sm = z["start_ns"], z["end_ns"], z["sm"]
+        n = int(sm.max()) + 1
+        k = min(int((sm == m).sum()) for m in range(n))
+        starts = np.array([np.sort(s[sm == m])[:k] for m in range(n)])
+        lag = (starts[:, -1] - starts[:, -1].mean()) / np.median(e - s)
+        print(
+            f"{f.stem}: {k} blocks per SM; lag at the last: range {np.ptp(lag):.3f}, std {lag.std():.3f} block "
+            f"durations; TPC pairs correlate {np.corrcoef(lag[0::2], lag[1::2])[0, 1]:.2f}"
+        )
+        if "--lag" in sys.argv:
+            print("   by SM (x1000):", " ".join(f"{round(x * 1000):+d}" for x in lag))
 
 
 def probes(raw: Path) -> list[tuple]:
@@ -107,6 +130,7 @@ def main() -> None:
     for name, b in shares:
         print(f"block_share {name}: {b:.3f}")
     print(f"block_share (median): {np.median([b for _, b in shares]):.3f}")
+    sm_lag(raw)
     cases = probes(raw)
     big = [m["dram_write_bytes"] for w, r, _, rr, m in cases if rr and r >= 48 * MiB]
     init = int(np.mean(big))
@@ -117,7 +141,7 @@ def main() -> None:
             print(f"two partitions, dirty {d}: misfit {e:.1f} MB^2 over {len(cases)} probes")
         one_partition(raw, fits[0][1], init)
         return
-    grid = itertools.product((1.25, 1.3125, 1.375), (1.875, 2.0, 2.125), (2.0, 2.125, 2.25))
+    grid = itertools.product((1.25, 1.3125, 1.375), (1.875, 2.0, 2.125, 2.25, 2.375), (2.0, 2.125, 2.25))
     fits = sorted((misfit(cases, room, init), room) for room in grid)
     for e, room in fits[:5]:
         print(

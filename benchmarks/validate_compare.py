@@ -134,7 +134,7 @@ def merge_repeats(entries: list[dict]) -> list[dict]:
     return out
 
 
-def load(raw: Path, parts=("naive", "flash", "big")) -> list[dict]:
+def load(raw: Path, parts=("naive", "flash", "big", "extra", "long")) -> list[dict]:
     out = []
     for part in parts:
         f = raw / f"measured_{part}.json"
@@ -199,6 +199,22 @@ def simulate_config(e: dict, prof, **model) -> dict | None:
     }
 
 
+def timeline_block_rate(raw: Path, e: dict):
+    """Per-block rates from the block timeline of the same problem (``raw/timeline_N<n>_H<h>_d<d>.npz``, measured
+    in another run of benchmarks/validate_timeline.py), for the model to replay; None where there is none. Only
+    flash2 (ours) without a mask: its blocks all make the same accesses."""
+    c = e["config"]
+    if c["kind"] != "flash2" or c["causal"] or c["batch"] != 1 or c["kv_heads"] != c["heads"] or c["block_q"]:
+        return None
+    f = raw / f"timeline_N{c['seq_len']}_H{c['heads']}_d{c['head_dim']}.npz"
+    if not f.exists():
+        return None
+    import numpy as np
+
+    z = np.load(f)
+    return l2.timeline_rates(z["start_ns"], z["end_ns"])
+
+
 def measured(e: dict) -> dict:
     m = e["measured"]
     return {
@@ -206,6 +222,9 @@ def measured(e: dict) -> dict:
         "global_write": m.get("sass_global_st_bytes"),
         "hbm_read": m["dram_read_bytes"],
         "hbm_write": m["dram_write_bytes"],
+        # the same kernel's DRAM bytes in ncu's replayed profile (with every other counter): not the kernel's alone
+        "hbm_read_replayed": m.get("dram_read_bytes_replayed"),
+        "hbm_write_replayed": m.get("dram_write_bytes_replayed"),
         "xbar_read": m.get("xbar_read_bytes"),
         "lts_read": m.get("l2_read_bytes"),
         "time_s": (e.get("time_ms") or 0) / 1e3,
@@ -260,6 +279,8 @@ def main() -> None:
         if s is None:
             continue
         abl = {name: simulate_config(e, prof, **kw) for name, kw in ablations.items()}
+        rates = None if soft else timeline_block_rate(raw, e)
+        abl["timeline"] = simulate_config(e, prof, block_rate=rates) if rates is not None else None
         m = measured(e)
         c = e["config"]
         base = {
@@ -291,7 +312,13 @@ def main() -> None:
                 **base,
                 "xbar_read_bytes": m["xbar_read"],
                 "lts_read_bytes": m["lts_read"],
-                **{f"hbm_{d}_{name}": a[f"hbm_{d}"] for name, a in abl.items() for d in ("read", "write")},
+                **{
+                    f"hbm_{d}_{name}": a[f"hbm_{d}"] if a else None
+                    for name, a in abl.items()
+                    for d in ("read", "write")
+                },
+                "hbm_read_ncu_replayed": m["hbm_read_replayed"],
+                "hbm_write_ncu_replayed": m["hbm_write_replayed"],
                 **{
                     f"hbm_{d}_runs": ";".join(str(r[f"hbm_{d}"]) for r in e.get("repeats", []))
                     for d in ("read", "write")
@@ -384,8 +411,9 @@ def report(rows, extra) -> None:
         "lockstep": "... lockstep",
         "plain_room": "... all lines alike (plain LRU of 60 MiB)",
         "previous": "... previous model (LRU of 44.8 MiB, lockstep)",
+        "timeline": "... measured block timeline replayed",
     }
-    names = [n for n in ABLATIONS if extra and f"hbm_read_{n}" in extra[0]]
+    names = [n for n in [*ABLATIONS, "timeline"] if extra and f"hbm_read_{n}" in extra[0]]
     print(
         "\n| config | measured spread read / write | "
         + " | ".join(heads[n] for n in names)
@@ -408,7 +436,12 @@ def report(rows, extra) -> None:
         d = by[lab]
         hr, hw = d[("hbm", "read")]["measured_bytes"], d[("hbm", "write")]["measured_bytes"]
         g = d[("global", "read")]["simulated_bytes"]
-        cols = [f"{f(err(x[f'hbm_read_{n}'], hr))} / {f(err(x[f'hbm_write_{n}'], hw))}" for n in names]
+        cols = [
+            f"{f(err(x[f'hbm_read_{n}'], hr))} / {f(err(x[f'hbm_write_{n}'], hw))}"
+            if x[f"hbm_read_{n}"] is not None
+            else "-"
+            for n in names
+        ]
         ex, el = err(g, x["xbar_read_bytes"]), err(g, x["lts_read_bytes"])
         et = err(x["predicted_s"], x["measured_s"])
         sp = f"{spread(x['hbm_read_runs'])} / {spread(x['hbm_write_runs'])}"
