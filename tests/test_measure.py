@@ -54,6 +54,39 @@ def test_summary_matches_the_recorded_run(sample):
         assert M.sum_launches(g[i])["dram_read_bytes"] == e["measured"]["dram_read_bytes"]
 
 
+def _entry(launches):
+    """A config's record as measure() builds it from the replayed profile."""
+    kernels = [{"kernel": k["kernel"], **M.summarize(k)} for k in launches]
+    return {"kernels": kernels, "measured": M.sum_launches(launches)}
+
+
+def _with_dram(launch, read, write):
+    """The same launch as the one-pass DRAM profile would report it."""
+    return {**launch, "metrics": {"dram__bytes_read.sum": read, "dram__bytes_write.sum": write}}
+
+
+def test_one_pass_dram_bytes_replace_the_replayed_ones_which_are_kept(sample):
+    naive = M.group_by_marker(sample)[4]  # three kernels
+    e = _entry(naive)
+    replayed = [k["dram_write_bytes"] for k in e["kernels"]]
+    dram = [_with_dram(k, 1000 + i, 10 * i) for i, k in enumerate(naive)]
+    M._use_dram_pass(e, naive, dram)
+    assert [k["dram_read_bytes"] for k in e["kernels"]] == [1000, 1001, 1002]
+    assert [k["dram_write_bytes_replayed"] for k in e["kernels"]] == replayed
+    assert e["measured"]["dram_read_bytes"] == 3003 and e["measured"]["dram_write_bytes"] == 30
+    assert e["measured"]["dram_write_bytes_replayed"] == sum(replayed)
+    assert "error" not in e
+
+
+def test_a_dram_profile_of_other_kernels_is_an_error_not_a_mix(sample):
+    naive = M.group_by_marker(sample)[4]
+    e = _entry(naive)
+    before = e["measured"]["dram_read_bytes"]
+    M._use_dram_pass(e, naive, [_with_dram(k, 1, 1) for k in naive[:2]])
+    assert "DRAM profile saw other kernels" in e["error"]
+    assert e["measured"]["dram_read_bytes"] == before
+
+
 def test_counter_permission_error():
     text = "==PROF== Connected\n==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters"
     with pytest.raises(M.MeasureError, match="ERR_NVGPUCTRPERM"):
