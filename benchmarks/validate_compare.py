@@ -13,7 +13,9 @@ What is compared (DESIGN.md section 3):
   also has what leaves the SM (``l1tex__m_xbar2l1tex_read_bytes``, after L1 hits) and what reaches the L2 slices
   (``lts__t_sectors_srcunit_tex_op_read`` x 32, after the L2 request coalescer merges reads of different SMs).
 * ``hbm`` read/write: ``iosim.l2.simulate_l2`` (L2 flushed before each kernel, dirty lines left at the end not
-  written) against ``dram__bytes_{read,write}.sum``.
+  written) against ``dram__bytes_{read,write}.sum`` of the one-pass DRAM profile (iosim.measure; the replayed
+  profile's are in the -extra CSV). Where a block timeline of the same problem exists, the -extra CSV also has the
+  model with that timeline replayed (``block_rate``).
 * time: the roofline with ``hbm`` from the L2 model against the CUDA-event median.
 """
 

@@ -29,10 +29,10 @@ the L2 model's conditions). The DRAM bytes come from a profile of their own that
 runs each kernel once (one pass): with the other counters in the same profile, ncu replays the kernel several
 times and restores the memory it wrote between replays, and the pass that counts DRAM then starts with about
 2.4 MB of dirty lines in L2 that are not the kernel's (docs/validation.md, "Dirty lines at the start"). The
-replayed profile's DRAM bytes are kept as ``dram_*_bytes_replayed``.
-Throughput time is taken outside the profiler with CUDA events (warm-up, repeats, median). Each config's kernels are found by a marker kernel launched before them (``iosim_marker`` with grid =
-config index + 1), so kernels of third-party libraries (torch SDPA's flash or cuDNN backend) are attributed to
-their config whatever their number.
+replayed profile's DRAM bytes are kept as ``dram_*_bytes_replayed``. Throughput time is taken outside the profiler
+with CUDA events (warm-up, repeats, median). Each config's kernels are found by a marker kernel launched before
+them (``iosim_marker`` with grid = config index + 1), so kernels of third-party libraries (torch SDPA's flash or
+cuDNN backend) are attributed to their config whatever their number.
 """
 
 from __future__ import annotations
