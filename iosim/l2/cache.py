@@ -800,7 +800,7 @@ def simulate_l2(
     if block_rate is not None:  # a timeline replayed: its rates instead of the shares (share 0 says so)
         pace, pace_share = np.asarray(block_rate, dtype=np.float64), 0.0
         blocks = max(kt.n_blocks for kt in traces) * len(head_q)
-        if pace.ndim != 1 or len(pace) < blocks or not (pace.min() > 0 and pace.max() <= 1):
+        if pace.ndim != 1 or pace.size == 0 or len(pace) < blocks or not (pace.min() > 0 and pace.max() <= 1):
             raise L2ModelError(
                 f"block_rate: expected one rate in (0, 1] per block ({blocks} blocks), got shape {pace.shape}"
             )
