@@ -28,6 +28,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from iosim import l2
 from iosim.problem import AttentionProblem
 from iosim.profile import get_profile
@@ -211,8 +213,6 @@ def timeline_block_rate(raw: Path, e: dict):
     f = raw / f"timeline_N{c['seq_len']}_H{c['heads']}_d{c['head_dim']}.npz"
     if not f.exists():
         return None
-    import numpy as np
-
     z = np.load(f)
     return l2.timeline_rates(z["start_ns"], z["end_ns"])
 

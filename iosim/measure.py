@@ -522,8 +522,9 @@ def _run_worker(
     return data
 
 
-def _profile(ncu_path, args, configs, wd: Path, tag: str, env, timeout) -> tuple[dict, list[dict], str]:
-    """One run of the worker under ncu with ``args``: (the worker's records, ncu's launches, ncu's command)."""
+def _profile(ncu_path, args, configs, wd: Path, tag: str, env, timeout) -> tuple[dict, list[dict], str, str]:
+    """One run of the worker under ncu with ``args``: (the worker's records, ncu's launches, ncu's command, ncu's
+    log)."""
     log = wd / f"ncu_{tag}.csv"
     prefix = [ncu_path, *args, "-k", f"regex:{KERNEL_REGEX}", "--log-file", str(log)]
     sub = wd / tag
@@ -533,7 +534,7 @@ def _profile(ncu_path, args, configs, wd: Path, tag: str, env, timeout) -> tuple
     launches = parse_ncu_csv(text)
     if not launches:
         raise MeasureError(f"ncu profiled no kernel (log {log}): {text[-1500:]}")
-    return prof, launches, " ".join([*prefix[:-2], "--log-file", log.name])
+    return prof, launches, " ".join([*prefix[:-2], "--log-file", log.name]), text
 
 
 def measure(
@@ -563,15 +564,14 @@ def measure(
         [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
     )
     args = [*common, "--section", "LaunchStats", "--section", "Occupancy", "--metrics", ",".join(mets)]
-    prof, launches, command = _profile(ncu_path, args, configs, wd, "counters", env, timeout)
-    text = (wd / "ncu_counters.csv").read_text(errors="replace")
+    prof, launches, command, text = _profile(ncu_path, args, configs, wd, "counters", env, timeout)
     groups = group_by_marker(launches)
     dram_groups, dram_command = None, None
     if dram_pass:
         args = [*common, "--metrics", ",".join(DRAM_METRICS)]
-        _, dram_launches, dram_command = _profile(ncu_path, args, configs, wd, "dram", env, timeout)
+        _, dram_launches, dram_command, dram_text = _profile(ncu_path, args, configs, wd, "dram", env, timeout)
         dram_groups = group_by_marker(dram_launches)
-        text += (wd / "ncu_dram.csv").read_text(errors="replace")
+        text += dram_text
     if keep_csv:
         Path(keep_csv).write_text(text)
     times = _run_worker([], configs, "time", wd, env=env, timeout=timeout)["results"] if timing else None
