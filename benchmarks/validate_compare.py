@@ -214,6 +214,8 @@ def timeline_block_rate(raw: Path, e: dict):
     if not f.exists():
         return None
     z = np.load(f)
+    if json.loads(str(z["config"]))["dtype"] != c["dtype"]:
+        return None
     return l2.timeline_rates(z["start_ns"], z["end_ns"])
 
 
