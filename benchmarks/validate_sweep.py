@@ -1,6 +1,6 @@
 """Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
 
-    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|flash|naive|big|extra|long|all] [--repeat K] [--quick]
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
 
 Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). ``--repeat K``
 measures the whole list K times over (the list again after its end, not each config K times in a row); the
@@ -76,6 +76,9 @@ def sweep(part: str) -> list[Config]:
         c += [Config(N_, seq_len=8192, heads=2, kv_heads=1, head_dim=64)]
     if part in ("long", "all"):  # N=131072 between H=8 (big) and H=32 (extra): where does the model part ways?
         c += [Config("flash2", seq_len=131072, heads=h, head_dim=128) for h in (12, 16, 24)]
+    if part == "grids":  # run 6: the long grids again, on one GPU with its block timelines (validate_lag.py)
+        c += [Config("flash2", seq_len=131072, heads=h, head_dim=128) for h in (8, 12, 16, 24, 32)]
+        c += [Config("flash2", seq_len=n, heads=32, head_dim=128) for n in (32768, 65536)]
     if part in ("naive", "all"):
         N_ = "naive"
         c += [Config(N_, seq_len=n, heads=8, head_dim=64) for n in (512, 1024, 2048, 4096)]

@@ -4,7 +4,7 @@
 
 For each config: a warm-up launch, then one launch of the -DIOSIM_BLOCK_TRACE build (iosim.gpu.attention's
 ``block_trace``), saved as OUTDIR/timeline_<name>.npz (start_ns, end_ns, sm: one entry per block in linear block
-order; grid; config), and the CUDA-event time of the traced and plain kernels (median of 5), to show the trace
+order; grid; config; device: which GPU, with its UUID), and the CUDA-event time of the traced and plain kernels (median of 5), to show the trace
 costs nothing measurable. The L2 model's drift input is read from these (docs/validation.md). ``N:H`` pairs
 (d=128, not causal) replace the default list; their summary goes to timeline_summary_more.json.
 """
@@ -19,7 +19,7 @@ import cupy as cp
 import numpy as np
 
 from iosim import gpu
-from iosim.measure import event_median_ms
+from iosim.measure import _device_info, event_median_ms
 
 CONFIGS = [  # (seq_len, heads, head_dim, causal)
     (4096, 32, 128, False),
@@ -52,10 +52,12 @@ def trace_one(out: Path, n: int, h: int, d: int, causal: bool) -> dict:
         sm=rec[:, 2].astype(np.int32),
         grid=np.array(grid),
         config=json.dumps({"seq_len": n, "heads": h, "head_dim": d, "causal": causal, "dtype": "fp16"}),
+        device=json.dumps(_device_info(cp)),
     )
     dur = (rec[:, 1] - rec[:, 0]) / 1e3
     return {
         "name": name,
+        "device": _device_info(cp).get("uuid"),
         "blocks": nblk,
         "sms": len(np.unique(rec[:, 2])),
         "plain_ms": t_plain,

@@ -360,7 +360,22 @@ def _device_info(cp) -> dict:
         "smem_per_sm": p["sharedMemPerMultiprocessor"],
         "regs_per_sm": p["regsPerMultiprocessor"],
         "cc": f"{p['major']}.{p['minor']}",
+        **_device_identity(p),
     }
+
+
+def _device_identity(p: dict) -> dict:
+    """Which physical GPU this is (CUDA device properties): its UUID and PCI address. The lent machines differ
+    from call to call, and some properties (each SM's speed over a long grid, docs/validation.md) are the chip's,
+    not the model's."""
+    out = {}
+    uuid = p.get("uuid")
+    if isinstance(uuid, (bytes, bytearray)) and len(uuid) == 16:
+        h = uuid.hex()
+        out["uuid"] = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    if "pciBusID" in p:
+        out["pci_bus_id"] = f"{p.get('pciDomainID', 0):08x}:{p['pciBusID']:02x}:{p.get('pciDeviceID', 0):02x}.0"
+    return out
 
 
 def event_median_ms(fn, cp, reps: int, warmup: int = 0) -> float:
