@@ -155,3 +155,12 @@ def test_cli_without_gpu_is_one_line(monkeypatch):
     assert res.exit_code == 1  # click's exit code for ClickException when run standalone
     assert "needs CuPy and an NVIDIA GPU" in res.output
     assert "Traceback" not in res.output
+
+
+def test_device_identity_names_the_physical_gpu():
+    uuid = bytes.fromhex("f31e45c5e45786cb1f9947df0918ba08")
+    props = {"uuid": uuid, "pciBusID": 0, "pciDeviceID": 6, "pciDomainID": 0}
+    ident = M._device_identity(props)
+    # the form nvidia-smi prints (run 6: GPU-f31e45c5-e457-86cb-1f99-47df0918ba08 at 00000000:00:06.0)
+    assert ident == {"uuid": "GPU-f31e45c5-e457-86cb-1f99-47df0918ba08", "pci_bus_id": "00000000:00:06.0"}
+    assert M._device_identity({}) == {}

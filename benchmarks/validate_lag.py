@@ -1,0 +1,174 @@
+"""Long grids (docs/validation.md, "Long grids"): is the L2 model wrong there, or the schedule it is given?
+
+    python benchmarks/validate_lag.py DIR
+    python benchmarks/validate_lag.py --patterns TIMELINE.npz ...
+
+DIR holds what one device call of ``validate_timeline.py --repeat K`` under ncu left (the device command is in
+docs/validation.md): ``timeline_N<n>_H<h>_d128_r<i>.npz`` (the block timeline of launch i of that problem) and
+``pair_ncu.csv`` (ncu's DRAM bytes of the same launches, in launch order). For every launch it prints the GPU's
+DRAM read bytes beside the model's, three ways: the model's own schedule (block drift by age, the default), and the
+launch's own timeline replayed (``simulate_l2(block_rate=timeline_rates(...))``) through the one-pool L2 and through
+the two-partition L2. The last lines: how far apart the launches of one problem are, and the per-SM speed pattern of
+each launch against the first launch's (correlation), to show whether the SMs' order is the GPU's own.
+
+``--patterns``: the per-SM speed pattern of each timeline given (any run), their correlations and the GPU each ran
+on (its UUID where the timeline recorded one): patterns from one GPU agree, patterns from two GPUs need not.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from iosim import l2
+from iosim.measure import parse_ncu_csv
+from iosim.problem import AttentionProblem
+from iosim.profile import get_profile
+from iosim.schedules import Tiles
+
+PROFILE = Path(__file__).resolve().parents[1] / "docs/validation/h200-sxm-141gb-measured.yaml"
+TILES = Tiles(128, 32)  # iosim's flash2 kernel at d=128 (validate_timeline.py runs its default tiles)
+MODELS = ("default", "replay", "replay 2p")
+
+
+def sm_speed(z) -> np.ndarray | None:
+    """Each SM's time per block (slope of its blocks' start times), relative to the mean over SMs; None where some
+    SM ran fewer than two blocks."""
+    s, sm = z["start_ns"], z["sm"]
+    n = int(sm.max()) + 1
+    k = min(int((sm == m).sum()) for m in range(n))
+    if k < 2:
+        return None
+    st = np.array([np.sort(s[sm == m])[:k] for m in range(n)], dtype=np.float64)
+    j = np.arange(k)
+    slope = np.array([np.polyfit(j, st[m], 1)[0] for m in range(n)])
+    return slope / slope.mean() - 1
+
+
+def patterns(files: list[Path]) -> None:
+    sp = [sm_speed(np.load(f)) for f in files]
+    short = [f.name for f, x in zip(files, sp, strict=True) if x is None]
+    if short:
+        raise SystemExit(f"too few blocks per SM for a speed pattern: {', '.join(short)}")
+    for i, f in enumerate(files):
+        z = np.load(f)
+        dev = json.loads(str(z["device"])).get("uuid", "?")[:12] if "device" in z.files else "not recorded"
+        print(f"{i:2d} {f.parent.name}/{f.stem} (GPU {dev}): SM speed std {100 * sp[i].std():.3f}%")
+    print("correlation: " + " ".join(f"{i:>5d}" for i in range(len(files))))
+    for i in range(len(files)):
+        print(f"{i:>11d}  " + " ".join(f"{np.corrcoef(sp[i], sp[j])[0, 1]:+.2f}" for j in range(len(files))))
+
+
+def main() -> None:
+    main_args(sys.argv[1:])
+
+
+def main_args(argv: list[str]) -> None:
+    if not argv:
+        raise SystemExit(__doc__)
+    if argv[0] == "--patterns":
+        patterns([Path(a) for a in argv[1:]])
+        return
+    d = Path(argv[0])
+    launches = [x for x in parse_ncu_csv((d / "pair_ncu.csv").read_text()) if "flash_fwd" in x["kernel"]]
+    files = sorted(
+        d.glob("timeline_N*_r*.npz"),
+        key=lambda f: (f.stem.rsplit("_r", 1)[0], int(f.stem.rsplit("_r", 1)[1])),
+    )
+    by_cfg: dict[str, list[Path]] = {}
+    for f in files:
+        by_cfg.setdefault(f.stem.rsplit("_r", 1)[0].removeprefix("timeline_"), []).append(f)
+    prof = get_profile(str(PROFILE))
+    rows, li = [], 0
+    device = None
+    default: dict[str, int] = {}  # the model's own schedule: one figure per problem
+    for cfg in _launch_order(by_cfg, launches):
+        for f in by_cfg[cfg]:
+            z = np.load(f)
+            c = json.loads(str(z["config"]))
+            device = json.loads(str(z["device"])).get("uuid") if "device" in z.files else device
+            lau = launches[li]
+            li += 1
+            if _grid(lau) != tuple(int(x) for x in z["grid"]):
+                raise SystemExit(
+                    f"{f.name}: ncu launch {lau['id']} has grid {lau['grid']}, the timeline {z['grid']}"
+                )
+            p = AttentionProblem(heads=c["heads"], seq_len=c["seq_len"], head_dim=c["head_dim"])
+            rates = l2.timeline_rates(z["start_ns"], z["end_ns"])
+            if cfg not in default:
+                default[cfg] = l2.simulate_l2("flash2", p, TILES, prof).read_bytes
+            model = {
+                "default": default[cfg],
+                "replay": l2.simulate_l2(
+                    "flash2", p, TILES, prof, block_rate=rates, partitions=False
+                ).read_bytes,
+                "replay 2p": l2.simulate_l2(
+                    "flash2", p, TILES, prof, block_rate=rates, partitions=True
+                ).read_bytes,
+            }
+            meas = lau["metrics"]["dram__bytes_read.sum"]
+            rows.append((cfg, f.stem.rsplit("_r", 1)[1], meas, model, z))
+            print(
+                f"{cfg} launch {rows[-1][1]}: measured {meas / 1e9:7.3f} GB | "
+                + " | ".join(
+                    f"{k} {v / 1e9:7.3f} ({100 * (v / meas - 1):+6.1f}%)" for k, v in rows[-1][3].items()
+                ),
+                flush=True,
+            )
+    print(f"\nGPU {device}")
+    print(
+        "| problem | launches | measured read (GB) | default model | replay (one pool) | replay (two partitions) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for cfg in dict.fromkeys(r[0] for r in rows):
+        rs = [r for r in rows if r[0] == cfg]
+        meas = ", ".join(f"{r[2] / 1e9:.2f}" for r in rs)
+        print(f"| {cfg} | {len(rs)} | {meas} | " + " | ".join(_span(rs, k) for k in MODELS) + " |")
+    print(
+        "\nper-SM speed pattern of each launch against the problem's first launch (correlation), spread (std):"
+    )
+    for cfg in dict.fromkeys(r[0] for r in rows):
+        rs = [r for r in rows if r[0] == cfg]
+        base = sm_speed(rs[0][4])
+        line = []
+        for r in rs:
+            sp = sm_speed(r[4])
+            if base is None or sp is None:
+                line.append("too few blocks per SM")
+                break
+            line.append(f"{np.corrcoef(base, sp)[0, 1]:+.2f} ({100 * sp.std():.3f}%)")
+        print(f"  {cfg}: " + ", ".join(line))
+
+
+def _span(rs, key: str) -> str:
+    e = [100 * (r[3][key] / r[2] - 1) for r in rs]
+    return f"{min(e):+.1f}% to {max(e):+.1f}%"
+
+
+def _grid(launch: dict) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", launch["grid"]))
+
+
+def _launch_order(by_cfg, launches) -> list[str]:
+    """The problems in the order their launches appear in ncu's CSV (matched by grid, K launches each)."""
+    out, i = [], 0
+    left = list(by_cfg)
+    while i < len(launches) and left:
+        g = _grid(launches[i])
+        hit = next((c for c in left if tuple(int(x) for x in np.load(by_cfg[c][0])["grid"]) == g), None)
+        if hit is None:
+            raise SystemExit(
+                f"ncu launch {launches[i]['id']} (grid {launches[i]['grid']}) matches no timeline"
+            )
+        out.append(hit)
+        left.remove(hit)
+        i += len(by_cfg[hit])
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""benchmarks/validate_lag.py: each ncu launch is paired with the timeline of the same launch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = '"ID","Kernel Name","Block Size","Grid Size","Metric Name","Metric Unit","Metric Value"'
+
+
+@pytest.fixture(scope="module")
+def lag():
+    spec = importlib.util.spec_from_file_location("validate_lag", ROOT / "benchmarks/validate_lag.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _timeline(path: Path, n: int, h: int, launch: int, sms: int = 4) -> None:
+    """A lockstep timeline: block b on SM b mod sms, every block 1000 ns (SM 0 a little slower)."""
+    nb = (n // 128) * h
+    b = np.arange(nb)
+    start = (b // sms) * (1000 + 10 * (b % sms == 0))
+    np.savez(
+        path / f"timeline_N{n}_H{h}_d128_r{launch}.npz",
+        start_ns=start,
+        end_ns=start + 1000,
+        sm=(b % sms).astype(np.int32),
+        grid=np.array([n // 128, h, 1]),
+        config=json.dumps({"seq_len": n, "heads": h, "head_dim": 128, "causal": False, "dtype": "fp16"}),
+        device=json.dumps({"uuid": "GPU-test"}),
+    )
+
+
+def _ncu(path: Path, launches: list[tuple[tuple[int, int], int]]) -> None:
+    rows = [HEADER]
+    for i, ((gx, gy), read) in enumerate(launches):
+        k = f'"{i}","void flash_fwd_kernel<128, 128, 32, __half, 0>(...)","(128, 1, 1)","({gx}, {gy}, 1)"'
+        rows.append(f'{k},"dram__bytes_read.sum","byte","{read:,}"')
+        rows.append(f'{k},"dram__bytes_write.sum","byte","0"')
+    (path / "pair_ncu.csv").write_text("==PROF== Connected\n" + "\n".join(rows) + "\n")
+
+
+def test_launches_pair_with_their_own_timelines(lag, tmp_path, capsys):
+    # the device ran H=4 first, then H=2 (names sort the other way): pairing goes by ncu's launch order and grid
+    for i in range(2):
+        _timeline(tmp_path, 1024, 4, i)
+        _timeline(tmp_path, 1024, 2, i)
+    reads = [3_000_000_000, 3_100_000_000, 1_000_000_000, 1_200_000_000]
+    _ncu(tmp_path, [((8, 4), reads[0]), ((8, 4), reads[1]), ((8, 2), reads[2]), ((8, 2), reads[3])])
+    lag.main_args([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "N1024_H4_d128 launch 1: measured   3.100 GB" in out
+    assert "N1024_H2_d128 launch 0: measured   1.000 GB" in out
+    assert "| N1024_H4_d128 | 2 | 3.00, 3.10 |" in out
+    assert "| N1024_H2_d128 | 2 | 1.00, 1.20 |" in out
+    assert "GPU GPU-test" in out
+    assert "N1024_H4_d128: +1.00" in out  # the per-SM pattern, launch against launch
+
+
+def test_a_launch_of_another_grid_is_refused(lag, tmp_path):
+    _timeline(tmp_path, 1024, 2, 0)
+    _ncu(tmp_path, [((16, 2), 1_000_000)])
+    with pytest.raises(SystemExit, match="matches no timeline"):
+        lag.main_args([str(tmp_path)])
