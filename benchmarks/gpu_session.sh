@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 steps=${*:-tests sanitize bench}
 summary=()
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 echo "commit: ${IOSIM_COMMIT:-unknown (set IOSIM_COMMIT)}" | tee -a "$OUT/gpu.txt"
 for s in $steps; do
   case $s in
