@@ -6,9 +6,10 @@
 DIR holds what one device call of ``validate_timeline.py --repeat K`` under ncu left (the device command is in
 docs/validation.md): ``timeline_N<n>_H<h>_d128_r<i>.npz`` (the block timeline of launch i of that problem) and
 ``pair_ncu.csv`` (ncu's DRAM bytes of the same launches, in launch order). For every launch it prints the GPU's
-DRAM read bytes beside the model's, three ways: the model's own schedule (block drift by age, the default), and the
-launch's own timeline replayed (``simulate_l2(block_rate=timeline_rates(...))``) through the one-pool L2 and through
-the two-partition L2. The last lines: how far apart the launches of one problem are, and the per-SM speed pattern of
+DRAM read bytes beside the model's: the model's own schedule (block drift by age, the default), and the launch's own
+timeline replayed (``simulate_l2(block_rate=timeline_rates(...))``) through the one-pool L2 and through the
+two-partition L2; then both schedules through the soft-edge variant (``miss_curve``: the read probe's measured miss
+curve in place of the LRU's hard edge, as ``validate_compare.py --soft-edge``). About 15 minutes for run 7. The last lines: how far apart the launches of one problem are, and the per-SM speed pattern of
 each launch against the first launch's (correlation), to show whether the SMs' order is the GPU's own.
 
 ``--patterns``: the per-SM speed pattern of each timeline given (any run), their correlations and the GPU each ran
@@ -24,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from validate_compare import SOFT_EDGE_ROOM, probe_curve
+
 from iosim import l2
 from iosim.measure import parse_ncu_csv
 from iosim.problem import AttentionProblem
@@ -32,7 +36,8 @@ from iosim.schedules import Tiles
 
 PROFILE = Path(__file__).resolve().parents[1] / "docs/validation/h200-sxm-141gb-measured.yaml"
 TILES = Tiles(128, 32)  # iosim's flash2 kernel at d=128 (validate_timeline.py runs its default tiles)
-MODELS = ("default", "replay", "replay 2p")
+RAW = PROFILE.parent / "raw"  # the read probe (measured_probes.json) gives the soft edge's miss curve
+MODELS = ("default", "replay", "replay 2p", "soft", "replay soft")
 
 
 def sm_speed(z) -> np.ndarray | None:
@@ -85,7 +90,10 @@ def main_args(argv: list[str]) -> None:
     prof = get_profile(str(PROFILE))
     rows, li = [], 0
     device = None
-    default: dict[str, int] = {}  # the model's own schedule: one figure per problem
+    default: dict[
+        str, tuple[int, int]
+    ] = {}  # the model's own schedule (hard, soft edge): one pair per problem
+    soft = {"miss_curve": probe_curve(RAW, SOFT_EDGE_ROOM[0]), "room": SOFT_EDGE_ROOM, "partitions": False}
     for cfg in _launch_order(by_cfg, launches):
         for f in by_cfg[cfg]:
             z = np.load(f)
@@ -100,15 +108,20 @@ def main_args(argv: list[str]) -> None:
             p = AttentionProblem(heads=c["heads"], seq_len=c["seq_len"], head_dim=c["head_dim"])
             rates = l2.timeline_rates(z["start_ns"], z["end_ns"])
             if cfg not in default:
-                default[cfg] = l2.simulate_l2("flash2", p, TILES, prof).read_bytes
+                default[cfg] = (
+                    l2.simulate_l2("flash2", p, TILES, prof).read_bytes,
+                    l2.simulate_l2("flash2", p, TILES, prof, **soft).read_bytes,
+                )
             model = {
-                "default": default[cfg],
+                "default": default[cfg][0],
                 "replay": l2.simulate_l2(
                     "flash2", p, TILES, prof, block_rate=rates, partitions=False
                 ).read_bytes,
                 "replay 2p": l2.simulate_l2(
                     "flash2", p, TILES, prof, block_rate=rates, partitions=True
                 ).read_bytes,
+                "soft": default[cfg][1],
+                "replay soft": l2.simulate_l2("flash2", p, TILES, prof, block_rate=rates, **soft).read_bytes,
             }
             meas = lau["metrics"]["dram__bytes_read.sum"]
             rows.append((cfg, f.stem.rsplit("_r", 1)[1], meas, model, z))
@@ -121,9 +134,10 @@ def main_args(argv: list[str]) -> None:
             )
     print(f"\nGPU {device}")
     print(
-        "| problem | launches | measured read (GB) | default model | replay (one pool) | replay (two partitions) |"
+        "| problem | launches | measured read (GB) | default model | replay (one pool) | replay (two partitions) "
+        "| soft edge | replay (soft edge) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for cfg in dict.fromkeys(r[0] for r in rows):
         rs = [r for r in rows if r[0] == cfg]
         meas = ", ".join(f"{r[2] / 1e9:.2f}" for r in rs)
