@@ -6,8 +6,8 @@
 
 For each config: a warm-up launch, then one launch of the -DIOSIM_BLOCK_TRACE build (iosim.gpu.attention's
 ``block_trace``), saved as OUTDIR/timeline_<name>.npz (start_ns, end_ns, sm: one entry per block in linear block
-order; grid; config; device: which GPU, with its UUID), and the CUDA-event time of the traced and plain kernels (median of 5), to show the trace
-costs nothing measurable. The L2 model's drift input is read from these (docs/validation.md). ``N:H`` pairs
+order; grid; config; device: which GPU, with its UUID), and the CUDA-event time of the traced and plain kernels
+(median of 5), to show the trace costs nothing measurable. The L2 model's drift input is read from these (docs/validation.md). ``N:H`` pairs
 (d=128, not causal) replace the default list; their summary goes to timeline_summary_more.json.
 
 ``--repeat K``: K traced launches of each config and nothing else inside the profiler range (compilation and the
