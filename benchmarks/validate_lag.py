@@ -87,12 +87,15 @@ def main_args(argv: list[str]) -> None:
     by_cfg: dict[str, list[Path]] = {}
     for f in files:
         by_cfg.setdefault(f.stem.rsplit("_r", 1)[0].removeprefix("timeline_"), []).append(f)
+    if len(launches) != len(files):
+        raise SystemExit(
+            f"{d}: ncu profiled {len(launches)} flash launches, but there are {len(files)} timelines"
+        )
     prof = get_profile(str(PROFILE))
     rows, li = [], 0
     device = None
-    default: dict[
-        str, tuple[int, int]
-    ] = {}  # the model's own schedule (hard, soft edge): one pair per problem
+    # the model's own schedule (hard edge, soft edge): one pair per problem
+    default: dict[str, tuple[int, int]] = {}
     soft = {"miss_curve": probe_curve(RAW, SOFT_EDGE_ROOM[0]), "room": SOFT_EDGE_ROOM, "partitions": False}
     for cfg in _launch_order(by_cfg, launches):
         for f in by_cfg[cfg]:

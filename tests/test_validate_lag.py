@@ -68,3 +68,11 @@ def test_a_launch_of_another_grid_is_refused(lag, tmp_path):
     _ncu(tmp_path, [((16, 2), 1_000_000)])
     with pytest.raises(SystemExit, match="matches no timeline"):
         lag.main_args([str(tmp_path)])
+
+
+def test_a_missing_launch_is_refused(lag, tmp_path):
+    _timeline(tmp_path, 1024, 2, 0)
+    _timeline(tmp_path, 1024, 2, 1)
+    _ncu(tmp_path, [((8, 2), 1_000_000)])
+    with pytest.raises(SystemExit, match="1 flash launches, but there are 2 timelines"):
+        lag.main_args([str(tmp_path)])
