@@ -50,6 +50,14 @@ def block_share(raw: Path) -> list[tuple[str, float]]:
     return out
 
 
+def sm_starts(z) -> np.ndarray:
+    """Start times of each SM's first k blocks (SMs x k, sorted), k the fewest blocks any SM ran."""
+    s, sm = z["start_ns"], z["sm"]
+    n = int(sm.max()) + 1
+    k = min(int((sm == m).sum()) for m in range(n))
+    return np.array([np.sort(s[sm == m])[:k] for m in range(n)])
+
+
 def sm_lag(raw: Path) -> None:
     """How far each SM falls behind over a long grid (not a model input: docs/validation.md, "Long grids").
 
@@ -59,11 +67,9 @@ def sm_lag(raw: Path) -> None:
         z = np.load(f)
         if json.loads(str(z["config"]))["causal"]:
             continue
-        s, e, sm = z["start_ns"], z["end_ns"], z["sm"]
-        n = int(sm.max()) + 1
-        k = min(int((sm == m).sum()) for m in range(n))
-        starts = np.array([np.sort(s[sm == m])[:k] for m in range(n)])
-        lag = (starts[:, -1] - starts[:, -1].mean()) / np.median(e - s)
+        starts = sm_starts(z)
+        k = starts.shape[1]
+        lag = (starts[:, -1] - starts[:, -1].mean()) / np.median(z["end_ns"] - z["start_ns"])
         print(
             f"{f.stem}: {k} blocks per SM; lag at the last: range {np.ptp(lag):.3f}, std {lag.std():.3f} block "
             f"durations; TPC pairs correlate {np.corrcoef(lag[0::2], lag[1::2])[0, 1]:.2f}"

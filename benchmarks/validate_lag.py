@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fit_l2_inputs import sm_starts
 from validate_compare import SOFT_EDGE_ROOM, probe_curve
 
 from iosim import l2
@@ -43,14 +44,11 @@ MODELS = ("default", "replay", "replay 2p", "soft", "replay soft")
 def sm_speed(z) -> np.ndarray | None:
     """Each SM's time per block (slope of its blocks' start times), relative to the mean over SMs; None where some
     SM ran fewer than two blocks."""
-    s, sm = z["start_ns"], z["sm"]
-    n = int(sm.max()) + 1
-    k = min(int((sm == m).sum()) for m in range(n))
-    if k < 2:
+    st = sm_starts(z).astype(np.float64)
+    if st.shape[1] < 2:
         return None
-    st = np.array([np.sort(s[sm == m])[:k] for m in range(n)], dtype=np.float64)
-    j = np.arange(k)
-    slope = np.array([np.polyfit(j, st[m], 1)[0] for m in range(n)])
+    j = np.arange(st.shape[1])
+    slope = np.array([np.polyfit(j, row, 1)[0] for row in st])
     return slope / slope.mean() - 1
 
 
