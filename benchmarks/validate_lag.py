@@ -1,16 +1,20 @@
-"""Long grids (docs/validation.md, "Long grids"): is the L2 model wrong there, or the schedule it is given?
+"""Paired launches (docs/validation.md, "One launch, its timeline and its DRAM bytes"): is the L2 model wrong, or
+the schedule it is given?
 
     python benchmarks/validate_lag.py DIR
     python benchmarks/validate_lag.py --patterns TIMELINE.npz ...
 
-DIR holds what one device call of ``validate_timeline.py --repeat K`` under ncu left (the device command is in
-docs/validation.md): ``timeline_N<n>_H<h>_d128_r<i>.npz`` (the block timeline of launch i of that problem) and
-``pair_ncu.csv`` (ncu's DRAM bytes of the same launches, in launch order). For every launch it prints the GPU's
-DRAM read bytes beside the model's: the model's own schedule (block drift by age, the default), and the launch's own
-timeline replayed (``simulate_l2(block_rate=timeline_rates(...))``) through the one-pool L2 and through the
-two-partition L2; then both schedules through the soft-edge variant (``miss_curve``: the read probe's measured miss
-curve in place of the LRU's hard edge, as ``validate_compare.py --soft-edge``). About 15 minutes for run 7. The last lines: how far apart the launches of one problem are, and the per-SM speed pattern of
-each launch against the first launch's (correlation), to show whether the SMs' order is the GPU's own.
+DIR holds what one device call of ``validate_timeline.py --repeat K`` under ncu left (the device commands are in
+docs/validation.md): ``timeline_<problem>_r<i>.npz`` (the block timeline of launch i of that problem; any
+``validate_timeline.py`` SPEC: grouped-query, d=64, causal, bf16) and ``pair_ncu.csv`` (ncu's DRAM bytes of the
+same launches, in launch order). For every launch it prints the GPU's DRAM read and write bytes beside the model's:
+the model's own schedule (block drift by age, the default), and the launch's own timeline replayed
+(``simulate_l2(block_rate=timeline_rates(...))``; under a causal mask each block's rate counts its own accesses)
+through the one-pool L2 and through the two-partition L2; then both schedules through the soft-edge variant
+(``miss_curve``: the read probe's measured miss curve in place of the LRU's hard edge, as
+``validate_compare.py --soft-edge``). About 15 minutes for run 7 (long grids), seconds for short kernels. The last
+lines: how far apart the launches of one problem are, and the per-SM speed pattern of each launch against the first
+launch's (correlation), to show whether the SMs' order is the GPU's own.
 
 ``--patterns``: the per-SM speed pattern of each timeline given (any run), their correlations and the GPU each ran
 on (its UUID where the timeline recorded one): patterns from one GPU agree, patterns from two GPUs need not.
@@ -36,7 +40,7 @@ from iosim.profile import get_profile
 from iosim.schedules import Tiles
 
 PROFILE = Path(__file__).resolve().parents[1] / "docs/validation/h200-sxm-141gb-measured.yaml"
-TILES = Tiles(128, 32)  # iosim's flash2 kernel at d=128 (validate_timeline.py runs its default tiles)
+TILES = Tiles(128, 32)  # the tiles of timelines that did not record theirs (d=128, the kernel's default)
 RAW = PROFILE.parent / "raw"  # the read probe (measured_probes.json) gives the soft edge's miss curve
 MODELS = ("default", "replay", "replay 2p", "soft", "replay soft")
 
@@ -92,8 +96,8 @@ def main_args(argv: list[str]) -> None:
     prof = get_profile(str(PROFILE))
     rows, li = [], 0
     device = None
-    # the model's own schedule (hard edge, soft edge): one pair per problem
-    default: dict[str, tuple[int, int]] = {}
+    # the model's own schedule (hard and soft edge): one result per problem
+    default: dict[str, tuple] = {}
     soft = {"miss_curve": probe_curve(RAW, SOFT_EDGE_ROOM[0]), "room": SOFT_EDGE_ROOM, "partitions": False}
     for cfg in _launch_order(by_cfg, launches):
         for f in by_cfg[cfg]:
@@ -106,43 +110,48 @@ def main_args(argv: list[str]) -> None:
                 raise SystemExit(
                     f"{f.name}: ncu launch {lau['id']} has grid {lau['grid']}, the timeline {z['grid']}"
                 )
-            p = AttentionProblem(heads=c["heads"], seq_len=c["seq_len"], head_dim=c["head_dim"])
-            rates = l2.timeline_rates(z["start_ns"], z["end_ns"])
+            p, tiles = _problem(c)
+            work = l2.block_accesses("flash2", p, tiles) if p.causal else None
+            rates = l2.timeline_rates(z["start_ns"], z["end_ns"], work)
             if cfg not in default:
                 default[cfg] = (
-                    l2.simulate_l2("flash2", p, TILES, prof).read_bytes,
-                    l2.simulate_l2("flash2", p, TILES, prof, **soft).read_bytes,
+                    l2.simulate_l2("flash2", p, tiles, prof),
+                    l2.simulate_l2("flash2", p, tiles, prof, **soft),
                 )
             model = {
                 "default": default[cfg][0],
-                "replay": l2.simulate_l2(
-                    "flash2", p, TILES, prof, block_rate=rates, partitions=False
-                ).read_bytes,
-                "replay 2p": l2.simulate_l2(
-                    "flash2", p, TILES, prof, block_rate=rates, partitions=True
-                ).read_bytes,
+                "replay": l2.simulate_l2("flash2", p, tiles, prof, block_rate=rates, partitions=False),
+                "replay 2p": l2.simulate_l2("flash2", p, tiles, prof, block_rate=rates, partitions=True),
                 "soft": default[cfg][1],
-                "replay soft": l2.simulate_l2("flash2", p, TILES, prof, block_rate=rates, **soft).read_bytes,
+                "replay soft": l2.simulate_l2("flash2", p, tiles, prof, block_rate=rates, **soft),
             }
-            meas = lau["metrics"]["dram__bytes_read.sum"]
+            meas = (lau["metrics"]["dram__bytes_read.sum"], lau["metrics"].get("dram__bytes_write.sum"))
             rows.append((cfg, f.stem.rsplit("_r", 1)[1], meas, model, z))
             print(
-                f"{cfg} launch {rows[-1][1]}: measured {meas / 1e9:7.3f} GB | "
-                + " | ".join(
-                    f"{k} {v / 1e9:7.3f} ({100 * (v / meas - 1):+6.1f}%)" for k, v in rows[-1][3].items()
+                f"{cfg} launch {rows[-1][1]}: measured read {meas[0] / 1e9:7.3f} GB | "
+                + " | ".join(f"{k} {_err(v.read_bytes, meas[0])}" for k, v in model.items())
+                + (
+                    f"\n{' ' * len(cfg)}          measured write {meas[1] / 1e6:8.2f} MB | "
+                    + " | ".join(f"{k} {_err(v.write_bytes, meas[1])}" for k, v in model.items())
+                    if meas[1] is not None
+                    else ""
                 ),
                 flush=True,
             )
     print(f"\nGPU {device}")
-    print(
-        "| problem | launches | measured read (GB) | default model | replay (one pool) | replay (two partitions) "
-        "| soft edge | replay (soft edge) |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for cfg in dict.fromkeys(r[0] for r in rows):
-        rs = [r for r in rows if r[0] == cfg]
-        meas = ", ".join(f"{r[2] / 1e9:.2f}" for r in rs)
-        print(f"| {cfg} | {len(rs)} | {meas} | " + " | ".join(_span(rs, k) for k in MODELS) + " |")
+    for what, i, unit in (("read", 0, 1e9), ("write", 1, 1e6)):
+        if any(r[2][i] is None for r in rows):
+            continue
+        u = "GB" if unit == 1e9 else "MB"
+        print(
+            f"\n| problem | launches | measured {what} ({u}) | default model | replay (one pool) "
+            "| replay (two partitions) | soft edge | replay (soft edge) |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for cfg in dict.fromkeys(r[0] for r in rows):
+            rs = [r for r in rows if r[0] == cfg]
+            meas = ", ".join(f"{r[2][i] / unit:.2f}" for r in rs)
+            print(f"| {cfg} | {len(rs)} | {meas} | " + " | ".join(_span(rs, k, i) for k in MODELS) + " |")
     print(
         "\nper-SM speed pattern of each launch against the problem's first launch (correlation), spread (std):"
     )
@@ -159,8 +168,30 @@ def main_args(argv: list[str]) -> None:
         print(f"  {cfg}: " + ", ".join(line))
 
 
-def _span(rs, key: str) -> str:
-    e = [100 * (r[3][key] / r[2] - 1) for r in rs]
+def _problem(c: dict) -> tuple[AttentionProblem, Tiles]:
+    """The problem and tiles a timeline recorded (older timelines: fp16, d=128, no mask, 128x32)."""
+    p = AttentionProblem.make(
+        heads=c["heads"],
+        kv_heads=c.get("kv_heads", c["heads"]),
+        seq_len=c["seq_len"],
+        head_dim=c["head_dim"],
+        dtype=c.get("dtype", "fp16"),
+        causal=c.get("causal", False),
+    )
+    return p, Tiles(c.get("block_q", TILES.block_q), c.get("block_kv", TILES.block_kv))
+
+
+def _err(model: int, meas: int) -> str:
+    if meas == 0:
+        return f"{model:,} B (measured 0)"
+    return f"{100 * (model / meas - 1):+6.1f}%"
+
+
+def _span(rs, key: str, i: int = 0) -> str:
+    """Error range of one model over a problem's launches; ``i``: 0 read, 1 write."""
+    if any(r[2][i] == 0 for r in rs):
+        return "measured 0 B in some launch"
+    e = [100 * ((r[3][key].write_bytes if i else r[3][key].read_bytes) / r[2][i] - 1) for r in rs]
     return f"{min(e):+.1f}% to {max(e):+.1f}%"
 
 

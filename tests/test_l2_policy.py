@@ -153,6 +153,27 @@ def test_timeline_rates_are_the_fastest_duration_over_each():
         l2.timeline_rates([0, 10], [100, 10])
 
 
+def test_timeline_rates_under_a_mask_count_each_blocks_own_accesses():
+    # block 1 makes 3x the accesses of block 0 in 2x the time: it is the faster one
+    assert l2.timeline_rates([0, 0], [100, 200], work=[10, 30]).tolist() == pytest.approx([2 / 3, 1.0])
+    with pytest.raises(l2.L2ModelError, match="access count"):
+        l2.timeline_rates([0, 0], [100, 200], work=[10])
+
+
+def test_block_accesses_are_in_launch_order_over_every_head():
+    p = AttentionProblem.make(seq_len=1024, heads=2, head_dim=64, causal=True)
+    t = Tiles(128, 64)
+    kt = l2.head_program("flash2", p, t)[0]
+    per_block = np.diff(kt.ptr)  # program order: Q tile 0 sees the fewest keys
+    got = l2.block_accesses("flash2", p, t)
+    # the causal kernel launches its Q tiles last-first (kernels/flash_fwd.cu), the same for each head
+    assert got.tolist() == per_block[::-1].tolist() * 2
+    assert got[0] > got[7]
+    # each K/V tile visited is two accesses (K and V), plus Q, O and lse of the block
+    assert (got[:8] - 3).tolist() == [2 * (1024 - 128 * i) // 64 for i in range(8)]
+    full = l2.block_accesses("flash2", AttentionProblem.make(seq_len=1024, heads=2, head_dim=64), t)
+    assert set(full.tolist()) == {3 + 2 * 1024 // 64}
+
 def test_the_h200_profile_carries_the_measured_inputs_and_results_say_which_were_used():
     p = AttentionProblem(seq_len=1024, heads=2, head_dim=64, dtype="fp16")
     h200 = l2.simulate_l2("flash2", p, Tiles(128, 64), "h200-sxm-141gb")

@@ -37,12 +37,12 @@ def _timeline(path: Path, n: int, h: int, launch: int, sms: int = 4) -> None:
     )
 
 
-def _ncu(path: Path, launches: list[tuple[tuple[int, int], int]]) -> None:
+def _ncu(path: Path, launches: list[tuple[tuple[int, int], int]], writes: list[int] | None = None) -> None:
     rows = [HEADER]
     for i, ((gx, gy), read) in enumerate(launches):
         k = f'"{i}","void flash_fwd_kernel<128, 128, 32, __half, 0>(...)","(128, 1, 1)","({gx}, {gy}, 1)"'
         rows.append(f'{k},"dram__bytes_read.sum","byte","{read:,}"')
-        rows.append(f'{k},"dram__bytes_write.sum","byte","0"')
+        rows.append(f'{k},"dram__bytes_write.sum","byte","{writes[i] if writes else 0:,}"')
     (path / "pair_ncu.csv").write_text("==PROF== Connected\n" + "\n".join(rows) + "\n")
 
 
@@ -52,13 +52,18 @@ def test_launches_pair_with_their_own_timelines(lag, tmp_path, capsys):
         _timeline(tmp_path, 1024, 4, i)
         _timeline(tmp_path, 1024, 2, i)
     reads = [3_000_000_000, 3_100_000_000, 1_000_000_000, 1_200_000_000]
-    _ncu(tmp_path, [((8, 4), reads[0]), ((8, 4), reads[1]), ((8, 2), reads[2]), ((8, 2), reads[3])])
+    writes = [2_000_000, 0, 1_500_000, 1_000_000]
+    grids = [(8, 4), (8, 4), (8, 2), (8, 2)]
+    _ncu(tmp_path, list(zip(grids, reads, strict=True)), writes)
     lag.main_args([str(tmp_path)])
     out = capsys.readouterr().out
-    assert "N1024_H4_d128 launch 1: measured   3.100 GB" in out
-    assert "N1024_H2_d128 launch 0: measured   1.000 GB" in out
+    assert "N1024_H4_d128 launch 1: measured read   3.100 GB" in out
+    assert "N1024_H2_d128 launch 0: measured read   1.000 GB" in out
     assert "| N1024_H4_d128 | 2 | 3.00, 3.10 |" in out
     assert "| N1024_H2_d128 | 2 | 1.00, 1.20 |" in out
+    # writes: the model writes nothing back on a problem this small (it fits in L2), so -100% against 1.5 and 1 MB
+    assert "| N1024_H2_d128 | 2 | 1.50, 1.00 | -100.0% to -100.0% |" in out
+    assert "| N1024_H4_d128 | 2 | 2.00, 0.00 | measured 0 B in some launch |" in out
     assert "GPU GPU-test" in out
     assert "N1024_H4_d128: +1.00" in out  # the per-SM pattern, launch against launch
 

@@ -51,7 +51,7 @@ its inputs.
 """
 
 from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError
-from .cache import KernelL2, L2Result, simulate_l2, timeline_rates
+from .cache import KernelL2, L2Result, block_accesses, simulate_l2, timeline_rates
 from .hooks import MAX_TRACED_ACCESSES, apply_l2, simulate_hbm
 from .launch import (
     FLASH2_REGISTERS,
@@ -79,6 +79,7 @@ __all__ = [
     "LaunchModel",
     "Tracer",
     "apply_l2",
+    "block_accesses",
     "compulsory",
     "head_program",
     "launch_model",

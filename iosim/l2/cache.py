@@ -954,14 +954,35 @@ def simulate_l2(
     )
 
 
-def timeline_rates(start_ns, end_ns) -> np.ndarray:
+def timeline_rates(start_ns, end_ns, work=None) -> np.ndarray:
     """``block_rate`` for :func:`simulate_l2` from a block timeline (``gpu.attention(block_trace=)``,
-    benchmarks/validate_timeline.py): every block makes the same number of accesses, so its rate is the fastest
-    block's duration over its own."""
+    benchmarks/validate_timeline.py): a block's rate is its accesses per unit time, over the fastest block's.
+    ``work``: each block's number of accesses, in launch order (:func:`block_accesses`); None where every block
+    makes the same number (no causal mask), so that the rate is the fastest block's duration over its own."""
     d = np.asarray(end_ns, dtype=np.float64) - np.asarray(start_ns, dtype=np.float64)
     if d.ndim != 1 or len(d) == 0 or d.min() <= 0:
         raise L2ModelError("timeline: expected one positive duration per block (end_ns > start_ns)")
-    return d.min() / d
+    if work is None:
+        return d.min() / d
+    w = np.asarray(work, dtype=np.float64)
+    if w.shape != d.shape or w.min() <= 0:
+        raise L2ModelError(f"timeline: expected one positive access count per block ({len(d)}), got {w.shape}")
+    speed = w / d
+    return speed / speed.max()
+
+
+def block_accesses(
+    schedule: str, problem: AttentionProblem, tiles: Tiles, *, variant: str = "iosim", kernel: int = 0
+) -> np.ndarray:
+    """Tile accesses of every thread block of one kernel of ``schedule``, in launch order (all heads): the
+    ``work`` of :func:`timeline_rates`, for schedules whose blocks differ (a causal mask)."""
+    lm = launch_model(schedule, problem, tiles, variant=variant)
+    kt = head_program(schedule, problem, tiles, kv_order=lm.kv_order)[kernel]
+    per_block = np.diff(kt.ptr)
+    if lm.kernels[kernel].block_order == "reverse":
+        per_block = per_block[::-1]
+    head_q, _ = _head_slots(problem, lm.head_order)
+    return np.tile(per_block, len(head_q))
 
 
 def _placement(topo: SMTopology | None, per_sm: int, n_sms: int, r: int):
