@@ -7,7 +7,7 @@ the schedule it is given?
 DIR holds what one device call of ``validate_timeline.py --repeat K`` under ncu left (the device commands are in
 docs/validation.md): ``timeline_<problem>_r<i>.npz`` (the block timeline of launch i of that problem; any
 ``validate_timeline.py`` SPEC: grouped-query, d=64, causal, bf16) and ``pair_ncu.csv`` (ncu's DRAM bytes of the
-same launches, in launch order). For every launch it prints the GPU's DRAM read and write bytes beside the model's:
+same launches, in launch order), ``order.json`` (the problem of each launch, in order). For every launch it prints the GPU's DRAM read and write bytes beside the model's:
 the model's own schedule (block drift by age, the default), and the launch's own timeline replayed
 (``simulate_l2(block_rate=timeline_rates(...))``; under a causal mask each block's rate counts its own accesses)
 through the one-pool L2 and through the two-partition L2; then both schedules through the soft-edge variant
@@ -99,7 +99,7 @@ def main_args(argv: list[str]) -> None:
     # the model's own schedule (hard and soft edge): one result per problem
     default: dict[str, tuple] = {}
     soft = {"miss_curve": probe_curve(RAW, SOFT_EDGE_ROOM[0]), "room": SOFT_EDGE_ROOM, "partitions": False}
-    for cfg in _launch_order(by_cfg, launches):
+    for cfg in _launch_order(d, by_cfg, launches):
         for f in by_cfg[cfg]:
             z = np.load(f)
             c = json.loads(str(z["config"]))
@@ -199,13 +199,28 @@ def _grid(launch: dict) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", launch["grid"]))
 
 
-def _launch_order(by_cfg, launches) -> list[str]:
-    """The problems in the order their launches appear in ncu's CSV (matched by grid, K launches each)."""
+def _launch_order(d: Path, by_cfg, launches) -> list[str]:
+    """The problems in the order their launches appear in ncu's CSV, K launches each: from ``order.json`` (written
+    by validate_timeline.py), else matched by grid, which must then tell the problems apart."""
+    f = d / "order.json"
+    if f.exists():
+        names = json.loads(f.read_text())
+        out = list(dict.fromkeys(names))
+        for c in out:
+            if c not in by_cfg or names.count(c) != len(by_cfg[c]):
+                raise SystemExit(f"{f}: {c} launched {names.count(c)} times, {len(by_cfg.get(c, []))} timelines")
+        if len(names) != len(launches):
+            raise SystemExit(f"{f}: {len(names)} launches named, ncu profiled {len(launches)}")
+        return out
+    grids = {c: tuple(int(x) for x in np.load(by_cfg[c][0])["grid"]) for c in by_cfg}
+    same = [c for c in by_cfg if list(grids.values()).count(grids[c]) > 1]
+    if same:
+        raise SystemExit(f"{d}: no order.json, and {', '.join(same)} have the same grid: which launch is which?")
     out, i = [], 0
     left = list(by_cfg)
     while i < len(launches) and left:
         g = _grid(launches[i])
-        hit = next((c for c in left if tuple(int(x) for x in np.load(by_cfg[c][0])["grid"]) == g), None)
+        hit = next((c for c in left if grids[c] == g), None)
         if hit is None:
             raise SystemExit(
                 f"ncu launch {launches[i]['id']} (grid {launches[i]['grid']}) matches no timeline"

@@ -16,7 +16,8 @@ order; grid; config; device: which GPU, with its UUID), and the CUDA-event time 
 ``--repeat K``: K traced launches of each config and nothing else inside the profiler range (compilation and the
 first launch outside it), each launch's timeline saved as timeline_<name>_r<i>.npz. Run under ncu (as above: one
 pass, L2 flushed before each kernel), the i-th profiled launch of a config is the i-th timeline: the DRAM bytes of
-the very run whose schedule the timeline records (benchmarks/validate_lag.py replays them through the L2 model).
+the very run whose schedule the timeline records (benchmarks/validate_lag.py replays them through the L2 model);
+OUTDIR/order.json names the problem of every profiled launch, in order.
 Each launch's output is poisoned (NaN) before it and checked against a float64 reference of a few rows after it.
 """
 
@@ -189,8 +190,11 @@ def main() -> None:
     if "--repeat" in args:
         i = args.index("--repeat")
         repeat = int(args[i + 1])
-        for a in args[:i] + args[i + 2 :]:
-            paired(out, parse_spec(a), repeat)
+        specs = [parse_spec(a) for a in args[:i] + args[i + 2 :]]
+        # the problems in launch order: ncu's CSV lists launches in this order (grids alone can be ambiguous)
+        (out / "order.json").write_text(json.dumps([spec_name(c) for c in specs for _ in range(repeat)]))
+        for c in specs:
+            paired(out, c, repeat)
             cp.get_default_memory_pool().free_all_blocks()
         return
     specs = [parse_spec(a) for a in args]
