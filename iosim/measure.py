@@ -98,7 +98,9 @@ class Config:
     sdpa-cudnn), or a probe (copy: a float4 copy of ``nbytes``; l2probe: read ``nbytes`` twice; l2bw: L2 read
     bandwidth over ``nbytes``; l2write: write ``nbytes`` (dirty lines), then, after a grid barrier and
     ``spin_us`` of idling, read ``read_bytes`` of other data, each line by one SM or, ``read_shared``, by every
-    SM: the DRAM writes are the dirty bytes the reads pushed out of L2)."""
+    SM: the DRAM writes are the dirty bytes the reads pushed out of L2; with ``interleave``, no barrier: each
+    thread reads its next 16 B of the read buffer and writes its next 16 B of the written one in the same step, as
+    flash2's blocks read Q and write O side by side, until both are done; each line read by one SM)."""
 
     kind: str
     seq_len: int = 1024
@@ -115,6 +117,7 @@ class Config:
     read_bytes: int = 0
     read_shared: bool = False
     spin_us: int = 0
+    interleave: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -125,6 +128,8 @@ class Config:
             self.kv_heads = self.heads
         if self.kv_len is None:
             self.kv_len = self.seq_len
+        if self.interleave and (self.kind != "l2write" or self.read_shared or self.spin_us):
+            raise MeasureError("interleave: an l2write probe of private reads without idling (no read_shared, spin_us)")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -275,9 +280,22 @@ extern "C" __global__ void iosim_l2probe(const float4* __restrict__ a, float* ou
 // Write-back probe: one block per SM (all co-resident). Phase 1 writes w (dirty lines); a grid barrier; thread 0 of
 // each block idles spin_ns on the global timer; phase 2 reads r through L2 (ld.global.cg): each float4 by one
 // block (shared = 0) or the whole of r by every block in the same order (shared = 1, like K/V in attention).
+// shared = 2 (interleaved): one grid-stride loop over both, each step reads r[i] (if any) then writes w[i] (if any).
 extern "C" __global__ void iosim_l2write(float4* w, long long nw, const float4* __restrict__ r, long long nr,
                                          int shared, long long spin_ns, unsigned* bar, float* out) {
     const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x, nthreads = (long long)gridDim.x * blockDim.x;
+    if (shared == 2) {
+        float s = 0.f;
+        for (long long i = tid; i < nw || i < nr; i += nthreads) {
+            if (i < nr) {
+                float4 x = __ldcg(r + i);
+                s += x.x + x.y + x.z + x.w;
+            }
+            if (i < nw) w[i] = make_float4(1.f, 2.f, s, (float)i);
+        }
+        if (s == 12345.678f) out[0] = s;
+        return;
+    }
     for (long long i = tid; i < nw; i += nthreads) w[i] = make_float4(1.f, 2.f, 3.f, (float)i);
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -407,7 +425,7 @@ def _prepare(c: Config, cp, torch, probes, sms):
             cp.int64(nw),
             r,
             cp.int64(nr),
-            cp.int32(int(c.read_shared)),
+            cp.int32(2 if c.interleave else int(c.read_shared)),
             cp.int64(c.spin_us * 1000),
             bar,
             o,

@@ -72,6 +72,24 @@ def test_probe_trace_moves_the_probe_bytes():
     assert (rows[~kt.write] * 256).sum() == 4 * 5 * MiB  # every one of the 4 SMs reads all of it
 
 
+def test_interleaved_probe_reads_then_writes_in_each_step_until_both_are_done():
+    kt, _ = probe_trace(2 * CHUNK * 4, 4 * CHUNK * 4, interleave=True, sms=4)  # 8 chunks written, 16 read
+    rows = kt.r1 - kt.r0
+    assert (rows[kt.write] * 256).sum() == 8 * CHUNK
+    assert (rows[~kt.write] * 256).sum() == 16 * CHUNK  # each chunk by one SM
+    b0 = slice(kt.ptr[0], kt.ptr[1])  # SM 0: chunks 0, 4, 8, 12 read; 0, 4 written right after their reads
+    assert kt.write[b0].tolist() == [False, True, False, True, False, False]
+    assert (kt.r0[b0] // (CHUNK // 256)).tolist() == [0, 0, 4, 4, 8, 12]
+    # the room a dirty line takes shows in what the reads beside it push out
+    # (L2 of 8 MiB; 8 MiB written beside 8 MiB read: a plain LRU keeps the last 4 MiB of each, so 4 MiB of the
+    # writes go back; dirty lines at twice the room keep 8/3 MiB of each, so 16/3 MiB go back)
+    plain = probe(8 * MiB, 8 * MiB, interleave=True, room=(1.0, 1.0, 1.0), sms=4)
+    heavy = probe(8 * MiB, 8 * MiB, interleave=True, room=(1.0, 1.0, 2.0), sms=4)
+    assert plain.write_bytes == pytest.approx(4 * MiB, rel=0.02)
+    assert heavy.write_bytes == pytest.approx(16 / 3 * MiB, rel=0.02)
+    assert plain.read_bytes == heavy.read_bytes == 8 * MiB
+
+
 def test_sm_rates_are_shares_by_age():
     n_sms, n_slots = 2, 6  # slots 0, 2, 4 on SM 0
     live = np.array([True, True, True, False, True, True])

@@ -111,6 +111,10 @@ def test_bad_config_fields():
         M.Config("flash2", dtype="fp32")
     c = M.Config("flash2", seq_len=512, heads=8)
     assert c.kv_heads == 8 and c.kv_len == 512
+    with pytest.raises(M.MeasureError, match="interleave"):
+        M.Config("l2write", nbytes=1 << 20, read_bytes=1 << 20, read_shared=True, interleave=True)
+    with pytest.raises(M.MeasureError, match="interleave"):
+        M.Config("flash2", interleave=True)
 
 
 def test_no_gpu_is_a_clear_error(monkeypatch):

@@ -26,15 +26,29 @@ _ROW = 256  # bytes per row of the stand-in tensors (head_dim 128, fp16)
 
 
 def probe_trace(
-    write_bytes: int, read_bytes: int = 0, *, shared: bool = False, reread: bool = False, sms: int = 132
+    write_bytes: int,
+    read_bytes: int = 0,
+    *,
+    shared: bool = False,
+    reread: bool = False,
+    interleave: bool = False,
+    sms: int = 132,
 ) -> tuple[KernelTrace, AttentionProblem]:
-    """The access stream of ``l2write`` (``write_bytes`` written, then ``read_bytes`` read, private or shared) or,
-    with ``reread``, of ``l2probe`` (``read_bytes`` read twice, private)."""
+    """The access stream of ``l2write`` (``write_bytes`` written, then ``read_bytes`` read, private or shared;
+    ``interleave``: step k of a block reads its k-th chunk of the read buffer, then writes its k-th of the written
+    one) or, with ``reread``, of ``l2probe`` (``read_bytes`` read twice, private)."""
     rows = CHUNK // _ROW
     nw, nr = cdiv(write_bytes, CHUNK), cdiv(read_bytes, CHUNK)
     blocks: list[list[tuple]] = [[] for _ in range(sms)]
     for b in range(sms):
         acc = blocks[b]
+        if interleave:
+            for c in range(b, max(nw, nr), sms):
+                if c < nr:
+                    acc.append((TENSOR_CODES["Q"], c * rows, (c + 1) * rows, False))
+                if c < nw:
+                    acc.append((TENSOR_CODES["O"], c * rows, (c + 1) * rows, True))
+            continue
         for c in range(b, nw, sms):
             acc.append((TENSOR_CODES["O"], c * rows, (c + 1) * rows, True))
         for _ in range(2 if reread else 1):
@@ -66,11 +80,12 @@ def simulate_probe(
     *,
     shared: bool = False,
     reread: bool = False,
+    interleave: bool = False,
     sms: int = 132,
     **model,
 ) -> L2Result:
     """DRAM bytes the L2 model predicts for a probe (``model``: simulate_l2's cache options)."""
-    kt, p = probe_trace(write_bytes, read_bytes, shared=shared, reread=reread, sms=sms)
+    kt, p = probe_trace(write_bytes, read_bytes, shared=shared, reread=reread, interleave=interleave, sms=sms)
     return simulate_l2(
         "flash2", p, Tiles(CHUNK // _ROW, CHUNK // _ROW), profile, traces=[kt], resident=sms, **model
     )

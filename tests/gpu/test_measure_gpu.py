@@ -21,6 +21,7 @@ def run(tmp_path_factory):
     l2 = cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"]
     big = 1 << (2 * l2 - 1).bit_length()  # a power of two, at least twice L2: the second pass misses
     cfgs = [Config("copy", nbytes=64 * MiB), Config("l2probe", nbytes=big)]
+    cfgs += [Config("l2write", nbytes=8 * MiB, read_bytes=16 * MiB, interleave=True)]
     return measure(cfgs, timing=False, workdir=str(tmp_path_factory.mktemp("measure"))), big
 
 
@@ -42,3 +43,12 @@ def test_one_pass_dram_profile_sees_no_dirty_lines_that_are_not_the_kernels(run)
     assert m["dram_write_bytes"] < 0.5e6
     assert r.dram_command is not None and "dram__bytes_write.sum" in r.dram_command
     assert m["dram_write_bytes_replayed"] is not None
+
+
+def test_interleaved_write_probe_moves_its_bytes_and_keeps_its_dirty_lines_when_they_fit(run):
+    r, _ = run
+    m = r.configs[2]["measured"]
+    assert m["sass_global_st_bytes"] == 8 * MiB
+    assert m["sass_global_ld_bytes"] + (m["sass_global_ldgsts_bytes"] or 0) == 16 * MiB
+    assert 16 * MiB <= m["dram_read_bytes"] <= 1.01 * 16 * MiB
+    assert m["dram_write_bytes"] < 0.5e6  # 24 MiB in all: every dirty line is still in L2 at the end
