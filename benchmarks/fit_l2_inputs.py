@@ -10,7 +10,8 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 * ``l2.dirty_at_start``: DRAM bytes written by the read-only probe (l2probe) once its buffer is past L2 (>= 48 MiB).
 * ``l2.room`` of the one-pool model (``l2.partitions`` 1): the (private, shared, dirty) factors on a 1/16 grid for
   which the L2 model (iosim.l2.probes), at the physical capacity, reproduces the probes' DRAM read and write bytes
-  best (least squares, MB).
+  best (least squares, MB): the read probe, the write probe and, where RAW_DIR has them (run 10 on), the
+  interleaved write probe (reads and writes side by side, as in flash2).
 * how far SMs drift apart over a long grid, from the same timelines (not an input; ``--lag``: by SM);
 * ``--partitions``: the dirty factor of the two-partition model (``l2.partitions`` 2, the profile's), which has no
   other; then the one-partition read probe against both models.
@@ -79,35 +80,44 @@ def sm_lag(raw: Path) -> None:
 
 
 def probes(raw: Path) -> list[tuple]:
+    """(written, read, shared, reread, interleave, measured) of every probe in RAW (medians of the repeats);
+    ``measured_mix.json`` (the interleaved write probe, run 10 on) where present."""
     cases = []
-    for part in ("writeback", "probes"):
-        for e in merge_repeats(json.loads((raw / f"measured_{part}.json").read_text())["configs"]):
+    for part in ("writeback", "probes", "mix"):
+        f = raw / f"measured_{part}.json"
+        if part == "mix" and not f.exists():
+            continue
+        for e in merge_repeats(json.loads(f.read_text())["configs"]):
             c, m = e["config"], e.get("measured") or {}
             if c["kind"] == "l2write" and not c.get("spin_us"):
-                cases.append((c["nbytes"], c["read_bytes"], c["read_shared"], False, m))
+                cases.append((c["nbytes"], c["read_bytes"], c["read_shared"], False, c.get("interleave", False), m))
             elif c["kind"] == "l2probe":
-                cases.append((0, c["nbytes"], False, True, m))
+                cases.append((0, c["nbytes"], False, True, False, m))
     return cases
 
 
-def misfit(cases, room, init, partitions=False) -> float:
-    err = 0.0
-    for w, r, shared, reread, m in cases:
+def misfit(cases, room, init, partitions=False) -> tuple[float, float]:
+    """Squared misfit (MB^2) of DRAM read and write bytes: (all probes, the interleaved ones)."""
+    err = mixed = 0.0
+    for w, r, shared, reread, interleave, m in cases:
         res = simulate_probe(
             w,
             r,
             PROFILE,
             shared=shared,
             reread=reread,
+            interleave=interleave,
             capacity=PHYSICAL_L2,
             room=room,
             dirty_at_start=init,
             block_share=1.0,
             partitions=partitions,
         )
-        err += ((res.write_bytes - m["dram_write_bytes"]) / 1e6) ** 2
-        err += ((res.read_bytes - m["dram_read_bytes"]) / 1e6) ** 2
-    return err
+        e = ((res.write_bytes - m["dram_write_bytes"]) / 1e6) ** 2
+        e += ((res.read_bytes - m["dram_read_bytes"]) / 1e6) ** 2
+        err += e
+        mixed += e if interleave else 0.0
+    return err, mixed
 
 
 def one_partition(raw: Path, dirty: float, init: int) -> None:
@@ -135,23 +145,29 @@ def main() -> None:
     shares = block_share(raw)
     for name, b in shares:
         print(f"block_share {name}: {b:.3f}")
-    print(f"block_share (median): {np.median([b for _, b in shares]):.3f}")
+    if shares:
+        print(f"block_share (median): {np.median([b for _, b in shares]):.3f}")
+    else:
+        print(f"block_share: no block timelines in {raw}")
     sm_lag(raw)
     cases = probes(raw)
-    big = [m["dram_write_bytes"] for w, r, _, rr, m in cases if rr and r >= 48 * MiB]
+    n_mix = sum(1 for c in cases if c[4])
+    big = [m["dram_write_bytes"] for w, r, _, rr, _, m in cases if rr and r >= 48 * MiB]
     init = int(np.mean(big))
     print(f"dirty_at_start: {init} B (read-only probe >= 48 MiB: {', '.join(map(str, big))})")
+    what = f"over {len(cases)} probes ({n_mix} interleaved)"
     if "--partitions" in sys.argv:
         fits = sorted((misfit(cases, (1.0, 1.0, d), init, True), d) for d in (1.875, 2.0, 2.125, 2.25, 2.375))
-        for e, d in fits:
-            print(f"two partitions, dirty {d}: misfit {e:.1f} MB^2 over {len(cases)} probes")
+        for (e, em), d in fits:
+            print(f"two partitions, dirty {d}: misfit {e:.1f} MB^2 {what}; interleaved {em:.1f}")
         one_partition(raw, fits[0][1], init)
         return
-    grid = itertools.product((1.25, 1.3125, 1.375), (1.875, 2.0, 2.125, 2.25, 2.375), (2.0, 2.125, 2.25))
+    grid = itertools.product((1.25, 1.3125, 1.375), (2.0, 2.125, 2.25), (1.75, 1.875, 2.0, 2.125, 2.25))
     fits = sorted((misfit(cases, room, init), room) for room in grid)
-    for e, room in fits[:5]:
+    for (e, em), room in fits[:6]:
         print(
-            f"room private {room[0]}, shared {room[1]}, dirty {room[2]}: misfit {e:.1f} MB^2 over {len(cases)} probes"
+            f"room private {room[0]}, shared {room[1]}, dirty {room[2]}: misfit {e:.1f} MB^2 {what}; "
+            f"interleaved {em:.1f}"
         )
 
 

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "docs/validation/h200-sxm-141gb-measured.yaml"
 PHYSICAL_L2 = 62_914_560
 # Ablations: the model with one measured input taken away (docs/validation.md, "What each input buys")
-ONE_POOL_ROOM = (1.3125, 2.125, 2.125)  # private, shared, dirty: the one-pool model's fit on run 3's probes
+ONE_POOL_ROOM = (1.3125, 2.125, 2.0)  # private, shared, dirty: the one-pool model's fit on run 10's probes
 TWO_PARTITION_ROOM = (
     1.0,
     1.0,

@@ -6,9 +6,10 @@ the schedule it is given?
 
 DIR holds what one device call of ``validate_timeline.py --repeat K`` under ncu left (the device commands are in
 docs/validation.md): ``timeline_<problem>_r<i>.npz`` (the block timeline of launch i of that problem; any
-``validate_timeline.py`` SPEC: grouped-query, d=64, causal, bf16) and ``pair_ncu.csv`` (ncu's DRAM bytes of the
-same launches, in launch order), ``order.json`` (the problem of each launch, in order). For every launch it prints the GPU's DRAM read and write bytes beside the model's:
-the model's own schedule (block drift by age, the default), and the launch's own timeline replayed
+``validate_timeline.py`` SPEC: grouped-query, d=64, causal, bf16), ``pair_ncu.csv`` (ncu's DRAM bytes of the
+same launches, in launch order) and ``order.json`` (the problem of each launch, in order). For every launch it
+prints the GPU's DRAM read and write bytes beside the model's: the model's own schedule (block drift by age, the
+default), and the launch's own timeline replayed
 (``simulate_l2(block_rate=timeline_rates(...))``; under a causal mask each block's rate counts its own accesses)
 through the one-pool L2 and through the two-partition L2; then both schedules through the soft-edge variant
 (``miss_curve``: the read probe's measured miss curve in place of the LRU's hard edge, as
