@@ -21,18 +21,18 @@ def lag():
     return mod
 
 
-def _timeline(path: Path, n: int, h: int, launch: int, sms: int = 4) -> None:
+def _timeline(path: Path, n: int, h: int, launch: int, sms: int = 4, causal: bool = False) -> None:
     """A lockstep timeline: block b on SM b mod sms, every block 1000 ns (SM 0 a little slower)."""
     nb = (n // 128) * h
     b = np.arange(nb)
     start = (b // sms) * (1000 + 10 * (b % sms == 0))
     np.savez(
-        path / f"timeline_N{n}_H{h}_d128_r{launch}.npz",
+        path / f"timeline_N{n}_H{h}_d128{'_causal' if causal else ''}_r{launch}.npz",
         start_ns=start,
         end_ns=start + 1000,
         sm=(b % sms).astype(np.int32),
         grid=np.array([n // 128, h, 1]),
-        config=json.dumps({"seq_len": n, "heads": h, "head_dim": 128, "causal": False, "dtype": "fp16"}),
+        config=json.dumps({"seq_len": n, "heads": h, "head_dim": 128, "causal": causal, "dtype": "fp16"}),
         device=json.dumps({"uuid": "GPU-test"}),
     )
 
@@ -80,4 +80,21 @@ def test_a_missing_launch_is_refused(lag, tmp_path):
     _timeline(tmp_path, 1024, 2, 1)
     _ncu(tmp_path, [((8, 2), 1_000_000)])
     with pytest.raises(SystemExit, match="1 flash launches, but there are 2 timelines"):
+        lag.main_args([str(tmp_path)])
+
+
+def test_problems_of_one_grid_pair_by_order_json_and_are_refused_without_it(lag, tmp_path, capsys):
+    # the masked problem ran first; both have grid (8, 2, 1), so only order.json can tell their launches apart
+    _timeline(tmp_path, 1024, 2, 0, causal=True)
+    _timeline(tmp_path, 1024, 2, 0)
+    _ncu(tmp_path, [((8, 2), 2_000_000), ((8, 2), 1_000_000)])
+    with pytest.raises(SystemExit, match="same grid"):
+        lag.main_args([str(tmp_path)])
+    (tmp_path / "order.json").write_text(json.dumps(["N1024_H2_d128_causal", "N1024_H2_d128"]))
+    lag.main_args([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "N1024_H2_d128_causal launch 0: measured read   0.002 GB" in out
+    assert "N1024_H2_d128 launch 0: measured read   0.001 GB" in out
+    (tmp_path / "order.json").write_text(json.dumps(["N1024_H2_d128"] * 2))
+    with pytest.raises(SystemExit, match="launched 2 times, 1 timelines"):
         lag.main_args([str(tmp_path)])
