@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -205,6 +207,25 @@ def test_the_h200_profile_carries_the_measured_inputs_and_results_say_which_were
     assert "block share 0.851" in h200.describe() and "dirty at start" in h200.describe()
     plain = l2.simulate_l2("flash2", p, Tiles(128, 64), PROF)  # no measured inputs: a plain LRU in lockstep
     assert plain.to_json()["block_share"] == 1.0 and plain.describe().endswith("blocks resident")
+
+
+def test_the_h200_dirty_lines_at_start_are_run_10s_read_probe():
+    """The profiles' dirty_at_start is what their source says: the mean DRAM writes of the read-only probe at
+    48 MiB and up in docs/validation/raw/run10 (medians of its repeats), as benchmarks/fit_l2_inputs.py takes it."""
+    import json
+    import statistics
+
+    root = Path(__file__).resolve().parents[1]
+    configs = json.loads((root / "docs/validation/raw/run10/measured_probes.json").read_text())["configs"]
+    by_size: dict[int, list[int]] = {}
+    for e in configs:
+        c = e["config"]
+        if c["kind"] == "l2probe" and c["nbytes"] >= 48 * MiB and e.get("measured"):
+            by_size.setdefault(c["nbytes"], []).append(e["measured"]["dram_write_bytes"])
+    assert len(by_size) == 4 and all(len(v) == 3 for v in by_size.values())
+    mean = int(np.mean([statistics.median(v) for v in by_size.values()]))
+    for name in ("h200-sxm-141gb", str(root / "docs/validation/h200-sxm-141gb-measured.yaml")):
+        assert get_profile(name).l2_dirty_at_start() == mean
 
 
 def test_miss_curve_variant_with_a_step_curve_keeps_what_the_lru_keeps():
