@@ -1,6 +1,9 @@
-"""What several test files share: drawn problems, random inputs, and comparisons of counts."""
+"""What several test files share: drawn problems, random inputs, comparisons of counts, benchmark scripts."""
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 from hypothesis import strategies as st
@@ -49,3 +52,12 @@ def random_inputs(p: AttentionProblem, seed: int, scale: float = 1.0, grad: bool
 def rel_err(x, ref) -> float:
     """Relative Frobenius error."""
     return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def load_benchmark(name: str):
+    """The module of benchmarks/<name>.py (the benchmark scripts are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

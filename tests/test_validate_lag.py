@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
 HEADER = '"ID","Kernel Name","Block Size","Grid Size","Metric Name","Metric Unit","Metric Value"'
 
 
 @pytest.fixture(scope="module")
 def lag():
-    spec = importlib.util.spec_from_file_location("validate_lag", ROOT / "benchmarks/validate_lag.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("validate_lag")
 
 
 def _timeline(path: Path, n: int, h: int, launch: int, sms: int = 4, causal: bool = False) -> None:

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import load_benchmark
 
 
 @pytest.fixture
 def vt(monkeypatch):
     # the script imports CuPy at the top; the spec parsing needs none of it
     monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
-    spec = importlib.util.spec_from_file_location("validate_timeline", ROOT / "benchmarks/validate_timeline.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("validate_timeline")
 
 
 @pytest.mark.parametrize(
