@@ -1,6 +1,6 @@
 """The L2 model's measured inputs, from the probe runs and block timelines in docs/validation/raw/.
 
-    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag]
+    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit]
 
 Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 
@@ -11,7 +11,10 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 * ``l2.room`` of the one-pool model (``l2.partitions`` 1): the (private, shared, dirty) factors on a 1/16 grid for
   which the L2 model (iosim.l2.probes), at the physical capacity, reproduces the probes' DRAM read and write bytes
   best (least squares, MB): the read probe, the write probe and, where RAW_DIR has them (run 10 on), the
-  interleaved write probe (reads and writes side by side, as in flash2).
+  interleaved write probe (reads and writes side by side, as in flash2) and the read-back probe (run 13 on);
+* ``l2.dirty_limit`` and the dirty factor beside it: the write-only probes past L2 measure the limit directly (bytes
+  written minus bytes written back); then the (dirty, limit) grid with the best private and shared factors, and
+  those again at the best pair (``--no-limit`` skips this part; it takes about as long as the room grid);
 * how far SMs drift apart over a long grid, from the same timelines (not an input; ``--lag``: by SM);
 * ``--partitions``: the dirty factor of the two-partition model (``l2.partitions`` 2, the profile's), which has no
   other; then the one-partition read probe against both models.
@@ -80,26 +83,37 @@ def sm_lag(raw: Path) -> None:
 
 
 def probes(raw: Path) -> list[tuple]:
-    """(written, read, shared, reread, interleave, measured) of every probe in RAW (medians of the repeats);
-    ``measured_mix.json`` (the interleaved write probe, run 10 on) where present."""
+    """(written, read, shared, reread, interleave, read_written, measured) of every probe in RAW (medians of the
+    repeats); ``measured_mix.json`` (the interleaved write probe, run 10 on) and ``measured_reread.json`` (written,
+    then read back, run 13 on) where present."""
     cases = []
-    for part in ("writeback", "probes", "mix"):
+    for part in ("writeback", "probes", "mix", "reread"):
         f = raw / f"measured_{part}.json"
-        if part == "mix" and not f.exists():
+        if part in ("mix", "reread") and not f.exists():
             continue
         for e in merge_repeats(json.loads(f.read_text())["configs"]):
             c, m = e["config"], e.get("measured") or {}
             if c["kind"] == "l2write" and not c.get("spin_us"):
-                cases.append((c["nbytes"], c["read_bytes"], c["read_shared"], False, c.get("interleave", False), m))
+                cases.append(
+                    (
+                        c["nbytes"],
+                        c["read_bytes"],
+                        c["read_shared"],
+                        False,
+                        c.get("interleave", False),
+                        c.get("read_written", False),
+                        m,
+                    )
+                )
             elif c["kind"] == "l2probe":
-                cases.append((0, c["nbytes"], False, True, False, m))
+                cases.append((0, c["nbytes"], False, True, False, False, m))
     return cases
 
 
-def misfit(cases, room, init, partitions=False) -> tuple[float, float]:
+def misfit(cases, room, init, partitions=False, limit=0) -> tuple[float, float]:
     """Squared misfit (MB^2) of DRAM read and write bytes: (all probes, the interleaved ones)."""
     err = mixed = 0.0
-    for w, r, shared, reread, interleave, m in cases:
+    for w, r, shared, reread, interleave, read_written, m in cases:
         res = simulate_probe(
             w,
             r,
@@ -107,9 +121,11 @@ def misfit(cases, room, init, partitions=False) -> tuple[float, float]:
             shared=shared,
             reread=reread,
             interleave=interleave,
+            read_written=read_written,
             capacity=PHYSICAL_L2,
             room=room,
             dirty_at_start=init,
+            dirty_limit=limit,
             block_share=1.0,
             partitions=partitions,
         )
@@ -133,8 +149,8 @@ def one_partition(raw: Path, dirty: float, init: int) -> None:
     for r in rows:
         b = r["mib"] * MiB
         kw = {"reread": True, "capacity": PHYSICAL_L2, "dirty_at_start": init, "block_share": 1.0, "sms": 66}
-        two = simulate_probe(0, b, PROFILE, partitions=True, room=(1.0, 1.0, dirty), **kw)
-        pool = simulate_probe(0, b, PROFILE, partitions=False, room=ONE_POOL_ROOM, **kw)  # slots 0-65: one half
+        two = simulate_probe(0, b, PROFILE, partitions=True, room=(1.0, 1.0, dirty), dirty_limit=0, **kw)
+        pool = simulate_probe(0, b, PROFILE, partitions=False, room=ONE_POOL_ROOM, dirty_limit=0, **kw)  # slots 0-65: one half
         fr = [x / b - 1 for x in (r["dram_read"], two.read_bytes, pool.read_bytes)]
         print(f"  {r['mib']:3d} MiB: {fr[0]:.3f} / {fr[1]:.3f} / {fr[2]:.3f}")
 
@@ -152,23 +168,42 @@ def main() -> None:
     sm_lag(raw)
     cases = probes(raw)
     n_mix = sum(1 for c in cases if c[4])
-    big = [m["dram_write_bytes"] for w, r, _, rr, _, m in cases if rr and r >= 48 * MiB]
+    n_back = sum(1 for c in cases if c[5])
+    big = [m["dram_write_bytes"] for w, r, _, rr, _, _, m in cases if rr and r >= 48 * MiB]
     init = int(np.mean(big))
     print(f"dirty_at_start: {init} B (read-only probe >= 48 MiB: {', '.join(map(str, big))})")
-    what = f"over {len(cases)} probes ({n_mix} interleaved)"
+    what = f"over {len(cases)} probes ({n_mix} interleaved, {n_back} read back)"
     if "--partitions" in sys.argv:
         fits = sorted((misfit(cases, (1.0, 1.0, d), init, True), d) for d in (1.875, 2.0, 2.125, 2.25, 2.375))
         for (e, em), d in fits:
             print(f"two partitions, dirty {d}: misfit {e:.1f} MB^2 {what}; interleaved {em:.1f}")
         one_partition(raw, fits[0][1], init)
         return
-    grid = itertools.product((1.25, 1.3125, 1.375), (2.0, 2.125, 2.25), (1.75, 1.875, 2.0, 2.125, 2.25))
+    privates, shareds = (1.25, 1.3125, 1.375), (2.0, 2.125, 2.25)
+    grid = itertools.product(privates, shareds, (1.75, 1.875, 2.0, 2.125, 2.25))
     fits = sorted((misfit(cases, room, init), room) for room in grid)
+    print("without a dirty limit (dirty lines leave L2 only by eviction):")
     for (e, em), room in fits[:6]:
         print(
-            f"room private {room[0]}, shared {room[1]}, dirty {room[2]}: misfit {e:.1f} MB^2 {what}; "
+            f"  room private {room[0]}, shared {room[1]}, dirty {room[2]}: misfit {e:.1f} MB^2 {what}; "
             f"interleaved {em:.1f}"
         )
+    if "--no-limit" in sys.argv:
+        return
+    # writes only, past L2: what stays dirty is the limit (nothing else competes for room)
+    only = [(w, m) for w, r, _, rr, _, rw, m in cases if not (r or rr or rw) and w >= 48 * MiB]
+    kept = [(w + init - m["dram_write_bytes"]) / MiB for w, m in only]
+    print(f"dirty bytes kept by the write-only probes past L2 (>= 48 MiB): {', '.join(f'{k:.2f}' for k in kept)} MiB")
+    p, s = fits[0][1][:2]
+    pairs = itertools.product((1.5, 1.625, 1.75, 1.875, 2.0), (26.0, 27.0, 27.5, 28.0, 28.5, 29.0, 30.0))
+    lfits = sorted((misfit(cases, (p, s, d), init, limit=int(lim * MiB)), d, lim) for d, lim in pairs)
+    (_, _), d, lim = lfits[0]
+    rooms = sorted((misfit(cases, (pp, ss, d), init, limit=int(lim * MiB)), (pp, ss)) for pp in privates for ss in shareds)
+    print(f"with a dirty limit (private {p}, shared {s} from above; then both again at the best pair):")
+    for (e, em), dd, ll in lfits[:6]:
+        print(f"  dirty {dd}, limit {ll} MiB: misfit {e:.1f} MB^2 {what}; interleaved {em:.1f}")
+    for (e, em), (pp, ss) in rooms[:3]:
+        print(f"  private {pp}, shared {ss}, dirty {d}, limit {lim} MiB: misfit {e:.1f} MB^2; interleaved {em:.1f}")
 
 
 if __name__ == "__main__":

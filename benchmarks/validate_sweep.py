@@ -1,6 +1,6 @@
 """Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
 
-    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
 
 Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). ``--repeat K``
 measures the whole list K times over (the list again after its end, not each config K times in a row); the
@@ -42,6 +42,9 @@ def sweep(part: str) -> list[Config]:
         c += [Config(W, nbytes=s * MiB, read_bytes=s * MiB, interleave=True) for s in (16, 24, 32, 40, 48)]
         c += [Config(W, nbytes=w * MiB, read_bytes=r * MiB, interleave=True) for w, r in ((16, 32), (24, 48))]
         c += [Config(W, nbytes=w * MiB, read_bytes=r * MiB, interleave=True) for w, r in ((32, 16), (48, 24))]
+    if part in ("reread", "all"):  # run 13: written, then read back: do lines L2 wrote back stay in it, clean?
+        W = "l2write"
+        c += [Config(W, nbytes=s * MiB, read_written=True) for s in (16, 24, 28, 30, 32, 34, 36, 38, 40, 44, 48)]
     if part in ("flash", "all"):
         F = "flash2"
         c += [

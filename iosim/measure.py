@@ -100,7 +100,9 @@ class Config:
     ``spin_us`` of idling, read ``read_bytes`` of other data, each line by one SM or, ``read_shared``, by every
     SM: the DRAM writes are the dirty bytes the reads pushed out of L2; with ``interleave``, no barrier: each
     thread reads its next 16 B of the read buffer and writes its next 16 B of the written one in the same step, as
-    flash2's blocks read Q and write O side by side, until both are done; each line read by one SM)."""
+    flash2's blocks read Q and write O side by side, until both are done; each line read by one SM; with
+    ``read_written``, phase 2 reads back the ``nbytes`` just written, each thread what it wrote: the DRAM reads are
+    the written lines L2 no longer holds)."""
 
     kind: str
     seq_len: int = 1024
@@ -118,6 +120,7 @@ class Config:
     read_shared: bool = False
     spin_us: int = 0
     interleave: bool = False
+    read_written: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -130,6 +133,13 @@ class Config:
             self.kv_len = self.seq_len
         if self.interleave and (self.kind != "l2write" or self.read_shared or self.spin_us):
             raise MeasureError("interleave: an l2write probe of private reads without idling (no read_shared, spin_us)")
+        if self.read_written and (
+            self.kind != "l2write" or self.read_shared or self.interleave or self.read_bytes or self.spin_us
+        ):
+            raise MeasureError(
+                "read_written: an l2write probe that reads back its own nbytes (no read_bytes, read_shared, "
+                "interleave, spin_us)"
+            )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -281,6 +291,7 @@ extern "C" __global__ void iosim_l2probe(const float4* __restrict__ a, float* ou
 // each block idles spin_ns on the global timer; phase 2 reads r through L2 (ld.global.cg): each float4 by one
 // block (shared = 0) or the whole of r by every block in the same order (shared = 1, like K/V in attention).
 // shared = 2 (interleaved): one grid-stride loop over both, each step reads r[i] (if any) then writes w[i] (if any).
+// shared = 3 (read back): phase 2 reads w itself (nr = nw), each thread the float4s it wrote.
 extern "C" __global__ void iosim_l2write(float4* w, long long nw, const float4* __restrict__ r, long long nr,
                                          int shared, long long spin_ns, unsigned* bar, float* out) {
     const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x, nthreads = (long long)gridDim.x * blockDim.x;
@@ -310,9 +321,11 @@ extern "C" __global__ void iosim_l2write(float4* w, long long nw, const float4* 
     }
     __syncthreads();
     float s = 0.f;
-    const long long start = shared ? threadIdx.x : tid, step = shared ? blockDim.x : nthreads;
+    const bool every = shared == 1;
+    const float4* src = shared == 3 ? w : r;
+    const long long start = every ? threadIdx.x : tid, step = every ? blockDim.x : nthreads;
     for (long long i = start; i < nr; i += step) {
-        float4 x = __ldcg(r + i);
+        float4 x = __ldcg(src + i);
         s += x.x + x.y + x.z + x.w;
     }
     if (s == 12345.678f) out[0] = s;
@@ -415,9 +428,10 @@ def _prepare(c: Config, cp, torch, probes, sms):
     """A zero-argument callable that launches the config once, and facts about it."""
     copy_k, probe_k, write_k = probes
     if c.kind == "l2write":
-        nw, nr = c.nbytes // 16, c.read_bytes // 16
+        nw = c.nbytes // 16
+        nr = nw if c.read_written else c.read_bytes // 16
         w = cp.zeros(max(nw, 1) * 4, dtype=cp.float32)
-        r = cp.random.random(max(nr, 1) * 4, dtype=cp.float32) + 1.0
+        r = cp.random.random(max(0 if c.read_written else nr, 1) * 4, dtype=cp.float32) + 1.0
         bar = cp.zeros(1, dtype=cp.uint32)
         o = cp.zeros(1, dtype=cp.float32)
         args = (
@@ -425,7 +439,7 @@ def _prepare(c: Config, cp, torch, probes, sms):
             cp.int64(nw),
             r,
             cp.int64(nr),
-            cp.int32(2 if c.interleave else int(c.read_shared)),
+            cp.int32(2 if c.interleave else 3 if c.read_written else int(c.read_shared)),
             cp.int64(c.spin_us * 1000),
             bar,
             o,

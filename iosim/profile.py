@@ -127,6 +127,11 @@ class L2(_Strict):
     dirty_at_start: SourcedBytes | None = Field(
         default=None, description="dirty bytes in L2 when a profiled kernel starts (the L2 model's)"
     )
+    dirty_limit: SourcedBytes | None = Field(
+        default=None,
+        description="dirty bytes past which L2 writes back its least recent dirty lines, keeping them clean "
+        "(the L2 model's; absent: dirty lines leave only by eviction)",
+    )
     partitions: SourcedCount | None = Field(
         default=None,
         description="L2 partitions the model keeps apart (2: each half an LRU of its own, with copies of lines "
@@ -279,6 +284,11 @@ class Profile(_Strict):
 
     def l2_dirty_at_start(self) -> int:
         d = self.l2.dirty_at_start
+        return 0 if d is None or d.value is None else int(d.value)
+
+    def l2_dirty_limit(self) -> int:
+        """``l2.dirty_limit`` in bytes (0 where the profile does not give it: no limit)."""
+        d = self.l2.dirty_limit
         return 0 if d is None or d.value is None else int(d.value)
 
     def block_share(self) -> float:

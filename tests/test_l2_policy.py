@@ -92,6 +92,41 @@ def test_interleaved_probe_reads_then_writes_in_each_step_until_both_are_done():
     assert plain.read_bytes == heavy.read_bytes == 8 * MiB
 
 
+def test_read_back_probe_reads_each_chunk_it_wrote_after_all_the_writes():
+    kt, _ = probe_trace(8 * CHUNK, 0, read_written=True, sms=4)
+    b0 = slice(kt.ptr[0], kt.ptr[1])  # SM 0 writes chunks 0 and 4, then reads them back
+    assert kt.write[b0].tolist() == [True, True, False, False]
+    assert (kt.r0[b0] // (CHUNK // 256)).tolist() == [0, 4, 0, 4]
+    assert set(kt.tensor.tolist()) == {l2.TENSOR_CODES["O"]}
+
+
+def test_dirty_limit_writes_back_the_oldest_dirty_lines_and_keeps_them_clean():
+    """L2 of 8 MiB, dirty lines at twice the room, at most 2 MiB dirty. Writing 6 MiB: all but the last 2 MiB go
+    back as they pass the limit and stay, clean: 2 x 2 + 4 x 1 = 8 MiB of room, nothing is evicted, and reading the
+    6 MiB back costs no DRAM read. Without the limit the same writes take 12 MiB of room: 2 MiB are evicted, and
+    reading back from the start misses on them and pushes out what comes next."""
+    kw = {"room": (1.0, 1.0, 2.0), "dirty_at_start": 0, "sms": 4}
+    limited = probe(6 * MiB, read_written=True, dirty_limit=2 * MiB, **kw)
+    assert limited.write_bytes == 4 * MiB
+    assert limited.read_bytes == 0
+    assert limited.kernels[0].dirty_at_end == 2 * MiB
+    unlimited = probe(6 * MiB, read_written=True, dirty_limit=0, **kw)
+    assert unlimited.read_bytes >= 2 * MiB
+    assert unlimited.write_bytes >= 2 * MiB
+    # what the limit writes back counts once: writing 12 MiB with room for all of it leaves 2 MiB dirty
+    big = probe(12 * MiB, dirty_limit=2 * MiB, room=(1.0, 1.0, 1.0), dirty_at_start=0, sms=4)
+    assert (big.write_bytes, big.kernels[0].dirty_at_end) == (10 * MiB, 2 * MiB)
+
+
+def test_dirty_limit_is_a_one_pool_hard_edge_option():
+    with pytest.raises(l2.L2ModelError, match="dirty_limit"):
+        probe(MiB, dirty_limit=MiB, partitions=True)
+    with pytest.raises(l2.L2ModelError, match="dirty_limit"):
+        probe(MiB, dirty_limit=MiB, miss_curve=[(0.0, 0.0), (1e9, 1.0)])
+    with pytest.raises(l2.L2ModelError, match="dirty_limit"):
+        probe(MiB, dirty_limit=-1)
+
+
 def test_sm_rates_are_shares_by_age():
     n_sms, n_slots = 2, 6  # slots 0, 2, 4 on SM 0
     live = np.array([True, True, True, False, True, True])

@@ -115,6 +115,11 @@ def test_bad_config_fields():
         M.Config("l2write", nbytes=1 << 20, read_bytes=1 << 20, read_shared=True, interleave=True)
     with pytest.raises(M.MeasureError, match="interleave"):
         M.Config("flash2", interleave=True)
+    with pytest.raises(M.MeasureError, match="read_written"):
+        M.Config("l2write", nbytes=1 << 20, read_bytes=1 << 20, read_written=True)
+    with pytest.raises(M.MeasureError, match="read_written"):
+        M.Config("l2probe", nbytes=1 << 20, read_written=True)
+    M.Config("l2write", nbytes=1 << 20, read_written=True)  # the probe as meant
 
 
 def test_no_gpu_is_a_clear_error(monkeypatch):

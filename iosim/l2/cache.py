@@ -224,6 +224,35 @@ def _refill_slot(
 
 
 @_njit
+def _d_unlink(g, dprev, dnxt, dends):
+    """Take atom ``g`` out of the list of dirty atoms (``dends`` = [most recent, least recent])."""
+    pv = dprev[g]
+    nx = dnxt[g]
+    if pv >= 0:
+        dnxt[pv] = nx
+    else:
+        dends[0] = nx
+    if nx >= 0:
+        dprev[nx] = pv
+    else:
+        dends[1] = pv
+    dprev[g] = -1
+    dnxt[g] = -1
+
+
+@_njit
+def _d_push(g, dprev, dnxt, dends):
+    """Put atom ``g`` at the most recent end of the list of dirty atoms."""
+    dprev[g] = -1
+    dnxt[g] = dends[0]
+    if dends[0] >= 0:
+        dprev[dends[0]] = g
+    dends[0] = g
+    if dends[1] < 0:
+        dends[1] = g
+
+
+@_njit
 def _simulate_kernel(
     ptr,
     acc_atom,
@@ -250,6 +279,7 @@ def _simulate_kernel(
     fill,
     sm_half,
     pace,
+    dirty_limit,
 ):
     """Round-robin execution of the grid over a byte-weighted LRU. Returns (dram_read, dram_write, dirty_end,
     rounds); ``out_read``/``out_write`` (per tensor) are incremented.
@@ -258,7 +288,10 @@ def _simulate_kernel(
     ``cost_private`` until SMs of both L2 partitions (``sm_half`` of the slot's SM, 1 or 2) have touched it,
     then ``cost_shared``; a dirty atom ``cost_dirty`` (all ROOM_UNIT: a plain LRU). ``init_dirty`` bytes of other
     dirty lines are in L2 when the kernel starts (the least recent), written back if evicted (reported in
-    ``out_write[FOREIGN]``)."""
+    ``out_write[FOREIGN]``).
+
+    ``dirty_limit`` > 0: when more than that many bytes are dirty, the least recent dirty atoms are written back and
+    stay in L2, clean (their room becomes a clean atom's); 0: dirty bytes leave L2 only by eviction."""
     nb = block_order.shape[0]
     n_heads = head_q.shape[0]
     A = atom_bytes.shape[0]
@@ -272,6 +305,11 @@ def _simulate_kernel(
     prev = np.full(G, -1, np.int64)
     nxt = np.full(G, -1, np.int64)
     last_round = np.full(G, -1, np.int64)
+    dprev = np.full(G, -1, np.int64)  # the dirty atoms, most recent first (only with a dirty_limit)
+    dnxt = np.full(G, -1, np.int64)
+    dends = np.full(2, -1, np.int64)
+    dbytes = 0  # dirty bytes in L2
+    limit = dirty_limit > 0
     cap_units = ROOM_UNIT * capacity
     lru_head = -1  # most recent
     lru_tail = -1  # least recent
@@ -283,6 +321,9 @@ def _simulate_kernel(
         lru_head = F
         lru_tail = F
         used = init_dirty * cost_dirty
+        dbytes = init_dirty
+        if limit:
+            _d_push(F, dprev, dnxt, dends)
     dram_read = 0
     dram_write = 0
     total_blocks = nb * n_heads
@@ -331,6 +372,9 @@ def _simulate_kernel(
                                     dram_write += r
                                     out_write[t] += r
                                     dirty[g] = False
+                                    dbytes -= r
+                                    if limit:
+                                        _d_unlink(g, dprev, dnxt, dends)
                             if r > 0:  # unlink
                                 pv = prev[g]
                                 nx = nxt[g]
@@ -343,7 +387,14 @@ def _simulate_kernel(
                                 else:
                                     lru_tail = pv
                             miss = 0 if r == size else size
+                            if limit and dirty[g]:  # touched again: the most recent dirty atom
+                                _d_unlink(g, dprev, dnxt, dends)
+                                _d_push(g, dprev, dnxt, dends)
                             if w:
+                                if not dirty[g]:
+                                    dbytes += size
+                                    if limit:
+                                        _d_push(g, dprev, dnxt, dends)
                                 dirty[g] = True
                             else:
                                 dram_read += miss
@@ -358,6 +409,17 @@ def _simulate_kernel(
                             lru_head = g
                             if lru_tail < 0:
                                 lru_tail = g
+                            while limit and dbytes > dirty_limit:  # write back the least recent dirty atom
+                                v = dends[1]
+                                b = res[v]
+                                dram_write += b
+                                out_write[FOREIGN if v == F else atom_tensor[v % A]] += b
+                                dbytes -= b
+                                dirty[v] = False
+                                _d_unlink(v, dprev, dnxt, dends)
+                                clean = cost_shared if mask[v] == 3 else cost_private
+                                used += b * (clean - cost[v])
+                                cost[v] = clean
                         while used > cap_units:  # evict the least recent bytes
                             v = lru_tail  # (v == g only for an atom larger than L2: its first bytes go)
                             cv = cost[v]
@@ -367,7 +429,10 @@ def _simulate_kernel(
                             if dirty[v]:
                                 dram_write += take
                                 out_write[FOREIGN if v == F else atom_tensor[v % A]] += take
+                                dbytes -= take
                             if res[v] == 0:
+                                if limit and dirty[v]:
+                                    _d_unlink(v, dprev, dnxt, dends)
                                 dirty[v] = False
                                 mask[v] = 0
                                 cost[v] = 0
@@ -674,6 +739,7 @@ class L2Result:
     placement: str = "assumed"  # "measured": the profile's sm.topology placed the blocks (see simulate_l2)
     partitions: int = 1  # 2: the two-partition L2 (iosim.l2.partitions)
     timeline: bool = False  # True: block rates from a measured timeline (block_rate), not shares
+    dirty_limit: int = 0  # bytes dirty past which the oldest dirty lines are written back (0: none)
 
     def describe(self) -> str:
         """The model's inputs in one line (what ``iosim simulate`` prints under its table)."""
@@ -688,6 +754,8 @@ class L2Result:
             extra.append("room private/shared/dirty " + "/".join(f"{x:g}" for x in self.room))
         if self.dirty_at_start:
             extra.append(f"{self.dirty_at_start:,} B dirty at start")
+        if self.dirty_limit:
+            extra.append(f"at most {self.dirty_limit:,} B dirty")
         if self.placement != "assumed":
             extra.append(f"{self.placement} block placement")
         return f"{self.capacity:,} B L2, {self.kernels[0].resident} blocks resident" + "".join(
@@ -711,6 +779,7 @@ class L2Result:
             "timeline": self.timeline,
             "room": {"private": self.room[0], "shared": self.room[1], "dirty": self.room[2]},
             "dirty_at_start_bytes": self.dirty_at_start,
+            "dirty_limit_bytes": self.dirty_limit,
             "placement": self.placement,
             "partitions": self.partitions,
             "dedupe": self.dedupe,
@@ -746,6 +815,7 @@ def simulate_l2(
     traces: list[KernelTrace] | None = None,
     room: tuple[float, float, float] | None = None,
     dirty_at_start: int | None = None,
+    dirty_limit: int | None = None,
     miss_curve: list[tuple[float, float]] | None = None,
     block_share: float | None = None,
     topology: SMTopology | bool | None = None,
@@ -761,6 +831,8 @@ def simulate_l2(
     ``room``: L2 bytes one byte takes when (clean and read by the SMs of one half of the chip, clean and read by
     both halves, dirty); ``dirty_at_start``: bytes of dirty lines already in L2 when the kernel starts. Both default
     to the profile's ``l2.room`` and ``l2.dirty_at_start`` (else 1, 1, 1 and 0: a plain LRU of ``capacity``).
+    ``dirty_limit``: bytes of dirty lines past which L2 writes back the least recent ones, keeping them clean; the
+    profile's ``l2.dirty_limit`` by default, 0 = none (dirty lines leave only by eviction). One-pool hard edge only.
     ``miss_curve``: the stack-distance variant, a soft edge in place of the LRU's hard one: a reuse after d room
     bytes of distinct data (the room-weighted LRU stack distance) misses with probability curve(d), and a dirty
     line is written back with the probability that it was evicted (expected bytes). It uses the same block drift,
@@ -783,6 +855,9 @@ def simulate_l2(
     share = float(block_share if block_share is not None else prof.block_share())
     rooms = tuple(room) if room is not None else prof.l2_room()
     init_dirty = int(dirty_at_start if dirty_at_start is not None else prof.l2_dirty_at_start())
+    dlimit = int(dirty_limit if dirty_limit is not None else prof.l2_dirty_limit())
+    if dlimit < 0:
+        raise L2ModelError(f"dirty_limit={dlimit}: expected bytes >= 0 (0: no limit)")
     if len(rooms) != 3 or min(rooms) < 1.0 / ROOM_UNIT:
         raise L2ModelError(f"room={rooms}: expected three positive factors (private, shared, dirty)")
     if not 0.0 < share <= 1.0:
@@ -795,6 +870,11 @@ def simulate_l2(
     if two and miss_curve is not None:
         raise L2ModelError(
             "miss_curve (the stack-distance variant) is a one-pool model: give partitions=False"
+        )
+    if dlimit and (two or miss_curve is not None):
+        raise L2ModelError(
+            f"dirty_limit={dlimit}: only the one-pool hard-edge model has one; give dirty_limit=0 with "
+            + ("partitions" if two else "miss_curve")
         )
     pace, pace_share = np.zeros(0), share
     if block_rate is not None:  # a timeline replayed: its rates instead of the shares (share 0 says so)
@@ -919,6 +999,7 @@ def simulate_l2(
                 fill,
                 sm_half,
                 pace,
+                dlimit,
             )
         gr, gw = _global_bytes(kt, problem, len(head_q))
         out.append(
@@ -951,6 +1032,7 @@ def simulate_l2(
         "assumed" if topo is None else "measured",
         2 if two else 1,
         block_rate is not None,
+        dlimit,
     )
 
 

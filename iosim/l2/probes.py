@@ -7,7 +7,7 @@ A probe runs one thread block per SM with grid-stride loops, so at any moment th
 front of the buffer; the model sees it as 4 KiB chunks (one 256-thread float4 step of one block), chunk
 ``k * sms + b`` at step ``k`` of block ``b``. Writes go to rows of ``O``; private reads (each line read by one SM) to
 rows of ``Q``; shared reads (every SM reads the whole buffer in the same order) to rows of ``K``, which every block
-of the head indexes alike.
+of the head indexes alike; reads of what was written (``read_written``) to the same rows of ``O``.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ def probe_trace(
     shared: bool = False,
     reread: bool = False,
     interleave: bool = False,
+    read_written: bool = False,
     sms: int = 132,
 ) -> tuple[KernelTrace, AttentionProblem]:
     """The access stream of ``l2write`` (``write_bytes`` written, then ``read_bytes`` read, private or shared;
     ``interleave``: step k of a block reads its k-th chunk of the read buffer, then writes its k-th of the written
-    one) or, with ``reread``, of ``l2probe`` (``read_bytes`` read twice, private)."""
+    one; ``read_written``: the written bytes read back, each chunk by the SM that wrote it, ``read_bytes`` unused)
+    or, with ``reread``, of ``l2probe`` (``read_bytes`` read twice, private)."""
     rows = CHUNK // _ROW
     nw, nr = cdiv(write_bytes, CHUNK), cdiv(read_bytes, CHUNK)
     blocks: list[list[tuple]] = [[] for _ in range(sms)]
@@ -51,6 +53,9 @@ def probe_trace(
             continue
         for c in range(b, nw, sms):
             acc.append((TENSOR_CODES["O"], c * rows, (c + 1) * rows, True))
+        if read_written:
+            acc += [(TENSOR_CODES["O"], c * rows, (c + 1) * rows, False) for c in range(b, nw, sms)]
+            continue
         for _ in range(2 if reread else 1):
             chunks = range(nr) if shared else range(b, nr, sms)
             code = TENSOR_CODES["K" if shared else "Q"]
@@ -81,11 +86,20 @@ def simulate_probe(
     shared: bool = False,
     reread: bool = False,
     interleave: bool = False,
+    read_written: bool = False,
     sms: int = 132,
     **model,
 ) -> L2Result:
     """DRAM bytes the L2 model predicts for a probe (``model``: simulate_l2's cache options)."""
-    kt, p = probe_trace(write_bytes, read_bytes, shared=shared, reread=reread, interleave=interleave, sms=sms)
+    kt, p = probe_trace(
+        write_bytes,
+        read_bytes,
+        shared=shared,
+        reread=reread,
+        interleave=interleave,
+        read_written=read_written,
+        sms=sms,
+    )
     return simulate_l2(
         "flash2", p, Tiles(CHUNK // _ROW, CHUNK // _ROW), profile, traces=[kt], resident=sms, **model
     )

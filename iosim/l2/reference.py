@@ -25,12 +25,14 @@ def reference_lines(
     resident: int | list[int] | None = None,
     variant: str = "iosim",
     traces: list[KernelTrace] | None = None,
+    dirty_limit: int = 0,
 ) -> list[tuple[int, int, int]]:
     """(dram_read, dram_write, dirty_at_end) per kernel from an OrderedDict LRU over lines of real addresses.
 
     Addresses follow the GPU layouts: Q, O (B, N, H, d); K, V (B, N_kv, H_kv, d); S, P (B, H, N, N_kv);
     lse, m, l (B, H, N). Every tensor is line-aligned in its own address range. Each access is walked row by
-    row, line by line, in the round-robin order of :func:`simulate_l2` without de-duplication."""
+    row, line by line, in the round-robin order of :func:`simulate_l2` without de-duplication. ``dirty_limit`` > 0:
+    past that many dirty bytes the least recent dirty lines are written back and stay in L2, clean."""
     from collections import OrderedDict
 
     p = problem
@@ -67,6 +69,8 @@ def reference_lines(
         order = list(range(nb))[::-1] if klm.block_order == "reverse" else list(range(nb))
         queue = [(h, order[b]) for h in range(len(head_q)) for b in range(nb)]
         cache: OrderedDict = OrderedDict()  # line -> dirty bytes
+        dirty: OrderedDict = OrderedDict()  # the dirty lines, least recent first
+        n_dirty = 0
         lines_cap = capacity // line
         rd = wr = 0
         slots = [None] * min(R, len(queue))
@@ -100,14 +104,27 @@ def reference_lines(
                             if ln in cache:
                                 cache.move_to_end(ln)
                                 if w:
-                                    cache[ln] = min(line, cache[ln] + hi - lo)  # each byte is written once
+                                    old = cache[ln]
+                                    cache[ln] = min(line, old + hi - lo)  # each byte is written once
+                                    n_dirty += cache[ln] - old
                             else:
                                 if not w:
                                     rd += hi - lo
                                 cache[ln] = hi - lo if w else 0  # dirty bytes of the line
+                                n_dirty += cache[ln]
                                 if len(cache) > lines_cap:
-                                    _, dt = cache.popitem(last=False)
+                                    old, dt = cache.popitem(last=False)
                                     wr += dt
+                                    n_dirty -= dt
+                                    dirty.pop(old, None)
+                            if cache.get(ln):
+                                dirty[ln] = True
+                                dirty.move_to_end(ln)
+                            while dirty_limit and n_dirty > dirty_limit:
+                                old, _ = dirty.popitem(last=False)
+                                wr += cache[old]
+                                n_dirty -= cache[old]
+                                cache[old] = 0
                     sl[1] = pos + 1
                     pos += 1
                 if pos >= end:

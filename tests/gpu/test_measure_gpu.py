@@ -22,6 +22,7 @@ def run(tmp_path_factory):
     big = 1 << (2 * l2 - 1).bit_length()  # a power of two, at least twice L2: the second pass misses
     cfgs = [Config("copy", nbytes=64 * MiB), Config("l2probe", nbytes=big)]
     cfgs += [Config("l2write", nbytes=8 * MiB, read_bytes=16 * MiB, interleave=True)]
+    cfgs += [Config("l2write", nbytes=8 * MiB, read_written=True), Config("l2write", nbytes=big, read_written=True)]
     return measure(cfgs, timing=False, workdir=str(tmp_path_factory.mktemp("measure"))), big
 
 
@@ -52,3 +53,17 @@ def test_interleaved_write_probe_moves_its_bytes_and_keeps_its_dirty_lines_when_
     assert m["sass_global_ld_bytes"] + (m["sass_global_ldgsts_bytes"] or 0) == 16 * MiB
     assert 16 * MiB <= m["dram_read_bytes"] <= 1.01 * 16 * MiB
     assert m["dram_write_bytes"] < 0.5e6  # 24 MiB in all: every dirty line is still in L2 at the end
+
+
+def test_read_back_probe_reads_what_it_wrote_from_l2_when_it_fits_and_from_dram_when_not(run):
+    r, big = run
+    small, large = r.configs[3]["measured"], r.configs[4]["measured"]
+    for m, n in ((small, 8 * MiB), (large, big)):
+        assert m["sass_global_st_bytes"] == n
+        assert m["sass_global_ld_bytes"] + (m["sass_global_ldgsts_bytes"] or 0) == n
+    assert small["dram_read_bytes"] < 0.5e6  # 8 MiB written, read back: every line still in L2
+    assert small["dram_write_bytes"] < 0.5e6
+    # twice L2 written, then read back from its start: the first lines are long gone (LRU order), and reading
+    # them back pushes out the next ones: all of it comes from DRAM again, after all of it went there
+    assert 0.97 * big <= large["dram_read_bytes"] <= 1.01 * big
+    assert 0.97 * big <= large["dram_write_bytes"] <= 1.01 * big
