@@ -1,6 +1,6 @@
 """The L2 model's measured inputs, from the probe runs and block timelines in docs/validation/raw/.
 
-    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit]
+    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit] [--soft-edge]
 
 Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 
@@ -14,7 +14,9 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
   interleaved write probe (reads and writes side by side, as in flash2) and the read-back probe (run 13 on);
 * ``l2.dirty_limit`` and the dirty factor beside it: the write-only probes past L2 measure the limit directly (bytes
   written minus bytes written back); then the (dirty, limit) grid with the best private and shared factors, and
-  those again at the best pair (``--no-limit`` skips this part; it takes about as long as the room grid);
+  those again at the best pair (``--no-limit`` skips this part);
+* ``--soft-edge``: instead of all that, the (dirty, limit) grid of the stack-distance variant (the read probe's
+  miss curve from RAW_DIR in place of the hard edge; private 1.3125, shared 2.125), about 10 min on run 13;
 * how far SMs drift apart over a long grid, from the same timelines (not an input; ``--lag``: by SM);
 * ``--partitions``: the dirty factor of the two-partition model (``l2.partitions`` 2, the profile's), which has no
   other; then the one-partition read probe against both models.
@@ -28,7 +30,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from validate_compare import ONE_POOL_ROOM, merge_repeats  # merge: a --repeat K sweep, each config's median
+from validate_compare import (  # merge: a --repeat K sweep, each config's median
+    ONE_POOL_ROOM,
+    merge_repeats,
+    probe_curve,
+)
 
 from iosim.l2.probes import simulate_probe
 
@@ -110,9 +116,10 @@ def probes(raw: Path) -> list[tuple]:
     return cases
 
 
-def misfit(cases, room, init, partitions=False, limit=0) -> tuple[float, float]:
-    """Squared misfit (MB^2) of DRAM read and write bytes: (all probes, the interleaved ones)."""
-    err = mixed = 0.0
+def misfit(cases, room, init, partitions=False, limit=0, curve=None) -> tuple[float, float, float]:
+    """Squared misfit (MB^2) of DRAM read and write bytes: (all probes, the interleaved ones, the read-back ones);
+    ``curve``: the stack-distance variant with that miss curve."""
+    err = mixed = back = 0.0
     for w, r, shared, reread, interleave, read_written, m in cases:
         res = simulate_probe(
             w,
@@ -128,12 +135,14 @@ def misfit(cases, room, init, partitions=False, limit=0) -> tuple[float, float]:
             dirty_limit=limit,
             block_share=1.0,
             partitions=partitions,
+            miss_curve=curve,
         )
         e = ((res.write_bytes - m["dram_write_bytes"]) / 1e6) ** 2
         e += ((res.read_bytes - m["dram_read_bytes"]) / 1e6) ** 2
         err += e
         mixed += e if interleave else 0.0
-    return err, mixed
+        back += e if read_written else 0.0
+    return err, mixed, back
 
 
 def one_partition(raw: Path, dirty: float, init: int) -> None:
@@ -150,7 +159,9 @@ def one_partition(raw: Path, dirty: float, init: int) -> None:
         b = r["mib"] * MiB
         kw = {"reread": True, "capacity": PHYSICAL_L2, "dirty_at_start": init, "block_share": 1.0, "sms": 66}
         two = simulate_probe(0, b, PROFILE, partitions=True, room=(1.0, 1.0, dirty), dirty_limit=0, **kw)
-        pool = simulate_probe(0, b, PROFILE, partitions=False, room=ONE_POOL_ROOM, dirty_limit=0, **kw)  # slots 0-65: one half
+        pool = simulate_probe(
+            0, b, PROFILE, partitions=False, room=ONE_POOL_ROOM, dirty_limit=0, **kw
+        )  # slots 0-65: one half
         fr = [x / b - 1 for x in (r["dram_read"], two.read_bytes, pool.read_bytes)]
         print(f"  {r['mib']:3d} MiB: {fr[0]:.3f} / {fr[1]:.3f} / {fr[2]:.3f}")
 
@@ -175,35 +186,58 @@ def main() -> None:
     what = f"over {len(cases)} probes ({n_mix} interleaved, {n_back} read back)"
     if "--partitions" in sys.argv:
         fits = sorted((misfit(cases, (1.0, 1.0, d), init, True), d) for d in (1.875, 2.0, 2.125, 2.25, 2.375))
-        for (e, em), d in fits:
-            print(f"two partitions, dirty {d}: misfit {e:.1f} MB^2 {what}; interleaved {em:.1f}")
+        for (e, em, eb), d in fits:
+            print(
+                f"two partitions, dirty {d}: misfit {e:.1f} MB^2 {what}; interleaved {em:.1f}, read back {eb:.1f}"
+            )
         one_partition(raw, fits[0][1], init)
+        return
+    if "--soft-edge" in sys.argv:
+        p, sh = ONE_POOL_ROOM[:2]
+        curve = probe_curve(raw, p)
+        pairs = itertools.product((1.3125, 1.375, 1.5, 2.0), (0.0, 27.0, 28.0))
+        sfits = sorted(
+            (misfit(cases, (p, sh, d), init, limit=int(lim * MiB), curve=curve), d, lim) for d, lim in pairs
+        )
+        print(f"soft edge (the read probe's miss curve), private {p}, shared {sh}:")
+        for (e, em, eb), d, lim in sfits:
+            print(
+                f"  dirty {d}, limit {lim:g} MiB: misfit {e:.1f} MB^2 {what}; interleaved {em:.1f}, read back {eb:.1f}"
+            )
         return
     privates, shareds = (1.25, 1.3125, 1.375), (2.0, 2.125, 2.25)
     grid = itertools.product(privates, shareds, (1.75, 1.875, 2.0, 2.125, 2.25))
     fits = sorted((misfit(cases, room, init), room) for room in grid)
     print("without a dirty limit (dirty lines leave L2 only by eviction):")
-    for (e, em), room in fits[:6]:
+    for (e, em, eb), room in fits[:6]:
         print(
             f"  room private {room[0]}, shared {room[1]}, dirty {room[2]}: misfit {e:.1f} MB^2 {what}; "
-            f"interleaved {em:.1f}"
+            f"interleaved {em:.1f}, read back {eb:.1f}"
         )
     if "--no-limit" in sys.argv:
         return
     # writes only, past L2: what stays dirty is the limit (nothing else competes for room)
     only = [(w, m) for w, r, _, rr, _, rw, m in cases if not (r or rr or rw) and w >= 48 * MiB]
     kept = [(w + init - m["dram_write_bytes"]) / MiB for w, m in only]
-    print(f"dirty bytes kept by the write-only probes past L2 (>= 48 MiB): {', '.join(f'{k:.2f}' for k in kept)} MiB")
-    p, s = fits[0][1][:2]
-    pairs = itertools.product((1.5, 1.625, 1.75, 1.875, 2.0), (26.0, 27.0, 27.5, 28.0, 28.5, 29.0, 30.0))
-    lfits = sorted((misfit(cases, (p, s, d), init, limit=int(lim * MiB)), d, lim) for d, lim in pairs)
-    (_, _), d, lim = lfits[0]
-    rooms = sorted((misfit(cases, (pp, ss, d), init, limit=int(lim * MiB)), (pp, ss)) for pp in privates for ss in shareds)
-    print(f"with a dirty limit (private {p}, shared {s} from above; then both again at the best pair):")
-    for (e, em), dd, ll in lfits[:6]:
-        print(f"  dirty {dd}, limit {ll} MiB: misfit {e:.1f} MB^2 {what}; interleaved {em:.1f}")
-    for (e, em), (pp, ss) in rooms[:3]:
-        print(f"  private {pp}, shared {ss}, dirty {d}, limit {lim} MiB: misfit {e:.1f} MB^2; interleaved {em:.1f}")
+    print(
+        f"dirty bytes kept by the write-only probes past L2 (>= 48 MiB): {', '.join(f'{k:.2f}' for k in kept)} MiB"
+    )
+    p, sh = fits[0][1][:2]
+    pairs = itertools.product((1.3125, 1.5, 1.75, 2.0), (27.0, 28.0, 29.0))
+    lfits = sorted((misfit(cases, (p, sh, d), init, limit=int(lim * MiB)), d, lim) for d, lim in pairs)
+    (_, _, _), d, lim = lfits[0]
+    rooms = sorted(
+        (misfit(cases, (pp, ss, d), init, limit=int(lim * MiB)), (pp, ss))
+        for pp in privates
+        for ss in shareds
+    )
+    print(f"with a dirty limit (private {p}, shared {sh} from above; then both again at the best pair):")
+    for (e, em, eb), dd, ll in lfits[:6]:
+        print(
+            f"  dirty {dd}, limit {ll:g} MiB: misfit {e:.1f} MB^2 {what}; interleaved {em:.1f}, read back {eb:.1f}"
+        )
+    for (e, _, _), (pp, ss) in rooms[:3]:
+        print(f"  private {pp}, shared {ss}, dirty {d}, limit {lim:g} MiB: misfit {e:.1f} MB^2")
 
 
 if __name__ == "__main__":

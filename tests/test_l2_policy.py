@@ -118,11 +118,34 @@ def test_dirty_limit_writes_back_the_oldest_dirty_lines_and_keeps_them_clean():
     assert (big.write_bytes, big.kernels[0].dirty_at_end) == (10 * MiB, 2 * MiB)
 
 
-def test_dirty_limit_is_a_one_pool_hard_edge_option():
+@pytest.mark.parametrize("dirty_room", [1.0, 2.0])
+def test_dirty_limit_in_the_soft_edge_variant(dirty_room):
+    """The stack-distance variant with a curve that misses nothing within 8 MiB of room and everything past it: 6
+    MiB written under a 2 MiB limit send 4 MiB back, which stay (clean, room 1): reading the 6 MiB back misses
+    nothing, with dirty lines at room 1 or 2 (at most 2 x 2 + 4 = 8 MiB of room). Without the limit and at room 2,
+    the first lines written are 12 MiB of room behind when read back: all of them miss, and go back first."""
+    curve = [(0.0, 0.0), (8.0 * MiB, 0.0), (8.0 * MiB + 1, 1.0), (64.0 * MiB, 1.0)]
+    kw = {
+        "room": (1.0, 1.0, dirty_room),
+        "dirty_at_start": 0,
+        "sms": 4,
+        "miss_curve": curve,
+        "partitions": False,
+    }
+    limited = probe(6 * MiB, read_written=True, dirty_limit=2 * MiB, **kw)
+    assert limited.write_bytes == 4 * MiB
+    assert limited.read_bytes == 0
+    assert limited.kernels[0].dirty_at_end == 2 * MiB
+    unlimited = probe(6 * MiB, read_written=True, dirty_limit=0, **kw)
+    if dirty_room == 1.0:
+        assert (unlimited.write_bytes, unlimited.read_bytes) == (0, 0)
+    else:
+        assert unlimited.read_bytes >= 2 * MiB and unlimited.write_bytes >= 2 * MiB
+
+
+def test_dirty_limit_is_not_in_the_two_partition_model_and_not_negative():
     with pytest.raises(l2.L2ModelError, match="dirty_limit"):
         probe(MiB, dirty_limit=MiB, partitions=True)
-    with pytest.raises(l2.L2ModelError, match="dirty_limit"):
-        probe(MiB, dirty_limit=MiB, miss_curve=[(0.0, 0.0), (1e9, 1.0)])
     with pytest.raises(l2.L2ModelError, match="dirty_limit"):
         probe(MiB, dirty_limit=-1)
 
@@ -229,6 +252,7 @@ def test_block_accesses_are_in_launch_order_over_every_head():
     full = l2.block_accesses("flash2", AttentionProblem.make(seq_len=1024, heads=2, head_dim=64), t)
     assert set(full.tolist()) == {3 + 2 * 1024 // 64}
 
+
 def test_the_h200_profile_carries_the_measured_inputs_and_results_say_which_were_used():
     p = AttentionProblem(seq_len=1024, heads=2, head_dim=64, dtype="fp16")
     h200 = l2.simulate_l2("flash2", p, Tiles(128, 64), "h200-sxm-141gb")
@@ -242,6 +266,21 @@ def test_the_h200_profile_carries_the_measured_inputs_and_results_say_which_were
     assert "block share 0.851" in h200.describe() and "dirty at start" in h200.describe()
     plain = l2.simulate_l2("flash2", p, Tiles(128, 64), PROF)  # no measured inputs: a plain LRU in lockstep
     assert plain.to_json()["block_share"] == 1.0 and plain.describe().endswith("blocks resident")
+
+
+def test_a_profiles_dirty_limit_is_the_default_and_results_say_so():
+    from iosim.profile import SourcedBytes
+
+    base = get_profile(PROF)
+    assert base.l2_dirty_limit() == 0  # absent: no limit
+    l2_part = base.l2.model_copy(update={"dirty_limit": SourcedBytes(value=2 * MiB, source="test: 2 MiB")})
+    prof = base.model_copy(update={"memory": [base.dram, l2_part, base.smem, base.registers]})
+    assert prof.l2_dirty_limit() == 2 * MiB
+    kw = {"capacity": C, "block_share": 1.0, "room": (1.0, 1.0, 1.0), "dirty_at_start": 0, "sms": 4}
+    res = simulate_probe(12 * MiB, 0, prof, **kw)
+    assert (res.write_bytes, res.dirty_limit) == (10 * MiB, 2 * MiB)  # the limit, as in the hand-derived case
+    assert res.to_json()["dirty_limit_bytes"] == 2 * MiB and "at most 2,097,152 B dirty" in res.describe()
+    assert simulate_probe(12 * MiB, 0, prof, dirty_limit=0, **kw).write_bytes == 4 * MiB  # 0 turns it off
 
 
 def test_the_h200_dirty_lines_at_start_are_run_10s_read_probe():

@@ -535,13 +535,20 @@ def _simulate_kernel_sd(
     fill,
     sm_half,
     pace,
+    dirty_limit,
 ):
     """The same execution as :func:`_simulate_kernel`, with L2 hits decided by a measured miss curve: a reuse of
     an atom after ``d`` distinct bytes (its LRU stack distance) misses with probability ``curve(d)``; a dirty
     atom is written back with the probability that it was evicted. Expected bytes (floats).
 
     Distances are in room units (1/ROOM_UNIT byte, as in :func:`_simulate_kernel`: an atom weighs its bytes times
-    its cost, private / shared / dirty); ``init_dirty`` bytes of foreign dirty lines are the oldest entry."""
+    its cost, private / shared / dirty); ``init_dirty`` bytes of foreign dirty lines are the oldest entry.
+
+    ``dirty_limit`` > 0: when the expected dirty bytes exceed it, the least recently touched dirty atom is written
+    back whole and stays, clean (its weight becomes a clean atom's). Whole: its dirty bytes leave L2 exactly once,
+    evicted before or written back now. The bytes counted against the limit are those not yet found evicted (an
+    atom's eviction is only known at its next touch), so the limit acts a little early where dirty atoms are
+    evicted before it, which needs clean traffic of most of L2 on top of them."""
     nb = block_order.shape[0]
     n_heads = head_q.shape[0]
     A = atom_bytes.shape[0]
@@ -560,6 +567,11 @@ def _simulate_kernel_sd(
     total = 0  # room of atoms in the window
     tau = 0
     oldest = 0
+    dprev = np.full(G, -1, np.int64)  # the dirty atoms, most recent first (only with a dirty_limit)
+    dnxt = np.full(G, -1, np.int64)
+    dends = np.full(2, -1, np.int64)
+    dtotal = 0.0  # expected dirty bytes of the listed atoms
+    limit = dirty_limit > 0
     if init_dirty > 0:
         wgt[F] = init_dirty * cost_dirty
         dirty[F] = init_dirty
@@ -568,6 +580,9 @@ def _simulate_kernel_sd(
         _bit_add(tree, 0, wgt[F])
         total = wgt[F]
         tau = 1
+        if limit:
+            _d_push(F, dprev, dnxt, dends)
+            dtotal = float(init_dirty)
     slot_half = np.zeros(n_slots, np.int8)
     for s in range(n_slots):
         slot_half[s] = sm_half[s % n_sms]
@@ -615,14 +630,21 @@ def _simulate_kernel_sd(
                             atom_at[lt] = -1
                         else:
                             m = 1.0
-                        if dirty[g] > 0:
+                        was_dirty = dirty[g] > 0
+                        if was_dirty:
                             wb = dirty[g] * m
                             dram_write += wb
                             out_write[t] += wb
                             dirty[g] -= wb
+                            dtotal -= wb
+                        if limit and was_dirty:
+                            _d_unlink(g, dprev, dnxt, dends)
                         if w:
+                            dtotal += size - dirty[g]
                             dirty[g] = size
-                        else:
+                        if limit and dirty[g] > 0:
+                            _d_push(g, dprev, dnxt, dends)
+                        if not w:
                             dram_read += size * m
                             out_read[t] += size * m
                         if tau == TW:  # renumber the window's timestamps from 0
@@ -646,6 +668,19 @@ def _simulate_kernel_sd(
                         _bit_add(tree, tau, wgt[g])
                         total += wgt[g]
                         tau += 1
+                        while limit and dtotal > dirty_limit:  # write back the least recent dirty atom
+                            v = dends[1]
+                            dram_write += dirty[v]
+                            out_write[FOREIGN if v == F else atom_tensor[v % A]] += dirty[v]
+                            dtotal -= dirty[v]
+                            dirty[v] = 0.0
+                            _d_unlink(v, dprev, dnxt, dends)
+                            if last_t[v] >= 0:
+                                vb = init_dirty if v == F else atom_bytes[v % A]
+                                clean = vb * (cost_shared if mask[v] == 3 else cost_private)
+                                _bit_add(tree, last_t[v], clean - wgt[v])
+                                total += clean - wgt[v]
+                                wgt[v] = clean
                         # atoms more than the curve's reach behind are surely gone: drop them
                         while oldest < tau:
                             v = atom_at[oldest]
@@ -658,7 +693,10 @@ def _simulate_kernel_sd(
                             if dirty[v] > 0:
                                 dram_write += dirty[v]
                                 out_write[FOREIGN if v == F else atom_tensor[v % A]] += dirty[v]
+                                dtotal -= dirty[v]
                                 dirty[v] = 0.0
+                                if limit:
+                                    _d_unlink(v, dprev, dnxt, dends)
                             mask[v] = 0
                             _bit_add(tree, oldest, -vb)
                             total -= vb
@@ -832,7 +870,8 @@ def simulate_l2(
     both halves, dirty); ``dirty_at_start``: bytes of dirty lines already in L2 when the kernel starts. Both default
     to the profile's ``l2.room`` and ``l2.dirty_at_start`` (else 1, 1, 1 and 0: a plain LRU of ``capacity``).
     ``dirty_limit``: bytes of dirty lines past which L2 writes back the least recent ones, keeping them clean; the
-    profile's ``l2.dirty_limit`` by default, 0 = none (dirty lines leave only by eviction). One-pool hard edge only.
+    profile's ``l2.dirty_limit`` by default, 0 = none (dirty lines leave only by eviction). Not in the two-partition
+    model.
     ``miss_curve``: the stack-distance variant, a soft edge in place of the LRU's hard one: a reuse after d room
     bytes of distinct data (the room-weighted LRU stack distance) misses with probability curve(d), and a dirty
     line is written back with the probability that it was evicted (expected bytes). It uses the same block drift,
@@ -871,11 +910,8 @@ def simulate_l2(
         raise L2ModelError(
             "miss_curve (the stack-distance variant) is a one-pool model: give partitions=False"
         )
-    if dlimit and (two or miss_curve is not None):
-        raise L2ModelError(
-            f"dirty_limit={dlimit}: only the one-pool hard-edge model has one; give dirty_limit=0 with "
-            + ("partitions" if two else "miss_curve")
-        )
+    if dlimit and two:
+        raise L2ModelError(f"dirty_limit={dlimit}: the two-partition model has none; give dirty_limit=0")
     pace, pace_share = np.zeros(0), share
     if block_rate is not None:  # a timeline replayed: its rates instead of the shares (share 0 says so)
         pace, pace_share = np.asarray(block_rate, dtype=np.float64), 0.0
@@ -941,6 +977,7 @@ def simulate_l2(
                 fill,
                 sm_half,
                 pace,
+                dlimit,
             )
             rd, wr, dirty = round(rd), round(wr), round(dirty)
             rd_t, wr_t = np.round(rdf).astype(np.int64), np.round(wrf).astype(np.int64)
@@ -1048,7 +1085,9 @@ def timeline_rates(start_ns, end_ns, work=None) -> np.ndarray:
         return d.min() / d
     w = np.asarray(work, dtype=np.float64)
     if w.shape != d.shape or w.min() <= 0:
-        raise L2ModelError(f"timeline: expected one positive access count per block ({len(d)}), got {w.shape}")
+        raise L2ModelError(
+            f"timeline: expected one positive access count per block ({len(d)}), got {w.shape}"
+        )
     speed = w / d
     return speed / speed.max()
 
