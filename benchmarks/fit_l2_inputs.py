@@ -15,8 +15,9 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 * ``l2.dirty_limit`` and the dirty factor beside it: the write-only probes past L2 measure the limit directly (bytes
   written minus bytes written back); then the (dirty, limit) grid with the best private and shared factors, and
   those again at the best pair (``--no-limit`` skips this part);
-* ``--soft-edge``: instead of all that, the (dirty, limit) grid of the stack-distance variant (the read probe's
-  miss curve from RAW_DIR in place of the hard edge; private 1.3125, shared 2.125), about 10 min on run 13;
+* ``--soft-edge``: instead of all that, the (dirty, limit, clean-ahead) grid of the stack-distance variant (the
+  read probe's miss curve from RAW_DIR in place of the hard edge; private 1.3125, shared 2.125), about 10 min on
+  run 13;
 * how far SMs drift apart over a long grid, from the same timelines (not an input; ``--lag``: by SM);
 * ``--partitions``: the dirty factor of the two-partition model (``l2.partitions`` 2, the profile's), which has no
   other; then the one-partition read probe against both models.
@@ -116,7 +117,7 @@ def probes(raw: Path) -> list[tuple]:
     return cases
 
 
-def misfit(cases, room, init, partitions=False, limit=0, curve=None) -> tuple[float, float, float]:
+def misfit(cases, room, init, partitions=False, limit=0, curve=None, ahead=0.0) -> tuple[float, float, float]:
     """Squared misfit (MB^2) of DRAM read and write bytes: (all probes, the interleaved ones, the read-back ones);
     ``curve``: the stack-distance variant with that miss curve."""
     err = mixed = back = 0.0
@@ -136,6 +137,7 @@ def misfit(cases, room, init, partitions=False, limit=0, curve=None) -> tuple[fl
             block_share=1.0,
             partitions=partitions,
             miss_curve=curve,
+            clean_ahead=ahead,
         )
         e = ((res.write_bytes - m["dram_write_bytes"]) / 1e6) ** 2
         e += ((res.read_bytes - m["dram_read_bytes"]) / 1e6) ** 2
@@ -195,14 +197,16 @@ def main() -> None:
     if "--soft-edge" in sys.argv:
         p, sh = ONE_POOL_ROOM[:2]
         curve = probe_curve(raw, p)
-        pairs = itertools.product((1.3125, 1.375, 1.5, 2.0), (0.0, 27.0, 28.0))
+        grid = itertools.product((1.3125, 1.5), (0.0, 27.0, 28.0), (0.0, 4.0))
         sfits = sorted(
-            (misfit(cases, (p, sh, d), init, limit=int(lim * MiB), curve=curve), d, lim) for d, lim in pairs
+            (misfit(cases, (p, sh, d), init, limit=int(lim * MiB), curve=curve, ahead=a * MiB), d, lim, a)
+            for d, lim, a in grid
         )
         print(f"soft edge (the read probe's miss curve), private {p}, shared {sh}:")
-        for (e, em, eb), d, lim in sfits:
+        for (e, em, eb), d, lim, a in sfits:
             print(
-                f"  dirty {d}, limit {lim:g} MiB: misfit {e:.1f} MB^2 {what}; interleaved {em:.1f}, read back {eb:.1f}"
+                f"  dirty {d}, limit {lim:g} MiB, clean ahead {a:g} MiB: misfit {e:.1f} MB^2 {what}; "
+                f"interleaved {em:.1f}, read back {eb:.1f}"
             )
         return
     privates, shareds = (1.25, 1.3125, 1.375), (2.0, 2.125, 2.25)

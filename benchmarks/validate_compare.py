@@ -1,6 +1,6 @@
 """Simulation side of the cross-check: measured (docs/validation/raw/measured_*.json) against simulated.
 
-    python benchmarks/validate_compare.py [RAW_DIR] [--device h200] [--soft-edge]
+    python benchmarks/validate_compare.py [RAW_DIR] [--device h200] [--soft-edge [--limit]]
 
 Writes docs/validation/<device>.csv (the issue's columns), docs/validation/<device>-extra.csv (other metrics, time,
 the L2 model at the physical capacity), docs/validation/<device>-parity.html, and prints the error tables that
@@ -248,6 +248,9 @@ SOFT_EDGE_ROOM = (
     2.0,
     2.0,
 )  # the stack-distance variant's best factors on the probes (fit_l2_inputs grid)
+# --soft-edge --limit: the soft edge with a dirty limit and lines written back ahead of eviction, the best of
+# fit_l2_inputs.py docs/validation/raw/run13 --soft-edge (run 13's probes, the read-back ones included)
+SOFT_LIMIT_MODEL = {"room": (1.3125, 2.125, 1.3125), "dirty_limit": 27 << 20, "clean_ahead": float(4 << 20)}
 
 
 def probe_curve(raw: Path, private_room: float) -> list[tuple[float, float]]:
@@ -262,7 +265,8 @@ def probe_curve(raw: Path, private_room: float) -> list[tuple[float, float]]:
 
 
 def main() -> None:
-    """``--soft-edge``: the stack-distance variant instead of the LRU (prints the tables, writes nothing)."""
+    """``--soft-edge``: the stack-distance variant instead of the LRU (prints the tables, writes nothing);
+    ``--limit``: with a dirty limit and early write-back (``SOFT_LIMIT_MODEL``)."""
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     raw = Path(args[0]) if args else ROOT / "docs/validation/raw"
     dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "h200"
@@ -273,6 +277,9 @@ def main() -> None:
         if soft
         else {}
     )
+    if soft and "--limit" in sys.argv:
+        room = SOFT_LIMIT_MODEL["room"]
+        model = {**SOFT_LIMIT_MODEL, "miss_curve": probe_curve(raw, room[0]), "partitions": False}
     topo = measured_topology(raw)
     ablations = {k: v for k, v in ABLATIONS.items() if k != "placement" or topo is not None}
     if topo is not None:

@@ -143,6 +143,24 @@ def test_dirty_limit_in_the_soft_edge_variant(dirty_room):
         assert unlimited.read_bytes >= 2 * MiB and unlimited.write_bytes >= 2 * MiB
 
 
+def test_clean_ahead_writes_back_dirty_lines_before_the_curve_evicts_them():
+    """Curve: nothing missed within 8 MiB of room, everything past it. 6 MiB written (room 1) all fit. Read back in
+    the order written, each chunk is 6 MiB of room behind at its re-read (the chunks written after it, then those
+    read back before it): past 8 - 4 MiB, so with clean_ahead 4 MiB all of it goes back, and stays (no read
+    misses). Written and read back at 3 MiB, within 4: nothing goes back."""
+    curve = [(0.0, 0.0), (8.0 * MiB, 0.0), (8.0 * MiB + 1, 1.0), (64.0 * MiB, 1.0)]
+    kw = {"room": (1.0, 1.0, 1.0), "dirty_at_start": 0, "sms": 4, "miss_curve": curve, "partitions": False}
+    plain = probe(6 * MiB, read_written=True, **kw)
+    ahead = probe(6 * MiB, read_written=True, clean_ahead=4.0 * MiB, **kw)
+    assert plain.read_bytes == ahead.read_bytes == 0
+    assert plain.write_bytes == 0 and plain.kernels[0].dirty_at_end == 6 * MiB
+    assert ahead.write_bytes == 6 * MiB and ahead.kernels[0].dirty_at_end == 0
+    short = probe(3 * MiB, read_written=True, clean_ahead=4.0 * MiB, **kw)
+    assert (short.write_bytes, short.read_bytes) == (0, 0)
+    with pytest.raises(l2.L2ModelError, match="clean_ahead"):
+        probe(MiB, clean_ahead=MiB)  # the hard edge has no curve to clean ahead on
+
+
 def test_dirty_limit_is_not_in_the_two_partition_model_and_not_negative():
     with pytest.raises(l2.L2ModelError, match="dirty_limit"):
         probe(MiB, dirty_limit=MiB, partitions=True)

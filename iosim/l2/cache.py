@@ -536,6 +536,7 @@ def _simulate_kernel_sd(
     sm_half,
     pace,
     dirty_limit,
+    clean_ahead,
 ):
     """The same execution as :func:`_simulate_kernel`, with L2 hits decided by a measured miss curve: a reuse of
     an atom after ``d`` distinct bytes (its LRU stack distance) misses with probability ``curve(d)``; a dirty
@@ -548,7 +549,10 @@ def _simulate_kernel_sd(
     back whole and stays, clean (its weight becomes a clean atom's). Whole: its dirty bytes leave L2 exactly once,
     evicted before or written back now. The bytes counted against the limit are those not yet found evicted (an
     atom's eviction is only known at its next touch), so the limit acts a little early where dirty atoms are
-    evicted before it, which needs clean traffic of most of L2 on top of them."""
+    evicted before it, which needs clean traffic of most of L2 on top of them.
+
+    ``clean_ahead`` (room units): a dirty atom is written back with probability ``curve(d + clean_ahead)``, ahead of
+    its eviction (``curve(d)``): the lines written back but not yet evicted stay, clean."""
     nb = block_order.shape[0]
     n_heads = head_q.shape[0]
     A = atom_bytes.shape[0]
@@ -625,14 +629,16 @@ def _simulate_kernel_sd(
                         if lt >= 0:
                             d = total - _bit_prefix(tree, lt)
                             m = _miss(curve_x, curve_y, d)
+                            mc = _miss(curve_x, curve_y, d + clean_ahead)
                             _bit_add(tree, lt, -wgt[g])
                             total -= wgt[g]
                             atom_at[lt] = -1
                         else:
                             m = 1.0
+                            mc = 1.0
                         was_dirty = dirty[g] > 0
                         if was_dirty:
-                            wb = dirty[g] * m
+                            wb = dirty[g] * mc
                             dram_write += wb
                             out_write[t] += wb
                             dirty[g] -= wb
@@ -725,7 +731,7 @@ def _simulate_kernel_sd(
     for u in range(oldest, tau):
         v = atom_at[u]
         if v >= 0 and dirty[v] > 0:
-            m = _miss(curve_x, curve_y, total - _bit_prefix(tree, u))
+            m = _miss(curve_x, curve_y, total - _bit_prefix(tree, u) + clean_ahead)
             dram_write += dirty[v] * m
             out_write[FOREIGN if v == F else atom_tensor[v % A]] += dirty[v] * m
             if v != F:
@@ -854,6 +860,7 @@ def simulate_l2(
     room: tuple[float, float, float] | None = None,
     dirty_at_start: int | None = None,
     dirty_limit: int | None = None,
+    clean_ahead: float = 0.0,
     miss_curve: list[tuple[float, float]] | None = None,
     block_share: float | None = None,
     topology: SMTopology | bool | None = None,
@@ -869,6 +876,8 @@ def simulate_l2(
     ``room``: L2 bytes one byte takes when (clean and read by the SMs of one half of the chip, clean and read by
     both halves, dirty); ``dirty_at_start``: bytes of dirty lines already in L2 when the kernel starts. Both default
     to the profile's ``l2.room`` and ``l2.dirty_at_start`` (else 1, 1, 1 and 0: a plain LRU of ``capacity``).
+    ``clean_ahead`` (stack-distance variant only): dirty lines are written back as if ``clean_ahead`` more room bytes
+    were on top of them, and stay in L2, clean, until the curve evicts them (0: written back when evicted).
     ``dirty_limit``: bytes of dirty lines past which L2 writes back the least recent ones, keeping them clean; the
     profile's ``l2.dirty_limit`` by default, 0 = none (dirty lines leave only by eviction). Not in the two-partition
     model.
@@ -912,6 +921,8 @@ def simulate_l2(
         )
     if dlimit and two:
         raise L2ModelError(f"dirty_limit={dlimit}: the two-partition model has none; give dirty_limit=0")
+    if clean_ahead < 0 or (clean_ahead and miss_curve is None):
+        raise L2ModelError(f"clean_ahead={clean_ahead}: expected room bytes >= 0, with a miss_curve")
     pace, pace_share = np.zeros(0), share
     if block_rate is not None:  # a timeline replayed: its rates instead of the shares (share 0 says so)
         pace, pace_share = np.asarray(block_rate, dtype=np.float64), 0.0
@@ -978,6 +989,7 @@ def simulate_l2(
                 sm_half,
                 pace,
                 dlimit,
+                clean_ahead * ROOM_UNIT,
             )
             rd, wr, dirty = round(rd), round(wr), round(dirty)
             rd_t, wr_t = np.round(rdf).astype(np.int64), np.round(wrf).astype(np.int64)
