@@ -1,6 +1,6 @@
 """The L2 model's measured inputs, from the probe runs and block timelines in docs/validation/raw/.
 
-    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit] [--soft-edge]
+    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit] [--soft-edge] [--read-back]
 
 Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 
@@ -18,6 +18,8 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 * ``--soft-edge``: instead of all that, the (dirty, limit, clean-ahead) grid of the stack-distance variant (the
   read probe's miss curve from RAW_DIR in place of the hard edge; private 1.3125, shared 2.125), about 10 min on
   run 13;
+* ``--read-back``: only the read-back probes (run 13 on), measured against the default model and the fitted soft
+  edge with its limit (validate_compare.SOFT_LIMIT_MODEL), in a table.
 * how far SMs drift apart over a long grid, from the same timelines (not an input; ``--lag``: by SM);
 * ``--partitions``: the dirty factor of the two-partition model (``l2.partitions`` 2, the profile's), which has no
   other; then the one-partition read probe against both models.
@@ -147,6 +149,37 @@ def misfit(cases, room, init, partitions=False, limit=0, curve=None, ahead=0.0) 
     return err, mixed, back
 
 
+def read_back_table(raw: Path, cases, init: int) -> None:
+    """The read-back probes: DRAM bytes written and read (MB), measured and modeled."""
+    from validate_compare import SOFT_LIMIT_MODEL
+
+    curve = probe_curve(raw, SOFT_LIMIT_MODEL["room"][0])
+    models = {
+        "default (hard edge, room)": {"room": ONE_POOL_ROOM, "dirty_limit": 0},
+        "soft edge, dirty limit, clean ahead": {**SOFT_LIMIT_MODEL, "miss_curve": curve},
+    }
+    print("written, then read back: DRAM write / read (MB): measured | " + " | ".join(models))
+    for w, _, _, _, _, read_written, m in cases:
+        if not read_written:
+            continue
+        cells = [f"{m['dram_write_bytes'] / 1e6:.2f} / {m['dram_read_bytes'] / 1e6:.2f}"]
+        for kw in models.values():
+            kw = {"room": ONE_POOL_ROOM, **kw}
+            r = simulate_probe(
+                w,
+                0,
+                PROFILE,
+                read_written=True,
+                capacity=PHYSICAL_L2,
+                dirty_at_start=init,
+                block_share=1.0,
+                partitions=False,
+                **kw,
+            )
+            cells.append(f"{r.write_bytes / 1e6:.2f} / {r.read_bytes / 1e6:.2f}")
+        print(f"  {w // MiB:3d} MiB | " + " | ".join(cells))
+
+
 def one_partition(raw: Path, dirty: float, init: int) -> None:
     """The one-partition read probe (benchmarks/validate_partition_read.py: only partition 0's 66 SMs read B twice)
     against both models: second-pass miss fraction. Not used by any fit."""
@@ -186,6 +219,9 @@ def main() -> None:
     init = int(np.mean(big))
     print(f"dirty_at_start: {init} B (read-only probe >= 48 MiB: {', '.join(map(str, big))})")
     what = f"over {len(cases)} probes ({n_mix} interleaved, {n_back} read back)"
+    if "--read-back" in sys.argv:
+        read_back_table(raw, cases, init)
+        return
     if "--partitions" in sys.argv:
         fits = sorted((misfit(cases, (1.0, 1.0, d), init, True), d) for d in (1.875, 2.0, 2.125, 2.25, 2.375))
         for (e, em, eb), d in fits:

@@ -1,6 +1,6 @@
 """Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
 
-    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|ramp|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
 
 Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). ``--repeat K``
 measures the whole list K times over (the list again after its end, not each config K times in a row); the
@@ -45,6 +45,12 @@ def sweep(part: str) -> list[Config]:
     if part in ("reread", "all"):  # run 13: written, then read back: do lines L2 wrote back stay in it, clean?
         W = "l2write"
         c += [Config(W, nbytes=s * MiB, read_written=True) for s in (16, 24, 28, 30, 32, 34, 36, 38, 40, 44, 48)]
+    if part in ("ramp", "all"):  # run 14: the write-back outliers' neighbours, head count by head count
+        F = "flash2"
+        c += [Config(F, seq_len=2048, heads=h, head_dim=128) for h in (16, 20, 24, 28, 32, 36, 40, 48, 64)]
+        c += [Config(F, seq_len=4096, heads=h, kv_heads=h // 4, head_dim=128) for h in (16, 24, 32, 40, 48)]
+        c += [Config(F, seq_len=4096, heads=h, head_dim=64) for h in (16, 24, 32, 40, 48)]
+        c += [Config(F, seq_len=2048, heads=h, head_dim=128, block_q=64, block_kv=64) for h in (24, 32, 40)]
     if part in ("flash", "all"):
         F = "flash2"
         c += [
