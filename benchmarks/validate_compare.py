@@ -138,7 +138,7 @@ def merge_repeats(entries: list[dict]) -> list[dict]:
     return out
 
 
-def load(raw: Path, parts=("naive", "flash", "big", "extra", "long")) -> list[dict]:
+def load(raw: Path, parts=("naive", "flash", "big", "extra", "long", "ramp")) -> list[dict]:
     out = []
     for part in parts:
         f = raw / f"measured_{part}.json"
@@ -285,7 +285,10 @@ def main() -> None:
     if topo is not None:
         ablations["placement"] = {"topology": topo}
     rows, extra = [], []
-    for e in load(raw):
+    entries = load(raw)
+    if not entries:
+        sys.exit(f"{raw}: no measured sweep (measured_<part>.json of naive, flash, big, extra, long or ramp)")
+    for e in entries:
         s = simulate_config(e, prof, **model)
         if s is None:
             continue

@@ -41,7 +41,12 @@ round instead of R. The tests bound its difference from the exact trace (``dedup
 Two options change the picture of L2 (docs/validation.md): ``partitions=True`` (or ``l2.partitions: 2``) keeps the
 two L2 partitions apart, each an LRU of half the capacity with copies of lines homed across
 (:mod:`iosim.l2.partitions`, as the one-partition probe shows), and ``topology`` places blocks on SMs and SMs on
-partitions as measured (:class:`iosim.profile.SMTopology`). Neither is the default.
+partitions as measured (:class:`iosim.profile.SMTopology`). Neither is the default. ``dirty_limit`` (or
+``l2.dirty_limit``): past that many dirty bytes L2 writes back its least recently touched dirty lines and keeps them,
+clean, as run 13's read-back probe shows the GPU does; with ``miss_curve`` (the stack-distance variant, a soft edge)
+and ``clean_ahead``, dirty lines are also written back a little before they are evicted. That model fits every
+probe best, yet misses more of the sweep than the default (docs/validation.md, "Dirty lines past a limit"); no
+profile sets it.
 
 Not modeled: set associativity and address hashing (the model's edge is hard where the L2's is soft:
 docs/validation.md, outliers), the measured placement by default (the assumed one: halves by slot number), sectors of
