@@ -20,7 +20,11 @@ MiB = 1 << 20
 def scripts():
     sys.path.insert(0, str(ROOT / "benchmarks"))  # fit_l2_inputs imports validate_compare by name
     try:
-        yield load_benchmark("fit_l2_inputs"), load_benchmark("validate_compare"), load_benchmark("validate_sweep")
+        yield (
+            load_benchmark("fit_l2_inputs"),
+            load_benchmark("validate_compare"),
+            load_benchmark("validate_sweep"),
+        )
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
 
@@ -37,7 +41,9 @@ def test_run13_lines_written_back_stay_in_l2_where_the_default_model_evicts_them
         model = simulate_probe(mib * MiB, 0, "h200-sxm-141gb", read_written=True, dirty_limit=0)
         assert model.read_bytes > 8e6  # the default model evicted them
     # writes only, past L2: 28 MiB stay dirty whatever the size (the limit)
-    kept = [w - m["dram_write_bytes"] for w, r, _, rr, _, rw, m in cases if not (r or rr or rw) and w >= 48 * MiB]
+    kept = [
+        w - m["dram_write_bytes"] for w, r, _, rr, _, rw, m in cases if not (r or rr or rw) and w >= 48 * MiB
+    ]
     assert len(kept) == 3 and all(27.8 * MiB < k < 28.2 * MiB for k in kept)
 
 
