@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 from validate_compare import (  # merge: a --repeat K sweep, each config's median
     ONE_POOL_ROOM,
+    SOFT_EDGE_ROOM,
     merge_repeats,
     probe_curve,
 )
@@ -238,6 +239,8 @@ def main() -> None:
             (misfit(cases, (p, sh, d), init, limit=int(lim * MiB), curve=curve, ahead=a * MiB), d, lim, a)
             for d, lim, a in grid
         )
+        e, em, eb = misfit(cases, SOFT_EDGE_ROOM, init, curve=probe_curve(raw, SOFT_EDGE_ROOM[0]))
+        print(f"the earlier soft edge, room {SOFT_EDGE_ROOM}, no limit: misfit {e:.1f} MB^2 {what}")
         print(f"soft edge (the read probe's miss curve), private {p}, shared {sh}:")
         for (e, em, eb), d, lim, a in sfits:
             print(
@@ -248,6 +251,10 @@ def main() -> None:
     privates, shareds = (1.25, 1.3125, 1.375), (2.0, 2.125, 2.25)
     grid = itertools.product(privates, shareds, (1.75, 1.875, 2.0, 2.125, 2.25))
     fits = sorted((misfit(cases, room, init), room) for room in grid)
+    e, em, eb = misfit(cases, ONE_POOL_ROOM, init)
+    print(
+        f"the profiles' factors {ONE_POOL_ROOM}: misfit {e:.1f} MB^2 {what}; interleaved {em:.1f}, read back {eb:.1f}"
+    )
     print("without a dirty limit (dirty lines leave L2 only by eviction):")
     for (e, em, eb), room in fits[:6]:
         print(

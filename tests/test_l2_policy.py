@@ -155,6 +155,7 @@ def test_clean_ahead_writes_back_dirty_lines_before_the_curve_evicts_them():
     assert plain.read_bytes == ahead.read_bytes == 0
     assert plain.write_bytes == 0 and plain.kernels[0].dirty_at_end == 6 * MiB
     assert ahead.write_bytes == 6 * MiB and ahead.kernels[0].dirty_at_end == 0
+    assert ahead.to_json()["clean_ahead_bytes"] == 4 * MiB and "ahead of eviction" in ahead.describe()
     short = probe(3 * MiB, read_written=True, clean_ahead=4.0 * MiB, **kw)
     assert (short.write_bytes, short.read_bytes) == (0, 0)
     with pytest.raises(l2.L2ModelError, match="clean_ahead"):

@@ -784,6 +784,7 @@ class L2Result:
     partitions: int = 1  # 2: the two-partition L2 (iosim.l2.partitions)
     timeline: bool = False  # True: block rates from a measured timeline (block_rate), not shares
     dirty_limit: int = 0  # bytes dirty past which the oldest dirty lines are written back (0: none)
+    clean_ahead: float = 0.0  # soft edge: dirty lines written back this many room bytes ahead of eviction
 
     def describe(self) -> str:
         """The model's inputs in one line (what ``iosim simulate`` prints under its table)."""
@@ -800,6 +801,8 @@ class L2Result:
             extra.append(f"{self.dirty_at_start:,} B dirty at start")
         if self.dirty_limit:
             extra.append(f"at most {self.dirty_limit:,} B dirty")
+        if self.clean_ahead:
+            extra.append(f"written back {self.clean_ahead:,.0f} B ahead of eviction")
         if self.placement != "assumed":
             extra.append(f"{self.placement} block placement")
         return f"{self.capacity:,} B L2, {self.kernels[0].resident} blocks resident" + "".join(
@@ -824,6 +827,7 @@ class L2Result:
             "room": {"private": self.room[0], "shared": self.room[1], "dirty": self.room[2]},
             "dirty_at_start_bytes": self.dirty_at_start,
             "dirty_limit_bytes": self.dirty_limit,
+            "clean_ahead_bytes": self.clean_ahead,
             "placement": self.placement,
             "partitions": self.partitions,
             "dedupe": self.dedupe,
@@ -1082,6 +1086,7 @@ def simulate_l2(
         2 if two else 1,
         block_rate is not None,
         dlimit,
+        float(clean_ahead),
     )
 
 
