@@ -138,7 +138,10 @@ def merge_repeats(entries: list[dict]) -> list[dict]:
     return out
 
 
-def load(raw: Path, parts=("naive", "flash", "big", "extra", "long", "ramp")) -> list[dict]:
+SWEEP_PARTS = ("naive", "flash", "big", "extra", "long", "ramp")  # validate_sweep parts of attention kernels
+
+
+def load(raw: Path, parts=SWEEP_PARTS) -> list[dict]:
     out = []
     for part in parts:
         f = raw / f"measured_{part}.json"
@@ -287,7 +290,7 @@ def main() -> None:
     rows, extra = [], []
     entries = load(raw)
     if not entries:
-        sys.exit(f"{raw}: no measured sweep (measured_<part>.json of naive, flash, big, extra, long or ramp)")
+        sys.exit(f"{raw}: no measured sweep (measured_<part>.json, part one of {', '.join(SWEEP_PARTS)})")
     for e in entries:
         s = simulate_config(e, prof, **model)
         if s is None:
