@@ -1,6 +1,6 @@
 """The L2 model's measured inputs, from the probe runs and block timelines in docs/validation/raw/.
 
-    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit] [--soft-edge] [--read-back]
+    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit] [--soft-edge] [--read-back] [--reuse]
 
 Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 
@@ -20,6 +20,8 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
   run 13;
 * ``--read-back``: only the read-back probes (run 13 on), measured against the default model and the fitted soft
   edge with its limit (validate_compare.SOFT_LIMIT_MODEL), in a table.
+* ``--reuse``: only the reuse probes (run 15 on: a buffer read once, four times, or by every SM, then other data,
+  then the buffer again), the same way; an LRU drops the buffer alike whether it was read once or four times.
 * how far SMs drift apart over a long grid, from the same timelines (not an input; ``--lag``: by SM);
 * ``--partitions``: the dirty factor of the two-partition model (``l2.partitions`` 2, the profile's), which has no
   other; then the one-partition read probe against both models.
@@ -181,6 +183,47 @@ def read_back_table(raw: Path, cases, init: int) -> None:
         print(f"  {w // MiB:3d} MiB | " + " | ".join(cells))
 
 
+def reuse_table(raw: Path, init: int) -> None:
+    """The reuse probes (run 15 on): a buffer read once, four times or by every SM, other data read, the buffer read
+    again: DRAM reads past the compulsory ones (MB; the buffer's lines L2 dropped), measured and modeled. An LRU
+    gives the same for one read and four."""
+    from validate_compare import SOFT_LIMIT_MODEL
+
+    f = raw / "measured_reuse.json"
+    if not f.exists():
+        sys.exit(f"{raw}: no reuse probes (measured_reuse.json; validate_sweep.py --part reuse)")
+    curve = probe_curve(raw, SOFT_LIMIT_MODEL["room"][0])
+    models = {
+        "default (hard edge, room)": {"room": ONE_POOL_ROOM, "dirty_limit": 0},
+        "soft edge, dirty limit, clean ahead": {**SOFT_LIMIT_MODEL, "miss_curve": curve},
+    }
+    print("read again after other data: DRAM read past compulsory (MB): measured | " + " | ".join(models))
+    for e in merge_repeats(json.loads(f.read_text())["configs"]):
+        c, m = e["config"], e.get("measured") or {}
+        if not m:
+            print(f"  {c}: no measurement ({e.get('error', '')})")
+            continue
+        a, b = c["nbytes"], c["read_bytes"]
+        who = f"{'every SM' if c['read_shared'] else 'one SM'}, {c['hot_reps']}x"
+        cells = [f"{(m['dram_read_bytes'] - a - b) / 1e6:6.2f}"]
+        for kw in models.values():
+            r = simulate_probe(
+                0,
+                b,
+                PROFILE,
+                hot_bytes=a,
+                hot_reps=c["hot_reps"],
+                shared=c["read_shared"],
+                capacity=PHYSICAL_L2,
+                dirty_at_start=init,
+                block_share=1.0,
+                partitions=False,
+                **{"room": ONE_POOL_ROOM, **kw},
+            )
+            cells.append(f"{(r.read_bytes - a - b) / 1e6:6.2f}")
+        print(f"  {a // MiB} MiB read by {who:13s} then {b // MiB:3d} MiB: " + " | ".join(cells))
+
+
 def one_partition(raw: Path, dirty: float, init: int) -> None:
     """The one-partition read probe (benchmarks/validate_partition_read.py: only partition 0's 66 SMs read B twice)
     against both models: second-pass miss fraction. Not used by any fit."""
@@ -222,6 +265,9 @@ def main() -> None:
     what = f"over {len(cases)} probes ({n_mix} interleaved, {n_back} read back)"
     if "--read-back" in sys.argv:
         read_back_table(raw, cases, init)
+        return
+    if "--reuse" in sys.argv:
+        reuse_table(raw, init)
         return
     if "--partitions" in sys.argv:
         fits = sorted((misfit(cases, (1.0, 1.0, d), init, True), d) for d in (1.875, 2.0, 2.125, 2.25, 2.375))

@@ -1,6 +1,6 @@
 """Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
 
-    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|ramp|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|reuse|ramp|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
 
 Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). ``--repeat K``
 measures the whole list K times over (the list again after its end, not each config K times in a row); the
@@ -45,6 +45,14 @@ def sweep(part: str) -> list[Config]:
     if part in ("reread", "all"):  # run 13: written, then read back: do lines L2 wrote back stay in it, clean?
         W = "l2write"
         c += [Config(W, nbytes=s * MiB, read_written=True) for s in (16, 24, 28, 30, 32, 34, 36, 38, 40, 44, 48)]
+    # run 15: do lines read more often, or by every SM, stay in L2 longer than an LRU keeps them?
+    if part in ("reuse", "all"):
+        R = "l2reuse"
+        for shared, k in ((False, 1), (False, 4), (True, 1)):
+            c += [
+                Config(R, nbytes=16 * MiB, read_bytes=r * MiB, read_shared=shared, hot_reps=k)
+                for r in (12, 16, 20, 24, 28, 32, 36, 40)
+            ]
     if part in ("ramp", "all"):  # run 14: the write-back outliers' neighbours, head count by head count
         F = "flash2"
         c += [Config(F, seq_len=2048, heads=h, head_dim=128) for h in (16, 20, 24, 28, 32, 36, 40, 48, 64)]

@@ -85,7 +85,7 @@ OPTIONAL_METRICS = (  # used where ``ncu --query-metrics`` lists them
 )
 DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")  # one pass
 KERNEL_REGEX = r"iosim_|flash_fwd|naive_|sdpa|fprop|fmha"
-KINDS = ("flash2", "naive", "sdpa-flash", "sdpa-cudnn", "copy", "l2probe", "l2bw", "l2write")
+KINDS = ("flash2", "naive", "sdpa-flash", "sdpa-cudnn", "copy", "l2probe", "l2bw", "l2write", "l2reuse")
 
 
 class MeasureError(RuntimeError):
@@ -102,7 +102,10 @@ class Config:
     thread reads its next 16 B of the read buffer and writes its next 16 B of the written one in the same step, as
     flash2's blocks read Q and write O side by side, until both are done; each line read by one SM; with
     ``read_written``, phase 2 reads back the ``nbytes`` just written, each thread what it wrote: the DRAM reads are
-    the written lines L2 no longer holds)."""
+    the written lines L2 no longer holds; l2reuse: read ``nbytes`` ``hot_reps`` times (each line by one SM or,
+    ``read_shared``, by every SM), then ``read_bytes`` of other data once (each line by one SM), then ``nbytes``
+    once more, with a grid barrier between the phases: the DRAM reads past the compulsory ones are the first
+    buffer's lines L2 dropped, which tells whether lines read more often, or by more SMs, stay longer)."""
 
     kind: str
     seq_len: int = 1024
@@ -121,6 +124,7 @@ class Config:
     spin_us: int = 0
     interleave: bool = False
     read_written: bool = False
+    hot_reps: int = 1
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -140,6 +144,10 @@ class Config:
                 "read_written: an l2write probe that reads back its own nbytes (no read_bytes, read_shared, "
                 "interleave, spin_us)"
             )
+        if self.kind == "l2reuse" and (self.nbytes <= 0 or self.hot_reps < 1 or self.spin_us):
+            raise MeasureError("l2reuse: nbytes > 0 read hot_reps >= 1 times, then read_bytes; no spin_us")
+        if self.kind != "l2reuse" and self.hot_reps != 1:
+            raise MeasureError(f"hot_reps={self.hot_reps}: only the l2reuse probe reads its buffer more than once")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -330,6 +338,41 @@ extern "C" __global__ void iosim_l2write(float4* w, long long nw, const float4* 
     }
     if (s == 12345.678f) out[0] = s;
 }
+// all blocks of the grid (one per SM, all co-resident) past phase `phase` before any goes on; bar starts at 0
+__device__ void iosim_grid_barrier(unsigned* bar, unsigned phase) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(bar, 1u);
+        while (atomicAdd(bar, 0u) < phase * gridDim.x) {}
+    }
+    __syncthreads();
+}
+// Reuse probe: one block per SM. Phase 1 reads a reps times (each float4 by one thread, or shared = 1: the whole of
+// a by every block in the same order); phase 2 reads b once, each float4 by one thread; phase 3 reads a as phase 1
+// did, once. All through L2 only (ld.global.cg).
+extern "C" __global__ void iosim_l2reuse(const float4* __restrict__ a, long long na, const float4* __restrict__ b,
+                                         long long nb, int reps, int shared, unsigned* bar, float* out) {
+    const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x, nthreads = (long long)gridDim.x * blockDim.x;
+    const long long start = shared ? threadIdx.x : tid, step = shared ? blockDim.x : nthreads;
+    float s = 0.f;
+    for (int r = 0; r < reps; ++r)
+        for (long long i = start; i < na; i += step) {
+            float4 x = __ldcg(a + i);
+            s += x.x + x.y + x.z + x.w;
+        }
+    iosim_grid_barrier(bar, 1);
+    for (long long i = tid; i < nb; i += nthreads) {
+        float4 x = __ldcg(b + i);
+        s += x.x + x.y + x.z + x.w;
+    }
+    iosim_grid_barrier(bar, 2);
+    for (long long i = start; i < na; i += step) {
+        float4 x = __ldcg(a + i);
+        s += x.x + x.y + x.z + x.w;
+    }
+    if (s == 12345.678f) out[0] = s;
+}
 """
 
 
@@ -345,6 +388,7 @@ def _worker(spec_path: str, out_path: str) -> None:
     copy_k = mod.get_function("iosim_copy")
     probe_k = mod.get_function("iosim_l2probe")
     write_k = mod.get_function("iosim_l2write")
+    reuse_k = mod.get_function("iosim_l2reuse")
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     dummy = cp.zeros(1, dtype=cp.int32)
     try:
@@ -356,7 +400,7 @@ def _worker(spec_path: str, out_path: str) -> None:
         c = Config(**c)
         rec: dict = {"index": idx, "config": asdict(c)}
         try:
-            fn, info = _prepare(c, cp, torch, (copy_k, probe_k, write_k), sms)
+            fn, info = _prepare(c, cp, torch, (copy_k, probe_k, write_k, reuse_k), sms)
             rec.update(info)
             if mode == "profile":
                 marker((idx + 1,), (32,), (dummy,))
@@ -426,7 +470,21 @@ def event_median_ms(fn, cp, reps: int, warmup: int = 0) -> float:
 
 def _prepare(c: Config, cp, torch, probes, sms):
     """A zero-argument callable that launches the config once, and facts about it."""
-    copy_k, probe_k, write_k = probes
+    copy_k, probe_k, write_k, reuse_k = probes
+    if c.kind == "l2reuse":
+        na, nb = c.nbytes // 16, c.read_bytes // 16
+        a = cp.random.random(na * 4, dtype=cp.float32) + 1.0
+        b = cp.random.random(max(nb, 1) * 4, dtype=cp.float32) + 1.0
+        bar = cp.zeros(1, dtype=cp.uint32)
+        o = cp.zeros(1, dtype=cp.float32)
+        args = (a, cp.int64(na), b, cp.int64(nb), cp.int32(c.hot_reps), cp.int32(int(c.read_shared)), bar, o)
+
+        def run():
+            cp.cuda.runtime.memsetAsync(bar.data.ptr, 0, 4, cp.cuda.get_current_stream().ptr)
+            reuse_k((sms,), (256,), args)  # one block per SM: the grid barriers need all of them resident
+
+        reads = na * 16 * (c.hot_reps + 1) * (sms if c.read_shared else 1) + nb * 16
+        return run, {"bytes": reads, "read_bytes": reads}
     if c.kind == "l2write":
         nw = c.nbytes // 16
         nr = nw if c.read_written else c.read_bytes // 16

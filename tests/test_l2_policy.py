@@ -100,6 +100,33 @@ def test_read_back_probe_reads_each_chunk_it_wrote_after_all_the_writes():
     assert set(kt.tensor.tolist()) == {l2.TENSOR_CODES["O"]}
 
 
+def test_reuse_probe_trace_reads_the_buffer_k_times_then_other_data_then_the_buffer():
+    kt, _ = probe_trace(0, 4 * CHUNK, hot_bytes=8 * CHUNK, hot_reps=2, sms=4)
+    b0 = slice(kt.ptr[0], kt.ptr[1])  # SM 0: its chunks 0 and 4 of the buffer twice, chunk 0 of V, the buffer again
+    rows = CHUNK // 256
+    assert (kt.r0[b0] // rows).tolist() == [0, 4, 0, 4, 0, 0, 4]
+    q, v = l2.TENSOR_CODES["Q"], l2.TENSOR_CODES["V"]
+    assert kt.tensor[b0].tolist() == [q, q, q, q, v, q, q]
+    assert not kt.write.any()
+    shared, _ = probe_trace(0, 4 * CHUNK, hot_bytes=8 * CHUNK, shared=True, sms=4)
+    b1 = slice(shared.ptr[1], shared.ptr[2])  # every SM reads all 8 chunks of K, its chunk of V, all of K again
+    assert (shared.r0[b1] // rows).tolist() == [*range(8), 1, *range(8)]
+    with pytest.raises(ValueError, match="hot_bytes"):
+        probe_trace(CHUNK, 0, hot_bytes=CHUNK)
+
+
+@pytest.mark.parametrize("other_mib", [2, 5, 8])
+def test_reuse_probe_in_an_lru_does_not_depend_on_how_often_the_buffer_was_read(other_mib):
+    """An LRU keeps what was touched last: a 2 MiB buffer read once or four times, then other data, is dropped alike.
+    L2 of 8 MiB, every line room 1: the buffer (2 MiB) and up to 6 MiB of other data fit; at 8 MiB of other data
+    the buffer's lines are pushed out (in order) before it is read again, and reading it again misses on all of it."""
+    kw = {"room": (1.0, 1.0, 1.0), "dirty_at_start": 0, "sms": 4, "hot_bytes": 2 * MiB}
+    once, four = (probe(0, other_mib * MiB, hot_reps=k, **kw) for k in (1, 4))
+    assert once.read_bytes == four.read_bytes
+    again = once.read_bytes - (2 + other_mib) * MiB
+    assert again == (2 * MiB if other_mib + 2 > 8 else 0)
+
+
 def test_dirty_limit_writes_back_the_oldest_dirty_lines_and_keeps_them_clean():
     """L2 of 8 MiB, dirty lines at twice the room, at most 2 MiB dirty. Writing 6 MiB: all but the last 2 MiB go
     back as they pass the limit and stay, clean: 2 x 2 + 4 x 1 = 8 MiB of room, nothing is evicted, and reading the

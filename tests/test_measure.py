@@ -120,6 +120,13 @@ def test_bad_config_fields():
     with pytest.raises(M.MeasureError, match="read_written"):
         M.Config("l2probe", nbytes=1 << 20, read_written=True)
     M.Config("l2write", nbytes=1 << 20, read_written=True)  # the probe as meant
+    with pytest.raises(M.MeasureError, match="l2reuse"):
+        M.Config("l2reuse", nbytes=0, read_bytes=1 << 20)
+    with pytest.raises(M.MeasureError, match="l2reuse"):
+        M.Config("l2reuse", nbytes=1 << 20, hot_reps=0)
+    with pytest.raises(M.MeasureError, match="hot_reps=4"):
+        M.Config("l2probe", nbytes=1 << 20, hot_reps=4)
+    M.Config("l2reuse", nbytes=1 << 20, read_bytes=1 << 20, read_shared=True, hot_reps=4)  # the probe as meant
 
 
 def test_no_gpu_is_a_clear_error(monkeypatch):

@@ -7,7 +7,9 @@ A probe runs one thread block per SM with grid-stride loops, so at any moment th
 front of the buffer; the model sees it as 4 KiB chunks (one 256-thread float4 step of one block), chunk
 ``k * sms + b`` at step ``k`` of block ``b``. Writes go to rows of ``O``; private reads (each line read by one SM) to
 rows of ``Q``; shared reads (every SM reads the whole buffer in the same order) to rows of ``K``, which every block
-of the head indexes alike; reads of what was written (``read_written``) to the same rows of ``O``.
+of the head indexes alike; reads of what was written (``read_written``) to the same rows of ``O``. In the reuse
+probe (``l2reuse``) the buffer read again is in rows of ``Q`` (private) or ``K`` (shared), the other data in rows of
+``V``.
 """
 
 from __future__ import annotations
@@ -33,17 +35,34 @@ def probe_trace(
     reread: bool = False,
     interleave: bool = False,
     read_written: bool = False,
+    hot_bytes: int = 0,
+    hot_reps: int = 1,
     sms: int = 132,
 ) -> tuple[KernelTrace, AttentionProblem]:
     """The access stream of ``l2write`` (``write_bytes`` written, then ``read_bytes`` read, private or shared;
     ``interleave``: step k of a block reads its k-th chunk of the read buffer, then writes its k-th of the written
     one; ``read_written``: the written bytes read back, each chunk by the SM that wrote it, ``read_bytes`` unused)
-    or, with ``reread``, of ``l2probe`` (``read_bytes`` read twice, private)."""
+    or, with ``reread``, of ``l2probe`` (``read_bytes`` read twice, private); with ``hot_bytes``, of ``l2reuse``
+    (``hot_bytes`` read ``hot_reps`` times, private or ``shared``, then ``read_bytes`` of other data, private,
+    then ``hot_bytes`` once more; nothing written)."""
     rows = CHUNK // _ROW
     nw, nr = cdiv(write_bytes, CHUNK), cdiv(read_bytes, CHUNK)
+    nh = cdiv(hot_bytes, CHUNK)
+    if hot_bytes and (write_bytes or reread or interleave or read_written or hot_reps < 1):
+        raise ValueError(
+            "hot_bytes: the reuse probe reads only (hot_reps >= 1; no writes, reread, interleave)"
+        )
     blocks: list[list[tuple]] = [[] for _ in range(sms)]
     for b in range(sms):
         acc = blocks[b]
+        if nh:
+            code = TENSOR_CODES["K" if shared else "Q"]
+            chunks = range(nh) if shared else range(b, nh, sms)
+            hot = [(code, c * rows, (c + 1) * rows, False) for c in chunks]
+            acc += hot * hot_reps
+            acc += [(TENSOR_CODES["V"], c * rows, (c + 1) * rows, False) for c in range(b, nr, sms)]
+            acc += hot
+            continue
         if interleave:
             for c in range(b, max(nw, nr), sms):
                 if c < nr:
@@ -74,7 +93,7 @@ def probe_trace(
         zeros.copy(),
         flat[:, 3].astype(bool),
     )
-    n_rows = max(nw, nr, 1) * rows
+    n_rows = max(nw, nr, nh, 1) * rows
     return kt, AttentionProblem(seq_len=n_rows, heads=1, head_dim=_ROW // 2, dtype="fp16")
 
 
@@ -87,6 +106,8 @@ def simulate_probe(
     reread: bool = False,
     interleave: bool = False,
     read_written: bool = False,
+    hot_bytes: int = 0,
+    hot_reps: int = 1,
     sms: int = 132,
     **model,
 ) -> L2Result:
@@ -98,6 +119,8 @@ def simulate_probe(
         reread=reread,
         interleave=interleave,
         read_written=read_written,
+        hot_bytes=hot_bytes,
+        hot_reps=hot_reps,
         sms=sms,
     )
     return simulate_l2(

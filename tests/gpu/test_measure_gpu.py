@@ -23,6 +23,8 @@ def run(tmp_path_factory):
     cfgs = [Config("copy", nbytes=64 * MiB), Config("l2probe", nbytes=big)]
     cfgs += [Config("l2write", nbytes=8 * MiB, read_bytes=16 * MiB, interleave=True)]
     cfgs += [Config("l2write", nbytes=8 * MiB, read_written=True), Config("l2write", nbytes=big, read_written=True)]
+    cfgs += [Config("l2reuse", nbytes=8 * MiB, read_bytes=8 * MiB, hot_reps=3)]
+    cfgs += [Config("l2reuse", nbytes=8 * MiB, read_bytes=big, read_shared=True)]
     return measure(cfgs, timing=False, workdir=str(tmp_path_factory.mktemp("measure"))), big
 
 
@@ -67,3 +69,16 @@ def test_read_back_probe_reads_what_it_wrote_from_l2_when_it_fits_and_from_dram_
     # them back pushes out the next ones: all of it comes from DRAM again, after all of it went there
     assert 0.97 * big <= large["dram_read_bytes"] <= 1.01 * big
     assert 0.97 * big <= large["dram_write_bytes"] <= 1.01 * big
+
+
+def test_reuse_probe_reads_its_bytes_and_drops_the_first_buffer_only_past_l2(run):
+    r, big = run
+    fits, past = r.configs[5]["measured"], r.configs[6]["measured"]
+    # 8 MiB read 3 + 1 times by one SM each, 8 MiB of other data once; 8 MiB by every SM twice, then `big`
+    assert fits["sass_global_ld_bytes"] + (fits["sass_global_ldgsts_bytes"] or 0) == 4 * 8 * MiB + 8 * MiB
+    sms = r.device["sm_count"]
+    assert past["sass_global_ld_bytes"] + (past["sass_global_ldgsts_bytes"] or 0) == 2 * sms * 8 * MiB + big
+    assert 16 * MiB <= fits["dram_read_bytes"] <= 1.01 * 16 * MiB  # 16 MiB in all: read again from L2
+    # twice L2 of other data between the two reads of the first buffer: it is read from DRAM again
+    assert 0.99 * (16 * MiB + big) <= past["dram_read_bytes"] <= 1.01 * (16 * MiB + big)
+    assert fits["dram_write_bytes"] < 0.5e6 and past["dram_write_bytes"] < 0.5e6
