@@ -43,6 +43,7 @@ from validate_compare import (  # merge: a --repeat K sweep, each config's media
 )
 
 from iosim.l2.probes import simulate_probe
+from iosim.profile import get_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "docs/validation/h200-sxm-141gb-measured.yaml"
@@ -184,44 +185,50 @@ def read_back_table(raw: Path, cases, init: int) -> None:
 
 
 def reuse_table(raw: Path, init: int) -> None:
-    """The reuse probes (run 15 on): a buffer read once, four times or by every SM, other data read, the buffer read
-    again: DRAM reads past the compulsory ones (MB; the buffer's lines L2 dropped), measured and modeled. An LRU
-    gives the same for one read and four."""
+    """The reuse probes (run 15 on: a buffer read once, several times or by every SM, other data read, the buffer
+    read again; run 16's controls beside l2probe): DRAM reads past the compulsory ones (MB; the buffer's lines L2
+    dropped), measured and modeled. An LRU gives the same for one read and four."""
     from validate_compare import SOFT_LIMIT_MODEL
 
-    f = raw / "measured_reuse.json"
-    if not f.exists():
-        sys.exit(f"{raw}: no reuse probes (measured_reuse.json; validate_sweep.py --part reuse)")
+    entries = []
+    for part in ("reuse", "reuse2"):
+        f = raw / f"measured_{part}.json"
+        if f.exists():
+            entries += merge_repeats(json.loads(f.read_text())["configs"])
+    if not entries:
+        sys.exit(f"{raw}: no reuse probes (measured_reuse*.json; validate_sweep.py --part reuse|reuse2)")
     curve = probe_curve(raw, SOFT_LIMIT_MODEL["room"][0])
     models = {
         "default (hard edge, room)": {"room": ONE_POOL_ROOM, "dirty_limit": 0},
         "soft edge, dirty limit, clean ahead": {**SOFT_LIMIT_MODEL, "miss_curve": curve},
     }
     print("read again after other data: DRAM read past compulsory (MB): measured | " + " | ".join(models))
-    for e in merge_repeats(json.loads(f.read_text())["configs"]):
+    for e in entries:
         c, m = e["config"], e.get("measured") or {}
         if not m:
             print(f"  {c}: no measurement ({e.get('error', '')})")
             continue
-        a, b = c["nbytes"], c["read_bytes"]
-        who = f"{'every SM' if c['read_shared'] else 'one SM'}, {c['hot_reps']}x"
+        a, b = c["nbytes"], c["read_bytes"] if c["kind"] == "l2reuse" else 0
+        if c["kind"] == "l2reuse":
+            kw = {"hot_bytes": a, "hot_reps": c["hot_reps"], "shared": c["read_shared"]}
+            who = f"{a // MiB} MiB read by {'every SM' if c['read_shared'] else 'one SM'}, {c['hot_reps']}x"
+        else:  # l2probe: read twice, 8 blocks per SM, no barrier
+            kw, who = {"reread": True}, f"{a // MiB} MiB read twice (l2probe)"
         cells = [f"{(m['dram_read_bytes'] - a - b) / 1e6:6.2f}"]
-        for kw in models.values():
+        for model in models.values():
             r = simulate_probe(
                 0,
-                b,
+                b if c["kind"] == "l2reuse" else a,
                 PROFILE,
-                hot_bytes=a,
-                hot_reps=c["hot_reps"],
-                shared=c["read_shared"],
                 capacity=PHYSICAL_L2,
                 dirty_at_start=init,
                 block_share=1.0,
                 partitions=False,
-                **{"room": ONE_POOL_ROOM, **kw},
+                **kw,
+                **{"room": ONE_POOL_ROOM, **model},
             )
             cells.append(f"{(r.read_bytes - a - b) / 1e6:6.2f}")
-        print(f"  {a // MiB} MiB read by {who:13s} then {b // MiB:3d} MiB: " + " | ".join(cells))
+        print(f"  {who:28s} then {b // MiB:3d} MiB: " + " | ".join(cells))
 
 
 def one_partition(raw: Path, dirty: float, init: int) -> None:
@@ -256,6 +263,9 @@ def main() -> None:
     else:
         print(f"block_share: no block timelines in {raw}")
     sm_lag(raw)
+    if "--reuse" in sys.argv:  # needs only the reuse probes (dirty lines at start: the profile's)
+        reuse_table(raw, get_profile(PROFILE).l2_dirty_at_start())
+        return
     cases = probes(raw)
     n_mix = sum(1 for c in cases if c[4])
     n_back = sum(1 for c in cases if c[5])
@@ -265,9 +275,6 @@ def main() -> None:
     what = f"over {len(cases)} probes ({n_mix} interleaved, {n_back} read back)"
     if "--read-back" in sys.argv:
         read_back_table(raw, cases, init)
-        return
-    if "--reuse" in sys.argv:
-        reuse_table(raw, init)
         return
     if "--partitions" in sys.argv:
         fits = sorted((misfit(cases, (1.0, 1.0, d), init, True), d) for d in (1.875, 2.0, 2.125, 2.25, 2.375))
