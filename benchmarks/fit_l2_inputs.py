@@ -1,6 +1,6 @@
 """The L2 model's measured inputs, from the probe runs and block timelines in docs/validation/raw/.
 
-    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit] [--soft-edge] [--read-back] [--reuse]
+    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit] [--soft-edge] [--read-back] [--reuse [--curve RAW2]]
 
 Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 
@@ -22,6 +22,7 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
   edge with its limit (validate_compare.SOFT_LIMIT_MODEL), in a table.
 * ``--reuse``: only the reuse probes (run 15 on: a buffer read once, four times, or by every SM, then other data,
   then the buffer again), the same way; an LRU drops the buffer alike whether it was read once or four times.
+  ``--curve RAW2``: the soft edge's read probe from RAW2 (for a run without the probes part).
 * how far SMs drift apart over a long grid, from the same timelines (not an input; ``--lag``: by SM);
 * ``--partitions``: the dirty factor of the two-partition model (``l2.partitions`` 2, the profile's), which has no
   other; then the one-partition read probe against both models.
@@ -184,10 +185,11 @@ def read_back_table(raw: Path, cases, init: int) -> None:
         print(f"  {w // MiB:3d} MiB | " + " | ".join(cells))
 
 
-def reuse_table(raw: Path, init: int) -> None:
+def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
     """The reuse probes (run 15 on: a buffer read once, several times or by every SM, other data read, the buffer
     read again; run 16's controls beside l2probe): DRAM reads past the compulsory ones (MB; the buffer's lines L2
-    dropped), measured and modeled. An LRU gives the same for one read and four."""
+    dropped), measured and modeled (the soft edge with the read probe of ``curve_raw``). An LRU gives the same for
+    one read and four."""
     from validate_compare import SOFT_LIMIT_MODEL
 
     entries = []
@@ -197,10 +199,10 @@ def reuse_table(raw: Path, init: int) -> None:
             entries += merge_repeats(json.loads(f.read_text())["configs"])
     if not entries:
         sys.exit(f"{raw}: no reuse probes (measured_reuse*.json; validate_sweep.py --part reuse|reuse2)")
-    curve = probe_curve(raw, SOFT_LIMIT_MODEL["room"][0])
+    curve = probe_curve(curve_raw, SOFT_LIMIT_MODEL["room"][0])
     models = {
         "default (hard edge, room)": {"room": ONE_POOL_ROOM, "dirty_limit": 0},
-        "soft edge, dirty limit, clean ahead": {**SOFT_LIMIT_MODEL, "miss_curve": curve},
+        f"soft edge, dirty limit, clean ahead ({curve_raw.name}'s read probe)": {**SOFT_LIMIT_MODEL, "miss_curve": curve},
     }
     print("read again after other data: DRAM read past compulsory (MB): measured | " + " | ".join(models))
     for e in entries:
@@ -253,7 +255,10 @@ def one_partition(raw: Path, dirty: float, init: int) -> None:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    argv = sys.argv[1:]
+    if "--curve" in argv:  # its value is not RAW_DIR
+        del argv[argv.index("--curve") : argv.index("--curve") + 2]
+    args = [a for a in argv if not a.startswith("--")]
     raw = Path(args[0]) if args else ROOT / "docs/validation/raw"
     shares = block_share(raw)
     for name, b in shares:
@@ -264,7 +269,8 @@ def main() -> None:
         print(f"block_share: no block timelines in {raw}")
     sm_lag(raw)
     if "--reuse" in sys.argv:  # needs only the reuse probes (dirty lines at start: the profile's)
-        reuse_table(raw, get_profile(PROFILE).l2_dirty_at_start())
+        curve_raw = Path(sys.argv[sys.argv.index("--curve") + 1]) if "--curve" in sys.argv else raw
+        reuse_table(raw, get_profile(PROFILE).l2_dirty_at_start(), curve_raw)
         return
     cases = probes(raw)
     n_mix = sum(1 for c in cases if c[4])
