@@ -1,6 +1,6 @@
 """Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
 
-    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|reuse|reuse2|ramp|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|reuse|reuse2|geometry|ramp|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
 
 Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). ``--repeat K``
 measures the whole list K times over (the list again after its end, not each config K times in a row); the
@@ -60,6 +60,12 @@ def sweep(part: str) -> list[Config]:
         c += [Config(R, nbytes=16 * MiB, read_bytes=r * MiB, hot_reps=2) for r in (20, 24, 28, 32)]
         for k in (1, 4):
             c += [Config(R, nbytes=8 * MiB, read_bytes=r * MiB, hot_reps=k) for r in (28, 32, 36, 40)]
+    # run 17: the read probe's soft edge in other grids: does it move with the blocks and threads per SM?
+    if part in ("geometry", "all"):
+        for bps, threads in ((1, 256), (2, 128), (2, 256), (8, 256), (1, 1024)):
+            c += [
+                Config("l2probe", nbytes=s * MiB, blocks_per_sm=bps, threads=threads) for s in (36, 40, 44, 48, 52)
+            ]
     if part in ("ramp", "all"):  # run 14: the write-back outliers' neighbours, head count by head count
         F = "flash2"
         c += [Config(F, seq_len=2048, heads=h, head_dim=128) for h in (16, 20, 24, 28, 32, 36, 40, 48, 64)]

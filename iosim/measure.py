@@ -95,7 +95,8 @@ class MeasureError(RuntimeError):
 @dataclass
 class Config:
     """One measured call: ``kind`` is a schedule of ours (flash2, naive), a torch SDPA backend (sdpa-flash,
-    sdpa-cudnn), or a probe (copy: a float4 copy of ``nbytes``; l2probe: read ``nbytes`` twice; l2bw: L2 read
+    sdpa-cudnn), or a probe (copy: a float4 copy of ``nbytes``; l2probe: read ``nbytes`` twice, by a grid of
+    ``blocks_per_sm`` blocks per SM of ``threads`` threads (8 x 256 unless given); l2bw: L2 read
     bandwidth over ``nbytes``; l2write: write ``nbytes`` (dirty lines), then, after a grid barrier and
     ``spin_us`` of idling, read ``read_bytes`` of other data, each line by one SM or, ``read_shared``, by every
     SM: the DRAM writes are the dirty bytes the reads pushed out of L2; with ``interleave``, no barrier: each
@@ -125,6 +126,8 @@ class Config:
     interleave: bool = False
     read_written: bool = False
     hot_reps: int = 1
+    blocks_per_sm: int = 8
+    threads: int = 256
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -146,6 +149,13 @@ class Config:
             )
         if self.kind == "l2reuse" and (self.nbytes <= 0 or self.hot_reps < 1 or self.spin_us):
             raise MeasureError("l2reuse: nbytes > 0 read hot_reps >= 1 times, then read_bytes; no spin_us")
+        if (self.blocks_per_sm, self.threads) != (8, 256) and (
+            self.kind != "l2probe" or self.blocks_per_sm < 1 or self.threads not in (32, 64, 128, 256, 512, 1024)
+        ):
+            raise MeasureError(
+                f"blocks_per_sm={self.blocks_per_sm}, threads={self.threads}: the l2probe's grid only "
+                "(>= 1 block per SM; 32-1024 threads, a power of two)"
+            )
         if self.kind != "l2reuse" and self.hot_reps != 1:
             raise MeasureError(f"hot_reps={self.hot_reps}: only the l2reuse probe reads its buffer more than once")
 
@@ -520,8 +530,8 @@ def _prepare(c: Config, cp, torch, probes, sms):
         a = cp.random.random(n * 4, dtype=cp.float32) + 1.0
         o = cp.zeros(1, dtype=cp.float32)
         reps = 2 if c.kind == "l2probe" else 20
-        grid = (sms * 8,)
-        return (lambda: probe_k(grid, (256,), (a, o, cp.int64(n), cp.int32(reps)))), {"bytes": n * 16 * reps}
+        grid, block = (sms * c.blocks_per_sm,), (c.threads,)
+        return (lambda: probe_k(grid, block, (a, o, cp.int64(n), cp.int32(reps)))), {"bytes": n * 16 * reps}
     if torch is None:
         raise MeasureError("the attention configs need PyTorch for inputs (torch is not importable)")
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[c.dtype]

@@ -127,6 +127,11 @@ def test_bad_config_fields():
     with pytest.raises(M.MeasureError, match="hot_reps=4"):
         M.Config("l2probe", nbytes=1 << 20, hot_reps=4)
     M.Config("l2reuse", nbytes=1 << 20, read_bytes=1 << 20, read_shared=True, hot_reps=4)  # the probe as meant
+    with pytest.raises(M.MeasureError, match="blocks_per_sm=1"):
+        M.Config("l2write", nbytes=1 << 20, blocks_per_sm=1)
+    with pytest.raises(M.MeasureError, match="threads=100"):
+        M.Config("l2probe", nbytes=1 << 20, threads=100)
+    M.Config("l2probe", nbytes=1 << 20, blocks_per_sm=2, threads=128)  # the read probe in flash2's geometry
 
 
 def test_no_gpu_is_a_clear_error(monkeypatch):

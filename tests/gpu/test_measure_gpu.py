@@ -25,6 +25,7 @@ def run(tmp_path_factory):
     cfgs += [Config("l2write", nbytes=8 * MiB, read_written=True), Config("l2write", nbytes=big, read_written=True)]
     cfgs += [Config("l2reuse", nbytes=8 * MiB, read_bytes=8 * MiB, hot_reps=3)]
     cfgs += [Config("l2reuse", nbytes=8 * MiB, read_bytes=big, read_shared=True)]
+    cfgs += [Config("l2probe", nbytes=big, blocks_per_sm=2, threads=128)]
     return measure(cfgs, timing=False, workdir=str(tmp_path_factory.mktemp("measure"))), big
 
 
@@ -82,3 +83,10 @@ def test_reuse_probe_reads_its_bytes_and_drops_the_first_buffer_only_past_l2(run
     # twice L2 of other data between the two reads of the first buffer: it is read from DRAM again
     assert 0.99 * (16 * MiB + big) <= past["dram_read_bytes"] <= 1.01 * (16 * MiB + big)
     assert fits["dram_write_bytes"] < 0.5e6 and past["dram_write_bytes"] < 0.5e6
+
+
+def test_read_probe_in_another_grid_reads_its_buffer_twice_from_dram_past_l2(run):
+    r, big = run
+    m = r.configs[7]["measured"]
+    assert m["sass_global_ld_bytes"] + (m["sass_global_ldgsts_bytes"] or 0) == 2 * big
+    assert 2 * big * 0.99 <= m["dram_read_bytes"] <= 2 * big * 1.01
