@@ -187,13 +187,13 @@ def read_back_table(raw: Path, cases, init: int) -> None:
 
 def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
     """The reuse probes (run 15 on: a buffer read once, several times or by every SM, other data read, the buffer
-    read again; run 16's controls beside l2probe): DRAM reads past the compulsory ones (MB; the buffer's lines L2
+    read again; run 16's controls beside l2probe; run 18's idling between the reads): DRAM reads past the compulsory ones (MB; the buffer's lines L2
     dropped), measured and modeled (the soft edge with the read probe of ``curve_raw``). An LRU gives the same for
     one read and four."""
     from validate_compare import SOFT_LIMIT_MODEL
 
     entries = []
-    for part in ("reuse", "reuse2"):
+    for part in ("reuse", "reuse2", "idle"):
         f = raw / f"measured_{part}.json"
         if f.exists():
             entries += merge_repeats(json.loads(f.read_text())["configs"])
@@ -211,9 +211,12 @@ def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
             print(f"  {c}: no measurement ({e.get('error', '')})")
             continue
         a, b = c["nbytes"], c["read_bytes"] if c["kind"] == "l2reuse" else 0
+        if c["kind"] == "l2write":  # run 18's dirty-line idling control: see the write probes
+            continue
         if c["kind"] == "l2reuse":
             kw = {"hot_bytes": a, "hot_reps": c["hot_reps"], "shared": c["read_shared"]}
             who = f"{a // MiB} MiB read by {'every SM' if c['read_shared'] else 'one SM'}, {c['hot_reps']}x"
+            who += f", idle {c['spin_us']} us" if c.get("spin_us") else ""
         else:  # l2probe: read twice, 8 blocks per SM, no barrier
             kw, who = {"reread": True}, f"{a // MiB} MiB read twice (l2probe)"
         cells = [f"{(m['dram_read_bytes'] - a - b) / 1e6:6.2f}"]
@@ -230,7 +233,7 @@ def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
                 **{"room": ONE_POOL_ROOM, **model},
             )
             cells.append(f"{(r.read_bytes - a - b) / 1e6:6.2f}")
-        print(f"  {who:28s} then {b // MiB:3d} MiB: " + " | ".join(cells))
+        print(f"  {who:40s} then {b // MiB:3d} MiB: " + " | ".join(cells))
 
 
 def one_partition(raw: Path, dirty: float, init: int) -> None:

@@ -1,6 +1,6 @@
 """Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
 
-    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|reuse|reuse2|geometry|ramp|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|reuse|reuse2|geometry|idle|ramp|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
 
 Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). ``--repeat K``
 measures the whole list K times over (the list again after its end, not each config K times in a row); the
@@ -66,6 +66,12 @@ def sweep(part: str) -> list[Config]:
             c += [
                 Config("l2probe", nbytes=s * MiB, blocks_per_sm=bps, threads=threads) for s in (36, 40, 44, 48, 52)
             ]
+    # run 18: do clean lines leave L2 with time? The reuse kernel idling between the two reads of its buffer
+    if part in ("idle", "all"):
+        R = "l2reuse"
+        c += [Config(R, nbytes=a * MiB, spin_us=t) for a in (16, 32, 40) for t in (0, 50, 200, 1000, 4000)]
+        c += [Config(R, nbytes=16 * MiB, read_bytes=24 * MiB, spin_us=t) for t in (0, 200, 1000)]
+        c += [Config("l2write", nbytes=32 * MiB, spin_us=t) for t in (0, 1000)]  # dirty lines, as run 3 did
     if part in ("ramp", "all"):  # run 14: the write-back outliers' neighbours, head count by head count
         F = "flash2"
         c += [Config(F, seq_len=2048, heads=h, head_dim=128) for h in (16, 20, 24, 28, 32, 36, 40, 48, 64)]

@@ -104,8 +104,8 @@ class Config:
     flash2's blocks read Q and write O side by side, until both are done; each line read by one SM; with
     ``read_written``, phase 2 reads back the ``nbytes`` just written, each thread what it wrote: the DRAM reads are
     the written lines L2 no longer holds; l2reuse: read ``nbytes`` ``hot_reps`` times (each line by one SM or,
-    ``read_shared``, by every SM), then ``read_bytes`` of other data once (each line by one SM), then ``nbytes``
-    once more, with a grid barrier between the phases: the DRAM reads past the compulsory ones are the first
+    ``read_shared``, by every SM), then ``read_bytes`` of other data once (each line by one SM) and ``spin_us``
+    of idling, then ``nbytes`` once more, with a grid barrier between the phases: the DRAM reads past the compulsory ones are the first
     buffer's lines L2 dropped, which tells whether lines read more often, or by more SMs, stay longer)."""
 
     kind: str
@@ -147,8 +147,8 @@ class Config:
                 "read_written: an l2write probe that reads back its own nbytes (no read_bytes, read_shared, "
                 "interleave, spin_us)"
             )
-        if self.kind == "l2reuse" and (self.nbytes <= 0 or self.hot_reps < 1 or self.spin_us):
-            raise MeasureError("l2reuse: nbytes > 0 read hot_reps >= 1 times, then read_bytes; no spin_us")
+        if self.kind == "l2reuse" and (self.nbytes <= 0 or self.hot_reps < 1 or self.spin_us < 0):
+            raise MeasureError("l2reuse: nbytes > 0 read hot_reps >= 1 times, then read_bytes, spin_us >= 0")
         if (self.blocks_per_sm, self.threads) != (8, 256) and (
             self.kind != "l2probe" or self.blocks_per_sm < 1 or self.threads not in (32, 64, 128, 256, 512, 1024)
         ):
@@ -359,10 +359,11 @@ __device__ void iosim_grid_barrier(unsigned* bar, unsigned phase) {
     __syncthreads();
 }
 // Reuse probe: one block per SM. Phase 1 reads a reps times (each float4 by one thread, or shared = 1: the whole of
-// a by every block in the same order); phase 2 reads b once, each float4 by one thread; phase 3 reads a as phase 1
-// did, once. All through L2 only (ld.global.cg).
+// a by every block in the same order); phase 2 reads b once, each float4 by one thread, then thread 0 of each block
+// idles spin_ns on the global timer; phase 3 reads a as phase 1 did, once. All through L2 only (ld.global.cg).
 extern "C" __global__ void iosim_l2reuse(const float4* __restrict__ a, long long na, const float4* __restrict__ b,
-                                         long long nb, int reps, int shared, unsigned* bar, float* out) {
+                                         long long nb, int reps, int shared, long long spin_ns, unsigned* bar,
+                                         float* out) {
     const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x, nthreads = (long long)gridDim.x * blockDim.x;
     const long long start = shared ? threadIdx.x : tid, step = shared ? blockDim.x : nthreads;
     float s = 0.f;
@@ -375,6 +376,11 @@ extern "C" __global__ void iosim_l2reuse(const float4* __restrict__ a, long long
     for (long long i = tid; i < nb; i += nthreads) {
         float4 x = __ldcg(b + i);
         s += x.x + x.y + x.z + x.w;
+    }
+    if (threadIdx.x == 0 && spin_ns > 0) {
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < (unsigned long long)spin_ns);
     }
     iosim_grid_barrier(bar, 2);
     for (long long i = start; i < na; i += step) {
@@ -487,7 +493,8 @@ def _prepare(c: Config, cp, torch, probes, sms):
         b = cp.random.random(max(nb, 1) * 4, dtype=cp.float32) + 1.0
         bar = cp.zeros(1, dtype=cp.uint32)
         o = cp.zeros(1, dtype=cp.float32)
-        args = (a, cp.int64(na), b, cp.int64(nb), cp.int32(c.hot_reps), cp.int32(int(c.read_shared)), bar, o)
+        spin = cp.int64(c.spin_us * 1000)
+        args = (a, cp.int64(na), b, cp.int64(nb), cp.int32(c.hot_reps), cp.int32(int(c.read_shared)), spin, bar, o)
 
         def run():
             cp.cuda.runtime.memsetAsync(bar.data.ptr, 0, 4, cp.cuda.get_current_stream().ptr)
