@@ -193,7 +193,7 @@ def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
     from validate_compare import SOFT_LIMIT_MODEL
 
     entries = []
-    for part in ("reuse", "reuse2", "idle"):
+    for part in ("reuse", "reuse2", "idle", "group"):
         f = raw / f"measured_{part}.json"
         if f.exists():
             entries += merge_repeats(json.loads(f.read_text())["configs"])
@@ -214,8 +214,10 @@ def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
         if c["kind"] == "l2write":  # run 18's dirty-line idling control: see the write probes
             continue
         if c["kind"] == "l2reuse":
-            kw = {"hot_bytes": a, "hot_reps": c["hot_reps"], "shared": c["read_shared"]}
-            who = f"{a // MiB} MiB read by {'every SM' if c['read_shared'] else 'one SM'}, {c['hot_reps']}x"
+            g = c.get("read_group", 1)
+            kw = {"hot_bytes": a, "hot_reps": c["hot_reps"], "shared": c["read_shared"], "group": g}
+            by = "every SM" if c["read_shared"] else f"groups of {g} SMs" if g > 1 else "one SM"
+            who = f"{a // MiB} MiB read by {by}, {c['hot_reps']}x"
             who += f", idle {c['spin_us']} us" if c.get("spin_us") else ""
         else:  # l2probe: read twice, 8 blocks per SM, no barrier
             kw, who = {"reread": True}, f"{a // MiB} MiB read twice (l2probe)"

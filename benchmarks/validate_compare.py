@@ -267,10 +267,42 @@ def probe_curve(raw: Path, private_room: float) -> list[tuple[float, float]]:
     return pts
 
 
+# --soft-edge --limit --grid-curve RAW2: flash2's kernels (ours and FA2's: 2 blocks of 128 threads per SM) take
+# the read probe measured in their own grid (run 17 on), and no early write-back (the best on run 13's probes with
+# that curve for the 1 x 256 write probes); the naive kernels keep SOFT_LIMIT_MODEL. A diagnostic.
+GRID_CURVE_MODEL = {"room": (1.3125, 2.125, 1.3125), "dirty_limit": 27 << 20, "clean_ahead": 0.0}
+
+
+def grid_curve(raw: Path, blocks_per_sm: int, threads: int, private_room: float) -> list[tuple[float, float]]:
+    """The read probe's second-pass miss fraction in a grid of ``blocks_per_sm`` x ``threads`` per SM
+    (``measured_geometry.json``, validate_sweep.py --part geometry), against room-weighted distance as in
+    :func:`probe_curve`; none up to 32 MiB (where l2probe misses 0.3-0.5%), all from 64 MiB."""
+    f = raw / "measured_geometry.json"
+    if not f.exists():
+        sys.exit(f"{raw}: no read probe in other grids (measured_geometry.json; validate_sweep.py --part geometry)")
+    pts, last = [(0.0, 0.0), (32 * 2**20 * private_room, 0.0)], 0.0
+    for e in merge_repeats(json.loads(f.read_text())["configs"]):
+        c = e["config"]
+        if (c["blocks_per_sm"], c["threads"]) == (blocks_per_sm, threads) and e.get("measured"):
+            size = c["nbytes"]
+            last = min(1.0, max(last, (e["measured"]["dram_read_bytes"] - size) / size))
+            pts.append((size * private_room, last))
+    if len(pts) == 2:
+        sys.exit(f"{f}: no read probe in a {blocks_per_sm} x {threads} grid")
+    return [*pts, (64 * 2**20 * private_room, 1.0)] if last < 1.0 else pts
+
+
 def main() -> None:
     """``--soft-edge``: the stack-distance variant instead of the LRU (prints the tables, writes nothing);
-    ``--limit``: with a dirty limit and early write-back (``SOFT_LIMIT_MODEL``)."""
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    ``--limit``: with a dirty limit and early write-back (``SOFT_LIMIT_MODEL``); ``--grid-curve RAW2``: with it,
+    flash2's kernels take RAW2's read probe in their grid (``GRID_CURVE_MODEL``)."""
+    argv = sys.argv[1:]
+    grid_raw = None
+    if "--grid-curve" in argv:
+        i = argv.index("--grid-curve")
+        grid_raw = Path(argv[i + 1])
+        del argv[i : i + 2]
+    args = [a for a in argv if not a.startswith("--")]
     raw = Path(args[0]) if args else ROOT / "docs/validation/raw"
     dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "h200"
     prof = get_profile(PROFILE)
@@ -283,6 +315,10 @@ def main() -> None:
     if soft and "--limit" in sys.argv:
         room = SOFT_LIMIT_MODEL["room"]
         model = {**SOFT_LIMIT_MODEL, "miss_curve": probe_curve(raw, room[0]), "partitions": False}
+    flash_model = model
+    if soft and "--limit" in sys.argv and grid_raw is not None:
+        curve = grid_curve(grid_raw, 2, 128, GRID_CURVE_MODEL["room"][0])
+        flash_model = {**GRID_CURVE_MODEL, "miss_curve": curve, "partitions": False}
     topo = measured_topology(raw)
     ablations = {k: v for k, v in ABLATIONS.items() if k != "placement" or topo is not None}
     if topo is not None:
@@ -292,7 +328,7 @@ def main() -> None:
     if not entries:
         sys.exit(f"{raw}: no measured sweep (measured_<part>.json, part one of {', '.join(SWEEP_PARTS)})")
     for e in entries:
-        s = simulate_config(e, prof, **model)
+        s = simulate_config(e, prof, **(flash_model if e["config"]["kind"] in ("flash2", "sdpa-flash") else model))
         if s is None:
             continue
         abl = {name: simulate_config(e, prof, **kw) for name, kw in ablations.items()}

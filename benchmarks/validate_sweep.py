@@ -1,6 +1,6 @@
 """Device side of the cross-check (docs/validation.md): measure the sweep under Nsight Compute.
 
-    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|reuse|reuse2|geometry|idle|ramp|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
+    python3 benchmarks/validate_sweep.py OUTDIR [--part probes|writeback|mix|reread|reuse|reuse2|geometry|idle|group|ramp|flash|naive|big|extra|long|grids|all] [--repeat K] [--quick]
 
 Writes OUTDIR/measured_<part>.json (iosim.measure.Run) and OUTDIR/ncu_<part>.csv (ncu's raw CSV). ``--repeat K``
 measures the whole list K times over (the list again after its end, not each config K times in a row); the
@@ -72,6 +72,10 @@ def sweep(part: str) -> list[Config]:
         c += [Config(R, nbytes=a * MiB, spin_us=t) for a in (16, 32, 40) for t in (0, 50, 200, 1000, 4000)]
         c += [Config(R, nbytes=16 * MiB, read_bytes=24 * MiB, spin_us=t) for t in (0, 200, 1000)]
         c += [Config("l2write", nbytes=32 * MiB, spin_us=t) for t in (0, 1000)]  # dirty lines, as run 3 did
+    # run 19: lines read by groups of SMs, as flash2's K/V by the blocks of one head: what room do they take?
+    if part in ("group", "all"):
+        for g in (1, 2, 4, 12, 33, 132):
+            c += [Config("l2reuse", nbytes=16 * MiB, read_bytes=r * MiB, read_group=g) for r in (12, 16, 20, 24, 28)]
     if part in ("ramp", "all"):  # run 14: the write-back outliers' neighbours, head count by head count
         F = "flash2"
         c += [Config(F, seq_len=2048, heads=h, head_dim=128) for h in (16, 20, 24, 28, 32, 36, 40, 48, 64)]

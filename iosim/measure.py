@@ -103,8 +103,8 @@ class Config:
     thread reads its next 16 B of the read buffer and writes its next 16 B of the written one in the same step, as
     flash2's blocks read Q and write O side by side, until both are done; each line read by one SM; with
     ``read_written``, phase 2 reads back the ``nbytes`` just written, each thread what it wrote: the DRAM reads are
-    the written lines L2 no longer holds; l2reuse: read ``nbytes`` ``hot_reps`` times (each line by one SM or,
-    ``read_shared``, by every SM), then ``read_bytes`` of other data once (each line by one SM) and ``spin_us``
+    the written lines L2 no longer holds; l2reuse: read ``nbytes`` ``hot_reps`` times (each line by one SM, by
+    the ``read_group`` SMs of its group, or, ``read_shared``, by every SM), then ``read_bytes`` of other data once (each line by one SM) and ``spin_us``
     of idling, then ``nbytes`` once more, with a grid barrier between the phases: the DRAM reads past the compulsory ones are the first
     buffer's lines L2 dropped, which tells whether lines read more often, or by more SMs, stay longer)."""
 
@@ -126,6 +126,7 @@ class Config:
     interleave: bool = False
     read_written: bool = False
     hot_reps: int = 1
+    read_group: int = 1
     blocks_per_sm: int = 8
     threads: int = 256
 
@@ -155,6 +156,11 @@ class Config:
             raise MeasureError(
                 f"blocks_per_sm={self.blocks_per_sm}, threads={self.threads}: the l2probe's grid only "
                 "(>= 1 block per SM; 32-1024 threads, a power of two)"
+            )
+        if self.read_group != 1 and (self.kind != "l2reuse" or self.read_shared or self.read_group < 1):
+            raise MeasureError(
+                f"read_group={self.read_group}: an l2reuse probe's buffer read by groups of that many SMs "
+                "(>= 1, a divisor of the SM count; not with read_shared, which is every SM)"
             )
         if self.kind != "l2reuse" and self.hot_reps != 1:
             raise MeasureError(f"hot_reps={self.hot_reps}: only the l2reuse probe reads its buffer more than once")
@@ -358,14 +364,16 @@ __device__ void iosim_grid_barrier(unsigned* bar, unsigned phase) {
     }
     __syncthreads();
 }
-// Reuse probe: one block per SM. Phase 1 reads a reps times (each float4 by one thread, or shared = 1: the whole of
-// a by every block in the same order); phase 2 reads b once, each float4 by one thread, then thread 0 of each block
+// Reuse probe: one block per SM. Phase 1 reads a reps times: blocks in groups of `group` (a divisor of the grid),
+// each 4 KiB chunk of a read by every block of one group, the groups taking turns chunk by chunk (group = 1: each
+// float4 by one thread; group = gridDim.x: the whole of a by every block in the same order); phase 2 reads b once, each float4 by one thread, then thread 0 of each block
 // idles spin_ns on the global timer; phase 3 reads a as phase 1 did, once. All through L2 only (ld.global.cg).
 extern "C" __global__ void iosim_l2reuse(const float4* __restrict__ a, long long na, const float4* __restrict__ b,
-                                         long long nb, int reps, int shared, long long spin_ns, unsigned* bar,
+                                         long long nb, int reps, int group, long long spin_ns, unsigned* bar,
                                          float* out) {
     const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x, nthreads = (long long)gridDim.x * blockDim.x;
-    const long long start = shared ? threadIdx.x : tid, step = shared ? blockDim.x : nthreads;
+    const long long start = (long long)(blockIdx.x / group) * blockDim.x + threadIdx.x;
+    const long long step = (long long)(gridDim.x / group) * blockDim.x;
     float s = 0.f;
     for (int r = 0; r < reps; ++r)
         for (long long i = start; i < na; i += step) {
@@ -494,13 +502,16 @@ def _prepare(c: Config, cp, torch, probes, sms):
         bar = cp.zeros(1, dtype=cp.uint32)
         o = cp.zeros(1, dtype=cp.float32)
         spin = cp.int64(c.spin_us * 1000)
-        args = (a, cp.int64(na), b, cp.int64(nb), cp.int32(c.hot_reps), cp.int32(int(c.read_shared)), spin, bar, o)
+        group = sms if c.read_shared else c.read_group
+        if sms % group:
+            raise MeasureError(f"read_group={group}: not a divisor of this GPU's {sms} SMs")
+        args = (a, cp.int64(na), b, cp.int64(nb), cp.int32(c.hot_reps), cp.int32(group), spin, bar, o)
 
         def run():
             cp.cuda.runtime.memsetAsync(bar.data.ptr, 0, 4, cp.cuda.get_current_stream().ptr)
             reuse_k((sms,), (256,), args)  # one block per SM: the grid barriers need all of them resident
 
-        reads = na * 16 * (c.hot_reps + 1) * (sms if c.read_shared else 1) + nb * 16
+        reads = na * 16 * (c.hot_reps + 1) * group + nb * 16
         return run, {"bytes": reads, "read_bytes": reads}
     if c.kind == "l2write":
         nw = c.nbytes // 16

@@ -113,6 +113,12 @@ def test_reuse_probe_trace_reads_the_buffer_k_times_then_other_data_then_the_buf
     assert (shared.r0[b1] // rows).tolist() == [*range(8), 1, *range(8)]
     with pytest.raises(ValueError, match="hot_bytes"):
         probe_trace(CHUNK, 0, hot_bytes=CHUNK)
+    grouped, _ = probe_trace(0, 0, hot_bytes=8 * CHUNK, group=2, sms=4)
+    for b in range(4):  # SMs 0 and 1 read chunks 0, 2, 4, 6; SMs 2 and 3 chunks 1, 3, 5, 7; twice
+        mine = list(range(b // 2, 8, 2))
+        assert (grouped.r0[grouped.ptr[b] : grouped.ptr[b + 1]] // rows).tolist() == mine + mine
+    with pytest.raises(ValueError, match="group=3"):
+        probe_trace(0, 0, hot_bytes=CHUNK, group=3, sms=4)
 
 
 @pytest.mark.parametrize("other_mib", [2, 5, 8])

@@ -129,6 +129,11 @@ def test_bad_config_fields():
     with pytest.raises(M.MeasureError, match="hot_reps=4"):
         M.Config("l2probe", nbytes=1 << 20, hot_reps=4)
     M.Config("l2reuse", nbytes=1 << 20, read_bytes=1 << 20, read_shared=True, hot_reps=4)  # the probe as meant
+    with pytest.raises(M.MeasureError, match="read_group=4"):
+        M.Config("l2reuse", nbytes=1 << 20, read_group=4, read_shared=True)
+    with pytest.raises(M.MeasureError, match="read_group=2"):
+        M.Config("l2write", nbytes=1 << 20, read_group=2)
+    M.Config("l2reuse", nbytes=1 << 20, read_group=12)
     with pytest.raises(M.MeasureError, match="blocks_per_sm=1"):
         M.Config("l2write", nbytes=1 << 20, blocks_per_sm=1)
     with pytest.raises(M.MeasureError, match="threads=100"):

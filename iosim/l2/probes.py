@@ -8,8 +8,8 @@ front of the buffer; the model sees it as 4 KiB chunks (one 256-thread float4 st
 ``k * sms + b`` at step ``k`` of block ``b``. Writes go to rows of ``O``; private reads (each line read by one SM) to
 rows of ``Q``; shared reads (every SM reads the whole buffer in the same order) to rows of ``K``, which every block
 of the head indexes alike; reads of what was written (``read_written``) to the same rows of ``O``. In the reuse
-probe (``l2reuse``) the buffer read again is in rows of ``Q`` (private) or ``K`` (shared), the other data in rows of
-``V``.
+probe (``l2reuse``) the buffer read again is in rows of ``Q`` (private) or ``K`` (read by a group of SMs, or by
+all), the other data in rows of ``V``.
 """
 
 from __future__ import annotations
@@ -37,17 +37,23 @@ def probe_trace(
     read_written: bool = False,
     hot_bytes: int = 0,
     hot_reps: int = 1,
+    group: int = 1,
     sms: int = 132,
 ) -> tuple[KernelTrace, AttentionProblem]:
     """The access stream of ``l2write`` (``write_bytes`` written, then ``read_bytes`` read, private or shared;
     ``interleave``: step k of a block reads its k-th chunk of the read buffer, then writes its k-th of the written
     one; ``read_written``: the written bytes read back, each chunk by the SM that wrote it, ``read_bytes`` unused)
     or, with ``reread``, of ``l2probe`` (``read_bytes`` read twice, private); with ``hot_bytes``, of ``l2reuse``
-    (``hot_bytes`` read ``hot_reps`` times, private or ``shared``, then ``read_bytes`` of other data, private,
-    then ``hot_bytes`` once more; nothing written)."""
+    (``hot_bytes`` read ``hot_reps`` times, private, by the ``group`` SMs of a group (chunk k by group k mod
+    sms / group) or ``shared``, then ``read_bytes`` of other data, private, then ``hot_bytes`` once more; nothing
+    written)."""
     rows = CHUNK // _ROW
     nw, nr = cdiv(write_bytes, CHUNK), cdiv(read_bytes, CHUNK)
     nh = cdiv(hot_bytes, CHUNK)
+    if group < 1 or sms % group or (group > 1 and not hot_bytes):
+        raise ValueError(f"group={group}: a divisor of sms={sms}, for the reuse probe (hot_bytes)")
+    if shared:
+        group = sms
     if hot_bytes and (write_bytes or reread or interleave or read_written or hot_reps < 1):
         raise ValueError(
             "hot_bytes: the reuse probe reads only (hot_reps >= 1; no writes, reread, interleave)"
@@ -56,8 +62,8 @@ def probe_trace(
     for b in range(sms):
         acc = blocks[b]
         if nh:
-            code = TENSOR_CODES["K" if shared else "Q"]
-            chunks = range(nh) if shared else range(b, nh, sms)
+            code = TENSOR_CODES["K" if group > 1 else "Q"]
+            chunks = range(b // group, nh, sms // group)
             hot = [(code, c * rows, (c + 1) * rows, False) for c in chunks]
             acc += hot * hot_reps
             acc += [(TENSOR_CODES["V"], c * rows, (c + 1) * rows, False) for c in range(b, nr, sms)]
@@ -108,6 +114,7 @@ def simulate_probe(
     read_written: bool = False,
     hot_bytes: int = 0,
     hot_reps: int = 1,
+    group: int = 1,
     sms: int = 132,
     **model,
 ) -> L2Result:
@@ -121,6 +128,7 @@ def simulate_probe(
         read_written=read_written,
         hot_bytes=hot_bytes,
         hot_reps=hot_reps,
+        group=group,
         sms=sms,
     )
     return simulate_l2(

@@ -26,6 +26,7 @@ def run(tmp_path_factory):
     cfgs += [Config("l2reuse", nbytes=8 * MiB, read_bytes=8 * MiB, hot_reps=3)]
     cfgs += [Config("l2reuse", nbytes=8 * MiB, read_bytes=big, read_shared=True)]
     cfgs += [Config("l2probe", nbytes=big, blocks_per_sm=2, threads=128)]
+    cfgs += [Config("l2reuse", nbytes=8 * MiB, read_group=4)]
     return measure(cfgs, timing=False, workdir=str(tmp_path_factory.mktemp("measure"))), big
 
 
@@ -90,3 +91,10 @@ def test_read_probe_in_another_grid_reads_its_buffer_twice_from_dram_past_l2(run
     m = r.configs[7]["measured"]
     assert m["sass_global_ld_bytes"] + (m["sass_global_ldgsts_bytes"] or 0) == 2 * big
     assert 2 * big * 0.99 <= m["dram_read_bytes"] <= 2 * big * 1.01
+
+
+def test_reuse_probe_by_groups_reads_each_line_once_per_sm_of_its_group(run):
+    r, _ = run
+    m = r.configs[8]["measured"]
+    assert m["sass_global_ld_bytes"] + (m["sass_global_ldgsts_bytes"] or 0) == 2 * 4 * 8 * MiB
+    assert 8 * MiB <= m["dram_read_bytes"] <= 1.01 * 8 * MiB  # fits: from DRAM once
