@@ -202,7 +202,10 @@ def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
     curve = probe_curve(curve_raw, SOFT_LIMIT_MODEL["room"][0])
     models = {
         "default (hard edge, room)": {"room": ONE_POOL_ROOM, "dirty_limit": 0},
-        f"soft edge, dirty limit, clean ahead ({curve_raw.name}'s read probe)": {**SOFT_LIMIT_MODEL, "miss_curve": curve},
+        f"soft edge, dirty limit, clean ahead ({curve_raw.name}'s read probe)": {
+            **SOFT_LIMIT_MODEL,
+            "miss_curve": curve,
+        },
     }
     print("read again after other data: DRAM read past compulsory (MB): measured | " + " | ".join(models))
     for e in entries:

@@ -1,6 +1,7 @@
 """Simulation side of the cross-check: measured (docs/validation/raw/measured_*.json) against simulated.
 
-    python benchmarks/validate_compare.py [RAW_DIR] [--device h200] [--soft-edge [--limit]]
+    python benchmarks/validate_compare.py [RAW_DIR] [--device h200] [--soft-edge [--limit] [--placement]
+        [--grid-curve RAW2]]
 
 Writes docs/validation/<device>.csv (the issue's columns), docs/validation/<device>-extra.csv (other metrics, time,
 the L2 model at the physical capacity), docs/validation/<device>-parity.html, and prints the error tables that
@@ -279,7 +280,9 @@ def grid_curve(raw: Path, blocks_per_sm: int, threads: int, private_room: float)
     :func:`probe_curve`; none up to 32 MiB (where l2probe misses 0.3-0.5%), all from 64 MiB."""
     f = raw / "measured_geometry.json"
     if not f.exists():
-        sys.exit(f"{raw}: no read probe in other grids (measured_geometry.json; validate_sweep.py --part geometry)")
+        sys.exit(
+            f"{raw}: no read probe in other grids (measured_geometry.json; validate_sweep.py --part geometry)"
+        )
     pts, last = [(0.0, 0.0), (32 * 2**20 * private_room, 0.0)], 0.0
     for e in merge_repeats(json.loads(f.read_text())["configs"]):
         c = e["config"]
@@ -315,11 +318,19 @@ def main() -> None:
     if soft and "--limit" in sys.argv:
         room = SOFT_LIMIT_MODEL["room"]
         model = {**SOFT_LIMIT_MODEL, "miss_curve": probe_curve(raw, room[0]), "partitions": False}
+    topo = measured_topology(raw)
+    # --placement: the measured block placement and L2 partitions (run 3's, unless RAW has its own)
+    if soft and "--placement" in sys.argv:
+        topo = topo or measured_topology(ROOT / "docs/validation/raw")
+        if topo is None:
+            sys.exit(f"{raw}: --placement needs the measured topology (topology.json)")
+        model = {**model, "topology": topo}
     flash_model = model
     if soft and "--limit" in sys.argv and grid_raw is not None:
         curve = grid_curve(grid_raw, 2, 128, GRID_CURVE_MODEL["room"][0])
         flash_model = {**GRID_CURVE_MODEL, "miss_curve": curve, "partitions": False}
-    topo = measured_topology(raw)
+        if "topology" in model:
+            flash_model["topology"] = topo
     ablations = {k: v for k, v in ABLATIONS.items() if k != "placement" or topo is not None}
     if topo is not None:
         ablations["placement"] = {"topology": topo}
@@ -328,7 +339,9 @@ def main() -> None:
     if not entries:
         sys.exit(f"{raw}: no measured sweep (measured_<part>.json, part one of {', '.join(SWEEP_PARTS)})")
     for e in entries:
-        s = simulate_config(e, prof, **(flash_model if e["config"]["kind"] in ("flash2", "sdpa-flash") else model))
+        s = simulate_config(
+            e, prof, **(flash_model if e["config"]["kind"] in ("flash2", "sdpa-flash") else model)
+        )
         if s is None:
             continue
         abl = {name: simulate_config(e, prof, **kw) for name, kw in ablations.items()}

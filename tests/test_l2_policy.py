@@ -102,14 +102,16 @@ def test_read_back_probe_reads_each_chunk_it_wrote_after_all_the_writes():
 
 def test_reuse_probe_trace_reads_the_buffer_k_times_then_other_data_then_the_buffer():
     kt, _ = probe_trace(0, 4 * CHUNK, hot_bytes=8 * CHUNK, hot_reps=2, sms=4)
-    b0 = slice(kt.ptr[0], kt.ptr[1])  # SM 0: its chunks 0 and 4 of the buffer twice, chunk 0 of V, the buffer again
+    # SM 0: its chunks 0 and 4 of the buffer twice, chunk 0 of V, the buffer again
+    b0 = slice(kt.ptr[0], kt.ptr[1])
     rows = CHUNK // 256
     assert (kt.r0[b0] // rows).tolist() == [0, 4, 0, 4, 0, 0, 4]
     q, v = l2.TENSOR_CODES["Q"], l2.TENSOR_CODES["V"]
     assert kt.tensor[b0].tolist() == [q, q, q, q, v, q, q]
     assert not kt.write.any()
     shared, _ = probe_trace(0, 4 * CHUNK, hot_bytes=8 * CHUNK, shared=True, sms=4)
-    b1 = slice(shared.ptr[1], shared.ptr[2])  # every SM reads all 8 chunks of K, its chunk of V, all of K again
+    # every SM reads all 8 chunks of K, its chunk of V, all of K again
+    b1 = slice(shared.ptr[1], shared.ptr[2])
     assert (shared.r0[b1] // rows).tolist() == [*range(8), 1, *range(8)]
     with pytest.raises(ValueError, match="hot_bytes"):
         probe_trace(CHUNK, 0, hot_bytes=CHUNK)

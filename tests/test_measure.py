@@ -128,7 +128,8 @@ def test_bad_config_fields():
         M.Config("l2reuse", nbytes=1 << 20, spin_us=-1)
     with pytest.raises(M.MeasureError, match="hot_reps=4"):
         M.Config("l2probe", nbytes=1 << 20, hot_reps=4)
-    M.Config("l2reuse", nbytes=1 << 20, read_bytes=1 << 20, read_shared=True, hot_reps=4)  # the probe as meant
+    # the probe as meant
+    M.Config("l2reuse", nbytes=1 << 20, read_bytes=1 << 20, read_shared=True, hot_reps=4)
     with pytest.raises(M.MeasureError, match="read_group=4"):
         M.Config("l2reuse", nbytes=1 << 20, read_group=4, read_shared=True)
     with pytest.raises(M.MeasureError, match="read_group=2"):

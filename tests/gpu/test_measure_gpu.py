@@ -22,7 +22,10 @@ def run(tmp_path_factory):
     big = 1 << (2 * l2 - 1).bit_length()  # a power of two, at least twice L2: the second pass misses
     cfgs = [Config("copy", nbytes=64 * MiB), Config("l2probe", nbytes=big)]
     cfgs += [Config("l2write", nbytes=8 * MiB, read_bytes=16 * MiB, interleave=True)]
-    cfgs += [Config("l2write", nbytes=8 * MiB, read_written=True), Config("l2write", nbytes=big, read_written=True)]
+    cfgs += [
+        Config("l2write", nbytes=8 * MiB, read_written=True),
+        Config("l2write", nbytes=big, read_written=True),
+    ]
     cfgs += [Config("l2reuse", nbytes=8 * MiB, read_bytes=8 * MiB, hot_reps=3)]
     cfgs += [Config("l2reuse", nbytes=8 * MiB, read_bytes=big, read_shared=True)]
     cfgs += [Config("l2probe", nbytes=big, blocks_per_sm=2, threads=128)]
