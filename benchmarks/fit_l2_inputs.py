@@ -1,6 +1,7 @@
 """The L2 model's measured inputs, from the probe runs and block timelines in docs/validation/raw/.
 
-    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit] [--soft-edge] [--read-back] [--reuse [--curve RAW2]]
+    python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit] [--soft-edge] [--read-back]
+        [--reuse [--curve RAW2]]
 
 Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 
@@ -20,8 +21,9 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
   run 13;
 * ``--read-back``: only the read-back probes (run 13 on), measured against the default model and the fitted soft
   edge with its limit (validate_compare.SOFT_LIMIT_MODEL), in a table.
-* ``--reuse``: only the reuse probes (run 15 on: a buffer read once, four times, or by every SM, then other data,
-  then the buffer again), the same way; an LRU drops the buffer alike whether it was read once or four times.
+* ``--reuse``: only the reuse probes (runs 15-19: a buffer read once, several times, by groups of SMs or by every
+  SM, then other data or idling, then the buffer again), the same way; an LRU drops the buffer alike whether it
+  was read once or four times.
   ``--curve RAW2``: the soft edge's read probe from RAW2 (for a run without the probes part).
 * how far SMs drift apart over a long grid, from the same timelines (not an input; ``--lag``: by SM);
 * ``--partitions``: the dirty factor of the two-partition model (``l2.partitions`` 2, the profile's), which has no
@@ -186,10 +188,10 @@ def read_back_table(raw: Path, cases, init: int) -> None:
 
 
 def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
-    """The reuse probes (run 15 on: a buffer read once, several times or by every SM, other data read, the buffer
-    read again; run 16's controls beside l2probe; run 18's idling between the reads): DRAM reads past the compulsory ones (MB; the buffer's lines L2
-    dropped), measured and modeled (the soft edge with the read probe of ``curve_raw``). An LRU gives the same for
-    one read and four."""
+    """The reuse probes (run 15 on: a buffer read once, several times, by groups of SMs or by every SM, other data
+    read, the buffer read again; run 16's controls beside l2probe; run 18's idling between the reads): DRAM reads
+    past the compulsory ones (MB; the buffer's lines L2 dropped), measured and modeled (the soft edge with the read
+    probe of ``curve_raw``). An LRU gives the same for one read and four."""
     from validate_compare import SOFT_LIMIT_MODEL
 
     entries = []
@@ -198,7 +200,7 @@ def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
         if f.exists():
             entries += merge_repeats(json.loads(f.read_text())["configs"])
     if not entries:
-        sys.exit(f"{raw}: no reuse probes (measured_reuse*.json; validate_sweep.py --part reuse|reuse2)")
+        sys.exit(f"{raw}: no reuse probes (validate_sweep.py --part reuse, reuse2, idle or group)")
     curve = probe_curve(curve_raw, SOFT_LIMIT_MODEL["room"][0])
     models = {
         "default (hard edge, room)": {"room": ONE_POOL_ROOM, "dirty_limit": 0},

@@ -104,9 +104,10 @@ class Config:
     flash2's blocks read Q and write O side by side, until both are done; each line read by one SM; with
     ``read_written``, phase 2 reads back the ``nbytes`` just written, each thread what it wrote: the DRAM reads are
     the written lines L2 no longer holds; l2reuse: read ``nbytes`` ``hot_reps`` times (each line by one SM, by
-    the ``read_group`` SMs of its group, or, ``read_shared``, by every SM), then ``read_bytes`` of other data once (each line by one SM) and ``spin_us``
-    of idling, then ``nbytes`` once more, with a grid barrier between the phases: the DRAM reads past the compulsory ones are the first
-    buffer's lines L2 dropped, which tells whether lines read more often, or by more SMs, stay longer)."""
+    the ``read_group`` SMs of its group, or, ``read_shared``, by every SM), then ``read_bytes`` of other data once
+    (each line by one SM) and ``spin_us`` of idling, then ``nbytes`` once more, with a grid barrier between the
+    phases: the DRAM reads past the compulsory ones are the first buffer's lines L2 dropped, which tells whether
+    lines read more often, or by more SMs, stay longer)."""
 
     kind: str
     seq_len: int = 1024
@@ -366,8 +367,9 @@ __device__ void iosim_grid_barrier(unsigned* bar, unsigned phase) {
 }
 // Reuse probe: one block per SM. Phase 1 reads a reps times: blocks in groups of `group` (a divisor of the grid),
 // each 4 KiB chunk of a read by every block of one group, the groups taking turns chunk by chunk (group = 1: each
-// float4 by one thread; group = gridDim.x: the whole of a by every block in the same order); phase 2 reads b once, each float4 by one thread, then thread 0 of each block
-// idles spin_ns on the global timer; phase 3 reads a as phase 1 did, once. All through L2 only (ld.global.cg).
+// float4 by one thread; group = gridDim.x: the whole of a by every block in the same order); phase 2 reads b once,
+// each float4 by one thread, then thread 0 of each block idles spin_ns on the global timer; phase 3 reads a as
+// phase 1 did, once. All through L2 only (ld.global.cg).
 extern "C" __global__ void iosim_l2reuse(const float4* __restrict__ a, long long na, const float4* __restrict__ b,
                                          long long nb, int reps, int group, long long spin_ns, unsigned* bar,
                                          float* out) {
