@@ -1,7 +1,7 @@
 """The L2 model's measured inputs, from the probe runs and block timelines in docs/validation/raw/.
 
     python benchmarks/fit_l2_inputs.py [RAW_DIR] [--partitions] [--lag] [--no-limit] [--soft-edge] [--read-back]
-        [--reuse [--curve RAW2]]
+        [--reuse [--curve RAW2]] [--soft-edge --grid-curve RAW2]
 
 Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 
@@ -19,6 +19,8 @@ Prints what docs/validation/h200-sxm-141gb-measured.yaml states:
 * ``--soft-edge``: instead of all that, the (dirty, limit, clean-ahead) grid of the stack-distance variant (the
   read probe's miss curve from RAW_DIR in place of the hard edge; private 1.3125, shared 2.125), about 10 min on
   run 13;
+  ``--grid-curve RAW2``: the write probes (one block of 256 threads per SM) with the read probe measured in their
+  own grid (RAW2's ``measured_geometry.json``, run 17), the read probe with its own;
 * ``--read-back``: only the read-back probes (run 13 on), measured against the default model and the fitted soft
   edge with its limit (validate_compare.SOFT_LIMIT_MODEL), in a table.
 * ``--reuse``: only the reuse probes (runs 15-19: a buffer read once, several times, by groups of SMs or by every
@@ -41,6 +43,7 @@ import numpy as np
 from validate_compare import (  # merge: a --repeat K sweep, each config's median
     ONE_POOL_ROOM,
     SOFT_EDGE_ROOM,
+    grid_curve,
     merge_repeats,
     probe_curve,
 )
@@ -126,11 +129,15 @@ def probes(raw: Path) -> list[tuple]:
     return cases
 
 
-def misfit(cases, room, init, partitions=False, limit=0, curve=None, ahead=0.0) -> tuple[float, float, float]:
+def misfit(
+    cases, room, init, partitions=False, limit=0, curve=None, ahead=0.0, write_curve=None
+) -> tuple[float, float, float]:
     """Squared misfit (MB^2) of DRAM read and write bytes: (all probes, the interleaved ones, the read-back ones);
-    ``curve``: the stack-distance variant with that miss curve."""
+    ``curve``: the stack-distance variant with that miss curve; ``write_curve``: the write probes' own (their grid,
+    one block of 256 threads per SM), ``curve`` then only for the read probe (8 x 256)."""
     err = mixed = back = 0.0
     for w, r, shared, reread, interleave, read_written, m in cases:
+        own = curve if reread or write_curve is None else write_curve
         res = simulate_probe(
             w,
             r,
@@ -145,7 +152,7 @@ def misfit(cases, room, init, partitions=False, limit=0, curve=None, ahead=0.0) 
             dirty_limit=limit,
             block_share=1.0,
             partitions=partitions,
-            miss_curve=curve,
+            miss_curve=own,
             clean_ahead=ahead,
         )
         e = ((res.write_bytes - m["dram_write_bytes"]) / 1e6) ** 2
@@ -266,8 +273,10 @@ def one_partition(raw: Path, dirty: float, init: int) -> None:
 
 def main() -> None:
     argv = sys.argv[1:]
-    if "--curve" in argv:  # its value is not RAW_DIR
-        del argv[argv.index("--curve") : argv.index("--curve") + 2]
+    grid_raw = "--grid-curve" in argv
+    for opt in ("--curve", "--grid-curve"):  # their values are not RAW_DIR
+        if opt in argv:
+            del argv[argv.index(opt) : argv.index(opt) + 2]
     args = [a for a in argv if not a.startswith("--")]
     raw = Path(args[0]) if args else ROOT / "docs/validation/raw"
     shares = block_share(raw)
@@ -303,14 +312,24 @@ def main() -> None:
     if "--soft-edge" in sys.argv:
         p, sh = ONE_POOL_ROOM[:2]
         curve = probe_curve(raw, p)
+        # --grid-curve RAW2: the write probes take the read probe measured in their own grid (RAW2's, run 17 on)
+        wc = grid_curve(Path(sys.argv[sys.argv.index("--grid-curve") + 1]), 1, 256, p) if grid_raw else None
         grid = itertools.product((1.3125, 1.5), (0.0, 27.0, 28.0), (0.0, 4.0))
         sfits = sorted(
-            (misfit(cases, (p, sh, d), init, limit=int(lim * MiB), curve=curve, ahead=a * MiB), d, lim, a)
+            (
+                misfit(
+                    cases, (p, sh, d), init, limit=int(lim * MiB), curve=curve, ahead=a * MiB, write_curve=wc
+                ),
+                d,
+                lim,
+                a,
+            )
             for d, lim, a in grid
         )
         e, em, eb = misfit(cases, SOFT_EDGE_ROOM, init, curve=probe_curve(raw, SOFT_EDGE_ROOM[0]))
         print(f"the earlier soft edge, room {SOFT_EDGE_ROOM}, no limit: misfit {e:.1f} MB^2 {what}")
-        print(f"soft edge (the read probe's miss curve), private {p}, shared {sh}:")
+        which = "; for the write probes, the read probe of their 1 x 256 grid" if wc else ""
+        print(f"soft edge (the read probe's miss curve{which}), private {p}, shared {sh}:")
         for (e, em, eb), d, lim, a in sfits:
             print(
                 f"  dirty {d}, limit {lim:g} MiB, clean ahead {a:g} MiB: misfit {e:.1f} MB^2 {what}; "

@@ -270,7 +270,8 @@ def probe_curve(raw: Path, private_room: float) -> list[tuple[float, float]]:
 
 # --soft-edge --limit --grid-curve RAW2: flash2's kernels (ours and FA2's: 2 blocks of 128 threads per SM) take
 # the read probe measured in their own grid (run 17 on), and no early write-back (the best on run 13's probes with
-# that curve for the 1 x 256 write probes); the naive kernels keep SOFT_LIMIT_MODEL. A diagnostic.
+# that grid's curve for the 1 x 256 write probes: fit_l2_inputs.py RAW --soft-edge --grid-curve RAW2); the naive
+# kernels keep SOFT_LIMIT_MODEL. A diagnostic.
 GRID_CURVE_MODEL = {"room": (1.3125, 2.125, 1.3125), "dirty_limit": 27 << 20, "clean_ahead": 0.0}
 
 
