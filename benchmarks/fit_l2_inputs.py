@@ -163,33 +163,46 @@ def misfit(
     return err, mixed, back
 
 
-def read_back_table(raw: Path, cases, init: int) -> None:
-    """The read-back probes: DRAM bytes written and read (MB), measured and modeled."""
+def _two_models(curve_raw: Path, name_curve: bool = False) -> dict[str, dict]:
+    """The probe tables' two models by name: the default, and the soft edge with run 13's dirty limit
+    (validate_compare.SOFT_LIMIT_MODEL) on the read probe of ``curve_raw``."""
     from validate_compare import SOFT_LIMIT_MODEL
 
-    curve = probe_curve(raw, SOFT_LIMIT_MODEL["room"][0])
-    models = {
+    soft = "soft edge, dirty limit, clean ahead" + (f" ({curve_raw.name}'s read probe)" if name_curve else "")
+    return {
         "default (hard edge, room)": {"room": ONE_POOL_ROOM, "dirty_limit": 0},
-        "soft edge, dirty limit, clean ahead": {**SOFT_LIMIT_MODEL, "miss_curve": curve},
+        soft: {**SOFT_LIMIT_MODEL, "miss_curve": probe_curve(curve_raw, SOFT_LIMIT_MODEL["room"][0])},
     }
+
+
+def _simulate_models(models: dict[str, dict], init: int, w: int, r: int, **probe) -> list:
+    """Each model's L2Result on one probe (``probe``: simulate_probe's probe options), at the physical L2, in
+    lockstep, with ``init`` bytes dirty at the start."""
+    return [
+        simulate_probe(
+            w,
+            r,
+            PROFILE,
+            capacity=PHYSICAL_L2,
+            dirty_at_start=init,
+            block_share=1.0,
+            partitions=False,
+            **probe,
+            **{"room": ONE_POOL_ROOM, **model},
+        )
+        for model in models.values()
+    ]
+
+
+def read_back_table(raw: Path, cases, init: int) -> None:
+    """The read-back probes: DRAM bytes written and read (MB), measured and modeled."""
+    models = _two_models(raw)
     print("written, then read back: DRAM write / read (MB): measured | " + " | ".join(models))
     for w, _, _, _, _, read_written, m in cases:
         if not read_written:
             continue
         cells = [f"{m['dram_write_bytes'] / 1e6:.2f} / {m['dram_read_bytes'] / 1e6:.2f}"]
-        for kw in models.values():
-            kw = {"room": ONE_POOL_ROOM, **kw}
-            r = simulate_probe(
-                w,
-                0,
-                PROFILE,
-                read_written=True,
-                capacity=PHYSICAL_L2,
-                dirty_at_start=init,
-                block_share=1.0,
-                partitions=False,
-                **kw,
-            )
+        for r in _simulate_models(models, init, w, 0, read_written=True):
             cells.append(f"{r.write_bytes / 1e6:.2f} / {r.read_bytes / 1e6:.2f}")
         print(f"  {w // MiB:3d} MiB | " + " | ".join(cells))
 
@@ -199,8 +212,6 @@ def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
     read, the buffer read again; run 16's controls beside l2probe; run 18's idling between the reads): DRAM reads
     past the compulsory ones (MB; the buffer's lines L2 dropped), measured and modeled (the soft edge with the read
     probe of ``curve_raw``). An LRU gives the same for one read and four."""
-    from validate_compare import SOFT_LIMIT_MODEL
-
     entries = []
     for part in ("reuse", "reuse2", "idle", "group"):
         f = raw / f"measured_{part}.json"
@@ -208,45 +219,28 @@ def reuse_table(raw: Path, init: int, curve_raw: Path) -> None:
             entries += merge_repeats(json.loads(f.read_text())["configs"])
     if not entries:
         sys.exit(f"{raw}: no reuse probes (validate_sweep.py --part reuse, reuse2, idle or group)")
-    curve = probe_curve(curve_raw, SOFT_LIMIT_MODEL["room"][0])
-    models = {
-        "default (hard edge, room)": {"room": ONE_POOL_ROOM, "dirty_limit": 0},
-        f"soft edge, dirty limit, clean ahead ({curve_raw.name}'s read probe)": {
-            **SOFT_LIMIT_MODEL,
-            "miss_curve": curve,
-        },
-    }
+    models = _two_models(curve_raw, name_curve=True)
     print("read again after other data: DRAM read past compulsory (MB): measured | " + " | ".join(models))
     for e in entries:
         c, m = e["config"], e.get("measured") or {}
+        if c["kind"] == "l2write":  # run 18's dirty-line idling control: see the write probes
+            continue
         if not m:
             print(f"  {c}: no measurement ({e.get('error', '')})")
             continue
-        a, b = c["nbytes"], c["read_bytes"] if c["kind"] == "l2reuse" else 0
-        if c["kind"] == "l2write":  # run 18's dirty-line idling control: see the write probes
-            continue
+        a = c["nbytes"]
         if c["kind"] == "l2reuse":
-            g = c.get("read_group", 1)
-            kw = {"hot_bytes": a, "hot_reps": c["hot_reps"], "shared": c["read_shared"], "group": g}
+            b, g = c["read_bytes"], c.get("read_group", 1)
+            probe = {"hot_bytes": a, "hot_reps": c["hot_reps"], "shared": c["read_shared"], "group": g}
             by = "every SM" if c["read_shared"] else f"groups of {g} SMs" if g > 1 else "one SM"
             who = f"{a // MiB} MiB read by {by}, {c['hot_reps']}x"
             who += f", idle {c['spin_us']} us" if c.get("spin_us") else ""
+            results = _simulate_models(models, init, 0, b, **probe)
         else:  # l2probe: read twice, 8 blocks per SM, no barrier
-            kw, who = {"reread": True}, f"{a // MiB} MiB read twice (l2probe)"
+            b, who = 0, f"{a // MiB} MiB read twice (l2probe)"
+            results = _simulate_models(models, init, 0, a, reread=True)
         cells = [f"{(m['dram_read_bytes'] - a - b) / 1e6:6.2f}"]
-        for model in models.values():
-            r = simulate_probe(
-                0,
-                b if c["kind"] == "l2reuse" else a,
-                PROFILE,
-                capacity=PHYSICAL_L2,
-                dirty_at_start=init,
-                block_share=1.0,
-                partitions=False,
-                **kw,
-                **{"room": ONE_POOL_ROOM, **model},
-            )
-            cells.append(f"{(r.read_bytes - a - b) / 1e6:6.2f}")
+        cells += [f"{(r.read_bytes - a - b) / 1e6:6.2f}" for r in results]
         print(f"  {who:40s} then {b // MiB:3d} MiB: " + " | ".join(cells))
 
 
