@@ -43,7 +43,6 @@ import numpy as np
 from validate_compare import (  # merge: a --repeat K sweep, each config's median
     ONE_POOL_ROOM,
     SOFT_EDGE_ROOM,
-    grid_curve,
     merge_repeats,
     probe_curve,
 )
@@ -267,7 +266,7 @@ def one_partition(raw: Path, dirty: float, init: int) -> None:
 
 def main() -> None:
     argv = sys.argv[1:]
-    grid_raw = "--grid-curve" in argv
+    grid_raw = Path(argv[argv.index("--grid-curve") + 1]) if "--grid-curve" in argv else None
     for opt in ("--curve", "--grid-curve"):  # their values are not RAW_DIR
         if opt in argv:
             del argv[argv.index(opt) : argv.index(opt) + 2]
@@ -307,7 +306,7 @@ def main() -> None:
         p, sh = ONE_POOL_ROOM[:2]
         curve = probe_curve(raw, p)
         # --grid-curve RAW2: the write probes take the read probe measured in their own grid (RAW2's, run 17 on)
-        wc = grid_curve(Path(sys.argv[sys.argv.index("--grid-curve") + 1]), 1, 256, p) if grid_raw else None
+        wc = probe_curve(grid_raw, p, grid=(1, 256)) if grid_raw else None
         grid = itertools.product((1.3125, 1.5), (0.0, 27.0, 28.0), (0.0, 4.0))
         sfits = sorted(
             (

@@ -257,15 +257,34 @@ SOFT_EDGE_ROOM = (
 SOFT_LIMIT_MODEL = {"room": (1.3125, 2.125, 1.3125), "dirty_limit": 27 << 20, "clean_ahead": float(4 << 20)}
 
 
-def probe_curve(raw: Path, private_room: float) -> list[tuple[float, float]]:
-    """The read probe's second-pass miss fraction against its room-weighted stack distance (buffer x room)."""
+def probe_curve(
+    raw: Path, private_room: float, grid: tuple[int, int] | None = None
+) -> list[tuple[float, float]]:
+    """The read probe's second-pass miss fraction against its room-weighted stack distance (buffer x room).
+    ``grid`` (blocks, threads per SM): the read probe measured in that grid (``measured_geometry.json``,
+    validate_sweep.py --part geometry, run 17 on) instead of l2probe's 8 x 256 (``measured_probes.json``); it starts
+    at 36 MiB, so none missed up to 32 MiB (where l2probe misses 0.3-0.5%), and all from 64 MiB."""
+    f = raw / ("measured_geometry.json" if grid else "measured_probes.json")
+    if grid and not f.exists():
+        sys.exit(
+            f"{raw}: no read probe in other grids (measured_geometry.json; validate_sweep.py --part geometry)"
+        )
     pts, last = [(0.0, 0.0)], 0.0
-    for e in merge_repeats(json.loads((raw / "measured_probes.json").read_text())["configs"]):
-        if e["config"]["kind"] == "l2probe" and e.get("measured"):
-            size = e["config"]["nbytes"]
+    if grid:
+        pts.append((32 * 2**20 * private_room, 0.0))
+    for e in merge_repeats(json.loads(f.read_text())["configs"]):
+        c = e["config"]
+        if (
+            c["kind"] == "l2probe"
+            and e.get("measured")
+            and (grid is None or (c["blocks_per_sm"], c["threads"]) == grid)
+        ):
+            size = c["nbytes"]
             last = min(1.0, max(last, (e["measured"]["dram_read_bytes"] - size) / size))
             pts.append((size * private_room, last))
-    return pts
+    if grid and len(pts) == 2:
+        sys.exit(f"{f}: no read probe in a {grid[0]} x {grid[1]} grid")
+    return [*pts, (64 * 2**20 * private_room, 1.0)] if grid and last < 1.0 else pts
 
 
 # --soft-edge --limit --grid-curve RAW2: flash2's kernels (ours and FA2's: 2 blocks of 128 threads per SM) take
@@ -273,27 +292,6 @@ def probe_curve(raw: Path, private_room: float) -> list[tuple[float, float]]:
 # that grid's curve for the 1 x 256 write probes: fit_l2_inputs.py RAW --soft-edge --grid-curve RAW2); the naive
 # kernels keep SOFT_LIMIT_MODEL. A diagnostic.
 GRID_CURVE_MODEL = {"room": (1.3125, 2.125, 1.3125), "dirty_limit": 27 << 20, "clean_ahead": 0.0}
-
-
-def grid_curve(raw: Path, blocks_per_sm: int, threads: int, private_room: float) -> list[tuple[float, float]]:
-    """The read probe's second-pass miss fraction in a grid of ``blocks_per_sm`` x ``threads`` per SM
-    (``measured_geometry.json``, validate_sweep.py --part geometry), against room-weighted distance as in
-    :func:`probe_curve`; none up to 32 MiB (where l2probe misses 0.3-0.5%), all from 64 MiB."""
-    f = raw / "measured_geometry.json"
-    if not f.exists():
-        sys.exit(
-            f"{raw}: no read probe in other grids (measured_geometry.json; validate_sweep.py --part geometry)"
-        )
-    pts, last = [(0.0, 0.0), (32 * 2**20 * private_room, 0.0)], 0.0
-    for e in merge_repeats(json.loads(f.read_text())["configs"]):
-        c = e["config"]
-        if (c["blocks_per_sm"], c["threads"]) == (blocks_per_sm, threads) and e.get("measured"):
-            size = c["nbytes"]
-            last = min(1.0, max(last, (e["measured"]["dram_read_bytes"] - size) / size))
-            pts.append((size * private_room, last))
-    if len(pts) == 2:
-        sys.exit(f"{f}: no read probe in a {blocks_per_sm} x {threads} grid")
-    return [*pts, (64 * 2**20 * private_room, 1.0)] if last < 1.0 else pts
 
 
 def main() -> None:
@@ -311,6 +309,8 @@ def main() -> None:
     dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "h200"
     prof = get_profile(PROFILE)
     soft = "--soft-edge" in sys.argv
+    if ("--placement" in sys.argv and not soft) or (grid_raw and not (soft and "--limit" in sys.argv)):
+        sys.exit("--placement goes with --soft-edge, --grid-curve RAW2 with --soft-edge --limit")
     model = (
         {"miss_curve": probe_curve(raw, SOFT_EDGE_ROOM[0]), "room": SOFT_EDGE_ROOM, "partitions": False}
         if soft
@@ -321,14 +321,14 @@ def main() -> None:
         model = {**SOFT_LIMIT_MODEL, "miss_curve": probe_curve(raw, room[0]), "partitions": False}
     topo = measured_topology(raw)
     # --placement: the measured block placement and L2 partitions (run 3's, unless RAW has its own)
-    if soft and "--placement" in sys.argv:
+    if "--placement" in sys.argv:
         topo = topo or measured_topology(ROOT / "docs/validation/raw")
         if topo is None:
             sys.exit(f"{raw}: --placement needs the measured topology (topology.json)")
         model = {**model, "topology": topo}
     flash_model = model
-    if soft and "--limit" in sys.argv and grid_raw is not None:
-        curve = grid_curve(grid_raw, 2, 128, GRID_CURVE_MODEL["room"][0])
+    if grid_raw is not None:
+        curve = probe_curve(grid_raw, GRID_CURVE_MODEL["room"][0], grid=(2, 128))
         flash_model = {**GRID_CURVE_MODEL, "miss_curve": curve, "partitions": False}
         if "topology" in model:
             flash_model["topology"] = topo

@@ -134,3 +134,11 @@ def test_validate_compare_says_when_a_folder_has_no_sweep(scripts, tmp_path, mon
     monkeypatch.setattr(sys, "argv", ["validate_compare.py", str(tmp_path)])
     with pytest.raises(SystemExit, match="no measured sweep"):
         compare.main()
+
+
+def test_validate_compare_says_which_options_go_together(scripts, monkeypatch):
+    _, compare, _ = scripts
+    for args in (["--placement"], ["--soft-edge", "--grid-curve", str(RAW / "run17")]):
+        monkeypatch.setattr(sys, "argv", ["validate_compare.py", str(RAW / "run14"), *args])
+        with pytest.raises(SystemExit, match="goes with --soft-edge"):
+            compare.main()
