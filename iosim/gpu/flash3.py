@@ -1,0 +1,192 @@
+"""Host side of the FlashAttention-3-style forward kernel (kernels/flash3_fwd.cu, sm_90a only): TMA tensor maps,
+the Hopper check and the launch.
+
+Tensor maps come from the CUDA driver's ``cuTensorMapEncodeTiled``, called through :mod:`ctypes` on ``libcuda``.
+Why ctypes: CuPy (our only GPU dependency) does not wrap the tensor-map API, and ``cuda-python``/``cuda-bindings``
+would be a second CUDA binding to install and keep in step with CuPy's CUDA major; ``libcuda.so.1`` is always
+present where a kernel can run at all (it is the driver), its C ABI for this entry point has been stable since
+CUDA 12.0, and the function only fills a 128-byte host struct (no context, no device memory, no stream), so
+nothing is shared with CuPy's driver state. The 128 bytes reach the kernel by value as a ``__grid_constant__``
+parameter, passed through CuPy as a NumPy structured scalar of 16 uint64 (CuPy's custom-struct arguments).
+
+Nothing here imports CuPy at module level; :func:`wgmma_header` (the generator of kernels/flash3_wgmma.cuh) runs on
+any machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from iosim import launch
+
+# CUtensorMapDataType / CUtensorMapSwizzle / CUtensorMapL2promotion values (cuda.h, CUDA 12.0+)
+_TMA_DTYPE = {"float16": 6, "bfloat16": 9}
+_SWIZZLE_128B = 3
+_L2_PROMOTION_256B = 3
+_OOB_FILL_ZERO = 0  # out-of-bounds box elements are read as zeros (ragged N, N_kv)
+
+
+class HopperRequiredError(RuntimeError):
+    """schedule="flash3" needs an sm_90 GPU (H100, H200): wgmma, TMA and setmaxnreg exist nowhere else."""
+
+
+def require_hopper(cp: Any) -> None:
+    dev = cp.cuda.Device()
+    cc = str(dev.compute_capability)
+    if cc != "90":
+        name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"]
+        name = name.decode() if isinstance(name, bytes) else name
+        raise HopperRequiredError(
+            f"schedule='flash3' needs a Hopper GPU (compute capability 9.0: H100, H200; it uses wgmma, TMA and "
+            f"setmaxnreg of sm_90a), but device {dev.id} is {name} (compute capability {cc[:-1]}.{cc[-1]}); "
+            "use schedule='flash2'"
+        )
+
+
+_libcuda: Any = None
+
+
+def _driver() -> Any:
+    global _libcuda
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuTensorMapEncodeTiled
+        fn.restype = ctypes.c_int
+        fn.argtypes = [
+            ctypes.c_void_p,  # CUtensorMap* (128 bytes, 64-byte aligned)
+            ctypes.c_int,  # CUtensorMapDataType
+            ctypes.c_uint32,  # rank
+            ctypes.c_void_p,  # global address
+            ctypes.POINTER(ctypes.c_uint64),  # globalDim[rank]
+            ctypes.POINTER(ctypes.c_uint64),  # globalStrides[rank - 1], bytes
+            ctypes.POINTER(ctypes.c_uint32),  # boxDim[rank]
+            ctypes.POINTER(ctypes.c_uint32),  # elementStrides[rank]
+            ctypes.c_int,  # interleave
+            ctypes.c_int,  # swizzle
+            ctypes.c_int,  # L2 promotion
+            ctypes.c_int,  # OOB fill
+        ]
+        _libcuda = lib
+    return _libcuda
+
+
+def _tensor_map_dtype():
+    import numpy as np
+
+    return np.dtype({"names": [f"w{i}" for i in range(16)], "formats": [np.uint64] * 16})
+
+
+def tensor_map(name: str, ptr: int, dtype: str, batch: int, rows: int, heads: int, head_dim: int,
+               box_rows: int) -> Any:
+    """A TMA map of a (batch, rows, heads, head_dim) contiguous tensor, read in boxes of (box_rows rows x 64 head-dim
+    elements) of one head: dims innermost first (head_dim, heads, rows, batch); 128-byte swizzle, so each box lands
+    in shared memory as wgmma's 128B-swizzled layout. Returned as a NumPy scalar that CuPy passes by value."""
+    import numpy as np
+
+    e = 2  # bytes per fp16/bf16 element
+    dims = (ctypes.c_uint64 * 4)(head_dim, heads, rows, batch)
+    strides = (ctypes.c_uint64 * 3)(head_dim * e, heads * head_dim * e, rows * heads * head_dim * e)
+    box = (ctypes.c_uint32 * 4)(launch.FLASH3_SWIZZLE_ELEMS, 1, box_rows, 1)
+    one = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+    buf = ctypes.create_string_buffer(128 + 64)
+    addr = (ctypes.addressof(buf) + 63) // 64 * 64
+    rc = _driver().cuTensorMapEncodeTiled(
+        ctypes.c_void_p(addr), _TMA_DTYPE[dtype], 4, ctypes.c_void_p(ptr), dims, strides, box, one, 0,
+        _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZERO,
+    )
+    if rc != 0:
+        raise RuntimeError(
+            f"cuTensorMapEncodeTiled({name}: dims {tuple(dims)}, strides {tuple(strides)} B, box {tuple(box)}) "
+            f"failed with CUresult {rc}"
+        )
+    raw = ctypes.string_at(addr, 128)
+    return np.frombuffer(raw, dtype=_tensor_map_dtype())[0]
+
+
+def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool, scale_log2: float,
+           dtype: str, block_q: int, block_kv: int, smem: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Launch flash3_fwd_kernel (compiled as ``fn``) on (B, N, H, d) q and (B, N_kv, H_kv, d) k, v; returns (grid, block).
+
+    Grid (Tr, H, B): Q tiles fastest, so co-resident blocks share K/V in L2 (as flash2); causal tiles are visited
+    last-first inside the kernel."""
+    B, N, H, D = (int(s) for s in q.shape)
+    Nk, Hk = int(k.shape[1]), int(k.shape[2])
+    tm_q = tensor_map("q", q.data.ptr, dtype, B, N, H, D, block_q)
+    tm_k = tensor_map("k", k.data.ptr, dtype, B, Nk, Hk, D, block_kv)
+    tm_v = tensor_map("v", v.data.ptr, dtype, B, Nk, Hk, D, block_kv)
+    grid = ((N + block_q - 1) // block_q, H, B)
+    block = (launch.FLASH3_THREADS, 1, 1)
+    i32 = cp.int32
+    fn(grid, block, (tm_q, tm_k, tm_v, o, lse, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2)),
+       shared_mem=smem)
+    return grid, block
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# kernels/flash3_wgmma.cuh: one inline-PTX wrapper per wgmma shape the kernel uses (an accumulator of N/2 fp32
+# registers per thread is N/2 asm operands, so the wrappers are generated rather than written by hand).
+
+WGMMA_SS_N = (64, 128, 176, 192)  # S = Q K^T: N = block_kv
+WGMMA_RS_N = (64, 128, 256)  # O += P V: N = head_dim
+_PTX_TYPE = {"__half": "f16", "__nv_bfloat16": "bf16"}
+
+
+def _wgmma_fn(kind: str, n: int, ctype: str) -> str:
+    t = _PTX_TYPE[ctype]
+    r = n // 2
+    acc = ", ".join(f"%{i}" for i in range(r))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
+    if kind == "ss":
+        sig = f"float (&d)[{r}], unsigned long long a_desc, unsigned long long b_desc, int accumulate"
+        ops = f"%{r}, %{r + 1}"
+        scale = f"%{r + 2}"
+        tail = "1, 1, 0, 0"  # imm-scale-a, imm-scale-b, K-major A, K-major B
+        ins = '"l"(a_desc), "l"(b_desc), "r"(accumulate)'
+    else:
+        sig = f"float (&d)[{r}], const unsigned (&a)[4], unsigned long long b_desc, int accumulate"
+        ops = f"{{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}"
+        scale = f"%{r + 5}"
+        tail = "1, 1, 1"  # imm-scale-a, imm-scale-b, N-major B (V is stored key-major: d contiguous)
+        ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)'
+    return (
+        f"template <> __device__ __forceinline__ void wgmma_{kind}<{n}, {ctype}>({sig}) {{\n"
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {scale}, 0;\\n"\n'
+        f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc}}}, {ops}, p, {tail};\\n}}\\n"\n'
+        f"                 : {outs}\n"
+        f"                 : {ins});\n"
+        "}\n"
+    )
+
+
+def wgmma_header() -> str:
+    """The text of kernels/flash3_wgmma.cuh (tests/test_flash3_build.py checks the file equals it)."""
+    parts = [
+        "// flash3_wgmma.cuh: wgmma.mma_async wrappers for kernels/flash3_fwd.cu (sm_90a).\n"
+        "// GENERATED by iosim.gpu.flash3.wgmma_header(); do not edit by hand (tests/test_flash3_build.py checks it).\n"
+        "//   wgmma_ss<N, T>(d, a_desc, b_desc, accumulate): d (64 x N fp32) = A (64 x 16, shared, K-major) *\n"
+        "//       B (16 x N, shared, K-major) + (accumulate ? d : 0)\n"
+        "//   wgmma_rs<N, T>(d, a, b_desc, accumulate): A (64 x 16) from registers (4 x f16x2 per thread), B N-major\n"
+        "// Accumulator layout: thread t of the warpgroup holds rows 16*(t/32) + (t%32)/4 + {0, 8}, columns\n"
+        "// 8*i + 2*(t%4) + {0, 1} at d[4*i + {0, 1}] (row +0) and d[4*i + {2, 3}] (row +8).\n"
+        "#pragma once\n\nnamespace iosim {\n\n"
+        "template <int N, typename T>\n"
+        "__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long a_desc, "
+        "unsigned long long b_desc, int accumulate);\n"
+        "template <int N, typename T>\n"
+        "__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], "
+        "unsigned long long b_desc, int accumulate);\n\n"
+    ]
+    for ctype in _PTX_TYPE:
+        for n in WGMMA_SS_N:
+            parts.append(_wgmma_fn("ss", n, ctype) + "\n")
+        for n in WGMMA_RS_N:
+            parts.append(_wgmma_fn("rs", n, ctype) + "\n")
+    parts.append("}  // namespace iosim\n")
+    return "".join(parts)
+
+
+if __name__ == "__main__":  # python -m iosim.gpu.flash3 > kernels/flash3_wgmma.cuh
+    import sys
+
+    sys.stdout.write(wgmma_header())

@@ -1,0 +1,364 @@
+// flash3_fwd.cu: FlashAttention-3-style forward (Shah et al. 2024) for Hopper, sm_90a: TMA, mbarriers, wgmma,
+// warp specialization with register reallocation, and ping-pong between two consumer warpgroups.
+//
+//   O = softmax(scale * Q K^T) V, per (batch, head); Q (B, N, H, d), K and V (B, N_kv, H_kv, d), O like Q,
+//   lse (B, H, N) fp32 = natural-log logsumexp of each row's scaled scores (-inf for a row that sees no key).
+//
+// One thread block = one Q tile of Br = 128 rows of one (batch, head); grid = (Tr, H, B); 3 warpgroups:
+//   warpgroup 0, the producer (setmaxnreg 24): one thread issues every TMA load: Q_i once, then K_j and V_j
+//                into a ring of Stages buffers each, each load completing on its "full" mbarrier; it waits on
+//                the stage's "empty" mbarrier (released by the consumers) before reusing a buffer.
+//   warpgroups 1, 2, the consumers (setmaxnreg 240): each owns 64 rows of Q_i (wgmma's M) and, per K/V tile:
+//     Alg. line 8:  S = Q_i K_j^T                 wgmma m64 n=Bc k16, A and B from shared memory (K-major)
+//     Alg. line 9:  m_new = max(m, rowmax S); P = exp2(S*scale*log2e - m_new*scale*log2e); l = l*corr + rowsum P
+//     Alg. line 10: O = O * corr + P V_j          wgmma m64 n=d k16, A = P from registers, B = V (N-major)
+//   Alg. line 12-13: O = O / l, lse = m*scale + ln(l), written once.
+// Overlap (FA3 section 3.1-3.2): inside a warpgroup, the wgmma of S_{j+1} = Q K_{j+1}^T and of O += P_j V_j are
+// issued together and the softmax of S_{j+1} runs while P_j V_j is still on the tensor cores; between the two
+// warpgroups, two named barriers pass a turn back and forth (ping-pong), so one warpgroup issues its GEMMs while
+// the other does its softmax.
+// Shared memory (terms in iosim/launch.py flash3_smem_terms): Q (Br x d) + K, V (Stages x Bc x d each), stored
+// as d/64 column panels of rows x 128 B in TMA's 128-byte swizzle, which is wgmma's 128B-swizzle layout.
+// Masking: keys >= kv_len (the TMA box past the tensor's end reads zeros) and, when causal, keys j > i + (kv_len - N)
+// (bottom-right aligned) get -inf; K/V tiles entirely above the diagonal are never loaded.
+// Grouped-query / multi-query: query head h reads kv head h / (H / H_kv).
+//
+// Versions (llm.c style; the log with the floor before and the measurement after each is in docs/kernels.md):
+//   v1  first version: Br=128 (2 consumer warpgroups x 64 rows), Bc=128 (64 at d=256), 2 stages, ping-pong and
+//       intra-warpgroup overlap, O stored straight from registers (4-byte stores).
+#include "common.cuh"
+#include "flash3_wgmma.cuh"
+
+namespace iosim {
+
+constexpr int kF3Stages = 2;   // iosim/launch.py FLASH3_STAGES
+constexpr int kF3Threads = 384;  // FLASH3_THREADS: producer warpgroup + 2 consumer warpgroups
+constexpr int kF3Panel = 64;   // FLASH3_SWIZZLE_ELEMS: elements per 128-byte row of a swizzled panel
+
+// A CUtensorMap (cuda.h) without including cuda.h: 128 opaque bytes, passed by value as a __grid_constant__.
+struct alignas(64) TmaMap {
+    unsigned long long opaque[16];
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// mbarrier, TMA, named barriers, wgmma fences (PTX ISA 8.0, sm_90)
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {  // arrive + expect `bytes`
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {  // until phase `parity` completed
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+// one box of a 4-d tensor map (coordinates innermost first) into shared memory, completing on `bar`
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1, int c2,
+                                            int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+        "[%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// keep the compiler from moving reads or writes of accumulator registers across a wgmma issue or wait
+template <int R> __device__ __forceinline__ void fence_regs(float (&r)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int R> __device__ __forceinline__ void fence_regs(unsigned (&r)[R][4]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+// wgmma shared-memory descriptor, 128-byte swizzle: start address, leading byte offset, stride byte offset (>> 4)
+__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo_bytes, unsigned sbo_bytes) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo_bytes >> 4) << 16) |
+           ((unsigned long long)(sbo_bytes >> 4) << 32) | (1ull << 62);
+}
+
+template <int D, int Bc, typename T, bool Causal>
+__global__ void __launch_bounds__(kF3Threads, 1)
+    flash3_fwd_kernel(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
+                      const __grid_constant__ TmaMap tm_v, T* __restrict__ o, float* __restrict__ lse, int seq_len,
+                      int kv_len, int heads, int kv_heads, float scale_log2) {
+    constexpr int Br = 128;                 // 2 consumer warpgroups x 64 rows
+    constexpr int kPanels = D / kF3Panel;    // 64-column panels of d
+    constexpr int kRowBytes = kF3Panel * 2;  // 128
+    constexpr int kQBytes = Br * D * 2, kKVBytes = Bc * D * 2;
+    constexpr int SR = Bc / 2;               // fp32 registers of S per thread (64 x Bc over 128 threads)
+    constexpr int OR = D / 2;                // fp32 registers of O per thread
+    constexpr int KP = Bc / 16;              // k16 steps of P V (A fragments of P)
+    static_assert(D % kF3Panel == 0 && Bc % 16 == 0 && Bc <= 256, "tile shape");
+
+    extern __shared__ unsigned char smem_raw[];
+    // the swizzle pattern repeats every 1024 B: align the base (flash3_smem_terms reserves the slack)
+    const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const unsigned sQ = base;                         // kPanels x (Br x 128 B)
+    const unsigned sK = sQ + kQBytes;                 // Stages x kPanels x (Bc x 128 B)
+    const unsigned sV = sK + kF3Stages * kKVBytes;    // Stages x kPanels x (Bc x 128 B)
+    const unsigned bars = sV + kF3Stages * kKVBytes;  // 8-byte mbarriers
+    const unsigned q_full = bars;
+    auto k_full = [&](int s) { return bars + 8 * (1 + s); };
+    auto k_empty = [&](int s) { return bars + 8 * (1 + kF3Stages + s); };
+    auto v_full = [&](int s) { return bars + 8 * (1 + 2 * kF3Stages + s); };
+    auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * kF3Stages + s); };
+
+    const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31;
+    // causal Q tiles near the bottom see the most keys: launch them first (longest-processing-time first)
+    const int m_block = Causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (heads / kv_heads);
+    const int m0 = m_block * Br;
+    const int offset = kv_len - seq_len;  // causal: row i sees key j iff j <= i + offset
+    int n_blocks = (kv_len + Bc - 1) / Bc;  // Tc
+    if (Causal) {
+        const int last_key = min(m0 + Br, seq_len) - 1 + offset;  // the largest key any row of this tile sees
+        n_blocks = min(n_blocks, last_key < 0 ? 0 : last_key / Bc + 1);
+    }
+    const long long q_stride = (long long)heads * D;  // elements between consecutive query rows
+    if (n_blocks <= 0) {  // no row of this tile sees any key: O = 0, lse = -inf (before any barrier is used)
+        const int q_valid = min(Br, seq_len - m0);
+        T* og = o + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
+        for (int idx = tid; idx < q_valid * (D / 8); idx += kF3Threads)
+            *reinterpret_cast<uint4*>(og + (idx / (D / 8)) * q_stride + (idx % (D / 8)) * 8) = make_uint4(0, 0, 0, 0);
+        float* lseg = lse + ((long long)b * heads + h) * seq_len + m0;
+        for (int r = tid; r < q_valid; r += kF3Threads) lseg[r] = -INFINITY;
+        return;
+    }
+
+    if (tid == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < kF3Stages; ++s) {
+            mbar_init(k_full(s), 1);
+            mbar_init(v_full(s), 1);
+            mbar_init(k_empty(s), 8);  // one arrive per consumer warp
+            mbar_init(v_empty(s), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ------------------------------------------------------------------------------------ producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (tid == 0) {
+            // Alg. line 4: Q_i, one box per 64-column panel
+            mbar_expect_tx(q_full, kQBytes);
+#pragma unroll
+            for (int p = 0; p < kPanels; ++p)
+                tma_load_4d(sQ + p * Br * kRowBytes, &tm_q, q_full, p * kF3Panel, h, m0, b);
+            // Alg. line 6: K_j, V_j through the ring
+            for (int j = 0; j < n_blocks; ++j) {
+                const int s = j % kF3Stages;
+                const unsigned ph = (j / kF3Stages) & 1;
+                mbar_wait(k_empty(s), ph ^ 1);  // the consumers are done with tile j - Stages in this slot
+                mbar_expect_tx(k_full(s), kKVBytes);
+#pragma unroll
+                for (int p = 0; p < kPanels; ++p)
+                    tma_load_4d(sK + s * kKVBytes + p * Bc * kRowBytes, &tm_k, k_full(s), p * kF3Panel, hk, j * Bc, b);
+                mbar_wait(v_empty(s), ph ^ 1);
+                mbar_expect_tx(v_full(s), kKVBytes);
+#pragma unroll
+                for (int p = 0; p < kPanels; ++p)
+                    tma_load_4d(sV + s * kKVBytes + p * Bc * kRowBytes, &tm_v, v_full(s), p * kF3Panel, hk, j * Bc, b);
+            }
+        }
+        return;
+    }
+
+    // ---------------------------------------------------------------------------------------- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    const int cw = wg - 1;                 // consumer warpgroup 0 or 1: rows cw*64 .. cw*64+63 of the tile
+    const int wtid = tid - 128 * wg;       // thread in the warpgroup
+    const int warp = wtid >> 5;            // warp in the warpgroup: rows warp*16 .. +15
+    const int g = lane >> 2, t4 = lane & 3;  // accumulator coordinates: row group, thread in group
+    const int my_bar = 1 + cw, other_bar = 2 - cw;  // ping-pong: named barrier of my turn, of the other's turn
+    const int row0 = m0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+
+    if (cw == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
+
+    float acc_o[OR];
+#pragma unroll
+    for (int i = 0; i < OR; ++i) acc_o[i] = 0.f;
+    float acc_s[SR];
+    unsigned p_frag[KP][4];
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};  // running max (raw score units), partial row sum
+
+    // descriptors: Q rows cw*64.. of panel p, k16 step within the panel at +32 B; K the same; V N-major:
+    // LBO = the next 64 columns of d (the next panel, Bc x 128 B away), SBO = the next 8 keys (1024 B)
+    auto q_desc = [&](int ks) {
+        return smem_desc(sQ + (ks / 4) * Br * kRowBytes + cw * 64 * kRowBytes + (ks % 4) * 32, 16, 1024);
+    };
+    auto k_desc = [&](int s, int ks) {
+        return smem_desc(sK + s * kKVBytes + (ks / 4) * Bc * kRowBytes + (ks % 4) * 32, 16, 1024);
+    };
+    auto v_desc = [&](int s, int kk) { return smem_desc(sV + s * kKVBytes + kk * 16 * kRowBytes, Bc * kRowBytes, 1024); };
+
+    auto issue_qk = [&](int s) {  // Alg. line 8: S = Q_i K_j^T
+        fence_regs(acc_s);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) wgmma_ss<Bc, T>(acc_s, q_desc(ks), k_desc(s, ks), ks > 0);
+        wgmma_commit();
+    };
+    auto issue_pv = [&](int s) {  // Alg. line 10: O += P V_j
+        fence_regs(acc_o);
+        fence_regs(p_frag);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_o, p_frag[kk], v_desc(s, kk), 1);
+        wgmma_commit();
+    };
+    // mask and online softmax of S (in place: S becomes unnormalized P in fp32); returns the O correction factors
+    auto softmax = [&](int j, float (&corr)[2]) {
+        const int n0 = j * Bc;
+        const bool need_mask = (n0 + Bc > kv_len) || (Causal && n0 + Bc - 1 > m0 + cw * 64 + offset);
+        if (need_mask) {
+#pragma unroll
+            for (int nt = 0; nt < Bc / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = row0 + ((e >> 1) << 3);
+                    const int col = n0 + nt * 8 + 2 * t4 + (e & 1);
+                    if (col >= kv_len || (Causal && col > row + offset)) acc_s[nt * 4 + e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {  // hr = 0: row g, hr = 1: row g + 8
+            float mx = m_i[hr];
+#pragma unroll
+            for (int nt = 0; nt < Bc / 8; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt * 4 + 2 * hr], acc_s[nt * 4 + 2 * hr + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // a row with no visible key so far keeps max -inf: subtract 0 instead, so exp2(-inf - 0) = 0, no NaN
+            const float m_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
+            corr[hr] = exp2_approx(m_i[hr] * scale_log2 - m_scaled);
+            m_i[hr] = mx;
+            float rs = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < Bc / 8; ++nt)
+#pragma unroll
+                for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+                    const float p = exp2_approx(fmaf(acc_s[nt * 4 + e], scale_log2, -m_scaled));
+                    acc_s[nt * 4 + e] = p;
+                    rs += p;
+                }
+            l_i[hr] = l_i[hr] * corr[hr] + rs;
+        }
+    };
+    auto rescale_o = [&](const float (&corr)[2]) {
+#pragma unroll
+        for (int nd = 0; nd < D / 8; ++nd) {
+            acc_o[nd * 4 + 0] *= corr[0];
+            acc_o[nd * 4 + 1] *= corr[0];
+            acc_o[nd * 4 + 2] *= corr[1];
+            acc_o[nd * 4 + 3] *= corr[1];
+        }
+    };
+    auto convert_p = [&]() {  // P (fp32 accumulator layout) -> wgmma A fragments in the input dtype
+#pragma unroll
+        for (int kk = 0; kk < KP; ++kk) {
+            p_frag[kk][0] = pack2<T>(acc_s[(2 * kk) * 4 + 0], acc_s[(2 * kk) * 4 + 1]);
+            p_frag[kk][1] = pack2<T>(acc_s[(2 * kk) * 4 + 2], acc_s[(2 * kk) * 4 + 3]);
+            p_frag[kk][2] = pack2<T>(acc_s[(2 * kk + 1) * 4 + 0], acc_s[(2 * kk + 1) * 4 + 1]);
+            p_frag[kk][3] = pack2<T>(acc_s[(2 * kk + 1) * 4 + 2], acc_s[(2 * kk + 1) * 4 + 3]);
+        }
+    };
+
+    mbar_wait(q_full, 0);
+
+    // tile 0: S_0, softmax (O is still zero: no rescale)
+    {
+        float corr[2];
+        mbar_wait(k_full(0), 0);
+        named_sync(my_bar, 256);
+        issue_qk(0);
+        named_arrive(other_bar, 256);
+        wgmma_wait<0>();
+        fence_regs(acc_s);
+        if (lane == 0) mbar_arrive(k_empty(0));
+        softmax(0, corr);
+        convert_p();
+    }
+    // tiles 1 .. n-1: issue S_j and O += P_{j-1} V_{j-1} together; softmax of S_j overlaps P_{j-1} V_{j-1}
+    for (int j = 1; j < n_blocks; ++j) {
+        const int s = j % kF3Stages, sp = (j - 1) % kF3Stages;
+        const unsigned ph = (j / kF3Stages) & 1, php = ((j - 1) / kF3Stages) & 1;
+        float corr[2];
+        mbar_wait(k_full(s), ph);
+        named_sync(my_bar, 256);
+        issue_qk(s);
+        mbar_wait(v_full(sp), php);
+        issue_pv(sp);
+        named_arrive(other_bar, 256);
+        wgmma_wait<1>();  // S_j is done (P_{j-1} V_{j-1} may still run)
+        fence_regs(acc_s);
+        if (lane == 0) mbar_arrive(k_empty(s));
+        softmax(j, corr);
+        wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
+        fence_regs(acc_o);
+        fence_regs(p_frag);
+        if (lane == 0) mbar_arrive(v_empty(sp));
+        rescale_o(corr);
+        convert_p();
+    }
+    // last P V
+    {
+        const int sp = (n_blocks - 1) % kF3Stages;
+        const unsigned php = ((n_blocks - 1) / kF3Stages) & 1;
+        mbar_wait(v_full(sp), php);
+        named_sync(my_bar, 256);
+        issue_pv(sp);
+        if (cw == 0) named_arrive(other_bar, 256);  // warpgroup 1 takes its last turn; nobody waits after that
+        wgmma_wait<0>();
+        fence_regs(acc_o);
+        if (lane == 0) mbar_arrive(v_empty(sp));
+    }
+
+    // Alg. line 12-13: O = O / l, lse = m*scale + ln(l); rows that saw no key: O = 0, lse = -inf
+    float* lseg = lse + ((long long)b * heads + h) * seq_len;
+    T* og = o + (long long)b * seq_len * q_stride + (long long)h * D;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        float l = l_i[hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int row = row0 + 8 * hr;
+        if (row < seq_len) {
+            if (t4 == 0)
+                lseg[row] = l > 0.f ? (m_i[hr] * scale_log2 + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+            T* orow = og + (long long)row * q_stride;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; ++nd)
+                *reinterpret_cast<unsigned*>(orow + nd * 8 + 2 * t4) =
+                    pack2<T>(acc_o[nd * 4 + 2 * hr] * inv, acc_o[nd * 4 + 2 * hr + 1] * inv);
+        }
+    }
+}
+
+}  // namespace iosim
