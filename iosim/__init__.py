@@ -3,8 +3,7 @@
 ``import iosim`` needs neither CuPy nor a GPU; :mod:`iosim.gpu` imports CuPy lazily.
 """
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .problem import AttentionProblem, ProblemError
 from .profile import Profile, ProfileError, get_profile
 from .schedules import SCHEDULES, ScheduleError, Tiles

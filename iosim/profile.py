@@ -127,23 +127,6 @@ class L2(_Strict):
     dirty_at_start: SourcedBytes | None = Field(
         default=None, description="dirty bytes in L2 when a profiled kernel starts (the L2 model's)"
     )
-    dirty_limit: SourcedBytes | None = Field(
-        default=None,
-        description="dirty bytes past which L2 writes back its least recent dirty lines, keeping them clean "
-        "(the L2 model's; absent: dirty lines leave only by eviction)",
-    )
-    partitions: SourcedCount | None = Field(
-        default=None,
-        description="L2 partitions the model keeps apart (2: each half an LRU of its own, with copies of lines "
-        "homed in the other; absent or 1: one pool with room factors)",
-    )
-
-    @model_validator(mode="after")
-    def _partitions(self):
-        n = self.partitions.value if self.partitions is not None else None
-        if n not in (None, 1, 2):
-            raise ValueError(f"l2.partitions: the L2 model knows 1 or 2 partitions, not {n}")
-        return self
 
 
 class SharedMemory(_Strict):
@@ -179,32 +162,6 @@ class Compute(_Strict):
     exp: SourcedOps = Field(description="special-function unit: exp2 results per second over the chip")
 
 
-class SMTopology(_Strict):
-    """Where the hardware puts thread blocks and which SMs share an L2 partition (measured: iosim.gpu.topology)."""
-
-    l2_partition: list[Literal[0, 1]] = Field(description="L2 partition nearest to each SM, by SM id")
-    dispatch: dict[int, list[int]] = Field(
-        description="by blocks per SM k: the SM of each block of a first wave of k x SM-count blocks, in launch "
-        "order"
-    )
-    source: str = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        n = len(self.l2_partition)
-        if not 0 < sum(self.l2_partition) < n:
-            raise ValueError("l2_partition: both partitions must have SMs")
-        for k, sms in self.dispatch.items():
-            counts = [0] * n
-            for m in sms:
-                if not 0 <= m < n:
-                    raise ValueError(f"dispatch[{k}]: SM {m} is not one of the {n} SMs of l2_partition")
-                counts[m] += 1
-            if k < 1 or any(c != k for c in counts):
-                raise ValueError(f"dispatch[{k}]: every SM must appear exactly {k} times")
-        return self
-
-
 class SMLimits(_Strict):
     """Per-SM residency limits, used to count thread blocks that run at once."""
 
@@ -214,11 +171,6 @@ class SMLimits(_Strict):
         default=None,
         description="issue share of a resident thread block relative to the next older one on its SM (the L2 "
         "model's block drift; 1 or absent = all resident blocks progress alike)",
-    )
-    topology: SMTopology | None = Field(
-        default=None,
-        description="measured block placement and SM -> L2 partition map (absent: block i of the first wave on "
-        "SM i mod SM-count, SMs below SM-count / 2 on one partition)",
     )
 
 
@@ -277,34 +229,14 @@ class Profile(_Strict):
         r = self.l2.room
         return (1.0, 1.0, 1.0) if r is None else (r.private, r.shared, r.dirty)
 
-    def l2_partitions(self) -> int:
-        """``l2.partitions`` (1 where the profile does not give it)."""
-        n = self.l2.partitions
-        return 1 if n is None or n.value is None else int(n.value)
-
     def l2_dirty_at_start(self) -> int:
         d = self.l2.dirty_at_start
-        return 0 if d is None or d.value is None else int(d.value)
-
-    def l2_dirty_limit(self) -> int:
-        """``l2.dirty_limit`` in bytes (0 where the profile does not give it: no limit)."""
-        d = self.l2.dirty_limit
         return 0 if d is None or d.value is None else int(d.value)
 
     def block_share(self) -> float:
         """``sm.block_share`` (the L2 model's block drift), 1.0 where the profile does not give it."""
         bs = self.sm.block_share if self.sm else None
         return 1.0 if bs is None or bs.value is None else float(bs.value)
-
-    def sm_topology(self) -> SMTopology | None:
-        """``sm.topology``, checked against ``sm_count`` (None where the profile does not give it)."""
-        t = self.sm.topology if self.sm else None
-        if t is not None and len(t.l2_partition) != int(self.require("sm_count")):
-            raise ProfileError(
-                f"profile {self.name!r}: sm.topology.l2_partition has {len(t.l2_partition)} SMs, sm_count is "
-                f"{int(self.require('sm_count'))}"
-            )
-        return t
 
     def matmul_rate(self, dtype: str) -> float:
         """Tensor-core FLOP/s for ``dtype`` operands (fp32 problems use the plain fp32 rate: no TF32)."""

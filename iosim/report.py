@@ -17,7 +17,8 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from . import __version__, plots
+from . import plots
+from ._version import __version__
 from ._resources import data_dir
 from .scenario import (
     RECORD_FIELDS,

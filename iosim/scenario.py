@@ -38,11 +38,12 @@ from pydantic import (
     model_validator,
 )
 
+from ._resources import scenarios_dir
 from .blocks import cdiv
 from .problem import AttentionProblem, DType, ProblemError
 from .profile import Profile, ProfileError, get_profile, profile_from_dict
-from .schedules import SCHEDULES, ScheduleError
-from .simulate import Result, resolve_tiles, simulate
+from .schedules import SCHEDULES, ScheduleError, get_schedule, resolve_tiles
+from .simulate import Result, simulate, with_l2
 from .units import UnitError, parse_quantity
 
 SCHEMA_VERSION = 1
@@ -383,8 +384,6 @@ def scenario_from_dict(data: Any, where: str = "<dict>", base_dir: Path | None =
 
 
 def builtin_paths() -> list[Path]:
-    from ._resources import scenarios_dir
-
     return sorted(scenarios_dir().glob("*.yaml"))
 
 
@@ -465,15 +464,8 @@ def _with_room(profile: Profile, need: int) -> Profile:
 
 
 def _working_set(schedule: str, problem: AttentionProblem, tiles, pass_: str) -> int:
-    from . import schedules
-
     passes = ["forward", "backward"] if pass_ == "both" else [pass_]
-    need = 0
-    for ps in passes:
-        mod = schedules.get_module(schedule, ps) if hasattr(schedules, "get_module") else \
-            schedules.get_schedule(schedule)
-        need = max(need, int(mod.working_set(problem, tiles) or 0))
-    return need
+    return max(int(get_schedule(schedule, ps).working_set(problem, tiles) or 0) for ps in passes)
 
 
 @dataclass
@@ -508,9 +500,7 @@ def run_case(case: Case, allow_overfill: bool = False, pass_: str = "forward", l
             r = simulate(case.schedule, problem, _with_room(profile, _working_set(case.schedule, problem, tiles,
                                                                                   pass_)), **kwargs)
         if l2_model:
-            from .l2 import apply_l2
-
-            r = apply_l2(r)
+            r = with_l2(r)
     except (ScheduleError, ProfileError) as exc:
         rec = _record(case, problem, None, profile)
         rec.update(fits=False, error=" ".join(str(exc).split()), **{"pass": pass_})

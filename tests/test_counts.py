@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from iosim import AttentionProblem, simulate
 from iosim.blocks import cdiv
 from iosim.problem import STAT_BYTES
-from iosim.schedules import SCHEDULES, Tiles
+from iosim.schedules import SCHEDULES, Tiles, fits, get_schedule
 from iosim.simulate import closed, walk
 
 # -- the seeds ------------------------------------------------------------------------------------------
@@ -73,10 +73,9 @@ def test_flash1_default_tiles_follow_line_1_with_the_largest_M_that_fits():
     M = r.tiles.sram_elements
     assert r.tiles.block_kv == cdiv(M, 4 * 128) and r.tiles.block_q == min(cdiv(M, 4 * 128), 128)
     # M is the shared memory per thread block in elements, or the largest smaller M whose tiles fit
-    from iosim.simulate import fits
-
-    assert M == r.sram_budget // 2 or not fits("flash1", p, Tiles(128, cdiv(M + 1, 512)), r.profile)
-    assert fits("flash1", p, r.tiles, r.profile)
+    flash1 = get_schedule("flash1")
+    assert M == r.sram_budget // 2 or not fits(flash1, p, Tiles(128, cdiv(M + 1, 512)), r.profile)
+    assert fits(flash1, p, r.tiles, r.profile)
 
 
 def test_tiles_that_do_not_fit_are_an_error_that_says_how_much_is_needed_and_how_much_there_is():

@@ -1,5 +1,5 @@
-"""What can be checked about iosim.gpu without a GPU: lazy import, the one-line error, shared-memory arithmetic and
-the list of instantiations the library launches (the CI compile check builds that same list)."""
+"""What can be checked about iosim.gpu without a GPU: lazy import, the one-line error, the launch geometry
+(iosim.launch: shared-memory arithmetic) and the list of instantiations the library launches (the CI compile check builds that same list)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from iosim import launch
 from iosim.gpu import build
 
 
@@ -29,42 +30,42 @@ def test_attention_without_cupy_raises_gpu_unavailable_in_one_line(monkeypatch):
 
 def test_flash_smem_budget_is_q_plus_a_ring_of_k_and_v():
     # Q_i: 128*128*2 = 32768; K_j, V_j: 3 stages * 32*128*2 = 24576 each
-    assert build.flash_stages(128) == 3 and build.flash_stages(256) == 2
-    assert build.flash_smem_terms(128, 128, 32, 2) == {"Q_i": 32768, "K_j": 24576, "V_j": 24576}
-    assert build.flash_smem_bytes(128, 128, 32) == 81920
-    assert build.flash_smem_bytes(128, 64, 64) == 64 * 128 * 2 + 2 * 3 * 64 * 128 * 2  # 114688
-    assert build.flash_smem_bytes(256, 64, 32) == 64 * 256 * 2 + 2 * 2 * 32 * 256 * 2
+    assert launch.flash_stages(128) == 3 and launch.flash_stages(256) == 2
+    assert launch.flash_smem_terms(128, 128, 32, 2) == {"Q_i": 32768, "K_j": 24576, "V_j": 24576}
+    assert launch.flash_smem_bytes(128, 128, 32) == 81920
+    assert launch.flash_smem_bytes(128, 64, 64) == 64 * 128 * 2 + 2 * 3 * 64 * 128 * 2  # 114688
+    assert launch.flash_smem_bytes(256, 64, 32) == 64 * 256 * 2 + 2 * 2 * 32 * 256 * 2
 
 
 def test_every_compiled_tile_fits_two_blocks_per_sm_on_hopper():
     # H100/H200: 227 KB opt-in per block, 228 KB per SM with 1 KB reserved per block; A100: 163 KB per block
-    for d, tiles in build.FLASH_TILES.items():
+    for d, tiles in launch.FLASH_TILES.items():
         for bq, bkv in tiles:
-            assert 2 * (build.flash_smem_bytes(d, bq, bkv) + 1024) <= 228 * 1024, (d, bq, bkv)
-            assert build.flash_smem_bytes(d, bq, bkv) <= 163 * 1024, (d, bq, bkv)
+            assert 2 * (launch.flash_smem_bytes(d, bq, bkv) + 1024) <= 228 * 1024, (d, bq, bkv)
+            assert launch.flash_smem_bytes(d, bq, bkv) <= 163 * 1024, (d, bq, bkv)
             assert bq % 64 == 0 and bkv % 16 == 0
 
 
 def test_naive_softmax_holds_one_row():
-    assert build.naive_softmax_smem_bytes(4097, 2) == 8194
+    assert launch.naive_softmax_smem_bytes(4097, 2) == 8194
 
 
 def test_instantiation_list_covers_every_tile_dtype_and_mask():
     insts = build.flash_instances()
-    n_tiles = sum(len(t) for t in build.FLASH_TILES.values())
+    n_tiles = sum(len(t) for t in launch.FLASH_TILES.values())
     assert len(insts) == len(set(insts)) == n_tiles * 2 * 2
-    assert {64, 128} <= set(build.HEAD_DIMS)
-    for d in build.HEAD_DIMS:
+    assert {64, 128} <= set(launch.HEAD_DIMS)
+    for d in launch.HEAD_DIMS:
         for causal in (False, True):
-            assert build.default_tiles(d, "float16", causal) in build.FLASH_TILES[d]
+            assert build.default_tiles(d, "float16", causal) in launch.FLASH_TILES[d]
     inst = build.FlashInstance(128, 128, 32, "bfloat16", True)
     assert inst.name_expression == "iosim::flash_fwd_kernel<128, 128, 32, __nv_bfloat16, true>"
     assert inst.explicit_instantiation.startswith("template __global__ void " + inst.name_expression + "(")
     naive = build.naive_instances()
     assert len(naive) == 8 and {n.kind for n in naive} == {"qk", "softmax", "pv"}
     # naive pv: one block covers every head dim (naive.cu kNaivePvChunks column chunks of 64)
-    pv = build.NAIVE_TILES["pv"]
-    assert max(build.HEAD_DIMS) <= pv["max_head_dim"] == 4 * pv["head_dim_chunk"]
+    pv = launch.NAIVE_TILES["pv"]
+    assert max(launch.HEAD_DIMS) <= pv["max_head_dim"] == 4 * pv["head_dim_chunk"]
 
 
 def test_default_tiles_rejects_unknown_head_dim_and_dtype():

@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from l2_reference import reference_lines
 
 from iosim import l2
+from iosim.launch import launch_model, resident_blocks
 from iosim.problem import AttentionProblem
+from iosim.profile import get_profile
 from iosim.schedules import Tiles
 from iosim.simulate import simulate
 
@@ -31,7 +34,7 @@ def _p(**kw):
 def test_trace_bytes_equal_schedule_global(schedule, tiles, causal):
     p = _p(batch=2, heads=4, kv_heads=2, seq_len=200, kv_len=176, head_dim=64, causal=causal)
     t = Tiles(*tiles)
-    res = l2.simulate_l2(schedule, p, t, "h100-sxm5-80gb", capacity=BIG)
+    res = l2.simulate_l2(schedule, p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=BIG))
     counts = simulate(schedule, p, block_q=tiles[0], block_kv=tiles[1], method="walk").counts
     assert [k.global_read for k in res.kernels] == [k.global_read_bytes for k in counts.kernels]
     assert [k.global_write for k in res.kernels] == [k.global_write_bytes for k in counts.kernels]
@@ -84,8 +87,8 @@ def test_lru_thrash_when_working_set_exceeds_l2():
     p = _p(seq_len=1024, head_dim=64)
     t = Tiles(128, 64)
     kv = 2 * 1024 * 64 * 2
-    fits = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", capacity=4 * kv, resident=1).kernels[0]
-    thrash = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", capacity=kv // 2, resident=1).kernels[0]
+    fits = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=4 * kv), resident=1).kernels[0]
+    thrash = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=kv // 2), resident=1).kernels[0]
     Tr = 1024 // 128
     assert fits.read_by_tensor["K"] + fits.read_by_tensor["V"] == kv
     assert (
@@ -97,7 +100,7 @@ def test_dirty_lines_written_only_when_evicted():
     """Outputs larger than L2 are written back as they are evicted; at most an L2's worth stays dirty."""
     p = _p(heads=16, seq_len=2048, head_dim=64)
     cap = 1 << 20
-    k = l2.simulate_l2("flash2", p, Tiles(128, 64), "h100-sxm5-80gb", capacity=cap).kernels[0]
+    k = l2.simulate_l2("flash2", p, Tiles(128, 64), "h100-sxm5-80gb", l2.L2Inputs(capacity=cap)).kernels[0]
     assert k.dram_write + k.dirty_at_end == k.global_write  # every written byte once, either way
     assert 0 < k.dirty_at_end <= cap
     assert k.dram_write >= k.global_write - cap
@@ -108,18 +111,16 @@ def test_concurrent_blocks_share_kv():
     p = _p(seq_len=2048, head_dim=64)
     t = Tiles(128, 64)
     cap = 64 * 1024
-    one = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", capacity=cap, resident=1).kernels[0].dram_read
-    many = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", capacity=cap, resident=16).kernels[0].dram_read
+    one = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap), resident=1).kernels[0].dram_read
+    many = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap), resident=16).kernels[0].dram_read
     assert many < one / 4
 
 
 def test_residency_from_profile():
-    from iosim.profile import get_profile
-
     prof = get_profile("h200-sxm-141gb")
-    r, lim = l2.resident_blocks(prof, threads=128, smem=65536, registers=255)
+    r, lim = resident_blocks(prof, threads=128, smem=65536, registers=255)
     assert lim["registers"] == 2 and r == 2 * 132
-    r, lim = l2.resident_blocks(prof, threads=256, smem=8704, registers=32)
+    r, lim = resident_blocks(prof, threads=256, smem=8704, registers=32)
     assert lim["threads"] == 8 and r == 8 * 132
 
 
@@ -149,40 +150,9 @@ def test_atom_lru_equals_line_lru_without_dedupe(schedule, n, heads, group, caus
     p = _p(heads=heads, kv_heads=kv_heads, seq_len=n, head_dim=64, causal=causal)
     t = Tiles(32, 32) if schedule == "flash2" else Tiles(32, 64)
     cap = lines * 128
-    fast = l2.simulate_l2(schedule, p, t, "h100-sxm5-80gb", capacity=cap, resident=resident, dedupe=False)
-    ref = l2.reference_lines(schedule, p, t, "h100-sxm5-80gb", capacity=cap, resident=resident)
+    fast = l2.simulate_l2(schedule, p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap), resident=resident, dedupe=False)
+    ref = reference_lines(schedule, p, t, "h100-sxm5-80gb", capacity=cap, resident=resident)
     assert [(k.dram_read, k.dram_write, k.dirty_at_end) for k in fast.kernels] == ref
-
-
-@given(
-    schedule=st.sampled_from(["flash2", "naive"]),
-    n=st.sampled_from([128, 256, 384]),
-    heads=st.sampled_from([2, 4]),
-    lines=st.integers(64, 600),
-    limit_lines=st.integers(1, 300),
-    resident=st.integers(1, 8),
-)
-@settings(max_examples=25, deadline=None)
-def test_atom_lru_with_a_dirty_limit_follows_line_lru_to_one_atom(
-    schedule, n, heads, lines, limit_lines, resident
-):
-    """With a dirty limit the model writes back whole atoms (the least recent dirty one) where the line-level LRU
-    writes back lines: reads are the same (a written-back line stays, and takes the same room), the bytes written
-    and left dirty differ by less than one atom (here one 32 x 64 fp16 tile: 4 KiB)."""
-    p = _p(heads=heads, seq_len=n, head_dim=64)
-    t = Tiles(32, 32) if schedule == "flash2" else Tiles(32, 64)
-    cap, limit = lines * 128, limit_lines * 128
-    kw = {"capacity": cap, "resident": resident}
-    fast = l2.simulate_l2(schedule, p, t, "h100-sxm5-80gb", dedupe=False, dirty_limit=limit, **kw)
-    ref = l2.reference_lines(schedule, p, t, "h100-sxm5-80gb", dirty_limit=limit, **kw)
-    atom = 32 * 64 * 2
-    for k, (rd, wr, dirty_end) in zip(fast.kernels, ref):
-        assert k.dram_read == rd
-        assert abs(k.dram_write - wr) < atom
-        assert abs(k.dirty_at_end - dirty_end) < atom
-        assert k.dirty_at_end <= limit
-    plain = l2.reference_lines(schedule, p, t, "h100-sxm5-80gb", **kw)
-    assert sum(r[1] + r[2] for r in ref) == sum(r[1] + r[2] for r in plain)  # every written byte, once
 
 
 @pytest.mark.parametrize("cap_lines", [2000, 8000, 40000])
@@ -194,19 +164,19 @@ def test_dedupe_approximation_is_close(cap_lines, causal):
     p = _p(heads=4, kv_heads=2, seq_len=1024, head_dim=64, causal=causal)
     t = Tiles(64, 32)
     exact = l2.simulate_l2(
-        "flash2", p, t, "h100-sxm5-80gb", capacity=cap_lines * 128, resident=24, dedupe=False
+        "flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap_lines * 128), resident=24, dedupe=False
     )
     fast = l2.simulate_l2(
-        "flash2", p, t, "h100-sxm5-80gb", capacity=cap_lines * 128, resident=24, dedupe=True
+        "flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap_lines * 128), resident=24, dedupe=True
     )
     e, f = exact.kernels[0], fast.kernels[0]
     assert abs(f.dram_read - e.dram_read) <= 0.02 * e.dram_read
     assert abs(f.dram_write - e.dram_write) <= 0.02 * max(e.dram_write, 1) + 4096
 
 
-def test_apply_l2_sets_hbm_and_keeps_global():
+def test_the_l2_model_sets_hbm_and_keeps_global():
     r = simulate("flash2", _p(heads=8, seq_len=1024, head_dim=64), "h100-sxm5-80gb")
-    r2 = l2.apply_l2(r)
+    r2 = simulate("flash2", _p(heads=8, seq_len=1024, head_dim=64), "h100-sxm5-80gb", l2=True)
     assert r2.traffic["global"] == r.traffic["global"]
     assert r2.traffic["hbm"]["read_bytes"] == 3 * 8 * 1024 * 64 * 2
     assert r2.traffic["hbm"]["write_bytes"] == 0
@@ -214,40 +184,12 @@ def test_apply_l2_sets_hbm_and_keeps_global():
 
 
 def test_fa2_variant_reverses_kv_and_heads():
-    lm = l2.launch_model("flash2", _p(seq_len=256), Tiles(128, 64), variant="fa2")
+    lm = launch_model("flash2", _p(seq_len=256), Tiles(128, 64), variant="fa2")
     assert lm.kv_order == "reverse" and lm.head_order == "head_major"
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_naive_pv_is_one_gpu_block_per_program_block(d):
     """naive.cu v1.2: one pv block computes 64 query rows x all of d, so P is read once (no ceil(d/64) split)."""
-    pv = l2.launch_model("naive", _p(seq_len=256, head_dim=d), Tiles(64, 64)).kernels[2]
-    assert pv.gpu_blocks_per_block == 1 and pv.smem == (16 * 68 + 4 * 16 * 68) * 4 and pv.registers == 128
-
-
-def test_miss_curve_model_matches_lru_for_a_step_curve():
-    """The stack-distance variant with a step miss curve at C is an LRU of capacity C (up to atom edges)."""
-    p = _p(heads=4, kv_heads=2, seq_len=1024, head_dim=64, causal=True)
-    t = Tiles(64, 32)
-    for cap in (1 << 20, 1 << 30):
-        a = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", capacity=cap, resident=8).kernels[0]
-        b = l2.simulate_l2(
-            "flash2",
-            p,
-            t,
-            "h100-sxm5-80gb",
-            capacity=cap,
-            resident=8,
-            miss_curve=[(cap - 1, 0.0), (cap, 1.0)],
-        ).kernels[0]
-        assert (a.dram_read, a.dram_write, a.dirty_at_end) == (b.dram_read, b.dram_write, b.dirty_at_end)
-
-
-def test_miss_curve_soft_curve_between_bounds():
-    p = _p(heads=8, seq_len=2048, head_dim=64)
-    t = Tiles(128, 64)
-    curve = [(0.0, 0.0), (1 << 20, 0.0), (2 << 20, 0.5), (3 << 20, 1.0)]
-    lo = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", capacity=1 << 20).kernels[0].dram_read
-    hi = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", capacity=3 << 20).kernels[0].dram_read
-    mid = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", miss_curve=curve).kernels[0].dram_read
-    assert hi <= mid <= lo
+    pv = launch_model("naive", _p(seq_len=256, head_dim=d), Tiles(64, 64)).kernels[2]
+    assert pv.smem == (16 * 68 + 4 * 16 * 68) * 4 and pv.registers == 128

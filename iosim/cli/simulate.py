@@ -76,7 +76,7 @@ def render(r: Result) -> str:
     def describe(t) -> str:
         if t.block_q is None:
             return "untiled (each GEMM reads its operands once)"
-        extra = t.describe_options() if hasattr(t, "describe_options") else {}
+        extra = t.describe_options()
         return (f"block_q={t.block_q}, block_kv={t.block_kv}"
                 + (f" (M = {t.sram_elements} elements)" if t.sram_elements else "")
                 + "".join(f", {k}={v}" for k, v in extra.items()))

@@ -1,4 +1,5 @@
-"""iosim's real kernels on an NVIDIA GPU through CuPy: FlashAttention-2 forward and the naive three-kernel path.
+"""iosim's real kernels on an NVIDIA GPU through CuPy: FlashAttention-2 forward, the naive three-kernel path, and a
+FlashAttention-3-style forward for Hopper (schedule="flash3").
 
 Importing this package never imports CuPy; the functions import it when called and raise
 :class:`GPUUnavailableError` (one line) where CuPy or a GPU is missing.
@@ -16,15 +17,18 @@ from iosim.gpu.attention import (
     default_tiles,
     last_launch,
 )
-from iosim.gpu.build import FLASH_TILES, NAIVE_TILES, flash_smem_bytes
+from iosim.gpu.flash3 import HopperRequiredError
+from iosim.launch import FLASH3_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
 
 __all__ = [
+    "FLASH3_TILES",
     "FLASH_TILES",
     "NAIVE_TILES",
     "SCHEDULES",
     "AttentionInputError",
     "AttentionTypeError",
     "GPUUnavailableError",
+    "HopperRequiredError",
     "KernelLaunch",
     "LaunchRecord",
     "SharedMemoryError",

@@ -16,11 +16,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from iosim import launch
 from iosim._resources import kernels_dir
-from iosim.gpu import build
+from iosim.gpu import build, flash3
 from iosim.gpu._cupy import require_cupy
 
-SCHEDULES = ("flash2", "naive")
+SCHEDULES = ("flash2", "naive", "flash3")
 _LOG2E = 1.4426950408889634
 
 
@@ -59,7 +60,7 @@ class LaunchRecord:
     head_dim: int
     dtype: str
     causal: bool
-    tiles: dict[str, Any]  # flash2: {"block_q", "block_kv"}; naive: build.NAIVE_TILES
+    tiles: dict[str, Any]  # flash2, flash3: {"block_q", "block_kv"} (flash3 also "stages"); naive: launch.NAIVE_TILES
     launches: tuple[KernelLaunch, ...] = field(default_factory=tuple)
 
 
@@ -172,9 +173,13 @@ def _validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_
         raise AttentionInputError(
             f"k: kv_heads={Hk} does not divide q's heads={H}; expected heads to be a multiple of kv_heads"
         )
-    if D not in build.HEAD_DIMS:
+    if schedule == "flash3" and D not in launch.FLASH3_TILES:
         raise AttentionInputError(
-            f"q: head_dim={D} is not supported; expected one of {list(build.HEAD_DIMS)}"
+            f"q: head_dim={D} is not supported by schedule='flash3'; expected one of {list(launch.FLASH3_TILES)}"
+        )
+    if D not in launch.HEAD_DIMS:
+        raise AttentionInputError(
+            f"q: head_dim={D} is not supported; expected one of {list(launch.HEAD_DIMS)}"
         )
     if H > 65535 or B > 65535:
         raise AttentionInputError(f"q: heads={H}, batch={B}; expected each <= 65535 (CUDA grid limit)")
@@ -193,14 +198,20 @@ def _validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_
         if block_q is not None or block_kv is not None:
             raise AttentionInputError(
                 f"block_q={block_q!r}, block_kv={block_kv!r}: the naive schedule has fixed tiles "
-                f"(iosim.gpu.build.NAIVE_TILES); expected None"
+                f"(iosim.launch.NAIVE_TILES); expected None"
+            )
+    elif schedule == "flash3":
+        if (block_q, block_kv) not in ((None, None), launch.FLASH3_TILES[D]):
+            raise AttentionInputError(
+                f"(block_q, block_kv)=({block_q!r}, {block_kv!r}): schedule='flash3' compiles one tile per head dim; "
+                f"expected None or {launch.FLASH3_TILES[D]} at head_dim={D}"
             )
     elif (block_q is None) != (block_kv is None):
         raise AttentionInputError(f"block_q={block_q!r}, block_kv={block_kv!r}: give both or neither")
-    elif block_q is not None and (block_q, block_kv) not in build.FLASH_TILES[D]:
+    elif block_q is not None and (block_q, block_kv) not in launch.FLASH_TILES[D]:
         raise AttentionInputError(
             f"(block_q, block_kv)=({block_q!r}, {block_kv!r}) is not compiled for head_dim={D}; "
-            f"expected one of {list(build.FLASH_TILES[D])}"
+            f"expected one of {list(launch.FLASH_TILES[D])}"
         )
     for name, arr, shape, want in (
         ("out", out, (B, N, H, D), dt),
@@ -234,7 +245,8 @@ def _kernel(cp: Any, inst: Any, smem_bytes: int, trace: bool = False) -> Any:
         if hit is None:
             kdir = kernels_dir()
             code = (kdir / inst.source).read_text()
-            opts = build.nvrtc_options(kdir) + (("-DIOSIM_BLOCK_TRACE",) if trace else ())
+            opts = build.nvrtc_options(kdir) + getattr(inst, "nvrtc_extra", ())
+            opts += ("-DIOSIM_BLOCK_TRACE",) if trace else ()
             mod = cp.RawModule(code=code, options=opts, name_expressions=[inst.name_expression])
             hit = (mod.get_function(inst.name_expression), mod)
             _modules[key] = hit
@@ -282,7 +294,9 @@ def attention(
     q: (batch, seq_len, heads, head_dim); k, v: (batch, kv_len, kv_heads, head_dim), heads a multiple of kv_heads
     (query head h uses kv head h // (heads // kv_heads)); contiguous, float16 or bfloat16, one device. CuPy arrays or
     anything with ``__dlpack__`` / ``__cuda_array_interface__`` (torch tensors).
-    schedule: "flash2" (FlashAttention-2 forward, one kernel) or "naive" (S and P materialized, three kernels).
+    schedule: "flash2" (FlashAttention-2 forward, one kernel), "naive" (S and P materialized, three kernels) or
+    "flash3" (FlashAttention-3-style forward: TMA, wgmma, warp specialization; Hopper (sm_90) only, head_dim 64,
+    128 or 256, tiles :data:`iosim.launch.FLASH3_TILES`; raises :class:`iosim.gpu.HopperRequiredError` elsewhere).
     causal: query row i sees key j iff j <= i + kv_len - seq_len (bottom-right aligned); a row that sees no key
     gets O = 0 and lse = -inf.
     block_q, block_kv: flash2 tiles Br, Bc (both or neither; default :func:`default_tiles`).
@@ -307,13 +321,28 @@ def attention(
             lse_out if lse_out is not None else (cp.empty((B, H, N), dtype=cp.float32) if want_lse else None)
         )
         limit = _smem_limit(cp)
-        if schedule == "flash2":
+        if schedule == "flash3":
+            if block_trace is not None:
+                raise ValueError("block_trace is supported by schedule='flash2' only")
+            flash3.require_hopper(cp)
+            block_q, block_kv = launch.FLASH3_TILES[D]
+            smem = launch.flash3_smem_bytes(D, block_q, block_kv, itemsize)
+            if lse is None:  # the kernel always writes lse, as flash2's does
+                lse = cp.empty((B, H, N), dtype=cp.float32)
+            inst = build.Flash3Instance(D, block_kv, dt, causal)
+            grid, block = flash3.launch_kernel(
+                cp, _kernel(cp, inst, smem), q, k, v, o, lse, causal=causal, scale_log2=scale * _LOG2E,
+                dtype=dt, block_q=block_q, block_kv=block_kv, smem=smem,
+            )
+            launches = (KernelLaunch(inst.name_expression, grid, block, smem),)
+            tiles = {"block_q": block_q, "block_kv": block_kv, "stages": launch.FLASH3_STAGES}
+        elif schedule == "flash2":
             if block_q is None:
                 block_q, block_kv = build.default_tiles(D, dt, causal)
-            smem = build.flash_smem_bytes(D, block_q, block_kv, itemsize)
+            smem = launch.flash_smem_bytes(D, block_q, block_kv, itemsize)
             if smem > limit:
                 terms = ", ".join(
-                    f"{n} {b} B" for n, b in build.flash_smem_terms(D, block_q, block_kv, itemsize).items()
+                    f"{n} {b} B" for n, b in launch.flash_smem_terms(D, block_q, block_kv, itemsize).items()
                 )
                 raise SharedMemoryError(
                     f"block_q={block_q}, block_kv={block_kv}, head_dim={D}, {dt}: needs {smem} B of shared memory "
@@ -329,7 +358,7 @@ def attention(
             else:
                 fn, mod = _kernel(cp, inst, smem, trace=True)
                 _set_block_trace(cp, mod, block_trace, grid[0] * H * B)
-            block = (build.FLASH_THREADS, 1, 1)
+            block = (launch.FLASH_THREADS, 1, 1)
             fn(
                 grid,
                 block,
@@ -341,13 +370,13 @@ def attention(
         else:
             if block_trace is not None:
                 raise ValueError("block_trace is supported by schedule='flash2' only")
-            smem = build.naive_softmax_smem_bytes(Nk, itemsize)
+            smem = launch.naive_softmax_smem_bytes(Nk, itemsize)
             if smem > limit:
                 raise SharedMemoryError(
                     f"naive softmax holds one row of S (kv_len={Nk} x {itemsize} B = {smem} B) in shared memory; "
                     f"this device allows {limit} B per block; use kv_len <= {limit // itemsize} or schedule='flash2'"
                 )
-            t = build.NAIVE_TILES
+            t = launch.NAIVE_TILES
             s = cp.empty((B, H, N, Nk), dtype=q.dtype)  # S, materialized (Alg. 0 line 1)
             p = cp.empty((B, H, N, Nk), dtype=q.dtype)  # P, materialized (Alg. 0 line 2)
             i_qk = build.NaiveInstance("qk", dt, causal)

@@ -6,11 +6,15 @@ try:  # numba is a runtime dependency; the pure-Python fallback is only for envi
     import numba
 
     _njit = numba.njit(cache=True, nogil=True)
+    # helpers of the hot loop: inlined into it, so their tuples of arrays are not passed by value per call
+    _njit_inline = numba.njit(cache=True, nogil=True, inline="always")
 except ImportError:  # pragma: no cover
     numba = None
 
     def _njit(f):
         return f
+
+    _njit_inline = _njit
 
 
 # tensor codes used in traces

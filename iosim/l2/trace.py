@@ -118,7 +118,10 @@ def trace_program(
 
 
 @_njit
-def _flash2_fill(Tr, Br, Bc, N, Nk, n, reverse, ptr, tensor, r0, r1, write):
+def _flash2_fill(geometry, n, reverse, ptr, out):
+    """Block i's accesses into ``out`` = (tensor, r0, r1, write) from ``ptr[i]``; ``geometry`` = (Tr, Br, Bc, N, Nk)."""
+    Tr, Br, Bc, N, Nk = geometry
+    tensor, r0, r1, write = out
     for i in range(Tr):
         p = ptr[i]
         qs, qe = i * Br, min((i + 1) * Br, N)
@@ -155,7 +158,7 @@ def _flash2_fast(p: AttentionProblem, t: Tiles, kv_order: str) -> list[KernelTra
     r0 = np.empty(total, dtype=np.int64)
     r1 = np.empty(total, dtype=np.int64)
     write = np.zeros(total, dtype=bool)
-    _flash2_fill(Tr, Br, Bc, N, Nk, n, kv_order == "reverse", ptr, tensor, r0, r1, write)
+    _flash2_fill((Tr, Br, Bc, N, Nk), n, kv_order == "reverse", ptr, (tensor, r0, r1, write))
     zeros = np.zeros(total, dtype=np.int64)
     return [KernelTrace("flash2_fwd", ptr, tensor, r0, r1, zeros, zeros, write)]
 

@@ -1,18 +1,13 @@
 """The schedules iosim knows, one module each: naive, flash1, flash2, flash3, flash-decoding, block-sparse.
 
-Each module provides ``NAME``, ``SUMMARY``, ``STATS`` (its softmax-statistics tensors), ``default_tiles``,
-``program`` (the tile program of one head), ``working_set`` (on-chip bytes a thread block allocates) and
-``closed_form`` (counts of one head, proven equal to the program's walk by the tests).
-
-Backward passes live in their own modules (``naive_bwd``, ``flash1_bwd``, ``flash2_bwd``, ``block_sparse_bwd``),
-registered in ``BACKWARD`` under the name of the forward schedule whose outputs they consume. A module may declare
-``UNIT = "kv_head"`` when its program runs one key/value head with its group of query heads (split-KV
-decoding); the default unit is one query head.
+Each module reads like its paper's algorithm and ends with its registry record, a :class:`Schedule`: the tile
+program of one head, the closed form proven equal to it, the default tiles and the on-chip working set that the
+one tile-fit rule (:mod:`iosim.schedules.fit`) checks. Backward passes live in their own modules (``naive_bwd``,
+``flash1_bwd``, ``flash2_bwd``, ``block_sparse_bwd``), registered in ``BACKWARD`` under the name of the forward
+schedule whose outputs they consume.
 """
 
 from __future__ import annotations
-
-from types import ModuleType
 
 from . import (
     block_sparse,
@@ -26,41 +21,50 @@ from . import (
     naive,
     naive_bwd,
 )
-from .base import ScheduleError, Tiles
+from .base import Schedule, ScheduleError, Tiles
+from .fit import check_fit, fits
 
-SCHEDULES: dict[str, ModuleType] = {m.NAME: m for m in (naive, flash1, flash2, flash3, flash_decoding,
-                                                          block_sparse)}
-BACKWARD: dict[str, ModuleType] = {m.NAME: m for m in (naive_bwd, flash1_bwd, flash2_bwd, block_sparse_bwd)}
+SCHEDULES: dict[str, Schedule] = {m.SCHEDULE.name: m.SCHEDULE for m in (naive, flash1, flash2, flash3,
+                                                                       flash_decoding, block_sparse)}
+BACKWARD: dict[str, Schedule] = {m.SCHEDULE.name: m.SCHEDULE for m in (naive_bwd, flash1_bwd, flash2_bwd,
+                                                                      block_sparse_bwd)}
 PASSES = ("forward", "backward", "both")
 
 
-def get_schedule(name: str) -> ModuleType:
-    try:
-        return SCHEDULES[name]
-    except KeyError:
-        raise ScheduleError(f"unknown schedule {name!r}: expected one of {', '.join(SCHEDULES)}") from None
-
-
-def get_module(name: str, pass_: str = "forward") -> ModuleType:
-    """The module of schedule ``name`` for ``pass_`` ("forward" or "backward")."""
+def get_schedule(name: str, pass_: str = "forward") -> Schedule:
+    """The record of schedule ``name`` for ``pass_`` ("forward" or "backward")."""
+    if name not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule {name!r}: expected one of {', '.join(SCHEDULES)}")
     if pass_ == "forward":
-        return get_schedule(name)
+        return SCHEDULES[name]
     if pass_ != "backward":
         raise ScheduleError(f"pass={pass_!r}: expected one of {', '.join(PASSES)}")
-    get_schedule(name)  # an unknown name is reported as such
-    try:
-        return BACKWARD[name]
-    except KeyError:
-        raise ScheduleError(f"{name}: no backward pass is modeled; schedules with one: "
-                            f"{', '.join(BACKWARD)}") from None
+    if name not in BACKWARD:
+        raise ScheduleError(f"{name}: no backward pass is modeled; schedules with one: {', '.join(BACKWARD)}")
+    return BACKWARD[name]
 
 
-def unit_count(mod: ModuleType, problem) -> int:
-    """How many times the module's one-unit program runs for the whole problem."""
-    if getattr(mod, "UNIT", "head") == "kv_head":
-        return problem.batch * problem.kv_heads
-    return problem.n_heads_total
+def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, block_kv: int | None = None, *,
+                  pass_: str = "forward", **options) -> Tiles:
+    """Explicit tiles if given (both, or one of them with the default for the other), else the default.
+
+    ``options`` (``splits``, ``density``, ``mask``, ``seed``; None = not given) go to schedules that take
+    them (a record with ``make_tiles``); giving one to any other schedule is an error."""
+    s = get_schedule(schedule, pass_)
+    options = {k: v for k, v in options.items() if v is not None}
+    if s.make_tiles is not None:
+        return s.make_tiles(problem, profile, block_q, block_kv, **options)
+    if options:
+        raise ScheduleError(f"{schedule}: takes no {', '.join('--' + k for k in options)} "
+                            f"(only flash-decoding takes --splits, only block-sparse --density/--mask/--seed)")
+    if block_q is None and block_kv is None:
+        return s.default_tiles(problem, profile)
+    if schedule == "naive" and (block_q is None or block_kv is None):
+        raise ScheduleError("naive: give both --block-q and --block-kv to tile its GEMMs, or neither")
+    default = s.default_tiles(problem, profile)
+    return Tiles(block_q if block_q is not None else default.block_q,
+                 block_kv if block_kv is not None else default.block_kv)
 
 
-__all__ = ["BACKWARD", "PASSES", "SCHEDULES", "ScheduleError", "Tiles", "get_module", "get_schedule",
-           "unit_count"]
+__all__ = ["BACKWARD", "PASSES", "SCHEDULES", "Schedule", "ScheduleError", "Tiles", "check_fit", "fits",
+           "get_schedule", "resolve_tiles"]

@@ -1,7 +1,8 @@
-"""What every schedule module provides, and the tile configuration."""
+"""The tile configuration, and the record by which the registry knows a schedule."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -29,3 +30,50 @@ class Tiles:
                 raise ScheduleError(f"{name}={v!r}: a tile size must be a positive integer")
         if (self.block_q is None) != (self.block_kv is None):
             raise ScheduleError("block_q and block_kv must be given together (or neither)")
+
+    def describe_options(self) -> dict:
+        """The schedule's own options these tiles carry (splits, a block mask), for JSON and the CLI."""
+        return {}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One pass of one schedule, as the registry holds it: its tile program, closed form and tile-fit rule.
+
+    ``program(x, problem, tiles)`` runs the tile program of one unit (one query head, or one key/value head with
+    its group of query heads when ``unit == "kv_head"``) on an interpreter ``x``; ``closed_form(problem, tiles)``
+    returns the same counts as a formula. ``working_set`` is the on-chip bytes one thread block allocates (None:
+    untiled), of which ``shared_memory`` is in shared memory (None: all of it) and the rest in registers.
+    ``make_tiles`` builds tiles from the schedule's own ``options`` (flash-decoding's splits, block-sparse's mask).
+    ``time_model`` names the time model of the forward pass: "roofline", or "hopper" (FA3's pipeline).
+    """
+
+    name: str
+    summary: str
+    program: Callable
+    closed_form: Callable
+    default_tiles: Callable
+    working_set: Callable
+    shared_memory: Callable | None = None
+    pass_: str = "forward"
+    stats: tuple[str, ...] = ()
+    unit: str = "head"
+    make_tiles: Callable | None = None
+    options: tuple[str, ...] = ()
+    time_model: str = "roofline"
+
+    @property
+    def label(self) -> str:
+        return self.name if self.pass_ == "forward" else f"{self.name} backward"
+
+    def on_chip(self, problem, tiles: Tiles) -> tuple[int, int] | None:
+        """(shared-memory bytes, register bytes) one thread block needs, or None when the schedule is untiled."""
+        total = self.working_set(problem, tiles)
+        if total is None:
+            return None
+        smem = total if self.shared_memory is None else self.shared_memory(problem, tiles)
+        return int(smem), int(total - smem)
+
+    def units(self, problem) -> int:
+        """How many times the one-unit program runs for the whole problem."""
+        return problem.batch * problem.kv_heads if self.unit == "kv_head" else problem.n_heads_total

@@ -32,7 +32,7 @@ from ..blocks import block_rows, cdiv, n_kv_blocks_visible
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
 from . import flash1, flash1_bwd
-from .base import ScheduleError, Tiles
+from .base import Schedule, ScheduleError, Tiles
 
 NAME = "block-sparse"
 SUMMARY = "block-sparse FlashAttention (Alg. 5): Algorithm 1 with the zero blocks of a block mask skipped"
@@ -182,3 +182,7 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k.sram_read = 2 * rv * d * b + 2 * cv * d * b + 8 * A + rv * (4 * d + 24)
     k.sram_peak = working_set(p, t)
     return Counts([k])
+
+
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
+                    make_tiles=make_tiles, options=("density", "mask", "seed"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..counts import Counts
 from ..problem import AttentionProblem
 from . import block_sparse, flash1_bwd
-from .base import Tiles
+from .base import Schedule, Tiles
 
 NAME = "block-sparse"
 SUMMARY = "block-sparse FlashAttention backward: Algorithm 4 with the zero blocks skipped"
@@ -35,3 +35,7 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     """Algorithm 4's closed form over the visited tiles only (non-zero, and visible under the causal mask)."""
     rv, cv, A = block_sparse.visit_totals(p, t)
     return flash1_bwd.counts_from_visits(p, t, rv, cv, A, "block_sparse_bwd")
+
+
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory,
+                    pass_="backward", make_tiles=make_tiles, options=("density", "mask", "seed"))

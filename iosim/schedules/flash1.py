@@ -31,7 +31,8 @@ import numpy as np
 from ..blocks import block_rows, cdiv, n_kv_blocks_visible, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from .base import Tiles
+from .base import Schedule, Tiles
+from .fit import largest_fitting
 
 NAME = "flash1"
 SUMMARY = "FlashAttention-1 (Alg. 1): K/V outer loop, O, l, m read and written at every inner step"
@@ -94,22 +95,13 @@ def working_set(p: AttentionProblem, t: Tiles) -> int:
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
     """Line 1 with the largest M (elements) whose tiles fit the profile's shared memory per block."""
-    from ..simulate import check_fit, fits  # the one fit rule, shared with explicit tiles
-
     d = p.head_dim
-    budget = profile.require("smem.per_block")
 
     def tiles_for(M: int) -> Tiles:
         Bc = cdiv(M, 4 * d)
         return Tiles(block_q=min(Bc, d), block_kv=Bc, sram_elements=M)
 
-    lo, hi = 1, int(budget) // p.elem_bytes  # M can't exceed the shared memory in elements
-    if not fits(NAME, p, tiles_for(lo), profile):
-        check_fit(NAME, p, tiles_for(lo), profile)  # raises, saying how much is needed and how much there is
-    while lo < hi:  # largest M that fits; the working set grows with M
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(NAME, p, tiles_for(mid), profile) else (lo, mid - 1)
-    return tiles_for(lo)
+    return largest_fitting(SCHEDULE, p, tiles_for, profile)
 
 
 def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
@@ -137,3 +129,6 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k.sram_read = 2 * rv * d * b + 2 * cv * d * b + 8 * A + rv * (4 * d + 24)
     k.sram_peak = working_set(p, t)
     return Counts([k])
+
+
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS)

@@ -30,7 +30,8 @@ from __future__ import annotations
 from ..blocks import block_rows, cdiv, n_kv_blocks_visible, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from .base import Tiles
+from .base import Schedule, Tiles
+from .fit import largest_fitting
 
 NAME = "flash1"
 SUMMARY = "FlashAttention-1 backward (Alg. 4): K/V outer; Q, O, dO, dQ, l, m read and dQ written per step"
@@ -109,21 +110,13 @@ def working_set(p: AttentionProblem, t: Tiles) -> int:
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
     """Line 2 with the largest M (elements, at most the shared memory per block) whose tiles fit."""
-    from ..simulate import check_fit, fits
-
     d = p.head_dim
 
     def tiles_for(M: int) -> Tiles:
         Bc = cdiv(M, 4 * d)
         return Tiles(block_q=min(Bc, d), block_kv=Bc, sram_elements=M)
 
-    lo, hi = 1, int(profile.require("smem.per_block")) // p.elem_bytes
-    if not fits(NAME, p, tiles_for(lo), profile, pass_="backward"):
-        check_fit(NAME, p, tiles_for(lo), profile, pass_="backward")  # raises with what is needed
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(NAME, p, tiles_for(mid), profile, pass_="backward") else (lo, mid - 1)
-    return tiles_for(lo)
+    return largest_fitting(SCHEDULE, p, tiles_for, profile)
 
 
 def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
@@ -154,3 +147,7 @@ def counts_from_visits(p: AttentionProblem, t: Tiles, rv: int, cv: int, A: int, 
     k.sram_read = rv * (7 * d * b + 12 + 4 * d) + cv * (3 * d * b + 8 * d) + 24 * A + 8 * Nk * d
     k.sram_peak = working_set(p, t)
     return Counts([k])
+
+
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory,
+                    pass_="backward")

@@ -28,7 +28,8 @@ import numpy as np
 from ..blocks import block_rows, cdiv, n_kv_blocks_visible, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from .base import Tiles
+from .base import Schedule, Tiles
+from .fit import shrink_to_fit
 
 NAME = "flash2"
 SUMMARY = "FlashAttention-2: Q outer loop, O and statistics on chip, O written once, causal block skipping"
@@ -42,10 +43,8 @@ FA2_TILES = {32: (128, 128), 64: (128, 128), 96: (128, 64), 128: (128, 64), 160:
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
     """FA2's tiles for the head dim; on a GPU with less shared memory, halve Bc, then Br, until they fit."""
-    from ..simulate import shrink_to_fit  # the one fit rule, shared with explicit tiles
-
     Br, Bc = next((FA2_TILES[k] for k in sorted(FA2_TILES) if p.head_dim <= k), (64, 32))
-    return shrink_to_fit(NAME, p, Br, Bc, profile)
+    return shrink_to_fit(SCHEDULE, p, Br, Bc, profile)
 
 
 def program(x, p: AttentionProblem, t: Tiles) -> None:
@@ -119,3 +118,6 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k.sram_read = rv * d * b + 2 * cv * d * b + 4 * A + rv * (4 * d + 8) + Nv * (4 * d + 8) + N * (4 * d + 4)
     k.sram_peak = working_set(p, t)
     return Counts([k])
+
+
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS)

@@ -31,7 +31,8 @@ from __future__ import annotations
 from ..blocks import block_rows, cdiv, n_kv_blocks_visible, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from .base import Tiles
+from .base import Schedule, Tiles
+from .fit import shrink_to_fit
 
 NAME = "flash2"
 SUMMARY = "FlashAttention-2 backward (Alg. 2): D pre-pass, K/V outer, dQ by fp32 atomic adds, dK/dV written once"
@@ -44,10 +45,8 @@ FA2_BWD_TILES = {32: (128, 128), 64: (128, 128), 96: (64, 128), 128: (64, 128), 
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
     """FA2's backward tiles for the head dim; where they do not fit, halve Bc, then Br, until they do."""
-    from ..simulate import shrink_to_fit
-
     Br, Bc = next((FA2_BWD_TILES[k] for k in sorted(FA2_BWD_TILES) if p.head_dim <= k), (64, 32))
-    return shrink_to_fit(NAME, p, Br, Bc, profile, pass_="backward")
+    return shrink_to_fit(SCHEDULE, p, Br, Bc, profile)
 
 
 def _visiting(i_range, j, Br, Bc, N, Nk, causal):
@@ -156,3 +155,7 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k3.sram_write = k3.sram_read = N * d * 4
     k3.sram_peak = br * d * 4
     return Counts([k1, k2, k3])
+
+
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory,
+                    pass_="backward")

@@ -25,7 +25,8 @@ from ..blocks import block_rows, cdiv, n_kv_blocks_visible
 from ..counts import Counts
 from ..problem import STAT_BYTES, AttentionProblem
 from . import flash2
-from .base import Tiles
+from .base import Schedule, Tiles
+from .fit import shrink_to_fit
 
 NAME = "flash3"
 SUMMARY = "FlashAttention-3: FA2's traffic per tile, Hopper pipeline (TMA producer, ping-pong consumers) in the time"
@@ -41,11 +42,9 @@ FA3_TILES_FP8 = {128: ((128, 224), (128, 224))}  # fp8 e4m3, d <= 128 (same sour
 
 def default_tiles(p: AttentionProblem, profile) -> Tiles:
     """FA3's tiles for the head dim; where they do not fit, halve Bc, then Br, until they do."""
-    from ..simulate import shrink_to_fit
-
     table = FA3_TILES_FP8 if p.dtype == "fp8" and p.head_dim <= max(FA3_TILES_FP8) else FA3_TILES
     Br, Bc = next((table[k][p.causal] for k in sorted(table) if p.head_dim <= k), (64, 32))
-    return shrink_to_fit(NAME, p, Br, Bc, profile)
+    return shrink_to_fit(SCHEDULE, p, Br, Bc, profile)
 
 
 def program(x, p: AttentionProblem, t: Tiles) -> None:
@@ -101,8 +100,6 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     return c
 
 
-def time_model(counts: Counts, hbm_bytes: list[int], problem: AttentionProblem, tiles: Tiles, profile):
-    """The Hopper pipeline's time (:func:`iosim.hopper.predict`) instead of the plain roofline."""
-    from ..hopper import predict
-
-    return predict(counts, problem, tiles, profile)
+# the Hopper pipeline's time (iosim.hopper) instead of the plain roofline
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
+                    time_model="hopper")

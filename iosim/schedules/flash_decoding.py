@@ -33,7 +33,7 @@ import numpy as np
 from ..blocks import Rows, block_rows, cdiv
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from .base import ScheduleError, Tiles
+from .base import Schedule, ScheduleError, Tiles
 
 NAME = "flash-decoding"
 SUMMARY = "Flash-Decoding: K/V split across thread blocks, fp32 partial outputs merged by a second kernel"
@@ -230,3 +230,7 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k2.sram_read = (R + SR) * (8 * d + 12)
     k2.sram_peak = min(Bm, R) * (8 * d + 16)
     return Counts([k1, k2])
+
+
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
+                    unit=UNIT, make_tiles=make_tiles, options=("splits",))

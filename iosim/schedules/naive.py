@@ -19,7 +19,7 @@ import numpy as np
 from ..blocks import Rows, block_rows, cdiv
 from ..counts import Counts, KernelCounts
 from ..problem import AttentionProblem
-from .base import Tiles
+from .base import Schedule, Tiles
 
 NAME = "naive"
 SUMMARY = "standard attention (Alg. 0): S and P materialized in global memory"
@@ -144,3 +144,6 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k3.sram_read = Tc * N * d * 4 + NN * b + Tr * Nk * d * b + N * d * 4
     k3.sram_peak = br * d * 4 + br * bc * b + bc * d * b
     return Counts([k1, k2, k3])
+
+
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS)

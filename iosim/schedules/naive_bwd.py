@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..blocks import Rows, block_rows, cdiv
 from ..counts import Counts, KernelCounts
 from ..problem import AttentionProblem
-from .base import Tiles
+from .base import Schedule, Tiles
 from .naive import GEMM_TILE
 
 NAME = "naive"
@@ -179,3 +179,7 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k5.sram_read = Tr * Nk * d * 4 + NN * b + Tc * N * d * b + Nk * d * 4
     k5.sram_peak = bc * d * 4 + br * bc * b + br * d * b
     return Counts([k1, k2, k3, k4, k5])
+
+
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory,
+                    pass_="backward")

@@ -1,0 +1,214 @@
+"""Launch geometry: how each of iosim's kernels is launched, as plain data (tiles, threads, shared memory, registers,
+grid order), and how many of its thread blocks a GPU holds at once.
+
+The cache model reads it to order the tile accesses of concurrently running thread blocks; :mod:`iosim.gpu` reads it
+to launch the very same kernels. Nothing here imports CuPy, so the CPU tests and the CI compile check read the same
+numbers the run-time path uses. Names follow the math: ``block_q`` = Br, ``block_kv`` = Bc, ``head_dim`` = d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .blocks import cdiv
+from .problem import AttentionProblem
+from .profile import Profile
+from .schedules import Tiles
+from .schedules.flash1 import shared_memory as flash1_shared_memory
+
+
+class LaunchError(ValueError):
+    """No launch geometry is known for a schedule, or a profile lacks what residency needs."""
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# FlashAttention-2 forward (kernels/flash_fwd.cu)
+
+FLASH_WARPS = 4  # fixed in the kernel: each warp owns block_q / 64 stripes of 16 query rows
+FLASH_THREADS = 32 * FLASH_WARPS
+
+
+def flash_stages(head_dim: int) -> int:
+    """Depth of the kernel's K/V cp.async ring (mirrors flash_stages() in kernels/flash_fwd.cu).
+
+    3 (tiles j+1 and j+2 in flight during tile j) where it fits two blocks per SM; 2 at d=256.
+    """
+    return 2 if head_dim >= 256 else 3
+
+
+# (block_q, block_kv) the library can launch, per head dim. Every entry compiles without register spills for
+# sm_80/sm_90 (checked by compile_check); larger tiles (e.g. 128 x 64 at d=128) spill and are left out.
+FLASH_TILES: dict[int, tuple[tuple[int, int], ...]] = {
+    32: ((128, 64), (64, 64)),
+    64: ((128, 64), (64, 128), (64, 64)),
+    128: ((128, 32), (64, 64)),
+    256: ((64, 32),),
+}
+HEAD_DIMS: tuple[int, ...] = tuple(FLASH_TILES)
+
+# default (block_q, block_kv) per head dim, causal or not alike: chosen from the tile sweep in docs/kernels.md
+FLASH_DEFAULT_TILES: dict[int, tuple[int, int]] = {32: (128, 64), 64: (128, 64), 128: (128, 32), 256: (64, 32)}
+
+
+def flash_smem_terms(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2) -> dict[str, int]:
+    """Dynamic shared memory of one flash2 thread block, term by term, in bytes."""
+    return {
+        # Q_i (Br x d), resident for the whole K/V loop; its rows are reused to stage O for 16-byte stores
+        "Q_i": block_q * head_dim * itemsize,
+        # K_j (Bc x d), a ring of flash_stages(d) buffers so later tiles load while tile j is used
+        "K_j": flash_stages(head_dim) * block_kv * head_dim * itemsize,
+        # V_j (Bc x d), likewise
+        "V_j": flash_stages(head_dim) * block_kv * head_dim * itemsize,
+    }
+
+
+def flash_smem_bytes(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2) -> int:
+    return sum(flash_smem_terms(head_dim, block_q, block_kv, itemsize).values())
+
+
+# registers per thread of iosim's flash2 kernel (launch__registers_per_thread, read by ncu on the H200, kernel v3)
+FLASH2_REGISTERS = {(128, 128, 32): 255, (128, 64, 64): 249, (64, 128, 64): 238}
+FLASH2_REGISTERS_DEFAULT = 255  # unknown instantiation: assume the register cap of __launch_bounds__(128)
+
+# ------------------------------------------------------------------------------------------------------------------
+# Naive attention, Algorithm 0 (kernels/naive.cu). Mirrors the constexprs at the top of naive.cu: the simulator
+# counts the same tiling from this dict.
+
+NAIVE_TILES: dict[str, dict[str, int]] = {
+    # S = scale * Q K^T: a 64 x 64 tile of S per block, reduction over d in steps of 16
+    "qk": {"block_m": 64, "block_n": 64, "block_k": 16, "threads": 256},
+    # P = softmax(S): one row of S per block, the row held in shared memory (kv_len elements) between passes
+    "softmax": {"rows_per_block": 1, "threads": 256},
+    # O = P V: a 64 x d tile of O (64 query rows x every head dim) per block, grid (1, ceil(N/64), B*H), so P is
+    # read once and V once per 64 rows; reduction over keys in steps of 16, V staged per step in column chunks of 64
+    # (at most 4: head_dim <= 256; the kernel's kNaivePvChunks)
+    "pv": {"block_m": 64, "block_k": 16, "head_dim_chunk": 64, "max_head_dim": 256, "threads": 256},
+}
+# Static shared memory of naive.cu's GEMMs, fp32 staging: qk holds 16 x 68 tiles of Q and K; pv one of P and four
+# 64-column chunks of V (21,760 B at every d). Registers: qk 80, softmax 31 (ptxas via ncu on the H200, v1.1);
+# pv 128 (ptxas, sm_90, compile_check on naive.cu v1.2; ncu on the H200 read the same).
+NAIVE_QK_SMEM = 2 * 16 * 68 * 4
+NAIVE_PV_SMEM = (16 * 68 + 4 * 16 * 68) * 4
+NAIVE_REGISTERS = (80, 31, 128)
+
+
+def naive_softmax_smem_bytes(kv_len: int, itemsize: int = 2) -> int:
+    """Dynamic shared memory of the softmax kernel: one row of S in the input dtype."""
+    return kv_len * itemsize
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Launch descriptions
+
+
+@dataclass(frozen=True)
+class KernelLaunchModel:
+    """How one kernel of a schedule is launched, per head: threads, shared memory, registers, block order.
+
+    ``block_order``: the head's program blocks in ``blockIdx.x`` order, "forward" or "reverse".
+    """
+
+    threads: int
+    smem: int
+    registers: int
+    block_order: str = "forward"
+
+
+@dataclass(frozen=True)
+class LaunchModel:
+    kernels: tuple[KernelLaunchModel, ...]
+    head_order: str = "batch_major"  # grid (.., heads, batch): heads fastest; "head_major": grid (.., batch, heads)
+    kv_order: str = "forward"
+    note: str = ""
+
+
+def _registers(registers: int | list[int] | None, i: int, default: int) -> int:
+    if isinstance(registers, (list, tuple)):
+        return registers[i]
+    return registers or default
+
+
+def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, variant: str = "iosim",
+                 registers: int | list[int] | None = None) -> LaunchModel:
+    """The launch of ``schedule`` as iosim's kernels do it (``variant="iosim"``), or as FlashAttention-2 does it
+    (``variant="fa2"``: grid (num_m_blocks, batch, heads), K/V loop in reverse, m blocks forward).
+    ``registers`` overrides the registers per thread (one number, or one per kernel)."""
+    d, e = problem.head_dim, problem.elem_bytes
+    if schedule == "flash2" and variant == "fa2":
+        smem = tiles.block_q * d * e + 2 * tiles.block_kv * d * e  # Flash_fwd_kernel_traits: sQ + sK + sV
+        return LaunchModel((KernelLaunchModel(128, smem, _registers(registers, 0, 255)),), head_order="head_major",
+                           kv_order="reverse", note="FA2: grid (m blocks, batch, heads), K/V blocks visited last to first")
+    if schedule == "flash2":  # iosim/gpu/attention.py: grid (Tr, H, B); causal Q tiles launched last-first
+        Br, Bc = tiles.block_q, tiles.block_kv
+        regs = _registers(registers, 0, FLASH2_REGISTERS.get((d, Br, Bc), FLASH2_REGISTERS_DEFAULT))
+        kernel = KernelLaunchModel(FLASH_THREADS, flash_smem_bytes(d, Br, Bc, e), regs,
+                                   "reverse" if problem.causal else "forward")
+        return LaunchModel((kernel,), note="iosim flash2: grid (Tr, heads, batch); causal Q tiles launched last-first")
+    if schedule == "naive":  # qk grid (Tc, Tr, B*H); softmax one row per block; pv grid (1, Tr, B*H)
+        threads = NAIVE_TILES["qk"]["threads"]
+        smem = (NAIVE_QK_SMEM, naive_softmax_smem_bytes(problem.kv_len, e), NAIVE_PV_SMEM)
+        kernels = tuple(KernelLaunchModel(threads, s, _registers(registers, i, NAIVE_REGISTERS[i]))
+                        for i, s in enumerate(smem))
+        return LaunchModel(kernels, note="iosim naive: qk grid (Tc, Tr, B*H), softmax (B*H*N), pv (1, Tr, B*H)")
+    if schedule == "flash1":
+        kernel = KernelLaunchModel(128, flash1_shared_memory(problem, tiles), _registers(registers, 0, 255))
+        return LaunchModel((kernel,), note="flash1: one block per head (no GPU kernel; geometry assumed)")
+    raise LaunchError(f"no launch geometry known for schedule {schedule!r}")
+
+
+def resident_blocks(profile: Profile, threads: int, smem: int, registers: int, *,
+                    smem_reserved: int = 1024) -> tuple[int, dict]:
+    """Thread blocks of one kernel resident at once on the whole GPU, and the per-SM limit of each resource.
+
+    Registers are allocated per warp in units of 256 (CUDA occupancy calculator); the runtime reserves 1 KiB of
+    shared memory per block (sm_80+)."""
+    sms = int(profile.require("sm_count"))
+    max_threads = profile.sm.max_threads.value if profile.sm else None
+    max_blocks = profile.sm.max_blocks.value if profile.sm else None
+    if max_threads is None or max_blocks is None:
+        raise LaunchError(f"profile {profile.name}: sm.max_threads and sm.max_blocks are needed for residency")
+    smem_sm = int(profile.require("smem.per_sm"))
+    regs_sm = int(profile.require("registers.per_sm")) // 4
+    regs_block = cdiv(threads, 32) * cdiv(registers * 32, 256) * 256
+    limits = {
+        "blocks": max_blocks,
+        "threads": max_threads // threads,
+        "registers": regs_sm // regs_block if regs_block else max_blocks,
+        "smem": smem_sm // (smem + smem_reserved),
+    }
+    return max(1, min(limits.values())) * sms, limits
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# FlashAttention-3 forward (kernels/flash3_fwd.cu)
+# Appended by the flash3 work (issue 18); mirrors the constexprs at the top of flash3_fwd.cu. sm_90a only.
+
+FLASH3_WARPGROUPS = 3  # warpgroup 0: producer (one thread issues every TMA load); 1 and 2: consumers (wgmma)
+FLASH3_THREADS = 128 * FLASH3_WARPGROUPS
+FLASH3_STAGES = 2  # depth of the K and V mbarrier rings (tiles j+1 loads while tile j is used)
+FLASH3_SWIZZLE_ELEMS = 64  # 128-byte swizzle: one TMA box row = one wgmma swizzle-atom row = 64 fp16/bf16
+# setmaxnreg after the role split: 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536 registers
+FLASH3_REGISTERS = {"producer": 24, "consumer": 240}
+# (block_q, block_kv) per head dim: block_q = 2 consumer warpgroups x 64 rows (wgmma's M); block_kv = wgmma's N
+FLASH3_TILES: dict[int, tuple[int, int]] = {64: (128, 128), 128: (128, 128), 256: (128, 64)}
+FLASH3_HEAD_DIMS: tuple[int, ...] = tuple(FLASH3_TILES)
+
+
+def flash3_smem_terms(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2) -> dict[str, int]:
+    """Dynamic shared memory of one flash3 thread block, term by term, in bytes."""
+    return {
+        # Q_i (Br x d), resident for the whole K/V loop, in d/64 column panels of Br x 128 B (TMA 128B swizzle)
+        "Q_i": block_q * head_dim * itemsize,
+        # K_j (Bc x d), a ring of FLASH3_STAGES buffers
+        "K_j": FLASH3_STAGES * block_kv * head_dim * itemsize,
+        # V_j (Bc x d), likewise
+        "V_j": FLASH3_STAGES * block_kv * head_dim * itemsize,
+        # mbarriers: Q full, and full + empty per stage for K and for V (8 B each), padded to 128 B
+        "barriers": 128,
+        # the kernel aligns its base to 1024 B (the swizzle pattern repeats every 1024 B)
+        "align": 1024,
+    }
+
+
+def flash3_smem_bytes(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2) -> int:
+    return sum(flash3_smem_terms(head_dim, block_q, block_kv, itemsize).values())
