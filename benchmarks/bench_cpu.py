@@ -1,0 +1,86 @@
+"""Attention on this CPU: iosim's tiled numba kernel (flash2 schedule) vs NumPy's naive three steps.
+
+    python benchmarks/bench_cpu.py [--n 512 1024 ... 65536] [--d 64 128] [--causal] [--naive-max 32768]
+                                   [--profile PROFILE.yaml | --detect] [--csv out.csv]
+
+fp32, one head, batch 1. Same inputs, one process; naive and tiled calls alternate, each time is the median of 7
+calls up to N = 8192, 3 up to 16384, else 1; "ratio" is the median of the per-pair naive/tiled ratios. Naive is
+refused (and reported as not fitting) where one N x N fp32 matrix exceeds the available memory; --naive-max skips
+it above that N to save time. With --detect (or --profile), the CPU model's predicted times stand beside the
+measurements; --detect measures this machine first (a few seconds; iosim.cpu.detect). The first call's compile
+time (numba, cached on disk afterwards) is printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+
+import numpy as np
+
+from iosim.cpu import _blas
+from iosim.cpu.compare import SEEDS_CLAIM, ratio_rows, rows_as_dicts
+from iosim.cpu.detect import detect_profile
+from iosim.cpu.host import model_name
+from iosim.cpu_profile import get_cpu_profile
+
+
+def first_call_seconds() -> float:
+    """Seconds of the first tiled call in this process (compile, or load from numba's cache)."""
+    import iosim.cpu as cpu
+
+    q = np.zeros((1, 64, 1, 64), dtype=np.float32)
+    t = time.perf_counter()
+    cpu.attention(q, q, q)
+    return time.perf_counter() - t
+
+
+def _fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536])
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--naive-max", type=int, default=None, help="skip naive above this N")
+    ap.add_argument("--profile", default=None, help="CPU profile for the predictions")
+    ap.add_argument("--detect", action="store_true", help="measure this machine's profile first")
+    ap.add_argument("--csv", default=None)
+    args = ap.parse_args(argv)
+
+    print(f"first tiled call: {first_call_seconds():.2f} s (compile, or numba's on-disk cache)")
+    print(f"CPU: {model_name()}, {os.cpu_count()} logical CPUs; GEMM: {_blas.describe()}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    profile = None
+    if args.detect:
+        t = time.perf_counter()
+        profile = detect_profile()
+        print(f"detected profile in {time.perf_counter() - t:.1f} s")
+    elif args.profile:
+        profile = get_cpu_profile(args.profile)
+    out = []
+    print(f"{'d':>4} {'N':>6} {'naive ms':>10} {'tiled ms':>10} {'ratio':>6} {'pred naive':>11} "
+          f"{'pred tiled':>11} {'pred ratio':>10} {'naive S GB':>10} fits  (seeds' claim {SEEDS_CLAIM}x)")
+    for d in args.d:
+        for r in ratio_rows(args.n, d, profile, causal=args.causal, naive_max=args.naive_max):
+            pr = r.naive_pred_ms / r.tiled_pred_ms if r.naive_pred_ms and r.tiled_pred_ms else None
+            print(f"{d:>4} {r.seq_len:>6} {_fmt(r.naive_ms):>10} {_fmt(r.tiled_ms):>10} {_fmt(r.ratio, '.2f'):>6} "
+                  f"{_fmt(r.naive_pred_ms):>11} {_fmt(r.tiled_pred_ms):>11} {_fmt(pr, '.2f'):>10} "
+                  f"{r.naive_gb:>10.2f} {'yes' if r.naive_fits else 'NO'}", flush=True)
+            out.append(r)
+    if args.csv:
+        rows = rows_as_dicts(out)
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
