@@ -23,6 +23,7 @@ from iosim.cpu import _blas, kernels
 from iosim.cpu.host import host_l2_bytes
 from iosim.cpu_model import default_tiles
 from iosim.schedules import Tiles
+from iosim.units import fmt_bytes
 
 SCHEDULES = ("flash2", "naive")
 _COMPUTE = {"float32": np.float32, "float64": np.float64, "float16": np.float32, "bfloat16": np.float32}
@@ -175,8 +176,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, schedule: str = "
         need, avail = naive_bytes(N, Nk, cdt), available_memory()
         if need > avail:
             raise NaiveMemoryError(
-                f"schedule='naive': seq_len={N} x kv_len={Nk} x {np.dtype(cdt).itemsize} B = {need / 1e9:.3g} GB "
-                f"for one head's S, but only {avail / 1e9:.3g} GB of memory is available; use "
+                f"schedule='naive': seq_len={N} x kv_len={Nk} x {np.dtype(cdt).itemsize} B = {fmt_bytes(need)} "
+                f"for one head's S, but only {fmt_bytes(avail)} of memory is available; use "
                 "schedule='flash2' (O(N d) memory) or a shorter sequence")
     q, k, v = (np.ascontiguousarray(x, dtype=cdt) for x in (q, k, v))
     out = np.empty(q.shape, dtype=cdt)
