@@ -32,13 +32,15 @@ _FM = {"reassoc", "contract", "nsz", "arcp", "afn"}  # no "nnan"/"ninf": -inf ma
 
 
 @nb.njit(cache=True, fastmath=_FM)
-def _exp2_row_f32(row, n, mx, e):
-    """row[:n] = 2^(row[:n] - mx); returns the sum. ``e``: int32 scratch of >= n. Results below 2^-125 are 0."""
+def _exp2_row_f32(row, n, mx, e, ef):
+    """row[:n] = 2^(row[:n] - mx); returns the sum. ``e``: int32 scratch of >= n, ``ef`` its float32 view.
+
+    2^t = 2^k 2^f with k = round(t), |f| <= 1/2: 2^f by polynomial, 2^k written as the float whose exponent
+    field is k + 127. Results below 2^-125 are 0."""
     for c in range(n):
-        t = row[c] - mx
-        t = max(t, np.float32(-125.0))
+        t = max(row[c] - mx, np.float32(-126.0))
         k = np.floor(t + np.float32(0.5))
-        f = t - k  # in [-1/2, 1/2]
+        f = t - k
         p = _C[7]
         p = p * f + _C[6]
         p = p * f + _C[5]
@@ -47,15 +49,13 @@ def _exp2_row_f32(row, n, mx, e):
         p = p * f + _C[2]
         p = p * f + _C[1]
         p = p * f + _C[0]  # 2^f in [0.70, 1.42]
-        row[c] = np.float32(p) if t > np.float32(-125.0) else np.float32(0.0)
-        e[c] = np.int32(k) << 23  # 2^k by adding k to the float's exponent field
-    bits = row[:n].view(np.int32)
-    for c in range(n):
-        if bits[c] != 0:
-            bits[c] += e[c]
+        row[c] = p if t > np.float32(-125.0) else np.float32(0.0)
+        e[c] = (np.int32(k) + np.int32(127)) << 23  # the bits of 2^k
     s = np.float32(0.0)
     for c in range(n):
-        s += row[c]
+        x = row[c] * ef[c]
+        row[c] = x
+        s += x
     return s
 
 
@@ -70,9 +70,9 @@ def _exp2_row_f64(row, n, mx):
 
 
 @nb.njit(cache=True, fastmath=_FM)
-def _rowmax_f32(row, n):
-    """max(row[:n]) through integer keys: LLVM vectorizes integer max reductions, not float ones."""
-    bits = row[:n].view(np.int32)
+def _rowmax_f32(bits, n):
+    """max of the float32 row whose bits are ``bits[:n]``, through integer keys: LLVM vectorizes integer max
+    reductions, not float ones."""
     key = np.int32(-2147483648)
     for c in range(n):
         b = bits[c]
@@ -91,13 +91,15 @@ def _rowmax_f64(row, n):
 
 
 @nb.njit(cache=True, fastmath=_FM)
-def online_softmax(S, nr, nc, m, l, O, e):
-    """Lines 9-10 before the second GEMM: S[:nr, :nc] (base-2 scores) becomes P; m, l updated; O rescaled."""
+def online_softmax(S, Si, nr, nc, m, l, O, e, ef):
+    """Lines 9-10 before the second GEMM: S[:nr, :nc] (base-2 scores) becomes P; m, l updated; O rescaled.
+
+    ``Si``: S's bits as int32 (fp32 tiles); ``e``, ``ef``: an int32 scratch row and its float32 view."""
     d = O.shape[1]
     for r in range(nr):
         row = S[r]
         if S.itemsize == 4:
-            mx = max(m[r], _rowmax_f32(row, nc))
+            mx = max(m[r], _rowmax_f32(Si[r], nc))
         else:
             mx = max(m[r], _rowmax_f64(row, nc))
         if mx == -np.inf:  # no key of this row seen so far: P = 0, nothing to rescale
@@ -105,10 +107,10 @@ def online_softmax(S, nr, nc, m, l, O, e):
                 row[c] = 0.0
             continue
         if S.itemsize == 4:
-            s = _exp2_row_f32(row, nc, mx, e)
+            s = _exp2_row_f32(row, nc, mx, e, ef)
         else:
             s = _exp2_row_f64(row, nc, mx)
-        alpha = 2.0 ** (m[r] - mx) if m[r] > -np.inf else 0.0
+        alpha = math.exp((m[r] - mx) * _LN2) if m[r] > -np.inf else 0.0
         l[r] = alpha * l[r] + s
         m[r] = mx
         if alpha != 1.0:
@@ -173,7 +175,8 @@ def _q_block(t, Tr):
 
 
 @nb.njit(cache=True, fastmath=_FM)
-def _q_block_forward(q, k, v, out, b, h, hk, i, Br, Bc, alpha, causal, blas, S, O, m, l, e):
+def _q_block_forward(q, k, v, out, b, h, hk, i, Br, Bc, alpha, causal, blas, buf):
+    S, Si, O, m, l, e, ef = buf
     N, Nk = q.shape[1], k.shape[1]
     r0 = i * Br
     nr = min(Br, N - r0)
@@ -188,7 +191,7 @@ def _q_block_forward(q, k, v, out, b, h, hk, i, Br, Bc, alpha, causal, blas, S, 
         _scores(Q_i, k[b, c0:c0 + nc, hk, :], S, nr, nc, alpha, blas)  # line 8
         if causal and c0 + nc - 1 > r0 + offset:  # the block crosses the diagonal
             _mask(S, nr, nc, r0, c0, offset)
-        online_softmax(S, nr, nc, m, l, O, e)  # line 9
+        online_softmax(S, Si, nr, nc, m, l, O, e, ef)  # line 9
         _accumulate(S, v[b, c0:c0 + nc, hk, :], O, nr, nc, blas)  # line 10
     for r in range(nr):  # lines 12, 14
         inv = 1.0 / l[r] if l[r] > 0.0 else 0.0
@@ -215,5 +218,5 @@ def flash2_forward(q, k, v, out, Br, Bc, scale, causal, blas):
         m = np.empty(Br, dtype=q.dtype)
         l = np.empty(Br, dtype=q.dtype)
         e = np.empty(Bc, dtype=np.int32)
-        _q_block_forward(q, k, v, out, b, h, h // group, _q_block(ti, Tr), Br, Bc, alpha, causal, blas, S, O,
-                         m, l, e)
+        buf = (S, S.view(np.int32), O, m, l, e, e.view(np.float32))
+        _q_block_forward(q, k, v, out, b, h, h // group, _q_block(ti, Tr), Br, Bc, alpha, causal, blas, buf)
