@@ -2,9 +2,11 @@
 
     compute-sanitizer --tool memcheck   python3 benchmarks/sanitize_cases.py
     compute-sanitizer --tool racecheck  python3 benchmarks/sanitize_cases.py
+    compute-sanitizer --tool synccheck  python3 benchmarks/sanitize_cases.py --schedule flash3   # Hopper only
 
 Ragged tiles (N, N_kv not multiples of any tile), causal with N > N_kv and N < N_kv, grouped-query heads, every
-flash2 tile of head dims 64 and 128 (and the default tile of 32 and 256), both dtypes, and the naive path.
+flash2 tile of head dims 64 and 128 (and the default tile of 32 and 256), both dtypes, and the naive path; with
+``--schedule flash3``, the same shapes through the flash3 kernel (every head dim it has) instead.
 Run it once without the sanitizer first so CuPy's kernel cache holds the cubins (NVRTC under the sanitizer is slow).
 """
 
@@ -13,7 +15,31 @@ from __future__ import annotations
 import sys
 
 
-def main() -> int:
+def flash3_cases(cp, rng, dtypes) -> int:
+    """The ragged / causal / grouped-query shapes through schedule="flash3" (Hopper only)."""
+    from iosim import gpu
+
+    n = 0
+    for dtype in dtypes:
+        for d in gpu.FLASH3_TILES:
+            for causal in (False, True):
+                for N, Nk in ((130, 97), (37, 150), (200, 260)):
+                    q = rng.standard_normal((1, N, 4, d), dtype=cp.float32).astype(dtype)
+                    k = rng.standard_normal((1, Nk, 2, d), dtype=cp.float32).astype(dtype)
+                    v = rng.standard_normal((1, Nk, 2, d), dtype=cp.float32).astype(dtype)
+                    o, _ = gpu.attention(q, k, v, schedule="flash3", causal=causal, return_lse=True)
+                    assert not bool(cp.isnan(o.astype(cp.float32)).any()), (d, causal, N, Nk)
+                    n += 1
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--schedule", choices=["flash2", "flash3"], default="flash2",
+                    help="flash2: flash2 and naive launches (default); flash3: the flash3 kernel's")
+    args = ap.parse_args(argv)
     import cupy as cp
     import ml_dtypes  # CuPy 14's bfloat16 is ml_dtypes.bfloat16
     import numpy as np
@@ -21,6 +47,11 @@ def main() -> int:
     from iosim import gpu
 
     rng = cp.random.default_rng(0)
+    if args.schedule == "flash3":
+        n = flash3_cases(cp, rng, (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)))
+        cp.cuda.runtime.deviceSynchronize()
+        print(f"sanitize_cases: {n} flash3 launches ran")
+        return 0
     n = 0
     for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
         for d, tiles in gpu.FLASH_TILES.items():

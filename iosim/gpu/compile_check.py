@@ -7,7 +7,8 @@ For each instantiation and architecture it writes a translation unit that #inclu
 NVRTC (see ``build.nvrtc_options``) plus ``-Xptxas -v``, and prints registers, stack frame and spills. Exit status:
 0 when everything compiled and no head-dim 64 or 128 flash configuration spills; 1 otherwise; 2 if nvcc is missing.
 One flash instantiation per architecture is also built with -DIOSIM_BLOCK_TRACE (the block-timeline variant), and
-the probe kernels of ``kernels/topology.cu`` (plain C, no templates) are built as they are.
+the L2 calibration probes of ``kernels/probes.cu`` (plain C, no templates) are built as they are. Where sm_90 is checked,
+every flash3 instantiation (``kernels/flash3_fwd.cu``, wgmma and TMA) is built for sm_90a, and none may spill.
 """
 
 from __future__ import annotations
@@ -23,7 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from iosim._resources import kernels_dir
-from iosim.gpu.build import COMPILE_ARCHS, FlashInstance, NaiveInstance, all_instances, nvcc_options
+from iosim.gpu.build import (
+    COMPILE_ARCHS,
+    FLASH3_ARCH,
+    Flash3Instance,
+    FlashInstance,
+    NaiveInstance,
+    all_instances,
+    flash3_instances,
+    nvcc_options,
+)
 
 NO_SPILL_HEAD_DIMS = (64, 128)  # a spill in these flash configurations fails the check
 
@@ -34,7 +44,7 @@ _RE_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+
 @dataclass
 class Result:
     name: str
-    arch: int
+    arch: int | str  # 80, 90, or "90a" (flash3)
     ok: bool
     registers: int = -1
     stack: int = -1
@@ -63,11 +73,11 @@ class PlainSource:
         object.__setattr__(self, "name_expression", self.source)
 
 
-PLAIN_SOURCES = (PlainSource("topology.cu"),)
+PLAIN_SOURCES = (PlainSource("probes.cu"),)
 
 
 def _compile(
-    inst: FlashInstance | NaiveInstance | PlainSource, arch: int, nvcc: str, workdir: Path, defines: tuple[str, ...] = ()
+    inst: FlashInstance | Flash3Instance | NaiveInstance | PlainSource, arch: int | str, nvcc: str, workdir: Path, defines: tuple[str, ...] = ()
 ) -> Result:
     kdir = kernels_dir()
     safe = re.sub(r"[^A-Za-z0-9]+", "_", inst.name_expression + "".join(defines)).strip("_")
@@ -81,7 +91,8 @@ def _compile(
         arch,
         proc.returncode == 0,
         log=log if proc.returncode else "",
-        must_not_spill=isinstance(inst, FlashInstance) and inst.head_dim in NO_SPILL_HEAD_DIMS,
+        must_not_spill=(isinstance(inst, FlashInstance) and inst.head_dim in NO_SPILL_HEAD_DIMS)
+        or isinstance(inst, Flash3Instance),
     )
     if m := _RE_REGS.search(log):
         res.registers = int(m.group(1))
@@ -109,9 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     traced = next(i for i in all_instances() if isinstance(i, FlashInstance) and i.head_dim == 128)
     jobs += [(traced, arch, (TRACE_DEFINE,)) for arch in archs]
     jobs += [(src, arch, ()) for arch in archs for src in PLAIN_SOURCES]
+    if 90 in archs:  # flash3 exists for the arch-specific Hopper target only
+        jobs += [(inst, FLASH3_ARCH, ()) for inst in flash3_instances()]
+    n3 = sum(isinstance(j[0], Flash3Instance) for j in jobs)
     print(
-        f"compile_check: {len(jobs)} instantiations ({len(jobs) // len(archs)} x sm_{', sm_'.join(map(str, archs))})"
-        f" with {nvcc}, {args.jobs} jobs; kernels from {kernels_dir()}",
+        f"compile_check: {len(jobs)} instantiations ({(len(jobs) - n3) // len(archs)} x sm_{', sm_'.join(map(str, archs))}"
+        f"{f' + {n3} flash3 x sm_{FLASH3_ARCH}' if n3 else ''}) with {nvcc}, {args.jobs} jobs; kernels from {kernels_dir()}",
         flush=True,
     )
     with (
@@ -123,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in results if not r.ok]
     spilled = [r for r in results if r.ok and r.must_not_spill and r.spills]
     w = max(len(r.name) for r in results)
-    print(f"{'instantiation':<{w}}  arch   regs  stack  spill_st  spill_ld  status")
+    print(f"{'instantiation':<{w}}  arch    regs  stack  spill_st  spill_ld  status")
     for r in results:
         status = (
             "FAIL"
@@ -131,14 +145,14 @@ def main(argv: list[str] | None = None) -> int:
             else ("SPILL" if r.spills and r.must_not_spill else ("spill" if r.spills else "ok"))
         )
         print(
-            f"{r.name:<{w}}  sm_{r.arch}  {r.registers:>5}  {r.stack:>5}  {r.spill_stores:>8}  {r.spill_loads:>8}  "
+            f"{r.name:<{w}}  {'sm_' + str(r.arch):<6} {r.registers:>5}  {r.stack:>5}  {r.spill_stores:>8}  {r.spill_loads:>8}  "
             f"{status}"
         )
     for r in failed:
         print(f"\n--- {r.name} sm_{r.arch} failed:\n{r.log}", file=sys.stderr)
     print(
         f"compile_check: {len(results) - len(failed)}/{len(results)} compiled; "
-        f"{len(spilled)} forbidden spills (head dims {NO_SPILL_HEAD_DIMS})"
+        f"{len(spilled)} forbidden spills (flash2 head dims {NO_SPILL_HEAD_DIMS}, every flash3)"
     )
     return 1 if failed or spilled else 0
 

@@ -1,0 +1,55 @@
+"""The flash3 build lists, without a GPU or CuPy: what compile_check builds is what the library launches."""
+
+from __future__ import annotations
+
+from iosim import launch
+from iosim._resources import kernels_dir
+from iosim.gpu import build, flash3
+
+
+def test_every_flash3_tile_has_an_instantiation_per_dtype_and_mask():
+    insts = build.flash3_instances()
+    assert len(insts) == len(launch.FLASH3_TILES) * len(build.CUDA_TYPES) * 2
+    for d, (bq, bkv) in launch.FLASH3_TILES.items():
+        assert bq == 128  # 2 consumer warpgroups x wgmma's M of 64; the kernel's Br
+        for dt in build.CUDA_TYPES:
+            for causal in (False, True):
+                assert build.Flash3Instance(d, bkv, dt, causal) in insts
+
+
+def test_flash3_compiles_for_sm90a_only():
+    inst = build.flash3_instances()[0]
+    assert inst.nvrtc_extra == ("-arch=sm_90a",)
+    opts = build.nvcc_options(kernels_dir(), build.FLASH3_ARCH)
+    assert "-gencode=arch=compute_90a,code=sm_90a" in opts and not any(o.startswith("-arch") for o in opts)
+    assert "-arch=sm_90" in build.nvcc_options(kernels_dir(), 90)
+
+
+def test_flash3_explicit_instantiation_names_the_kernel():
+    inst = build.Flash3Instance(128, 128, "bfloat16", True)
+    assert inst.name_expression == "iosim::flash3_fwd_kernel<128, 128, __nv_bfloat16, true>"
+    assert inst.explicit_instantiation.startswith(f"template __global__ void {inst.name_expression}(")
+    assert inst.explicit_instantiation.count("const __grid_constant__ iosim::TmaMap") == 3
+    assert (kernels_dir() / inst.source).is_file()
+
+
+def test_the_wgmma_shapes_cover_every_tile():
+    for d, (_, bkv) in launch.FLASH3_TILES.items():
+        assert bkv in flash3.WGMMA_SS_N and d in flash3.WGMMA_RS_N
+
+
+def test_wgmma_header_is_what_its_generator_writes():
+    assert (kernels_dir() / "flash3_wgmma.cuh").read_text() == flash3.wgmma_header()
+
+
+def test_flash3_smem_fits_a_hopper_block():
+    for d, (bq, bkv) in launch.FLASH3_TILES.items():
+        terms = launch.flash3_smem_terms(d, bq, bkv)
+        assert terms["Q_i"] == bq * d * 2 and terms["K_j"] == terms["V_j"] == launch.FLASH3_STAGES * bkv * d * 2
+        assert launch.flash3_smem_bytes(d, bq, bkv) <= 227 * 1024  # sm_90 opt-in limit per block
+
+
+def test_flash3_registers_fit_the_sm():
+    r = launch.FLASH3_REGISTERS
+    assert 128 * r["producer"] + 256 * r["consumer"] <= 65536
+    assert launch.FLASH3_THREADS == 384
