@@ -1,14 +1,17 @@
-"""iosim.measure without a GPU: parsing ncu's CSV (a sample recorded on the H200), grouping launches by marker
-kernels, summing, CSV output, and the clear errors."""
+"""iosim.measure without a GPU: the run descriptions, parsing ncu's CSV (a sample recorded on the H200), grouping
+launches by marker kernels, summing, merging the one-pass DRAM profile, reading records back (repeats, archives),
+CSV output, and the clear errors."""
 
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from iosim import measure as M
+from iosim.measure.records import merge_repeats, read_records, run_of
 
 DATA = Path(__file__).parent / "data"
 
@@ -70,7 +73,7 @@ def test_one_pass_dram_bytes_replace_the_replayed_ones_which_are_kept(sample):
     e = _entry(naive)
     replayed = [k["dram_write_bytes"] for k in e["kernels"]]
     dram = [_with_dram(k, 1000 + i, 10 * i) for i, k in enumerate(naive)]
-    M._use_dram_pass(e, naive, dram)
+    M.use_dram_pass(e, naive, dram)
     assert [k["dram_read_bytes"] for k in e["kernels"]] == [1000, 1001, 1002]
     assert [k["dram_write_bytes_replayed"] for k in e["kernels"]] == replayed
     assert e["measured"]["dram_read_bytes"] == 3003 and e["measured"]["dram_write_bytes"] == 30
@@ -82,7 +85,7 @@ def test_a_dram_profile_of_other_kernels_is_an_error_not_a_mix(sample):
     naive = M.group_by_marker(sample)[4]
     e = _entry(naive)
     before = e["measured"]["dram_read_bytes"]
-    M._use_dram_pass(e, naive, [_with_dram(k, 1, 1) for k in naive[:2]])
+    M.use_dram_pass(e, naive, [_with_dram(k, 1, 1) for k in naive[:2]])
     assert "DRAM profile saw other kernels" in e["error"]
     assert e["measured"]["dram_read_bytes"] == before
 
@@ -104,42 +107,66 @@ def test_missing_ncu_is_a_clear_error(tmp_path):
         M.find_ncu(str(tmp_path / "no-such-ncu"))
 
 
-def test_bad_config_fields():
-    with pytest.raises(M.MeasureError, match="kind='flash3'"):
-        M.Config("flash3")
+def test_each_kind_has_its_own_description_and_bad_fields_are_named():
+    with pytest.raises(M.MeasureError, match="kind='l2reuse'"):
+        M.Attention("l2reuse")
     with pytest.raises(M.MeasureError, match="dtype='fp32'"):
-        M.Config("flash2", dtype="fp32")
-    c = M.Config("flash2", seq_len=512, heads=8)
-    assert c.kv_heads == 8 and c.kv_len == 512
-    with pytest.raises(M.MeasureError, match="interleave"):
-        M.Config("l2write", nbytes=1 << 20, read_bytes=1 << 20, read_shared=True, interleave=True)
-    with pytest.raises(M.MeasureError, match="interleave"):
-        M.Config("flash2", interleave=True)
-    with pytest.raises(M.MeasureError, match="read_written"):
-        M.Config("l2write", nbytes=1 << 20, read_bytes=1 << 20, read_written=True)
-    with pytest.raises(M.MeasureError, match="read_written"):
-        M.Config("l2probe", nbytes=1 << 20, read_written=True)
-    M.Config("l2write", nbytes=1 << 20, read_written=True)  # the probe as meant
-    with pytest.raises(M.MeasureError, match="l2reuse"):
-        M.Config("l2reuse", nbytes=0, read_bytes=1 << 20)
-    with pytest.raises(M.MeasureError, match="l2reuse"):
-        M.Config("l2reuse", nbytes=1 << 20, hot_reps=0)
-    with pytest.raises(M.MeasureError, match="l2reuse"):
-        M.Config("l2reuse", nbytes=1 << 20, spin_us=-1)
-    with pytest.raises(M.MeasureError, match="hot_reps=4"):
-        M.Config("l2probe", nbytes=1 << 20, hot_reps=4)
-    # the probe as meant
-    M.Config("l2reuse", nbytes=1 << 20, read_bytes=1 << 20, read_shared=True, hot_reps=4)
-    with pytest.raises(M.MeasureError, match="read_group=4"):
-        M.Config("l2reuse", nbytes=1 << 20, read_group=4, read_shared=True)
-    with pytest.raises(M.MeasureError, match="read_group=2"):
-        M.Config("l2write", nbytes=1 << 20, read_group=2)
-    M.Config("l2reuse", nbytes=1 << 20, read_group=12)
-    with pytest.raises(M.MeasureError, match="blocks_per_sm=1"):
-        M.Config("l2write", nbytes=1 << 20, blocks_per_sm=1)
+        M.Attention("flash2", dtype="fp32")
+    a = M.Attention("flash2", seq_len=512, heads=8)
+    assert a.kv_heads == 8 and a.kv_len == 512
+    with pytest.raises(M.MeasureError, match="kv_heads=3"):
+        M.Attention("flash2", heads=8, kv_heads=3)
+    with pytest.raises(M.MeasureError, match="only flash2's tiles"):
+        M.Attention("naive", block_q=64, block_kv=64)
+    with pytest.raises(M.MeasureError, match="nbytes=100"):
+        M.ReadProbe(100)
     with pytest.raises(M.MeasureError, match="threads=100"):
-        M.Config("l2probe", nbytes=1 << 20, threads=100)
-    M.Config("l2probe", nbytes=1 << 20, blocks_per_sm=2, threads=128)  # the read probe in flash2's geometry
+        M.ReadProbe(1 << 20, threads=100)
+    with pytest.raises(M.MeasureError, match="interleave"):
+        M.WriteProbe(1 << 20, 1 << 20, shared=True, interleave=True)
+    assert [M.WriteProbe(16, 16, shared=s, interleave=i).mode for s, i in ((0, 0), (1, 0), (0, 1))] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("run", [M.Attention("sdpa-cudnn", seq_len=4096, heads=32, kv_heads=8, causal=True),
+                                 M.ReadProbe(48 << 20, blocks_per_sm=2, threads=128),
+                                 M.WriteProbe(8 << 20, 32 << 20, interleave=True)])
+def test_runs_go_to_the_worker_and_back_unchanged(run):
+    assert M.from_dict(json.loads(json.dumps(M.to_dict(run)))) == run
+
+
+def test_an_unknown_field_is_an_error_that_names_it():
+    with pytest.raises(M.MeasureError, match="spin_us"):
+        M.from_dict({"kind": "l2write", "nbytes": 16, "spin_us": 5})
+
+
+def test_legacy_records_keep_the_kinds_still_measured():
+    legacy = {"kind": "l2write", "seq_len": 1024, "heads": 1, "nbytes": 32, "read_bytes": 16, "read_shared": True,
+              "interleave": False, "read_written": False, "spin_us": 0}
+    assert run_of({"config": legacy}) == M.WriteProbe(32, 16, shared=True)
+    assert run_of({"config": {**legacy, "read_written": True, "read_bytes": 0, "read_shared": False}}) is None
+    assert run_of({"config": {**legacy, "kind": "l2reuse"}}) is None
+
+
+def _launch(read, write):
+    return {"run": M.to_dict(M.ReadProbe(64)), "measured": {"dram_read_bytes": read, "dram_write_bytes": write}}
+
+
+def test_repeated_launches_merge_to_medians_with_each_launch_kept(tmp_path):
+    data = {"device": {"name": "GPU"}, "entries": [_launch(100, 1), _launch(300, 5), _launch(200, 3),
+                                                   {**_launch(0, 0), "error": "boom"}]}
+    (m,) = merge_repeats(data)
+    assert m.measured == {"dram_read_bytes": 200, "dram_write_bytes": 3}
+    assert [x["dram_read_bytes"] for x in m.launches] == [100, 300, 200]
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "measured_probes.json").write_text(json.dumps(data))
+    archive = tmp_path / "run.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        tar.add(folder / "measured_probes.json", arcname="measured_probes.json")
+    for source in (folder, archive, folder / "measured_probes.json"):
+        assert read_records(source) == {"probes": data}
+    with pytest.raises(M.MeasureError, match="not a measured"):
+        read_records(tmp_path / "nothing.txt")
 
 
 def test_no_gpu_is_a_clear_error(monkeypatch):
@@ -150,17 +177,17 @@ def test_no_gpu_is_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(_cupy, "require_cupy", boom)
     with pytest.raises(M.MeasureError, match="GPU"):
-        M.measure([M.Config("flash2")])
+        M.measure([M.Attention("flash2")])
 
 
-def test_csv_output(sample):
+def test_csv_output_one_row_per_run():
     rec = json.loads((DATA / "measured_h200_smoke.json").read_text())
-    run = M.Run(rec["device"], rec["metrics"], rec["ncu_command"], rec["configs"])
-    text = M.to_csv(run)
-    lines = text.strip().splitlines()
+    entries = [{**e, "run": M.to_dict(run_of(e))} for e in rec["configs"] if run_of(e) is not None]
+    record = M.Record(rec["device"], rec["metrics"], rec["ncu_command"], "", entries)
+    lines = M.to_csv(record).strip().splitlines()
     assert lines[0].startswith("kind,batch,heads")
-    assert len(lines) == 1 + len(rec["configs"])
-    assert "flash_fwd_kernel" in text
+    assert len(lines) == 1 + len(entries)
+    assert sum("iosim::flash_fwd_kernel" in ln for ln in lines) == 1
 
 
 def test_choose_metrics_filters_optional():
@@ -189,7 +216,7 @@ def test_cli_without_gpu_is_one_line(monkeypatch):
 def test_device_identity_names_the_physical_gpu():
     uuid = bytes.fromhex("f31e45c5e45786cb1f9947df0918ba08")
     props = {"uuid": uuid, "pciBusID": 0, "pciDeviceID": 6, "pciDomainID": 0}
-    ident = M._device_identity(props)
+    ident = M.device_identity(props)
     # the form nvidia-smi prints (run 6: GPU-f31e45c5-e457-86cb-1f99-47df0918ba08 at 00000000:00:06.0)
     assert ident == {"uuid": "GPU-f31e45c5-e457-86cb-1f99-47df0918ba08", "pci_bus_id": "00000000:00:06.0"}
-    assert M._device_identity({}) == {}
+    assert M.device_identity({}) == {}

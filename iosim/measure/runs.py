@@ -1,0 +1,121 @@
+"""What to measure: one small description per kind of kernel call.
+
+    Attention("flash2", seq_len=4096, heads=32)           # our schedules: flash2, naive (and flash3 where built)
+    Attention("sdpa-flash", seq_len=4096, heads=32)       # torch SDPA's backends: sdpa-flash, sdpa-cudnn
+    ReadProbe(64 << 20)                                   # calibration: a buffer read twice (l2probe)
+    WriteProbe(8 << 20, read_bytes=32 << 20, shared=True) # calibration: written, then other data read (l2write)
+
+A run is plain data: it goes to the worker process (which runs it under Nsight Compute) as JSON and comes back in
+the record, ``to_dict``/``from_dict`` with its ``kind`` as the tag. The probes' kernels are in ``kernels/probes.cu``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+OUR_KERNELS = ("flash2", "naive", "flash3")  # iosim.gpu.attention's schedules
+TORCH_KERNELS = ("sdpa-flash", "sdpa-cudnn")  # torch.nn.functional.scaled_dot_product_attention backends
+ATTENTION_KINDS = OUR_KERNELS + TORCH_KERNELS
+PROBE_KINDS = ("l2probe", "l2write")
+
+
+class MeasureError(RuntimeError):
+    """Measurement cannot run (no GPU, no ncu, counters not permitted, ncu failed, a bad run); the message says which."""
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One attention forward call: ``kind`` one of :data:`ATTENTION_KINDS`; Q (batch, seq_len, heads, head_dim),
+    K and V (batch, kv_len, kv_heads, head_dim); ``block_q``/``block_kv`` (flash2 only) pick the tiles."""
+
+    kind: str
+    seq_len: int = 1024
+    heads: int = 1
+    kv_heads: int | None = None
+    batch: int = 1
+    kv_len: int | None = None
+    head_dim: int = 128
+    dtype: str = "fp16"
+    causal: bool = False
+    block_q: int | None = None
+    block_kv: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in ATTENTION_KINDS:
+            raise MeasureError(f"kind={self.kind!r}: expected one of {', '.join(ATTENTION_KINDS + PROBE_KINDS)}")
+        if self.dtype not in ("fp16", "bf16"):
+            raise MeasureError(f"dtype={self.dtype!r}: expected fp16 or bf16 (the GPU kernels' dtypes)")
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.kv_len is None:
+            object.__setattr__(self, "kv_len", self.seq_len)
+        for name in ("seq_len", "heads", "kv_heads", "batch", "kv_len", "head_dim"):
+            if getattr(self, name) < 1:
+                raise MeasureError(f"{name}={getattr(self, name)}: expected a positive integer")
+        if self.heads % self.kv_heads:
+            raise MeasureError(f"heads={self.heads}, kv_heads={self.kv_heads}: heads must be a multiple of kv_heads")
+        if (self.block_q, self.block_kv) != (None, None) and self.kind != "flash2":
+            raise MeasureError(f"block_q/block_kv for kind={self.kind!r}: only flash2's tiles can be chosen")
+
+
+@dataclass(frozen=True)
+class ReadProbe:
+    """``l2probe``: ``nbytes`` read twice through L2 by a grid of ``blocks_per_sm`` blocks of ``threads`` threads per
+    SM. The second pass reads from DRAM what L2 did not keep; what it writes is the dirty lines present at start."""
+
+    nbytes: int
+    blocks_per_sm: int = 8
+    threads: int = 256
+    kind: str = "l2probe"
+
+    def __post_init__(self):
+        if self.nbytes < 16 or self.nbytes % 16:
+            raise MeasureError(f"nbytes={self.nbytes}: expected a positive multiple of 16 (float4 loads)")
+        if self.blocks_per_sm < 1 or self.threads not in (32, 64, 128, 256, 512, 1024):
+            raise MeasureError(f"blocks_per_sm={self.blocks_per_sm}, threads={self.threads}: expected >= 1 block "
+                               "per SM of 32-1024 threads, a power of two")
+
+
+@dataclass(frozen=True)
+class WriteProbe:
+    """``l2write``, one block of 256 threads per SM: ``nbytes`` written (dirty lines), then ``read_bytes`` of other
+    data read, each line by one SM or, ``shared``, by every SM; ``interleave``: written and read side by side, each
+    thread reading its next 16 B and writing its next 16 B in one step (as flash2 reads Q and writes O). The DRAM
+    writes are the dirty bytes the reads pushed out of L2."""
+
+    nbytes: int
+    read_bytes: int = 0
+    shared: bool = False
+    interleave: bool = False
+    kind: str = "l2write"
+
+    def __post_init__(self):
+        for name in ("nbytes", "read_bytes"):
+            v = getattr(self, name)
+            if v < 0 or v % 16:
+                raise MeasureError(f"{name}={v}: expected a multiple of 16 bytes, >= 0 (float4 accesses)")
+        if self.interleave and self.shared:
+            raise MeasureError("interleave with shared: the interleaved probe reads each line by one SM")
+
+    @property
+    def mode(self) -> int:
+        """The kernel's ``mode`` argument (kernels/probes.cu)."""
+        return 2 if self.interleave else int(self.shared)
+
+
+Run = Attention | ReadProbe | WriteProbe
+
+
+def to_dict(run: Run) -> dict:
+    return asdict(run)
+
+
+def from_dict(d: dict) -> Run:
+    """A run from its dict (``kind`` first); unknown fields are an error that names them."""
+    kind = d.get("kind")
+    cls = ReadProbe if kind == "l2probe" else WriteProbe if kind == "l2write" else Attention
+    known = {f.name for f in fields(cls)}
+    extra = sorted(set(d) - known)
+    if extra:
+        raise MeasureError(f"{kind!r} run: unknown field(s) {', '.join(extra)}; expected {', '.join(sorted(known))}")
+    return cls(**d)
