@@ -25,7 +25,7 @@ def _register():
 
     cli.add_command(simulate.simulate_cmd)
     cli.add_command(profiles.profiles)
-    for extra in ("report", "measure"):  # optional command modules (scenario runs and reports)
+    for extra in ("report", "measure", "calibrate"):  # optional command modules (reports, GPU measurement)
         try:
             mod = __import__(f"{__name__}.{extra}", fromlist=["COMMANDS"])
         except ModuleNotFoundError as exc:
