@@ -2,9 +2,9 @@
 # One call on the lent GPU machine: GPU tests, compute-sanitizer, benchmark. Logs go to $OUT (the device tool's
 # folder that comes back), the short summary to stdout last.
 #   usage (repository root, wheels from ../shared/device/wheels.sh carried as .whl):
-#     bash benchmarks/gpu_session.sh [tests] [sanitize] [bench] [bench-quick] [tiles] [topology] [validate]
-#   validate: the cross-check sweep (docs/validation.md), REPEAT=K times over (default 1), parts in PARTS; its data
-#   go to one archive, $OUT/validate.tgz (the device tool brings back few files).
+#     bash benchmarks/gpu_session.sh [tests] [sanitize] [bench] [bench-quick] [tiles] [record] [calibrate]
+#   record: the validation sweep (docs/validation.md), its archive copied to $OUT; calibrate: the L2 probes and
+#   block timelines (iosim calibrate ... --measure).
 set -uo pipefail
 OUT=${OUT:-/tmp/iosim_out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -42,22 +42,15 @@ for s in $steps; do
         > "$OUT/ncu2.csv" 2> "$OUT/ncu2.err"; summary+=("ncu2: rc=$?")
       grep -a -E '"(gpu__|dram__|smsp__|l1tex__)' "$OUT/ncu.csv" "$OUT/ncu2.csv" \
         | awk -F'","' '{print $5" | "$(NF-2)" | "$NF}' | sed 's/"$//' | cut -c1-160 ;;
-    topology)
-      python3 -m pytest -q -p no:cacheprovider tests/gpu/test_topology_gpu.py -rfE 2>&1 | tail -3
-      python3 benchmarks/validate_topology.py "$OUT/validate" 2>&1 | tee "$OUT/topology.log"
-      summary+=("topology: rc=${PIPESTATUS[0]}") ;;
-    validate)
-      mkdir -p "$OUT/validate"
-      for p in ${PARTS:-flash naive big probes writeback}; do
-        python3 benchmarks/validate_sweep.py "$OUT/validate" --part "$p" --repeat "${REPEAT:-1}" \
-          > "$OUT/validate/sweep_$p.log" 2>&1
-        summary+=("validate $p: rc=$? $(tail -1 "$OUT/validate/sweep_$p.log")")
-        rm -rf "$OUT/validate/work_$p"; gzip -f "$OUT/validate/ncu_$p.csv" 2>/dev/null
-      done ;;
+    record)
+      python3 benchmarks/validation_record.py --measure --no-figure 2>&1 | tee "$OUT/record.log" | tail -30
+      cp data/validation/*-sweep.tar.xz "$OUT/"; summary+=("record: rc=${PIPESTATUS[0]}") ;;
+    calibrate)
+      python3 -m iosim calibrate l2 --measure --json "$OUT/probes.json" 2>&1 | tee "$OUT/calibrate.log" | tail -8
+      python3 -m iosim calibrate block-share --measure 2>&1 | tee -a "$OUT/calibrate.log" | tail -7 ;;
     tiles)
       python3 benchmarks/bench_attention.py --no-peers --d 64 128 --n 4096 --dtype bf16 \
         --tiles 128x32 64x64 128x64 64x128 --csv "$OUT/tiles.csv" 2>&1 | tee "$OUT/tiles.log" | tail -14 ;;
   esac
 done
-[ -d "$OUT/validate" ] && tar czf "$OUT/validate.tgz" -C "$OUT" validate && rm -rf "$OUT/validate"
 printf '%s\n' "${summary[@]}"

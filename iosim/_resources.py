@@ -1,7 +1,8 @@
-"""Where the data folders `kernels/` and `scenarios/` live, installed or not.
+"""Where the data folders `kernels/`, `scenarios/` and the validation records live, installed or not.
 
 A wheel carries them inside the package as ``iosim/_data/<name>`` (see pyproject.toml); a source
-checkout or an editable install has them at the repository's top level, beside ``iosim/``.
+checkout or an editable install has them in the repository, beside ``iosim/``: ``kernels/``, ``scenarios/``
+and ``docs/validation/`` (the per-device records the report reads).
 """
 
 from __future__ import annotations
@@ -11,16 +12,19 @@ from pathlib import Path
 _PACKAGE = Path(__file__).resolve().parent
 
 
+_IN_CHECKOUT = {"kernels": "kernels", "scenarios": "scenarios", "validation": "docs/validation"}
+
+
 def data_dir(name: str) -> Path:
-    """Return the folder ``kernels`` or ``scenarios`` from any working directory."""
-    if name not in ("kernels", "scenarios"):
-        raise ValueError(f"unknown data folder {name!r}: expected 'kernels' or 'scenarios'")
-    for candidate in (_PACKAGE / "_data" / name, _PACKAGE.parent / name):
+    """Return the folder ``kernels``, ``scenarios`` or ``validation`` from any working directory."""
+    if name not in _IN_CHECKOUT:
+        raise ValueError(f"unknown data folder {name!r}: expected one of {', '.join(map(repr, _IN_CHECKOUT))}")
+    for candidate in (_PACKAGE / "_data" / name, _PACKAGE.parent / _IN_CHECKOUT[name]):
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(
         f"iosim's data folder {name!r} is missing: looked in {_PACKAGE / '_data' / name} and "
-        f"{_PACKAGE.parent / name}; reinstall iosim (pip install .)"
+        f"{_PACKAGE.parent / _IN_CHECKOUT[name]}; reinstall iosim (pip install .)"
     )
 
 
@@ -30,3 +34,7 @@ def kernels_dir() -> Path:
 
 def scenarios_dir() -> Path:
     return data_dir("scenarios")
+
+
+def validation_dir() -> Path:
+    return data_dir("validation")

@@ -1,0 +1,211 @@
+"""Regenerate the validation record: docs/validation/<device>.csv, the tables of docs/validation.md, the parity figure.
+
+    python benchmarks/validation_record.py                 # re-judge the committed data (any CPU, about a minute)
+    python benchmarks/validation_record.py --measure       # on a GPU with ncu: measure the sweep first (~10 min)
+
+Without ``--measure`` it reads data/validation/<device>-sweep.tar.xz (iosim.measure records: every launch of every
+problem), simulates each problem with the current model on the built-in profile (``global`` from the schedule's
+counts, ``hbm`` from the L2 model with the launch's measured tiles and registers), writes the record CSV, judges it
+(iosim.validation), prints the table and the outliers, rewrites the table between the ``record`` markers of
+docs/validation.md and writes docs/validation/<device>-parity.html. With ``--measure`` it first runs the sweep
+(each problem ``--repeat`` times, the list over again each time) through iosim.measure and archives the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from iosim.l2 import simulate_l2
+from iosim.launch import launch_model, resident_blocks
+from iosim.measure import Attention, Options, measure
+from iosim.measure.records import Measured, merge_repeats, read_records
+from iosim.problem import AttentionProblem
+from iosim.profile import get_profile
+from iosim.simulate import simulate
+from iosim.validation import Check, judge_all, outliers, summary_table, write_checks
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "data/validation"
+DOCS = ROOT / "docs/validation"
+PROFILE = {"h200": "h200-sxm-141gb"}  # device -> the built-in profile its record is simulated on
+MARK = "<!-- record:{device} {edge} (benchmarks/validation_record.py rewrites this part) -->"
+
+
+def sweep() -> list[Attention]:
+    """The record's problems: our flash2 and naive kernels, torch SDPA's flash (the blind check) and cuDNN (measured,
+    not modeled)."""
+    F, S, N_ = "flash2", "sdpa-flash", "naive"
+    r = [Attention(F, seq_len=n, heads=32) for n in (512, 1024, 2048, 4096, 8192, 16384, 32768)]
+    r += [Attention(F, seq_len=n, heads=32, head_dim=64) for n in (1024, 4096, 16384)]
+    r += [Attention(F, seq_len=n, heads=32, causal=True) for n in (1024, 4096, 16384)]
+    r += [Attention(F, seq_len=4096, heads=32, head_dim=64, causal=True)]
+    r += [Attention(F, seq_len=n, heads=32, kv_heads=8) for n in (4096, 16384)]
+    r += [Attention(F, seq_len=8192, heads=32, kv_heads=8, causal=True)]
+    r += [Attention(F, seq_len=32768, heads=1), Attention(F, seq_len=8192, heads=8)]
+    r += [Attention(F, seq_len=n, heads=32, dtype="bf16") for n in (4096, 16384)]
+    r += [Attention(F, seq_len=8192, heads=32, block_q=64, block_kv=64), Attention(F, seq_len=8192, heads=16, batch=2)]
+    r += [Attention(F, seq_len=16384, heads=4), Attention(F, seq_len=4096, heads=16, head_dim=64)]
+    r += [Attention(F, seq_len=8192, heads=32, dtype="bf16", causal=True), Attention(F, seq_len=2048, heads=2)]
+    r += [Attention(F, seq_len=32768, heads=16, kv_heads=2, head_dim=64, causal=True)]
+    r += [Attention(F, seq_len=65536, heads=32)] + [Attention(F, seq_len=131072, heads=h) for h in (8, 12, 16, 24, 32)]
+    r += [Attention(S, seq_len=n, heads=32) for n in (1024, 4096, 16384)]
+    r += [Attention(S, seq_len=4096, heads=32, head_dim=64), Attention(S, seq_len=4096, heads=32, causal=True)]
+    r += [Attention(S, seq_len=4096, heads=32, kv_heads=8), Attention("sdpa-cudnn", seq_len=4096, heads=32)]
+    r += [Attention(N_, seq_len=n, heads=8, head_dim=64) for n in (512, 1024, 2048, 4096)]
+    r += [Attention(N_, seq_len=n, heads=8) for n in (1024, 4096)]
+    r += [Attention(N_, seq_len=2048, heads=8, head_dim=64, causal=True)]
+    r += [Attention(N_, seq_len=2048, heads=8, kv_heads=2, head_dim=64), Attention(N_, seq_len=16384, heads=1, head_dim=64)]
+    r += [Attention(N_, seq_len=n, heads=8, head_dim=64, dtype="bf16") for n in (1024, 4096)]
+    r += [Attention(N_, seq_len=2048, heads=4, dtype="bf16", causal=True)]
+    r += [Attention(N_, seq_len=8192, heads=2, kv_heads=1, head_dim=64)]
+    return r
+
+
+def fa2_tiles(name: str) -> tuple[int, int]:
+    """(Br, Bc) from FlashAttention-2's kernel name: Flash_fwd_kernel_traits<d, Br, Bc, warps, ...>."""
+    m = re.search(r"Flash_fwd_kernel_traits<\d+, (\d+), (\d+),", name)
+    if not m:
+        raise ValueError(f"no Flash_fwd_kernel_traits in {name[:120]!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
+    """The four checks (global, hbm x read, write) of one measured problem; None where the model has no kernel."""
+    run = m.run
+    if m.error or run.kind not in ("flash2", "naive", "sdpa-flash") or not m.kernels:
+        return None
+    p = AttentionProblem.make(batch=run.batch, heads=run.heads, kv_heads=run.kv_heads, seq_len=run.seq_len,
+                              kv_len=run.kv_len, head_dim=run.head_dim, dtype=run.dtype, causal=run.causal)
+    if run.kind == "flash2":
+        bq, bkv, variant = m.launch["tiles"]["block_q"], m.launch["tiles"]["block_kv"], "iosim"
+    elif run.kind == "naive":
+        qk = m.launch["tiles"]["qk"]
+        bq, bkv, variant = qk["block_m"], qk["block_n"], "iosim"
+    else:
+        (bq, bkv), variant = fa2_tiles(m.kernels[0]["kernel"]), "fa2"
+    schedule = "naive" if run.kind == "naive" else "flash2"
+    prof = get_profile(profile)
+    r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv)
+    regs = [k.get("registers_per_thread") for k in m.kernels]
+    lm = launch_model(schedule, p, r.tiles, variant=variant, registers=regs)
+    resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
+    l2 = simulate_l2(schedule, p, r.tiles, prof, variant=variant, resident=resident)
+    meas = m.measured
+    measured = {("global", "read"): (meas.get("sass_global_ld_bytes") or 0) + (meas.get("sass_global_ldgsts_bytes") or 0),
+                ("global", "write"): meas.get("sass_global_st_bytes"),
+                ("hbm", "read"): meas["dram_read_bytes"], ("hbm", "write"): meas["dram_write_bytes"]}
+    simulated = {("global", "read"): r.counts.global_read_bytes, ("global", "write"): r.counts.global_write_bytes,
+                 ("hbm", "read"): l2.read_bytes, ("hbm", "write"): l2.write_bytes}
+    base = (run.kind, profile, run.batch, run.heads, run.kv_heads, run.seq_len, run.kv_len, run.head_dim, run.dtype,
+            run.causal, bq, bkv)
+    out = []
+    for (b, d), sim in simulated.items():
+        launches = tuple(int(x[f"dram_{d}_bytes"]) for x in m.launches) if b == "hbm" else ()
+        out.append(Check(*base, b, d, int(sim), int(measured[(b, d)]), launches))
+    return out
+
+
+def rewrite_doc(device: str, table: str, meta: str) -> None:
+    """Put ``table`` and ``meta`` between the record markers of docs/validation.md."""
+    doc = ROOT / "docs/validation.md"
+    text = doc.read_text()
+    start, end = MARK.format(device=device, edge="start"), MARK.format(device=device, edge="end")
+    if start not in text or end not in text:
+        print(f"docs/validation.md has no record markers for {device}: table not written there")
+        return
+    head, rest = text.split(start, 1)
+    doc.write_text(f"{head}{start}\n{meta}\n\n{table}\n{end}{rest.split(end, 1)[1]}")
+
+
+def parity_figure(checks: list[Check], path: Path, device: str) -> None:
+    """Simulated against measured bytes, log-log, one panel per boundary and direction, y = x dotted."""
+    panels = [("global", "read"), ("global", "write"), ("hbm", "read"), ("hbm", "write")]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[f"{b} {d} (bytes)" for b, d in panels])
+    colors = {"flash2": "#1f77b4", "naive": "#d62728", "sdpa-flash": "#2ca02c"}
+    for i, (b, d) in enumerate(panels):
+        at = {"row": i // 2 + 1, "col": i % 2 + 1}
+        sel = [c for c in checks if (c.boundary, c.direction) == (b, d)]
+        vals = [v for c in sel for v in (c.simulated, c.measured) if v > 0] or [1, 10]
+        lo, hi = min(vals) / 2, max(vals) * 2
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"color": "gray", "dash": "dot"},
+                                 showlegend=False, hoverinfo="skip"), **at)
+        for kernel, color in colors.items():
+            pts = [c for c in sel if c.kernel == kernel]
+            fig.add_trace(go.Scatter(x=[max(c.measured, lo) for c in pts], y=[max(c.simulated, lo) for c in pts],
+                                     mode="markers", name=kernel, legendgroup=kernel, showlegend=i == 0,
+                                     marker={"color": color, "size": 8}, text=[c.label for c in pts],
+                                     hovertemplate="%{text}<br>measured %{x:.4s}B<br>simulated %{y:.4s}B"
+                                                   "<extra></extra>"), **at)
+        fig.update_xaxes(type="log", title_text="measured (Nsight Compute)", **at)
+        fig.update_yaxes(type="log", title_text="simulated (iosim)", **at)
+    fig.update_layout(title=f"iosim vs Nsight Compute, {device} (sdpa-flash: the blind check, torch's FA2); "
+                            "zeros drawn at the axis floor", height=900, width=1100, template="plotly_white")
+    fig.write_html(path, include_plotlyjs="cdn")
+    print(f"wrote {path}")
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def measure_sweep(device: str, repeat: int) -> None:
+    """Run the sweep ``repeat`` times over through iosim.measure; archive the record as <device>-sweep.tar.xz."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = measure(sweep() * repeat, Options(workdir=tmp, keep_csv=f"{tmp}/ncu_sweep.csv")).to_json()
+        rec["repeat"], rec["commit"] = repeat, _commit()
+        Path(tmp, "measured_sweep.json").write_text(json.dumps(rec, indent=1))
+        with tarfile.open(DATA / f"{device}-sweep.tar.xz", "w:xz") as tar:
+            for name in ("measured_sweep.json", "ncu_sweep.csv"):
+                tar.add(Path(tmp, name), arcname=name)
+    print(f"wrote {DATA / f'{device}-sweep.tar.xz'}: record its device, driver, commit and command in "
+          f"{DATA / 'manifest.json'}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="h200", choices=sorted(PROFILE))
+    ap.add_argument("--measure", action="store_true", help="measure the sweep on this GPU first (ncu)")
+    ap.add_argument("--repeat", type=int, default=3, help="launches of each problem with --measure (default 3)")
+    ap.add_argument("--no-figure", action="store_true", help="skip the parity figure (needs plotly)")
+    args = ap.parse_args(argv)
+    if args.measure:
+        measure_sweep(args.device, args.repeat)
+    profile = PROFILE[args.device]
+    records = read_records(DATA / f"{args.device}-sweep.tar.xz")
+    checks, name = [], args.device
+    for data in records.values():
+        name = data.get("device", {}).get("name", name)
+        for m in merge_repeats(data):
+            checks += simulate_measured(m, profile) or []
+    write_checks(DOCS / f"{args.device}.csv", checks, name)
+    verdicts = judge_all(checks)
+    table = summary_table(verdicts)
+    meta = (f"Judged {datetime.date.today().isoformat()} at commit {_commit()} on profile `{profile}`: "
+            f"`python benchmarks/validation_record.py --device {args.device}`.")
+    print(meta + "\n\n" + table + "\n\noutside the rule, or a lower bound:")
+    for v in outliers(verdicts):
+        c = v.check
+        err = "n/a" if v.error is None else f"{v.error:+.1%}"
+        print(f"  {c.label} {c.boundary} {c.direction}: simulated {c.simulated:,} measured {c.measured:,} ({err})"
+              f"{' passed by ' + v.by if v.passed else ''}{' [lower bound]' if v.lower_bound else ''}")
+    rewrite_doc(args.device, table, meta)
+    if not args.no_figure:
+        parity_figure(checks, DOCS / f"{args.device}-parity.html", args.device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The judging rule of the validation record (iosim.validation) and the committed record read through it."""
+
+from __future__ import annotations
+
+import pytest
+
+from iosim import validation as V
+
+MiB = 1 << 20
+
+
+def check(boundary="hbm", direction="read", sim=100 * MiB, meas=100 * MiB, launches=(), kernel="flash2", **kw):
+    base = dict(kernel=kernel, profile="h200-sxm-141gb", batch=1, heads=32, kv_heads=32, seq_len=4096, kv_len=4096,
+                head_dim=128, dtype="fp16", causal=False, block_q=128, block_kv=32)
+    return V.Check(**{**base, **kw}, boundary=boundary, direction=direction, simulated=sim, measured=meas,
+                   launches=tuple(launches))
+
+
+def test_compulsory_bytes_are_q_k_v_read_and_o_and_statistics_written_once():
+    c = check(batch=2, heads=8, kv_heads=2, seq_len=100, kv_len=300, head_dim=64, dtype="bf16")
+    assert c.compulsory == 2 * 8 * 100 * 64 * 2 * 2 + 2 * 2 * 2 * 300 * 64 * 2 + 2 * 8 * 100 * 4
+    assert check(kernel="naive").compulsory == 4 * 32 * 4096 * 128 * 2  # no statistics
+
+
+def test_global_must_be_exact():
+    assert V.judge(check("global", sim=100, meas=100)).by == "exact"
+    assert not V.judge(check("global", sim=101, meas=100)).passed
+
+
+@pytest.mark.parametrize("direction,bound", [("read", 0.05), ("write", 0.10)])
+def test_hbm_within_the_bound_of_the_measured_bytes(direction, bound):
+    meas = 1000 * MiB  # far above the floor (1% of 134 MB compulsory)
+    assert V.judge(check(direction=direction, sim=int(meas * (1 + bound)), meas=meas)).by == "bound"
+    assert not V.judge(check(direction=direction, sim=int(meas * (1 + bound)) + MiB, meas=meas)).passed
+
+
+def test_near_zero_writes_are_judged_by_the_floor_of_the_compulsory_bytes():
+    floor = V.FLOOR * check().compulsory
+    v = V.judge(check(direction="write", sim=0, meas=int(floor)))
+    assert v.passed and v.by == "floor" and v.error == -1.0
+    assert not V.judge(check(direction="write", sim=0, meas=int(floor) + 1)).passed
+    assert V.judge(check(direction="write", sim=int(floor) + 1, meas=0)).error is None
+
+
+def test_inside_the_range_of_repeated_launches_widened_by_the_bound():
+    launches = (1000 * MiB, 1400 * MiB)
+    assert V.judge(check(sim=1460 * MiB, meas=1200 * MiB, launches=launches)).by == "range"  # 1400 x 1.05 = 1470
+    assert not V.judge(check(sim=1480 * MiB, meas=1200 * MiB, launches=launches)).passed
+    assert not V.judge(check(sim=1460 * MiB, meas=1200 * MiB)).passed  # one launch: no range
+
+
+def test_long_grids_are_marked_lower_bounds():
+    assert V.judge(check(seq_len=131072, kv_len=131072)).lower_bound  # K+V of a head: 64 MiB > L2's 60
+    assert not V.judge(check(seq_len=65536, kv_len=65536)).lower_bound
+    assert not V.judge(check(direction="write", seq_len=131072, kv_len=131072)).lower_bound
+
+
+def test_summary_counts_checks_passes_and_the_worst_error():
+    vs = V.judge_all([check(sim=100, meas=100), check(sim=150 * MiB, meas=100 * MiB), check(sim=99, meas=100)])
+    (row,) = V.summarize(vs)
+    assert (row.checks, row.passed, row.worst_error) == (3, 2, 0.5)
+    assert "| flash2 | hbm read | 3 | 2 |" in V.summary_table(vs)
+    assert [v.check.simulated for v in V.outliers(vs)] == [150 * MiB]
+
+
+def test_a_record_round_trips_and_a_bad_one_names_file_and_line(tmp_path):
+    checks = [check(launches=(1, 2, 3)), check("global", "write", sim=5, meas=5)]
+    V.write_checks(tmp_path / "x.csv", checks, "NVIDIA H200")
+    assert V.read_checks(tmp_path / "x.csv") == checks
+    (tmp_path / "bad.csv").write_text("kernel,profile\nflash2,h200-sxm-141gb\n")
+    with pytest.raises(V.RecordError, match=r"bad\.csv, line 2"):
+        V.read_checks(tmp_path / "bad.csv")
+
+
+def test_the_committed_h200_record_is_found_and_global_is_exact():
+    assert "h200" in V.devices()
+    verdicts = V.judge_all(V.load_record("h200"))
+    assert len(verdicts) == 212
+    assert all(v.passed for v in verdicts if v.check.boundary == "global")
+    assert all(len(v.check.launches) == 3 for v in verdicts if v.check.boundary == "hbm")
+    with pytest.raises(V.RecordError, match="no validation record"):
+        V.load_record("no-such-gpu")
