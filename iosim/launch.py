@@ -203,7 +203,7 @@ def flash3_smem_terms(head_dim: int, block_q: int, block_kv: int, itemsize: int 
         "K_j": FLASH3_STAGES * block_kv * head_dim * itemsize,
         # V_j (Bc x d), likewise
         "V_j": FLASH3_STAGES * block_kv * head_dim * itemsize,
-        # mbarriers: Q full, and full + empty per stage for K and for V (8 B each), padded to 128 B
+        # mbarriers: Q full and empty, and full + empty per stage for K and for V (8 B each), padded to 128 B
         "barriers": 128,
         # the kernel aligns its base to 1024 B (the swizzle pattern repeats every 1024 B)
         "align": 1024,
@@ -212,3 +212,9 @@ def flash3_smem_terms(head_dim: int, block_q: int, block_kv: int, itemsize: int 
 
 def flash3_smem_bytes(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2) -> int:
     return sum(flash3_smem_terms(head_dim, block_q, block_kv, itemsize).values())
+
+
+def flash3_tiles(batch: int, seq_len: int, heads: int, block_q: int = 128) -> int:
+    """Q tiles of one flash3 call: the work items its persistent grid (min(tiles, SMs) blocks) walks through in
+    order ``t = blockIdx.x + i * gridDim.x``, t = m + Tr * (h + heads * b) (causal: m counted from the last tile)."""
+    return cdiv(seq_len, block_q) * heads * batch

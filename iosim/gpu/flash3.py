@@ -108,17 +108,19 @@ def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *,
            dtype: str, block_q: int, block_kv: int, smem: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Launch flash3_fwd_kernel (compiled as ``fn``) on (B, N, H, d) q and (B, N_kv, H_kv, d) k, v; returns (grid, block).
 
-    Grid (Tr, H, B): Q tiles fastest, so co-resident blocks share K/V in L2 (as flash2); causal tiles are visited
-    last-first inside the kernel."""
+    Persistent grid: min(Tr * H * B, SMs) blocks, each taking Q tiles blockIdx.x, blockIdx.x + gridDim.x, ... in
+    flash2's grid order (Q tiles of one (batch, head) fastest, so co-resident blocks share K/V in L2; causal Q tiles
+    last-first within a head)."""
     B, N, H, D = (int(s) for s in q.shape)
     Nk, Hk = int(k.shape[1]), int(k.shape[2])
     tm_q = tensor_map("q", q.data.ptr, dtype, B, N, H, D, block_q)
     tm_k = tensor_map("k", k.data.ptr, dtype, B, Nk, Hk, D, block_kv)
     tm_v = tensor_map("v", v.data.ptr, dtype, B, Nk, Hk, D, block_kv)
-    grid = ((N + block_q - 1) // block_q, H, B)
+    sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+    grid = (min(launch.flash3_tiles(B, N, H, block_q), sms), 1, 1)
     block = (launch.FLASH3_THREADS, 1, 1)
     i32 = cp.int32
-    fn(grid, block, (tm_q, tm_k, tm_v, o, lse, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2)),
+    fn(grid, block, (tm_q, tm_k, tm_v, o, lse, i32(B), i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2)),
        shared_mem=smem)
     return grid, block
 
