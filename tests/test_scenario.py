@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import iosim.scenario.run
 from iosim.scenario import (
     ScenarioError,
     builtin_paths,
@@ -13,6 +14,7 @@ from iosim.scenario import (
     format_sig,
     load_scenario,
     run_scenario,
+    run_scenarios,
     scenario_from_dict,
     tiles_from_sram,
 )
@@ -86,20 +88,11 @@ def test_tiles_take_exactly_one_mode():
                             "problems": [{"seq_len": 128}], "tiles": {"block": 64, "sram_elements": 4096}})
 
 
-def test_backward_pass_is_accepted_only_where_the_simulator_has_one():
-    import inspect
-
-    from iosim import simulate
-
+def test_backward_pass_runs():
     data = {"schema_version": 1, "name": "t", "title": "t", "schedules": ["flash2"],
             "problems": [{"seq_len": 256, "head_dim": 64}], "pass": "backward"}
-    if "pass_" in inspect.signature(simulate).parameters:
-        scn = scenario_from_dict(data)
-        rec = run_scenario(scn).records[0]
-        assert rec["pass"] == "backward" and rec["global_bytes"] > 0
-    else:
-        with pytest.raises(ScenarioError, match="forward pass only"):
-            scenario_from_dict(data)
+    rec = run_scenario(scenario_from_dict(data)).records[0]
+    assert rec["pass"] == "backward" and rec["global_bytes"] > 0
 
 
 def test_sweeps_expand_lists_linear_and_geometric_ranges_as_a_product():
@@ -179,3 +172,32 @@ def test_tiles_that_do_not_fit_are_an_error_in_the_record_unless_overfill_is_all
     assert strict[1]["global_bytes"] is None and "need" in strict[1]["error"]
     loose = run_scenario(scenario_from_dict({**base, "tiles": {"block": [64, 512], "allow_overfill": True}})).records
     assert loose[1]["fits"] is False and loose[1]["global_bytes"] < loose[0]["global_bytes"]
+
+
+def _two_sharing_scenarios():
+    base = {"schema_version": 1, "title": "t", "schedules": ["naive", "flash2"], "l2_model": True}
+    a = scenario_from_dict({**base, "name": "a", "problems": [{"seq_len": [256, 512], "heads": 2}]})
+    b = scenario_from_dict({**base, "name": "b", "problems": [{"seq_len": [512, 1024], "heads": 2}]})
+    return a, b
+
+
+def test_cases_that_scenarios_share_are_simulated_once(monkeypatch):
+    calls = []
+    real = iosim.scenario.run.run_case
+    monkeypatch.setattr(iosim.scenario.run, "run_case", lambda case, *s: calls.append(case) or real(case, *s))
+    a, b = _two_sharing_scenarios()
+    seen = []
+    runs = run_scenarios([a, b], progress=lambda done, total: seen.append((done, total)))
+    assert len(calls) == 6  # 8 cases, 2 of them (N = 512) in both
+    assert seen[-1] == (8, 8)
+    for run, scn in zip(runs, (a, b)):
+        assert [r["case"] for r in run.records] == list(range(4))
+        alone = run_scenario(scn).records
+        assert run.records == alone
+
+
+def test_runs_on_several_processes_give_the_same_records():
+    a, b = _two_sharing_scenarios()
+    serial = [run.records for run in run_scenarios([a, b], workers=1)]
+    parallel = [run.records for run in run_scenarios([a, b], workers=2)]
+    assert parallel == serial

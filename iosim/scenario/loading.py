@@ -1,0 +1,145 @@
+"""Reading scenario files: YAML loaded safely, validated, with errors that name the file, the field as a
+dotted path (``problems[0].seq_len``) and the fix; the built-in scenarios found from any working folder."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .._resources import scenarios_dir
+from ..problem import AttentionProblem, ProblemError
+from ..profile import ProfileError, get_profile
+from .schema import SCHEMA_VERSION, Scenario, ScenarioError
+
+
+def _loc(parts) -> str:
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += ("." if out else "") + str(p)
+    return out or "(top level)"
+
+
+def _model_at(loc) -> type[BaseModel] | None:
+    """The model class whose field is at ``loc[:-1]``, to list the keys it accepts."""
+    model: Any = Scenario
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        model = _unwrap_model(model.model_fields[part].annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _unwrap_model(tp):
+    for arg in (tp, *typing.get_args(tp)):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+        for sub in typing.get_args(arg):
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                return sub
+    return None
+
+
+def format_errors(err: ValidationError, where: str) -> str:
+    lines = [f"{where}: invalid scenario"]
+    for e in err.errors():
+        if e["type"] == "literal_error" and isinstance(e.get("input"), dict):
+            continue  # the other member of a union (tiles: 'default' or a mapping) says what is wrong
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "int"))))
+        path = _loc(loc)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            model = _model_at(loc)
+            known = ", ".join(f.alias or k for k, f in model.model_fields.items()) if model else ""
+            msg = "unknown key: remove it or check its spelling" + (f" (accepted: {known})" if known else "")
+        elif e["type"] == "missing":
+            msg = "required field is missing: add it"
+        elif e["type"] == "literal_error":
+            msg = f"got {e.get('input')!r}: {msg}"
+        lines.append(f"  {path}: {msg}")
+    return "\n".join(lines)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file (YAML or JSON; loaded safely)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such scenario file (built-in ones: {', '.join(builtin_names())})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    return scenario_from_dict(data, str(path), base_dir=path.parent)
+
+
+def scenario_from_dict(data: Any, where: str = "<dict>", base_dir: Path | None = None) -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{where}: a scenario must be a mapping of fields, got {type(data).__name__}")
+    if "problem" in data and "problems" not in data:  # one problem block, written without the list
+        data = {**data, "problems": [data["problem"]]}
+        del data["problem"]
+    if data.get("schema_version") not in (None, SCHEMA_VERSION):
+        raise ScenarioError(f"{where}: schema_version: got {data['schema_version']!r}; this iosim reads "
+                            f"schema_version {SCHEMA_VERSION}")
+    try:
+        scn = Scenario.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(format_errors(err, where)) from None
+    # profiles: built-in names or files relative to the scenario file
+    resolved = []
+    for i, name in enumerate(scn.profiles):
+        p = Path(name)
+        if base_dir is not None and not p.is_absolute() and (base_dir / p).exists():
+            name = str(base_dir / p)
+        try:
+            get_profile(name)
+        except ProfileError as exc:
+            raise ScenarioError(f"{where}: profiles[{i}]: {' '.join(str(exc).split())}") from None
+        resolved.append(name)
+    scn = scn.model_copy(update={"profiles": resolved})
+    scn._where = where
+    # every problem must be valid on its own
+    for i, block in enumerate(scn.problems):
+        for kw in block.expand():
+            try:
+                AttentionProblem.make(**kw)
+            except ProblemError as exc:
+                shown = {k: v for k, v in kw.items() if v is not None}
+                raise ScenarioError(f"{where}: problems[{i}]: {exc} (in the combination {shown})") from None
+    scn._where = where
+    return scn
+
+
+def builtin_paths() -> list[Path]:
+    return sorted(scenarios_dir().glob("*.yaml"))
+
+
+def builtin_names() -> list[str]:
+    return [p.stem for p in builtin_paths()]
+
+
+def resolve_scenario_arg(arg: str) -> Path:
+    """A path, or the name of a built-in scenario."""
+    p = Path(arg)
+    if p.is_file():
+        return p
+    for q in builtin_paths():
+        if q.stem == arg:
+            return q
+    raise FileNotFoundError(f"{arg}: no such scenario file or built-in scenario "
+                            f"(built-in: {', '.join(builtin_names())})")
+
+
+def default_scenarios() -> list[Scenario]:
+    """The built-in scenarios, in report order."""
+    scns = [load_scenario(p) for p in builtin_paths()]
+    return sorted(scns, key=lambda s: (s.order, s.name))
+
