@@ -3,8 +3,10 @@
     python benchmarks/bench_cpu.py [--n 512 1024 ... 65536] [--d 64 128] [--causal] [--naive-max 32768]
                                    [--profile PROFILE.yaml | --detect] [--csv out.csv]
 
-fp32, one head, batch 1. Same inputs, one process; naive and tiled calls alternate, each time is the median of 7
-calls up to N = 8192, 3 up to 16384, else 1; "ratio" is the median of the per-pair naive/tiled ratios. Naive is
+fp32, one head, batch 1. Same inputs, one process; naive and tiled calls alternate, each time is the fastest of 7
+calls up to N = 8192, 3 up to 32768, else 1 (other processes on a shared machine only add time; before each
+pair the script waits, up to 30 s, for the CPUs to be less than 15% busy); "ratio" is
+naive/tiled of those, "med" the median of the per-pair ratios. The load average is printed per row. Naive is
 refused (and reported as not fitting) where one N x N fp32 matrix exceeds the available memory; --naive-max skips
 it above that N to save time. With --detect (or --profile), the CPU model's predicted times stand beside the
 measurements; --detect measures this machine first (a few seconds; iosim.cpu.detect). The first call's compile
@@ -64,14 +66,15 @@ def main(argv=None) -> int:
     elif args.profile:
         profile = get_cpu_profile(args.profile)
     out = []
-    print(f"{'d':>4} {'N':>6} {'naive ms':>10} {'tiled ms':>10} {'ratio':>6} {'pred naive':>11} "
-          f"{'pred tiled':>11} {'pred ratio':>10} {'naive S GB':>10} fits  (seeds' claim {SEEDS_CLAIM}x)")
+    print(f"{'d':>4} {'N':>6} {'naive ms':>10} {'tiled ms':>10} {'ratio':>6} {'med':>5} {'pred naive':>11} "
+          f"{'pred tiled':>11} {'pred ratio':>10} {'naive S GB':>10} fits  load  (seeds' claim {SEEDS_CLAIM}x)")
     for d in args.d:
         for r in ratio_rows(args.n, d, profile, causal=args.causal, naive_max=args.naive_max):
             pr = r.naive_pred_ms / r.tiled_pred_ms if r.naive_pred_ms and r.tiled_pred_ms else None
             print(f"{d:>4} {r.seq_len:>6} {_fmt(r.naive_ms):>10} {_fmt(r.tiled_ms):>10} {_fmt(r.ratio, '.2f'):>6} "
+                  f"{_fmt(r.ratio_median, '.2f'):>5} "
                   f"{_fmt(r.naive_pred_ms):>11} {_fmt(r.tiled_pred_ms):>11} {_fmt(pr, '.2f'):>10} "
-                  f"{r.naive_gb:>10.2f} {'yes' if r.naive_fits else 'NO'}", flush=True)
+                  f"{r.naive_gb:>10.2f} {'yes' if r.naive_fits else 'NO':>4} {os.getloadavg()[0]:5.2f}", flush=True)
             out.append(r)
     if args.csv:
         rows = rows_as_dicts(out)

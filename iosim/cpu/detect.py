@@ -150,6 +150,7 @@ def _sourced(value, what: str, stamp: str) -> dict:
 def detect_profile(name: str = "this-machine") -> CpuProfile:
     """A CpuProfile of this machine: sysfs/proc facts and a few seconds of measurements (module docstring)."""
     stamp = datetime.date.today().isoformat()
+    host.wait_for_idle(timeout_s=60.0)  # other processes' bursts would lower every rate
     caches = {c.level: c for c in host.host_caches()}
     tpc = host.threads_per_core()
     cores = max(1, host.usable_cpus() // tpc)

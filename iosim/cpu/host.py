@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -95,3 +96,29 @@ def total_memory() -> int | None:
     except OSError:
         pass
     return None
+
+
+def busy_fraction(window_s: float = 0.5) -> float | None:
+    """Share of all CPUs' time spent busy over the next ``window_s`` (/proc/stat; None off Linux)."""
+    def read():
+        with open("/proc/stat") as f:
+            vals = [int(x) for x in f.readline().split()[1:]]
+        return vals[3] + vals[4], sum(vals)  # idle + iowait, total
+
+    try:
+        i0, t0 = read()
+        time.sleep(window_s)
+        i1, t1 = read()
+    except OSError:
+        return None
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_for_idle(max_busy: float = 0.15, timeout_s: float = 120.0) -> float | None:
+    """Wait (up to ``timeout_s``) until other processes keep the CPUs less than ``max_busy`` busy; returns the
+    last busy fraction seen. On a shared machine this keeps other jobs' bursts out of the timings."""
+    deadline = time.monotonic() + timeout_s
+    busy = busy_fraction()
+    while busy is not None and busy > max_busy and time.monotonic() < deadline:
+        busy = busy_fraction()
+    return busy
