@@ -4,6 +4,7 @@ can be written as CSV."""
 from __future__ import annotations
 
 import csv
+import re
 
 import numpy as np
 import pytest
@@ -107,3 +108,61 @@ def test_time_relative_to_a_schedule_is_one_for_that_schedule():
     want = [a["predicted_s"] / b["predicted_s"] for a, b in zip(
         [r for r in recs if r["schedule"] == "naive"], [r for r in recs if r["schedule"] == "flash2"])]
     assert list(naive.y) == want
+
+
+def _decoding_records():
+    """Flash-Decoding's sweep: batch × kv_len fixed, so batch moves with kv_len."""
+    return _records(schedules=["flash2", "flash-decoding"], profiles=["a100-sxm4-40gb"], problems=[
+        {"batch": 64 // n, "seq_len": 1, "kv_len": n * 256, "heads": 16, "kv_heads": 2} for n in (1, 4, 16, 64)])
+
+
+def test_bars_keep_one_series_per_schedule_when_a_field_moves_with_x():
+    recs = _decoding_records()
+    fig = plots.bars(recs, "kv_len", "predicted_s")
+    assert [t.name for t in fig.data] == ["flash2", "flash-decoding"]
+    assert list(fig.data[0].x) == [f"kv_len={r['kv_len']}<br>batch={r['batch']}" for r in recs
+                                   if r["schedule"] == "flash2"]
+
+
+def test_bars_spanning_ten_times_go_on_a_log_axis():
+    recs = _decoding_records()
+    times = [r["predicted_s"] for r in recs]
+    assert max(times) >= 10 * min(times)
+    assert plots.bars(recs, "kv_len", "predicted_s").layout.yaxis.type == "log"
+    flat = [r for r in recs if r["schedule"] == "flash-decoding"]
+    assert plots.bars(flat, "kv_len", "compulsory_bytes").layout.yaxis.type == "linear"
+
+
+def test_relative_time_draws_one_line_per_schedule_and_mask_and_says_it_is_a_ratio():
+    """FA3's sweep: batch × N fixed; one line per schedule and causal, not one trace per point."""
+    recs = _records(schedules=["flash3", "flash2"], problems=[
+        {"batch": 16384 // n, "seq_len": n, "heads": 16, "head_dim": 128, "causal": [False, True]}
+        for n in (512, 1024, 2048)])
+    fig = plots.time_vs_n(recs, title="Predicted time vs sequence length", relative_to="flash2")
+    assert len(fig.data) == 4 and all(len(t.x) == 3 for t in fig.data)
+    assert "÷ flash2" in fig.layout.title.text and "÷ flash2" in fig.layout.yaxis.title.text
+
+
+def test_roofline_has_one_x_axis_title_under_all_panels():
+    recs = _records(profiles=["a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb"])
+    summaries = {p["name"]: p for p in (profile_summary(get_profile(n)) for n in
+                                        ("a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb"))}
+    fig = plots.roofline(recs, summaries)
+    axes = [fig.layout[k] for k in fig.layout.to_plotly_json() if k.startswith("xaxis")]
+    assert len(axes) == 3 and all(a.title.text is None for a in axes)
+    assert [a.text for a in fig.layout.annotations].count("arithmetic intensity (FLOP per DRAM byte)") == 1
+
+
+def test_log_axes_are_labelled_at_1_2_5_steps_in_one_format():
+    recs = _records(profiles=["h100-sxm5-80gb"])
+    prof = profile_summary(get_profile("h100-sxm5-80gb"))
+    figs = [plots.traffic_vs_n(recs, compulsory=True), plots.time_vs_n(recs), plots.roofline(recs, {prof["name"]: prof})]
+    label = re.compile(r"^[125]0{0,2}(\.\d+)? ?[fpnµmkMGTPEZ]?(B|s)?$")
+    for fig in figs:
+        for key in fig.layout.to_plotly_json():
+            axis = fig.layout[key]
+            if key.startswith(("xaxis", "yaxis")) and axis.type == "log":
+                assert axis.tickvals is not None and len(axis.tickvals) >= 2, key
+                assert all(label.match(t) for t in axis.ticktext), axis.ticktext
+    peak = next(t for t in figs[2].data if t.name == "matmul peak (fp16)").y[0]
+    assert peak > 1e14 and any(t.endswith(("P", "T")) for t in figs[2].layout.yaxis.ticktext)

@@ -1,5 +1,6 @@
-"""The HTML report in a real browser: headless Chromium opens it offline, no JavaScript error is raised, and
-every figure is drawn (a plotly div with its SVG). A screenshot is kept under pytest's tmp dir.
+"""The HTML report in a real browser: headless Chromium opens it offline, no JavaScript error is raised, every
+figure is drawn (a plotly div with its SVG), and at 1280 and 800 px wide no text of a figure overlaps another
+and the page does not scroll sideways. Screenshots are kept under pytest's tmp dir.
 
 Needs Debian's ``chromium`` (/usr/bin/chromium); skipped, with the reason, where it is absent.
 """
@@ -52,15 +53,28 @@ window.addEventListener('unhandledrejection',function(e){window.__iosimErrors.pu
 (function(){var ce=console.error;console.error=function(){window.__iosimErrors.push('console.error: '+
 Array.prototype.join.call(arguments,' '));ce.apply(console,arguments)}})();</script>"""
 
-# Injected at the end: once loaded, count the figures and the drawn ones, and write the result into the DOM.
+# Injected at the end: once loaded, count the figures and the drawn ones, find texts of one figure that overlap
+# (titles, axis titles, tick labels, legend entries, annotations; tick labels of one axis among themselves are
+# plotly's own layout, rotated where crowded, and not compared), measure the page's width against the window's,
+# and write the result into the DOM.
 CHECK = """<script>window.addEventListener('load',function(){setTimeout(function(){
-var divs=document.querySelectorAll('.plotly-graph-div');var drawn=0;
+var divs=document.querySelectorAll('.plotly-graph-div');var drawn=0;var overlaps=[];
 divs.forEach(function(d){if(d.classList.contains('js-plotly-plot')&&d.querySelector('.main-svg')&&
-d.querySelectorAll('.main-svg .trace, .main-svg .bars, .main-svg .scatterlayer path').length>0)drawn++;});
+d.querySelectorAll('.main-svg .trace, .main-svg .bars, .main-svg .scatterlayer path').length>0)drawn++;
+var texts=[];d.querySelectorAll('.main-svg text').forEach(function(t){var s=t.textContent.trim();if(!s)return;
+var st=getComputedStyle(t);if(st.display==='none'||st.visibility==='hidden'||st.opacity==='0')return;
+var r=t.getBoundingClientRect();if(r.width<1||r.height<1)return;
+var tick=t.closest('.xtick, .ytick');var group=tick?(tick.getAttribute('class')+'@'+
+(tick.closest('.subplot')||d).getAttribute('class')+'@'+(tick.parentNode.getAttribute('class')||'')):null;
+texts.push({s:s,r:r,g:group});});
+for(var i=0;i<texts.length;i++)for(var j=i+1;j<texts.length;j++){var a=texts[i],b=texts[j];
+if(a.g&&a.g===b.g)continue;var w=Math.min(a.r.right,b.r.right)-Math.max(a.r.left,b.r.left);
+var h=Math.min(a.r.bottom,b.r.bottom)-Math.max(a.r.top,b.r.top);
+if(w>1&&h>1)overlaps.push(d.id+': '+JSON.stringify(a.s)+' / '+JSON.stringify(b.s));}});
 var pre=document.createElement('pre');pre.id='iosim-check';
-pre.textContent=JSON.stringify({figures:divs.length,drawn:drawn,plotly:typeof Plotly,errors:window.__iosimErrors});
+pre.textContent=JSON.stringify({figures:divs.length,drawn:drawn,plotly:typeof Plotly,errors:window.__iosimErrors,
+overlaps:overlaps,page_width:document.documentElement.scrollWidth,window_width:window.innerWidth});
 document.body.appendChild(pre);},1000);});</script>"""
-
 
 def _report(tmp_path: Path, scenarios: list[str]) -> Path:
     out = tmp_path / "report.html"
@@ -77,13 +91,13 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=180)
 
 
-def _check(tmp_path: Path, report: Path) -> dict:
+def _check(tmp_path: Path, report: Path, width: int = 1280) -> dict:
     page = report.read_text(encoding="utf-8")
     assert '<script src="http' not in page  # nothing fetched: plotly is embedded
     probe = tmp_path / "probe.html"
     probe.write_text(page.replace("<head>", "<head>" + CATCH, 1).replace("</body>", CHECK + "</body>", 1),
                      encoding="utf-8")
-    proc = _chromium(tmp_path, "--virtual-time-budget=20000", "--window-size=1280,1000", "--dump-dom",
+    proc = _chromium(tmp_path, "--virtual-time-budget=20000", f"--window-size={width},1000", "--dump-dom",
                      probe.as_uri())
     m = re.search(r'<pre id="iosim-check">(.*?)</pre>', proc.stdout, re.S)
     assert m, f"the check did not run; chromium said: {proc.stderr[-2000:]}"
@@ -91,9 +105,9 @@ def _check(tmp_path: Path, report: Path) -> dict:
                       .replace("&gt;", ">"))
 
 
-def _screenshot(tmp_path: Path, report: Path, name: str) -> Path:
+def _screenshot(tmp_path: Path, report: Path, name: str, width: int = 1280) -> Path:
     shot = tmp_path / name
-    _chromium(tmp_path, "--virtual-time-budget=20000", "--window-size=1280,3200", f"--screenshot={shot}",
+    _chromium(tmp_path, "--virtual-time-budget=20000", f"--window-size={width},3200", f"--screenshot={shot}",
               report.as_uri())
     assert shot.is_file() and shot.stat().st_size > 10_000, "chromium wrote no screenshot"
     print(f"\nscreenshot: {shot}")
@@ -104,26 +118,40 @@ def _screenshot(tmp_path: Path, report: Path, name: str) -> Path:
     return shot
 
 
+def _assert_reads_well(result: dict, width: int) -> None:
+    """No text of a figure on another, and nothing wider than the window."""
+    assert result["overlaps"] == [], f"at {width} px, overlapping text: {result['overlaps'][:10]}"
+    assert result["page_width"] <= result["window_width"], f"at {width} px the page scrolls sideways"
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
-def test_small_report_renders_every_figure_without_javascript_errors(tmp_path):
+@pytest.mark.parametrize("width", [1280, 800])
+def test_small_report_renders_every_figure_without_javascript_errors(tmp_path, width):
     scn = tmp_path / "browser-check.yaml"
     scn.write_text(SMALL)
     report = _report(tmp_path, [str(scn)])
-    result = _check(tmp_path, report)
+    result = _check(tmp_path, report, width)
     assert result["plotly"] == "object"
     assert result["errors"] == []
     assert result["figures"] == 6
     assert result["drawn"] == result["figures"]
-    _screenshot(tmp_path, report, "report-small.png")
+    _assert_reads_well(result, width)
+    _screenshot(tmp_path, report, f"report-small-{width}.png", width)
+
+
+@pytest.fixture(scope="module")
+def default_report(tmp_path_factory):
+    return _report(tmp_path_factory.mktemp("default-report"), [])
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
-def test_default_report_renders_every_figure_without_javascript_errors(tmp_path):
-    report = _report(tmp_path, [])
-    n = report.read_text(encoding="utf-8").count('class="plotly-graph-div"')
+@pytest.mark.parametrize("width", [1280, 800])
+def test_default_report_renders_every_figure_without_javascript_errors(tmp_path, default_report, width):
+    n = default_report.read_text(encoding="utf-8").count('class="plotly-graph-div"')
     assert n >= 5
-    result = _check(tmp_path, report)
+    result = _check(tmp_path, default_report, width)
     assert result["errors"] == []
     assert result["figures"] == n
     assert result["drawn"] == n
-    _screenshot(tmp_path, report, "report-default.png")
+    _assert_reads_well(result, width)
+    _screenshot(tmp_path, default_report, f"report-default-{width}.png", width)

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..report import load_run, render_report, saved_runs, write_figures, write_run
 from ..scenario import (
     ScenarioError,
+    check_claims,
     default_scenarios,
     expand,
     load_scenario,
     resolve_scenario_arg,
-    run_scenario,
+    run_scenarios,
 )
 
 
@@ -28,15 +33,28 @@ def _load(args: tuple[str, ...]):
         raise click.ClickException(str(exc)) from None
 
 
+def check_writable(path: Path, folder: bool) -> None:
+    """Refuse, before any simulation, an output path that cannot be written: the message names the path,
+    why, and the fix (click exits with code 2)."""
+    fix = "choose another path with -o/--out"
+    kind = "folder" if folder else "file"
+    if path.exists() and path.is_dir() != folder:
+        raise click.ClickException(f"cannot write the {kind} {path}: it exists and is a "
+                                   f"{'file' if folder else 'folder'}; {fix}")
+    probe = path if path.exists() else next(a for a in path.absolute().parents if a.exists())
+    if not probe.is_dir() and probe != path:
+        raise click.ClickException(f"cannot write the {kind} {path}: {probe} is a file, not a folder; {fix}")
+    if not os.access(probe, os.W_OK):
+        raise click.ClickException(f"cannot write the {kind} {path}: {probe} is not writable (permission or "
+                                   f"read-only file system); {fix}")
+
+
 @contextlib.contextmanager
 def _progress(quiet: bool):
     """A rich progress bar on stderr, only where stderr is a terminal and --quiet is not given."""
     if quiet or not sys.stderr.isatty():
         yield lambda label, total: (lambda done, total: None)
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=False) as bar:
         def make(label: str, total: int):
@@ -47,15 +65,22 @@ def _progress(quiet: bool):
 
 
 def _run_all(scenarios, quiet: bool):
-    runs = []
+    """Every scenario simulated on this machine's cores; a case that several scenarios share, once."""
     with _progress(quiet) as make:
-        for scn in scenarios:
-            cb = make(scn.name, len(expand(scn)))
-            try:
-                runs.append(run_scenario(scn, progress=cb))
-            except ScenarioError as exc:
-                raise click.ClickException(str(exc)) from None
-    return runs
+        cb = make(f"simulating {len(scenarios)} scenario{'s' if len(scenarios) > 1 else ''}",
+                  sum(len(expand(scn)) for scn in scenarios))
+        try:
+            return run_scenarios(scenarios, progress=cb, workers=_cores())
+        except ScenarioError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def _cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 @click.command("run")
@@ -67,9 +92,7 @@ def _run_all(scenarios, quiet: bool):
 def run_cmd(scenarios, out_dir, quiet, check):
     """Simulate SCENARIOS (files, or names of built-in scenarios) and write tidy CSV + JSON results and the
     figures (HTML, with each figure's data as CSV beside it) under OUT/<scenario>/."""
-    from ..report import write_run
-    from ..scenario import check_claims
-
+    check_writable(out_dir, folder=True)
     runs = _run_all(_load(scenarios), quiet)
     for run in runs:
         try:
@@ -86,8 +109,6 @@ def run_cmd(scenarios, out_dir, quiet, check):
 
 def _claims_verdict(runs, check: bool) -> None:
     """Every claim that does not match goes to stderr; with --check, they make the exit code 1."""
-    from ..scenario import check_claims
-
     bad = [(run, c) for run in runs for c in check_claims(run, run.scenario.claims) if not c.ok]
     for run, c in bad:
         click.echo(f"iosim: {run.scenario.name}: claim {c.claim.label!r}: simulated {c.shown}, published "
@@ -102,8 +123,6 @@ def _claims_verdict(runs, check: bool) -> None:
 def plot_cmd(results_dir, quiet):
     """Redraw the figures from results saved by 'iosim run' (RESULTS_DIR or its sub-folders), without
     simulating again."""
-    from ..report import load_run, saved_runs, write_figures
-
     for folder in saved_runs(results_dir):
         try:
             paths = write_figures(load_run(folder), folder)
@@ -123,9 +142,8 @@ def plot_cmd(results_dir, quiet):
 def report_cmd(scenarios, out_file, title, quiet, check):
     """Write ONE self-contained HTML report (plotly embedded, opens offline) for SCENARIOS, or for the
     built-in scenarios when none is named."""
-    from ..report import render_report
-
     t0 = time.perf_counter()
+    check_writable(out_file, folder=False)
     runs = _run_all(_load(scenarios), quiet)
     try:
         page = render_report(runs, title=title, elapsed_s=time.perf_counter() - t0)

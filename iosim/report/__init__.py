@@ -1,0 +1,19 @@
+"""Results on disk, figures from scenario specs, and the one-file HTML report.
+
+``iosim run`` = :func:`run_scenario` + :func:`write_run` (tidy CSV + JSON + one HTML and one CSV per figure);
+``iosim plot`` = :func:`load_run` + :func:`write_figures` (no simulation); ``iosim report`` =
+:func:`render_report`: one self-contained HTML file with plotly's JavaScript embedded once, so it opens offline.
+:mod:`.figures` and :mod:`.tables` turn a scenario's specs into figures and tables, :mod:`.measured` reads the
+measurement records, :mod:`.run_io` writes and reads results, :mod:`.page` lays out the page.
+"""
+
+from .figures import PLOTLY_CONFIG, FigureOut, make_figure, make_figures
+from .measured import Measured, load_measured
+from .page import render_report
+from .run_io import load_run, saved_runs, write_figures, write_results, write_run
+from .tables import make_tables
+
+__all__ = [
+    "PLOTLY_CONFIG", "FigureOut", "Measured", "load_measured", "load_run", "make_figure", "make_figures",
+    "make_tables", "render_report", "saved_runs", "write_figures", "write_results", "write_run",
+]

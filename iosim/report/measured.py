@@ -1,0 +1,110 @@
+"""The measured section: committed measurement records beside the simulated bytes, as a table of ratios and
+the parity figure.
+
+:func:`load_measured` is the one place that reads the records; point it at another loader and the table and
+the figure follow. Files are found relative to the scenario file's folder, and ``docs/validation/...`` also in
+the committed records wherever iosim is installed (:func:`iosim._resources.validation_dir`), never in the
+working directory; notes name them as the scenario does, never by an absolute local path.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from .. import plots
+from .._resources import validation_dir
+
+# How scenarios name the committed records: the repository's docs/validation/, installed as package data.
+RECORDS = "docs/validation/"
+
+
+@dataclass
+class Measured:
+    rows: list[dict] = field(default_factory=list)  # plots.MEASUREMENT_COLUMNS, plus ``file``
+    read: list[str] = field(default_factory=list)  # files that gave rows, as named in notes
+    skipped: list[str] = field(default_factory=list)  # files that are not measurement tables, with why
+
+
+def load_measured(pattern: str, scenario_dir: Path | None = None) -> Measured:
+    """The measured records matching ``pattern`` (a glob), from the first place where it matches a file: the
+    scenario's folder, then, for ``docs/validation/...``, the committed records wherever iosim is installed."""
+    out = Measured()
+    hit = _first_match(pattern, scenario_dir)
+    if hit is None:
+        return out
+    folder, found, shown = hit
+    for path in found:
+        rows, why = plots.read_measurement_file(path, shown + str(path.relative_to(folder)))
+        out.rows += rows
+        if why:
+            out.skipped.append(why)
+    out.read = sorted({r["file"] for r in out.rows})
+    return out
+
+
+def _first_match(pattern: str, scenario_dir: Path | None) -> tuple[Path, list[Path], str] | None:
+    """The folder, the files in it and the prefix of their names, at the first place the pattern matches."""
+    for folder, glob, shown in _places(pattern, scenario_dir):
+        found = sorted(p for p in folder.glob(glob) if p.is_file())
+        if found:
+            return folder, found, shown
+    return None
+
+
+def _places(pattern: str, scenario_dir: Path | None) -> list[tuple[Path, str, str]]:
+    """(folder, glob, prefix of the names shown) to try, in order."""
+    p = Path(pattern)
+    if p.is_absolute():  # the user's own folder, named as they wrote it
+        return [(Path(p.anchor), str(p.relative_to(p.anchor)), p.anchor)]
+    places = [(scenario_dir, pattern, "")] if scenario_dir is not None else []
+    if pattern.startswith(RECORDS):
+        try:
+            places.append((validation_dir(), pattern[len(RECORDS):], RECORDS))
+        except FileNotFoundError:
+            pass
+    return places
+
+
+def scenario_dir(where: str) -> Path | None:
+    """The folder of the scenario file a run came from (``where``), if it came from a file."""
+    p = Path(where)
+    return p.parent if p.suffix in (".yaml", ".yml", ".json") and p.parent.is_dir() else None
+
+
+def parity_figure(pattern: str, where: str, title: str | None) -> tuple[go.Figure | None, str]:
+    """The parity figure of the records, and the note under it (which files it read, which it left out)."""
+    m = load_measured(pattern, scenario_dir(where))
+    if not m.read and not m.skipped:
+        return None, (f"No measurement files match {pattern} yet: the parity figure appears once the "
+                      "cross-check writes them (see the validation page).")
+    note = ("Read " + ", ".join(m.read) + "." if m.read else "No measured rows found.") + \
+        (" Not measurement tables: " + "; ".join(m.skipped) + "." if m.skipped else "")
+    kw = {"title": title} if title else {}
+    return (plots.parity(m.rows, **kw) if m.rows else None), note
+
+
+def parity_table(pattern: str, where: str) -> str:
+    """Measured ÷ simulated bytes per kernel, boundary and direction: median, min and max over the rows."""
+    rows = load_measured(pattern, scenario_dir(where)).rows
+    if not rows:
+        return f"<p class=note>No measurement rows match {html.escape(pattern)} yet.</p>"
+    groups: dict = {}
+    for r in rows:
+        if r["simulated_bytes"] > 0:
+            groups.setdefault((r["kernel"], r["boundary"], r.get("direction", "")), []).append(
+                r["measured_bytes"] / r["simulated_bytes"])
+    out = []
+    for (kernel, boundary, direction), ratios in sorted(groups.items()):
+        ratios.sort()
+        mid = len(ratios) // 2
+        med = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+        out.append(f"<tr><td>{html.escape(kernel)}</td><td>{html.escape(boundary)}</td>"
+                   f"<td>{html.escape(direction)}</td><td class=num>{len(ratios)}</td>"
+                   f"<td class=num><b>{med:.3f}</b></td><td class=num>{ratios[0]:.3f}</td>"
+                   f"<td class=num>{ratios[-1]:.3f}</td></tr>")
+    return ("<table><tr><th>kernel</th><th>boundary</th><th>direction</th><th>rows</th><th>measured ÷ simulated, "
+            f"median</th><th>min</th><th>max</th></tr>{''.join(out)}</table>")
