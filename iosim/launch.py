@@ -215,6 +215,7 @@ def flash3_smem_bytes(head_dim: int, block_q: int, block_kv: int, itemsize: int 
 
 
 def flash3_tiles(batch: int, seq_len: int, heads: int, block_q: int = 128) -> int:
-    """Q tiles of one flash3 call: the work items its persistent grid (min(tiles, SMs) blocks) walks through in
-    order ``t = blockIdx.x + i * gridDim.x``, t = m + Tr * (h + heads * b) (causal: m counted from the last tile)."""
+    """Q tiles of one flash3 call: the work items its persistent grid (G = min(tiles, SMs) blocks) walks through.
+    Tile t = m + Tr * (h + heads * b) (causal: m counted from the last tile); in round r block x takes tile
+    r * G + x, or r * G + G - 1 - x on odd rounds (a snake, so causal blocks' work evens out)."""
     return cdiv(seq_len, block_q) * heads * batch

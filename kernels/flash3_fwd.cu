@@ -28,7 +28,9 @@
 //       intra-warpgroup overlap, O stored straight from registers (4-byte stores), grid (Tr, H, B).
 //       Measured (H100, bf16, N=4096): d=128 647 TFLOP/s (0.96x cuDNN), causal 565 (0.98x); d=64 440 (0.91x).
 //   v2  persistent grid (one block per SM, tiles in flash2's order, causal last-first within a head): the next
-//       tile's Q and first K/V load while this tile's last P V and O stores run.
+//       tile's Q and first K/V load while this tile's last P V and O stores run. Measured (H100, A/B with v1):
+//       d=64 +6-9% non-causal, d=128 -1..+1%. (v3, partial sums in the softmax, was slower and is not kept.)
+//   v4  snake order of the persistent grid's rounds (causal blocks' work evens out).
 #include "common.cuh"
 #include "flash3_wgmma.cuh"
 
@@ -148,9 +150,15 @@ __global__ void __launch_bounds__(kF3Threads, 1)
     const int n_tiles = Tr * heads * batch;
     const int offset = kv_len - seq_len;              // causal: row i sees key j iff j <= i + offset
     const long long q_stride = (long long)heads * D;  // elements between consecutive query rows
-    // Persistent grid: block x takes tiles x, x + gridDim.x, ... in the order of flash2's grid (Q tiles of one
-    // (batch, head) fastest, so co-resident blocks share K/V in L2); causal Q tiles last-first within a head
-    // (longest-processing-time first).
+    // Persistent grid: tiles t = m + Tr * (h + H * b) in the order of flash2's grid (Q tiles of one (batch, head)
+    // fastest, so co-resident blocks share K/V in L2); causal Q tiles last-first within a head (longest first).
+    // Round r gives block x tile r * gridDim.x + x, in reverse on odd rounds (a snake): causal tiles shrink along
+    // the list, so a heavy tile in one round is paired with a light one in the next and the blocks' sums of work
+    // even out (a plain stride left some blocks with 3x the work of others at N = 16384, v2).
+    auto snake_tile = [&](int round) {
+        const int x = (round & 1) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+        return round * (int)gridDim.x + x;
+    };
     auto tile_coords = [&](int t, int& m_block, int& h, int& b) {
         const int x = t % Tr;
         m_block = Causal ? Tr - 1 - x : x;
@@ -177,7 +185,9 @@ __global__ void __launch_bounds__(kF3Threads, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
         if (tid == 0) {
             int it = 0, tile_no = 0;  // K/V tiles and Q tiles loaded so far (ring slot and phase follow from them)
-            for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+            for (int round = 0; round * (int)gridDim.x < n_tiles; ++round) {
+                const int t = snake_tile(round);
+                if (t >= n_tiles) continue;
                 int m_block, h, b;
                 tile_coords(t, m_block, h, b);
                 const int n_blocks = kv_blocks<Br, Bc, Causal>(m_block, seq_len, kv_len);
@@ -311,7 +321,9 @@ __global__ void __launch_bounds__(kF3Threads, 1)
     };
 
     int it = 0, tile_no = 0;  // the producer's counters, kept in step
-    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    for (int round = 0; round * (int)gridDim.x < n_tiles; ++round) {
+        const int t = snake_tile(round);
+        if (t >= n_tiles) continue;
         int m_block, h, b;
         tile_coords(t, m_block, h, b);
         const int m0 = m_block * Br;

@@ -77,6 +77,9 @@ def _tensor_map_dtype():
     return np.dtype({"names": [f"w{i}" for i in range(16)], "formats": [np.uint64] * 16})
 
 
+_maps: dict[tuple, Any] = {}  # encoded maps by their arguments: a map is 128 bytes fixed by them alone
+
+
 def tensor_map(name: str, ptr: int, dtype: str, batch: int, rows: int, heads: int, head_dim: int,
                box_rows: int) -> Any:
     """A TMA map of a (batch, rows, heads, head_dim) contiguous tensor, read in boxes of (box_rows rows x 64 head-dim
@@ -84,6 +87,10 @@ def tensor_map(name: str, ptr: int, dtype: str, batch: int, rows: int, heads: in
     in shared memory as wgmma's 128B-swizzled layout. Returned as a NumPy scalar that CuPy passes by value."""
     import numpy as np
 
+    key = (ptr, dtype, batch, rows, heads, head_dim, box_rows)
+    hit = _maps.get(key)
+    if hit is not None:
+        return hit
     e = 2  # bytes per fp16/bf16 element
     dims = (ctypes.c_uint64 * 4)(head_dim, heads, rows, batch)
     strides = (ctypes.c_uint64 * 3)(head_dim * e, heads * head_dim * e, rows * heads * head_dim * e)
@@ -101,7 +108,11 @@ def tensor_map(name: str, ptr: int, dtype: str, batch: int, rows: int, heads: in
             f"failed with CUresult {rc}"
         )
     raw = ctypes.string_at(addr, 128)
-    return np.frombuffer(raw, dtype=_tensor_map_dtype())[0]
+    if len(_maps) >= 256:  # a bounded cache: forget the oldest maps (dicts keep insertion order)
+        for k in list(_maps)[:128]:
+            del _maps[k]
+    _maps[key] = m = np.frombuffer(raw, dtype=_tensor_map_dtype())[0]
+    return m
 
 
 def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool, scale_log2: float,
