@@ -12,6 +12,7 @@ Quantities are written as people write them: ``80GB``, ``50MiB``, ``3.35 TB/s``,
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -30,19 +31,27 @@ class ProfileError(ValueError):
     """A profile could not be found, read or validated; the message names the file and the field."""
 
 
+def _positive(x: float, family: str, given) -> float:
+    """A size or a rate of 0 (or less) is never right: every model divides by it or fits tiles into it."""
+    if x <= 0:
+        raise ValueError(f"{given!r} is not a positive quantity in {family}: a rate or a size must be > 0 "
+                         "(write `value: null` and say so in the source if the number is not published)")
+    return x
+
+
 def _unit(family: str):
     def convert(v):
         if v is None:
             return None
         try:
-            return parse_quantity(v, family)
+            return _positive(parse_quantity(v, family), family, v)
         except UnitError as exc:
             raise ValueError(str(exc)) from None
 
     return BeforeValidator(convert)
 
 
-def _int_bytes(v):
+def _whole_bytes(v, *, positive: bool):
     if v is None:
         return None
     try:
@@ -51,7 +60,15 @@ def _int_bytes(v):
         raise ValueError(str(exc)) from None
     if x != int(x):
         raise ValueError(f"{v!r} is not a whole number of bytes")
-    return int(x)
+    return int(_positive(x, "bytes", v) if positive else x)
+
+
+def _int_bytes(v):
+    return _whole_bytes(v, positive=True)
+
+
+def _int_bytes_or_zero(v):
+    return _whole_bytes(v, positive=False)
 
 
 class _Strict(BaseModel):
@@ -65,6 +82,13 @@ class SourcedBytes(_Strict):
         description="bytes; null = not published"
     )
     source: str = Field(min_length=1, description="datasheet, paper, or 'measured on ... with ...'")
+
+
+class SourcedByteCount(_Strict):
+    """A number of bytes that may be 0 (dirty lines in L2 at a kernel's start)."""
+
+    value: Annotated[int | None, BeforeValidator(_int_bytes_or_zero)] = Field(description="bytes, >= 0")
+    source: str = Field(min_length=1)
 
 
 class SourcedBandwidth(_Strict):
@@ -124,7 +148,7 @@ class L2(_Strict):
     line_size: SourcedBytes = Field(description="cache line (tag granularity), bytes")
     sector_size: SourcedBytes = Field(description="sector (fill granularity), bytes")
     room: L2Room | None = Field(default=None, description="the L2 model's room per byte of each kind")
-    dirty_at_start: SourcedBytes | None = Field(
+    dirty_at_start: SourcedByteCount | None = Field(
         default=None, description="dirty bytes in L2 when a profiled kernel starts (the L2 model's)"
     )
 
@@ -182,6 +206,11 @@ class Profile(_Strict):
     display_name: str
     vendor: str
     notes: str = ""
+    architecture: str | None = Field(
+        default=None,
+        description="hopper, ampere, ada, blackwell, cdna3 ...: a model written for one architecture (flash3's "
+        "Hopper pipeline) warns on another; absent: read from display_name (H100, H200, H800, H20, GH200 = hopper)",
+    )
     sm_count: SourcedCount
     clock: SourcedHz = Field(description="boost clock the peak rates assume")
     memory: list[MemoryLevel] = Field(min_length=4, max_length=4, description="outermost first")
@@ -224,6 +253,12 @@ class Profile(_Strict):
             raise ProfileError(f"profile {self.name!r}: {dotted} is not known ({src}); it is needed here")
         return obj.value
 
+    def is_hopper(self) -> bool:
+        """Whether this is a Hopper GPU (sm_90: wgmma, TMA), the GPU FlashAttention-3's time model describes."""
+        if self.architecture is not None:
+            return self.architecture.strip().lower() == "hopper"
+        return re.search(r"\bG?H(100|200|800|20)\b", self.display_name) is not None
+
     def l2_room(self) -> tuple[float, float, float]:
         """``l2.room`` as (private, shared, dirty); (1, 1, 1) where the profile does not give it."""
         r = self.l2.room
@@ -249,14 +284,17 @@ class Profile(_Strict):
 
 
 def _format_validation(err: ValidationError, where: str) -> str:
+    """One line per bad field: its path, the value given, what is wrong (pydantic's words, or ours)."""
     lines = [f"{where}: invalid profile"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (remove it or check its spelling)"
         elif e["type"] == "missing":
             msg = "required field is missing"
+        elif "input" in e and not isinstance(e["input"], (dict, list)) and repr(e["input"]) not in msg:
+            msg = f"{e['input']!r}: {msg}"  # the value given, where the message does not already say it
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 

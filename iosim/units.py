@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 
 _DECIMAL = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
@@ -45,15 +46,15 @@ def parse_quantity(text: str | int | float, family: str) -> float:
     m = re.fullmatch(_NUMBER + r"\s*(?P<unit>.*)", s)
     if not m:
         raise UnitError(f"cannot read {text!r} as a quantity in {family} (example: {_example(family)})")
-    value = float(m.group("num"))
+    value = Decimal(m.group("num"))  # exact: '66.9 TFLOP/s' is 66.9e12, not 66.9 * 1e12 = 66900000000000.01
     unit = m.group("unit").strip()
     if unit == "":
-        return value
+        return float(value)
     for prefix_table in (_BINARY, _DECIMAL):
         for prefix, factor in prefix_table.items():
             for base in _BASES[family]:
                 if unit == prefix + base:
-                    return value * factor
+                    return float(value * factor)  # one rounding, of the exact product
     raise UnitError(
         f"unknown unit {unit!r} in {text!r}: expected a {family} unit such as {_example(family)} "
         "(prefixes k M G T P decimal, Ki Mi Gi Ti binary)"

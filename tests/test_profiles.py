@@ -7,15 +7,18 @@ import copy
 import json
 import math
 import re
+from decimal import Decimal
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
+from iosim.cli import cli
 from iosim.profile import (
     DEFAULT_PROFILE,
     PROFILES_DIR,
@@ -216,7 +219,7 @@ def test_a_quantity_in_the_wrong_unit_is_an_error_that_names_the_unit(text, fami
         parse_quantity(text, family)
 
 
-@given(n=st.integers(min_value=0, max_value=100_000), prefix=st.sampled_from(sorted(PREFIXES)))
+@given(n=st.integers(min_value=1, max_value=100_000), prefix=st.sampled_from(sorted(PREFIXES)))
 def test_byte_sizes_round_trip_for_every_prefix(n, prefix):
     factor = PREFIXES[prefix]
     assert parse_quantity(f"{n}{prefix}B", "bytes") == n * factor
@@ -492,3 +495,52 @@ def test_the_python_example_in_docs_builds_a_profile():
     scope: dict = {}
     exec(code, scope)
     assert scope["p"].l2.capacity.value == 50 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "location"),
+    [
+        (("memory", 0, "bandwidth"), 0, r"memory\.0\.dram\.bandwidth\.value: 0 is not a positive quantity"),
+        (("memory", 0, "bandwidth"), "0 TB/s", r"memory\.0\.dram\.bandwidth\.value: '0 TB/s' is not a positive"),
+        (("memory", 1, "capacity"), "0MiB", r"memory\.1\.l2\.capacity\.value: '0MiB' is not a positive"),
+        (("compute", "fp32"), 0.0, r"compute\.fp32\.value: 0\.0 is not a positive quantity in flop/s"),
+        (("clock",), "0 GHz", r"clock\.value: '0 GHz' is not a positive"),
+        (("memory", 0, "bandwidth"), -1, r"memory\.0\.dram\.bandwidth\.value: .*non-negative"),
+    ],
+)
+def test_a_zero_or_negative_rate_or_size_is_rejected_naming_the_field(path, value, location):
+    data = _h100_dict()
+    node = data
+    for key in path:
+        node = node[key]
+    node["value"] = value
+    with pytest.raises(ProfileError, match=location) as err:
+        profile_from_dict(data, "my-gpu.yaml")
+    assert "value: null" in str(err.value) or value == -1  # the fix: null where the number is not published
+
+
+def test_zero_dirty_bytes_at_a_kernels_start_is_a_valid_measurement():
+    data = _h100_dict()
+    data["memory"][1]["dirty_at_start"] = {"value": "0B", "source": "measured: nothing dirty"}
+    assert profile_from_dict(data).l2_dirty_at_start() == 0
+
+
+@given(digits=st.integers(1, 999_999), point=st.integers(0, 6),
+       prefix=st.sampled_from(["", "k", "M", "G", "T", "P", "Ki", "Mi", "Gi", "Ti"]))
+def test_a_decimal_quantity_is_read_exactly_then_rounded_once(digits, point, prefix):
+    """'66.9 TFLOP/s' is the float nearest 66.9·10^12 (66900000000000.0), not 66.9 · 1e12 (…0.01)."""
+    text = str(Decimal(digits).scaleb(-point))
+    factor = PREFIXES[prefix]
+    assert parse_quantity(f"{text} {prefix}FLOP/s", "flop/s") == float(Decimal(text) * factor)
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_profiles_show_prints_no_float_noise(name):
+    """Every number `iosim profiles show` prints has the digits it was written with, not 17 of them."""
+    out = CliRunner().invoke(cli, ["profiles", "show", name])
+    assert out.exit_code == 0, out.output
+    numbers = re.findall(r"value: ([0-9.e+-]+)$", out.output, flags=re.M)
+    assert numbers
+    for n in numbers:
+        significant = n.split("e")[0].replace(".", "").strip("0")
+        assert len(significant) <= 10, f"{name}: {n}"
