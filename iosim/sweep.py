@@ -6,6 +6,11 @@
 
 The closed forms are the very functions ``simulate`` uses (``iosim/schedules/*.py``), evaluated on arrays;
 the tests check every element against the scalar path.
+
+Counts are exact: the sizes enter as arrays of Python ints (dtype object), so no product wraps around 64 bits.
+A column whose values all fit in int64 comes back as int64 (every realistic sweep); a column with a larger
+value comes back as an object array of exact Python ints (flash2 at N = 8,388,608, 128 heads, batch 16 executes
+73,786,976,294,838,206,464 matmul FLOPs, 7.38e19 > 2^63).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .counts import TENSORS
-from .problem import ELEMENT_BYTES
+from .problem import ELEMENT_BYTES, MAX_LEN
 from .schedules import ScheduleError, get_schedule
 
 
@@ -56,20 +61,24 @@ def sweep(schedule: str, *, seq_len, kv_len=None, head_dim=128, batch=1, heads=1
     """
     mod = get_schedule(schedule)
     if dtype not in ELEMENT_BYTES:
-        raise ScheduleError(f"dtype={dtype!r}: expected fp32, fp16 or bf16")
+        raise ScheduleError(f"dtype={dtype!r}: expected one of {', '.join(ELEMENT_BYTES)}")
     kv_len = seq_len if kv_len is None else kv_len
-    arrays = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (batch, heads, seq_len, kv_len, head_dim)))
-    if (np.concatenate([a.ravel() for a in arrays]) < 1).any():
-        raise ScheduleError("every size in a sweep must be >= 1")
+    names = ("batch", "heads", "seq_len", "kv_len", "head_dim")
+    arrays = np.broadcast_arrays(*(_exact(name, x) for name, x in zip(names, (batch, heads, seq_len, kv_len,
+                                                                             head_dim), strict=True)))
+    for name, a in zip(names, arrays, strict=True):
+        if name in ("seq_len", "kv_len") and a.size and max(a.flat) > MAX_LEN:
+            raise ScheduleError(f"{name}={max(a.flat)} in the sweep: at most {MAX_LEN:,} (2^31), the length up to "
+                                "which the tile walks count visited score elements exactly in 64-bit integers")
     p = ProblemArrays(*arrays, dtype=dtype, causal=causal)
     if (block_q is None) != (block_kv is None):
         raise ScheduleError("give block_q and block_kv together")
     if block_q is None and schedule != "naive":
         raise ScheduleError(f"{schedule}: a sweep needs explicit block_q and block_kv")
     t = TileArrays(None, None) if block_q is None else TileArrays(
-        *np.broadcast_arrays(np.asarray(block_q, dtype=np.int64), np.asarray(block_kv, dtype=np.int64)))
+        *np.broadcast_arrays(_exact("block_q", block_q), _exact("block_kv", block_kv)))
     shape = np.broadcast_shapes(arrays[0].shape, *(np.shape(x) for x in (t.block_q, t.block_kv) if x is not None))
-    zero = np.zeros(shape, dtype=np.int64)
+    zero = np.zeros(shape, dtype=object)
     out = {"global_read_bytes": zero.copy(), "global_write_bytes": zero.copy(), "sram_read_bytes": zero.copy(),
            "sram_write_bytes": zero.copy(), "flops_matmul": zero.copy(), "flops_exp": zero.copy(),
            "flops_other": zero.copy(), "sram_peak_bytes": zero.copy()}
@@ -90,4 +99,24 @@ def sweep(schedule: str, *, seq_len, kv_len=None, head_dim=128, batch=1, heads=1
             out[f"flops_{f}"] = out[f"flops_{f}"] + k.flops[f] * n
         if k.sram_peak is not None:
             out["sram_peak_bytes"] = np.maximum(out["sram_peak_bytes"], k.sram_peak)
-    return {key: np.broadcast_to(v, shape).astype(np.int64) for key, v in out.items()}
+    return {key: _narrowed(np.broadcast_to(v, shape)) for key, v in out.items()}
+
+
+def _exact(name: str, x) -> np.ndarray:
+    """``x`` as an array of Python ints (dtype object), refusing anything that is not a whole number >= 1."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "iuO" or a.dtype == bool:
+        raise ScheduleError(f"{name}: expected whole numbers (ints or an integer array), got dtype {a.dtype}")
+    flat = [int(v) for v in a.flat]
+    bad = [v for v in flat if v < 1]
+    if bad:
+        raise ScheduleError(f"{name}={bad[0]} in the sweep: every size must be >= 1")
+    return np.array(flat, dtype=object).reshape(a.shape)
+
+
+def _narrowed(a: np.ndarray) -> np.ndarray:
+    """int64 where every value fits (the common case), else the exact Python ints as an object array."""
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    if all(lo <= int(v) <= hi for v in a.flat):
+        return a.astype(np.int64)
+    return np.array([int(v) for v in a.flat], dtype=object).reshape(a.shape)

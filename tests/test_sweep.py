@@ -47,3 +47,38 @@ def test_sweep_broadcasts_tiles_against_sequence_lengths():
 def test_tiled_sweeps_need_their_tiles():
     with pytest.raises(ScheduleError, match="explicit block_q and block_kv"):
         sweep("flash2", seq_len=[128])
+
+
+@pytest.mark.parametrize("schedule,tiles", [("flash2", (128, 64)), ("flash2", (64, 16)), ("flash1", (64, 16)),
+                                            ("naive", (None, None)), ("naive", (64, 16))])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_sweep_counts_stay_exact_past_64_bits(schedule, tiles, dtype):
+    """N = 8,388,608, 128 heads, batch 16: 7.38e19 matmul FLOPs, past int64; every column equals the scalar
+    closed form (Python ints), none wraps to 0 or below."""
+    kw = dict(seq_len=8_388_608, heads=128, batch=16, dtype=dtype)
+    cols = sweep(schedule, **kw, block_q=tiles[0], block_kv=tiles[1])
+    c = closed(schedule, AttentionProblem(**kw), Tiles(*tiles))
+    assert int(cols["flops_matmul"]) == c.flops["matmul"] == 4 * 8_388_608**2 * 128 * 128 * 16
+    assert int(cols["global_read_bytes"]) == c.global_read_bytes
+    assert int(cols["global_write_bytes"]) == c.global_write_bytes
+    assert int(cols["sram_read_bytes"]) == c.sram_read_bytes and int(cols["sram_write_bytes"]) == c.sram_write_bytes
+    for f in ("matmul", "exp", "other"):
+        assert int(cols[f"flops_{f}"]) == c.flops[f]
+    assert all(int(v) >= 0 for v in cols.values())
+
+
+def test_sweep_columns_are_int64_wherever_they_fit():
+    cols = sweep("flash2", seq_len=[1024, 8_388_608], heads=128, batch=16, block_q=128, block_kv=64)
+    assert cols["global_read_bytes"].dtype == np.int64  # fits: int64, as before
+    assert cols["flops_matmul"].dtype == object and cols["flops_matmul"][1] == 73_786_976_294_838_206_464
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(seq_len=[2**31 + 1]), r"seq_len=2147483649 in the sweep: at most"),
+    (dict(seq_len=[128, 0]), r"seq_len=0 in the sweep: every size must be >= 1"),
+    (dict(seq_len=[128.5]), r"seq_len: expected whole numbers"),
+    (dict(seq_len=[128], dtype="fp64"), r"dtype='fp64': expected one of fp32, fp16, bf16, fp8"),
+])
+def test_sweep_refuses_what_it_cannot_count_naming_the_field(kw, message):
+    with pytest.raises(ScheduleError, match=message):
+        sweep("naive", **kw)
