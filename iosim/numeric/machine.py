@@ -1,5 +1,8 @@
 """The numeric interpreter of tile programs: a Machine whose tiles are NumPy arrays.
 
+NaN in Q, K or V propagates: every output row that attends to a NaN element is NaN (and so is its
+statistic), as on a GPU; a row that sees no key is 0 (lse -inf), told apart from NaN by ``l == 0``.
+
 Storage follows the problem dtype (Q, K, V, O, S, P rounded to fp16/bf16/fp8 whenever they are stored in global
 memory), on-chip arithmetic is fp32, statistics are fp32: the same precision a GPU kernel has.
 """
@@ -109,7 +112,7 @@ class NumericMachine(Machine):
         m_safe = np.where(np.isneginf(m), F32(0), m)  # a row that sees no key: P = 0
         P = np.exp(S - m_safe)
         s = P.sum(axis=1, keepdims=True)
-        return np.where(s > 0, P / np.where(s > 0, s, 1), F32(0)).astype(F32)
+        return np.where(s == 0, F32(0), P / np.where(s == 0, 1, s)).astype(F32)  # NaN stays NaN
 
     def zeros_acc(self, rows):
         return np.zeros((rows.size, self.problem.head_dim), dtype=F32)
@@ -130,7 +133,8 @@ class NumericMachine(Machine):
         b = np.exp(np.where(np.isneginf(m_ij), F32(-np.inf), m_ij - safe))  # e^(m~ - m_new)
         l_new = a * l_i + b * l_ij
         num = (l_i * a)[:, None] * O_i + b[:, None] * (P_ij @ V_j)
-        O_new = np.where(l_new[:, None] > 0, num / np.where(l_new > 0, l_new, 1)[:, None], F32(0))
+        empty = l_new == 0  # no key seen yet (a NaN l is not empty: NaN propagates to O)
+        O_new = np.where(empty[:, None], F32(0), num / np.where(empty, 1, l_new)[:, None])
         return O_new.astype(F32), l_new.astype(F32), m_new.astype(F32)
 
     def init_state(self, rows):
@@ -194,7 +198,7 @@ class NumericMachine(Machine):
         return (a[:, None] * O + c[:, None] * O_s).astype(F32), (a * l + c).astype(F32), m_new.astype(F32)
 
     def finalize(self, O, l, m):
-        seen = l > 0
+        seen = l != 0  # a row that saw no key gives O = 0, lse = -inf; a NaN l (NaN input) gives NaN in both
         O_out = np.where(seen[:, None], O / np.where(seen, l, 1)[:, None], F32(0))
         with np.errstate(divide="ignore"):
             lse = np.where(seen, m + np.log(np.where(seen, l, 1)), F32(-np.inf))

@@ -1,5 +1,6 @@
 """softmax(scale · Q Kᵀ) V and its gradients in float64, written directly from the definitions: what every
-schedule's numeric execution (and every GPU kernel) is checked against. Rows that see no key give 0."""
+schedule's numeric execution (and every GPU kernel) is checked against. Rows that see no key give 0; NaN in
+Q, K or V propagates (every row that attends to it is NaN), so a test sees it, as in the numeric execution."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def reference(problem: AttentionProblem, q, k, v) -> np.ndarray:
     m = np.where(np.isneginf(m), 0.0, m)
     P = np.exp(S - m)
     s = P.sum(axis=-1, keepdims=True)
-    P = np.where(s > 0, P / np.where(s > 0, s, 1), 0.0)
+    P = np.where(s == 0, 0.0, P / np.where(s == 0, 1, s))
     return np.einsum("bhnm,bmhd->bnhd", P, vr)
 
 
@@ -43,7 +44,7 @@ def reference_block_sparse(problem: AttentionProblem, q, k, v, block_mask, block
     m = S.max(axis=-1, keepdims=True)
     P = np.exp(S - np.where(np.isneginf(m), 0.0, m))
     s = P.sum(axis=-1, keepdims=True)
-    P = np.where(s > 0, P / np.where(s > 0, s, 1), 0.0)
+    P = np.where(s == 0, 0.0, P / np.where(s == 0, 1, s))
     return np.einsum("bhnm,bmhd->bnhd", P, vr)
 
 
@@ -72,7 +73,7 @@ def reference_backward(problem: AttentionProblem, q, k, v, do, block_mask=None, 
     m = np.where(np.isneginf(m), 0.0, m)
     P = np.exp(S - m)
     s = P.sum(axis=-1, keepdims=True)
-    P = np.where(s > 0, P / np.where(s > 0, s, 1), 0.0)  # (B, H, N, Nk)
+    P = np.where(s == 0, 0.0, P / np.where(s == 0, 1, s))  # (B, H, N, Nk)
     dV = np.einsum("bhnm,bnhd->bmhd", P, do)
     dP = np.einsum("bnhd,bmhd->bhnm", do, vr)
     dS = P * (dP - (P * dP).sum(axis=-1, keepdims=True))
