@@ -9,7 +9,9 @@ class GPUUnavailableError(RuntimeError):
     """CuPy or a usable NVIDIA GPU is missing; the message says which and how to get it."""
 
 
-_INSTALL_HINT = "install the GPU extra on a machine with an NVIDIA GPU: pip install 'iosim[gpu]'"
+# iosim is installed from a clone (no package index serves it), so the extra is named by the path
+_INSTALL_HINT = ("on a machine with an NVIDIA GPU, install the GPU extra from the iosim clone: pip install '.[gpu]' "
+                 "(CuPy for CUDA 13)")
 
 
 def require_cupy() -> Any:
