@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import iosim.cpu as cpu
 from iosim.cpu import kernels
 from iosim.cpu.attention import AttentionInputError, AttentionTypeError, NaiveMemoryError
+from iosim.cpu.compare import measure_pair
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -175,3 +176,10 @@ def test_tiled_memory_grows_like_n_d_not_n_squared():
 def test_tiled_runs_long_sequences_in_o_n_d_memory(n):
     grown = _peak_rss_mb(n, 64)  # naive's S would be 4.3 / 17.2 GB
     assert grown < 128
+
+
+def test_measure_pair_times_both_schedules_on_the_same_inputs():
+    tn, tt, ratio = measure_pair(256, 32, reps=3, idle=False)
+    assert tn > 0 and tt > 0 and ratio > 0
+    tn, tt, ratio = measure_pair(256, 32, reps=1, run_naive=False, idle=False)
+    assert tn is None and ratio is None and tt > 0

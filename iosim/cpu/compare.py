@@ -15,8 +15,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from iosim.cpu import _blas
 from iosim.cpu.attention import attention, available_memory, naive_bytes
-from iosim.cpu.host import wait_for_idle
+from iosim.cpu.detect import detect_profile
+from iosim.cpu.host import model_name, usable_cpus, wait_for_idle
 from iosim.cpu_model import simulate_cpu
 from iosim.cpu_profile import CpuProfile
 from iosim.problem import AttentionProblem
@@ -98,3 +100,15 @@ def ratio_rows(seq_lens, head_dim: int, profile: CpuProfile | None = None, *, ca
 
 def rows_as_dicts(rows: list[RatioRow]) -> list[dict]:
     return [asdict(r) for r in rows]
+
+
+SCENARIO_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
+
+
+def scenario_data(seq_lens=SCENARIO_SEQ_LENS, head_dims=(64,), profile: CpuProfile | None = None) -> dict:
+    """The report scenario "Attention on a CPU": measured naive/tiled ratio vs N on this machine, the model's
+    predicted ratio on ``profile`` (default: this machine, detected now), and the seeds' ~2x claim."""
+    profile = profile if profile is not None else detect_profile()
+    rows = [r for d in head_dims for r in ratio_rows(seq_lens, d, profile)]
+    return {"machine": model_name(), "logical_cpus": usable_cpus(), "gemm": _blas.describe(),
+            "profile": profile.name, "seeds_claim": SEEDS_CLAIM, "rows": rows_as_dicts(rows)}

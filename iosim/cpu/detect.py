@@ -103,23 +103,32 @@ def measure_memory() -> dict[str, float]:
     return {"all_cores": all_cores, "one_core": one_core, "first_touch": first_touch}
 
 
+def _settle() -> None:
+    """Let OpenBLAS's worker threads, which spin for a while after a multi-threaded call, go to sleep: a
+    measurement started at once would share a core with them."""
+    time.sleep(0.3)
+
+
 def measure_gemms(head_dim: int, l2_bytes: int) -> dict[str, float]:
-    """FLOP/s of the qk, pv and tile GEMMs at ``head_dim`` (fp32)."""
+    """FLOP/s of the tile, qk and pv GEMMs at ``head_dim`` (fp32); the tile pair first, before NumPy's
+    multi-threaded BLAS calls leave spinning threads behind."""
     rng = np.random.default_rng(0)
     M = 2048
     q = rng.standard_normal((M, head_dim), dtype=np.float32)
+    t = default_tiles(head_dim, 4, l2_bytes)
+    cores = nb.get_num_threads()
+    qt = rng.standard_normal((cores * t.block_q, head_dim), dtype=np.float32)
+    reps = 16
+    _settle()
+    elapsed = _best(lambda: _tile_gemms(qt, q, q, cores, reps, t.block_q, t.block_kv, BLAS), reps=3)
+    out = {"tile": cores * reps * 4 * t.block_q * M * head_dim / elapsed}
     kt = np.ascontiguousarray(q.T)
     s = np.empty((M, M), dtype=np.float32)
     o = np.empty((M, head_dim), dtype=np.float32)
     flops = 2 * M * M * head_dim
-    out = {"qk": flops / _best(lambda: np.matmul(q, kt, out=s)),
-           "pv": flops / _best(lambda: np.matmul(s, q, out=o))}
-    t = default_tiles(head_dim, 4, l2_bytes)
-    cores = nb.get_num_threads()
-    qt = rng.standard_normal((cores * t.block_q, head_dim), dtype=np.float32)
-    reps = 4
-    elapsed = _best(lambda: _tile_gemms(qt, q, q, cores, reps, t.block_q, t.block_kv, BLAS), reps=3)
-    out["tile"] = cores * reps * 4 * t.block_q * M * head_dim / elapsed
+    out["qk"] = flops / _best(lambda: np.matmul(q, kt, out=s))
+    out["pv"] = flops / _best(lambda: np.matmul(s, q, out=o))
+    _settle()
     return out
 
 
@@ -155,8 +164,9 @@ def detect_profile(name: str = "this-machine") -> CpuProfile:
     tpc = host.threads_per_core()
     cores = max(1, host.usable_cpus() // tpc)
     l2 = caches["l2"].size if "l2" in caches else host.FALLBACK_L2_BYTES
-    mem = measure_memory()
     gemms = {d: measure_gemms(d, l2) for d in HEAD_DIMS}
+    softmax = measure_softmax(l2)
+    mem = measure_memory()
     best = max(r for g in gemms.values() for r in g.values())
     x = np.ones((1024, 1024))
     fp64 = 2 * 1024**3 / _best(lambda: x @ x, reps=3)
@@ -189,7 +199,7 @@ def detect_profile(name: str = "this-machine") -> CpuProfile:
             "fp32": _sourced(best, "best BLAS sgemm rate seen (a lower bound of the peak)", stamp),
             "fp64": _sourced(fp64, "NumPy dgemm 1024^3 (a lower bound of the peak)", stamp),
             "gemm": gemm,
-            "softmax_fp32": _sourced(measure_softmax(l2), "iosim.cpu online softmax, L2-resident tiles, all cores",
+            "softmax_fp32": _sourced(softmax, "iosim.cpu online softmax, L2-resident tiles, all cores",
                                      stamp),
             "numpy_exp_fp32": _sourced(measure_numpy_exp(), "NumPy exp, 256 KB fp32, one core", stamp),
         },
