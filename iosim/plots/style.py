@@ -8,8 +8,9 @@ import math
 import numbers
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
-TEMPLATE = "plotly_white"
+TEMPLATE = pio.templates["plotly_white"]  # the object: a name is looked up and validated on every use
 # One colour per schedule across every figure (schedules added later get the fallback cycle).
 SCHEDULE_COLORS = {
     "naive": "#d62728", "flash1": "#1f77b4", "flash2": "#2ca02c", "flash3": "#9467bd",
@@ -67,17 +68,16 @@ def log_ticks(fig: go.Figure, units: dict | None = None) -> go.Figure:
     (``units`` maps an axis name such as 'yaxis' to the unit its ticks carry). Axes with explicit ticks, or
     whose data has fewer than two ticks, keep plotly's own."""
     units = units or {}
-    for name in [k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]:
-        axis = fig.layout[name]
-        if axis.type != "log" or axis.tickvals is not None:
-            continue
-        ref = name[0] + name[5:]  # 'xaxis2' -> 'x2'
-        vals = [v for tr in fig.data if (getattr(tr, name[0] + "axis", None) or name[0]) == ref
-                for v in (getattr(tr, name[0]) if getattr(tr, name[0]) is not None else [])
-                if isinstance(v, numbers.Real) and v > 0]
-        if not vals:
-            continue
-        ticks = tick_values(min(vals), max(vals))
-        if len(ticks) >= 2:
-            axis.update(tickvals=ticks, ticktext=[si(t, units.get(name, "")) for t in ticks])
+    for letter in "xy":
+        for ref in sorted({getattr(tr, letter + "axis", None) or letter for tr in fig.data}):
+            name = letter + "axis" + ref[1:]  # 'x2' -> 'xaxis2'
+            axis = fig.layout[name]
+            if axis.type != "log" or axis.tickvals is not None:
+                continue
+            vals = [v for tr in fig.data if (getattr(tr, letter + "axis", None) or letter) == ref
+                    for v in (getattr(tr, letter) if getattr(tr, letter) is not None else [])
+                    if isinstance(v, numbers.Real) and v > 0]
+            ticks = tick_values(min(vals), max(vals)) if vals else []
+            if len(ticks) >= 2:
+                axis.update(tickvals=ticks, ticktext=[si(t, units.get(name, "")) for t in ticks])
     return fig
