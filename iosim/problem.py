@@ -17,9 +17,20 @@ DType = Literal["fp32", "fp16", "bf16", "fp8"]  # fp8 = e4m3 (FlashAttention-3's
 ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 STAT_BYTES = 4  # m, l, logsumexp are fp32 in every schedule
 
+# The largest problem iosim takes. Sequence lengths: the tile walks sum visited score elements in 64-bit integers,
+# exact while N·N_kv <= 2^62. Tensors: Q, K, V and O together at most 2^50 B (1.13 PB), thousands of times the
+# memory of any GPU (iosim models one GPU); beyond it the L2 model's per-head arrays alone would not fit in RAM.
+MAX_LEN = 2**31
+MAX_TENSOR_BYTES = 2**50
+
 
 class ProblemError(ValueError):
     """Invalid problem: the message names the field, the value and what is expected."""
+
+
+class InputWarning(UserWarning):
+    """A questionable input: the simulation runs, but its result may not mean what you expect (the message says
+    why and what to change). ``warnings.simplefilter("error", InputWarning)`` turns these into errors."""
 
 
 class AttentionProblem(BaseModel):
@@ -30,8 +41,8 @@ class AttentionProblem(BaseModel):
     batch: int = Field(1, ge=1, description="independent sequences")
     heads: int = Field(1, ge=1, description="query heads")
     kv_heads: int | None = Field(None, ge=1, description="key/value heads (grouped-query); default = heads")
-    seq_len: int = Field(ge=1, description="query length N")
-    kv_len: int | None = Field(None, ge=1, description="key/value length; default = seq_len")
+    seq_len: int = Field(ge=1, le=MAX_LEN, description="query length N (at most 2^31)")
+    kv_len: int | None = Field(None, ge=1, le=MAX_LEN, description="key/value length; default = seq_len")
     head_dim: int = Field(128, ge=1, description="d")
     dtype: DType = "fp16"
     causal: bool = False
@@ -50,6 +61,12 @@ class AttentionProblem(BaseModel):
                 f"heads={self.heads} is not divisible by kv_heads={self.kv_heads}: "
                 "each key/value head must serve a whole group of query heads"
             )
+        if self.tensor_bytes > MAX_TENSOR_BYTES:
+            raise ValueError(
+                f"{self.describe()}: Q, K, V and O would take {self.tensor_bytes:,} B, more than the "
+                f"{MAX_TENSOR_BYTES:,} B (2^50) iosim takes, thousands of times any GPU's memory; "
+                "use fewer heads, a smaller batch or shorter sequences"
+            )
         return self
 
     @classmethod
@@ -66,6 +83,9 @@ class AttentionProblem(BaseModel):
                     parts.append(f"{field}: unknown field")
                 elif not e["loc"]:  # a check across fields
                     parts.append(e["msg"].removeprefix("Value error, "))
+                elif e["type"] == "less_than_equal" and field in ("seq_len", "kv_len"):
+                    parts.append(f"{field}={value!r}: at most {MAX_LEN:,} (2^31): iosim counts visited score "
+                                 "elements exactly in 64-bit integers up to N·N_kv = 2^62")
                 else:
                     parts.append(f"{field}={value!r}: {e['msg']}")
             raise ProblemError("; ".join(parts)) from None
@@ -88,6 +108,12 @@ class AttentionProblem(BaseModel):
     def causal_offset(self) -> int:
         """Query row i sees keys j <= i + causal_offset (bottom-right alignment)."""
         return self.kv_len - self.seq_len
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of Q, K, V and O in the problem dtype: what must sit in GPU memory while the kernel runs."""
+        rows = self.heads * self.seq_len * 2 + self.kv_heads * self.kv_len * 2  # Q, O; K, V
+        return self.batch * rows * self.head_dim * self.elem_bytes
 
     def visible_keys(self, row: int) -> int:
         """Number of keys query ``row`` attends to."""

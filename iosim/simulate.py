@@ -8,19 +8,24 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import Literal
 
 from . import hopper, roofline
+from .blocks import cdiv
 from .counts import Counts
 from .l2 import L2ModelError, simulate_l2, unsupported
 from .machine import Counter
-from .problem import AttentionProblem
+from .problem import AttentionProblem, InputWarning
 from .profile import Profile, get_profile
 from .result import Result
 from .roofline import TimeEstimate
 from .schedules import PASSES, ScheduleError, Tiles, check_fit, get_schedule, resolve_tiles
 from .schedules.backward import group_sum
+from .units import fmt_bytes
+
+MAX_HEAD_DIM = 256  # FlashAttention-2/3 and iosim.gpu take head_dim <= 256, a multiple of 8 (16-byte rows)
 
 Method = Literal["closed", "walk"]
 Pass = Literal["forward", "backward", "both"]
@@ -54,12 +59,50 @@ def predict_time(schedule: str, pass_: str, counts: Counts, hbm_bytes: list[int]
     return roofline.predict(counts, hbm_bytes, problem.dtype, profile)
 
 
+def exceeds_memory(problem: AttentionProblem, profile: Profile) -> str | None:
+    """Why ``problem`` cannot sit in the memory of one GPU of ``profile`` (None if it fits or the size is unknown)."""
+    cap = profile.dram.capacity.value
+    if cap is None or problem.tensor_bytes <= cap:
+        return None
+    return (f"the problem's Q, K, V and O take {fmt_bytes(problem.tensor_bytes)}, more than the "
+            f"{fmt_bytes(cap)} of GPU memory of {profile.display_name}")
+
+
+def questionable(schedule: str, problem: AttentionProblem, profile: Profile, pass_: str, tiles: Tiles,
+                 splits: int | None = None) -> list[str]:
+    """What about this simulation is legal but probably not what was meant: one sentence each, with the fix.
+    ``simulate`` issues each as an :class:`~iosim.problem.InputWarning`."""
+    out, d = [], problem.head_dim
+    if schedule == "flash3" and pass_ != "backward" and not profile.is_hopper():
+        out.append(f"flash3's time model is FlashAttention-3's Hopper pipeline (wgmma, TMA: sm_90), and "
+                   f"{profile.display_name} is not a Hopper GPU: its time is a what-if (the counts hold); use an "
+                   "H100/H200 profile, or write `architecture: hopper` in a profile of your own")
+    if problem.dtype == "fp8" and pass_ != "forward":
+        out.append("dtype=fp8 with the backward pass: FlashAttention-3's fp8 is forward-only, no fp8 backward "
+                   "kernel exists, so these backward counts (1-byte elements) are a what-if; use bf16 or fp16")
+    effective = getattr(tiles, "splits", None)
+    if splits is not None and effective is not None and effective != splits:
+        tc = cdiv(problem.kv_len, tiles.block_kv)
+        out.append(f"splits={splits}: kv_len={problem.kv_len} makes {tc} K/V blocks of {tiles.block_kv} keys and "
+                   f"no split may be empty, so {effective} splits of at most {cdiv(tc, effective)} K/V blocks are used; "
+                   f"give at most {tc} splits, or smaller --block-kv")
+    if d % 8 or d > MAX_HEAD_DIM:
+        out.append(f"head_dim={d}: FlashAttention's kernels and iosim.gpu take a multiple of 8 up to "
+                   f"{MAX_HEAD_DIM}; these counts are of the schedule as written, for a shape no real kernel runs")
+    too_big = exceeds_memory(problem, profile)
+    if too_big:
+        out.append(f"{too_big}: no single GPU of this profile holds it (the counts hold; the time is that of a GPU "
+                   "with enough memory, and the L2 model is not applied); use a smaller batch or fewer heads")
+    return out
+
+
 def with_l2(result: Result, *, strict: bool = False) -> Result:
     """A copy of ``result`` whose ``hbm`` bytes (and time) come from the L2 model (:mod:`iosim.l2`).
 
     Where the model does not apply (backward pass, a schedule without a known launch, a trace too long for the
     Python tracer) ``hbm`` stays equal to ``global`` and ``hbm_model`` says why (``strict``: raise instead)."""
-    reason = unsupported(result.schedule, result.pass_, result.problem, result.tiles, result.counts)
+    too_big = exceeds_memory(result.problem, result.profile)  # the model simulates a launch that fits
+    reason = too_big or unsupported(result.schedule, result.pass_, result.problem, result.tiles, result.counts)
     if reason:
         if strict:
             raise L2ModelError(reason)
@@ -87,14 +130,17 @@ def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | 
     unless ``block_q``/``block_kv`` are given. ``options``: ``splits`` (flash-decoding), ``density``, ``mask``
     (a file or an array), ``seed`` (block-sparse) go to the schedules that take them. ``l2=True`` takes ``hbm``
     from the L2 model (:mod:`iosim.l2`; the CLI's default) where it applies; ``hbm_model`` says which view a
-    result is."""
+    result is. Legal but questionable input (:func:`questionable`: flash3 off Hopper, fp8
+    backward, splits cut to the K/V blocks, head_dim off 8..256, a problem larger than the GPU's memory, to which
+    the L2 model is not applied) runs and issues an :class:`~iosim.problem.InputWarning` that says why and what to
+    change."""
     prof = get_profile(profile)
     if pass_ not in PASSES:
         raise ScheduleError(f"pass={pass_!r}: expected one of {', '.join(PASSES)}")
     if method not in ("closed", "walk"):
         raise ScheduleError(f"method={method!r}: expected 'closed' or 'walk'")
-    if not isinstance(l2, bool):
-        raise ScheduleError(f"l2={l2!r}: expected True or False")
+    if not isinstance(l2, bool):  # l2="no" is a true value: never read a string as a switch
+        raise ScheduleError(f"l2={l2!r}: expected True or False (a bool, not a string)")
     passes = ["forward", "backward"] if pass_ == "both" else [pass_]
     tiles_by_pass, kernels = {}, []
     for ps in passes:
@@ -102,6 +148,8 @@ def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | 
         check_fit(get_schedule(schedule, ps), problem, tiles, prof)
         tiles_by_pass[ps] = tiles
         kernels += (closed if method == "closed" else walk)(schedule, problem, tiles, ps).kernels
+    for msg in questionable(schedule, problem, prof, pass_, tiles_by_pass[passes[0]], options.get("splits")):
+        warnings.warn(msg, InputWarning, stacklevel=2)
     counts = Counts(kernels)
     hbm_read = [k.global_read_bytes for k in counts.kernels]  # no L2 model: hbm = global
     hbm_write = [k.global_write_bytes for k in counts.kernels]

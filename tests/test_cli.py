@@ -104,3 +104,18 @@ def test_problem_api_errors_name_the_field():
         AttentionProblem.make(seq_len=8, colour="red")
     p = AttentionProblem.make(seq_len=8, head_dim=64)
     assert p.kv_len == 8 and p.kv_heads == 1 and p.scale == 0.125
+
+
+def test_simulate_lists_a_bad_profiles_errors_one_per_line_as_validate_does(tmp_path):
+    text = run("profiles", "show", "h100-sxm5-80gb").stdout
+    text = text.replace("sm_count:", "sm_cuont:", 1).replace("value: 3350000000000.0", "value: 0", 1)
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    validate = run("profiles", "validate", str(f))
+    out = run("simulate", "flash2", "--seq-len", "64", "--profile", str(f))
+    assert validate.returncode == out.returncode == 2 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 4  # the file, then sm_count missing, bandwidth 0, sm_cuont unknown
+    assert lines[0] == f"iosim: error: {validate.stderr.strip().splitlines()[0]}"
+    assert lines[1:] == validate.stderr.strip().splitlines()[1:]
+    assert any("memory.0.dram.bandwidth.value: 0 is not a positive quantity" in line for line in lines)

@@ -1,12 +1,15 @@
-"""The ``iosim`` command. Bad input gets one line on stderr and exit code 2, never a traceback."""
+"""The ``iosim`` command. Bad input gets a message on stderr and exit code 2, never a traceback: one line, or,
+for a profile file, one line per bad field as ``iosim profiles validate`` prints them. Warnings (questionable but
+legal input, :class:`~iosim.problem.InputWarning`) print once each as ``iosim: warning: ...``."""
 
 from __future__ import annotations
 
 import sys
+import warnings
 
 import click
 
-from ..problem import ProblemError
+from ..problem import InputWarning, ProblemError
 from ..profile import ProfileError
 from ..schedules import ScheduleError
 from ..units import UnitError
@@ -17,7 +20,8 @@ USER_ERRORS = (ProblemError, ProfileError, ScheduleError, UnitError, FileNotFoun
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="iosim")
 def cli():
-    """Memory traffic of attention schedules (naive, FlashAttention-1/2) across DRAM, L2 and SRAM."""
+    """Memory traffic of attention schedules (naive, FlashAttention-1/2/3, Flash-Decoding, block-sparse,
+    forward and backward) across DRAM, L2 and SRAM."""
 
 
 def _register():
@@ -39,7 +43,20 @@ def _register():
 _register()
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """One line per warning, no source line: the text says what is questionable and what to change."""
+    kind = "warning" if issubclass(category, InputWarning) else category.__name__
+    click.echo(f"iosim: {kind}: {message}", err=True)
+
+
 def main(argv: list[str] | None = None) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # each distinct warning once
+        warnings.showwarning = _show_warning
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         cli.main(args=argv, prog_name="iosim", standalone_mode=False)
     except click.exceptions.Abort:
@@ -47,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.ClickException as exc:
         click.echo(f"iosim: error: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except ProfileError as exc:  # a file's errors one per line, as `iosim profiles validate` lists them
+        click.echo(f"iosim: error: {exc}", err=True)
         sys.exit(2)
     except USER_ERRORS as exc:
         msg = " ".join(line.strip() for line in str(exc).splitlines())

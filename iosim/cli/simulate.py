@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
+from decimal import Decimal, InvalidOperation
 
 import click
+
+try:  # numba compiles the L2 model on the first run after an install; say so instead of hanging silently
+    from numba.core import event as numba_event
+except ImportError:  # pragma: no cover (numba is a dependency; the L2 model has a pure-Python fallback)
+    numba_event = None
 
 from ..problem import AttentionProblem
 from ..schedules import SCHEDULES
@@ -12,15 +19,39 @@ from ..simulate import Result, simulate
 from ..units import fmt_bytes, fmt_rate, fmt_seconds
 
 
+class WholeNumber(click.ParamType):
+    """A size flag: digits (``1_048_576`` too) or an exact power of ten (``1e6``); the problem checks the range."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip().replace("_", "")
+        try:
+            d = Decimal(text)
+        except InvalidOperation:
+            d = None
+        if d is None or not d.is_finite() or d != d.to_integral_value():
+            self.fail(f"{value!r} is not a whole number: write digits, e.g. 4096 or 1_048_576", param, ctx)
+        if d.adjusted() > 30:  # refused here, before Python builds a gigantic int
+            self.fail(f"{value!r} is far larger than any size iosim takes (at most 2^31 tokens, 2^50 bytes)",
+                      param, ctx)
+        return int(d)
+
+
+COUNT = WholeNumber()
+
+
 def problem_options(f):
     """The attention-problem flags, shared by every command that takes a problem."""
     opts = [
-        click.option("--batch", type=int, default=1, show_default=True, help="batch size"),
-        click.option("--heads", type=int, default=1, show_default=True, help="query heads"),
-        click.option("--kv-heads", type=int, default=None, help="key/value heads (grouped-query); default = heads"),
-        click.option("--seq-len", type=int, required=True, help="query length N"),
-        click.option("--kv-len", type=int, default=None, help="key/value length; default = seq-len"),
-        click.option("--head-dim", type=int, default=128, show_default=True, help="head dimension d"),
+        click.option("--batch", type=COUNT, default=1, show_default=True, help="batch size"),
+        click.option("--heads", type=COUNT, default=1, show_default=True, help="query heads"),
+        click.option("--kv-heads", type=COUNT, default=None, help="key/value heads (grouped-query); default = heads"),
+        click.option("--seq-len", type=COUNT, required=True, help="query length N"),
+        click.option("--kv-len", type=COUNT, default=None, help="key/value length; default = seq-len"),
+        click.option("--head-dim", type=COUNT, default=128, show_default=True, help="head dimension d"),
         click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32", "fp8"]), default="fp16", show_default=True,
                      help="element type of Q, K, V, O (fp8 = e4m3)"),
         click.option("--causal", is_flag=True, help="causal mask, aligned bottom-right when kv-len != seq-len"),
@@ -40,13 +71,13 @@ def make_problem(batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype, causa
 @click.argument("schedule", type=click.Choice(list(SCHEDULES)))
 @click.option("--profile", default=None, help="built-in profile name or a .yaml/.json file [default: h100-sxm5-80gb]")
 @problem_options
-@click.option("--block-q", type=int, default=None, help="Br: query rows per tile")
-@click.option("--block-kv", type=int, default=None, help="Bc: key/value rows per tile")
+@click.option("--block-q", type=COUNT, default=None, help="Br: query rows per tile")
+@click.option("--block-kv", type=COUNT, default=None, help="Bc: key/value rows per tile")
 @click.option("--method", type=click.Choice(["closed", "walk"]), default="closed", show_default=True,
               help="closed form (fast) or a walk of the tile program (same numbers, slower)")
 @click.option("--pass", "pass_", type=click.Choice(["forward", "backward", "both"]), default="forward",
               show_default=True, help="forward, backward (consumes the forward's O and statistics), or both")
-@click.option("--splits", type=int, default=None,
+@click.option("--splits", type=COUNT, default=None,
               help="flash-decoding: K/V splits [default: chosen from the profile's SM count]")
 @click.option("--density", type=float, default=None,
               help="block-sparse: fraction of non-zero blocks of a drawn mask [default: 1]")
@@ -61,12 +92,41 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
                  **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time."""
     problem = make_problem(**problem_kw)
-    result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
-                      pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, l2=use_l2)
+    with compile_notice():
+        result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
+                          pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, l2=use_l2)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
         click.echo(render(result))
+
+
+@contextmanager
+def compile_notice():
+    """While inside, the first numba compilation prints one line on stderr. numba caches what it compiles
+    (``cache=True`` in iosim/l2/_common.py), so this happens on the first run after an install, never again:
+    with an empty NUMBA_CACHE_DIR, 6.6 s of compiling (5.9 s of it the L2 model's round loop, ``run_kernel``)
+    then 0.5 s for the next run, on an idle 2-core machine; issue 20 saw ~30 s. Other commands may use it too."""
+    if numba_event is None:
+        yield
+        return
+    with numba_event.install_listener("numba:compile", _CompileNotice()):
+        yield
+
+
+if numba_event is not None:
+    class _CompileNotice(numba_event.Listener):
+        def __init__(self):
+            self.said = False
+
+        def on_start(self, event):
+            if not self.said:
+                self.said = True
+                click.echo("iosim: compiling the L2 model with numba, once per install (cached for later runs; "
+                           "this first run takes a few seconds to half a minute longer)", err=True)
+
+        def on_end(self, event):
+            pass
 
 
 def render(r: Result) -> str:
@@ -113,8 +173,17 @@ def render(r: Result) -> str:
     if j["time"]["unmodeled"]:
         lines.append("  not in the roofline (unpublished in the profile): "
                      + ", ".join(f"{r} ({f})" for r, f in j["time"]["unmodeled"].items()))
-    for k in j["time"]["kernels"]:
-        lines.append(f"  {k['name']:<16} grid {k['grid']:>9,}  {fmt_seconds(k['predicted_s']):>10}  "
-                     f"{k['bound']:<7} utilization {k['utilization']:.0%}")
+    lines += _kernel_rows(j["time"]["kernels"])
     lines.append(f"(decimal units: 1 MB = 10^6 B; hbm model: {r.hbm_model})")
     return "\n".join(lines)
+
+
+def _kernel_rows(kernels: list[dict]) -> list[str]:
+    """One aligned row per kernel: every column as wide as its longest entry (long names, huge grids)."""
+    rows = [(k["name"], f"{k['grid']:,}", fmt_seconds(k["predicted_s"]), k["bound"], f"{k['utilization']:.0%}")
+            for k in kernels]
+    if not rows:
+        return []
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    return [f"  {n:<{w[0]}}  grid {g:>{w[1]}}  {t:>{w[2]}}  {b:<{w[3]}}  utilization {u:>{w[4]}}"
+            for n, g, t, b, u in rows]
