@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -222,4 +223,16 @@ def test_unwritable_output_is_refused_before_any_simulation(tmp_path, capsys, mo
     code, _, err = _cli([command, "footprint", "-o", str(out), "-q"], capsys)
     assert code == 2
     assert str(out) in err and "is a file, not a folder" in err and "choose another path with -o" in err
+    assert "Traceback" not in err and "Errno" not in err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no one may make a folder")
+def test_output_in_a_folder_that_cannot_be_made_is_refused_before_any_simulation(tmp_path, capsys, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("the output path must be checked before simulating")
+
+    monkeypatch.setattr(iosim.scenario.run, "run_case", boom)
+    out = Path("/proc/iosim-no-such-folder/r.html")
+    code, _, err = _cli(["report", "footprint", "-o", str(out), "-q"], capsys)
+    assert code == 2 and str(out) in err and "choose another path with -o" in err
     assert "Traceback" not in err and "Errno" not in err

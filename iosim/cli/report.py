@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,18 +36,26 @@ def _load(args: tuple[str, ...]):
 
 def check_writable(path: Path, folder: bool) -> None:
     """Refuse, before any simulation, an output path that cannot be written: the message names the path,
-    why, and the fix (click exits with code 2)."""
+    why, and the fix (click exits with code 2). The folders on the way are made, as writing would make them;
+    a file that was not there is not left behind."""
+    what = f"cannot write the {'folder' if folder else 'file'} {path}"
     fix = "choose another path with -o/--out"
-    kind = "folder" if folder else "file"
-    if path.exists() and path.is_dir() != folder:
-        raise click.ClickException(f"cannot write the {kind} {path}: it exists and is a "
-                                   f"{'file' if folder else 'folder'}; {fix}")
-    probe = path if path.exists() else next(a for a in path.absolute().parents if a.exists())
-    if not probe.is_dir() and probe != path:
-        raise click.ClickException(f"cannot write the {kind} {path}: {probe} is a file, not a folder; {fix}")
-    if not os.access(probe, os.W_OK):
-        raise click.ClickException(f"cannot write the {kind} {path}: {probe} is not writable (permission or "
-                                   f"read-only file system); {fix}")
+    above = next(a for a in path.absolute().parents if a.exists())
+    if not above.is_dir():
+        raise click.ClickException(f"{what}: {above} is a file, not a folder; {fix}")
+    try:
+        if folder:
+            path.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=path).close()
+        else:
+            existed = path.exists()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8"):
+                pass
+            if not existed:
+                path.unlink()
+    except OSError as exc:
+        raise click.ClickException(f"{what}: {exc.strerror or exc}; {fix}") from None
 
 
 @contextlib.contextmanager
