@@ -53,3 +53,32 @@ def test_flash3_registers_fit_the_sm():
     r = launch.FLASH3_REGISTERS
     assert 128 * r["producer"] + 256 * r["consumer"] <= 65536
     assert launch.FLASH3_THREADS == 384
+
+
+def _loads(sched, blocks, cost):
+    return [sum(cost(t) for t in sched[blocks + 1 + sched[x]: blocks + 1 + sched[x + 1]]) for x in range(blocks)]
+
+
+def test_causal_schedule_covers_every_tile_once_and_evens_out_the_blocks():
+    B, N, H, G = 1, 16384, 16, 132  # Tr = 128 tiles a head against 132 blocks: the snake leaves 1.53x there
+    sched = flash3.tile_schedule(B, N, N, H, 128, 128, True, G)
+    assert sched is not None and len(sched) == G + 1 + 128 * H
+    assert sorted(sched[G + 1:]) == list(range(128 * H)) and sched[0] == 0 and sched[G] == 128 * H
+
+    def cost(t):
+        return flash3.kv_blocks(127 - t % 128, N, N, 128, 128, True) + 1
+
+    loads = _loads(sched, G, cost)
+    assert max(loads) / (sum(loads) / G) < 1.02
+
+
+def test_non_causal_and_balanced_shapes_keep_the_kernels_own_order():
+    assert flash3.tile_schedule(4, 4096, 4096, 16, 128, 128, False, 132) is None
+    assert flash3.tile_schedule(16, 1024, 1024, 16, 128, 128, True, 132) is None  # the snake is as good here
+
+
+def test_kv_blocks_skips_tiles_right_of_the_diagonal_bottom_right_aligned():
+    assert flash3.kv_blocks(0, 256, 256, 128, 128, True) == 1
+    assert flash3.kv_blocks(1, 256, 256, 128, 128, True) == 2
+    assert flash3.kv_blocks(0, 300, 100, 128, 128, True) == 0  # rows 0..127 see keys j <= i - 200: none
+    assert flash3.kv_blocks(0, 100, 1000, 128, 128, False) == 8

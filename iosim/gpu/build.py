@@ -173,7 +173,7 @@ class Flash3Instance:
     def explicit_instantiation(self) -> str:
         t = CUDA_TYPES[self.dtype]
         m = "const __grid_constant__ iosim::TmaMap"
-        return f"template __global__ void {self.name_expression}({m}, {m}, {m}, {t}*, float*, int, int, int, int, int, float);"
+        return f"template __global__ void {self.name_expression}({m}, {m}, {m}, {t}*, float*, const int*, int, int, int, int, int, float);"
 
     @property
     def source(self) -> str:

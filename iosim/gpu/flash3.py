@@ -115,6 +115,68 @@ def tensor_map(name: str, ptr: int, dtype: str, batch: int, rows: int, heads: in
     return m
 
 
+def kv_blocks(m_block: int, seq_len: int, kv_len: int, block_q: int, block_kv: int, causal: bool) -> int:
+    """K/V tiles that Q tile ``m_block`` visits (mirrors kv_blocks() in kernels/flash3_fwd.cu)."""
+    n = -(-kv_len // block_kv)
+    if causal:
+        last_key = min((m_block + 1) * block_q, seq_len) - 1 + (kv_len - seq_len)
+        n = min(n, 0 if last_key < 0 else last_key // block_kv + 1)
+    return n
+
+
+def tile_schedule(batch: int, seq_len: int, kv_len: int, heads: int, block_q: int, block_kv: int, causal: bool,
+                  blocks: int) -> list[int] | None:
+    """Which Q tiles each block of the persistent grid runs, as CSR: ``[offsets (blocks + 1)..., tiles...]``, or
+    None where the kernel's own snake order is as good (non-causal: every tile costs the same).
+
+    Tiles are numbered as in the kernel (t = x + Tr * (h + H * b), causal m = Tr - 1 - x, heaviest first within a
+    head) and cost their K/V steps + 1 (the fixed cost of a tile). Greedy in list order: each tile goes to the block
+    that frees first, what a dynamic scheduler does, so blocks stay within a head or two of each other (K/V shared in
+    L2) and the busiest block ends near the mean (1.005x at N = 16384, d = 128, where the snake gives 1.53x). The snake
+    is kept unless the model's busiest block shrinks by SCHEDULE_MIN_GAIN."""
+    import heapq
+
+    if not causal:
+        return None
+    Tr = -(-seq_len // block_q)
+    T = Tr * heads * batch
+    cost = [kv_blocks(Tr - 1 - (t % Tr), seq_len, kv_len, block_q, block_kv, True) + 1 for t in range(Tr)]
+    snake_load = [0] * blocks
+    for r in range(-(-T // blocks)):
+        for x in range(blocks):
+            t = r * blocks + (blocks - 1 - x if r & 1 else x)
+            if t < T:
+                snake_load[x] += cost[t % Tr]
+    per_block: list[list[int]] = [[] for _ in range(blocks)]
+    heap = [(0, x) for x in range(blocks)]
+    for t in range(T):
+        load, x = heapq.heappop(heap)
+        per_block[x].append(t)
+        heapq.heappush(heap, (load + cost[t % Tr], x))
+    if max(load for load, _ in heap) * SCHEDULE_MIN_GAIN > max(snake_load):
+        return None
+    offsets = [0]
+    for tiles in per_block:
+        offsets.append(offsets[-1] + len(tiles))
+    return offsets + [t for tiles in per_block for t in tiles]
+
+
+# the host schedule replaces the snake only where the model's busiest block shrinks by this factor: at d=64
+# N=8192/16384 it predicted 1.03x -> 1.00x and measured 3-7% slower (H100, docs/kernels.md v5)
+SCHEDULE_MIN_GAIN = 1.10
+
+_schedules: dict[tuple, Any] = {}
+
+
+def _device_schedule(cp: Any, key: tuple) -> Any:
+    """tile_schedule(*key) on the device (an int32 array, or None), computed once per shape and device."""
+    dkey = (cp.cuda.Device().id, *key)
+    if dkey not in _schedules:
+        sched = tile_schedule(*key)
+        _schedules[dkey] = None if sched is None else cp.asarray(sched, dtype=cp.int32)
+    return _schedules[dkey]
+
+
 def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool, scale_log2: float,
            dtype: str, block_q: int, block_kv: int, smem: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Launch flash3_fwd_kernel (compiled as ``fn``) on (B, N, H, d) q and (B, N_kv, H_kv, d) k, v; returns (grid, block).
@@ -130,9 +192,10 @@ def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *,
     sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
     grid = (min(launch.flash3_tiles(B, N, H, block_q), sms), 1, 1)
     block = (launch.FLASH3_THREADS, 1, 1)
+    sched = _device_schedule(cp, (B, N, Nk, H, block_q, block_kv, causal, grid[0]))
     i32 = cp.int32
-    fn(grid, block, (tm_q, tm_k, tm_v, o, lse, i32(B), i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2)),
-       shared_mem=smem)
+    fn(grid, block, (tm_q, tm_k, tm_v, o, lse, sched if sched is not None else cp.uint64(0), i32(B), i32(N),
+                     i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2)), shared_mem=smem)
     return grid, block
 
 

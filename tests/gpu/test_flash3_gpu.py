@@ -116,3 +116,22 @@ def test_flash3_says_clearly_it_needs_hopper():
     _, (q, k, v) = rand_inputs(rng, 1, 64, 64, 2, 2, 128, "float16")
     with pytest.raises(gpu.HopperRequiredError, match="needs a Hopper GPU"):
         gpu.attention(q, k, v, schedule="flash3")
+
+
+@needs_hopper
+@pytest.mark.parametrize("shape", [(1, 2048, 1024, 12, 4), (1, 2500, 1250, 10, 2)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_flash3_causal_with_the_host_tile_schedule(shape, dtype):
+    """Causal shapes where the host's greedy tile schedule replaces the snake (on a 132-SM H100/H200)."""
+    from iosim import launch
+    from iosim.gpu import flash3
+
+    B, N, Nk, H, Hk = shape
+    sms = int(_cp().cuda.Device().attributes["MultiProcessorCount"])
+    G = min(launch.flash3_tiles(B, N, H), sms)
+    if sms == 132:
+        assert flash3.tile_schedule(B, N, Nk, H, 128, 128, True, G) is not None
+    rng = np.random.default_rng()
+    host, dev = rand_inputs(rng, B, N, Nk, H, Hk, 128, dtype)
+    o, lse = run(*dev, dtype, causal=True, schedule="flash3")
+    check(o, lse, *reference(*host, True), dtype, f"flash3 scheduled {shape}")
