@@ -12,9 +12,10 @@ it under the conditions Nsight Compute measures by default:
 How the access stream is made (one module each)
 -----------------------------------------------
 1. ``trace``: the tile program of ONE head is run by :class:`Tracer` (an interpreter that records every load and
-   store as ``(tensor, rows, cols, write)`` per thread block). For flash2, :func:`head_program` builds the same
-   records with NumPy (the tests prove them equal to the tracer's), because a Python walk of a 131072-token head
-   takes minutes.
+   store as ``(tensor, rows, cols, write)`` per thread block). For flash2, :mod:`iosim.l2.program` builds the
+   program directly, its K/V loop as one repeated group (the tests prove it equal, expanded, to the tracer's),
+   because a Python walk of a 131072-token head takes minutes. The Python tracer (naive, flash1) refuses a head
+   of more than ``MAX_TRACED_ACCESSES`` accesses before it starts.
 2. ``atoms``: each tensor's accesses within one kernel are cut into *atoms*, rectangles between consecutive tile
    edges. Every access is a whole number of atoms; a line belongs to exactly one atom.
 3. ``model``: the grid is laid out as the GPU launches it (:mod:`iosim.launch`): heads outermost in the kernel's
@@ -36,6 +37,30 @@ order inside the round differs; valid when L2 holds a few rounds' worth of tiles
 against 60 MiB for flash2 on an H200). Lockstep blocks that stream the same K/V then cost one LRU operation per
 round instead of R. The tests bound its difference from the exact trace (``dedupe=False``) on small cases.
 
+Large problems (``simulate_l2(..., exact=False)``, the default, beyond ``WALK_BUDGET`` = 64 million tile accesses
+in all): the access stream is not walked in full. A ``--l2-exact`` / ``exact=True`` run walks every access (as
+above) and is what the default is checked against (tests/test_l2_scale.py: within 1% on ``hbm`` read and write).
+
+* No trace is stored: flash2's K/V loop is one group of two records (K_j, V_j) repeated for each visible j
+  (:mod:`iosim.l2.program`), so memory is per atom (~4 MB per head at N = 1,048,576), not per access (4.8 GB).
+* Heads are alike: the grid is walked for its first few *units* of heads (a query group with its shared K/V, a
+  multiple of the GQA group), and every unit not walked is given the mean DRAM bytes of the walked middle units
+  (all but the first, which starts cold, and the last, which drains the grid and leaves dirty lines at the end;
+  those two come from the walk). The extrapolation is taken only once the middle units' first and second halves
+  agree within 0.5% (reads and writes each); else four times as many units are walked, and the whole grid once
+  that is half of it. A head whose boundary falls at another point of the waves costs differently (up to 10% at
+  N = 131072, every fourth head), so short heads (under 16 waves) start from 8 or more units; long heads from 4.
+* Waves repeat: every 512 rounds the loop takes stock (:mod:`iosim.l2.steady`). When every resident block is deep
+  in its K/V loop, none launched for three windows, and the last two windows fetched the same bytes (within 1%)
+  while each block advanced alike, the windows up to one before the first block leaves its loop are skipped:
+  their reads are the windows' mean; the cache is flushed, its dirty bytes written back (in those windows at least
+  one L2 of new data arrives, so they would be evicted: the K/V loop writes nothing); the blocks jump ahead and
+  re-run the last windows, enough to fetch one L2, without counting them, so that L2 holds what it would.
+  A causal grid rarely skips (its blocks end at different times) and is walked for its heads in full.
+
+``L2Result.describe()`` (the ``hbm_model`` text) says which were used, e.g. "4 of 32 heads walked, the rest
+extrapolated, 81% of their accesses in steady K/V windows skipped".
+
 The inputs (room factors, dirty lines at the start, block drift) are calibrated on the GPU by the probes of
 :mod:`iosim.l2.probes` (docs/validation.md says how, and what the models tried and not adopted taught). Not
 modeled: set associativity and address hashing (the model's edge is hard where the L2's is soft), where the
@@ -45,6 +70,7 @@ blocks other than by age on their SM.
 
 from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError
 from .model import MAX_TRACED_ACCESSES, KernelL2, L2Inputs, L2Result, head_slots, simulate_l2, unsupported
+from .progress import ProgressBar
 from .trace import KernelTrace, Tracer, head_program, trace_program
 
 __all__ = [
@@ -57,6 +83,7 @@ __all__ = [
     "L2Inputs",
     "L2ModelError",
     "L2Result",
+    "ProgressBar",
     "Tracer",
     "head_program",
     "head_slots",

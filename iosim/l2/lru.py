@@ -3,25 +3,31 @@
 Part of the L2 model; the model as a whole is described in :mod:`iosim.l2`. Everything here is compiled by numba
 and works on plain arrays, grouped into tuples by role:
 
-* ``trace`` = (acc_atom, acc_shape, acc_write, shapes): each access of one head's program as its first atom and
-  the shape of the rectangle of atoms it covers (:mod:`iosim.l2.atoms`);
-* ``grid`` = (ptr, block_order, head_q, head_kv, n_sms, share): accesses ``ptr[b]:ptr[b+1]`` belong to program block
+* ``trace`` = (atom, shape, write, shapes, step, gidx, glen, reps): one head's program as records, each its first
+  atom and the shape of the rectangle of atoms it covers; a record is the ``gidx``-th of a group of ``glen`` records
+  run ``reps`` times, its atom moving by ``step`` each time (:mod:`iosim.l2.program`);
+* ``grid`` = (ptr, block_order, head_q, head_kv, n_sms, share): records ``ptr[b]:ptr[b+1]`` belong to program block
   ``b``; the grid launches heads in the order of ``head_q``/``head_kv`` (their Q-side and K/V-side slots), the
   blocks of a head in ``block_order``; ``share`` is the block drift (1: lockstep);
-* ``slots`` = (pos, end, qoff, kvoff, live, age, rate, credit, half): the blocks resident at once, one per slot;
-  slot s is on SM s mod ``n_sms``, and ``half`` is the L2 partition near that SM (1 or 2);
+* ``slots`` = (pos, end, qoff, kvoff, live, age, rate, credit, half, rep, unit, done): the blocks resident at once,
+  one per slot; slot s is on SM s mod ``n_sms``, ``half`` is the L2 partition near that SM (1 or 2), ``rep`` the
+  repetition of the group the block is in, ``unit`` the unit of heads it belongs to, ``done`` its accesses so far;
 * the cache ``c`` = (res, cost, mask, dirty, prev, nxt, last_round, out_read, out_write): per atom (all heads)
   its resident bytes, room per byte, the partitions that read it, dirty or not, its neighbours in the recency list
-  and the round it was last touched; DRAM bytes by tensor;
+  and the round it was last touched; DRAM bytes by unit of heads and tensor;
 * the model ``m`` = (atom_bytes, atom_tensor, n_atoms, foreign, cost_private, cost_shared, cost_dirty, capacity
-  in room units, dedupe).
+  in room units, dedupe, atom_kv, unit_q, unit_kv): ``unit_q``/``unit_kv`` give the unit of heads of each Q-side
+  and K/V-side slot (the DRAM bytes are kept per unit, so that :mod:`iosim.l2.model` can extrapolate over heads);
+* ``ctl`` = (window, skip, progress): every ``window`` rounds :func:`iosim.l2.steady.window` takes stock (and with
+  ``skip`` skips the steady part of long K/V loops); ``progress[0]`` holds the accesses made or skipped so far.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._common import FOREIGN, ROOM_UNIT, _njit, _njit_inline
+from ._common import ROOM_UNIT, _njit, _njit_inline
+from .steady import atom_unit, window
 
 # ------------------------------------------------------------------------------------------------------------------
 # the grid: which block runs in which slot, and when it takes a turn
@@ -39,6 +45,8 @@ def _launch_block(launched, s, grid, slots, n_atoms):
     slots[2][s] = head_q[h] * n_atoms
     slots[3][s] = head_kv[h] * n_atoms
     slots[5][s] = launched
+    slots[9][s] = 0
+    slots[10][s] = grid[6][head_q[h]]
 
 
 @_njit
@@ -74,7 +82,8 @@ def _start_grid(n_slots, grid, n_atoms):
         half[s] = 1 if 2 * (s % n_sms) < n_sms else 2  # the lower half of SM numbers near one partition
     slots = (np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64),
              np.zeros(n_slots, np.int64), np.zeros(n_slots, np.bool_), np.arange(n_slots).astype(np.int64),
-             np.ones(n_slots, np.float64), np.zeros(n_slots, np.float64), half)
+             np.ones(n_slots, np.float64), np.zeros(n_slots, np.float64), half, np.zeros(n_slots, np.int64),
+             np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64))
     launched = 0
     for s in range(n_slots):
         if launched < total_blocks:
@@ -125,10 +134,9 @@ def _refill_slot(s, launched, live, grid, slots, n_atoms):
 @_njit_inline
 def _evict(c, m, used, tail):
     """Evict the least recent bytes until the room ``used`` fits the capacity; dirty bytes evicted reach DRAM.
-    Returns (used, tail, bytes written back); the list's head becomes -1 when ``tail`` does."""
+    Returns (used, tail); the list's head becomes -1 when ``tail`` does."""
     res, cost, mask, dirty, prev, nxt, out_write = c[0], c[1], c[2], c[3], c[4], c[5], c[8]
-    atom_tensor, n_atoms, foreign, cap_units = m[1], m[2], m[3], m[7]
-    written = 0
+    cap_units = m[7]
     while used > cap_units:
         v = tail  # (v is the atom just touched only when it is larger than L2: its first bytes go)
         cv = cost[v]
@@ -136,8 +144,8 @@ def _evict(c, m, used, tail):
         res[v] -= take
         used -= take * cv
         if dirty[v]:
-            written += take
-            out_write[atom_tensor[v % n_atoms] if v != foreign else FOREIGN] += take
+            u, t = atom_unit(v, m)
+            out_write[u, t] += take
         if res[v] == 0:
             dirty[v] = False
             mask[v] = 0
@@ -146,45 +154,54 @@ def _evict(c, m, used, tail):
             if tail >= 0:
                 nxt[tail] = -1
             prev[v] = -1
-    return used, tail, written
+    return used, tail
 
 
 @_njit
-def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors):
-    """Round-robin execution of the grid over the LRU, ``n_slots`` blocks resident at once. Returns (DRAM read,
-    DRAM write, dirty bytes left at the end, rounds, read by tensor, written by tensor); entry FOREIGN of the
-    last counts the foreign dirty lines written back.
+def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
+    """Round-robin execution of the grid over the LRU, ``n_slots`` blocks resident at once. Returns (DRAM read and
+    written by unit of heads and tensor, dirty bytes left at the end, rounds, accesses skipped); row ``n_units`` of
+    the written bytes, tensor FOREIGN, counts the foreign dirty lines written back.
 
-    One function on purpose (~100 lines): numba keeps the list ends, the room used and the DRAM counters in
-    registers here; with them in an array shared by helper functions, and the eviction check inside a helper,
-    the model ran 13x slower (flash2, N = 16384, 32 heads, H200: 0.52 s against 0.04 s)."""
-    acc_atom, acc_shape, acc_write, shapes = trace
+    One function on purpose (~100 lines): numba keeps the list ends, the room used and the counters in registers
+    here; with them in an array shared by helper functions, and the eviction check inside a helper, the model ran
+    13x slower (flash2, N = 16384, 32 heads, H200: 0.52 s against 0.04 s)."""
+    acc_atom, acc_shape, acc_write, shapes, acc_step, acc_gidx, acc_glen, acc_reps = trace
     atom_bytes, atom_tensor, n_atoms, foreign = m[0], m[1], m[2], m[3]
     cost_private, cost_shared, cost_dirty, cap_units, dedupe = m[4], m[5], m[6], m[7], m[8]
+    n_units = max(m[10].max(), m[11].max()) + 1
     G = foreign + 1  # every head's atoms, and the foreign dirty lines present at the start
     res, cost = np.zeros(G, np.int64), np.zeros(G, np.int64)
     mask, dirty = np.zeros(G, np.int8), np.zeros(G, np.bool_)
     prev, nxt, last_round = np.full(G, -1, np.int64), np.full(G, -1, np.int64), np.full(G, -1, np.int64)
-    out_read, out_write = np.zeros(n_tensors, np.int64), np.zeros(n_tensors, np.int64)
+    out_read, out_write = np.zeros((n_units + 1, n_tensors), np.int64), np.zeros((n_units + 1, n_tensors), np.int64)
     c = (res, cost, mask, dirty, prev, nxt, last_round, out_read, out_write)
     head = tail = -1  # most and least recent
-    used = read = written = 0  # room in units of 1/ROOM_UNIT byte; DRAM bytes
+    used = 0  # room in units of 1/ROOM_UNIT byte
     if init_dirty > 0:
         res[foreign], cost[foreign], dirty[foreign] = init_dirty, cost_dirty, True
         head = tail = foreign
         used = init_dirty * cost_dirty
     slots, launched = _start_grid(n_slots, grid, n_atoms)
-    live, rnd, share = launched, 0, grid[5]
+    win = (np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64),
+           np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read),
+           np.zeros(4, np.int64))
+    period, progress = ctl[0], ctl[2]
+    live, rnd, share, issued, refill_rnd, hits = launched, 0, grid[5], 0, 0, 0
     while live > 0:
         rnd += 1
+        if rnd % period == 0:
+            rnd, used, head, tail = window(rnd, used, head, tail, refill_rnd, hits, trace, slots, c, m, win, ctl)
+            hits = 0
+            progress[0] = issued + win[7][2]
         for s in range(n_slots):
             if not slots[4][s] or not _takes_turn(s, slots, share):
                 continue
             pos = slots[0][s]
             if pos < slots[1][s]:
-                k = acc_shape[pos]
+                k, q = acc_shape[pos], slots[9][s]
                 nr, nc, stride = (1, 1, 1) if k == 0 else (shapes[k, 0], shapes[k, 1], shapes[k, 2])
-                a0, write, half = acc_atom[pos], acc_write[pos], slots[8][s]
+                a0, write, half, unit = acc_atom[pos] + q * acc_step[pos], acc_write[pos], slots[8][s], slots[10][s]
                 for ra in range(nr):
                     for ca in range(nc):
                         a = a0 + ra * stride + ca
@@ -205,8 +222,7 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors):
                             if 0 < r < size and dirty[g]:
                                 # partly evicted: it is the LRU tail, and a line-level LRU walking its lines in
                                 # order evicts each remaining line just before reaching it: all of it misses
-                                written += r
-                                out_write[t] += r
+                                out_write[unit, t] += r
                                 dirty[g] = False
                             if r > 0:  # unlink
                                 if prev[g] >= 0:
@@ -220,8 +236,9 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors):
                             if write:
                                 dirty[g] = True
                             elif r != size:
-                                read += size
-                                out_read[t] += size
+                                out_read[unit, t] += size
+                            else:  # a hit on data another block brought in an earlier round
+                                hits += 1
                             res[g], cost[g] = size, want
                             used += size * want
                             prev[g], nxt[g] = -1, head  # link as the most recent
@@ -231,19 +248,30 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors):
                             if tail < 0:
                                 tail = g
                         if used > cap_units:
-                            used, tail, w = _evict(c, m, used, tail)
-                            written += w
+                            used, tail = _evict(c, m, used, tail)
                             if tail < 0:
                                 head = -1
-                pos += 1
+                issued += 1
+                slots[11][s] += 1
+                if acc_gidx[pos] == acc_glen[pos] - 1:  # the group's last record: again, or on
+                    if q + 1 < acc_reps[pos]:
+                        slots[9][s] = q + 1
+                        pos -= acc_glen[pos] - 1
+                    else:
+                        slots[9][s] = 0
+                        pos += 1
+                else:
+                    pos += 1
                 slots[0][s] = pos
             if pos >= slots[1][s]:
                 launched, live = _refill_slot(s, launched, live, grid, slots, n_atoms)
+                refill_rnd = rnd
     dirty_end = 0
     for g in range(foreign):
         if dirty[g]:
             dirty_end += res[g]
-    return read, written, dirty_end, rnd, out_read, out_write
+    progress[0] = issued + win[7][2]
+    return out_read, out_write, dirty_end, rnd, win[7][2]
 
 
 def room_units(factor: float) -> int:

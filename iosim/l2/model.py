@@ -5,7 +5,9 @@ Part of the L2 model; the model as a whole is described in :mod:`iosim.l2`.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,13 +16,18 @@ from ..counts import Counts
 from ..launch import LaunchModel, launch_model, resident_blocks
 from ..problem import AttentionProblem
 from ..profile import Profile, get_profile
-from ..schedules import Tiles
+from ..schedules import Tiles, get_schedule
 from ._common import ROOM_UNIT, TENSOR_CODES, TENSOR_NAMES, L2ModelError
-from .atoms import atomize, global_bytes
 from .lru import room_units, run_kernel
+from .program import LoopProgram, flash2_program, from_trace
 from .trace import KernelTrace, head_program
 
 MAX_TRACED_ACCESSES = 1_000_000  # tile accesses per head the Python tracer walks in about 2.5 s
+# Beyond this many tile accesses (all heads) the default model extrapolates over heads and skips steady windows;
+# flash2 at N = 65536, 32 heads (67M accesses) walks in about 1 s on one core
+WALK_BUDGET = 64_000_000
+HEAD_TOLERANCE = 0.005  # two consecutive middle units of heads whose DRAM bytes agree this well are "alike"
+WINDOW = 512  # rounds between the loop's stock-takings (steady.window)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,19 @@ class KernelL2:
     global_read: int = 0
     global_write: int = 0
     rounds: int = 0
+    heads_walked: int = 0  # heads the loop ran; the others' bytes are extrapolated from them
+    heads: int = 0
+    skipped: int = 0  # accesses of steady windows skipped (their bytes from the windows before)
+    accesses: int = 0  # accesses of the heads walked, skipped ones included
+
+    def approximation(self) -> str:
+        """How this kernel's bytes were obtained, in a few words ("" for the full walk)."""
+        out = []
+        if self.heads_walked < self.heads:
+            out.append(f"{self.heads_walked} of {self.heads} heads walked, the rest extrapolated")
+        if self.skipped:
+            out.append(f"{self.skipped / self.accesses:.0%} of their accesses in steady K/V windows skipped")
+        return ", ".join(out)
 
 
 @dataclass
@@ -81,6 +101,7 @@ class L2Result:
     launch: LaunchModel
     dedupe: bool
     seconds: float = 0.0
+    exact: bool = False  # the full walk was asked for (no extrapolation, no skipping)
 
     @property
     def capacity(self) -> int:
@@ -94,7 +115,11 @@ class L2Result:
             extra.append("room private/shared/dirty " + "/".join(f"{r:g}" for r in x.room))
         if x.dirty_at_start:
             extra.append(f"{x.dirty_at_start:,} B dirty at start")
-        return f"{x.capacity:,} B L2, {self.kernels[0].resident} blocks resident" + "".join(", " + e for e in extra)
+        approx = [f"{k.name}: {k.approximation()}" if len(self.kernels) > 1 else k.approximation()
+                  for k in self.kernels if k.approximation()]
+        walk = "; ".join(approx) if approx else "every access walked"
+        return (f"{x.capacity:,} B L2, {self.kernels[0].resident} blocks resident" + "".join(", " + e for e in extra)
+                + f", {walk}")
 
     @property
     def read_bytes(self) -> int:
@@ -114,12 +139,14 @@ class L2Result:
             "room": {"private": x.room[0], "shared": x.room[1], "dirty": x.room[2]},
             "dirty_at_start_bytes": x.dirty_at_start,
             "dedupe": self.dedupe,
+            "exact": self.exact,
             "seconds": self.seconds,
             "launch": self.launch.note,
             "kernels": [
                 {"name": k.name, "grid": k.grid, "resident": k.resident, "hbm_read_bytes": k.dram_read,
                  "hbm_write_bytes": k.dram_write, "dirty_at_end_bytes": k.dirty_at_end,
-                 "hbm_read_by_tensor": k.read_by_tensor, "hbm_write_by_tensor": k.write_by_tensor}
+                 "hbm_read_by_tensor": k.read_by_tensor, "hbm_write_by_tensor": k.write_by_tensor,
+                 "heads_walked": k.heads_walked, "skipped_accesses": k.skipped}
                 for k in self.kernels
             ],
         }
@@ -144,9 +171,7 @@ def unsupported(schedule: str, pass_: str, problem: AttentionProblem, tiles: Til
     if schedule not in ("naive", "flash1", "flash2"):
         return f"schedule {schedule!r}: no launch geometry known to the L2 model"
     if schedule != "flash2":  # traced by the Python tracer: bound its length
-        tile_rows = min(tiles.block_q or problem.seq_len, tiles.block_kv or problem.kv_len)
-        per_head = (counts.global_read_bytes + counts.global_write_bytes) // problem.n_heads_total
-        est = per_head // max(1, tile_rows * problem.head_dim * problem.elem_bytes) + problem.seq_len
+        est = tracer_accesses(schedule, problem, tiles, counts.global_read_bytes + counts.global_write_bytes)
         if est > MAX_TRACED_ACCESSES:
             return (f"{schedule}: about {est:,} tile accesses per head, too many for the Python tracer "
                     f"(limit {MAX_TRACED_ACCESSES:,})")
@@ -161,50 +186,174 @@ def _residency(prof: Profile, kernel, resident, index: int) -> tuple[int, dict]:
     return int(r), {"given": r}
 
 
-def _run_trace(kt: KernelTrace, problem: AttentionProblem, x: L2Inputs, n_slots: int, grid: tuple,
-               dedupe: bool) -> tuple:
-    """One kernel's trace through the round loop: (read, write, dirty at end, rounds, read and written by tensor)."""
-    at = atomize(kt, problem)
-    n_atoms = len(at.atom_bytes)
-    n_slot_heads = int(max(grid[2].max(), grid[3].max())) + 1
-    m = (at.atom_bytes, at.atom_tensor, n_atoms, n_slot_heads * n_atoms, *(room_units(f) for f in x.room),
-         ROOM_UNIT * x.capacity, dedupe)
-    trace = (at.acc_atom, at.acc_shape, kt.write, at.shapes)
-    return run_kernel(trace, at.atom_kv, grid, m, n_slots, x.dirty_at_start, len(TENSOR_CODES))
+def tracer_accesses(schedule: str, problem: AttentionProblem, tiles: Tiles, global_bytes: int | None = None) -> int:
+    """About how many tile accesses per head the Python tracer would record (``global_bytes``: all heads' requested
+    bytes; from the schedule's closed form if not given)."""
+    if global_bytes is None:
+        s = get_schedule(schedule)
+        counts = Counts([k.scaled(s.units(problem)) for k in s.closed_form(problem, tiles).kernels])
+        global_bytes = counts.global_read_bytes + counts.global_write_bytes
+    tile_rows = min(tiles.block_q or problem.seq_len, tiles.block_kv or problem.kv_len)
+    per_head = global_bytes // problem.n_heads_total
+    return per_head // max(1, tile_rows * problem.head_dim * problem.elem_bytes) + problem.seq_len
+
+
+def _programs(schedule: str, problem: AttentionProblem, tiles: Tiles, lm: LaunchModel,
+              traces: list[KernelTrace] | None) -> list[LoopProgram]:
+    """Each kernel's program of one head: flash2's built directly, any other traced (refused before tracing
+    where the Python tracer would take too long)."""
+    if traces is None and schedule == "flash2":
+        return [flash2_program(problem, tiles, lm.kv_order)]
+    if traces is None:
+        est = tracer_accesses(schedule, problem, tiles)
+        if est > MAX_TRACED_ACCESSES:
+            raise L2ModelError(f"{schedule}: about {est:,} tile accesses per head, too many for the Python tracer "
+                               f"(limit {MAX_TRACED_ACCESSES:,})")
+        traces = head_program(schedule, problem, tiles, kv_order=lm.kv_order)
+    return [from_trace(kt, problem) for kt in traces]
+
+
+def unit_heads(problem: AttentionProblem, head_order: str) -> int:
+    """Consecutively launched heads that are alike as a unit: a query group with its shared K/V (and, for grid
+    (.., batch, heads), that group in every batch)."""
+    g = problem.heads // problem.kv_heads
+    return g if head_order == "batch_major" else g * problem.batch
+
+
+@dataclass
+class _Walk:
+    """The loop's answer for the first ``heads`` launched heads: DRAM bytes by unit of heads (the foreign dirty
+    lines last) and tensor."""
+
+    read: np.ndarray
+    write: np.ndarray
+    dirty: int
+    rounds: int
+    skipped: int
+    accesses: int
+
+
+def _call(args: tuple, counter: np.ndarray, total: int, progress: Callable[[int, int], None] | None) -> tuple:
+    """Run the loop; with ``progress``, in a thread (numba releases the GIL) while this one reports its progress."""
+    if progress is None:
+        return run_kernel(*args)
+    box: dict = {}
+
+    def run():
+        try:
+            box["out"] = run_kernel(*args)
+        except BaseException as e:  # handed to the caller below
+            box["err"] = e
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    while th.is_alive():
+        th.join(0.1)
+        progress(min(int(counter[0]), total), total)
+    if "err" in box:
+        raise box["err"]
+    progress(total, total)
+    return box["out"]
+
+
+def _walk(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: bool, heads: int, unit: int,
+          skip: bool, progress) -> _Walk:
+    """The round loop over the first ``heads`` launched heads of the grid, ``unit`` heads per unit."""
+    ptr, order, head_q, head_kv, sms, share = grid
+    _, hq = np.unique(head_q[:heads], return_inverse=True)  # only the walked heads take room in the cache arrays
+    _, hk = np.unique(head_kv[:heads], return_inverse=True)
+    hq, hk = hq.reshape(-1).astype(np.int64), hk.reshape(-1).astype(np.int64)
+    n_slot_heads = int(max(hq.max(), hk.max())) + 1
+    units = np.arange(heads, dtype=np.int64) // unit
+    unit_q, unit_kv = np.zeros(n_slot_heads, np.int64), np.zeros(n_slot_heads, np.int64)
+    unit_q[hq], unit_kv[hk] = units, units
+    n_atoms = len(prog.atom_bytes)
+    m = (prog.atom_bytes, prog.atom_tensor, n_atoms, n_slot_heads * n_atoms, *(room_units(f) for f in x.room),
+         ROOM_UNIT * x.capacity, dedupe, prog.atom_kv, unit_q, unit_kv)
+    trace = (prog.atom, prog.shape, prog.write, prog.shapes, prog.step, prog.gidx, prog.glen, prog.reps)
+    counter = np.zeros(1, np.int64)
+    args = (trace, prog.atom_kv, (ptr, order, hq, hk, sms, share, unit_q), m, min(n_slots, prog.n_blocks * heads),
+            x.dirty_at_start, len(TENSOR_CODES), (WINDOW, skip, counter))
+    total = prog.accesses * heads
+    rd, wr, dirty, rounds, skipped = _call(args, counter, total, progress)
+    return _Walk(rd, wr, int(dirty), int(rounds), int(skipped), total)
+
+
+def _alike(w: _Walk, walked: int, slack: float) -> bool:
+    """The middle units (all but the first and the last) moved the same DRAM bytes in their first and their second
+    half, reads and writes each, within HEAD_TOLERANCE of their mean."""
+    half = (walked - 2) // 2
+    for arr in (w.read, w.write):
+        x, y = int(arr[1:1 + half].sum()), int(arr[walked - 1 - half:walked - 1].sum())
+        if abs(x - y) > HEAD_TOLERANCE * max(x, y) + slack * half:
+            return False
+    return True
+
+
+def _kernel(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: bool, unit: int, budget: int | None,
+            progress) -> tuple[np.ndarray, np.ndarray, _Walk, int]:
+    """DRAM bytes by tensor of all heads, the walk they came from, and the heads it walked. Approximate: the first
+    few units of heads, four times as many, ... (all of them once that is half the grid) until the middle ones (all
+    but the first and the last) cost alike in their first and second half; each unit not walked costs their mean."""
+    n_units = len(grid[2]) // unit
+    # heads whose boundaries fall at different points of the waves cost differently (up to ~10% at 4 waves a head,
+    # every few heads); heads of 16 waves or more differ little: a first walk of 4 units, else of 8 or more
+    waves = prog.n_blocks * unit / n_slots
+    approximate = budget is not None
+    walked = 4 if waves >= 16 else max(8, (budget or 0) // max(1, prog.accesses * unit))
+    walked = walked if approximate and 2 * walked < n_units else n_units
+    slack = 1e-4 * (prog.global_read + prog.global_write) * unit
+    while True:
+        w = _walk(prog, x, n_slots, grid, dedupe, walked * unit, unit, approximate, progress)
+        if walked == n_units:
+            return w.read.sum(axis=0), w.write.sum(axis=0), w, walked * unit
+        if _alike(w, walked, slack):
+            rest, mid = n_units - walked, walked - 2
+            rd = w.read.sum(axis=0) + rest * w.read[1:walked - 1].sum(axis=0) // mid
+            wr = w.write.sum(axis=0) + rest * w.write[1:walked - 1].sum(axis=0) // mid
+            w.rounds += rest * w.rounds // walked
+            return rd, wr, w, walked * unit
+        walked = 4 * walked if 8 * walked < n_units else n_units
 
 
 def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: str | Profile | None = None,
                 inputs: L2Inputs = PROFILE_INPUTS, *, resident: int | list[int] | None = None, variant: str = "iosim",
-                traces: list[KernelTrace] | None = None, dedupe: bool = True) -> L2Result:
+                traces: list[KernelTrace] | None = None, dedupe: bool = True, exact: bool = False,
+                progress: Callable[[int, int], None] | None = None, budget: int = WALK_BUDGET) -> L2Result:
     """DRAM read/write bytes of every kernel of ``schedule`` under the L2 model (see :mod:`iosim.l2`).
 
     ``inputs`` overrides the profile's L2 inputs; ``resident`` the number of program blocks running at once (one
     number, or one per kernel); ``variant``: ``"iosim"`` (our kernels' launch) or ``"fa2"`` (FlashAttention-2's);
     ``traces``: the access streams to run instead of the schedule's (the calibration probes); ``dedupe=False``
-    runs the exact trace (see the module docstring)."""
+    runs the exact trace (see the module docstring). A kernel of more than ``budget`` tile accesses (all heads) is
+    approximated (heads extrapolated, steady windows skipped; the module docstring says how) unless ``exact``.
+    ``progress(done, total)`` is called about every 0.1 s with the accesses made so far (none when not given)."""
     t0 = time.perf_counter()
     prof = get_profile(profile)
     x = inputs.resolved(prof)
     lm = launch_model(schedule, problem, tiles, variant=variant)
-    if traces is None:
-        traces = head_program(schedule, problem, tiles, kv_order=lm.kv_order)
+    programs = _programs(schedule, problem, tiles, lm, traces)
     head_q, head_kv = head_slots(problem, lm.head_order)
+    H = len(head_q)
+    unit = unit_heads(problem, lm.head_order) if traces is None else H
     sms = int(prof.require("sm_count"))
     out = []
-    for ki, kt in enumerate(traces):
+    for ki, prog in enumerate(programs):
         klm = lm.kernels[ki]
         r, limits = _residency(prof, klm, resident, ki)
-        nb = kt.n_blocks
+        nb = prog.n_blocks
         order = np.arange(nb, dtype=np.int64)[::-1].copy() if klm.block_order == "reverse" else np.arange(nb)
-        r = int(min(r, nb * len(head_q))) if nb else 1
-        grid = (kt.ptr, order.astype(np.int64), head_q, head_kv, sms, x.block_share)
-        if nb == 0:
-            rd = wr = dirty = rounds = 0
-            rd_t = wr_t = np.zeros(len(TENSOR_CODES), np.int64)
-        else:
-            rd, wr, dirty, rounds, rd_t, wr_t = _run_trace(kt, problem, x, r, grid, dedupe)
-        gr, gw = global_bytes(kt, problem, len(head_q))
-        out.append(KernelL2(kt.name, nb * len(head_q), r, limits, int(rd), int(wr), int(dirty),
-                            {TENSOR_NAMES[i]: int(v) for i, v in enumerate(rd_t) if v},
-                            {TENSOR_NAMES[i]: int(v) for i, v in enumerate(wr_t) if v}, gr, gw, int(rounds)))
-    return L2Result(schedule, prof.name, x, out, lm, dedupe, time.perf_counter() - t0)
+        r = int(min(r, nb * H)) if nb else 1
+        k = KernelL2(prog.name, nb * H, r, limits, 0, 0, 0, global_read=prog.global_read * H,
+                     global_write=prog.global_write * H, heads_walked=H, heads=H)
+        if nb:
+            grid = (prog.ptr, order.astype(np.int64), head_q, head_kv, sms, x.block_share)
+            approximate = not exact and prog.accesses * H > budget
+            rd_t, wr_t, w, k.heads_walked = _kernel(prog, x, r, grid, dedupe, unit, budget if approximate else None,
+                                                    progress)
+            k.dram_read, k.dram_write, k.dirty_at_end = int(rd_t.sum()), int(wr_t.sum()), w.dirty
+            k.read_by_tensor = {TENSOR_NAMES[i]: int(v) for i, v in enumerate(rd_t) if v}
+            k.write_by_tensor = {TENSOR_NAMES[i]: int(v) for i, v in enumerate(wr_t) if v}
+            k.rounds, k.skipped, k.accesses = w.rounds, w.skipped, w.accesses
+        out.append(k)
+    return L2Result(schedule, prof.name, x, out, lm, dedupe, time.perf_counter() - t0, exact)

@@ -1,0 +1,113 @@
+"""Skipping the steady part of long K/V loops: the round loop's stock-taking every ``window`` rounds.
+
+Part of the L2 model; the model as a whole is described in :mod:`iosim.l2`. When every resident block is deep in a
+repeated group (flash2's K/V loop) and nothing launched for two windows, the loop is periodic: each window makes the
+same accesses, shifted, and fetches the same bytes. If the last two windows fetched the same bytes (within 1%), no
+read in them hit on data of an earlier round (no block trails another closely enough to reuse what it fetched: as
+blocks drift apart such reuse stops at once, and a skip across that point would miss it), and every block advanced
+alike (within one access), the next ``k`` windows are skipped:
+
+* DRAM reads: ``k`` times the mean of the two windows, by unit of heads and tensor;
+* DRAM writes: in ``k`` windows at least one L2 of fresh data arrives (``k`` is at least ``j``, below), so every
+  line in L2 now is evicted by then unless it is touched again; the loop of a repeated group writes nothing, so
+  each dirty byte in L2 now is written back: the cache is flushed, counting them;
+* the blocks jump ``k - j`` windows ahead and run the last ``j`` windows from the empty cache without counting
+  their reads, so that L2 holds what it would hold (``j`` windows fetch at least one L2: LRU keeps the most
+  recent data, and the ``j`` windows touched at least an L2's worth).
+
+Each skip stops one window before any block leaves its group. What it approximates: the windows' mean stands for
+each skipped window, and blocks that drift (``block_share`` < 1) advance by their mean per window.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import FOREIGN, _njit, _njit_inline
+
+
+@_njit_inline
+def atom_unit(g, m):
+    """(unit of heads, tensor) of global atom ``g``; the foreign dirty lines are unit ``n_units``, FOREIGN."""
+    n_atoms, foreign = m[2], m[3]
+    if g == foreign:
+        return max(m[10].max(), m[11].max()) + 1, FOREIGN
+    a = g % n_atoms
+    return (m[11] if m[9][a] else m[10])[g // n_atoms], m[1][a]
+
+
+@_njit
+def _flush(c, m):
+    """Empty the cache; dirty bytes are written back. Returns the new (used, head, tail)."""
+    res, cost, mask, dirty, prev, nxt, out_write = c[0], c[1], c[2], c[3], c[4], c[5], c[8]
+    for g in range(res.shape[0]):
+        if res[g] > 0:
+            if dirty[g]:
+                u, t = atom_unit(g, m)
+                out_write[u, t] += res[g]
+            res[g], cost[g], mask[g], dirty[g], prev[g], nxt[g] = 0, 0, 0, False, -1, -1
+    return 0, -1, -1
+
+
+@_njit
+def window(rnd, used, head, tail, refill_rnd, hits, trace, slots, c, m, win, ctl):
+    """Take stock at round ``rnd`` (a multiple of the window); skip ahead when the loop is steady (see above).
+    ``win`` = (done at the window's start, advance in the last two windows, reads at the window's start, reads in
+    the last two windows, reads to restore when the replay ends, (windows counted, replay end, skipped, hits in the
+    last window)); ``hits``: reads in this window that found data fetched in an earlier round.
+    Returns the new (rnd, used, head, tail)."""
+    done0, d1, d2, r_snap, rd1, rd2, restore, st = win
+    period, skip = ctl[0], ctl[1]
+    out_read, live, done = c[7], slots[4], slots[11]
+    if st[1] > 0:  # replaying the last windows of a skip
+        if rnd < st[1]:
+            return rnd, used, head, tail
+        out_read[:, :] = restore  # the replay has ended: its reads were counted by the skip
+        st[0], st[1] = 0, 0
+        done0[:] = done
+        r_snap[:, :] = out_read
+        return rnd, used, head, tail
+    d2[:] = d1
+    d1[:] = done - done0
+    done0[:] = done
+    rd2[:, :] = rd1
+    rd1[:, :] = out_read - r_snap
+    r_snap[:, :] = out_read
+    st[0] += 1
+    hits2, st[3] = st[3] + hits, hits
+    if not skip or st[0] < 3 or refill_rnd > rnd - 2 * period or hits2 > 0:
+        return rnd, used, head, tail
+    tot1, tot2 = rd1.sum(), rd2.sum()
+    if tot1 <= 0 or tot2 <= 0 or 100 * np.abs(rd1 - rd2).sum() > tot1 + tot2:
+        return rnd, used, head, tail
+    gidx, glen, reps = trace[5], trace[6], trace[7]
+    kmax = 1 << 62
+    for s in range(live.shape[0]):
+        if not live[s]:
+            continue
+        pos = slots[0][s]
+        two = d1[s] + d2[s]  # twice the mean advance
+        if reps[pos] <= 1 or abs(d1[s] - d2[s]) > 1 or two <= 0:
+            return rnd, used, head, tail
+        left = reps[pos] * glen[pos] - 1 - (slots[9][s] * glen[pos] + gidx[pos]) - two  # a window to spare
+        kmax = min(kmax, max(0, 2 * left // two))
+    cost_private, cap_units = m[4], m[7]
+    j = cap_units // (cost_private * ((tot1 + tot2) // 2)) + 2  # windows that fetch one L2 from empty
+    if kmax - j < 3:
+        return rnd, used, head, tail
+    restore[:, :] = out_read + (kmax * (rd1 + rd2)) // 2
+    used, head, tail = _flush(c, m)
+    skipped = 0
+    for s in range(live.shape[0]):
+        if live[s]:
+            pos, L = slots[0][s], glen[slots[0][s]]
+            adv = ((kmax - j) * (d1[s] + d2[s])) // 2
+            e = slots[9][s] * L + gidx[pos] + adv
+            slots[0][s] = pos - gidx[pos] + e % L
+            slots[9][s] = e // L
+            done[s] += adv
+            skipped += adv
+    rnd += (kmax - j) * period
+    st[1], st[2] = rnd + j * period, st[2] + skipped
+    done0[:] = done
+    return rnd, used, head, tail
