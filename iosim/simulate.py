@@ -96,18 +96,21 @@ def questionable(schedule: str, problem: AttentionProblem, profile: Profile, pas
     return out
 
 
-def with_l2(result: Result, *, strict: bool = False) -> Result:
+def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_progress=None) -> Result:
     """A copy of ``result`` whose ``hbm`` bytes (and time) come from the L2 model (:mod:`iosim.l2`).
 
     Where the model does not apply (backward pass, a schedule without a known launch, a trace too long for the
-    Python tracer) ``hbm`` stays equal to ``global`` and ``hbm_model`` says why (``strict``: raise instead)."""
+    Python tracer) ``hbm`` stays equal to ``global`` and ``hbm_model`` says why (``strict``: raise instead).
+    ``l2_exact``: walk every access (no heads extrapolated, no steady windows skipped: :mod:`iosim.l2`);
+    ``l2_progress``: a ``progress(done, total)`` callback for long runs (e.g. :class:`iosim.l2.ProgressBar`)."""
     too_big = exceeds_memory(result.problem, result.profile)  # the model simulates a launch that fits
     reason = too_big or unsupported(result.schedule, result.pass_, result.problem, result.tiles, result.counts)
     if reason:
         if strict:
             raise L2ModelError(reason)
         return replace(result, hbm_model=f"none: {reason}; hbm = global (two-level view)")
-    l2 = simulate_l2(result.schedule, result.problem, result.tiles, result.profile)
+    l2 = simulate_l2(result.schedule, result.problem, result.tiles, result.profile, exact=l2_exact,
+                     progress=l2_progress)
     if len(l2.kernels) != len(result.counts.kernels):
         raise L2ModelError(f"{result.schedule}: the L2 model saw {len(l2.kernels)} kernels, the counts "
                            f"{len(result.counts.kernels)}")
@@ -122,7 +125,8 @@ def with_l2(result: Result, *, strict: bool = False) -> Result:
 
 def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | None = None, *,
              block_q: int | None = None, block_kv: int | None = None, method: Method = "closed",
-             pass_: Pass = "forward", l2: bool = False, **options) -> Result:
+             pass_: Pass = "forward", l2: bool = False, l2_exact: bool = False, l2_progress=None,
+             **options) -> Result:
     """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
 
     ``pass_``: "forward" (default), "backward" (the backward pass, which consumes the forward's O and
@@ -133,7 +137,7 @@ def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | 
     result is. Legal but questionable input (:func:`questionable`: flash3 off Hopper, fp8
     backward, splits cut to the K/V blocks, head_dim off 8..256, a problem larger than the GPU's memory, to which
     the L2 model is not applied) runs and issues an :class:`~iosim.problem.InputWarning` that says why and what to
-    change."""
+    change. ``l2_exact`` and ``l2_progress`` go to :func:`with_l2`."""
     prof = get_profile(profile)
     if pass_ not in PASSES:
         raise ScheduleError(f"pass={pass_!r}: expected one of {', '.join(PASSES)}")
@@ -157,4 +161,4 @@ def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | 
     time = predict_time(schedule, pass_, counts, hbm, problem, tiles_by_pass[passes[0]], prof)
     result = Result(schedule, prof, problem, tiles_by_pass[passes[0]], counts, hbm_read, hbm_write, time, method,
                     int(prof.require("smem.per_block")), pass_, tiles_by_pass)
-    return with_l2(result) if l2 else result
+    return with_l2(result, l2_exact=l2_exact, l2_progress=l2_progress) if l2 else result

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+import sys
+from contextlib import contextmanager, nullcontext
 from decimal import Decimal, InvalidOperation
 
 import click
@@ -13,6 +14,7 @@ try:  # numba compiles the L2 model on the first run after an install; say so in
 except ImportError:  # pragma: no cover (numba is a dependency; the L2 model has a pure-Python fallback)
     numba_event = None
 
+from ..l2 import ProgressBar
 from ..problem import AttentionProblem
 from ..schedules import SCHEDULES
 from ..simulate import Result, simulate
@@ -87,14 +89,18 @@ def make_problem(batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype, causa
 @click.option("--l2/--no-l2", "use_l2", default=True, show_default=True,
               help="hbm from the L2 model (LRU, L2 flushed before each kernel as Nsight Compute does); "
                    "--no-l2: hbm = global, the papers' two-level view")
+@click.option("--l2-exact", is_flag=True,
+              help="walk every tile access in the L2 model (slow for long sequences); by default large problems "
+                   "walk a few heads and skip steady K/V windows (within 1% of the full walk)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
 def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, use_l2, as_json,
-                 **problem_kw):
+                 l2_exact=False, **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time."""
     problem = make_problem(**problem_kw)
-    with compile_notice():
+    with compile_notice(), _l2_bar(use_l2) as bar:
         result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
-                          pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, l2=use_l2)
+                          pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, l2=use_l2,
+                          l2_exact=l2_exact, l2_progress=bar)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -127,6 +133,11 @@ if numba_event is not None:
 
         def on_end(self, event):
             pass
+
+
+def _l2_bar(use_l2: bool):
+    """The L2 model's progress bar on stderr (shown once a run passes ~1.5 s), where a terminal shows it."""
+    return ProgressBar() if use_l2 and sys.stderr.isatty() else nullcontext()
 
 
 def render(r: Result) -> str:
