@@ -31,8 +31,6 @@ def _plain(v):
 
 
 def _strip(s: str) -> str:
-
-
     return re.sub(r"<[^>]+>", "", s.replace("<br>", "; "))
 
 

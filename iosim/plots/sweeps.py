@@ -41,7 +41,6 @@ def traffic_vs_block(records: list[dict], references: list[dict] = (), boundarie
     return fig
 
 
-
 def lower_bound_elements(N: int, Nk: int, d: int, M):
     """Saha & Ye (2024), Theorem 3.1: Θ(min(N²d/√M, N²d²/M)) slow-memory accesses (elements), constant 1;
     N² read as N·N_kv."""

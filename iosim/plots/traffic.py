@@ -79,7 +79,6 @@ def reference_markers(fig: go.Figure, references) -> None:
             hovertemplate="%{text}<extra></extra>"))
 
 
-
 def footprint(records: list[dict], title: str = "Memory footprint of one head") -> go.Figure:
     """Bytes that must be resident: the N×N_kv score matrix (S or P) of one head, materialized by naive
     attention, against Q, K, V and O (O(N·d)), which is all a tiled kernel keeps in global memory."""

@@ -21,10 +21,8 @@ class FigureOut:
     note: str = ""  # why there is no figure, or which files it read
 
 
-
 def _refs(run: ScenarioRun) -> list[dict]:
     return [r.model_dump() for r in run.scenario.references]
-
 
 
 def make_figure(run: ScenarioRun, spec: FigureSpec, index: int) -> FigureOut:

@@ -38,7 +38,6 @@ def _inline(s: str) -> str:
     return s
 
 
-
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
 main{max-width:1180px;margin:0 auto;padding:24px 32px 64px;background:#fff}

@@ -93,7 +93,6 @@ def table_references(run: ScenarioRun) -> str:
     return f"<table><tr><th>number</th><th>value</th><th>provenance</th><th>source</th></tr>{''.join(rows)}</table>"
 
 
-
 def make_tables(run: ScenarioRun) -> list[tuple[str, str, str]]:
     """(title, caption, html) per table spec of the scenario."""
     out = []

@@ -16,7 +16,6 @@ from .schema import Scenario
 BOUNDARIES = ("global", "hbm", "sram")
 
 
-
 @dataclass
 class Case:
     """One simulation: a profile, a schedule, a problem and tiles."""
