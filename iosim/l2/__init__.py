@@ -48,15 +48,18 @@ above) and is what the default is checked against (tests/test_l2_scale.py: withi
   (all but the first, which starts cold, and the last, which drains the grid and leaves dirty lines at the end;
   those two come from the walk). The extrapolation is taken only once the middle units' first and second halves
   agree within 0.5% (reads and writes each); else four times as many units are walked, and the whole grid once
-  that is half of it. A head whose boundary falls at another point of the waves costs differently (up to 10% at
-  N = 131072, every fourth head), so short heads (under 16 waves) start from 8 or more units; long heads from 4.
-* Waves repeat: every 512 rounds the loop takes stock (:mod:`iosim.l2.steady`). When every resident block is deep
-  in its K/V loop, none launched for three windows, and the last two windows fetched the same bytes (within 1%)
-  while each block advanced alike, the windows up to one before the first block leaves its loop are skipped:
-  their reads are the windows' mean; the cache is flushed, its dirty bytes written back (in those windows at least
-  one L2 of new data arrives, so they would be evicted: the K/V loop writes nothing); the blocks jump ahead and
-  re-run the last windows, enough to fetch one L2, without counting them, so that L2 holds what it would.
-  A causal grid rarely skips (its blocks end at different times) and is walked for its heads in full.
+  that is over a quarter of it (a partial walk is tried only where it saves three quarters). A head whose boundary
+  falls at another point of the waves costs differently (up to 10% at N = 131072, every fourth head): a first walk
+  is of 4 units where a head runs 32 waves or more, 8 from 8 waves, else 16.
+* Waves repeat: every 256 rounds the loop takes stock (:mod:`iosim.l2.steady`). When every resident block is deep
+  in its K/V loop, none launched for two windows, the last two windows fetched the same bytes (within 1%) while
+  each block advanced alike, and no read in them hit on data fetched in an earlier round (a block trailing another
+  closely enough to reuse its data: such reuse ends at once as blocks drift apart, which a skip would not see),
+  the windows up to one before the first block leaves its loop are skipped: their reads are the windows' mean;
+  the cache is flushed, its dirty bytes written back (in those windows at least one L2 of new data arrives, so
+  they would be evicted: the K/V loop writes nothing); the blocks jump ahead and re-run the last windows, enough
+  to fetch one L2, without counting them, so that L2 holds what it would. A causal grid skips little (its blocks
+  end at different times, so few windows pass without a launch).
 
 ``L2Result.describe()`` (the ``hbm_model`` text) says which were used, e.g. "4 of 32 heads walked, the rest
 extrapolated, 81% of their accesses in steady K/V windows skipped".

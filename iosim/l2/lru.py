@@ -185,14 +185,15 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
     slots, launched = _start_grid(n_slots, grid, n_atoms)
     win = (np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64),
            np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read),
-           np.zeros(4, np.int64))
+           np.zeros(5, np.int64))
     period, progress = ctl[0], ctl[2]
-    live, rnd, share, issued, refill_rnd, hits = launched, 0, grid[5], 0, 0, 0
+    live, rnd, share, issued, refill_rnd, hits, fetched = launched, 0, grid[5], 0, 0, 0, 0
     while live > 0:
         rnd += 1
         if rnd % period == 0:
-            rnd, used, head, tail = window(rnd, used, head, tail, refill_rnd, hits, trace, slots, c, m, win, ctl)
-            hits = 0
+            rnd, used, head, tail = window(rnd, used, head, tail, refill_rnd, hits, fetched, trace, slots, c, m,
+                                           win, ctl)
+            hits = fetched = 0
             progress[0] = issued + win[7][2]
         for s in range(n_slots):
             if not slots[4][s] or not _takes_turn(s, slots, share):
@@ -237,6 +238,7 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
                                 dirty[g] = True
                             elif r != size:
                                 out_read[unit, t] += size
+                                fetched += size * want
                             else:  # a hit on data another block brought in an earlier round
                                 hits += 1
                             res[g], cost[g] = size, want

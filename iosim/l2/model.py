@@ -27,7 +27,7 @@ MAX_TRACED_ACCESSES = 1_000_000  # tile accesses per head the Python tracer walk
 # flash2 at N = 65536, 32 heads (67M accesses) walks in about 1 s on one core
 WALK_BUDGET = 64_000_000
 HEAD_TOLERANCE = 0.005  # two consecutive middle units of heads whose DRAM bytes agree this well are "alike"
-WINDOW = 512  # rounds between the loop's stock-takings (steady.window)
+WINDOW = 256  # rounds between the loop's stock-takings (steady.window)
 
 
 @dataclass(frozen=True)
@@ -293,15 +293,17 @@ def _alike(w: _Walk, walked: int, slack: float) -> bool:
 def _kernel(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: bool, unit: int, budget: int | None,
             progress) -> tuple[np.ndarray, np.ndarray, _Walk, int]:
     """DRAM bytes by tensor of all heads, the walk they came from, and the heads it walked. Approximate: the first
-    few units of heads, four times as many, ... (all of them once that is half the grid) until the middle ones (all
+    few units of heads, four times as many, ... (all of them once that is over a quarter of the grid) until the middle ones (all
     but the first and the last) cost alike in their first and second half; each unit not walked costs their mean."""
     n_units = len(grid[2]) // unit
-    # heads whose boundaries fall at different points of the waves cost differently (up to ~10% at 4 waves a head,
-    # every few heads); heads of 16 waves or more differ little: a first walk of 4 units, else of 8 or more
+    # A head whose boundary falls at another point of the waves costs differently (up to 10% at 4 waves a head,
+    # every fourth head at N = 131072); a pattern that repeats every p heads is caught when p is under half the
+    # middle units, and one of a longer period moves the mean by about 1/(waves x p): the fewer waves a head has,
+    # the more units are walked first. A walk is tried only where it saves three quarters of the grid.
     waves = prog.n_blocks * unit / n_slots
+    walked = 4 if waves >= 32 else 8 if waves >= 8 else 16
     approximate = budget is not None
-    walked = 4 if waves >= 16 else max(8, (budget or 0) // max(1, prog.accesses * unit))
-    walked = walked if approximate and 2 * walked < n_units else n_units
+    walked = walked if approximate and 4 * walked <= n_units else n_units
     slack = 1e-4 * (prog.global_read + prog.global_write) * unit
     while True:
         w = _walk(prog, x, n_slots, grid, dedupe, walked * unit, unit, approximate, progress)
@@ -313,7 +315,7 @@ def _kernel(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: b
             wr = w.write.sum(axis=0) + rest * w.write[1:walked - 1].sum(axis=0) // mid
             w.rounds += rest * w.rounds // walked
             return rd, wr, w, walked * unit
-        walked = 4 * walked if 8 * walked < n_units else n_units
+        walked = 4 * walked if 16 * walked <= n_units else n_units
 
 
 def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: str | Profile | None = None,

@@ -50,11 +50,12 @@ def _flush(c, m):
 
 
 @_njit
-def window(rnd, used, head, tail, refill_rnd, hits, trace, slots, c, m, win, ctl):
+def window(rnd, used, head, tail, refill_rnd, hits, fetched, trace, slots, c, m, win, ctl):
     """Take stock at round ``rnd`` (a multiple of the window); skip ahead when the loop is steady (see above).
     ``win`` = (done at the window's start, advance in the last two windows, reads at the window's start, reads in
-    the last two windows, reads to restore when the replay ends, (windows counted, replay end, skipped, hits in the
-    last window)); ``hits``: reads in this window that found data fetched in an earlier round.
+    the last two windows, reads to restore when the replay ends, (windows counted, replay end, skipped, hits and
+    room fetched in the last window)); ``hits``: reads in this window that found data fetched in an earlier round;
+    ``fetched``: the L2 room (units of 1/ROOM_UNIT byte) its misses took.
     Returns the new (rnd, used, head, tail)."""
     done0, d1, d2, r_snap, rd1, rd2, restore, st = win
     period, skip = ctl[0], ctl[1]
@@ -75,7 +76,8 @@ def window(rnd, used, head, tail, refill_rnd, hits, trace, slots, c, m, win, ctl
     r_snap[:, :] = out_read
     st[0] += 1
     hits2, st[3] = st[3] + hits, hits
-    if not skip or st[0] < 3 or refill_rnd > rnd - 2 * period or hits2 > 0:
+    room2, st[4] = st[4] + fetched, fetched
+    if not skip or st[0] < 2 or refill_rnd > rnd - 2 * period or hits2 > 0 or room2 <= 0:
         return rnd, used, head, tail
     tot1, tot2 = rd1.sum(), rd2.sum()
     if tot1 <= 0 or tot2 <= 0 or 100 * np.abs(rd1 - rd2).sum() > tot1 + tot2:
@@ -91,8 +93,7 @@ def window(rnd, used, head, tail, refill_rnd, hits, trace, slots, c, m, win, ctl
             return rnd, used, head, tail
         left = reps[pos] * glen[pos] - 1 - (slots[9][s] * glen[pos] + gidx[pos]) - two  # a window to spare
         kmax = min(kmax, max(0, 2 * left // two))
-    cost_private, cap_units = m[4], m[7]
-    j = cap_units // (cost_private * ((tot1 + tot2) // 2)) + 2  # windows that fetch one L2 from empty
+    j = (2 * m[7] + room2 - 1) // room2 + 1  # windows that fetch one L2 from empty, and one more
     if kmax - j < 3:
         return rnd, used, head, tail
     restore[:, :] = out_read + (kmax * (rd1 + rd2)) // 2
