@@ -1,0 +1,186 @@
+"""The L2 model at scale: flash2's compact program, the default model (heads extrapolated, steady K/V windows
+skipped) against the full walk (``exact=True``), the progress callback, the tracer's refusal at the boundary, and a
+million tokens in bounded time and memory."""
+
+from __future__ import annotations
+
+import io
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from iosim import l2
+from iosim.cli import cli
+from iosim.l2 import model as l2_model
+from iosim.l2.atoms import atomize, global_bytes
+from iosim.l2.program import expand, flash2_program
+from iosim.problem import AttentionProblem
+from iosim.schedules import Tiles
+from iosim.simulate import simulate
+
+H200 = "h200-sxm-141gb"
+
+
+def _p(**kw):
+    return AttentionProblem.make(**kw)
+
+
+@given(
+    n=st.integers(1, 700),
+    nk=st.integers(1, 700),
+    br=st.sampled_from([16, 32, 64, 128]),
+    bc=st.sampled_from([16, 32, 64]),
+    causal=st.booleans(),
+    rev=st.booleans(),
+)
+@settings(max_examples=40, deadline=None)
+def test_flash2_program_expanded_equals_the_atomized_trace(n, nk, br, bc, causal, rev):
+    p = _p(seq_len=n, kv_len=nk, head_dim=64, causal=causal)
+    t, order = Tiles(br, bc), "reverse" if rev else "forward"
+    kt = l2.trace_program("flash2", p, t, kv_order=order)[0]
+    at = atomize(kt, p)
+    prog = flash2_program(p, t, order)
+    ptr, atom, shape, write = expand(prog)
+    assert np.array_equal(ptr, kt.ptr)
+    assert np.array_equal(atom, at.acc_atom) and np.array_equal(shape, at.acc_shape)
+    assert np.array_equal(write, kt.write)
+    assert np.array_equal(prog.atom_bytes, at.atom_bytes) and np.array_equal(prog.atom_kv, at.atom_kv)
+    assert (prog.global_read, prog.global_write) == global_bytes(kt, p, 1)
+
+
+def test_flash2_program_memory_is_per_block_not_per_access():
+    """N = 1,048,576: 537 million accesses per head, held as 40,960 records."""
+    prog = flash2_program(_p(seq_len=1 << 20, head_dim=128), Tiles(128, 32))
+    assert prog.accesses == 8192 * (2 * 32768 + 3)
+    assert len(prog.atom) == 8192 * 5
+    assert sum(a.nbytes for a in (prog.atom, prog.shape, prog.write, prog.step, prog.gidx, prog.glen, prog.reps,
+                                  prog.atom_bytes, prog.atom_kv, prog.atom_tensor)) < 8_000_000
+
+
+def test_default_is_the_full_walk_below_the_budget():
+    p = _p(heads=32, seq_len=16384, head_dim=128)
+    exact = l2.simulate_l2("flash2", p, Tiles(128, 32), H200, exact=True).kernels[0]
+    default = l2.simulate_l2("flash2", p, Tiles(128, 32), H200).kernels[0]
+    assert (default.dram_read, default.dram_write, default.dirty_at_end) == (
+        exact.dram_read, exact.dram_write, exact.dirty_at_end)
+    assert default.heads_walked == 32 and default.skipped == 0
+
+
+def _agree(p, tiles, inputs, resident, budget=0):
+    """(exact, default) kernels; the default forced to approximate (``budget``)."""
+    exact = l2.simulate_l2("flash2", p, tiles, H200, inputs, resident=resident, exact=True).kernels[0]
+    default = l2.simulate_l2("flash2", p, tiles, H200, inputs, resident=resident, budget=budget).kernels[0]
+    return exact, default
+
+
+def _within(default, exact, tol=0.01):
+    assert abs(default.dram_read - exact.dram_read) <= tol * exact.dram_read
+    assert abs(default.dram_write - exact.dram_write) <= tol * exact.dram_write
+
+
+@pytest.mark.parametrize("causal,heads,kv_heads", [(False, 16, 16), (True, 16, 16), (False, 32, 16), (True, 32, 16)])
+def test_default_agrees_with_the_full_walk_on_mid_sizes(monkeypatch, causal, heads, kv_heads):
+    """Mid sizes with the approximations forced on: 16 heads, or 32 in groups of 2; 8 blocks resident, so 32 waves
+    a head, and K/V far larger than an L2 of 256 KiB: heads are extrapolated and steady windows skipped (a window of
+    128 rounds, so that a K/V loop of 2048 accesses holds several)."""
+    monkeypatch.setattr(l2_model, "WINDOW", 128)
+    p = _p(heads=heads, kv_heads=kv_heads, seq_len=32768, head_dim=128, causal=causal)
+    exact, default = _agree(p, Tiles(128, 32), l2.L2Inputs(capacity=256 * 1024), resident=8)
+    _within(default, exact)
+    assert default.heads_walked < heads  # the approximation did happen
+    if not causal:
+        assert default.skipped > 0.3 * default.accesses
+
+
+def test_heads_that_differ_are_walked_not_extrapolated():
+    """N = 65536 on an H200: one head in eight costs 18% less (where its boundary falls in the waves), so the
+    middle units' halves disagree and the model walks the grid in full rather than extrapolate."""
+    p = _p(heads=32, seq_len=65536, head_dim=128)
+    exact, default = _agree(p, Tiles(128, 32), l2.L2Inputs(), resident=None)
+    assert default.heads_walked == 32
+    assert (default.dram_read, default.dram_write) == (exact.dram_read, exact.dram_write)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal,kv_heads", [(False, 32), (True, 32), (False, 8), (True, 8)])
+def test_default_agrees_with_the_full_walk_at_131072(causal, kv_heads):
+    """What a user runs: ``simulate(..., l2=True)`` with its default tiles on an H200, 32 heads."""
+    p = _p(heads=32, kv_heads=kv_heads, seq_len=131072, head_dim=128, causal=causal)
+    exact = simulate("flash2", p, H200, l2=True, l2_exact=True).traffic["hbm"]
+    default = simulate("flash2", p, H200, l2=True).traffic["hbm"]
+    for k in ("read_bytes", "write_bytes"):
+        assert abs(default[k] - exact[k]) <= 0.01 * exact[k]
+
+
+@pytest.mark.slow
+def test_skipping_steady_windows_agrees_at_262144():
+    """Four heads, so the heads are all walked: the skipped windows alone (blocks drifting, H200)."""
+    p = _p(heads=4, seq_len=262144, head_dim=128)
+    exact, default = _agree(p, Tiles(128, 32), l2.L2Inputs(), resident=None)
+    assert default.skipped > 0.3 * default.accesses
+    _within(default, exact)
+
+
+def test_progress_reports_accesses_up_to_the_total():
+    seen = []
+    p = _p(heads=8, seq_len=8192, head_dim=128)
+    l2.simulate_l2("flash2", p, Tiles(128, 32), H200, progress=lambda d, t: seen.append((d, t)))
+    total = 8 * 64 * (2 * 256 + 3)
+    assert seen[-1] == (total, total)
+    assert all(0 <= d <= t == total for d, t in seen)
+
+
+def test_progress_bar_is_silent_for_short_runs():
+    out = io.StringIO()
+    with l2.ProgressBar(stream=out) as bar:
+        simulate("flash2", _p(heads=4, seq_len=4096, head_dim=128), H200, l2=True, l2_progress=bar)
+    assert out.getvalue() == ""
+
+
+def test_hbm_model_says_how_it_was_obtained():
+    p = _p(heads=16, seq_len=32768, head_dim=128)
+    exact = simulate("flash2", p, H200, l2=True, l2_exact=True)
+    assert "every access walked" in exact.hbm_model
+
+
+def test_cli_takes_l2_exact():
+    res = CliRunner().invoke(cli, ["simulate", "flash2", "--seq-len", "4096", "--heads", "2", "--l2-exact",
+                                        "--json"])
+    assert res.exit_code == 0, res.output
+    assert "every access walked" in res.output
+
+
+def test_tracer_refusal_comes_before_any_work():
+    """naive at N = 1,048,576 would take the Python tracer hours: refused at once, by the model and by simulate."""
+    p = _p(heads=32, seq_len=1 << 20, head_dim=128)
+    t0 = time.perf_counter()
+    with pytest.raises(l2.L2ModelError, match="too many for the Python tracer"):
+        l2.simulate_l2("naive", p, Tiles(64, 64), H200)
+    r = simulate("naive", p, H200, l2=True)
+    assert r.hbm_model.startswith("none") and "Python tracer" in r.hbm_model
+    assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.slow
+def test_a_million_tokens_in_bounded_time_and_memory():
+    """flash2, N = 1,048,576, 32 heads, d = 128, H200: the default model in under 60 s (about 20 s on an idle
+    2-core machine) and under 1 GB of memory; its DRAM reads are at least the compulsory Q, K, V once."""
+    code = ("import resource, time\nfrom iosim import AttentionProblem, simulate\n"
+            "p = AttentionProblem.make(heads=32, seq_len=1 << 20, head_dim=128)\n"
+            "t0 = time.perf_counter(); r = simulate('flash2', p, 'h200-sxm-141gb', l2=True)\n"
+            "print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
+            " r.traffic['hbm']['read_bytes'], r.traffic['hbm']['write_bytes'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    seconds, max_rss_kib, read, write = float(out[0]), int(out[1]), int(out[2]), int(out[3])
+    assert seconds < 60
+    assert max_rss_kib * 1024 < 1e9
+    assert read >= 3 * 32 * (1 << 20) * 128 * 2
+    assert 0 < write <= 32 * (1 << 20) * (128 * 2 + 4)
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 < 1e9
