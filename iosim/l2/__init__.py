@@ -43,14 +43,14 @@ above) and is what the default is checked against (tests/test_l2_scale.py: withi
 
 * No trace is stored: flash2's K/V loop is one group of two records (K_j, V_j) repeated for each visible j
   (:mod:`iosim.l2.program`), so memory is per atom (~4 MB per head at N = 1,048,576), not per access (4.8 GB).
-* Heads are alike: the grid is walked for its first few *units* of heads (a query group with its shared K/V, a
-  multiple of the GQA group), and every unit not walked is given the mean DRAM bytes of the walked middle units
-  (all but the first, which starts cold, and the last, which drains the grid and leaves dirty lines at the end;
-  those two come from the walk). The extrapolation is taken only once the middle units' first and second halves
-  agree within 0.5% (reads and writes each); else four times as many units are walked, and the whole grid once
-  that is over a quarter of it (a partial walk is tried only where it saves three quarters). A head whose boundary
-  falls at another point of the waves costs differently (up to 10% at N = 131072, every fourth head): a first walk
-  is of 4 units where a head runs 32 waves or more, 8 from 8 waves, else 16.
+* Heads are alike: the grid is walked for its first few heads: the first (it starts cold), whole periods of the
+  grid's pattern of shared K/V (a GQA query group; with every batch for grid (.., batch, heads)), and the last (it
+  drains the grid and leaves dirty lines at the end); every head not walked is given the mean DRAM bytes of the
+  walked middle heads. The extrapolation is taken only once the middle heads' first and second halves (whole
+  periods each) agree within 0.5%, reads and writes each; else about four times as many heads are walked, and the
+  whole grid once a walk would not save three quarters of it. A head whose boundary falls at another point of the
+  waves costs differently (up to 10% at N = 131072, every fourth head): the first walk has 2 middle periods where a
+  head runs 32 waves or more (and is taken where it saves half the grid), 6 from 8 waves, else 14.
 * Waves repeat: every 256 rounds the loop takes stock (:mod:`iosim.l2.steady`). When every resident block is deep
   in its K/V loop, none launched for two windows, the last two windows fetched the same bytes (within 1%) while
   each block advanced alike, and no read in them hit on data fetched in an earlier round (a block trailing another

@@ -26,7 +26,7 @@ MAX_TRACED_ACCESSES = 1_000_000  # tile accesses per head the Python tracer walk
 # Beyond this many tile accesses (all heads) the default model extrapolates over heads and skips steady windows;
 # flash2 at N = 65536, 32 heads (67M accesses) walks in about 1 s on one core
 WALK_BUDGET = 64_000_000
-HEAD_TOLERANCE = 0.005  # two consecutive middle units of heads whose DRAM bytes agree this well are "alike"
+HEAD_TOLERANCE = 0.005  # the middle heads' two halves agree this well: the heads are alike
 WINDOW = 256  # rounds between the loop's stock-takings (steady.window)
 
 
@@ -213,9 +213,9 @@ def _programs(schedule: str, problem: AttentionProblem, tiles: Tiles, lm: Launch
     return [from_trace(kt, problem) for kt in traces]
 
 
-def unit_heads(problem: AttentionProblem, head_order: str) -> int:
-    """Consecutively launched heads that are alike as a unit: a query group with its shared K/V (and, for grid
-    (.., batch, heads), that group in every batch)."""
+def head_period(problem: AttentionProblem, head_order: str) -> int:
+    """Launched heads after which the pattern of shared K/V repeats: a query group (and, for grid (.., batch,
+    heads), that group in every batch)."""
     g = problem.heads // problem.kv_heads
     return g if head_order == "batch_major" else g * problem.batch
 
@@ -280,8 +280,8 @@ def _walk(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: boo
 
 
 def _alike(w: _Walk, walked: int, slack: float) -> bool:
-    """The middle units (all but the first and the last) moved the same DRAM bytes in their first and their second
-    half, reads and writes each, within HEAD_TOLERANCE of their mean."""
+    """The middle heads (all but the first and the last) moved the same DRAM bytes in their first and their second
+    half, reads and writes each, within HEAD_TOLERANCE (and ``slack`` bytes a head)."""
     half = (walked - 2) // 2
     for arr in (w.read, w.write):
         x, y = int(arr[1:1 + half].sum()), int(arr[walked - 1 - half:walked - 1].sum())
@@ -290,32 +290,36 @@ def _alike(w: _Walk, walked: int, slack: float) -> bool:
     return True
 
 
-def _kernel(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: bool, unit: int, budget: int | None,
-            progress) -> tuple[np.ndarray, np.ndarray, _Walk, int]:
+def _kernel(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: bool, period: int,
+            budget: int | None, progress) -> tuple[np.ndarray, np.ndarray, _Walk, int]:
     """DRAM bytes by tensor of all heads, the walk they came from, and the heads it walked. Approximate: the first
-    few units of heads, four times as many, ... (all of them once that is over a quarter of the grid) until the middle ones (all
-    but the first and the last) cost alike in their first and second half; each unit not walked costs their mean."""
-    n_units = len(grid[2]) // unit
+    heads (the first, ``m`` periods of ``period`` heads, the last), more while the middle ones cost differently in
+    their first and second half (all once the walk would save less than it costs); each head not walked costs the
+    middle heads' mean. A period is a query group with its K/V (and, for grid (.., batch, heads), that group in
+    every batch): halves of whole periods hold as many heads of each place in a group."""
+    H = len(grid[2])
     # A head whose boundary falls at another point of the waves costs differently (up to 10% at 4 waves a head,
-    # every fourth head at N = 131072); a pattern that repeats every p heads is caught when p is under half the
-    # middle units, and one of a longer period moves the mean by about 1/(waves x p): the fewer waves a head has,
-    # the more units are walked first. A walk is tried only where it saves three quarters of the grid.
-    waves = prog.n_blocks * unit / n_slots
-    walked = 4 if waves >= 32 else 8 if waves >= 8 else 16
+    # every fourth head at N = 131072); a pattern that repeats every few heads is caught when it repeats within a
+    # half, and one of a longer period p moves the mean by about 1/(waves x p): the fewer waves a head has, the
+    # more heads are walked first.
+    waves = prog.n_blocks / n_slots
+    m = 2 if waves >= 32 else 6 if waves >= 8 else 14
+    walked = 2 + m * period
     approximate = budget is not None
-    walked = walked if approximate and 4 * walked <= n_units else n_units
-    slack = 1e-4 * (prog.global_read + prog.global_write) * unit
+    walked = walked if approximate and (2 if m == 2 else 4) * walked <= H else H
+    slack = 1e-4 * (prog.global_read + prog.global_write)
     while True:
-        w = _walk(prog, x, n_slots, grid, dedupe, walked * unit, unit, approximate, progress)
-        if walked == n_units:
-            return w.read.sum(axis=0), w.write.sum(axis=0), w, walked * unit
+        w = _walk(prog, x, n_slots, grid, dedupe, walked, 1, approximate, progress)
+        if walked == H:
+            return w.read.sum(axis=0), w.write.sum(axis=0), w, walked
         if _alike(w, walked, slack):
-            rest, mid = n_units - walked, walked - 2
+            rest, mid = H - walked, walked - 2
             rd = w.read.sum(axis=0) + rest * w.read[1:walked - 1].sum(axis=0) // mid
             wr = w.write.sum(axis=0) + rest * w.write[1:walked - 1].sum(axis=0) // mid
             w.rounds += rest * w.rounds // walked
-            return rd, wr, w, walked * unit
-        walked = 4 * walked if 16 * walked <= n_units else n_units
+            return rd, wr, w, walked
+        m = 4 * (m + 2) - 2
+        walked = 2 + m * period if 4 * (2 + m * period) <= H else H
 
 
 def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: str | Profile | None = None,
@@ -337,7 +341,7 @@ def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile:
     programs = _programs(schedule, problem, tiles, lm, traces)
     head_q, head_kv = head_slots(problem, lm.head_order)
     H = len(head_q)
-    unit = unit_heads(problem, lm.head_order) if traces is None else H
+    period = head_period(problem, lm.head_order) if traces is None else H
     sms = int(prof.require("sm_count"))
     out = []
     for ki, prog in enumerate(programs):
@@ -351,7 +355,7 @@ def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile:
         if nb:
             grid = (prog.ptr, order.astype(np.int64), head_q, head_kv, sms, x.block_share)
             approximate = not exact and prog.accesses * H > budget
-            rd_t, wr_t, w, k.heads_walked = _kernel(prog, x, r, grid, dedupe, unit, budget if approximate else None,
+            rd_t, wr_t, w, k.heads_walked = _kernel(prog, x, r, grid, dedupe, period, budget if approximate else None,
                                                     progress)
             k.dram_read, k.dram_write, k.dirty_at_end = int(rd_t.sum()), int(wr_t.sum()), w.dirty
             k.read_by_tensor = {TENSOR_NAMES[i]: int(v) for i, v in enumerate(rd_t) if v}
