@@ -15,7 +15,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from .. import plots
+from .. import plots, validation
 from .._resources import validation_dir
 
 # How scenarios name the committed records: the repository's docs/validation/, installed as package data.
@@ -106,5 +106,25 @@ def parity_table(pattern: str, where: str) -> str:
                    f"<td>{html.escape(direction)}</td><td class=num>{len(ratios)}</td>"
                    f"<td class=num><b>{med:.3f}</b></td><td class=num>{ratios[0]:.3f}</td>"
                    f"<td class=num>{ratios[-1]:.3f}</td></tr>")
-    return ("<table><tr><th>kernel</th><th>boundary</th><th>direction</th><th>rows</th><th>measured ÷ simulated, "
-            f"median</th><th>min</th><th>max</th></tr>{''.join(out)}</table>")
+    ratios = ("<table><tr><th>kernel</th><th>boundary</th><th>direction</th><th>rows</th><th>measured ÷ simulated, "
+              f"median</th><th>min</th><th>max</th></tr>{''.join(out)}</table>")
+    return ratios + (judged_tables() if pattern.startswith(RECORDS) else "")
+
+
+def judged_tables() -> str:
+    """The committed records judged by the rule of docs/validation.md, one table per device."""
+    parts = []
+    for device in validation.devices():
+        rows = []
+        for r in validation.summarize(validation.judge_all(validation.load_record(device))):
+            worst = "n/a (measured 0)" if r.worst_error is None else f"{r.worst_error:+.1%}"
+            lower = f" ({r.lower_bound} lower bounds)" if r.lower_bound else ""
+            rows.append(f"<tr><td>{html.escape(r.kernel)}</td><td>{r.boundary} {r.direction}</td>"
+                        f"<td class=num>{r.checks}</td><td class=num><b>{r.passed}</b>{lower}</td>"
+                        f"<td class=num>{r.median_error:.1%}</td><td class=num>{worst}</td></tr>")
+        parts.append(f"<p class=note>{html.escape(device)}, judged by the rule of the validation page: a check "
+                     "passes within 5% (reads) or 10% (writes) of measured, or 1% of the kernel's compulsory bytes, "
+                     "or inside the range of repeated launches; <code>global</code> must be exact.</p>"
+                     "<table><tr><th>kernel</th><th>boundary</th><th>checks</th><th>within the rule</th>"
+                     f"<th>median error</th><th>worst error</th></tr>{''.join(rows)}</table>")
+    return "".join(parts)
