@@ -287,8 +287,8 @@ def test_input_errors_name_the_argument():
         gpu.attention(x, x, x)
     with pytest.raises(gpu.AttentionInputError, match=r"\(block_q, block_kv\)=\(256, 256\)"):
         gpu.attention(q, q, q, block_q=256, block_kv=256)
-    with pytest.raises(gpu.AttentionInputError, match="schedule='flash3'"):
-        gpu.attention(q, q, q, schedule="flash3")
+    with pytest.raises(gpu.AttentionInputError, match="schedule='flash4'"):
+        gpu.attention(q, q, q, schedule="flash4")
     with pytest.raises(gpu.AttentionTypeError, match="q: got list"):
         gpu.attention([1], q, q)
 
