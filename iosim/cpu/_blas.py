@@ -50,17 +50,17 @@ def _library_paths() -> list[str]:
     return sorted({p for pat in pats for p in glob.glob(os.path.join(root, pat))})
 
 
-@cfunc(SGEMM_SIG)
+@cfunc(SGEMM_SIG, cache=True)
 def _sgemm_stub(o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # never called: BLAS is False
     pass
 
 
-@cfunc(DGEMM_SIG)
+@cfunc(DGEMM_SIG, cache=True)
 def _dgemm_stub(o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     pass
 
 
-@cfunc(THREADS_SIG)
+@cfunc(THREADS_SIG, cache=True)
 def _threads_stub(n):
     return 0
 
