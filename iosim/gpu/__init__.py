@@ -6,18 +6,9 @@ Importing this package never imports CuPy; the functions import it when called a
 """
 
 from iosim.gpu._cupy import GPUUnavailableError
-from iosim.gpu.attention import (
-    SCHEDULES,
-    AttentionInputError,
-    AttentionTypeError,
-    KernelLaunch,
-    LaunchRecord,
-    SharedMemoryError,
-    attention,
-    default_tiles,
-    last_launch,
-)
+from iosim.gpu.attention import KernelLaunch, LaunchRecord, attention, default_tiles, last_launch
 from iosim.gpu.flash3 import HopperRequiredError
+from iosim.gpu.inputs import SCHEDULES, AttentionInputError, AttentionTypeError, SharedMemoryError
 from iosim.launch import FLASH3_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
 
 __all__ = [

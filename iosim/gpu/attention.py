@@ -1,17 +1,18 @@
-"""Run attention on the GPU with iosim's own kernels: the FlashAttention-2 forward or the naive three-kernel path.
+"""Run attention on the GPU with iosim's own kernels: FlashAttention-2's forward, FlashAttention-3's (Hopper) or the
+naive three-kernel path.
 
     >>> from iosim import gpu
     >>> o = gpu.attention(q, k, v, causal=True)          # q (B, N, H, d), k and v (B, N_kv, H_kv, d)
     >>> o, lse = gpu.attention(q, k, v, return_lse=True)  # lse (B, H, N) fp32, natural log
     >>> gpu.last_launch()                                 # kernels, grid, block, shared memory, tiles
 
-Launch geometry and the shared-memory budget live here (the kernel files hold device code only); what gets
-compiled, with which options, is in :mod:`iosim.gpu.build`.
+The launch geometry and shared-memory budget are in :mod:`iosim.launch`, the checks of the arguments in
+:mod:`iosim.gpu.inputs` (the kernel files hold device code only); what gets compiled, with which options, is in
+:mod:`iosim.gpu.build`.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,21 +21,9 @@ from iosim import launch
 from iosim._resources import kernels_dir
 from iosim.gpu import build, flash3
 from iosim.gpu._cupy import require_cupy
+from iosim.gpu.inputs import SharedMemoryError, dtype_name, validate
 
-SCHEDULES = ("flash2", "naive", "flash3")
 _LOG2E = 1.4426950408889634
-
-
-class AttentionInputError(ValueError):
-    """An argument of iosim.gpu.attention has a wrong value (shape, layout, device, tile, ...)."""
-
-
-class AttentionTypeError(TypeError):
-    """An argument of iosim.gpu.attention has a wrong type or dtype."""
-
-
-class SharedMemoryError(AttentionInputError):
-    """A tile configuration needs more shared memory per block than the device allows."""
 
 
 @dataclass(frozen=True)
@@ -76,159 +65,7 @@ def last_launch() -> LaunchRecord | None:
 
 def default_tiles(head_dim: int, dtype: Any = "bfloat16", causal: bool = False) -> tuple[int, int]:
     """(block_q, block_kv) that schedule="flash2" uses when none are given."""
-    return build.default_tiles(head_dim, _dtype_name(dtype), causal)
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# inputs
-
-
-def _dtype_name(dtype: Any) -> str:
-    """'float16' / 'bfloat16' for NumPy/CuPy dtypes (bf16 is ml_dtypes.bfloat16 in CuPy 14), else str(dtype)."""
-    name = getattr(dtype, "name", None)
-    if name is None:
-        try:
-            import numpy as np
-
-            name = np.dtype(dtype).name
-        except Exception:
-            name = str(dtype)
-    return "bfloat16" if name in ("bfloat16", "bf16") else str(name)
-
-
-def _as_cupy(cp: Any, x: Any, name: str) -> Any:
-    if isinstance(x, cp.ndarray):
-        return x
-    if hasattr(x, "__dlpack__"):  # torch tensors (bf16 included), JAX arrays, ...
-        dev = getattr(x, "device", None)
-        if getattr(dev, "type", "cuda") == "cpu":
-            raise AttentionInputError(
-                f"{name}: tensor is on the CPU ({dev}); expected a tensor on a CUDA device"
-            )
-        try:
-            return cp.from_dlpack(x)
-        except Exception as exc:
-            raise AttentionTypeError(
-                f"{name}: could not import {type(x).__name__} through DLPack ({type(exc).__name__}: {exc}); "
-                "expected a CUDA tensor of float16 or bfloat16"
-            ) from None
-    if hasattr(x, "__cuda_array_interface__"):
-        try:
-            return cp.asarray(x)
-        except Exception as exc:
-            raise AttentionTypeError(
-                f"{name}: could not import {type(x).__name__} through __cuda_array_interface__ "
-                f"({type(exc).__name__}: {exc})"
-            ) from None
-    raise AttentionTypeError(
-        f"{name}: got {type(x).__name__}; expected a CuPy array or a GPU array exposing __dlpack__ or "
-        "__cuda_array_interface__ (e.g. a CUDA torch tensor), shape (batch, seq_len, heads, head_dim)"
-    )
-
-
-def _check_array(x: Any, name: str, dims: str) -> None:
-    if x.ndim != 4:
-        raise AttentionInputError(f"{name}: shape {tuple(x.shape)} has {x.ndim} dims; expected 4 dims {dims}")
-    if any(s < 1 for s in x.shape):
-        raise AttentionInputError(f"{name}: shape {tuple(x.shape)} has an empty dimension; expected all >= 1")
-    if not x.flags.c_contiguous:
-        raise AttentionInputError(
-            f"{name}: strides {x.strides} are not C-contiguous; expected a contiguous {dims} array "
-            "(for a (B, H, N, d) torch tensor pass t.transpose(1, 2).contiguous())"
-        )
-    if x.data.ptr % 16:
-        raise AttentionInputError(
-            f"{name}: data pointer {x.data.ptr:#x} is not 16-byte aligned; expected aligned"
-        )
-
-
-def _validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out):
-    if schedule not in SCHEDULES:
-        raise AttentionInputError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
-    if not isinstance(causal, bool):
-        raise AttentionTypeError(f"causal={causal!r}: expected True or False")
-    q, k, v = _as_cupy(cp, q, "q"), _as_cupy(cp, k, "k"), _as_cupy(cp, v, "v")
-    _check_array(q, "q", "(batch, seq_len, heads, head_dim)")
-    _check_array(k, "k", "(batch, kv_len, kv_heads, head_dim)")
-    _check_array(v, "v", "(batch, kv_len, kv_heads, head_dim)")
-    dt = _dtype_name(q.dtype)
-    if dt not in build.CUDA_TYPES:
-        raise AttentionTypeError(f"q: dtype {q.dtype} is not supported; expected float16 or bfloat16")
-    for name, x in (("k", k), ("v", v)):
-        if _dtype_name(x.dtype) != dt:
-            raise AttentionTypeError(
-                f"{name}: dtype {x.dtype} differs from q's {q.dtype}; expected the same dtype"
-            )
-    B, N, H, D = q.shape
-    Bk, _, Hk, Dk = k.shape
-    if tuple(v.shape) != tuple(k.shape):
-        raise AttentionInputError(
-            f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}; expected equal"
-        )
-    if Bk != B:
-        raise AttentionInputError(f"k: batch {Bk} differs from q's batch {B}; expected equal")
-    if Dk != D:
-        raise AttentionInputError(f"k: head_dim {Dk} differs from q's head_dim {D}; expected equal")
-    if H % Hk:
-        raise AttentionInputError(
-            f"k: kv_heads={Hk} does not divide q's heads={H}; expected heads to be a multiple of kv_heads"
-        )
-    if schedule == "flash3" and D not in launch.FLASH3_TILES:
-        raise AttentionInputError(
-            f"q: head_dim={D} is not supported by schedule='flash3'; expected one of {list(launch.FLASH3_TILES)}"
-        )
-    if D not in launch.HEAD_DIMS:
-        raise AttentionInputError(
-            f"q: head_dim={D} is not supported; expected one of {list(launch.HEAD_DIMS)}"
-        )
-    if H > 65535 or B > 65535:
-        raise AttentionInputError(f"q: heads={H}, batch={B}; expected each <= 65535 (CUDA grid limit)")
-    devs = {x.device.id for x in (q, k, v)}
-    if len(devs) != 1:
-        raise AttentionInputError(f"q, k, v are on devices {sorted(devs)}; expected all on one device")
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    try:
-        scale = float(scale)
-    except (TypeError, ValueError):
-        raise AttentionTypeError(f"scale={scale!r}: expected a positive float") from None
-    if not (math.isfinite(scale) and scale > 0):
-        raise AttentionInputError(f"scale={scale!r}: expected a finite positive float")
-    if schedule == "naive":
-        if block_q is not None or block_kv is not None:
-            raise AttentionInputError(
-                f"block_q={block_q!r}, block_kv={block_kv!r}: the naive schedule has fixed tiles "
-                f"(iosim.launch.NAIVE_TILES); expected None"
-            )
-    elif schedule == "flash3":
-        if (block_q, block_kv) not in ((None, None), launch.FLASH3_TILES[D]):
-            raise AttentionInputError(
-                f"(block_q, block_kv)=({block_q!r}, {block_kv!r}): schedule='flash3' compiles one tile per head dim; "
-                f"expected None or {launch.FLASH3_TILES[D]} at head_dim={D}"
-            )
-    elif (block_q is None) != (block_kv is None):
-        raise AttentionInputError(f"block_q={block_q!r}, block_kv={block_kv!r}: give both or neither")
-    elif block_q is not None and (block_q, block_kv) not in launch.FLASH_TILES[D]:
-        raise AttentionInputError(
-            f"(block_q, block_kv)=({block_q!r}, {block_kv!r}) is not compiled for head_dim={D}; "
-            f"expected one of {list(launch.FLASH_TILES[D])}"
-        )
-    for name, arr, shape, want in (
-        ("out", out, (B, N, H, D), dt),
-        ("lse_out", lse_out, (B, H, N), "float32"),
-    ):
-        if arr is None:
-            continue
-        if not isinstance(arr, cp.ndarray):
-            raise AttentionTypeError(f"{name}: got {type(arr).__name__}; expected a CuPy array")
-        if tuple(arr.shape) != shape or _dtype_name(arr.dtype) != want or not arr.flags.c_contiguous:
-            raise AttentionInputError(
-                f"{name}: {tuple(arr.shape)} {arr.dtype} (contiguous={arr.flags.c_contiguous}); "
-                f"expected a contiguous {shape} {want} array"
-            )
-        if arr.device.id not in devs:
-            raise AttentionInputError(f"{name}: on device {arr.device.id}; expected device {q.device.id}")
-    return q, k, v, dt, scale
+    return build.default_tiles(head_dim, dtype_name(dtype), causal)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -238,18 +75,19 @@ def _validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_
 def _kernel(cp: Any, inst: Any, smem_bytes: int, trace: bool = False) -> Any:
     """The compiled kernel of ``inst``; ``trace``: the variant built with -DIOSIM_BLOCK_TRACE (then a pair
     (kernel, module), the module holding the ``iosim_block_trace`` pointer)."""
-    dev = cp.cuda.Device()
-    key = (inst, dev.id, trace)
-    with _lock:
-        hit = _modules.get(key)
-        if hit is None:
-            kdir = kernels_dir()
-            code = (kdir / inst.source).read_text()
-            opts = build.nvrtc_options(kdir) + getattr(inst, "nvrtc_extra", ())
-            opts += ("-DIOSIM_BLOCK_TRACE",) if trace else ()
-            mod = cp.RawModule(code=code, options=opts, name_expressions=[inst.name_expression])
-            hit = (mod.get_function(inst.name_expression), mod)
-            _modules[key] = hit
+    key = (inst, cp.cuda.runtime.getDevice(), trace)
+    hit = _modules.get(key)  # the common case, without the lock
+    if hit is None:
+        with _lock:
+            hit = _modules.get(key)
+            if hit is None:
+                kdir = kernels_dir()
+                code = (kdir / inst.source).read_text()
+                opts = build.nvrtc_options(kdir) + getattr(inst, "nvrtc_extra", ())
+                opts += ("-DIOSIM_BLOCK_TRACE",) if trace else ()
+                mod = cp.RawModule(code=code, options=opts, name_expressions=[inst.name_expression])
+                hit = (mod.get_function(inst.name_expression), mod)
+                _modules[key] = hit
     fn, mod = hit
     if smem_bytes > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem_bytes:
         fn.max_dynamic_shared_size_bytes = smem_bytes  # opt in to more than 48 KB of dynamic shared memory
@@ -266,29 +104,115 @@ def _set_block_trace(cp: Any, mod: Any, buf: Any, n_blocks: int) -> None:
     cp.ndarray((1,), cp.uint64, memptr=sym)[0] = buf.data.ptr
 
 
+_smem_limits: dict[int, int] = {}
+
+
 def _smem_limit(cp: Any) -> int:
-    return int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+    """Shared memory one block may opt in to on the current device (read once per device: a query costs ~10 us)."""
+    dev = cp.cuda.runtime.getDevice()
+    if dev not in _smem_limits:
+        _smem_limits[dev] = int(cp.cuda.Device(dev).attributes["MaxSharedMemoryPerBlockOptin"])
+    return _smem_limits[dev]
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # the API
 
 
-def attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    schedule: str = "flash2",
-    causal: bool = False,
-    block_q: int | None = None,
-    block_kv: int | None = None,
-    scale: float | None = None,
-    return_lse: bool = False,
-    out: Any = None,
-    lse_out: Any = None,
-    block_trace: Any = None,
-) -> Any:
+@dataclass
+class _Call:
+    """One call's arrays and sizes, checked: q (B, N, H, D); k, v (B, Nk, Hk, D); o like q; lse (B, H, N) or None."""
+
+    cp: Any
+    q: Any
+    k: Any
+    v: Any
+    o: Any
+    lse: Any
+    dtype: str
+    scale: float
+    causal: bool
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int, int, int]:
+        B, N, H, D = self.q.shape
+        return int(B), int(N), int(H), int(D), int(self.k.shape[1]), int(self.k.shape[2])
+
+    def need_lse(self) -> None:
+        """The flash kernels always write lse (counted by their schedules): give them a buffer."""
+        if self.lse is None:
+            B, N, H, _, _, _ = self.sizes
+            self.lse = self.cp.empty((B, H, N), dtype=self.cp.float32)
+
+
+def _run_flash3(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
+    cp, (_, _, _, D, _, _) = c.cp, c.sizes
+    flash3.require_hopper(cp)
+    block_q, block_kv = launch.FLASH3_TILES[D]
+    smem = launch.flash3_smem_bytes(D, block_q, block_kv, build.ITEMSIZE[c.dtype])
+    c.need_lse()
+    inst = build.Flash3Instance(D, block_kv, c.dtype, c.causal)
+    grid, block = flash3.launch_kernel(cp, _kernel(cp, inst, smem), c.q, c.k, c.v, c.o, c.lse, causal=c.causal,
+                                       scale_log2=c.scale * _LOG2E, dtype=c.dtype, block_q=block_q,
+                                       block_kv=block_kv, smem=smem)
+    return (KernelLaunch(inst.name_expression, grid, block, smem),), \
+        {"block_q": block_q, "block_kv": block_kv, "stages": launch.FLASH3_STAGES}
+
+
+def _run_flash2(c: _Call, block_q: int | None, block_kv: int | None, block_trace: Any):
+    cp, (B, N, H, D, Nk, Hk) = c.cp, c.sizes
+    if block_q is None:
+        block_q, block_kv = build.default_tiles(D, c.dtype, c.causal)
+    itemsize, limit = build.ITEMSIZE[c.dtype], _smem_limit(cp)
+    smem = launch.flash_smem_bytes(D, block_q, block_kv, itemsize)
+    if smem > limit:
+        terms = ", ".join(f"{n} {b} B" for n, b in launch.flash_smem_terms(D, block_q, block_kv, itemsize).items())
+        raise SharedMemoryError(f"block_q={block_q}, block_kv={block_kv}, head_dim={D}, {c.dtype}: needs {smem} B of "
+                                f"shared memory per block ({terms}); this device allows {limit} B; use smaller tiles, "
+                                f"e.g. {build.default_tiles(D, c.dtype, c.causal)}")
+    c.need_lse()
+    inst = build.FlashInstance(D, block_q, block_kv, c.dtype, c.causal)
+    grid = ((N + block_q - 1) // block_q, H, B)  # Q tiles fastest: co-resident blocks share K/V in L2
+    if block_trace is None:
+        fn = _kernel(cp, inst, smem)
+    else:
+        fn, mod = _kernel(cp, inst, smem, trace=True)
+        _set_block_trace(cp, mod, block_trace, grid[0] * H * B)
+    block, i32 = (launch.FLASH_THREADS, 1, 1), cp.int32
+    fn(grid, block, (c.q, c.k, c.v, c.o, c.lse, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(c.scale * _LOG2E)),
+       shared_mem=smem)
+    return (KernelLaunch(inst.name_expression, grid, block, smem),), {"block_q": block_q, "block_kv": block_kv}
+
+
+def _run_naive(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
+    cp, (B, N, H, D, Nk, Hk) = c.cp, c.sizes
+    itemsize, limit = build.ITEMSIZE[c.dtype], _smem_limit(cp)
+    smem = launch.naive_softmax_smem_bytes(Nk, itemsize)
+    if smem > limit:
+        raise SharedMemoryError(f"naive softmax holds one row of S (kv_len={Nk} x {itemsize} B = {smem} B) in shared "
+                                f"memory; this device allows {limit} B per block; use kv_len <= {limit // itemsize} "
+                                "or schedule='flash2'")
+    t, i32 = launch.NAIVE_TILES, cp.int32
+    s = cp.empty((B, H, N, Nk), dtype=c.q.dtype)  # S, materialized (Alg. 0 line 1)
+    p = cp.empty((B, H, N, Nk), dtype=c.q.dtype)  # P, materialized (Alg. 0 line 2)
+    insts = [build.NaiveInstance("qk", c.dtype, c.causal), build.NaiveInstance("softmax", c.dtype),
+             build.NaiveInstance("pv", c.dtype)]
+    f_qk, f_sm, f_pv = _kernel(cp, insts[0], 0), _kernel(cp, insts[1], smem), _kernel(cp, insts[2], 0)
+    grids = [(-(-Nk // t["qk"]["block_n"]), -(-N // t["qk"]["block_m"]), B * H), (B * H * N, 1, 1),
+             (1, -(-N // t["pv"]["block_m"]), B * H)]  # pv: one block per 64 query rows, all head dims
+    blocks = [(t[x]["threads"], 1, 1) for x in ("qk", "softmax", "pv")]
+    f_qk(grids[0], blocks[0], (c.q, c.k, s, i32(N), i32(Nk), i32(H), i32(Hk), i32(D), cp.float32(c.scale)))
+    lse_arg = c.lse if c.lse is not None else cp.uint64(0)  # a null pointer: the kernel skips lse
+    f_sm(grids[1], blocks[1], (s, p, lse_arg, i32(Nk)), shared_mem=smem)
+    f_pv(grids[2], blocks[2], (p, c.v, c.o, i32(N), i32(Nk), i32(H), i32(Hk), i32(D)))
+    launches = tuple(KernelLaunch(i.name_expression, g, b, m)
+                     for i, g, b, m in zip(insts, grids, blocks, (0, smem, 0), strict=True))
+    return launches, {k_: dict(v_) for k_, v_ in t.items()}
+
+
+def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool = False,
+              block_q: int | None = None, block_kv: int | None = None, scale: float | None = None,
+              return_lse: bool = False, out: Any = None, lse_out: Any = None, block_trace: Any = None) -> Any:
     """softmax(scale * Q K^T) V on the GPU with iosim's kernels.
 
     q: (batch, seq_len, heads, head_dim); k, v: (batch, kv_len, kv_heads, head_dim), heads a multiple of kv_heads
@@ -309,93 +233,20 @@ def attention(
     """
     global _last
     cp = require_cupy()
-    q, k, v, dt, scale = _validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out)
+    q, k, v, dt, scale = validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out)
+    if block_trace is not None and schedule != "flash2":
+        raise ValueError("block_trace is supported by schedule='flash2' only")
     B, N, H, D = (int(s) for s in q.shape)
-    Nk, Hk = int(k.shape[1]), int(k.shape[2])
-    itemsize = build.ITEMSIZE[dt]
-    i32 = cp.int32
     with cp.cuda.Device(q.device.id):
         o = out if out is not None else cp.empty((B, N, H, D), dtype=q.dtype)
-        want_lse = return_lse or lse_out is not None
-        lse = (
-            lse_out if lse_out is not None else (cp.empty((B, H, N), dtype=cp.float32) if want_lse else None)
-        )
-        limit = _smem_limit(cp)
+        lse = lse_out if lse_out is not None else \
+            (cp.empty((B, H, N), dtype=cp.float32) if return_lse else None)
+        c = _Call(cp, q, k, v, o, lse, dt, scale, causal)
         if schedule == "flash3":
-            if block_trace is not None:
-                raise ValueError("block_trace is supported by schedule='flash2' only")
-            flash3.require_hopper(cp)
-            block_q, block_kv = launch.FLASH3_TILES[D]
-            smem = launch.flash3_smem_bytes(D, block_q, block_kv, itemsize)
-            if lse is None:  # the kernel always writes lse, as flash2's does
-                lse = cp.empty((B, H, N), dtype=cp.float32)
-            inst = build.Flash3Instance(D, block_kv, dt, causal)
-            grid, block = flash3.launch_kernel(
-                cp, _kernel(cp, inst, smem), q, k, v, o, lse, causal=causal, scale_log2=scale * _LOG2E,
-                dtype=dt, block_q=block_q, block_kv=block_kv, smem=smem,
-            )
-            launches = (KernelLaunch(inst.name_expression, grid, block, smem),)
-            tiles = {"block_q": block_q, "block_kv": block_kv, "stages": launch.FLASH3_STAGES}
+            launches, tiles = _run_flash3(c)
         elif schedule == "flash2":
-            if block_q is None:
-                block_q, block_kv = build.default_tiles(D, dt, causal)
-            smem = launch.flash_smem_bytes(D, block_q, block_kv, itemsize)
-            if smem > limit:
-                terms = ", ".join(
-                    f"{n} {b} B" for n, b in launch.flash_smem_terms(D, block_q, block_kv, itemsize).items()
-                )
-                raise SharedMemoryError(
-                    f"block_q={block_q}, block_kv={block_kv}, head_dim={D}, {dt}: needs {smem} B of shared memory "
-                    f"per block ({terms}); this device allows {limit} B; use smaller tiles, e.g. "
-                    f"{build.default_tiles(D, dt, causal)}"
-                )
-            if lse is None:  # the kernel always writes lse (B*H*N*4 bytes, counted by the flash2 schedule)
-                lse = cp.empty((B, H, N), dtype=cp.float32)
-            inst = build.FlashInstance(D, block_q, block_kv, dt, causal)
-            grid = ((N + block_q - 1) // block_q, H, B)  # Q tiles fastest: co-resident blocks share K/V in L2
-            if block_trace is None:
-                fn = _kernel(cp, inst, smem)
-            else:
-                fn, mod = _kernel(cp, inst, smem, trace=True)
-                _set_block_trace(cp, mod, block_trace, grid[0] * H * B)
-            block = (launch.FLASH_THREADS, 1, 1)
-            fn(
-                grid,
-                block,
-                (q, k, v, o, lse, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(scale * _LOG2E)),
-                shared_mem=smem,
-            )
-            launches = (KernelLaunch(inst.name_expression, grid, block, smem),)
-            tiles: dict[str, Any] = {"block_q": block_q, "block_kv": block_kv}
+            launches, tiles = _run_flash2(c, block_q, block_kv, block_trace)
         else:
-            if block_trace is not None:
-                raise ValueError("block_trace is supported by schedule='flash2' only")
-            smem = launch.naive_softmax_smem_bytes(Nk, itemsize)
-            if smem > limit:
-                raise SharedMemoryError(
-                    f"naive softmax holds one row of S (kv_len={Nk} x {itemsize} B = {smem} B) in shared memory; "
-                    f"this device allows {limit} B per block; use kv_len <= {limit // itemsize} or schedule='flash2'"
-                )
-            t = launch.NAIVE_TILES
-            s = cp.empty((B, H, N, Nk), dtype=q.dtype)  # S, materialized (Alg. 0 line 1)
-            p = cp.empty((B, H, N, Nk), dtype=q.dtype)  # P, materialized (Alg. 0 line 2)
-            i_qk = build.NaiveInstance("qk", dt, causal)
-            i_sm = build.NaiveInstance("softmax", dt)
-            i_pv = build.NaiveInstance("pv", dt)
-            f_qk, f_sm, f_pv = _kernel(cp, i_qk, 0), _kernel(cp, i_sm, smem), _kernel(cp, i_pv, 0)
-            g_qk = (-(-Nk // t["qk"]["block_n"]), -(-N // t["qk"]["block_m"]), B * H)
-            g_sm = (B * H * N, 1, 1)
-            g_pv = (1, -(-N // t["pv"]["block_m"]), B * H)  # one block per 64 query rows, all head dims
-            b_qk, b_sm, b_pv = ((t[x]["threads"], 1, 1) for x in ("qk", "softmax", "pv"))
-            f_qk(g_qk, b_qk, (q, k, s, i32(N), i32(Nk), i32(H), i32(Hk), i32(D), cp.float32(scale)))
-            lse_arg = lse if lse is not None else cp.uint64(0)  # a null pointer: the kernel skips lse
-            f_sm(g_sm, b_sm, (s, p, lse_arg, i32(Nk)), shared_mem=smem)
-            f_pv(g_pv, b_pv, (p, v, o, i32(N), i32(Nk), i32(H), i32(Hk), i32(D)))
-            launches = (
-                KernelLaunch(i_qk.name_expression, g_qk, b_qk, 0),
-                KernelLaunch(i_sm.name_expression, g_sm, b_sm, smem),
-                KernelLaunch(i_pv.name_expression, g_pv, b_pv, 0),
-            )
-            tiles = {k_: dict(v_) for k_, v_ in t.items()}
-    _last = LaunchRecord(schedule, B, N, Nk, H, Hk, D, dt, causal, tiles, launches)
-    return (o, lse) if return_lse else o
+            launches, tiles = _run_naive(c)
+    _last = LaunchRecord(schedule, B, N, int(k.shape[1]), H, int(k.shape[2]), D, dt, causal, tiles, launches)
+    return (o, c.lse) if return_lse else o

@@ -1,0 +1,174 @@
+"""The arguments of :func:`iosim.gpu.attention`, checked where they enter: CuPy or DLPack arrays of the right shapes,
+dtypes, layout and device, tiles the library compiles, outputs that fit. Every error names the argument, the value
+and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from iosim import launch
+from iosim.gpu import build
+
+SCHEDULES = ("flash2", "naive", "flash3")
+
+
+class AttentionInputError(ValueError):
+    """An argument of iosim.gpu.attention has a wrong value (shape, layout, device, tile, ...)."""
+
+
+class AttentionTypeError(TypeError):
+    """An argument of iosim.gpu.attention has a wrong type or dtype."""
+
+
+class SharedMemoryError(AttentionInputError):
+    """A tile configuration needs more shared memory per block than the device allows."""
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float16' / 'bfloat16' for NumPy/CuPy dtypes (bf16 is ml_dtypes.bfloat16 in CuPy 14), else str(dtype)."""
+    name = getattr(dtype, "name", None)
+    if name is None:
+        try:
+            name = np.dtype(dtype).name
+        except Exception:
+            name = str(dtype)
+    return "bfloat16" if name in ("bfloat16", "bf16") else str(name)
+
+
+def _as_cupy(cp: Any, x: Any, name: str) -> Any:
+    if isinstance(x, cp.ndarray):
+        return x
+    if hasattr(x, "__dlpack__"):  # torch tensors (bf16 included), JAX arrays, ...
+        dev = getattr(x, "device", None)
+        if getattr(dev, "type", "cuda") == "cpu":
+            raise AttentionInputError(
+                f"{name}: tensor is on the CPU ({dev}); expected a tensor on a CUDA device"
+            )
+        try:
+            return cp.from_dlpack(x)
+        except Exception as exc:
+            raise AttentionTypeError(
+                f"{name}: could not import {type(x).__name__} through DLPack ({type(exc).__name__}: {exc}); "
+                "expected a CUDA tensor of float16 or bfloat16"
+            ) from None
+    if hasattr(x, "__cuda_array_interface__"):
+        try:
+            return cp.asarray(x)
+        except Exception as exc:
+            raise AttentionTypeError(
+                f"{name}: could not import {type(x).__name__} through __cuda_array_interface__ "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+    raise AttentionTypeError(
+        f"{name}: got {type(x).__name__}; expected a CuPy array or a GPU array exposing __dlpack__ or "
+        "__cuda_array_interface__ (e.g. a CUDA torch tensor), shape (batch, seq_len, heads, head_dim)"
+    )
+
+
+def _check_array(x: Any, name: str, dims: str) -> None:
+    if x.ndim != 4:
+        raise AttentionInputError(f"{name}: shape {tuple(x.shape)} has {x.ndim} dims; expected 4 dims {dims}")
+    if any(s < 1 for s in x.shape):
+        raise AttentionInputError(f"{name}: shape {tuple(x.shape)} has an empty dimension; expected all >= 1")
+    if not x.flags.c_contiguous:
+        raise AttentionInputError(
+            f"{name}: strides {x.strides} are not C-contiguous; expected a contiguous {dims} array "
+            "(for a (B, H, N, d) torch tensor pass t.transpose(1, 2).contiguous())"
+        )
+    if x.data.ptr % 16:
+        raise AttentionInputError(
+            f"{name}: data pointer {x.data.ptr:#x} is not 16-byte aligned; expected aligned"
+        )
+
+
+def validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out):
+    if schedule not in SCHEDULES:
+        raise AttentionInputError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
+    if not isinstance(causal, bool):
+        raise AttentionTypeError(f"causal={causal!r}: expected True or False")
+    q, k, v = _as_cupy(cp, q, "q"), _as_cupy(cp, k, "k"), _as_cupy(cp, v, "v")
+    _check_array(q, "q", "(batch, seq_len, heads, head_dim)")
+    _check_array(k, "k", "(batch, kv_len, kv_heads, head_dim)")
+    _check_array(v, "v", "(batch, kv_len, kv_heads, head_dim)")
+    dt = dtype_name(q.dtype)
+    if dt not in build.CUDA_TYPES:
+        raise AttentionTypeError(f"q: dtype {q.dtype} is not supported; expected float16 or bfloat16")
+    for name, x in (("k", k), ("v", v)):
+        if dtype_name(x.dtype) != dt:
+            raise AttentionTypeError(
+                f"{name}: dtype {x.dtype} differs from q's {q.dtype}; expected the same dtype"
+            )
+    B, N, H, D = q.shape
+    Bk, _, Hk, Dk = k.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise AttentionInputError(
+            f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}; expected equal"
+        )
+    if Bk != B:
+        raise AttentionInputError(f"k: batch {Bk} differs from q's batch {B}; expected equal")
+    if Dk != D:
+        raise AttentionInputError(f"k: head_dim {Dk} differs from q's head_dim {D}; expected equal")
+    if H % Hk:
+        raise AttentionInputError(
+            f"k: kv_heads={Hk} does not divide q's heads={H}; expected heads to be a multiple of kv_heads"
+        )
+    if schedule == "flash3" and D not in launch.FLASH3_TILES:
+        raise AttentionInputError(
+            f"q: head_dim={D} is not supported by schedule='flash3'; expected one of {list(launch.FLASH3_TILES)}"
+        )
+    if D not in launch.HEAD_DIMS:
+        raise AttentionInputError(
+            f"q: head_dim={D} is not supported; expected one of {list(launch.HEAD_DIMS)}"
+        )
+    if H > 65535 or B > 65535:
+        raise AttentionInputError(f"q: heads={H}, batch={B}; expected each <= 65535 (CUDA grid limit)")
+    devs = {x.device.id for x in (q, k, v)}
+    if len(devs) != 1:
+        raise AttentionInputError(f"q, k, v are on devices {sorted(devs)}; expected all on one device")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        raise AttentionTypeError(f"scale={scale!r}: expected a positive float") from None
+    if not (math.isfinite(scale) and scale > 0):
+        raise AttentionInputError(f"scale={scale!r}: expected a finite positive float")
+    if schedule == "naive":
+        if block_q is not None or block_kv is not None:
+            raise AttentionInputError(
+                f"block_q={block_q!r}, block_kv={block_kv!r}: the naive schedule has fixed tiles "
+                f"(iosim.launch.NAIVE_TILES); expected None"
+            )
+    elif schedule == "flash3":
+        if (block_q, block_kv) not in ((None, None), launch.FLASH3_TILES[D]):
+            raise AttentionInputError(
+                f"(block_q, block_kv)=({block_q!r}, {block_kv!r}): schedule='flash3' compiles one tile per head dim; "
+                f"expected None or {launch.FLASH3_TILES[D]} at head_dim={D}"
+            )
+    elif (block_q is None) != (block_kv is None):
+        raise AttentionInputError(f"block_q={block_q!r}, block_kv={block_kv!r}: give both or neither")
+    elif block_q is not None and (block_q, block_kv) not in launch.FLASH_TILES[D]:
+        raise AttentionInputError(
+            f"(block_q, block_kv)=({block_q!r}, {block_kv!r}) is not compiled for head_dim={D}; "
+            f"expected one of {list(launch.FLASH_TILES[D])}"
+        )
+    for name, arr, shape, want in (
+        ("out", out, (B, N, H, D), dt),
+        ("lse_out", lse_out, (B, H, N), "float32"),
+    ):
+        if arr is None:
+            continue
+        if not isinstance(arr, cp.ndarray):
+            raise AttentionTypeError(f"{name}: got {type(arr).__name__}; expected a CuPy array")
+        if tuple(arr.shape) != shape or dtype_name(arr.dtype) != want or not arr.flags.c_contiguous:
+            raise AttentionInputError(
+                f"{name}: {tuple(arr.shape)} {arr.dtype} (contiguous={arr.flags.c_contiguous}); "
+                f"expected a contiguous {shape} {want} array"
+            )
+        if arr.device.id not in devs:
+            raise AttentionInputError(f"{name}: on device {arr.device.id}; expected device {q.device.id}")
+    return q, k, v, dt, scale
