@@ -24,7 +24,7 @@ from .trace import KernelTrace, head_program
 
 MAX_TRACED_ACCESSES = 1_000_000  # tile accesses per head the Python tracer walks in about 2.5 s
 # Beyond this many tile accesses (all heads) the default model extrapolates over heads and skips steady windows;
-# flash2 at N = 65536, 32 heads (67M accesses) walks in about 1 s on one core
+# below it every access is walked (flash2, N = 65536, 32 heads, tiles 128 x 32: 67M accesses, 1-3 s on one core)
 WALK_BUDGET = 64_000_000
 HEAD_TOLERANCE = 0.005  # the middle heads' two halves agree this well: the heads are alike
 WINDOW = 256  # rounds between the loop's stock-takings (steady.window)
