@@ -222,8 +222,8 @@ def head_period(problem: AttentionProblem, head_order: str) -> int:
 
 @dataclass
 class _Walk:
-    """The loop's answer for the first ``heads`` launched heads: DRAM bytes by unit of heads (the foreign dirty
-    lines last) and tensor."""
+    """The loop's answer for the first launched heads: DRAM bytes by head (the foreign dirty lines last) and
+    tensor."""
 
     read: np.ndarray
     write: np.ndarray
@@ -256,15 +256,15 @@ def _call(args: tuple, counter: np.ndarray, total: int, progress: Callable[[int,
     return box["out"]
 
 
-def _walk(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: bool, heads: int, unit: int,
-          skip: bool, progress) -> _Walk:
-    """The round loop over the first ``heads`` launched heads of the grid, ``unit`` heads per unit."""
+def _walk(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: bool, heads: int, skip: bool,
+          progress) -> _Walk:
+    """The round loop over the first ``heads`` launched heads of the grid, DRAM bytes kept per launched head."""
     ptr, order, head_q, head_kv, sms, share = grid
     _, hq = np.unique(head_q[:heads], return_inverse=True)  # only the walked heads take room in the cache arrays
     _, hk = np.unique(head_kv[:heads], return_inverse=True)
     hq, hk = hq.reshape(-1).astype(np.int64), hk.reshape(-1).astype(np.int64)
     n_slot_heads = int(max(hq.max(), hk.max())) + 1
-    units = np.arange(heads, dtype=np.int64) // unit
+    units = np.arange(heads, dtype=np.int64)  # a K/V head shared by a group counts as its last head's
     unit_q, unit_kv = np.zeros(n_slot_heads, np.int64), np.zeros(n_slot_heads, np.int64)
     unit_q[hq], unit_kv[hk] = units, units
     n_atoms = len(prog.atom_bytes)
@@ -309,7 +309,7 @@ def _kernel(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: b
     walked = walked if approximate and (2 if m == 2 else 4) * walked <= H else H
     slack = 1e-4 * (prog.global_read + prog.global_write)
     while True:
-        w = _walk(prog, x, n_slots, grid, dedupe, walked, 1, approximate, progress)
+        w = _walk(prog, x, n_slots, grid, dedupe, walked, approximate, progress)
         if walked == H:
             return w.read.sum(axis=0), w.write.sum(axis=0), w, walked
         if _alike(w, walked, slack):
