@@ -28,6 +28,7 @@ peak, a parameter of this model with its source (below), not a property of the c
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,8 +57,15 @@ def _rates(profile: Profile, dtype: str, model: HopperModel) -> dict[str, float]
         "tensor": profile.matmul_rate(dtype) * model.tensor_efficiency / sms,  # FLOP/s per SM
         "exp": profile.require("compute.exp") / sms,  # exp2/s per SM
         "alu": profile.require("compute.fp32") / 2 / sms,  # instructions/s per SM (an FMA is 2 FLOPs)
-        "l2": profile.require("l2.bandwidth") / sms,  # B/s per SM
+        "l2": _l2_bandwidth(profile) / sms,  # B/s per SM
     }
+
+
+def _l2_bandwidth(profile: Profile) -> float:
+    """``l2.bandwidth``, or infinity where the profile does not publish it (the loads then cost no time, and the
+    estimate names the field in ``unmodeled``, as the roofline does)."""
+    bw = profile.l2.bandwidth.value
+    return float(bw) if bw else math.inf
 
 
 def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile,
@@ -126,7 +134,7 @@ def predict(counts: Counts, problem: AttentionProblem, tiles, profile: Profile,
         "softmax": sums["softmax"] * heads / sms,
         "load": sums["load"] * heads / sms,
         "pipeline": pipeline,  # the thread blocks' pipelined times, placed on the SMs
-        "global": (k.global_read_bytes + k.global_write_bytes) / profile.require("l2.bandwidth"),
+        "global": (k.global_read_bytes + k.global_write_bytes) / _l2_bandwidth(profile),
         "hbm": compulsory / profile.require("dram.bandwidth"),
     }
     total = max(pipeline, res["global"], res["hbm"])
@@ -135,4 +143,5 @@ def predict(counts: Counts, problem: AttentionProblem, tiles, profile: Profile,
     else:
         bound = "global" if res["global"] >= res["hbm"] else "hbm"
     utilization = (per_block.sum() * heads / sms) / pipeline if pipeline else 1.0
-    return TimeEstimate([KernelTime(k.name, k.grid, float(utilization), res, total, bound)], {})
+    unmodeled = {} if math.isfinite(_l2_bandwidth(profile)) else {"global": "l2.bandwidth"}
+    return TimeEstimate([KernelTime(k.name, k.grid, float(utilization), res, total, bound)], unmodeled)

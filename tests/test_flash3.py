@@ -121,3 +121,12 @@ def test_fp8_flash3_moves_one_byte_elements_at_twice_the_tensor_rate_and_stays_e
     O, _ = execute("flash3", p, q, k, v, Tiles(8, 8))
     ref = reference(p, q, k, v)
     assert np.linalg.norm(O - ref) / np.linalg.norm(ref) <= 4 * 2**-4  # e4m3: u = 2^-4
+
+
+def test_the_hopper_model_runs_on_a_profile_without_an_l2_bandwidth_and_says_so():
+    """The H200's profile publishes no L2 bandwidth: the flash3 time leaves the loads out and names the field,
+    as the roofline does, instead of failing (it did: ProfileError from iosim.hopper)."""
+    from iosim import AttentionProblem, simulate
+
+    r = simulate("flash3", AttentionProblem(seq_len=4096, heads=32), "h200-sxm-141gb")
+    assert r.time.predicted_s > 0 and r.time.unmodeled == {"global": "l2.bandwidth"}
