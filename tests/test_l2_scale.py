@@ -99,6 +99,7 @@ def test_default_agrees_with_the_full_walk_on_mid_sizes(monkeypatch, causal, hea
         assert default.skipped > 0.3 * default.accesses
 
 
+@pytest.mark.slow
 def test_heads_that_differ_are_walked_not_extrapolated():
     """N = 65536 on an H200: one head in eight costs 18% less (where its boundary falls in the waves), so the
     middle units' halves disagree and the model walks the grid in full rather than extrapolate."""
