@@ -37,13 +37,14 @@ from iosim.validation import Check, judge_all, outliers, summary_table, write_ch
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data/validation"
 DOCS = ROOT / "docs/validation"
-PROFILE = {"h200": "h200-sxm-141gb"}  # device -> the built-in profile its record is simulated on
+PROFILE = {"h200": "h200-sxm-141gb", "h100": "h100-sxm5-80gb"}  # device -> the profile its record is simulated on
+ARCHIVES = ("sweep", "flash3")  # data/validation/<device>-<part>.tar.xz that hold attention kernels
 MARK = "<!-- record:{device} {edge} (benchmarks/validation_record.py rewrites this part) -->"
 
 
 def sweep() -> list[Attention]:
-    """The record's problems: our flash2 and naive kernels, torch SDPA's flash (the blind check) and cuDNN (measured,
-    not modeled)."""
+    """The record's problems: our flash2, flash3 and naive kernels, torch SDPA's flash (the blind check) and cuDNN
+    (measured, not modeled)."""
     F, S, N_ = "flash2", "sdpa-flash", "naive"
     r = [Attention(F, seq_len=n, heads=32) for n in (512, 1024, 2048, 4096, 8192, 16384, 32768)]
     r += [Attention(F, seq_len=n, heads=32, head_dim=64) for n in (1024, 4096, 16384)]
@@ -68,6 +69,11 @@ def sweep() -> list[Attention]:
     r += [Attention(N_, seq_len=n, heads=8, head_dim=64, dtype="bf16") for n in (1024, 4096)]
     r += [Attention(N_, seq_len=2048, heads=4, dtype="bf16", causal=True)]
     r += [Attention(N_, seq_len=8192, heads=2, kv_heads=1, head_dim=64)]
+    T = "flash3"  # Hopper only (sm_90a); its global reads are TMA loads
+    r += [Attention(T, seq_len=4096, heads=32), Attention(T, seq_len=4096, heads=32, causal=True)]
+    r += [Attention(T, seq_len=8192, heads=16, head_dim=64), Attention(T, seq_len=4096, heads=32, kv_heads=8)]
+    r += [Attention(T, seq_len=1000, kv_len=1777, heads=8, causal=True), Attention(T, seq_len=16384, heads=32, dtype="bf16")]
+    r += [Attention(T, seq_len=2048, heads=4, head_dim=64), Attention(T, seq_len=16384, heads=8, causal=True)]
     return r
 
 
@@ -82,18 +88,18 @@ def fa2_tiles(name: str) -> tuple[int, int]:
 def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
     """The four checks (global, hbm x read, write) of one measured problem; None where the model has no kernel."""
     run = m.run
-    if m.error or run.kind not in ("flash2", "naive", "sdpa-flash") or not m.kernels:
+    if m.error or run.kind not in ("flash2", "flash3", "naive", "sdpa-flash") or not m.kernels:
         return None
     p = AttentionProblem.make(batch=run.batch, heads=run.heads, kv_heads=run.kv_heads, seq_len=run.seq_len,
                               kv_len=run.kv_len, head_dim=run.head_dim, dtype=run.dtype, causal=run.causal)
-    if run.kind == "flash2":
+    if run.kind in ("flash2", "flash3"):
         bq, bkv, variant = m.launch["tiles"]["block_q"], m.launch["tiles"]["block_kv"], "iosim"
     elif run.kind == "naive":
         qk = m.launch["tiles"]["qk"]
         bq, bkv, variant = qk["block_m"], qk["block_n"], "iosim"
     else:
         (bq, bkv), variant = fa2_tiles(m.kernels[0]["kernel"]), "fa2"
-    schedule = "naive" if run.kind == "naive" else "flash2"
+    schedule = run.kind if run.kind in ("naive", "flash3") else "flash2"
     prof = get_profile(profile)
     r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv)
     regs = [k.get("registers_per_thread") for k in m.kernels]
@@ -101,7 +107,10 @@ def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
     l2 = simulate_l2(schedule, p, r.tiles, prof, variant=variant, resident=resident)
     meas = m.measured
-    measured = {("global", "read"): (meas.get("sass_global_ld_bytes") or 0) + (meas.get("sass_global_ldgsts_bytes") or 0),
+    # flash3 loads Q, K, V by TMA (its own tile schedule, a few kB, by plain loads, is not the schedule's)
+    loads = meas.get("tma_global_ld_bytes") if run.kind == "flash3" else \
+        (meas.get("sass_global_ld_bytes") or 0) + (meas.get("sass_global_ldgsts_bytes") or 0)
+    measured = {("global", "read"): loads,
                 ("global", "write"): meas.get("sass_global_st_bytes"),
                 ("hbm", "read"): meas["dram_read_bytes"], ("hbm", "write"): meas["dram_write_bytes"]}
     simulated = {("global", "read"): r.counts.global_read_bytes, ("global", "write"): r.counts.global_write_bytes,
@@ -131,7 +140,7 @@ def parity_figure(checks: list[Check], path: Path, device: str) -> None:
     """Simulated against measured bytes, log-log, one panel per boundary and direction, y = x dotted."""
     panels = [("global", "read"), ("global", "write"), ("hbm", "read"), ("hbm", "write")]
     fig = make_subplots(rows=2, cols=2, subplot_titles=[f"{b} {d} (bytes)" for b, d in panels])
-    colors = {"flash2": "#1f77b4", "naive": "#d62728", "sdpa-flash": "#2ca02c"}
+    colors = {"flash2": "#1f77b4", "flash3": "#9467bd", "naive": "#d62728", "sdpa-flash": "#2ca02c"}
     for i, (b, d) in enumerate(panels):
         at = {"row": i // 2 + 1, "col": i % 2 + 1}
         sel = [c for c in checks if (c.boundary, c.direction) == (b, d)]
@@ -185,9 +194,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.measure:
         measure_sweep(args.device, args.repeat)
     profile = PROFILE[args.device]
-    records = read_records(DATA / f"{args.device}-sweep.tar.xz")
+    records = [data for part in ARCHIVES if (DATA / f"{args.device}-{part}.tar.xz").is_file()
+               for data in read_records(DATA / f"{args.device}-{part}.tar.xz").values()]
     checks, name = [], args.device
-    for data in records.values():
+    for data in records:
         name = data.get("device", {}).get("name", name)
         for m in merge_repeats(data):
             checks += simulate_measured(m, profile) or []

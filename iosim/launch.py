@@ -150,6 +150,13 @@ def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, vari
         kernels = tuple(KernelLaunchModel(threads, s, _registers(registers, i, NAIVE_REGISTERS[i]))
                         for i, s in enumerate(smem))
         return LaunchModel(kernels, note="iosim naive: qk grid (Tc, Tr, B*H), softmax (B*H*N), pv (1, Tr, B*H)")
+    if schedule == "flash3":  # a persistent grid of min(tiles, SMs) blocks; each block one Q tile at a time
+        smem = flash3_smem_bytes(d, tiles.block_q, tiles.block_kv, e)  # one block per SM: its ring fills the SM
+        per_thread = (FLASH3_REGISTERS["producer"] + 2 * FLASH3_REGISTERS["consumer"]) // FLASH3_WARPGROUPS  # 168
+        regs = _registers(registers, 0, per_thread)
+        kernel = KernelLaunchModel(FLASH3_THREADS, smem, regs, "reverse" if problem.causal else "forward")
+        return LaunchModel((kernel,), note="iosim flash3: persistent, one block per SM taking Q tiles in grid order "
+                                           "(modeled as blocks handing their slot to the next tile; causal: last-first)")
     if schedule == "flash1":
         kernel = KernelLaunchModel(128, flash1_shared_memory(problem, tiles), _registers(registers, 0, 255))
         return LaunchModel((kernel,), note="flash1: one block per head (no GPU kernel; geometry assumed)")

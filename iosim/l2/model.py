@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -164,13 +164,16 @@ def head_slots(p: AttentionProblem, head_order: str) -> tuple[np.ndarray, np.nda
     return b * H + h, b * Hk + h // (H // Hk)
 
 
+FLASH2_LIKE = ("flash2", "flash3")  # schedules whose one-head program is flash2's, built without the tracer
+
+
 def unsupported(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, counts: Counts) -> str | None:
     """Why the L2 model cannot take this simulation (None if it can)."""
     if pass_ != "forward":
         return f"pass {pass_!r}: the L2 model knows the forward kernels' launches only"
-    if schedule not in ("naive", "flash1", "flash2"):
+    if schedule not in ("naive", "flash1", "flash2", "flash3"):
         return f"schedule {schedule!r}: no launch geometry known to the L2 model"
-    if schedule != "flash2":  # traced by the Python tracer: bound its length
+    if schedule not in FLASH2_LIKE:  # traced by the Python tracer: bound its length
         est = tracer_accesses(schedule, problem, tiles, counts.global_read_bytes + counts.global_write_bytes)
         if est > MAX_TRACED_ACCESSES:
             return (f"{schedule}: about {est:,} tile accesses per head, too many for the Python tracer "
@@ -202,8 +205,8 @@ def _programs(schedule: str, problem: AttentionProblem, tiles: Tiles, lm: Launch
               traces: list[KernelTrace] | None) -> list[LoopProgram]:
     """Each kernel's program of one head: flash2's built directly, any other traced (refused before tracing
     where the Python tracer would take too long)."""
-    if traces is None and schedule == "flash2":
-        return [flash2_program(problem, tiles, lm.kv_order)]
+    if traces is None and schedule in FLASH2_LIKE:  # flash3 moves flash2's tiles (its schedule's closed form)
+        return [replace(flash2_program(problem, tiles, lm.kv_order), name=f"{schedule}_fwd")]
     if traces is None:
         est = tracer_accesses(schedule, problem, tiles)
         if est > MAX_TRACED_ACCESSES:

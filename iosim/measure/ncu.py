@@ -43,6 +43,7 @@ OPTIONAL_METRICS = (  # used where ``ncu --query-metrics`` lists them
     "smsp__sass_data_bytes_mem_global_op_ld.sum",  # what the global load and store instructions move: `global`
     "smsp__sass_data_bytes_mem_global_op_ldgsts.sum",
     "smsp__sass_data_bytes_mem_global_op_st.sum",
+    "l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum",  # TMA loads (flash3): its `global` reads
     "lrc__t_sectors.sum",  # the L2 request coalescer (Hopper) merges identical reads of different SMs
     "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
     "smsp__inst_executed_op_ldsm.sum",
@@ -69,6 +70,8 @@ _SUMMARY = {  # record key: (metric, scale)
     "sass_global_ld_bytes": ("smsp__sass_data_bytes_mem_global_op_ld.sum", 1),
     "sass_global_ldgsts_bytes": ("smsp__sass_data_bytes_mem_global_op_ldgsts.sum", 1),
     "sass_global_st_bytes": ("smsp__sass_data_bytes_mem_global_op_st.sum", 1),
+    # what TMA loads (cp.async.bulk.tensor) bring from L2 into shared memory: flash3's `global` reads, in whole boxes
+    "tma_global_ld_bytes": ("l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum", 1),
     "lrc_sectors": ("lrc__t_sectors.sum", 1),
     "smem_ld_wavefronts": ("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", 1),
     "smem_st_wavefronts": ("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum", 1),
