@@ -79,7 +79,7 @@ def _softmax_tiles(S0, cores, reps):
         e = np.empty(Bc, dtype=np.int32)
         Si, ef = S.view(np.int32), e.view(np.float32)
         for _rep in range(reps):
-            kernels.online_softmax(S, Si, Br, Bc, m, l, O, e, ef)
+            kernels.online_softmax(S, Si, Br, Bc, (m, l, O), (e, ef))
 
 
 def measure_memory() -> dict[str, float]:

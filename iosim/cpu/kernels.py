@@ -91,10 +91,12 @@ def _rowmax_f64(row, n):
 
 
 @nb.njit(cache=True, fastmath=_FM)
-def online_softmax(S, Si, nr, nc, m, l, O, e, ef):
+def online_softmax(S, Si, nr, nc, state, scratch):
     """Lines 9-10 before the second GEMM: S[:nr, :nc] (base-2 scores) becomes P; m, l updated; O rescaled.
 
-    ``Si``: S's bits as int32 (fp32 tiles); ``e``, ``ef``: an int32 scratch row and its float32 view."""
+    ``Si``: S's bits as int32 (fp32 tiles); ``state``: (m, l, O); ``scratch``: an int32 row and its float32 view."""
+    m, l, O = state
+    e, ef = scratch
     d = O.shape[1]
     for r in range(nr):
         row = S[r]
@@ -120,7 +122,8 @@ def online_softmax(S, Si, nr, nc, m, l, O, e, ef):
 
 @nb.njit(cache=True)
 def _gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
-    """C = alpha op(A) op(B) + beta C through BLAS, leading dimensions in elements."""
+    """C = alpha op(A) op(B) + beta C through BLAS, leading dimensions in elements (cblas_?gemm's own parameter
+    list, hence its length)."""
     if C.itemsize == 4:
         sgemm(ROW_MAJOR, ta, tb, m, n, k, np.float32(alpha), A.ctypes.data, lda, B.ctypes.data, ldb,
               np.float32(beta), C.ctypes.data, ldc)
@@ -175,7 +178,11 @@ def _q_block(t, Tr):
 
 
 @nb.njit(cache=True, fastmath=_FM)
-def _q_block_forward(q, k, v, out, b, h, hk, i, Br, Bc, alpha, causal, blas, buf):
+def _q_block_forward(io, cfg, b, h, hk, i, buf):
+    """Q block i of head (b, h), kv head hk: ``io`` = (q, k, v, out), ``cfg`` = (Br, Bc, alpha, causal, blas),
+    ``buf`` = the core's (S, S's int32 bits, O, m, l, scratch row, its float32 view)."""
+    q, k, v, out = io
+    Br, Bc, alpha, causal, blas = cfg
     S, Si, O, m, l, e, ef = buf
     N, Nk = q.shape[1], k.shape[1]
     r0 = i * Br
@@ -191,7 +198,7 @@ def _q_block_forward(q, k, v, out, b, h, hk, i, Br, Bc, alpha, causal, blas, buf
         _scores(Q_i, k[b, c0:c0 + nc, hk, :], S, nr, nc, alpha, blas)  # line 8
         if causal and c0 + nc - 1 > r0 + offset:  # the block crosses the diagonal
             _mask(S, nr, nc, r0, c0, offset)
-        online_softmax(S, Si, nr, nc, m, l, O, e, ef)  # line 9
+        online_softmax(S, Si, nr, nc, (m, l, O), (e, ef))  # line 9
         _accumulate(S, v[b, c0:c0 + nc, hk, :], O, nr, nc, blas)  # line 10
     for r in range(nr):  # lines 12, 14
         inv = 1.0 / l[r] if l[r] > 0.0 else 0.0
@@ -219,4 +226,4 @@ def flash2_forward(q, k, v, out, Br, Bc, scale, causal, blas):
         l = np.empty(Br, dtype=q.dtype)
         e = np.empty(Bc, dtype=np.int32)
         buf = (S, S.view(np.int32), O, m, l, e, e.view(np.float32))
-        _q_block_forward(q, k, v, out, b, h, h // group, _q_block(ti, Tr), Br, Bc, alpha, causal, blas, buf)
+        _q_block_forward((q, k, v, out), (Br, Bc, alpha, causal, blas), b, h, h // group, _q_block(ti, Tr), buf)
