@@ -9,12 +9,13 @@ import warnings
 
 import click
 
+from ..cpu_model import CpuModelError
 from ..problem import InputWarning, ProblemError
 from ..profile import ProfileError
 from ..schedules import ScheduleError
 from ..units import UnitError
 
-USER_ERRORS = (ProblemError, ProfileError, ScheduleError, UnitError, FileNotFoundError)
+USER_ERRORS = (ProblemError, ProfileError, ScheduleError, UnitError, CpuModelError, FileNotFoundError)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

@@ -14,6 +14,8 @@ try:  # numba compiles the L2 model on the first run after an install; say so in
 except ImportError:  # pragma: no cover (numba is a dependency; the L2 model has a pure-Python fallback)
     numba_event = None
 
+from ..cpu_model import simulate_cpu
+from ..cpu_profile import get_cpu_profile, is_cpu_profile
 from ..l2 import ProgressBar
 from ..problem import AttentionProblem
 from ..schedules import SCHEDULES
@@ -95,8 +97,21 @@ def make_problem(batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype, causa
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
 def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, use_l2, as_json,
                  l2_exact=False, **problem_kw):
-    """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time."""
+    """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time.
+
+    With a CPU profile (``iosim profiles list``, or a file with ``kind: cpu``), the boundaries are the CPU's
+    DRAM, L3 and L2 (naive and flash2; docs/cpu.md)."""
     problem = make_problem(**problem_kw)
+    if profile is not None and is_cpu_profile(profile):
+        gpu_only = {"--method walk": method != "closed", "--pass": pass_ != "forward", "--splits": splits,
+                    "--density": density, "--mask": mask, "--seed": seed, "--l2-exact": l2_exact}
+        given = [k for k, v in gpu_only.items() if v]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: not for a CPU profile ({profile}); the CPU model takes the "
+                                   "forward pass of naive or flash2, its tiles and the problem")
+        r = simulate_cpu(schedule, problem, get_cpu_profile(profile), block_q, block_kv)
+        click.echo(r.to_json() if as_json else r.describe())
+        return
     with compile_notice(), _l2_bar(use_l2) as bar:
         result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
                           pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, l2=use_l2,
