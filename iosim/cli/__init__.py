@@ -14,6 +14,7 @@ from ..problem import InputWarning, ProblemError
 from ..profile import ProfileError
 from ..schedules import ScheduleError
 from ..units import UnitError
+from . import calibrate, measure, profiles, report, simulate
 
 USER_ERRORS = (ProblemError, ProfileError, ScheduleError, UnitError, CpuModelError, FileNotFoundError)
 
@@ -25,23 +26,8 @@ def cli():
     forward and backward) across DRAM, L2 and SRAM."""
 
 
-def _register():
-    from . import profiles, simulate
-
-    cli.add_command(simulate.simulate_cmd)
-    cli.add_command(profiles.profiles)
-    for extra in ("report", "measure", "calibrate"):  # optional command modules (reports, GPU measurement)
-        try:
-            mod = __import__(f"{__name__}.{extra}", fromlist=["COMMANDS"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{extra}":
-                raise
-            continue
-        for cmd in mod.COMMANDS:
-            cli.add_command(cmd)
-
-
-_register()
+for command in (simulate.simulate_cmd, profiles.profiles, *report.COMMANDS, *measure.COMMANDS, *calibrate.COMMANDS):
+    cli.add_command(command)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from iosim.launch import FLASH_DEFAULT_TILES, FLASH_TILES, HEAD_DIMS
+from iosim.launch import FLASH3_TILES, FLASH_DEFAULT_TILES, FLASH_TILES, HEAD_DIMS
 
 # dtype name (NumPy/CuPy spelling) -> CUDA C++ type of the kernels' template argument
 CUDA_TYPES: dict[str, str] = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -186,8 +186,6 @@ class Flash3Instance:
 
 def flash3_instances() -> list[Flash3Instance]:
     """Every flash3 instantiation the library can launch."""
-    from iosim.launch import FLASH3_TILES
-
     return [
         Flash3Instance(d, bkv, dt, c)
         for d, (_, bkv) in FLASH3_TILES.items()

@@ -16,7 +16,10 @@ any machine.
 from __future__ import annotations
 
 import ctypes
+import heapq
 from typing import Any
+
+import numpy as np
 
 from iosim import launch
 
@@ -72,8 +75,6 @@ def _driver() -> Any:
 
 
 def _tensor_map_dtype():
-    import numpy as np
-
     return np.dtype({"names": [f"w{i}" for i in range(16)], "formats": [np.uint64] * 16})
 
 
@@ -85,8 +86,6 @@ def tensor_map(name: str, ptr: int, dtype: str, batch: int, rows: int, heads: in
     """A TMA map of a (batch, rows, heads, head_dim) contiguous tensor, read in boxes of (box_rows rows x 64 head-dim
     elements) of one head: dims innermost first (head_dim, heads, rows, batch); 128-byte swizzle, so each box lands
     in shared memory as wgmma's 128B-swizzled layout. Returned as a NumPy scalar that CuPy passes by value."""
-    import numpy as np
-
     key = (ptr, dtype, batch, rows, heads, head_dim, box_rows)
     hit = _maps.get(key)
     if hit is not None:
@@ -134,8 +133,6 @@ def tile_schedule(batch: int, seq_len: int, kv_len: int, heads: int, block_q: in
     that frees first, what a dynamic scheduler does, so blocks stay within a head or two of each other (K/V shared in
     L2) and the busiest block ends near the mean (1.005x at N = 16384, d = 128, where the snake gives 1.53x). The snake
     is kept unless the model's busiest block shrinks by SCHEDULE_MIN_GAIN."""
-    import heapq
-
     if not causal:
         return None
     Tr = -(-seq_len // block_q)
