@@ -85,7 +85,87 @@ def _check_array(x: Any, name: str, dims: str) -> None:
         )
 
 
+def _check_shapes(q, k, v, schedule: str) -> None:
+    """k and v alike, sharing q's batch and head dim, a whole group of query heads per kv head, a head dim and a
+    grid the kernels take."""
+    B, _, H, D = q.shape
+    Bk, _, Hk, Dk = k.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise AttentionInputError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}; expected equal")
+    if Bk != B:
+        raise AttentionInputError(f"k: batch {Bk} differs from q's batch {B}; expected equal")
+    if Dk != D:
+        raise AttentionInputError(f"k: head_dim {Dk} differs from q's head_dim {D}; expected equal")
+    if H % Hk:
+        raise AttentionInputError(
+            f"k: kv_heads={Hk} does not divide q's heads={H}; expected heads to be a multiple of kv_heads")
+    if schedule == "flash3" and D not in launch.FLASH3_TILES:
+        raise AttentionInputError(
+            f"q: head_dim={D} is not supported by schedule='flash3'; expected one of {list(launch.FLASH3_TILES)}")
+    if D not in launch.HEAD_DIMS:
+        raise AttentionInputError(f"q: head_dim={D} is not supported; expected one of {list(launch.HEAD_DIMS)}")
+    if H > 65535 or B > 65535:
+        raise AttentionInputError(f"q: heads={H}, batch={B}; expected each <= 65535 (CUDA grid limit)")
+
+
+def _check_dtypes(q, k, v) -> str:
+    dt = dtype_name(q.dtype)
+    if dt not in build.CUDA_TYPES:
+        raise AttentionTypeError(f"q: dtype {q.dtype} is not supported; expected float16 or bfloat16")
+    for name, x in (("k", k), ("v", v)):
+        if dtype_name(x.dtype) != dt:
+            raise AttentionTypeError(f"{name}: dtype {x.dtype} differs from q's {q.dtype}; expected the same dtype")
+    return dt
+
+
+def _check_scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        raise AttentionTypeError(f"scale={scale!r}: expected a positive float") from None
+    if not (math.isfinite(scale) and scale > 0):
+        raise AttentionInputError(f"scale={scale!r}: expected a finite positive float")
+    return scale
+
+
+def _check_tiles(schedule: str, head_dim: int, block_q, block_kv) -> None:
+    """Tiles the library compiles for the schedule and head dim (none for naive; one per head dim for flash3)."""
+    D = head_dim
+    if schedule == "naive":
+        if block_q is not None or block_kv is not None:
+            raise AttentionInputError(f"block_q={block_q!r}, block_kv={block_kv!r}: the naive schedule has fixed "
+                                      "tiles (iosim.launch.NAIVE_TILES); expected None")
+    elif schedule == "flash3":
+        if (block_q, block_kv) not in ((None, None), launch.FLASH3_TILES[D]):
+            raise AttentionInputError(
+                f"(block_q, block_kv)=({block_q!r}, {block_kv!r}): schedule='flash3' compiles one tile per head dim; "
+                f"expected None or {launch.FLASH3_TILES[D]} at head_dim={D}")
+    elif (block_q is None) != (block_kv is None):
+        raise AttentionInputError(f"block_q={block_q!r}, block_kv={block_kv!r}: give both or neither")
+    elif block_q is not None and (block_q, block_kv) not in launch.FLASH_TILES[D]:
+        raise AttentionInputError(f"(block_q, block_kv)=({block_q!r}, {block_kv!r}) is not compiled for "
+                                  f"head_dim={D}; expected one of {list(launch.FLASH_TILES[D])}")
+
+
+def _check_outputs(cp, q, dt: str, out, lse_out, device: int) -> None:
+    """Preallocated outputs: CuPy, contiguous, of the output's shape and dtype, on the inputs' device."""
+    B, N, H, D = q.shape
+    for name, arr, shape, want in (("out", out, (B, N, H, D), dt), ("lse_out", lse_out, (B, H, N), "float32")):
+        if arr is None:
+            continue
+        if not isinstance(arr, cp.ndarray):
+            raise AttentionTypeError(f"{name}: got {type(arr).__name__}; expected a CuPy array")
+        if tuple(arr.shape) != shape or dtype_name(arr.dtype) != want or not arr.flags.c_contiguous:
+            raise AttentionInputError(f"{name}: {tuple(arr.shape)} {arr.dtype} (contiguous={arr.flags.c_contiguous}); "
+                                      f"expected a contiguous {shape} {want} array")
+        if arr.device.id != device:
+            raise AttentionInputError(f"{name}: on device {arr.device.id}; expected device {device}")
+
+
 def validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out):
+    """Every argument of :func:`iosim.gpu.attention` checked; returns (q, k, v as CuPy arrays, dtype name, scale)."""
     if schedule not in SCHEDULES:
         raise AttentionInputError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
     if not isinstance(causal, bool):
@@ -94,81 +174,12 @@ def validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_o
     _check_array(q, "q", "(batch, seq_len, heads, head_dim)")
     _check_array(k, "k", "(batch, kv_len, kv_heads, head_dim)")
     _check_array(v, "v", "(batch, kv_len, kv_heads, head_dim)")
-    dt = dtype_name(q.dtype)
-    if dt not in build.CUDA_TYPES:
-        raise AttentionTypeError(f"q: dtype {q.dtype} is not supported; expected float16 or bfloat16")
-    for name, x in (("k", k), ("v", v)):
-        if dtype_name(x.dtype) != dt:
-            raise AttentionTypeError(
-                f"{name}: dtype {x.dtype} differs from q's {q.dtype}; expected the same dtype"
-            )
-    B, N, H, D = q.shape
-    Bk, _, Hk, Dk = k.shape
-    if tuple(v.shape) != tuple(k.shape):
-        raise AttentionInputError(
-            f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}; expected equal"
-        )
-    if Bk != B:
-        raise AttentionInputError(f"k: batch {Bk} differs from q's batch {B}; expected equal")
-    if Dk != D:
-        raise AttentionInputError(f"k: head_dim {Dk} differs from q's head_dim {D}; expected equal")
-    if H % Hk:
-        raise AttentionInputError(
-            f"k: kv_heads={Hk} does not divide q's heads={H}; expected heads to be a multiple of kv_heads"
-        )
-    if schedule == "flash3" and D not in launch.FLASH3_TILES:
-        raise AttentionInputError(
-            f"q: head_dim={D} is not supported by schedule='flash3'; expected one of {list(launch.FLASH3_TILES)}"
-        )
-    if D not in launch.HEAD_DIMS:
-        raise AttentionInputError(
-            f"q: head_dim={D} is not supported; expected one of {list(launch.HEAD_DIMS)}"
-        )
-    if H > 65535 or B > 65535:
-        raise AttentionInputError(f"q: heads={H}, batch={B}; expected each <= 65535 (CUDA grid limit)")
+    dt = _check_dtypes(q, k, v)
+    _check_shapes(q, k, v, schedule)
     devs = {x.device.id for x in (q, k, v)}
     if len(devs) != 1:
         raise AttentionInputError(f"q, k, v are on devices {sorted(devs)}; expected all on one device")
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    try:
-        scale = float(scale)
-    except (TypeError, ValueError):
-        raise AttentionTypeError(f"scale={scale!r}: expected a positive float") from None
-    if not (math.isfinite(scale) and scale > 0):
-        raise AttentionInputError(f"scale={scale!r}: expected a finite positive float")
-    if schedule == "naive":
-        if block_q is not None or block_kv is not None:
-            raise AttentionInputError(
-                f"block_q={block_q!r}, block_kv={block_kv!r}: the naive schedule has fixed tiles "
-                f"(iosim.launch.NAIVE_TILES); expected None"
-            )
-    elif schedule == "flash3":
-        if (block_q, block_kv) not in ((None, None), launch.FLASH3_TILES[D]):
-            raise AttentionInputError(
-                f"(block_q, block_kv)=({block_q!r}, {block_kv!r}): schedule='flash3' compiles one tile per head dim; "
-                f"expected None or {launch.FLASH3_TILES[D]} at head_dim={D}"
-            )
-    elif (block_q is None) != (block_kv is None):
-        raise AttentionInputError(f"block_q={block_q!r}, block_kv={block_kv!r}: give both or neither")
-    elif block_q is not None and (block_q, block_kv) not in launch.FLASH_TILES[D]:
-        raise AttentionInputError(
-            f"(block_q, block_kv)=({block_q!r}, {block_kv!r}) is not compiled for head_dim={D}; "
-            f"expected one of {list(launch.FLASH_TILES[D])}"
-        )
-    for name, arr, shape, want in (
-        ("out", out, (B, N, H, D), dt),
-        ("lse_out", lse_out, (B, H, N), "float32"),
-    ):
-        if arr is None:
-            continue
-        if not isinstance(arr, cp.ndarray):
-            raise AttentionTypeError(f"{name}: got {type(arr).__name__}; expected a CuPy array")
-        if tuple(arr.shape) != shape or dtype_name(arr.dtype) != want or not arr.flags.c_contiguous:
-            raise AttentionInputError(
-                f"{name}: {tuple(arr.shape)} {arr.dtype} (contiguous={arr.flags.c_contiguous}); "
-                f"expected a contiguous {shape} {want} array"
-            )
-        if arr.device.id not in devs:
-            raise AttentionInputError(f"{name}: on device {arr.device.id}; expected device {q.device.id}")
+    scale = _check_scale(scale, int(q.shape[3]))
+    _check_tiles(schedule, int(q.shape[3]), block_q, block_kv)
+    _check_outputs(cp, q, dt, out, lse_out, q.device.id)
     return q, k, v, dt, scale
