@@ -1,8 +1,10 @@
-"""Where the data folders `kernels/`, `scenarios/` and the validation records live, installed or not.
+"""Where the data folders `kernels/`, `scenarios/`, the validation records and the benchmark records live,
+installed or not.
 
 A wheel carries them inside the package as ``iosim/_data/<name>`` (see pyproject.toml); a source
-checkout or an editable install has them in the repository, beside ``iosim/``: ``kernels/``, ``scenarios/``
-and ``docs/validation/`` (the per-device records the report reads).
+checkout or an editable install has them in the repository, beside ``iosim/``: ``kernels/``, ``scenarios/``,
+``docs/validation/`` (the per-device records the report reads) and ``docs/benchmarks/`` (the committed CPU
+measurement the report's "Attention on a CPU" section shows).
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from pathlib import Path
 _PACKAGE = Path(__file__).resolve().parent
 
 
-_IN_CHECKOUT = {"kernels": "kernels", "scenarios": "scenarios", "validation": "docs/validation"}
+_IN_CHECKOUT = {"kernels": "kernels", "scenarios": "scenarios", "validation": "docs/validation",
+                "benchmarks": "docs/benchmarks"}
 
 
 def data_dir(name: str) -> Path:
-    """Return the folder ``kernels``, ``scenarios`` or ``validation`` from any working directory."""
+    """Return the folder ``kernels``, ``scenarios``, ``validation`` or ``benchmarks`` from any working directory."""
     if name not in _IN_CHECKOUT:
         raise ValueError(f"unknown data folder {name!r}: expected one of {', '.join(map(repr, _IN_CHECKOUT))}")
     for candidate in (_PACKAGE / "_data" / name, _PACKAGE.parent / _IN_CHECKOUT[name]):
@@ -38,3 +41,7 @@ def scenarios_dir() -> Path:
 
 def validation_dir() -> Path:
     return data_dir("validation")
+
+
+def benchmarks_dir() -> Path:
+    return data_dir("benchmarks")
