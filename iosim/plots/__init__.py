@@ -8,6 +8,7 @@ also gives the exact integer.
 """
 
 from .bars import bars
+from .cpu import cpu_ratio, predicted_ratio
 from .data import figure_data, write_figure_csv
 from .parity import MEASUREMENT_COLUMNS, parity, read_measurement_file, read_measurements
 from .records import TAGS, problem_line, tiles_line
@@ -19,7 +20,8 @@ from .traffic import by_tensor, footprint, traffic_vs_n
 
 __all__ = [
     "BOUNDARY_DASH", "BOUNDARY_LABEL", "MEASUREMENT_COLUMNS", "SCHEDULE_COLORS", "TAGS", "TEMPLATE", "bars",
-    "by_tensor", "color", "figure_data", "footprint", "lower_bound_elements", "parity", "problem_line",
+    "by_tensor", "color", "cpu_ratio", "figure_data", "footprint", "lower_bound_elements", "parity",
+    "predicted_ratio", "problem_line",
     "read_measurement_file", "read_measurements", "roofline", "tiles_line", "time_vs_n", "traffic_vs_block", "traffic_vs_n",
     "traffic_vs_sram", "write_figure_csv",
 ]
