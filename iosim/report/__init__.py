@@ -4,9 +4,11 @@
 ``iosim plot`` = :func:`load_run` + :func:`write_figures` (no simulation); ``iosim report`` =
 :func:`render_report`: one self-contained HTML file with plotly's JavaScript embedded once, so it opens offline.
 :mod:`.figures` and :mod:`.tables` turn a scenario's specs into figures and tables, :mod:`.measured` reads the
-measurement records, :mod:`.run_io` writes and reads results, :mod:`.page` lays out the page.
+measurement records, :mod:`.cpu` draws the section "Attention on a CPU" (a committed record, or data measured by
+``iosim report --cpu``), :mod:`.run_io` writes and reads results, :mod:`.page` lays out the page.
 """
 
+from .cpu import CpuMeasurement, committed_cpu_record, cpu_section, read_cpu_record
 from .figures import PLOTLY_CONFIG, FigureOut, make_figure, make_figures
 from .measured import Measured, load_measured
 from .page import render_report
@@ -14,6 +16,7 @@ from .run_io import load_run, saved_runs, write_figures, write_results, write_ru
 from .tables import make_tables
 
 __all__ = [
-    "PLOTLY_CONFIG", "FigureOut", "Measured", "load_measured", "load_run", "make_figure", "make_figures",
-    "make_tables", "render_report", "saved_runs", "write_figures", "write_results", "write_run",
+    "PLOTLY_CONFIG", "CpuMeasurement", "FigureOut", "Measured", "committed_cpu_record", "cpu_section",
+    "load_measured", "load_run", "make_figure", "make_figures",
+    "make_tables", "read_cpu_record", "render_report", "saved_runs", "write_figures", "write_results", "write_run",
 ]

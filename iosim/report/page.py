@@ -11,6 +11,7 @@ from plotly.offline import get_plotlyjs
 
 from .._version import __version__
 from ..scenario import ScenarioRun
+from .cpu import SECTION_ID, TITLE, CpuMeasurement, cpu_section
 from .figures import PLOTLY_CONFIG, make_figures
 from .tables import make_tables
 
@@ -57,11 +58,15 @@ nav ol{columns:2;column-gap:3em;font-size:.95em} nav li{break-inside:avoid;margi
 
 
 def render_report(runs: list[ScenarioRun], title: str = "iosim report: attention I/O, simulated",
-                   elapsed_s: float | None = None) -> str:
+                   elapsed_s: float | None = None, cpu: CpuMeasurement | None = None) -> str:
     """One self-contained HTML page: every scenario's text, claims, tables and figures; plotly's JavaScript
-    is embedded once in the head (no CDN), so the file opens offline."""
+    is embedded once in the head (no CDN), so the file opens offline. With ``cpu`` (measured now or a committed
+    record), the section "Attention on a CPU" follows the scenarios."""
     sections = [_section(run) for run in runs]
     toc = "".join(f'<li><a href="#{r.scenario.name}">{html.escape(r.scenario.title)}</a></li>' for r in runs)
+    if cpu is not None:
+        sections.append(cpu_section(cpu))
+        toc += f'<li><a href="#{SECTION_ID}">{TITLE}</a></li>'
     n_fig = sum(n for _, n in sections)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     took = f" in {elapsed_s:.1f} s" if elapsed_s is not None else ""
