@@ -2,6 +2,8 @@
 
     python benchmarks/bench_cpu.py [--n 512 1024 ... 65536] [--d 64 128] [--causal] [--naive-max 32768]
                                    [--profile PROFILE.yaml | --detect] [--csv out.csv]
+    python benchmarks/bench_cpu.py --record --n 1024 2048 4096 8192 16384 --d 64
+
 
 fp32, one head, batch 1. Same inputs, one process; naive and tiled calls alternate, each time is the fastest of 7
 calls up to N = 8192, 3 up to 32768, else 1 (other processes on a shared machine only add time; before each
@@ -11,22 +13,31 @@ refused (and reported as not fitting) where one N x N fp32 matrix exceeds the av
 it above that N to save time. With --detect (or --profile), the CPU model's predicted times stand beside the
 measurements; --detect measures this machine first (a few seconds; iosim.cpu.detect). The first call's compile
 time (numba, cached on disk afterwards) is printed first.
+
+--record measures what ``iosim report --cpu`` measures (``iosim.cpu.compare.scenario_data``: this machine's profile
+detected first, then the rows) and writes it as the committed record the default report shows,
+docs/benchmarks/cpu-<machine>.json (or the path given), with the machine, the date and the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime as dt
+import json
 import os
+import re
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+from iosim._version import __version__
 from iosim.cpu import _blas
-from iosim.cpu.compare import SEEDS_CLAIM, ratio_rows, rows_as_dicts
+from iosim.cpu.compare import SEEDS_CLAIM, ratio_rows, rows_as_dicts, scenario_data
 from iosim.cpu.detect import detect_profile
-from iosim.cpu.host import model_name
+from iosim.cpu.host import model_name, usable_cpus
 from iosim.cpu_profile import get_cpu_profile
 
 
@@ -44,6 +55,46 @@ def _fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
 
+RECORDS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+
+
+def record_path(machine: str, cpus: int) -> Path:
+    """docs/benchmarks/cpu-<model>-<cpus>cpu.json, e.g. cpu-amd-epyc-7b13-2cpu.json."""
+    slug = re.sub(r"[^a-z0-9]+", "-", machine.lower().replace("(r)", "").replace("(tm)", "")).strip("-")
+    return RECORDS / f"cpu-{slug}-{cpus}cpu.json"
+
+
+def write_record(seq_lens, head_dims, path: str | None, argv: list[str]) -> Path:
+    """Measure as ``iosim report --cpu`` does and write the committed record the default report shows."""
+    load = os.getloadavg()[0]
+    data = scenario_data(tuple(seq_lens), tuple(head_dims))
+    out = Path(path) if path else record_path(data["machine"], data["logical_cpus"])
+    record = {
+        "what": "naive (NumPy) vs tiled (iosim.cpu) attention, fp32, one head, measured on the machine named; "
+                "predictions from the CPU model on this machine's detected profile",
+        "measured_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python benchmarks/bench_cpu.py " + " ".join(argv),
+        "iosim_version": __version__,
+        "load_average_1min": {"before": round(load, 2), "after": round(os.getloadavg()[0], 2)},
+        **data,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    return out
+
+
+def record_main(args, argv: list[str]) -> int:
+    print(f"CPU: {model_name()}, {usable_cpus()} logical CPUs; load average {os.getloadavg()[0]:.2f}; "
+          f"detecting the profile, then measuring N {args.n}, d {args.d} ...", flush=True)
+    path = write_record(args.n, args.d, args.record or None, argv)
+    for r in json.loads(path.read_text())["rows"]:
+        pr = r["naive_pred_ms"] / r["tiled_pred_ms"] if r["naive_pred_ms"] and r["tiled_pred_ms"] else None
+        print(f"d={r['head_dim']} N={r['seq_len']:>6}: naive {_fmt(r['naive_ms'])} ms, tiled {_fmt(r['tiled_ms'])} ms, "
+              f"ratio {_fmt(r['ratio'], '.2f')} (median {_fmt(r['ratio_median'], '.2f')}), predicted {_fmt(pr, '.2f')}")
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536])
@@ -53,7 +104,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="CPU profile for the predictions")
     ap.add_argument("--detect", action="store_true", help="measure this machine's profile first")
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--record", nargs="?", const="", default=None, metavar="PATH",
+                    help="write the report's committed record (default docs/benchmarks/cpu-<machine>.json)")
     args = ap.parse_args(argv)
+    if args.record is not None:
+        return record_main(args, sys.argv[1:] if argv is None else argv)
 
     print(f"first tiled call: {first_call_seconds():.2f} s (compile, or numba's on-disk cache)")
     print(f"CPU: {model_name()}, {os.cpu_count()} logical CPUs; GEMM: {_blas.describe()}; "
