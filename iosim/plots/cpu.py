@@ -62,5 +62,6 @@ def cpu_ratio(rows: list[dict], seeds_claim: float = 2.0, machine: str | None = 
     if machine:
         title += f"<br><sup>{machine}</sup>"
     layout(fig, title, "sequence length N (tokens)", "naive time ÷ tiled time (1 = as fast)", log_y=False)
+    fig.update_xaxes(tickvals=xs, ticktext=[f"{x:,}" for x in xs])  # the measured N, not 2k, 5k, 10k
     fig.update_yaxes(rangemode="tozero")
     return fig.update_layout(margin_t=80 if machine else 60)

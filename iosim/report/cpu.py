@@ -106,7 +106,7 @@ def _provenance(m: CpuMeasurement) -> str:
     cmd = f" (<code>{html.escape(d['command'])}</code>)" if d.get("command") else ""
     return (f"<p class=note>Measured on <b>{html.escape(_machine(d))}</b>{when}{cmd}: the committed record "
             f"<code>{html.escape(m.file)}</code>, not necessarily the machine that wrote this report. "
-            f"<code>iosim report --cpu</code> measures this machine instead (about 25 s).</p>"
+            f"<code>iosim report --cpu</code> measures this machine instead (about 30 s).</p>"
             f"<p class=meta>{gemm.strip()}{prof}</p>")
 
 
@@ -120,15 +120,19 @@ INTRO = (
     "simulated, time is measured.</p>")
 
 
+def _span(vals: list[float]) -> str:
+    lo, hi = min(vals), max(vals)
+    return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}× to {hi:.2f}×"
+
+
 def _summary(rows: list[dict], claim: float) -> str:
     meas = [r["ratio"] for r in rows if r.get("ratio") is not None]
     pred = [p for p in map(plots.predicted_ratio, rows) if p is not None]
     if not meas:
         return ""
-    span = f"{min(meas):.2f}× to {max(meas):.2f}×" if len(meas) > 1 else f"{meas[0]:.2f}×"
     ns = f"N = {min(r['seq_len'] for r in rows):,} to {max(r['seq_len'] for r in rows):,}"
-    p = f" (predicted {min(pred):.2f}× to {max(pred):.2f}×)" if pred else ""
-    return f"<p>Measured naive ÷ tiled: {span} over {ns}{p}; the seeds' claim is {claim:g}×.</p>"
+    p = f" (predicted {_span(pred)})" if pred else ""
+    return f"<p>Measured naive ÷ tiled: {_span(meas)} over {ns}{p}; the seeds' claim is {claim:g}×.</p>"
 
 
 def cpu_section(m: CpuMeasurement) -> tuple[str, int]:
