@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..cpu.compare import scenario_data
+from ..problem import AttentionProblem
 from ..report import (
     CpuMeasurement,
     committed_cpu_record,
@@ -32,6 +33,8 @@ from ..scenario import (
     resolve_scenario_arg,
     run_scenarios,
 )
+from ..simulate import simulate
+from .simulate import compile_notice
 
 
 def _load(args: tuple[str, ...]):
@@ -82,8 +85,16 @@ def _progress(quiet: bool):
         yield make
 
 
+def _warm_l2_model() -> None:
+    """Compile the L2 model's loop here, before the worker processes fork, saying so on the first run after an
+    install (numba caches it on disk): each worker would otherwise compile it again, silently."""
+    with compile_notice():
+        simulate("flash2", AttentionProblem(seq_len=256, head_dim=64), l2=True)
+
+
 def _run_all(scenarios, quiet: bool):
     """Every scenario simulated on this machine's cores; a case that several scenarios share, once."""
+    _warm_l2_model()
     with _progress(quiet) as make:
         cb = make(f"simulating {len(scenarios)} scenario{'s' if len(scenarios) > 1 else ''}",
                   sum(len(expand(scn)) for scn in scenarios))
