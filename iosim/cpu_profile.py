@@ -28,6 +28,8 @@ from .profile import (
     SourcedFlops,
     SourcedHz,
     SourcedOps,
+    format_validation,
+    read_profile_data,
 )
 
 CPU_PROFILES_DIR = Path(__file__).resolve().parent / "profiles" / "cpu"
@@ -127,36 +129,18 @@ class CpuProfile(_Strict):
 # -- loading ---------------------------------------------------------------------------------------------
 
 
-def _format(err: ValidationError, where: str) -> str:
-    lines = [f"{where}: invalid CPU profile"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = {"extra_forbidden": "unknown key (remove it or check its spelling)",
-               "missing": "required field is missing"}.get(e["type"], e["msg"])
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
-
-
 def cpu_profile_from_dict(data: dict, where: str = "<dict>") -> CpuProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: a CPU profile must be a mapping, got {type(data).__name__}")
     try:
         return CpuProfile.model_validate(data)
     except ValidationError as err:
-        raise ProfileError(_format(err, where)) from None
+        raise ProfileError(format_validation(err, where, "CPU profile")) from None
 
 
 def load_cpu_profile_file(path: str | Path) -> CpuProfile:
     """Load a CPU profile from YAML (``.yaml``/``.yml``, loaded safely) or JSON."""
-    path = Path(path)
-    if not path.is_file():
-        raise ProfileError(f"{path}: no such CPU profile file")
-    text = path.read_text()
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
-    return cpu_profile_from_dict(data, str(path))
+    return cpu_profile_from_dict(read_profile_data(path, "CPU profile"), str(path))
 
 
 def is_cpu_profile_file(path: str | Path) -> bool:

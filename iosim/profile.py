@@ -283,9 +283,9 @@ class Profile(_Strict):
 # -- loading ---------------------------------------------------------------------------------------------
 
 
-def _format_validation(err: ValidationError, where: str) -> str:
+def format_validation(err: ValidationError, where: str, kind: str = "profile") -> str:
     """One line per bad field: its path, the value given, what is wrong (pydantic's words, or ours)."""
-    lines = [f"{where}: invalid profile"]
+    lines = [f"{where}: invalid {kind}"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
@@ -305,22 +305,24 @@ def profile_from_dict(data: dict, where: str = "<dict>") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
-        raise ProfileError(_format_validation(err, where)) from None
+        raise ProfileError(format_validation(err, where)) from None
+
+
+def read_profile_data(path: str | Path, kind: str = "profile"):
+    """The contents of a YAML (``.yaml``/``.yml``, loaded safely) or JSON (``.json``) profile file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"{path}: no such {kind} file")
+    text = path.read_text()
+    try:
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
 
 
 def load_profile_file(path: str | Path) -> Profile:
     """Load a profile from a YAML (``.yaml``/``.yml``) or JSON (``.json``) file. YAML is loaded safely."""
-    path = Path(path)
-    if not path.is_file():
-        raise ProfileError(f"{path}: no such profile file")
-    text = path.read_text()
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ProfileError(
-            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
-        ) from None
-    return profile_from_dict(data, str(path))
+    return profile_from_dict(read_profile_data(path), str(path))
 
 
 def builtin_profile_names() -> list[str]:
