@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from iosim import AttentionProblem
+from iosim.cli import main
 from iosim.schedules import Tiles
 
 
@@ -61,3 +62,14 @@ def load_benchmark(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """``iosim ARGS`` in this process: (exit code, stdout, stderr)."""
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

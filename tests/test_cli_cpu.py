@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
+from helpers import run_cli
 
-from iosim.cli import cli, main
+from iosim.cli import cli
 from iosim.cpu_model import simulate_cpu
 from iosim.cpu_profile import builtin_cpu_profile_names, get_cpu_profile
 from iosim.problem import AttentionProblem
@@ -25,19 +26,11 @@ def test_simulate_with_a_cpu_profile_gives_the_cpu_models_json():
     assert j["device"] == "cpu" and j["traffic"] == want.traffic and j["flops"] == want.flops
 
 
-def _exit_code(argv) -> int:
-    try:
-        main(argv)
-    except SystemExit as exc:
-        return exc.code
-    return 0
-
-
 def test_gpu_only_options_and_unknown_schedules_are_refused_with_exit_2(capsys):
-    assert _exit_code(["simulate", "flash2", "--seq-len", "1024", "--profile", CPU, "--pass", "both"]) == 2
-    assert "--pass: not for a CPU profile" in capsys.readouterr().err
-    assert _exit_code(["simulate", "flash1", "--seq-len", "1024", "--profile", CPU]) == 2
-    assert "the CPU model knows naive, flash2" in capsys.readouterr().err
+    code, _, err = run_cli(["simulate", "flash2", "--seq-len", "1024", "--profile", CPU, "--pass", "both"], capsys)
+    assert code == 2 and "--pass: not for a CPU profile" in err
+    code, _, err = run_cli(["simulate", "flash1", "--seq-len", "1024", "--profile", CPU], capsys)
+    assert code == 2 and "the CPU model knows naive, flash2" in err
 
 
 def test_profiles_list_show_and_validate_know_cpu_profiles(tmp_path):

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 import iosim.scenario.cases
 import iosim.scenario.run
 from iosim._resources import scenarios_dir
-from iosim.cli import main
 from iosim.report import load_measured
 
 SMALL = """\
@@ -34,16 +34,6 @@ tables:
 """
 
 
-def _cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.fixture
 def small(tmp_path):
     p = tmp_path / "small.yaml"
@@ -53,7 +43,7 @@ def small(tmp_path):
 
 def test_run_writes_tidy_csv_json_and_a_figure_with_its_data(small, tmp_path, capsys):
     out = tmp_path / "out"
-    code, stdout, _ = _cli(["run", str(small), "-o", str(out)], capsys)
+    code, stdout, _ = run_cli(["run", str(small), "-o", str(out)], capsys)
     assert code == 0, stdout
     d = out / "small"
     data = json.loads((d / "results.json").read_text())
@@ -73,7 +63,7 @@ def test_run_writes_tidy_csv_json_and_a_figure_with_its_data(small, tmp_path, ca
 
 def test_plot_redraws_figures_without_simulating(small, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
-    assert _cli(["run", str(small), "-o", str(out), "-q"], capsys)[0] == 0
+    assert run_cli(["run", str(small), "-o", str(out), "-q"], capsys)[0] == 0
     figdir = out / "small" / "figures"
     for p in figdir.glob("*.html"):
         p.unlink()
@@ -83,7 +73,7 @@ def test_plot_redraws_figures_without_simulating(small, tmp_path, capsys, monkey
 
     monkeypatch.setattr(iosim.scenario.cases, "simulate", boom)
     monkeypatch.setattr(iosim.scenario.run, "run_case", boom)
-    code, stdout, err = _cli(["plot", str(out)], capsys)
+    code, stdout, err = run_cli(["plot", str(out)], capsys)
     assert code == 0, err
     assert "3 figures redrawn" in stdout
     assert len(list(figdir.glob("*.html"))) == 3
@@ -91,7 +81,7 @@ def test_plot_redraws_figures_without_simulating(small, tmp_path, capsys, monkey
 
 def test_report_is_one_self_contained_html_file(small, tmp_path, capsys):
     out = tmp_path / "r.html"
-    code, stdout, err = _cli(["report", str(small), "-o", str(out)], capsys)
+    code, stdout, err = run_cli(["report", str(small), "-o", str(out)], capsys)
     assert code == 0, err
     page = out.read_text()
     assert page.count('class="plotly-graph-div"') == 3
@@ -103,7 +93,7 @@ def test_report_is_one_self_contained_html_file(small, tmp_path, capsys):
 
 def test_default_report_has_the_seed_numbers_and_at_least_five_figures(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # any folder: the built-in scenarios are found from the package
-    code, _stdout, err = _cli(["report", "-o", "report.html", "-q"], capsys)
+    code, _stdout, err = run_cli(["report", "-o", "report.html", "-q"], capsys)
     assert code == 0, err
     page = (tmp_path / "report.html").read_text()
     for seed in ("138.4 MB", "4.43 GB", "134 MB", "33x", "4.2 MB", "256 MiB", "32 GiB"):
@@ -115,21 +105,21 @@ def test_default_report_has_the_seed_numbers_and_at_least_five_figures(tmp_path,
 def test_bad_scenario_exits_2_with_one_clear_message(tmp_path, capsys):
     p = tmp_path / "bad.yaml"
     p.write_text("schema_version: 1\nname: b\ntitle: b\nschedules: [naive]\nproblems: [{seq_len: -4}]\n")
-    code, _, err = _cli(["report", str(p), "-o", str(tmp_path / "x.html")], capsys)
+    code, _, err = run_cli(["report", str(p), "-o", str(tmp_path / "x.html")], capsys)
     assert code == 2
     assert err.startswith("iosim: error: ") and "bad.yaml" in err and "seq_len" in err
     assert "Traceback" not in err
 
 
 def test_missing_scenario_and_missing_results_exit_2(tmp_path, capsys):
-    code, _, err = _cli(["run", str(tmp_path / "nope.yaml"), "-o", str(tmp_path)], capsys)
+    code, _, err = run_cli(["run", str(tmp_path / "nope.yaml"), "-o", str(tmp_path)], capsys)
     assert code == 2 and "no such scenario file or built-in scenario" in err
-    code, _, err = _cli(["plot", str(tmp_path)], capsys)
+    code, _, err = run_cli(["plot", str(tmp_path)], capsys)
     assert code == 2 and "no results.json" in err
 
 
 def test_builtin_scenarios_run_by_name(tmp_path, capsys):
-    code, stdout, err = _cli(["run", "footprint", "-o", str(tmp_path)], capsys)
+    code, stdout, err = run_cli(["run", "footprint", "-o", str(tmp_path)], capsys)
     assert code == 0, err
     assert "claims 3/3 match" in stdout
 
@@ -146,7 +136,7 @@ def test_parity_table_and_figure_read_measurement_files_beside_the_scenario_file
     scn = tmp_path / "v.yaml"
     scn.write_text("schema_version: 1\nname: v\ntitle: v\nschedules: [flash2]\nproblems: [{seq_len: 128}]\n"
                    "tables: [{kind: parity, files: 'm/*.csv'}]\nfigures: [{kind: parity, files: 'm/*.csv'}]\n")
-    code, _, err = _cli(["report", str(scn), "-o", "v.html", "-q"], capsys)
+    code, _, err = run_cli(["report", str(scn), "-o", "v.html", "-q"], capsys)
     assert code == 0, err
     page = (tmp_path / "v.html").read_text()
     assert "<td class=num><b>1.000</b></td><td class=num>0.900</td><td class=num>1.100</td>" in page
@@ -159,9 +149,9 @@ def test_check_flag_exits_1_when_a_published_number_does_not_match(tmp_path, cap
     p.write_text("schema_version: 1\nname: c\ntitle: c\nschedules: [naive]\nproblems: [{seq_len: 4096}]\n"
                  "claims:\n  - {label: wrong, quantity: global_bytes, digits: 4, expect: '139.0 MB'}\n"
                  "  - {label: right, quantity: global_bytes, digits: 4, expect: '138.4 MB'}\n")
-    code, _, err = _cli(["report", str(p), "-o", str(tmp_path / "c.html"), "-q"], capsys)
+    code, _, err = run_cli(["report", str(p), "-o", str(tmp_path / "c.html"), "-q"], capsys)
     assert code == 0 and "claim 'wrong': simulated 138.4 MB, published 139.0 MB" in err
-    code, _, err = _cli(["run", str(p), "-o", str(tmp_path / "o"), "--check"], capsys)
+    code, _, err = run_cli(["run", str(p), "-o", str(tmp_path / "o"), "--check"], capsys)
     assert code == 1 and "'right'" not in err
 
 
@@ -175,7 +165,7 @@ def test_measured_section_reads_the_repository_records_from_any_working_folder(t
     decoy.mkdir(parents=True)
     (decoy / "decoy.csv").write_text("kernel,boundary,simulated_bytes,measured_bytes\nflash2,hbm,1,1\n")
     monkeypatch.chdir(tmp_path)
-    code, _, err = _cli(["report", "validation", "-o", "v.html", "-q"], capsys)
+    code, _, err = run_cli(["report", "validation", "-o", "v.html", "-q"], capsys)
     assert code == 0, err
     section = _validation_section((tmp_path / "v.html").read_text())
     assert "decoy.csv" not in section
@@ -195,12 +185,12 @@ def test_measured_section_names_files_without_absolute_local_paths(tmp_path, cap
                    "figures: [{kind: parity, files: 'm/*.csv'}]\n")
     for cwd in (tmp_path, tmp_path.parent):
         monkeypatch.chdir(cwd)
-        code, _, err = _cli(["report", str(scn), "-o", str(tmp_path / "v.html"), "-q"], capsys)
+        code, _, err = run_cli(["report", str(scn), "-o", str(tmp_path / "v.html"), "-q"], capsys)
         assert code == 0, err
         note = (tmp_path / "v.html").read_text().split("<figcaption>")[1].split("</figcaption>")[0]
         assert "Read m/a.csv." in note and "m/other.csv (no columns kernel" in note
         assert str(tmp_path) not in note
-    code, _, err = _cli(["report", "validation", "-o", str(tmp_path / "b.html"), "-q"], capsys)
+    code, _, err = run_cli(["report", "validation", "-o", str(tmp_path / "b.html"), "-q"], capsys)
     assert code == 0, err
     section = _validation_section((tmp_path / "b.html").read_text())
     assert "Read docs/validation/" in section and str(scenarios_dir().parent.resolve()) not in section
@@ -216,7 +206,7 @@ def test_unwritable_output_is_refused_before_any_simulation(tmp_path, capsys, mo
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     out = blocker / ("r.html" if command == "report" else "results")
-    code, _, err = _cli([command, "footprint", "-o", str(out), "-q"], capsys)
+    code, _, err = run_cli([command, "footprint", "-o", str(out), "-q"], capsys)
     assert code == 2
     assert str(out) in err and "is a file, not a folder" in err and "choose another path with -o" in err
     assert "Traceback" not in err and "Errno" not in err
@@ -229,6 +219,6 @@ def test_output_in_a_folder_that_cannot_be_made_is_refused_before_any_simulation
 
     monkeypatch.setattr(iosim.scenario.run, "run_case", boom)
     out = Path("/proc/iosim-no-such-folder/r.html")
-    code, _, err = _cli(["report", "footprint", "-o", str(out), "-q"], capsys)
+    code, _, err = run_cli(["report", "footprint", "-o", str(out), "-q"], capsys)
     assert code == 2 and str(out) in err and "choose another path with -o" in err
     assert "Traceback" not in err and "Errno" not in err

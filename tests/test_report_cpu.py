@@ -8,10 +8,10 @@ import csv
 import json
 
 import pytest
+from helpers import run_cli
 
 import iosim.cli.report
 from iosim import plots
-from iosim.cli import main
 from iosim.report import committed_cpu_record, cpu_section, read_cpu_record, render_report
 from iosim.scenario import ScenarioError
 
@@ -40,16 +40,6 @@ problems:
 tables:
   - {kind: summary}
 """
-
-
-def _cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_figure_has_the_measured_and_predicted_ratios_and_the_claim_line(tmp_path):
@@ -94,7 +84,7 @@ def test_report_cpu_passes_the_measured_data_through(tmp_path, capsys, monkeypat
     small = tmp_path / "small.yaml"
     small.write_text(SMALL)
     out = tmp_path / "r.html"
-    code, stdout, err = _cli(["report", str(small), "-o", str(out), "--cpu"], capsys)
+    code, stdout, err = run_cli(["report", str(small), "-o", str(out), "--cpu"], capsys)
     assert code == 0, err
     page = out.read_text()
     assert "Measured now, while this report was written, on this machine: <b>Test CPU 9000, 2 logical CPUs" in page
@@ -107,7 +97,7 @@ def test_named_scenarios_without_cpu_have_no_cpu_section(tmp_path, capsys, monke
     monkeypatch.setattr(iosim.cli.report, "scenario_data", lambda: pytest.fail("measured without --cpu"))
     small = tmp_path / "small.yaml"
     small.write_text(SMALL)
-    code, _, err = _cli(["report", str(small), "-o", str(tmp_path / "r.html"), "-q"], capsys)
+    code, _, err = run_cli(["report", str(small), "-o", str(tmp_path / "r.html"), "-q"], capsys)
     assert code == 0, err
     assert "Attention on a CPU" not in (tmp_path / "r.html").read_text()
 
