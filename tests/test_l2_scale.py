@@ -176,7 +176,7 @@ def test_tracer_refusal_comes_before_any_work(monkeypatch):
     def no_tracing(*args, **kwargs):
         raise AssertionError("the tracer ran")
 
-    monkeypatch.setattr(l2_model, "head_program", no_tracing)
+    monkeypatch.setattr(l2_model, "trace_program", no_tracing)
     p = _p(heads=32, seq_len=1 << 20, head_dim=128)
     with pytest.raises(l2.L2ModelError, match="too many for the Python tracer"):
         l2.simulate_l2("naive", p, Tiles(64, 64), H200)

@@ -74,7 +74,7 @@ blocks other than by age on their SM.
 from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError
 from .model import MAX_TRACED_ACCESSES, KernelL2, L2Inputs, L2Result, head_slots, simulate_l2, unsupported
 from .progress import ProgressBar
-from .trace import KernelTrace, Tracer, head_program, trace_program
+from .trace import KernelTrace, Tracer, trace_program
 
 __all__ = [
     "KV_TENSORS",
@@ -88,7 +88,6 @@ __all__ = [
     "L2Result",
     "ProgressBar",
     "Tracer",
-    "head_program",
     "head_slots",
     "simulate_l2",
     "trace_program",

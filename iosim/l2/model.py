@@ -20,7 +20,7 @@ from ..schedules import Tiles, get_schedule
 from ._common import ROOM_UNIT, TENSOR_CODES, TENSOR_NAMES, L2ModelError
 from .lru import room_units, run_kernel
 from .program import LoopProgram, flash2_program, from_trace
-from .trace import KernelTrace, head_program
+from .trace import KernelTrace, trace_program
 
 MAX_TRACED_ACCESSES = 1_000_000  # tile accesses per head the Python tracer walks in about 2.5 s
 # Beyond this many tile accesses (all heads) the default model extrapolates over heads and skips steady windows;
@@ -212,7 +212,7 @@ def _programs(schedule: str, problem: AttentionProblem, tiles: Tiles, lm: Launch
         if est > MAX_TRACED_ACCESSES:
             raise L2ModelError(f"{schedule}: about {est:,} tile accesses per head, too many for the Python tracer "
                                f"(limit {MAX_TRACED_ACCESSES:,})")
-        traces = head_program(schedule, problem, tiles, kv_order=lm.kv_order)
+        traces = trace_program(schedule, problem, tiles, kv_order=lm.kv_order)
     return [from_trace(kt, problem) for kt in traces]
 
 

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import cdiv, n_kv_blocks_visible
 from ..machine import Counter
 from ..problem import AttentionProblem
 from ..schedules import Tiles, get_schedule
-from ._common import TENSOR_CODES, _njit
+from ._common import TENSOR_CODES
 
 
 class Tracer(Counter):
@@ -115,65 +114,3 @@ def trace_program(
     x = Tracer(problem, kv_order)
     get_schedule(schedule).program(x, problem, tiles)
     return [_from_lists(k.name, blocks) for k, blocks in zip(x.kernels, x.traces, strict=True)]
-
-
-@_njit
-def _flash2_fill(geometry, n, reverse, ptr, out):
-    """Block i's accesses into ``out`` = (tensor, r0, r1, write) from ``ptr[i]``; ``geometry`` = (Tr, Br, Bc, N, Nk)."""
-    Tr, Br, Bc, N, Nk = geometry
-    tensor, r0, r1, write = out
-    for i in range(Tr):
-        p = ptr[i]
-        qs, qe = i * Br, min((i + 1) * Br, N)
-        if n[i] > 0:  # a block that sees no key (causal) loads nothing and writes O = 0, lse = -inf
-            tensor[p] = 0
-            r0[p] = qs
-            r1[p] = qe
-            p += 1
-        for s in range(n[i]):
-            j = n[i] - 1 - s if reverse else s
-            for code in (1, 2):  # K_j, V_j
-                tensor[p] = code
-                r0[p] = j * Bc
-                r1[p] = min((j + 1) * Bc, Nk)
-                p += 1
-        for code in (3, 8):  # O_i, lse_i
-            tensor[p] = code
-            r0[p] = qs
-            r1[p] = qe
-            write[p] = True
-            p += 1
-
-
-def _flash2_fast(p: AttentionProblem, t: Tiles, kv_order: str) -> list[KernelTrace]:
-    """The flash2 program's records, built without walking the program (equal to the tracer's: tests)."""
-    N, Nk, Br, Bc = p.seq_len, p.kv_len, t.block_q, t.block_kv
-    Tr = cdiv(N, Br)
-    i = np.arange(Tr, dtype=np.int64)
-    n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=np.int64).reshape(Tr)
-    ptr = np.zeros(Tr + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum(np.where(n > 0, 2 * n + 3, 2))  # Q, (K, V) x n, O, lse
-    total = int(ptr[-1])
-    tensor = np.empty(total, dtype=np.int8)
-    r0 = np.empty(total, dtype=np.int64)
-    r1 = np.empty(total, dtype=np.int64)
-    write = np.zeros(total, dtype=bool)
-    _flash2_fill((Tr, Br, Bc, N, Nk), n, kv_order == "reverse", ptr, (tensor, r0, r1, write))
-    zeros = np.zeros(total, dtype=np.int64)
-    return [KernelTrace("flash2_fwd", ptr, tensor, r0, r1, zeros, zeros, write)]
-
-
-def head_program(
-    schedule: str,
-    problem: AttentionProblem,
-    tiles: Tiles,
-    *,
-    kv_order: str = "forward",
-    fast: bool | None = None,
-) -> list[KernelTrace]:
-    """Accesses of one head, per kernel. ``fast=None``: NumPy for flash2 (any size), the tracer otherwise."""
-    if fast is None:
-        fast = schedule == "flash2"
-    if fast and schedule == "flash2":
-        return _flash2_fast(problem, tiles, kv_order)
-    return trace_program(schedule, problem, tiles, kv_order)
