@@ -5,14 +5,19 @@
     python benchmarks/bench_cpu.py --record --n 1024 2048 4096 8192 16384 --d 64
 
 
-fp32, one head, batch 1. Same inputs, one process; naive and tiled calls alternate, each time is the fastest of 7
-calls up to N = 8192, 3 up to 32768, else 1 (other processes on a shared machine only add time; before each
-pair the script waits, up to 30 s, for the CPUs to be less than 15% busy); "ratio" is
-naive/tiled of those, "med" the median of the per-pair ratios. The load average is printed per row. Naive is
-refused (and reported as not fitting) where one N x N fp32 matrix exceeds the available memory; --naive-max skips
-it above that N to save time. With --detect (or --profile), the CPU model's predicted times stand beside the
-measurements; --detect measures this machine first (a few seconds; iosim.cpu.detect). The first call's compile
-time (numba, cached on disk afterwards) is printed first.
+fp32, one head, batch 1. Same inputs, one process; naive and tiled calls alternate (iosim.cpu.compare.measure_pair).
+Times are of warm calls, as on the GPU: each timed naive call comes right after an untimed naive call of the same
+size, so its N x N matrix lands on the memory that call freed (the steady state of repeated calls). Each time is
+the fastest of 7 pairs up to N = 8192, 3 up to 32768, else 1 (other processes on a shared machine only add time;
+before each pair the script waits, up to 30 s, for the CPUs to be less than 15% busy); "ratio" is naive/tiled of
+those, "med" the median of the per-pair ratios. "naive 1st" is naive's first call at that N, made after
+--first-call-pause seconds (default 3) without large allocations, so that its memory is cold: on a VM that backs
+guest memory lazily (free page reporting) the hypervisor maps it again, far slower than recycled memory. The load
+average is printed per row. Naive is refused (and reported as not fitting) where one N x N fp32 matrix exceeds the
+available memory; --naive-max skips it above that N to save time. With --detect (or --profile), the CPU model's
+predicted times (warm, and naive's first call) stand beside the measurements, with the warm predictions' error;
+--detect measures this machine first (about 10 s; iosim.cpu.detect). The first call's compile time (numba,
+cached on disk afterwards) is printed first.
 
 --record measures what ``iosim report --cpu`` measures (``iosim.cpu.compare.scenario_data``: this machine's profile
 detected first, then the rows) and writes it as the committed record the default report shows,
@@ -53,6 +58,11 @@ def first_call_seconds() -> float:
 
 def _fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
+
+
+def _err(pred, meas) -> str:
+    """The prediction's error relative to the measurement, e.g. '-3%'."""
+    return "" if pred is None or not meas else f"{100 * (pred / meas - 1):+.0f}%"
 
 
 RECORDS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
@@ -101,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--naive-max", type=int, default=None, help="skip naive above this N")
+    ap.add_argument("--first-call-pause", type=float, default=3.0, metavar="S",
+                    help="seconds without large allocations before naive's first call at each N (cold memory)")
     ap.add_argument("--profile", default=None, help="CPU profile for the predictions")
     ap.add_argument("--detect", action="store_true", help="measure this machine's profile first")
     ap.add_argument("--csv", default=None)
@@ -121,15 +133,20 @@ def main(argv=None) -> int:
     elif args.profile:
         profile = get_cpu_profile(args.profile)
     out = []
-    print(f"{'d':>4} {'N':>6} {'naive ms':>10} {'tiled ms':>10} {'ratio':>6} {'med':>5} {'pred naive':>11} "
-          f"{'pred tiled':>11} {'pred ratio':>10} {'naive S GB':>10} fits  load  (seeds' claim {SEEDS_CLAIM}x)")
+    print(f"{'d':>4} {'N':>6} {'naive ms':>9} {'tiled ms':>9} {'ratio':>5} {'med':>5} {'pred naive':>16} "
+          f"{'pred tiled':>16} {'pred ratio':>10} {'naive 1st':>9} {'pred 1st':>16} {'S GB':>6} fits  load"
+          f"  (seeds' claim {SEEDS_CLAIM}x)")
     for d in args.d:
-        for r in ratio_rows(args.n, d, profile, causal=args.causal, naive_max=args.naive_max):
+        for r in ratio_rows(args.n, d, profile, causal=args.causal, naive_max=args.naive_max,
+                            first_call_pause_s=args.first_call_pause):
             pr = r.naive_pred_ms / r.tiled_pred_ms if r.naive_pred_ms and r.tiled_pred_ms else None
-            print(f"{d:>4} {r.seq_len:>6} {_fmt(r.naive_ms):>10} {_fmt(r.tiled_ms):>10} {_fmt(r.ratio, '.2f'):>6} "
-                  f"{_fmt(r.ratio_median, '.2f'):>5} "
-                  f"{_fmt(r.naive_pred_ms):>11} {_fmt(r.tiled_pred_ms):>11} {_fmt(pr, '.2f'):>10} "
-                  f"{r.naive_gb:>10.2f} {'yes' if r.naive_fits else 'NO':>4} {os.getloadavg()[0]:5.2f}", flush=True)
+            pn = f"{_fmt(r.naive_pred_ms)} {_err(r.naive_pred_ms, r.naive_ms)}"
+            pt = f"{_fmt(r.tiled_pred_ms)} {_err(r.tiled_pred_ms, r.tiled_ms)}"
+            p1 = f"{_fmt(r.naive_first_pred_ms)} {_err(r.naive_first_pred_ms, r.naive_first_ms)}"
+            print(f"{d:>4} {r.seq_len:>6} {_fmt(r.naive_ms):>9} {_fmt(r.tiled_ms):>9} {_fmt(r.ratio, '.2f'):>5} "
+                  f"{_fmt(r.ratio_median, '.2f'):>5} {pn:>16} {pt:>16} {_fmt(pr, '.2f'):>10} "
+                  f"{_fmt(r.naive_first_ms):>9} {p1:>16} {r.naive_gb:>6.2f} {'yes' if r.naive_fits else 'NO':>4} "
+                  f"{os.getloadavg()[0]:5.2f}", flush=True)
             out.append(r)
     if args.csv:
         rows = rows_as_dicts(out)

@@ -16,7 +16,9 @@ crosses the boundary below it again. BLAS GEMMs are counted as reading each oper
 
 Time: where the profile carries measured rates (``iosim profiles detect``), ``predicted_s`` composes them:
 GEMM rates for the shapes issued, the softmax and exp rates, the first-touch and one-core bandwidths for NumPy's
-passes over S; nothing is fitted to attention timings. ``bound_s`` is the ideal roofline (peak FLOPs, DRAM
+passes over S; nothing is fitted to attention timings. ``predicted_s`` is a warm call's (repeated calls: naive's
+S lands on memory the previous call freed, first-touch rate ``dram.first_touch``); ``first_call_s`` is a call
+on cold memory (``dram.first_touch_cold``: on a VM that backs guest memory lazily, far slower). ``bound_s`` is the ideal roofline (peak FLOPs, DRAM
 bandwidth) beside it.
 """
 
@@ -59,6 +61,9 @@ class CpuTime:
     predicted_s: float | None  # None: the profile has no measured rates (run `iosim profiles detect`)
     bound_s: float  # ideal roofline: max(FLOPs / peak, DRAM bytes / DRAM bandwidth)
     terms: dict[str, float] = field(default_factory=dict)  # seconds per term of predicted_s
+    # a call whose large allocations land on cold memory (a program's first call): predicted_s with naive's S
+    # first touched at dram.first_touch_cold; None where the profile lacks that rate
+    first_call_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,9 @@ class CpuResult:
         p = self.time.predicted_s
         lines.append(f"  time  {fmt_seconds(p) if p is not None else 'n/a (no measured rates)'}"
                      f"  (roofline bound {fmt_seconds(self.time.bound_s)})")
+        first = self.time.first_call_s
+        if first is not None and p is not None and first > p * 1.01:
+            lines.append(f"  first call {fmt_seconds(first)}  (fresh memory first touched cold)")
         return "\n".join(lines)
 
 
@@ -165,6 +173,15 @@ def _naive_time(p: AttentionProblem, prof: CpuProfile) -> dict[str, float] | Non
     return terms
 
 
+def _first_call(p: AttentionProblem, prof: CpuProfile, terms: dict[str, float]) -> float | None:
+    """naive's time when its S lands on cold memory; None where the profile has no cold first-touch rate."""
+    cold = _rate(prof, "dram.first_touch_cold")
+    if cold is None:
+        return None
+    s = p.n_heads_total * p.seq_len * p.kv_len * _elem(p)
+    return sum(terms.values()) - terms["first_touch_s"] + s / cold
+
+
 def _flash2_time(p: AttentionProblem, prof: CpuProfile, s_elems: int, dram: int) -> dict[str, float] | None:
     tile = [g for g in prof.compute.gemm if g.kind == "tile"]
     soft = _rate(prof, "compute.softmax_fp32")
@@ -197,5 +214,8 @@ def simulate_cpu(schedule: str, problem: AttentionProblem, profile: CpuProfile,
         footprint = cores * e * (tiles.block_q * tiles.block_kv + 2 * tiles.block_q * problem.head_dim)
     flops = {"matmul": 4 * s_elems * problem.head_dim, "exp": s_elems}
     bound = max(flops["matmul"] / profile.require("compute.fp32"), traffic["dram"] / profile.require("dram.bandwidth"))
-    time = CpuTime(sum(terms.values()) if terms else None, bound, terms or {})
+    predicted = sum(terms.values()) if terms else None
+    # flash2 allocates O(N d) (the output, a tile per core): its first touch is not modeled, first call = warm
+    first = (_first_call(problem, profile, terms) if schedule == "naive" else predicted) if terms else None
+    time = CpuTime(predicted, bound, terms or {}, first)
     return CpuResult(schedule, problem, profile.name, tiles, traffic, flops, footprint, time)

@@ -3,8 +3,8 @@
 A CPU profile lists the cores and clock, the data caches innermost first (L1d, L2, L3: size of one instance,
 line size, how many cores share an instance), DRAM (bandwidth of all cores and of one core), peak FLOP rates
 and, where ``iosim profiles detect`` measured them, the rates the CPU time model uses: BLAS GEMM rates for the
-shapes attention issues, the tiled kernel's softmax rate, NumPy's exp rate and the first-touch rate of fresh
-memory. ``value: null`` says a number is not published or not measured; what needs it fails naming the field.
+shapes attention issues, the tiled kernel's softmax rate, NumPy's exp rate and the first-touch rates of fresh
+memory (recycled from a recent free, and cold). ``value: null`` says a number is not published or not measured; what needs it fails naming the field.
 
 Built-ins live in ``iosim/profiles/cpu/*.yaml`` (GPU profiles are ``iosim/profiles/*.yaml``). Quantities are
 written as people write them (``1MiB``, ``460.8 GB/s``, ``3.7 GHz``). Unknown keys are rejected everywhere.
@@ -56,7 +56,11 @@ class Dram(_Strict):
     bandwidth_one_core: SourcedBandwidth | None = Field(
         default=None, description="one core streaming (NumPy's elementwise passes run on one core), bytes/s")
     first_touch: SourcedBandwidth | None = Field(
-        default=None, description="bytes/s writing freshly allocated memory once (page faults, zeroing)")
+        default=None, description="bytes/s of the first write to freshly mapped memory beyond a rewrite's cost "
+        "(page faults, zeroing), on memory the OS recycled from a recent free: the steady state of repeated calls")
+    first_touch_cold: SourcedBandwidth | None = Field(
+        default=None, description="the same on memory idle for seconds: on a VM that backs guest memory lazily "
+        "(free page reporting), the hypervisor maps it again; a program's first call meets this rate")
 
 
 class GemmRate(_Strict):

@@ -179,7 +179,9 @@ def test_tiled_runs_long_sequences_in_o_n_d_memory(n):
 
 
 def test_measure_pair_times_both_schedules_on_the_same_inputs():
-    tn, tt, ratio = measure_pair(256, 32, reps=3, idle=False)
-    assert tn > 0 and tt > 0 and ratio > 0
-    tn, tt, ratio = measure_pair(256, 32, reps=1, run_naive=False, idle=False)
-    assert tn is None and ratio is None and tt > 0
+    m = measure_pair(256, 32, reps=3, idle=False)
+    assert m.naive_s > 0 and m.tiled_s > 0 and m.ratio_median > 0 and m.naive_first_s is None
+    m = measure_pair(256, 32, reps=1, idle=False, first_call_pause_s=0.0)
+    assert m.naive_first_s > 0
+    m = measure_pair(256, 32, reps=1, run_naive=False, idle=False, first_call_pause_s=0.0)
+    assert m.naive_s is None and m.ratio_median is None and m.naive_first_s is None and m.tiled_s > 0

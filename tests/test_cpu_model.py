@@ -136,6 +136,36 @@ def test_model_errors_name_the_field():
         simulate_cpu("flash2", AttentionProblem(seq_len=64, dtype="fp8"), prof)
 
 
+def _measured(**dram) -> object:
+    """A profile with the measured rates detect writes (round numbers, not this machine's)."""
+    data = get_cpu_profile("amd-epyc-9654").model_dump(mode="json")
+    src = "test"
+    data["dram"].update({"bandwidth_one_core": {"value": 20e9, "source": src},
+                         "first_touch": {"value": 10e9, "source": src}}, **dram)
+    data["compute"].update({
+        "gemm": [{"kind": k, "head_dim": 64, "value": r, "source": src}
+                 for k, r in (("qk", 100e9), ("pv", 80e9), ("tile", 120e9))],
+        "softmax_fp32": {"value": 2e9, "source": src}, "numpy_exp_fp32": {"value": 1e9, "source": src}})
+    return cpu_profile_from_dict(data)
+
+
+def test_naive_first_call_touches_s_at_the_cold_rate_and_a_warm_call_at_the_recycled_rate():
+    cold = {"first_touch_cold": {"value": 0.5e9, "source": "test"}}
+    p = AttentionProblem(seq_len=8192, head_dim=64, heads=2, dtype="fp32")
+    s = 2 * 8192 * 8192 * 4  # both heads' S, bytes
+    t = simulate_cpu("naive", p, _measured(**cold)).time
+    assert t.terms["first_touch_s"] == pytest.approx(s / 10e9)
+    assert t.predicted_s == pytest.approx(sum(t.terms.values()))
+    assert t.first_call_s == pytest.approx(t.predicted_s - s / 10e9 + s / 0.5e9)
+    assert "first call" in simulate_cpu("naive", p, _measured(**cold)).describe()
+    # flash2 allocates O(N d): its first call is predicted like a warm one
+    f = simulate_cpu("flash2", p, _measured(**cold)).time
+    assert f.first_call_s == f.predicted_s is not None
+    # a profile without the cold rate (detected before it was measured) predicts warm calls only
+    assert simulate_cpu("naive", p, _measured()).time.first_call_s is None
+    assert json.loads(simulate_cpu("naive", p, _measured(**cold)).to_json())["time"]["first_call_s"] > 0
+
+
 def test_sysfs_lists_this_machines_data_caches_innermost_first():
     levels = [c.level for c in host_caches()]
     if not levels:
@@ -151,3 +181,5 @@ def test_detect_builds_a_profile_whose_prediction_is_calibrated():
     for s in ("naive", "flash2"):
         r = simulate_cpu(s, AttentionProblem(seq_len=4096, head_dim=64, dtype="fp32"), prof)
         assert r.time.predicted_s is not None and r.time.predicted_s >= r.time.bound_s * 0.999
+        assert r.time.first_call_s >= r.time.predicted_s
+    assert prof.require("dram.first_touch_cold") > 0 and prof.require("dram.first_touch") > 0

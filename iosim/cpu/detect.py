@@ -5,7 +5,9 @@ attention and at sizes below the ones the model is judged on:
 
 - ``dram.bandwidth``: all cores, a numba ``b = 2 a`` over 256 MB arrays (bytes read + written per second);
 - ``dram.bandwidth_one_core``: one NumPy ufunc pass over 256 MB arrays (NumPy's passes run on one core);
-- ``dram.first_touch``: writing freshly allocated memory minus writing it again (page faults and zeroing);
+- ``dram.first_touch``, ``dram.first_touch_cold``: writing freshly mapped memory minus writing it again (page
+  faults and zeroing), on pages recycled from a free just before (repeated calls) and on memory idle for seconds
+  (a first call; on a VM that backs guest memory lazily, far slower: :func:`measure_memory`);
 - ``compute.numpy_exp_fp32``: NumPy's exp on a 256 KB (L2-resident) array, one core;
 - ``compute.gemm``: NumPy matmuls (2048, d) @ (d, 2048) and (2048, 2048) @ (2048, d) (``qk``, ``pv``), and the
   tiled kernel's two GEMMs per tile at its default tiles, one per core in parallel (``tile``);
@@ -33,6 +35,9 @@ from iosim.cpu_profile import CpuProfile, cpu_profile_from_dict
 
 HEAD_DIMS = (64, 128)
 _MB = 1 << 20
+# seconds after which freed memory counts as idle: on the CI VM (Firecracker, free page reporting) memory freed
+# 1.5 s before was already back with the hypervisor (first fill 0.6-0.9 GB/s), 1 s before still recycled (9 GB/s)
+IDLE_MEMORY_S = 2.0
 
 
 def _best(fn, reps: int = 5) -> float:
@@ -82,25 +87,43 @@ def _softmax_tiles(S0, cores, reps):
             kernels.online_softmax(S, Si, Br, Bc, (m, l, O), (e, ef))
 
 
-def measure_memory() -> dict[str, float]:
-    """bytes/s: all cores, one core, first touch."""
-    n = 256 * _MB // 4
-    a = np.ones(n, dtype=np.float32)
-    b = np.empty_like(a)
+def _fill_s(x: np.ndarray, value: float) -> float:
+    t = time.perf_counter()
+    x.fill(value)
+    return time.perf_counter() - t
+
+
+def _bandwidths(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """bytes/s read + written, b = 2 a: all cores (numba), one core (a NumPy ufunc)."""
     all_cores = 2 * a.nbytes / _best(lambda: _scale_all_cores(a, b))
-    one_core = 2 * a.nbytes / _best(lambda: np.multiply(a, np.float32(1.0001), out=b))
-    fresh, warm = [], []
+    return all_cores, 2 * a.nbytes / _best(lambda: np.multiply(a, np.float32(1.0001), out=b))
+
+
+def measure_memory() -> dict[str, float]:
+    """bytes/s: all cores, one core, and the first-touch rates of fresh memory, recycled and cold.
+
+    First touch is a fresh buffer's first fill minus a rewrite of it. ``first_touch_cold``: the slower first
+    fill of two fresh buffers mapped after a pause of ``IDLE_MEMORY_S``, so that no memory freed just before
+    (by this process or another) is recycled into them (on a VM with free page reporting, the hypervisor maps
+    them again: 0.45-0.9 GB/s on the CI VM, at 256 MB as at 4 GB); ``first_touch``: the fastest of three
+    buffers each mapped right after the previous one was freed, the pages the OS recycles between repeated
+    calls (10-16 GB/s there)."""
+    n = 256 * _MB // 4
+    time.sleep(IDLE_MEMORY_S)
+    a = np.empty(n, dtype=np.float32)
+    b = np.empty_like(a)
+    cold = max(_fill_s(a, 1.0), _fill_s(b, 0.0))
+    rewrite = min(_fill_s(a, 1.0) for _ in range(3))
+    all_cores, one_core = _bandwidths(a, b)
+    del b
+    recycled = []
     for _ in range(3):
-        t = time.perf_counter()
-        x = np.empty(n, dtype=np.float32)
-        x.fill(1.0)
-        fresh.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        x.fill(2.0)
-        warm.append(time.perf_counter() - t)
+        x = np.empty(n, dtype=np.float32)  # the pages b or the previous x left
+        recycled.append(_fill_s(x, 1.0))
         del x
-    first_touch = a.nbytes / max(min(fresh) - min(warm), 1e-9)
-    return {"all_cores": all_cores, "one_core": one_core, "first_touch": first_touch}
+    return {"all_cores": all_cores, "one_core": one_core,
+            "first_touch": a.nbytes / max(min(recycled) - rewrite, 1e-9),
+            "first_touch_cold": a.nbytes / max(cold - rewrite, 1e-9)}
 
 
 def _settle() -> None:
@@ -194,7 +217,10 @@ def detect_profile(name: str = "this-machine") -> CpuProfile:
         "dram": {"capacity": {"value": host.total_memory(), "source": "/proc/meminfo MemTotal"},
                  "bandwidth": _sourced(mem["all_cores"], "numba b = 2a, 256 MB fp32, all cores", stamp),
                  "bandwidth_one_core": _sourced(mem["one_core"], "NumPy multiply, 256 MB fp32, one core", stamp),
-                 "first_touch": _sourced(mem["first_touch"], "fill fresh 256 MB minus refill", stamp)},
+                 "first_touch": _sourced(mem["first_touch"], "fill 256 MB mapped right after a free of "
+                                         "256 MB, minus a rewrite", stamp),
+                 "first_touch_cold": _sourced(mem["first_touch_cold"], "first fill of fresh 256 MB (the slower "
+                                              "of two), minus a rewrite", stamp)},
         "compute": {
             "fp32": _sourced(best, "best BLAS sgemm rate seen (a lower bound of the peak)", stamp),
             "fp64": _sourced(fp64, "NumPy dgemm 1024^3 (a lower bound of the peak)", stamp),
