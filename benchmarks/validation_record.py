@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data/validation"
 DOCS = ROOT / "docs/validation"
 PROFILE = {"h200": "h200-sxm-141gb", "h100": "h100-sxm5-80gb"}  # device -> the profile its record is simulated on
-ARCHIVES = ("sweep", "flash3")  # data/validation/<device>-<part>.tar.xz that hold attention kernels
+ARCHIVES = ("sweep", "flash3", "naive")  # data/validation/<device>-<part>.tar.xz that hold attention kernels; a part
+# named after a kind replaces the earlier parts' problems of that kind (naive: re-measured after naive.cu v2)
 MARK = "<!-- record:{device} {edge} (benchmarks/validation_record.py rewrites this part) -->"
 
 
@@ -171,16 +172,18 @@ def _commit() -> str:
         return "unknown"
 
 
-def measure_sweep(device: str, repeat: int) -> None:
-    """Run the sweep ``repeat`` times over through iosim.measure; archive the record as <device>-sweep.tar.xz."""
+def measure_sweep(device: str, repeat: int, kinds: list[str] | None = None, part: str = "sweep") -> None:
+    """Run the sweep (its problems of ``kinds``, or all) ``repeat`` times over through iosim.measure; archive the
+    record as <device>-<part>.tar.xz."""
+    problems = [a for a in sweep() if not kinds or a.kind in kinds]
     with tempfile.TemporaryDirectory() as tmp:
-        rec = measure(sweep() * repeat, Options(workdir=tmp, keep_csv=f"{tmp}/ncu_sweep.csv")).to_json()
+        rec = measure(problems * repeat, Options(workdir=tmp, keep_csv=f"{tmp}/ncu_sweep.csv")).to_json()
         rec["repeat"], rec["commit"] = repeat, _commit()
         Path(tmp, "measured_sweep.json").write_text(json.dumps(rec, indent=1))
-        with tarfile.open(DATA / f"{device}-sweep.tar.xz", "w:xz") as tar:
+        with tarfile.open(DATA / f"{device}-{part}.tar.xz", "w:xz") as tar:
             for name in ("measured_sweep.json", "ncu_sweep.csv"):
                 tar.add(Path(tmp, name), arcname=name)
-    print(f"wrote {DATA / f'{device}-sweep.tar.xz'}: record its device, driver, commit and command in "
+    print(f"wrote {DATA / f'{device}-{part}.tar.xz'}: record its device, driver, commit and command in "
           f"{DATA / 'manifest.json'}")
 
 
@@ -189,18 +192,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="h200", choices=sorted(PROFILE))
     ap.add_argument("--measure", action="store_true", help="measure the sweep on this GPU first (ncu)")
     ap.add_argument("--repeat", type=int, default=3, help="launches of each problem with --measure (default 3)")
+    ap.add_argument("--kinds", nargs="*", help="with --measure: only these kernels (flash2 naive sdpa-flash ...)")
+    ap.add_argument("--part", default="sweep", help="with --measure: the archive's part name (default sweep)")
     ap.add_argument("--no-figure", action="store_true", help="skip the parity figure (needs plotly)")
     args = ap.parse_args(argv)
     if args.measure:
-        measure_sweep(args.device, args.repeat)
+        measure_sweep(args.device, args.repeat, args.kinds, args.part)
     profile = PROFILE[args.device]
-    records = [data for part in ARCHIVES if (DATA / f"{args.device}-{part}.tar.xz").is_file()
-               for data in read_records(DATA / f"{args.device}-{part}.tar.xz").values()]
-    checks, name = [], args.device
-    for data in records:
-        name = data.get("device", {}).get("name", name)
-        for m in merge_repeats(data):
-            checks += simulate_measured(m, profile) or []
+    measured, name = {}, args.device  # kind -> merged problems
+    for part in ARCHIVES:
+        path = DATA / f"{args.device}-{part}.tar.xz"
+        if not path.is_file():
+            continue
+        got: dict[str, list] = {}
+        for data in read_records(path).values():
+            name = data.get("device", {}).get("name", name)
+            for m in merge_repeats(data):
+                got.setdefault(m.run.kind, []).append(m)
+        for kind, ms in got.items():
+            measured[kind] = ms if kind == part else measured.get(kind, []) + ms
+    checks = [c for ms in measured.values() for m in ms for c in simulate_measured(m, profile) or []]
     write_checks(DOCS / f"{args.device}.csv", checks, name)
     verdicts = judge_all(checks)
     table = summary_table(verdicts)

@@ -36,6 +36,8 @@ class Result:
     tiles_by_pass: dict[str, Tiles] | None = None  # each pass's tiles; ``tiles`` is the first pass's
     hbm_model: str = "none: hbm = global (two-level view)"  # which view hbm is: the L2 model's, or why not
     l2: L2Result | None = None  # the L2 model's details (per-tensor misses, residency, dirty bytes left at the end)
+    kernel: object = None  # the kernel description the time model assumed (iosim.timing.KernelDesc), or None
+    warm: bool = False  # time of back-to-back calls on the same inputs (tensors that fit stay in L2)
 
     @property
     def on_chip(self) -> tuple[int, int] | None:
@@ -92,7 +94,10 @@ class Result:
             "register_budget_bytes": self.profile.registers.per_sm.value,
             "time": {
                 "predicted_s": self.time.predicted_s,
+                "roofline_s": self.time.roofline_s,
                 "bound": self.time.bound,
+                "kernel": self.time.kernel,
+                "calibration": self.time.calibration,
                 "arithmetic_intensity": flops["total"] / hbm_total if hbm_total else None,
                 "unmodeled": self.time.unmodeled,
                 "kernels": [

@@ -44,6 +44,9 @@ class KernelTime:
 class TimeEstimate:
     kernels: list[KernelTime]
     unmodeled: dict[str, str]  # resource -> the profile field that is not published
+    roofline_s: float | None = None  # the ideal peak bound (this module's estimate), beside a kernel model's
+    kernel: str = "roofline"  # whose launch and pipeline the estimate assumes (iosim.timing.kernels)
+    calibration: str = "uncalibrated"  # the rates' origin: "measured on ..." or "uncalibrated" (datasheet peaks)
 
     @property
     def predicted_s(self) -> float:
@@ -93,4 +96,6 @@ def predict(counts: Counts, hbm_bytes: list[int], dtype: str, profile: Profile) 
         bound = max(res, key=res.get)
         u = utilization(k.grid, int(sms)) if sms else 1.0
         out.append(KernelTime(k.name, k.grid, u, res, res[bound] / u, bound))
-    return TimeEstimate(out, unmodeled)
+    est = TimeEstimate(out, unmodeled)
+    est.roofline_s = est.predicted_s
+    return est

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import replace
 from typing import Literal
 
-from . import hopper, roofline
+from . import timing
 from .blocks import cdiv
 from .counts import Counts
 from .l2 import L2ModelError, simulate_l2, unsupported
@@ -51,12 +51,12 @@ def walk(schedule: str, problem: AttentionProblem, tiles: Tiles, pass_: str = "f
     return Counts([k.scaled(n) for k in x.kernels] + (group_sum(problem) if pass_ == "backward" else []))
 
 
-def predict_time(schedule: str, pass_: str, counts: Counts, hbm_bytes: list[int], problem: AttentionProblem,
-                 tiles: Tiles, profile: Profile) -> TimeEstimate:
-    """The time model the schedule's record names (flash3's forward: the Hopper pipeline), else the roofline."""
-    if pass_ == "forward" and get_schedule(schedule).time_model == "hopper":
-        return hopper.predict(counts, problem, tiles, profile)
-    return roofline.predict(counts, hbm_bytes, problem.dtype, profile)
+def predict_time(result: Result) -> TimeEstimate:
+    """The time model (:mod:`iosim.timing`) of ``result``'s kernel on its DRAM bytes; the roofline where no kernel
+    description applies."""
+    hbm = list(zip(result.hbm_read, result.hbm_write, strict=True))
+    return timing.predict(result.schedule, result.pass_, result.problem, result.tiles, result.counts, hbm,
+                          result.profile, result.kernel, warm=result.warm)
 
 
 def exceeds_memory(problem: AttentionProblem, profile: Profile) -> str | None:
@@ -116,17 +116,16 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
                            f"{len(result.counts.kernels)}")
     hbm_read = [k.dram_read for k in l2.kernels]
     hbm_write = [k.dram_write for k in l2.kernels]
-    hbm = [r + w for r, w in zip(hbm_read, hbm_write, strict=True)]
-    time = roofline.predict(result.counts, hbm, result.problem.dtype, result.profile)
     text = (f"l2-lru: {l2.describe()}; L2 flushed before each kernel, dirty lines left at the end not written "
             "(Nsight Compute's conditions); iosim.l2")
-    return replace(result, hbm_read=hbm_read, hbm_write=hbm_write, time=time, hbm_model=text, l2=l2)
+    out = replace(result, hbm_read=hbm_read, hbm_write=hbm_write, hbm_model=text, l2=l2)
+    return replace(out, time=predict_time(out))
 
 
 def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | None = None, *,
              block_q: int | None = None, block_kv: int | None = None, method: Method = "closed",
              pass_: Pass = "forward", l2: bool = False, l2_exact: bool = False, l2_progress=None,
-             **options) -> Result:
+             kernel: str | None = None, warm: bool = False, **options) -> Result:
     """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
 
     ``pass_``: "forward" (default), "backward" (the backward pass, which consumes the forward's O and
@@ -137,8 +136,15 @@ def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | 
     result is. Legal but questionable input (:func:`questionable`: flash3 off Hopper, fp8
     backward, splits cut to the K/V blocks, head_dim off 8..256, a problem larger than the GPU's memory, to which
     the L2 model is not applied) runs and issues an :class:`~iosim.problem.InputWarning` that says why and what to
-    change. ``l2_exact`` and ``l2_progress`` go to :func:`with_l2`."""
+    change. ``l2_exact`` and ``l2_progress`` go to :func:`with_l2`. ``kernel``: whose launch and pipeline the time
+    model assumes (a built-in name of :mod:`iosim.timing.kernels` or a YAML file; default: the schedule's own
+    kernel, e.g. iosim-flash2); its tiles are used where ``block_q``/``block_kv`` are not given. ``warm``: time of
+    back-to-back calls on the same inputs (tensors that fit in L2 stay there)."""
     prof = get_profile(profile)
+    desc = timing.kernel_for(schedule, kernel) if kernel is not None and pass_ == "forward" else None
+    if desc is not None and desc.tiles and block_q is None and block_kv is None:
+        tc = desc.tiles_for(problem.head_dim)
+        block_q, block_kv = tc.block_q, tc.block_kv
     if pass_ not in PASSES:
         raise ScheduleError(f"pass={pass_!r}: expected one of {', '.join(PASSES)}")
     if method not in ("closed", "walk"):
@@ -157,8 +163,7 @@ def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | 
     counts = Counts(kernels)
     hbm_read = [k.global_read_bytes for k in counts.kernels]  # no L2 model: hbm = global
     hbm_write = [k.global_write_bytes for k in counts.kernels]
-    hbm = [r + w for r, w in zip(hbm_read, hbm_write, strict=True)]
-    time = predict_time(schedule, pass_, counts, hbm, problem, tiles_by_pass[passes[0]], prof)
-    result = Result(schedule, prof, problem, tiles_by_pass[passes[0]], counts, hbm_read, hbm_write, time, method,
-                    int(prof.require("smem.per_block")), pass_, tiles_by_pass)
+    result = Result(schedule, prof, problem, tiles_by_pass[passes[0]], counts, hbm_read, hbm_write, None, method,
+                    int(prof.require("smem.per_block")), pass_, tiles_by_pass, kernel=desc, warm=warm)
+    result = replace(result, time=predict_time(result))
     return with_l2(result, l2_exact=l2_exact, l2_progress=l2_progress) if l2 else result

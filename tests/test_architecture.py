@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("interpreters", ["iosim.machine", "iosim.numeric", "iosim.numeric.*", "iosim.l2._common", "iosim.l2.trace"]),
     ("launch geometry", ["iosim.launch"]),
     ("cache model", ["iosim.l2", "iosim.l2.*", "iosim.cpu_model"]),
-    ("time", ["iosim.roofline", "iosim.hopper"]),
+    ("time", ["iosim.roofline", "iosim.hopper", "iosim.timing", "iosim.timing.*"]),
     ("simulate", ["iosim.result", "iosim.simulate", "iosim.sweep", "iosim.validation"]),
     ("presentation", ["iosim.scenario", "iosim.scenario.*", "iosim.plots", "iosim.plots.*", "iosim.report",
                       "iosim.report.*"]),

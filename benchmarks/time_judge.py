@@ -1,0 +1,79 @@
+"""Predict, write and judge the time record (used by time_record.py without --measure).
+
+Each measured row is simulated with the kernel it names (``--kernel``: iosim-flash2, iosim-naive, fa2, cudnn), on the
+built-in profile, with the L2 model and ``warm=True`` (back-to-back calls on the same inputs); the record CSV gets
+``predicted_s`` beside ``measured_s``. The bounds are issue 17's: iosim flash2, iosim naive and fa2 median
+|error| <= 5% and worst <= 15%; cudnn median <= 10%, worst <= 25%.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import warnings
+from pathlib import Path
+
+from iosim.problem import AttentionProblem, InputWarning
+from iosim.simulate import simulate
+from iosim.timing import load_kernel
+
+SCHEDULE = {"iosim-flash2": "flash2", "iosim-naive": "naive", "fa2": "flash2", "cudnn": "flash3"}
+BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.05, 0.15), "cudnn": (0.10, 0.25)}
+COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
+           "causal", "block_q", "block_kv", "predicted_s", "measured_s")
+
+
+def predict_row(row: dict, profile: str) -> tuple[float, int | None, int | None, str]:
+    kernel = row["kernel"]
+    p = AttentionProblem(batch=row["batch"], heads=row["heads"], kv_heads=row["kv_heads"], seq_len=row["seq_len"],
+                         kv_len=row["kv_len"], head_dim=row["head_dim"], dtype=row["dtype"], causal=row["causal"])
+    desc = load_kernel(kernel)
+    bq = bkv = None
+    if desc.tiles:
+        tc = desc.tiles_for(p.head_dim)
+        bq, bkv = tc.block_q, tc.block_kv
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InputWarning)
+        r = simulate(SCHEDULE[kernel], p, profile, block_q=bq, block_kv=bkv, kernel=kernel, l2=True, warm=True)
+    return r.time.predicted_s, bq, bkv, r.time.bound
+
+
+def judge_record(device: str, raw: Path, profile: str, root: Path) -> int:
+    data = json.loads(raw.read_text())
+    out_rows, errors = [], {}
+    for row in data["rows"]:
+        if row["kernel"] not in SCHEDULE or row["measured_ms"] is None:
+            continue
+        pred, bq, bkv, bound = predict_row(row, profile)
+        meas = row["measured_ms"] / 1e3
+        err = (pred - meas) / meas
+        errors.setdefault(row["kernel"], []).append((abs(err), err, row, bound))
+        out_rows.append((row["kernel"], data["device"], profile, row["batch"], row["heads"], row["kv_heads"],
+                         row["seq_len"], row["kv_len"], row["head_dim"], row["dtype"], str(row["causal"]).lower(),
+                         bq if bq is not None else "", bkv if bkv is not None else "", f"{pred:.6e}", f"{meas:.6e}"))
+    out = root / "docs/validation" / f"{device}-time.csv"
+    with out.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        w.writerows(out_rows)
+    print(f"wrote {out} ({len(out_rows)} rows); device {data['device']}, driver {data['driver']}, "
+          f"measured at {data['commit'][:7]}")
+    ok = True
+    print(f"{'kernel':<14} {'rows':>4} {'median':>8} {'worst':>8}  bound (median, worst)  verdict")
+    for kernel, errs in errors.items():
+        med = statistics.median(e[0] for e in errs)
+        worst = max(e[0] for e in errs)
+        bm, bw = BOUNDS[kernel]
+        good = med <= bm and worst <= bw
+        ok &= good
+        print(f"{kernel:<14} {len(errs):>4} {med:>8.1%} {worst:>8.1%}  ({bm:.0%}, {bw:.0%})  "
+              f"{'within' if good else 'OUTSIDE'}")
+    print("\nrows outside the worst bound:")
+    for kernel, errs in errors.items():
+        for a, e, row, bound in sorted(errs, key=lambda x: -x[0]):
+            if a > BOUNDS[kernel][1]:
+                print(f"  {kernel:<13} b{row['batch']} h{row['heads']}/{row['kv_heads']} N={row['seq_len']} "
+                      f"Nk={row['kv_len']} d={row['head_dim']} {row['dtype']} causal={row['causal']}: {e:+.1%} "
+                      f"(bound {bound})")
+    return 0 if ok else 1

@@ -1,0 +1,107 @@
+"""The time model: a kernel's predicted time from its per-tile work, its launch and its overlap, on measured rates.
+
+    >>> from iosim import AttentionProblem, simulate
+    >>> r = simulate("flash2", AttentionProblem(seq_len=4096, head_dim=128), "h100-sxm5-80gb", kernel="fa2")
+    >>> r.time.kernel, r.time.predicted_s > r.time.roofline_s
+    ('fa2', True)
+
+What the simulator already knows (tiles, FLOPs, bytes at every boundary, DRAM bytes from the cache model) plus a
+kernel description (:mod:`iosim.timing.kernels`: tiles, warps, registers, shared memory, launch order, family) and
+the profile's rates (:mod:`iosim.timing.rates`: measured by ``iosim calibrate rates``, or the datasheet's) give:
+
+* family ``fa2`` (mma.sync; iosim-flash2, FlashAttention-2): :mod:`iosim.timing.fa2`, and its split-KV decode,
+  :mod:`iosim.timing.decode`;
+* family ``fa3`` (wgmma ping-pong; fa3, cudnn): FlashAttention-3's pipeline, :mod:`iosim.hopper`, at the measured
+  wgmma rate;
+* family ``naive`` (three kernels): :mod:`iosim.timing.naive`.
+
+``warm=True`` models back-to-back calls on the same inputs: a problem whose tensors fit in L2 then moves no DRAM
+bytes. Schedules no kernel describes (flash1, block-sparse, the backward pass) keep the peak roofline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import hopper, roofline
+from ..counts import Counts
+from ..problem import AttentionProblem
+from ..profile import Profile
+from ..roofline import KernelTime, TimeEstimate
+from ..schedules import Tiles
+from . import decode, fa2, naive
+from .kernels import DEFAULT_KERNEL, KernelDesc, KernelError, builtin_kernel_names, load_kernel
+from .rates import Rates, rates
+
+FAMILY_SCHEDULES = {"fa2": ("flash2",), "fa3": ("flash3",), "naive": ("naive",)}
+L2_RESIDENT_SHARE = 0.8  # a warm problem stays in L2 when its tensors take at most this share of it
+
+__all__ = ["DEFAULT_KERNEL", "KernelDesc", "KernelError", "Rates", "builtin_kernel_names", "kernel_for",
+           "load_kernel", "predict", "rates"]
+
+
+def kernel_for(schedule: str, kernel: str | KernelDesc | None) -> KernelDesc | None:
+    """The description ``kernel`` names (checked against the schedule), or the schedule's default; None: none."""
+    if kernel is None:
+        name = DEFAULT_KERNEL.get(schedule)
+        return load_kernel(name) if name else None
+    desc = load_kernel(kernel)
+    if schedule not in FAMILY_SCHEDULES[desc.family]:
+        raise KernelError(f"kernel {desc.name!r} (family {desc.family}) runs the schedules "
+                          f"{', '.join(FAMILY_SCHEDULES[desc.family])}, not {schedule!r}")
+    return desc
+
+
+def _resident(p: AttentionProblem, profile: Profile, counts: Counts) -> bool:
+    cap = profile.l2.capacity.value
+    extra = sum(k.global_write_bytes for k in counts.kernels[:-1])  # S and P of the naive path
+    return bool(cap) and p.tensor_bytes + extra <= L2_RESIDENT_SHARE * cap
+
+
+def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, counts: Counts,
+            hbm: list[tuple[float, float]], profile: Profile, kernel: str | KernelDesc | None = None,
+            warm: bool = False) -> TimeEstimate:
+    """Predicted time of ``schedule`` as ``kernel`` runs it; ``hbm[k]`` = (DRAM read, DRAM write) bytes of kernel k."""
+    roof = roofline.predict(counts, [r + w for r, w in hbm], problem.dtype, profile)
+    desc = kernel_for(schedule, kernel) if pass_ == "forward" else None
+    if desc is None:
+        return replace(roof, roofline_s=roof.predicted_s, kernel="roofline")
+    r = rates(profile, problem.dtype)
+    if warm and _resident(problem, profile, counts):
+        hbm = [(0.0, 0.0)] * len(hbm)
+    out = []
+    if desc.family == "naive":
+        for name, t, parts in naive.kernel_times(problem, tiles, counts.kernels, profile, r, hbm):
+            out.append(KernelTime(name, _grid(counts, name), 1.0, _seconds(parts), t, parts["bound"]))
+    elif desc.family == "fa3":
+        model = hopper.HopperModel(tensor_efficiency=_wgmma_efficiency(r, profile, problem.dtype))
+        est = hopper.predict(counts, problem, tiles, profile, model)
+        k = est.kernels[0]
+        out.append(replace(k, predicted_s=k.predicted_s + r.launch_s))
+    else:
+        mod = decode if decode.applies(problem, desc) else fa2
+        (rd, wr) = (sum(x[0] for x in hbm), sum(x[1] for x in hbm))
+        if mod is fa2:
+            tc = fa2.tiles_of(desc, problem.head_dim, tiles.block_q, tiles.block_kv)
+            t, parts = fa2.kernel_time(problem, desc, profile, r, rd, wr, tc)
+        else:
+            t, parts = decode.kernel_time(problem, desc, profile, r, rd, wr)
+        out.append(KernelTime(counts.kernels[0].name, counts.kernels[0].grid, parts.pop("utilization"),
+                              _seconds(parts), t, parts["bound"]))
+    return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
+                        calibration=r.calibration)
+
+
+def _grid(counts: Counts, name: str) -> int:
+    return next((k.grid for k in counts.kernels if k.name == name), 0)
+
+
+def _seconds(parts: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in parts.items() if isinstance(v, float)}
+
+
+def _wgmma_efficiency(r: Rates, profile: Profile, dtype: str) -> float:
+    """The measured wgmma rate as a share of the datasheet peak (the Hopper model's tensor_efficiency)."""
+    if r.wgmma == r.wgmma and r.calibration != "uncalibrated":  # measured (not nan)
+        return min(1.0, r.wgmma / profile.matmul_rate(dtype))
+    return hopper.HopperModel().tensor_efficiency

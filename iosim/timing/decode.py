@@ -1,0 +1,77 @@
+"""Time of FlashAttention-2's split-KV forward (decode: a few queries against a long K/V), as torch runs it.
+
+With one query per sequence and grouped-query heads, FA2 folds the query heads of a K/V head into the query rows
+(``seqlenq_ngroups_swapped``: seq_len_q = H/H_kv, heads = H_kv), cuts the K/V sequence into ``num_splits`` parts
+chosen by its wave-efficiency heuristic (``num_splits_heuristic`` with 2 × SMs, at most 128 splits), runs one
+thread block per (batch, head, Q block, split) over its part, then a combine kernel merges the partial outputs by
+their log-sum-exp. Each block streams its K/V part once; the kernel takes the longer of the blocks' placement and
+the K/V bytes over DRAM bandwidth, and the combine kernel reads the partial outputs once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..blocks import cdiv
+from ..problem import AttentionProblem
+from ..profile import Profile
+from . import fa2
+from .kernels import KernelDesc, TileConfig
+from .rates import Rates
+
+MAX_SPLITS = 128
+FOLD_LIMIT = 16  # FA2 folds query heads into rows for a single query (seqlenq_ngroups_swapped)
+
+
+def num_splits(work: int, slots: int, n_blocks: int, max_splits: int = MAX_SPLITS) -> int:
+    """FlashAttention-2's num_splits_heuristic: the fewest splits within 85% of the best wave efficiency."""
+    if work >= 0.8 * slots:
+        return 1
+    max_splits = min(max_splits, slots, n_blocks)
+    eff = []
+    for s in range(1, max_splits + 1):
+        eligible = s == 1 or cdiv(n_blocks, s) != cdiv(n_blocks, s - 1)
+        waves = work * s / slots
+        eff.append(waves / math.ceil(waves) if eligible else 0.0)
+    best = max(eff)
+    for s in range(1, max_splits + 1):
+        if eff[s - 1] and eff[s - 1] >= 0.85 * best:
+            return s
+    return 1
+
+
+def applies(p: AttentionProblem, desc: KernelDesc) -> bool:
+    return desc.split_kv is not None and p.seq_len <= FOLD_LIMIT
+
+
+def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rates,
+                dram_read: float, dram_write: float) -> tuple[float, dict]:
+    sk = desc.split_kv
+    d, e = p.head_dim, p.elem_bytes
+    Bc = sk.block_kv.get(d) or sk.block_kv[min(x for x in sk.block_kv if x >= d)]
+    tc = TileConfig(block_q=sk.block_q, block_kv=Bc, registers=255, smem="qkv")
+    rows, heads = p.seq_len, p.heads
+    if p.seq_len == 1 and p.heads > p.kv_heads:
+        rows, heads = p.heads // p.kv_heads, p.kv_heads
+    m_blocks = cdiv(rows, sk.block_q)
+    n_blocks = cdiv(p.kv_len, Bc)
+    work = p.batch * heads * m_blocks
+    splits = num_splits(work, 2 * r.sms, n_blocks)
+    k = fa2.residency(tc, desc, d, e, profile)
+    grid = work * splits
+    k = min(k, max(1, math.ceil(grid / r.sms)))
+    st = fa2.step(sk.block_q, Bc, d, e, k, desc, tc, r)
+    per_split = cdiv(n_blocks, splits)
+    per_sm_l2 = r.l2 / r.sms
+    t_block = k * sk.block_q * d * e / per_sm_l2 + r.block_s + per_split * st.step_s
+    blocks = fa2.place(np.full(grid, t_block), r.sms * k)
+    main = max(blocks, r.dram_s(dram_read, dram_write)) + r.launch_s
+    combine = 0.0
+    if splits > 1:  # partial O (fp32) and lse of every split read once, O written once
+        partial = p.batch * p.heads * p.seq_len * splits * (d + 1) * 4
+        combine = max(partial / r.l2, 0.0) + r.launch_s
+    parts = {"utilization": min(1.0, grid / (r.sms * k)), "splits": splits, "resident_blocks": k, "blocks": blocks, "main": main, "combine": combine,
+             "step": st.step_s, "launch": r.launch_s}
+    return main + combine, {**parts, "bound": "dram" if r.dram_s(dram_read, dram_write) > blocks else "blocks"}

@@ -1,0 +1,147 @@
+"""Time of a FlashAttention-2-class forward (mma.sync): the K/V step of a warp, the SM, the waves, the memory floor.
+
+One thread block = one Q block of Br rows; its W warps own Br/W rows each. At every K/V step (Bc keys) a warp runs,
+**in sequence** (FA2, §3.1 of Dao 2023: the softmax needs S, P·V needs P):
+
+    g = 4·(Br/W)·Bc·d FLOPs on the tensor cores          QKᵀ and P·V (mma.sync m16n8k16)
+    s = (Br/W)·Bc exp2 on the special-function unit       + the fp32 work of the online softmax:
+        SOFTMAX_OPS per score (max, scale-subtract, sum, convert P) and one rescale per output element
+
+On an SM, k resident blocks give n = k·W/4 warps to each of the 4 sub-partitions (one tensor core, a quarter of
+the SFU and FP32 lanes each). Warps overlap one another's phases but not their own, so one step of all k blocks takes
+
+    T_step = max( n·g/R_mma , n·s , g/R_mma + s , k·W·(ldmatrix bytes)/R_smem , k·2·Bc·d·b / R_L2 )
+
+(each rate per sub-partition; ``R_mma`` the mma.sync rate measured with n warps per sub-partition issuing). A Q
+block visiting n_i K/V blocks takes t_i = prologue + n_i·T_step + epilogue; thread blocks are placed on the SMs'
+k slots in launch order (causal imbalance and the last wave fall out of the placement), and the kernel takes the
+longer of that and its DRAM bytes over DRAM bandwidth, plus one launch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..blocks import cdiv, n_kv_blocks_visible
+from ..launch import flash_smem_bytes, resident_blocks
+from ..problem import AttentionProblem
+from ..profile import Profile
+from .kernels import KernelDesc, TileConfig
+from .rates import Rates
+
+SOFTMAX_OPS = 3.5  # fp32 lane operations per score: row max, x·scale - m·scale (FFMA), row sum, ½ convert-and-pack
+SUBPARTITIONS = 4  # warp schedulers per SM (each with its own tensor core and quarter of the SFU and FP32 lanes)
+
+
+@dataclass(frozen=True)
+class StepParts:
+    gemm_s: float  # one warp's two GEMMs of one step, alone on its sub-partition's tensor core
+    softmax_s: float  # one warp's softmax of one step
+    smem_s: float  # the SM's ldmatrix traffic of one step of all its resident blocks
+    l2_s: float  # the SM's K/V loads of one step of all its resident blocks
+    step_s: float  # the step of all resident blocks (the max above)
+
+
+def smem_bytes(tc: TileConfig, d: int, e: int) -> int:
+    if isinstance(tc.smem, int):
+        return tc.smem
+    if tc.smem == "qkv":
+        return (tc.block_q + 2 * tc.block_kv) * d * e
+    return flash_smem_bytes(d, tc.block_q, tc.block_kv, e)
+
+
+def residency(tc: TileConfig, desc: KernelDesc, d: int, e: int, profile: Profile) -> int:
+    """Thread blocks resident per SM (registers, shared memory, threads)."""
+    total, _ = resident_blocks(profile, desc.warps * 32, smem_bytes(tc, d, e), tc.registers or 255)
+    return max(1, total // int(profile.require("sm_count")))
+
+
+def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileConfig, r: Rates) -> StepParts:
+    """One K/V step of ``k`` resident blocks on one SM (``rows`` query rows per block)."""
+    W = desc.warps
+    rw = rows / W  # rows per warp
+    n = k * W / SUBPARTITIONS  # warps per sub-partition
+    per_sp = r.sms * SUBPARTITIONS
+    mma_sp = r.mma_at(k * W) / per_sp
+    g = 4 * rw * Bc * d / mma_sp
+    s = rw * Bc / (r.ex2 / per_sp) + (SOFTMAX_OPS * rw * Bc + rw * d) / (r.alu / per_sp)
+    q_bytes = 0 if tc.q_in_registers else rw * d * e
+    smem = k * W * (2 * Bc * d * e + q_bytes) / (r.smem / r.sms)
+    l2 = k * 2 * Bc * d * e / (r.l2 / r.sms)
+    t = max(max(n, 1.0) * g, max(n, 1.0) * s, g + s, smem, l2)
+    return StepParts(g, s, smem, l2, t)
+
+
+def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates) -> np.ndarray:
+    """Seconds of each Q block of one head with ``k`` blocks resident per SM."""
+    Br, Bc, d, e, N, Nk = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, p.seq_len, p.kv_len
+    Tr = cdiv(N, Br)
+    i = np.arange(Tr)
+    n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=float).reshape(-1)
+    per_sm_l2 = r.l2 / r.sms
+    t_step = step(Br, Bc, d, e, k, desc, tc, r).step_s  # a ragged Q block still runs whole mma tiles
+    prologue = k * (Br + 2 * Bc) * d * e / per_sm_l2 + r.block_s  # Q_i and the first K/V tile, nothing to hide them
+    epilogue = k * Br * d * e / per_sm_l2  # O written once
+    return prologue + n * t_step + epilogue
+
+
+def place(durations: np.ndarray, slots: int) -> float:
+    """Makespan of thread blocks (in launch order) on ``slots`` slots, each block taking the first free slot."""
+    if len(durations) <= slots:
+        return float(durations.max()) if len(durations) else 0.0
+    if np.all(durations == durations[0]):
+        return float(cdiv(len(durations), slots) * durations[0])
+    free = [0.0] * slots
+    for t in durations:
+        heapq.heapreplace(free, free[0] + float(t))
+    return max(free)
+
+
+def launch_order(per_head: np.ndarray, copies: int, desc: KernelDesc, causal: bool) -> np.ndarray:
+    if causal and desc.launch_order == "causal-longest-first":
+        per_head = per_head[::-1]
+    return np.tile(per_head, copies)  # grid (Tr, heads, batch): a head's Q blocks, then the next head's
+
+
+def tiles_of(desc: KernelDesc, head_dim: int, block_q: int | None, block_kv: int | None) -> TileConfig:
+    """The description's tiles for ``head_dim``, or the tiles the simulation ran with (their registers and shared
+    memory as the description gives them)."""
+    tc = desc.tiles_for(head_dim)
+    if block_q is None or (block_q, block_kv) == (tc.block_q, tc.block_kv):
+        return tc
+    return tc.model_copy(update={"block_q": block_q, "block_kv": block_kv,
+                                 "q_in_registers": block_q // desc.warps <= 16})
+
+
+def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rates,
+                dram_read: float, dram_write: float, tc: TileConfig | None = None) -> tuple[float, dict]:
+    """Seconds of the kernel and its parts."""
+    tc = tc or desc.tiles_for(p.head_dim)
+    k = residency(tc, desc, p.head_dim, p.elem_bytes, profile)
+    heads = p.n_heads_total
+    grid = cdiv(p.seq_len, tc.block_q) * heads
+    if grid < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
+        k = max(1, math.ceil(grid / r.sms))
+    per_head = block_times(p, desc, tc, k, r)
+    order = launch_order(per_head, heads, desc, p.causal)
+    blocks = place(order, r.sms * k)
+    memory = r.dram_s(dram_read, dram_write)
+    total = max(blocks, memory) + r.launch_s
+    sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r)
+    busy = float(order.sum()) / (r.sms * k * blocks) if blocks else 1.0  # share of the chip's block slots in use
+    parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "launch": r.launch_s, "resident_blocks": k,
+             "step_gemm": sp.gemm_s, "step_softmax": sp.softmax_s, "step_smem": sp.smem_s, "step_l2": sp.l2_s,
+             "step": sp.step_s}
+    bound = "dram" if memory > blocks else _step_bound(sp, k * desc.warps / SUBPARTITIONS)
+    return total, {**parts, "bound": bound}
+
+
+def _step_bound(sp: StepParts, n: float) -> str:
+    n = max(n, 1.0)
+    cands = {"tensor": n * sp.gemm_s, "softmax": n * sp.softmax_s, "in-warp sequence": sp.gemm_s + sp.softmax_s,
+             "smem": sp.smem_s, "l2": sp.l2_s}
+    return max(cands, key=cands.get)

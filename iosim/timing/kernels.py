@@ -1,0 +1,92 @@
+"""Kernels described as data: whose launch and pipeline the time model assumes (``iosim simulate --kernel``).
+
+A description names its **family** (how its work overlaps), its warps per thread block, the order its grid is
+launched in and, per head dimension, its tiles (Br = ``block_q``, Bc = ``block_kv``), registers per thread and shared
+memory per block (which give the thread blocks resident per SM). Built-ins live in ``iosim/timing/kernels/*.yaml``:
+
+* ``iosim-flash2`` and ``iosim-naive``: this project's kernels (kernels/flash_fwd.cu, kernels/naive.cu);
+* ``fa2``: FlashAttention-2 as torch SDPA's flash backend runs it (tiles from its launch template; split-KV for decode);
+* ``fa3``: FlashAttention-3's Hopper pipeline; ``cudnn``: cuDNN's fused attention, an FA3-class Hopper kernel.
+
+A user's own kernel is a YAML file with the same fields (``--kernel my-kernel.yaml``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..profile import format_validation
+
+KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
+DEFAULT_KERNEL = {"flash2": "iosim-flash2", "naive": "iosim-naive", "flash3": "fa3"}
+
+
+class KernelError(ValueError):
+    """An unknown kernel name, an unreadable or invalid description, or a head_dim it has no tiles for."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TileConfig(_Strict):
+    block_q: int = Field(ge=1, description="Br: query rows per thread block")
+    block_kv: int = Field(ge=1, description="Bc: key/value rows per step")
+    registers: int | None = Field(default=None, ge=1, le=255, description="registers per thread (occupancy)")
+    smem: int | Literal["iosim", "qkv"] | None = Field(
+        default=None, description="shared memory per block: bytes, 'iosim' (kernels/flash_fwd.cu's ring) or 'qkv' "
+        "(Q, K, V tiles once: FlashAttention-2's Kernel_traits)")
+    q_in_registers: bool = Field(default=False, description="Q's fragments held in registers (not re-read from "
+                                 "shared memory at every K/V step)")
+
+
+class SplitKV(_Strict):
+    block_q: int = Field(ge=1)
+    block_kv: dict[int, int] = Field(description="head_dim -> Bc of the split-KV kernel")
+
+
+class KernelDesc(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+    family: Literal["fa2", "fa3", "naive"] = Field(
+        description="fa2: mma.sync, a warp's GEMMs and softmax in sequence, overlapped across warps; fa3: wgmma "
+        "ping-pong, softmax under the GEMM, persistent grid; naive: three kernels (GEMM, softmax, GEMM)")
+    source: str = Field(min_length=1, description="where the tiles and pipeline come from")
+    warps: int = Field(ge=1, le=32, description="warps per thread block")
+    launch_order: Literal["in-order", "causal-longest-first", "persistent"] = "in-order"
+    tiles: dict[int, TileConfig] = Field(default_factory=dict, description="head_dim -> tiles")
+    split_kv: SplitKV | None = Field(default=None, description="the split-KV kernel used for decode (seq_len small)")
+
+    def tiles_for(self, head_dim: int) -> TileConfig:
+        if head_dim in self.tiles:
+            return self.tiles[head_dim]
+        bigger = [d for d in sorted(self.tiles) if d >= head_dim]
+        if not bigger:
+            raise KernelError(f"kernel {self.name!r} has no tiles for head_dim={head_dim} (it describes "
+                              f"{sorted(self.tiles)}); add them to its description")
+        return self.tiles[bigger[0]]  # kernels round the head dimension up to the next instantiation
+
+
+def builtin_kernel_names() -> list[str]:
+    return sorted(p.stem for p in KERNELS_DIR.glob("*.yaml"))
+
+
+def load_kernel(name_or_path: str | Path | KernelDesc) -> KernelDesc:
+    """A built-in description by name, or a YAML file of one."""
+    if isinstance(name_or_path, KernelDesc):
+        return name_or_path
+    text = str(name_or_path)
+    path = Path(text) if text.endswith((".yaml", ".yml")) else KERNELS_DIR / f"{text}.yaml"
+    if not path.is_file():
+        raise KernelError(f"kernel {text!r}: no such built-in ({', '.join(builtin_kernel_names())}) or file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise KernelError(f"{path}: not valid YAML ({exc})") from None
+    try:
+        return KernelDesc.model_validate(data)
+    except ValidationError as exc:
+        raise KernelError(format_validation(exc, str(path), "kernel description")) from None

@@ -1,0 +1,83 @@
+"""The time model (iosim.timing): kernel descriptions as data, the FA2 step model, split-KV decode, the JSON fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from iosim import AttentionProblem, simulate
+from iosim.timing import KernelError, builtin_kernel_names, load_kernel
+from iosim.timing.decode import num_splits
+
+
+def test_the_built_in_kernels_are_the_issues_names():
+    assert builtin_kernel_names() == ["cudnn", "fa2", "fa3", "iosim-flash2", "iosim-naive"]
+    for name in builtin_kernel_names():
+        assert load_kernel(name).name == name and load_kernel(name).source
+
+
+def test_a_users_kernel_is_a_yaml_file_with_the_same_fields(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("name: mine\nfamily: fa2\nsource: my notes\nwarps: 8\ntiles:\n  128: {block_q: 128, block_kv: 128, "
+                 "registers: 128, smem: qkv}\n")
+    r = simulate("flash2", AttentionProblem(seq_len=4096, head_dim=128, heads=16, dtype="bf16"), kernel=str(f))
+    assert r.time.kernel == "mine" and (r.tiles.block_q, r.tiles.block_kv) == (128, 128)
+
+
+def test_bad_kernels_are_refused_with_what_to_do(tmp_path):
+    with pytest.raises(KernelError, match=r"no such built-in .*fa2"):
+        load_kernel("fa9")
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: bad\nfamily: fa2\nsource: x\nwarps: 4\nwarp: 3\n")
+    with pytest.raises(KernelError, match="warp: unknown key"):
+        load_kernel(str(f))
+    with pytest.raises(KernelError, match="runs the schedules naive, not 'flash2'"):
+        simulate("flash2", AttentionProblem(seq_len=1024, head_dim=64), kernel="iosim-naive")
+    with pytest.raises(KernelError, match="no tiles for head_dim=512"):
+        load_kernel("fa2").tiles_for(512)
+
+
+def test_json_says_which_kernel_what_calibration_and_the_roofline_beside():
+    j = simulate("flash2", AttentionProblem(seq_len=4096, head_dim=128, heads=16), "a100-sxm4-80gb",
+                 kernel="fa2", l2=True).to_json()["time"]
+    assert j["kernel"] == "fa2" and j["calibration"] == "uncalibrated"
+    assert 0 < j["roofline_s"] < j["predicted_s"]  # peaks are what no kernel reaches
+    j = simulate("flash1", AttentionProblem(seq_len=1024, head_dim=64)).to_json()["time"]
+    assert j["kernel"] == "roofline" and j["roofline_s"] == j["predicted_s"]
+
+
+def test_full_waves_scale_with_the_work_and_causal_costs_about_half():
+    def t(**kw):
+        p = AttentionProblem(seq_len=8192, head_dim=128, dtype="bf16", **kw)
+        return simulate("flash2", p, kernel="fa2").time.predicted_s
+
+    one, two = t(heads=64), t(heads=128)
+    assert two / one == pytest.approx(2, rel=0.02)
+    assert 0.45 < t(heads=128, causal=True) / two < 0.6  # half the tiles, plus the diagonal and the imbalance
+
+
+def test_a_grid_under_one_wave_leaves_the_chip_idle():
+    r = simulate("flash2", AttentionProblem(seq_len=2048, head_dim=128, dtype="bf16"), kernel="fa2")
+    assert r.time.kernels[0].grid == 16 and r.time.kernels[0].utilization < 16 / 132 + 1e-9
+
+
+def test_flash_attention_2s_split_heuristic():
+    assert num_splits(300, 264, 512) == 1  # the grid already fills 80% of the slots
+    # 64 blocks on 264 slots: 4 splits fill 97% of a wave, the first split count within 85% of the best
+    assert num_splits(64, 264, 512) == 4
+    assert num_splits(64, 264, 2) == 2  # never more splits than K/V blocks
+
+
+def test_decode_takes_the_split_kv_kernel_and_is_memory_bound_at_long_kv():
+    p = AttentionProblem(batch=8, heads=32, kv_heads=8, seq_len=1, kv_len=65536, head_dim=128, dtype="bf16")
+    r = simulate("flash2", p, kernel="fa2", l2=True)
+    k = r.time.kernels[0]
+    assert k.bound == "dram"
+    kv = 2 * 8 * 8 * 65536 * 128 * 2
+    assert r.time.predicted_s >= kv / r.profile.dram.bandwidth.value
+
+
+def test_warm_calls_on_inputs_that_fit_in_l2_move_no_dram_bytes():
+    p = AttentionProblem(batch=1, heads=4, seq_len=1024, head_dim=64, dtype="bf16")
+    cold = simulate("naive", p, l2=True).time.predicted_s
+    warm = simulate("naive", p, l2=True, warm=True).time.predicted_s
+    assert warm < cold
