@@ -13,10 +13,11 @@ from ..cpu_model import CpuModelError
 from ..problem import InputWarning, ProblemError
 from ..profile import ProfileError
 from ..schedules import ScheduleError
+from ..timing import KernelError
 from ..units import UnitError
 from . import calibrate, measure, profiles, report, simulate
 
-USER_ERRORS = (ProblemError, ProfileError, ScheduleError, UnitError, CpuModelError, FileNotFoundError)
+USER_ERRORS = (ProblemError, ProfileError, ScheduleError, UnitError, CpuModelError, KernelError, FileNotFoundError)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

@@ -94,9 +94,13 @@ def make_problem(batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype, causa
 @click.option("--l2-exact", is_flag=True,
               help="walk every tile access in the L2 model (slow for long sequences); by default large problems "
                    "walk a few heads and skip steady K/V windows (within 1% of the full walk)")
+@click.option("--kernel", default=None,
+              help="whose launch and pipeline the time model assumes: iosim-flash2, iosim-naive, fa2, fa3, cudnn or a "
+                   "YAML file (docs/timing.md) [default: the schedule's own]; its tiles unless --block-q/--block-kv")
+@click.option("--warm", is_flag=True, help="time back-to-back calls on the same inputs (tensors that fit stay in L2)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
 def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, use_l2, as_json,
-                 l2_exact=False, **problem_kw):
+                 l2_exact=False, kernel=None, warm=False, **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time.
 
     With a CPU profile (``iosim profiles list``, or a file with ``kind: cpu``), the boundaries are the CPU's
@@ -104,7 +108,8 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
     problem = make_problem(**problem_kw)
     if profile is not None and is_cpu_profile(profile):
         gpu_only = {"--method walk": method != "closed", "--pass": pass_ != "forward", "--splits": splits,
-                    "--density": density, "--mask": mask, "--seed": seed, "--l2-exact": l2_exact}
+                    "--density": density, "--mask": mask, "--seed": seed, "--l2-exact": l2_exact, "--kernel": kernel,
+                    "--warm": warm}
         given = [k for k, v in gpu_only.items() if v]
         if given:
             raise click.UsageError(f"{', '.join(given)}: not for a CPU profile ({profile}); the CPU model takes the "
@@ -115,7 +120,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
     with compile_notice(), _l2_bar(use_l2) as bar:
         result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
                           pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, l2=use_l2,
-                          l2_exact=l2_exact, l2_progress=bar)
+                          l2_exact=l2_exact, l2_progress=bar, kernel=kernel, warm=warm)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -195,6 +200,8 @@ def render(r: Result) -> str:
         f"predicted time: {fmt_seconds(j['time']['predicted_s'])}, bound by {j['time']['bound']}"
         + (f", arithmetic intensity {j['time']['arithmetic_intensity']:.1f} FLOP/B (hbm)"
            if j["time"]["arithmetic_intensity"] else ""),
+        f"  kernel {j['time']['kernel']}, rates {j['time']['calibration']}; peak roofline "
+        f"{fmt_seconds(j['time']['roofline_s'])}",
     ]
     if j["time"]["unmodeled"]:
         lines.append("  not in the roofline (unpublished in the profile): "
