@@ -1,4 +1,5 @@
-"""Hardware profiles: pydantic models, loadable from YAML or JSON, every number with its source.
+"""Hardware profiles: pydantic models, loadable from YAML or JSON, every number with its source (longer than
+400 lines: the optional calibration section, measured by ``iosim calibrate rates``, is made of the same types).
 
 A profile lists memory levels outermost first (DRAM/HBM, L2, shared memory, registers), the SM count and
 clock, dense peak rates per dtype for the tensor cores and for plain fp32, and the special-function (exp)
@@ -11,7 +12,9 @@ Quantities are written as people write them: ``80GB``, ``50MiB``, ``3.35 TB/s``,
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import re
 from functools import cache
 from pathlib import Path
@@ -198,6 +201,123 @@ class SMLimits(_Strict):
     )
 
 
+# -- calibration: what code reaches on one GPU, measured by `iosim calibrate rates` (docs/profiles.md) --------------
+
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def _seconds(v):
+    """A time: a number of seconds, or a string such as '2.5 us' (s, ms, us, ns)."""
+    if isinstance(v, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(s|ms|us|µs|ns)?\s*", v)
+        if m is None:
+            raise ValueError(f"{v!r} is not a time such as '2.5 us' (a number of seconds, or units s, ms, us, ns)")
+        v = float(m.group(1)) * _TIME_UNITS[m.group(2) or "s"]
+    elif isinstance(v, bool) or not isinstance(v, (int, float)):
+        return v  # None is a null value; anything else fails the float check with pydantic's message
+    if not math.isfinite(v):
+        raise ValueError(f"{v!r} is not a finite time")
+    return _positive(float(v), "seconds", v)
+
+
+class SourcedSeconds(_Strict):
+    value: Annotated[float | None, BeforeValidator(_seconds)] = Field(description="seconds ('2.5 us' accepted)")
+    source: str = Field(min_length=1)
+
+
+class SourcedCycles(_Strict):
+    value: float | None = Field(gt=0, description="SM clock cycles")
+    source: str = Field(min_length=1)
+
+
+class SourcedFlopsTable(_Strict):
+    """FLOP/s over the chip by a count per SM (resident warps, or warpgroups)."""
+
+    value: dict[Annotated[int, Field(ge=1)], Annotated[float, _unit("flop/s")]] = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+
+class MmaSync(_Strict):
+    """mma.sync m16n8k16, fp32 accumulate, one dtype."""
+
+    throughput: SourcedFlopsTable = Field(description="by resident warps per SM (one block per SM), each warp "
+                                          "issuing 8 independent accumulators")
+    latency: SourcedCycles = Field(description="one mma in a dependent chain (one warp)")
+
+
+class MmaSyncRates(_Strict):
+    fp16: MmaSync
+    bf16: MmaSync
+
+
+class WgmmaRates(_Strict):
+    """wgmma m64nNk16, A and B from shared memory, fp32 accumulate, by warpgroups per SM (one block per SM)."""
+
+    n128: SourcedFlopsTable
+    n256: SourcedFlopsTable
+
+
+class Wgmma(_Strict):
+    fp16: WgmmaRates
+    bf16: WgmmaRates
+
+
+class ExpRates(_Strict):
+    throughput: SourcedOps = Field(description="ex2.approx results per second over the chip (MUFU)")
+    latency: SourcedCycles = Field(description="one ex2 in a dependent chain")
+
+
+class Fp32Rates(_Strict):
+    fma: SourcedFlops = Field(description="fp32 FMA, counted as 2 FLOPs")
+    add: SourcedFlops = Field(description="fp32 add")
+    max: SourcedOps = Field(description="fp32 max (FMNMX) results per second")
+
+
+class SmemRates(_Strict):
+    ldmatrix: SourcedBandwidth = Field(description="ldmatrix.x4 bytes per second over the chip")
+    ld128: SourcedBandwidth = Field(description="128-bit ld.shared bytes per second over the chip")
+
+
+class ReadWrite(_Strict):
+    read: SourcedBandwidth
+    write: SourcedBandwidth
+
+
+class DramRates(ReadWrite):
+    read_write: SourcedBandwidth = Field(description="bytes read + bytes written per second, copying one buffer "
+                                         "to another")
+
+
+class LaunchCosts(_Strict):
+    interval: SourcedSeconds = Field(description="back-to-back empty kernels on one stream, queued ahead")
+    host_interval: SourcedSeconds = Field(description="the same, launched one by one from Python (CuPy)")
+    per_block: SourcedSeconds = Field(description="each further tiny thread block, per block per SM")
+
+
+class MeasuredOn(_Strict):
+    device: str = Field(min_length=1)
+    driver: str = Field(min_length=1)
+    cuda: str = Field(min_length=1)
+    date: datetime.date
+    commit: str = Field(min_length=1)
+    command: str = Field(min_length=1)
+
+
+class Calibration(_Strict):
+    """Rates code reaches on one GPU, chip-wide unless a field says: ``iosim calibrate rates`` measures them."""
+
+    measured_on: MeasuredOn
+    sm_clock: SourcedHz = Field(description="SM clock under load (clock64 over %globaltimer)")
+    mma_sync: MmaSyncRates
+    wgmma: Wgmma | None = Field(default=None, description="Hopper (sm_90a) only; null elsewhere")
+    exp: ExpRates
+    fp32: Fp32Rates
+    smem: SmemRates
+    l2: ReadWrite
+    dram: DramRates
+    launch: LaunchCosts
+
+
 class Profile(_Strict):
     """A GPU (or accelerator) as iosim sees it."""
 
@@ -216,6 +336,7 @@ class Profile(_Strict):
     memory: list[MemoryLevel] = Field(min_length=4, max_length=4, description="outermost first")
     sm: SMLimits
     compute: Compute
+    calibration: Calibration | None = Field(default=None, description="measured rates; absent = uncalibrated")
 
     @model_validator(mode="after")
     def _levels_in_order(self):
@@ -272,6 +393,25 @@ class Profile(_Strict):
         """``sm.block_share`` (the L2 model's block drift), 1.0 where the profile does not give it."""
         bs = self.sm.block_share if self.sm else None
         return 1.0 if bs is None or bs.value is None else float(bs.value)
+
+    def calibration_label(self) -> str:
+        """Where the calibration section was measured ("measured on <device>, driver ..., <date>, commit ..."), or
+        "uncalibrated" (datasheet numbers only)."""
+        c = self.calibration
+        if c is None:
+            return "uncalibrated"
+        m = c.measured_on
+        return f"measured on {m.device}, driver {m.driver}, CUDA {m.cuda}, {m.date.isoformat()}, commit {m.commit}"
+
+    def measured(self, dotted: str):
+        """The measured value at ``dotted`` in the calibration section (``'dram.read'``, ``'mma_sync.bf16.throughput'``
+        a dict by warps per SM), or None where the profile is uncalibrated or the value is null."""
+        obj = self.calibration
+        for part in dotted.split("."):
+            if obj is None:
+                return None
+            obj = getattr(obj, part)
+        return None if obj is None else obj.value
 
     def matmul_rate(self, dtype: str) -> float:
         """Tensor-core FLOP/s for ``dtype`` operands (fp32 problems use the plain fp32 rate: no TF32)."""

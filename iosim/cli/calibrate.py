@@ -17,14 +17,26 @@ from ..calibrate import (
     fit_room,
     probe_cases,
 )
+from ..calibrate.rates import (
+    RatesError,
+    calibration_section,
+    device_facts,
+    guess_profile,
+    measure_rates,
+    measured_on,
+    write_calibrated,
+)
+from ..gpu import GPUUnavailableError
+from ..gpu._cupy import require_cupy
 from ..measure import MeasureError, Options, measure
 from ..measure.records import merge_repeats, read_member, read_records
 from ..measure.timeline import block_timeline
+from ..profile import get_profile
 
 
 @click.group("calibrate")
 def calibrate():
-    """Derive profile values from measurements (l2.room, l2.dirty_at_start, sm.block_share)."""
+    """Derive profile values from measurements (l2.room, l2.dirty_at_start, sm.block_share; rates: calibration)."""
 
 
 @calibrate.command("l2")
@@ -94,6 +106,30 @@ def block_share_cmd(timelines, do_measure):
     for name, b in shares:
         click.echo(f"  {name}: {b:.4f}")
     click.echo(f"sm.block_share: {np.median([b for _, b in shares]):.3f} (median of {len(shares)})")
+
+
+@calibrate.command("rates")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="profile file to write (.yaml or .json)  [default: BASE-calibrated.yaml here]")
+@click.option("--profile", "base", default=None,
+              help="base profile, a built-in name or a file  [default: the built-in named like this GPU]")
+@click.option("--repeats", type=click.IntRange(10, 1000), default=15, show_default=True,
+              help="timed launches per quantity (their median is kept)")
+def rates_cmd(output, base, repeats):
+    """Measure what code reaches on this GPU (mma.sync, wgmma, exp, fp32, shared memory, L2, DRAM, launch costs)
+    with small kernels of our own, and write a copy of the base profile with them as its calibration section."""
+    try:
+        dev = device_facts(require_cupy())
+        base = base or guess_profile(dev["device"])
+        get_profile(base)  # a bad --profile fails before any GPU work
+        out = output or f"{Path(base).stem}-calibrated.yaml"
+        click.echo(f"base profile {base}; writing {out}")
+        measured = measure_rates(repeats, click.echo, dev)
+        cmd = f"iosim calibrate rates -o {out} --profile {base}" + (f" --repeats {repeats}" if repeats != 15 else "")
+        profile = write_calibrated(base, calibration_section(measured, measured_on(dev, cmd), dev["hopper"]), out)
+    except (GPUUnavailableError, RatesError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {out}: {profile.name}, {profile.calibration_label()}")
 
 
 COMMANDS = [calibrate]

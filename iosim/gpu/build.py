@@ -192,3 +192,51 @@ def flash3_instances() -> list[Flash3Instance]:
         for dt in CUDA_TYPES
         for c in (False, True)
     ]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Rate calibration kernels (kernels/rates.cu), run by ``iosim calibrate rates`` (iosim.calibrate.rates): one module,
+# its extern "C" kernels plus these template instantiations; on Hopper also the wgmma kernels (sm_90a).
+
+RATES_SOURCE = "rates.cu"
+RATES_WGMMA_DEFINE = "-DIOSIM_RATES_WGMMA"
+RATES_WGMMA_N = (128, 256)  # wgmma m64nNk16
+RATES_WARPGROUPS = (1, 2, 3)  # warpgroups per block (one block per SM)
+
+
+def rates_mma_names() -> dict[tuple[str, str], str]:
+    """{(kind, dtype): name expression} of the mma.sync kernels, kind "mma" (throughput) or "latency"."""
+    return {(kind, dt): f"rates_{'mma' if kind == 'mma' else 'mma_latency'}<{t}>"
+            for dt, t in CUDA_TYPES.items() for kind in ("mma", "latency")}
+
+
+def rates_wgmma_names() -> dict[tuple[int, str, int], str]:
+    """{(N, dtype, warpgroups): name expression} of the wgmma kernels (sm_90a)."""
+    return {(n, dt, wg): f"rates_wgmma<{n}, {t}, {wg}>"
+            for n in RATES_WGMMA_N for dt, t in CUDA_TYPES.items() for wg in RATES_WARPGROUPS}
+
+
+@dataclass(frozen=True)
+class RatesSource:
+    """kernels/rates.cu as one module; ``wgmma``: the sm_90a build that adds the wgmma kernels."""
+
+    wgmma: bool = False
+    source: str = RATES_SOURCE
+
+    @property
+    def name_expressions(self) -> list[str]:
+        return [*rates_mma_names().values(), *(rates_wgmma_names().values() if self.wgmma else ())]
+
+    @property
+    def name_expression(self) -> str:  # what the compile check prints
+        return RATES_SOURCE + (" (wgmma)" if self.wgmma else "")
+
+    @property
+    def explicit_instantiation(self) -> str:
+        sig = {"rates_mma<": "int, float*, unsigned long long*", "rates_mma_latency<": "int, float*, long long*",
+               "rates_wgmma<": "int, float*, unsigned long long*"}
+        return "\n".join(f"template __global__ void {e}({sig[e[: e.index('<') + 1]]});" for e in self.name_expressions)
+
+    @property
+    def nvrtc_extra(self) -> tuple[str, ...]:
+        return (f"-arch=sm_{FLASH3_ARCH}", RATES_WGMMA_DEFINE) if self.wgmma else ()

@@ -8,7 +8,10 @@ NVRTC (see ``build.nvrtc_options``) plus ``-Xptxas -v``, and prints registers, s
 0 when everything compiled and no head-dim 64 or 128 flash configuration spills; 1 otherwise; 2 if nvcc is missing.
 One flash instantiation per architecture is also built with -DIOSIM_BLOCK_TRACE (the block-timeline variant), and
 the L2 calibration probes of ``kernels/probes.cu`` (plain C, no templates) are built as they are. Where sm_90 is checked,
-every flash3 instantiation (``kernels/flash3_fwd.cu``, wgmma and TMA) is built for sm_90a, and none may spill.
+every flash3 instantiation (``kernels/flash3_fwd.cu``, wgmma and TMA) is built for sm_90a, and none may spill. The rate
+calibration kernels (``kernels/rates.cu``, one translation unit of all of them) are built for every architecture, and
+with their wgmma kernels for sm_90a; none may spill. A unit of several kernels reports the most registers, stack and
+spills of any.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from iosim._resources import kernels_dir
 from iosim.gpu.build import (
     COMPILE_ARCHS,
     FLASH3_ARCH,
+    RATES_WGMMA_DEFINE,
     Flash3Instance,
     FlashInstance,
     NaiveInstance,
+    RatesSource,
     all_instances,
     flash3_instances,
     nvcc_options,
@@ -77,7 +82,7 @@ PLAIN_SOURCES = (PlainSource("probes.cu"),)
 
 
 def _compile(
-    inst: FlashInstance | Flash3Instance | NaiveInstance | PlainSource, arch: int | str, nvcc: str, workdir: Path, defines: tuple[str, ...] = ()
+    inst: FlashInstance | Flash3Instance | NaiveInstance | PlainSource | RatesSource, arch: int | str, nvcc: str, workdir: Path, defines: tuple[str, ...] = ()
 ) -> Result:
     kdir = kernels_dir()
     safe = re.sub(r"[^A-Za-z0-9]+", "_", inst.name_expression + "".join(defines)).strip("_")
@@ -92,12 +97,12 @@ def _compile(
         proc.returncode == 0,
         log=log if proc.returncode else "",
         must_not_spill=(isinstance(inst, FlashInstance) and inst.head_dim in NO_SPILL_HEAD_DIMS)
-        or isinstance(inst, Flash3Instance),
+        or isinstance(inst, (Flash3Instance, RatesSource)),
     )
-    if m := _RE_REGS.search(log):
-        res.registers = int(m.group(1))
-    if m := _RE_SPILL.search(log):
-        res.stack, res.spill_stores, res.spill_loads = (int(x) for x in m.groups())
+    if regs := _RE_REGS.findall(log):  # one report per kernel of the unit: the largest of each
+        res.registers = max(int(r) for r in regs)
+    if spills := _RE_SPILL.findall(log):
+        res.stack, res.spill_stores, res.spill_loads = (max(int(s[i]) for s in spills) for i in range(3))
     if res.ok and res.registers < 0:  # nvcc said nothing about the kernel: treat as a failure to be looked at
         res.ok, res.log = False, "ptxas printed no resource report for the kernel\n" + log
     return res
@@ -119,13 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(inst, arch, ()) for arch in archs for inst in all_instances()]
     traced = next(i for i in all_instances() if isinstance(i, FlashInstance) and i.head_dim == 128)
     jobs += [(traced, arch, (TRACE_DEFINE,)) for arch in archs]
-    jobs += [(src, arch, ()) for arch in archs for src in PLAIN_SOURCES]
-    if 90 in archs:  # flash3 exists for the arch-specific Hopper target only
+    jobs += [(src, arch, ()) for arch in archs for src in (*PLAIN_SOURCES, RatesSource())]
+    if 90 in archs:  # flash3 and the wgmma rate kernels exist for the arch-specific Hopper target only
         jobs += [(inst, FLASH3_ARCH, ()) for inst in flash3_instances()]
-    n3 = sum(isinstance(j[0], Flash3Instance) for j in jobs)
+        jobs += [(RatesSource(wgmma=True), FLASH3_ARCH, (RATES_WGMMA_DEFINE,))]
+    n3 = sum(isinstance(j[0], Flash3Instance) or j[1] == FLASH3_ARCH for j in jobs)
     print(
         f"compile_check: {len(jobs)} instantiations ({(len(jobs) - n3) // len(archs)} x sm_{', sm_'.join(map(str, archs))}"
-        f"{f' + {n3} flash3 x sm_{FLASH3_ARCH}' if n3 else ''}) with {nvcc}, {args.jobs} jobs; kernels from {kernels_dir()}",
+        f"{f' + {n3} x sm_{FLASH3_ARCH} (flash3, rates wgmma)' if n3 else ''}) with {nvcc}, {args.jobs} jobs; kernels from {kernels_dir()}",
         flush=True,
     )
     with (
@@ -152,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n--- {r.name} sm_{r.arch} failed:\n{r.log}", file=sys.stderr)
     print(
         f"compile_check: {len(results) - len(failed)}/{len(results)} compiled; "
-        f"{len(spilled)} forbidden spills (flash2 head dims {NO_SPILL_HEAD_DIMS}, every flash3)"
+        f"{len(spilled)} forbidden spills (flash2 head dims {NO_SPILL_HEAD_DIMS}, every flash3, rates.cu)"
     )
     return 1 if failed or spilled else 0
 

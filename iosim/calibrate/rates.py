@@ -1,0 +1,397 @@
+"""``iosim calibrate rates``: what code reaches on this GPU, measured by small kernels of our own (kernels/rates.cu),
+written into a copy of a profile as its ``calibration`` section (:class:`iosim.profile.Calibration`).
+
+Every rate is the median CUDA-event time of ``repeats`` launches after warm-up, each launch sized to about 2 ms;
+latencies are clock64 cycles over one dependent chain of one warp; the SM clock is clock64 cycles over
+%globaltimer nanoseconds in the same busy kernels. :func:`measure_rates` prints each quantity as it completes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from iosim._resources import kernels_dir
+from iosim._version import __version__
+from iosim.gpu._cupy import require_cupy
+from iosim.gpu.build import (
+    RATES_SOURCE,
+    RATES_WARPGROUPS,
+    RATES_WGMMA_N,
+    RatesSource,
+    nvrtc_options,
+    rates_mma_names,
+    rates_wgmma_names,
+)
+from iosim.profile import (
+    PROFILES_DIR,
+    Profile,
+    builtin_profile_names,
+    get_profile,
+    profile_from_dict,
+    read_profile_data,
+)
+from iosim.units import fmt_rate, fmt_seconds
+
+CHAINS, ALU_UNROLL = 8, 16  # kernels/rates.cu kChains, kAluUnroll
+MMA_WARPS = (1, 2, 4, 8, 16)  # resident warps per SM of the mma.sync table
+MMA_FLOP = 2 * 16 * 8 * 16  # one m16n8k16
+WGMMA_PER_TRIP = 8  # wgmma instructions per warpgroup per loop trip
+TARGET_S = 2e-3  # each timed launch
+WARMUP = 3
+ALU_OPS = {  # rates_alu op: (path, unit, what; FLOPs per op)
+    0: (("fp32", "fma"), "FLOP/s", "fma.rn.f32 (2 FLOPs)"), 1: (("fp32", "add"), "FLOP/s", "add.rn.f32"),
+    2: (("fp32", "max"), "op/s", "max.f32 (FMNMX)"), 3: (("exp", "throughput"), "op/s", "ex2.approx.ftz.f32 (MUFU)"),
+}
+DRAM_BYTES = 4 << 30  # the DRAM buffer (less where the GPU has less free memory)
+LAUNCHES = 256  # empty kernels per launch-interval measurement
+BLOCKS_PER_SM = 512  # tiny blocks per SM of the per-block cost
+H100 = "H100/H200 SXM"
+EXPECTED = {  # printed beside the measurement: what an H100 or H200 SXM reaches (issue 17), by path prefix
+    "sm_clock": "~1.98 GHz boost", "mma_sync.fp16.throughput": "best 600-700 TFLOP/s",
+    "mma_sync.bf16.throughput": "best 600-700 TFLOP/s", "wgmma": "best 750-800 TFLOP/s (dense peak 989)",
+    "exp.throughput": "16 /clk/SM", "fp32.fma": "256 FLOP/clk/SM (128 lanes)", "fp32.add": "128 /clk/SM",
+    "smem": "128 B/clk/SM", "l2": "8-12 TB/s", "dram.read": "~3.0 TB/s H100, ~4.3 TB/s H200",
+    "launch.interval": "2-4 us",
+}
+
+
+class RatesError(RuntimeError):
+    """A calibration kernel failed to compile or run, or the result cannot be written; one line."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measured number: ``path`` in the calibration section (a table entry ends with its int key)."""
+
+    path: tuple
+    value: float
+    unit: str  # "FLOP/s", "op/s", "B/s", "Hz", "cycles", "s"
+    method: str  # how, for the source: "measured on <device>, <date>, iosim calibrate rates: <method>"
+
+
+def fmt_value(m: Measured):
+    """The value as the profile writes it: '612.3 TFLOP/s', '3.012 TB/s', '2.31 us', cycles as a number."""
+    if m.unit == "cycles":
+        return round(m.value, 2)
+    return fmt_seconds(m.value) if m.unit == "s" else fmt_rate(m.value, m.unit)
+
+
+def calibration_section(measured: list[Measured], on: dict, hopper: bool) -> dict:
+    """The ``calibration`` mapping of a profile: measured_on, then each value with its source."""
+    out: dict = {"measured_on": on}
+    prefix = f"measured on {on['device']}, {on['date']}, iosim calibrate rates: "
+    for m in measured:
+        path = list(m.path)
+        key = path.pop() if isinstance(path[-1], int) else None
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+        if key is None:
+            node["value"] = fmt_value(m)
+        else:
+            node.setdefault("value", {})[key] = fmt_value(m)
+        node["source"] = prefix + m.method
+    if not hopper:
+        out["wgmma"] = None
+    return out
+
+
+def write_calibrated(base: str, section: dict, path: str | Path) -> Profile:
+    """Write profile ``base`` (a built-in name or a file) with ``section`` as its calibration to ``path`` (.yaml,
+    or .json); the file is read back and validated. A YAML base without a calibration keeps its text and comments."""
+    src = PROFILES_DIR / f"{base}.yaml" if base in builtin_profile_names() else Path(base)
+    data, path = read_profile_data(src), Path(path)
+    if path.suffix == ".json":
+        text = json.dumps({**data, "calibration": section}, indent=1, default=str) + "\n"
+    elif src.suffix == ".json" or "calibration" in data:
+        text = yaml.safe_dump({**data, "calibration": section}, sort_keys=False, width=200, allow_unicode=True)
+    else:
+        text = (src.read_text().rstrip("\n") + f"\n# calibration: {section['measured_on']['command']}\n"
+                + yaml.safe_dump({"calibration": section}, sort_keys=False, width=200, allow_unicode=True))
+    loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    profile = profile_from_dict(loaded, f"{path} (as written)")
+    path.write_text(text)
+    return profile
+
+
+def guess_profile(device: str) -> str:
+    """The built-in profile whose display name shares the most model tokens (H100, SXM5, 80GB ...) with the CUDA
+    device name; RatesError where none or several fit equally."""
+    have = set(re.findall(r"[a-z0-9]+", device.lower()))
+    score = {}
+    for name in builtin_profile_names():
+        toks = {t for t in re.findall(r"[a-z0-9]+", get_profile(name).display_name.lower()) if re.search(r"\d", t)}
+        score[name] = len(toks & have)
+    best = max(score.values(), default=0)
+    names = [n for n, s in score.items() if s == best]
+    if best == 0 or len(names) > 1:
+        raise RatesError(f"no built-in profile fits {device!r} by name ({', '.join(names) or 'none'}): "
+                         "give --profile NAME|FILE")
+    return names[0]
+
+
+# -- the measurements (CuPy from here on) -------------------------------------------------------------------------
+
+
+class Bench:
+    """The compiled kernels of kernels/rates.cu on device 0, and the timing loop."""
+
+    def __init__(self, cp, repeats: int):
+        self.cp, self.repeats = cp, repeats
+        dev = cp.cuda.Device(0)
+        a = dev.attributes
+        self.sms = a["MultiProcessorCount"]
+        self.hopper = dev.compute_capability == "90"
+        self.l2_bytes = a["L2CacheSize"]
+        # dynamic shared memory that leaves room for one block per SM only
+        self.pad = min(a["MaxSharedMemoryPerBlockOptin"] - 48 * 1024, a["MaxSharedMemoryPerMultiprocessor"] // 2 + 1024)
+        src = RatesSource(wgmma=self.hopper)
+        kdir = kernels_dir()
+        try:
+            self.mod = cp.RawModule(code=(kdir / RATES_SOURCE).read_text(), options=nvrtc_options(kdir) + src.nvrtc_extra,
+                                    name_expressions=src.name_expressions)
+            self.mod.compile()
+        except Exception as exc:
+            raise RatesError(f"kernels/{RATES_SOURCE} did not compile: {type(exc).__name__}: {exc}") from None
+        self.out = cp.zeros(4, cp.float32)
+        self.stamps = cp.zeros(4 * 32 * self.sms, cp.uint64)
+        self.cycles = cp.zeros(1, cp.int64)
+        self.events = cp.cuda.Event(), cp.cuda.Event()
+
+    def fn(self, name: str, pad: bool = False):
+        f = self.mod.get_function(name)
+        if pad and f.max_dynamic_shared_size_bytes < self.pad:
+            f.max_dynamic_shared_size_bytes = self.pad
+        return f
+
+    def once(self, launch: Callable[[], None]) -> float:
+        start, end = self.events
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        return self.cp.cuda.get_elapsed_time(start, end) * 1e-3
+
+    def time(self, launch: Callable[[], None]) -> float:
+        """Median seconds of ``repeats`` launches after warm-up."""
+        for _ in range(WARMUP):
+            launch()
+        return float(np.median([self.once(launch) for _ in range(self.repeats)]))
+
+    def sized(self, make: Callable[[int], Callable[[], None]], iters: int = 64) -> tuple[int, float]:
+        """(iters, median seconds) with ``iters`` grown until one launch takes about TARGET_S."""
+        for _ in range(4):
+            make(iters)()
+            t = self.once(make(iters))
+            if t >= 0.7 * TARGET_S:
+                break
+            iters = min(2**30, max(iters + 1, math.ceil(iters * TARGET_S / max(t, 1e-6))))
+        return iters, self.time(make(iters))
+
+    def clock(self, blocks: int) -> float:
+        """SM clock (Hz) in the last launch: the median over its first ``blocks`` blocks of cycles / ns."""
+        s = self.cp.asnumpy(self.stamps[: 4 * blocks]).astype(np.float64).reshape(blocks, 4)
+        return float(np.median((s[:, 1] - s[:, 0]) / np.maximum(s[:, 3] - s[:, 2], 1) * 1e9))
+
+    def cycles_of(self, launch: Callable[[], None]) -> float:
+        for _ in range(WARMUP):
+            launch()
+        got = []
+        for _ in range(self.repeats):
+            launch()
+            got.append(float(self.cycles.get()[0]))
+        return float(np.median(got))
+
+
+def _compute(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """SM clock, fp32 and exp rates, mma.sync and wgmma tables, latencies."""
+    i32, n_alu = cp.int32, 4 * b.sms
+    alu = b.fn("rates_alu")
+    per = ALU_UNROLL * CHAINS * n_alu * 256  # ops per loop trip over the grid
+    for op, (path, unit, what) in ALU_OPS.items():
+        iters, t = b.sized(lambda n, op=op: lambda: alu((n_alu,), (256,), (i32(op), i32(n), b.out, b.stamps)))
+        if op == 0:
+            report(Measured(("sm_clock",), b.clock(n_alu), "Hz", "clock64 cycles over %globaltimer ns of thread 0 of "
+                            "each block of an fp32 FMA loop (4 blocks of 256 threads per SM), median over blocks"), "")
+        report(Measured(path, per * iters / t * (2 if op == 0 else 1), unit, f"{what}, 4 blocks of 256 threads per "
+                        f"SM, {CHAINS} independent chains per thread, chip-wide, median CUDA-event time"), "")
+    lat = b.fn("rates_alu_latency")
+    iters = 4096
+    c = b.cycles_of(lambda: lat((1,), (32,), (i32(3), i32(iters), b.out, b.cycles)))
+    report(Measured(("exp", "latency"), c / (iters * ALU_UNROLL), "cycles",
+                    "one warp, one dependent chain of ex2.approx.ftz.f32, clock64"), "")
+    names = rates_mma_names()
+    for dt, short in (("float16", "fp16"), ("bfloat16", "bf16")):
+        mma = b.fn(names[("mma", dt)], pad=True)
+        for w in MMA_WARPS:
+            iters, t = b.sized(lambda n, w=w, f=mma: lambda: f((b.sms,), (32 * w,), (i32(n), b.out, b.stamps),
+                                                               shared_mem=b.pad))
+            rate = MMA_FLOP * CHAINS * w * b.sms * iters / t
+            report(Measured(("mma_sync", short, "throughput", w), rate, "FLOP/s",
+                            f"mma.sync m16n8k16 {short} fp32 accumulate, one block per SM of w warps (key), {CHAINS} "
+                            "independent accumulators per warp, chip-wide, median CUDA-event time"),
+                   f"at {fmt_rate(b.clock(b.sms), 'Hz')}")
+        mlat = b.fn(names[("latency", dt)])
+        c = b.cycles_of(lambda f=mlat: f((1,), (32,), (i32(256), b.out, b.cycles)))
+        report(Measured(("mma_sync", short, "latency"), c / (256 * ALU_UNROLL), "cycles",
+                        f"one warp, one dependent chain of mma.sync m16n8k16 {short}, clock64"), "")
+    if not b.hopper:
+        return
+    wnames = rates_wgmma_names()
+    for dt, short in (("float16", "fp16"), ("bfloat16", "bf16")):
+        for n in RATES_WGMMA_N:
+            for wg in RATES_WARPGROUPS:
+                k = b.fn(wnames[(n, dt, wg)], pad=True)
+                iters, t = b.sized(lambda it, k=k, wg=wg: lambda: k((b.sms,), (128 * wg,), (i32(it), b.out, b.stamps),
+                                                                    shared_mem=b.pad), iters=16)
+                rate = 2 * 64 * n * 16 * WGMMA_PER_TRIP * wg * b.sms * iters / t
+                report(Measured(("wgmma", short, f"n{n}", wg), rate, "FLOP/s",
+                                f"wgmma m64n{n}k16 {short} fp32 accumulate, A and B from shared memory, one block per "
+                                f"SM of wg warpgroups (key), {WGMMA_PER_TRIP} per commit group, chip-wide"),
+                       f"at {fmt_rate(b.clock(b.sms), 'Hz')}")
+
+
+def _memory(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """Shared memory, L2 and DRAM bandwidths."""
+    i32, i64 = cp.int32, cp.int64
+    smem = b.fn("rates_smem")
+    for mode, name, what in ((0, "ldmatrix", "ldmatrix.x4"), (1, "ld128", "ld.shared.v4.u32")):
+        iters, t = b.sized(lambda n, mode=mode: lambda: smem((4 * b.sms,), (256,), (i32(mode), i32(n), i32(0), b.out)))
+        report(Measured(("smem", name), 4 * b.sms * 8 * iters * 4 * 512 / t, "B/s",
+                        f"{what}, 512 B per warp instruction without bank conflicts, 4 blocks of 8 warps per SM"), "")
+    grid, block = (4 * b.sms,), (256,)
+    read, write, copy = b.fn("rates_read"), b.fn("rates_write"), b.fn("rates_copy")
+    how = "(4 blocks of 256 threads per SM, grid-stride, 16 B per access, .cg)"
+    for level, n, passes in (("l2", max(1, b.l2_bytes // 64), None),  # a quarter of L2, in float4
+                             ("dram", min(DRAM_BYTES, cp.cuda.runtime.memGetInfo()[0] // 3) // 32 * 2, 1)):
+        buf = cp.ones(4 * n, cp.float32)
+        size = f"{16 * n / 1e6:.1f} MB"
+        for kind, k, extra in (("read", read, b.out), ("write", write, cp.float32(2))):
+            def make(r, k=k, extra=extra, buf=buf, n=n):
+                return lambda: k(grid, block, (buf, i64(n), i32(r), extra))
+            iters, t = b.sized(make, iters=8) if passes is None else (1, b.time(make(1)))
+            verb = "read" if kind == "read" else "written"
+            where = f"a {size} buffer (L2/4) resident in L2, {verb} many times" if passes is None else \
+                f"one {kind} of a {size} buffer"
+            report(Measured((level, kind), 16 * n * iters / t, "B/s", f"{where} per launch {how}"), "")
+        if level == "dram":
+            half = n // 2
+            t = b.time(lambda buf=buf, half=half: copy(grid, block, (buf[: 4 * half], buf[4 * half :], i64(half))))
+            report(Measured(("dram", "read_write"), 2 * 16 * half / t, "B/s", f"bytes read + bytes written per second, "
+                            f"copying {16 * half / 1e6:.1f} MB to another buffer {how}"), "")
+
+
+def _launch(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """Launch interval (queued, and from the host) and the cost of each further thread block."""
+    empty, spin = b.fn("rates_empty"), b.fn("rates_spin")
+    start, end = b.events
+
+    def interval(queued: bool) -> float:  # queued: the launches wait behind rates_spin, never for the host
+        if queued:
+            spin((1,), (32,), (cp.int64(30_000_000),))
+        else:
+            cp.cuda.Stream.null.synchronize()
+        start.record()
+        for _ in range(LAUNCHES):
+            empty((1,), (32,), ())
+        end.record()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) * 1e-3 / LAUNCHES
+
+    for queued, key, method in ((True, "interval", "queued behind a 30 ms kernel"),
+                                (False, "host_interval", "launched from Python through CuPy while the GPU waits")):
+        interval(queued)
+        t = float(np.median([interval(queued) for _ in range(b.repeats)]))
+        report(Measured(("launch", key), t, "s", f"{LAUNCHES} empty kernels (1 block of 32 threads) on one stream, "
+                        f"{method}: CUDA-event time over {LAUNCHES}"), "")
+    one = b.time(lambda: empty((1,), (128,), ()))
+    many = b.time(lambda: empty((BLOCKS_PER_SM * b.sms,), (128,), ()))
+    report(Measured(("launch", "per_block"), max(many - one, 1e-12) / BLOCKS_PER_SM, "s",
+                    f"(time of an empty kernel of {BLOCKS_PER_SM} blocks of 128 threads per SM - time of one block) / "
+                    f"{BLOCKS_PER_SM}"), "")
+
+
+def _per_clk(m: Measured, sms: int, clock: float | None) -> str:
+    if clock is None or m.unit in ("s", "cycles", "Hz"):
+        return ""
+    unit = {"FLOP/s": "FLOP", "op/s": "", "B/s": "B"}[m.unit]
+    return f"{m.value / (sms * clock):.4g} {unit}/clk/SM".replace("  ", " ")
+
+
+def measure_rates(repeats: int = 15, echo: Callable[[str], None] = print, dev: dict | None = None) -> list[Measured]:
+    """Measure every rate on CUDA device 0, printing each as it completes; ``dev`` (:func:`device_facts`, default:
+    read here) gets ``hopper``: whether wgmma was measured."""
+    cp = require_cupy()
+    dev = device_facts(cp) if dev is None else dev
+    echo(f"{dev['device']}: {dev['sms']} SMs, compute capability {dev['cc']}, driver {dev['driver']}, CUDA {dev['cuda']}")
+    try:
+        b = Bench(cp, repeats)
+        measured: list[Measured] = []
+        clock: list[float] = []
+        echo(f"{'quantity':<28}{'measured':>16}  {'per clk per SM':<22}  expected ({H100}) / note")
+
+        def report(m: Measured, note: str) -> None:
+            measured.append(m)
+            if m.path == ("sm_clock",):
+                clock.append(m.value)
+            label = ".".join(str(p) for p in m.path)
+            expect = next((v for k, v in EXPECTED.items() if label.startswith(k)), "")
+            echo(f"{label:<28}{fmt_value(m)!s:>16}  {_per_clk(m, b.sms, clock[0] if clock else None):<22}  "
+                 f"{'; '.join(x for x in (expect, note) if x)}")
+
+        for part in (_compute, _memory, _launch):
+            part(b, cp, report)
+            cp.cuda.runtime.deviceSynchronize()
+    except RatesError:
+        raise
+    except Exception as exc:  # a CUDA error (launch, fault, out of memory), one line
+        raise RatesError(f"calibration kernel failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    dev["hopper"] = b.hopper
+    return measured
+
+
+def device_facts(cp) -> dict:
+    """Name, SM count, compute capability, driver and CUDA versions of device 0."""
+    p = cp.cuda.runtime.getDeviceProperties(0)
+    name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        smi = ""
+    v = cp.cuda.runtime.driverGetVersion()
+    rt = cp.cuda.runtime.runtimeGetVersion()
+    return {"device": name, "sms": p["multiProcessorCount"], "cc": f"{p['major']}.{p['minor']}",
+            "driver": smi or f"CUDA driver API {v // 1000}.{v % 1000 // 10}",
+            "cuda": f"{rt // 1000}.{rt % 1000 // 10} (CuPy {cp.__version__})"}
+
+
+def measured_on(dev: dict, command: str) -> dict:
+    """The calibration's measured_on record: device, driver, CUDA, date (UTC), git commit, command."""
+    return {"device": dev["device"], "driver": dev["driver"], "cuda": dev["cuda"],
+            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(), "commit": git_commit(),
+            "command": command}
+
+
+def git_commit() -> str:
+    """The short commit of the checkout iosim runs from, '+dirty' with uncommitted changes; or the iosim version."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=20)
+        if head.returncode != 0:
+            raise OSError(head.stderr)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=root, timeout=20).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return f"iosim {__version__} (not a git checkout)"
+    return head.stdout.strip() + ("+dirty" if dirty else "")

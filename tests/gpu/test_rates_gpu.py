@@ -1,0 +1,76 @@
+"""``iosim calibrate rates`` on a real GPU: every quantity measured, written and read back, each within what the
+hardware can do per SM per clock (bounds that hold on every NVIDIA GPU from sm_80 on)."""
+
+from __future__ import annotations
+
+import pytest
+
+from iosim.calibrate.rates import (
+    calibration_section,
+    device_facts,
+    measure_rates,
+    measured_on,
+    write_calibrated,
+)
+from iosim.gpu import GPUUnavailableError
+from iosim.gpu._cupy import require_cupy
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cal(tmp_path_factory):
+    try:
+        cp = require_cupy()
+    except GPUUnavailableError as exc:
+        pytest.skip(f"GPU test: {exc}")
+    dev = device_facts(cp)
+    lines: list[str] = []
+    measured = measure_rates(10, lines.append, dev)
+    section = calibration_section(measured, measured_on(dev, "pytest tests/gpu/test_rates_gpu.py"), dev["hopper"])
+    profile = write_calibrated("h100-sxm5-80gb", section, tmp_path_factory.mktemp("rates") / "cal.yaml")
+    c = profile.calibration
+    per_clk = lambda x: x / (dev["sms"] * c.sm_clock.value)  # noqa: E731
+    return c, dev, per_clk, lines
+
+
+def test_every_quantity_is_printed_as_it_completes(cal):
+    _, _, _, lines = cal
+    assert sum(line.startswith(("mma_sync.", "dram.", "launch.", "smem.", "l2.")) for line in lines) >= 20
+
+
+def test_clock_and_per_sm_rates_are_within_the_hardware(cal):
+    c, _, per_clk, _ = cal
+    assert 0.5e9 < c.sm_clock.value < 3.5e9
+    assert 100 < per_clk(c.fp32.fma.value) <= 256 * 1.02  # 64 or 128 fp32 lanes, FMA = 2 FLOPs
+    assert 8 < per_clk(c.exp.throughput.value) <= 16 * 1.02  # 16 MUFU results per clock per SM
+    assert 8 < c.exp.latency.value < 100
+    for smem in (c.smem.ldmatrix, c.smem.ld128):
+        assert 64 < per_clk(smem.value) <= 128 * 1.02  # 32 banks of 4 bytes per clock
+
+
+def test_mma_sync_grows_with_warps_and_has_a_latency(cal):
+    c, _, per_clk, _ = cal
+    for mma in (c.mma_sync.fp16, c.mma_sync.bf16):
+        t = mma.throughput.value
+        assert sorted(t) == [1, 2, 4, 8, 16]
+        assert t[16] > 2 * t[1] and max(t.values()) <= t[16] * 1.1
+        assert per_clk(max(t.values())) <= 4096 * 1.02  # Hopper's dense peak per SM per clock
+        assert 8 < mma.latency.value < 200
+
+
+def test_wgmma_on_hopper_only_and_below_the_dense_peak(cal):
+    c, dev, per_clk, _ = cal
+    assert (c.wgmma is not None) == dev["hopper"]
+    if c.wgmma is not None:
+        for w in (c.wgmma.fp16, c.wgmma.bf16):
+            best = max(max(w.n128.value.values()), max(w.n256.value.values()))
+            assert 2048 < per_clk(best) <= 4096 * 1.02
+
+
+def test_memory_and_launch_costs_are_in_order(cal):
+    c, _, _, _ = cal
+    assert c.dram.read.value < c.l2.read.value < c.smem.ld128.value
+    assert 0.3 * c.dram.read.value < c.dram.write.value and 0.3 * c.dram.read.value < c.dram.read_write.value
+    assert 0.2e-6 < c.launch.interval.value < 50e-6 and c.launch.interval.value <= c.launch.host_interval.value * 1.5
+    assert 0 < c.launch.per_block.value < 10e-6

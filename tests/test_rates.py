@@ -1,0 +1,279 @@
+"""``iosim calibrate rates`` without a GPU: the profile's calibration section (schema, label, accessor), the writer,
+the refusal where no GPU is present, and kernels/rates.cu agreeing with the lists the Python side launches."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from helpers import run_cli
+
+from iosim._resources import kernels_dir
+from iosim.calibrate import rates
+from iosim.calibrate.rates import Measured, calibration_section, guess_profile, write_calibrated
+from iosim.gpu import build
+from iosim.gpu.flash3 import _wgmma_fn
+from iosim.profile import PROFILES_DIR, ProfileError, get_profile, load_profile_file, profile_from_dict
+
+ON = {"device": "NVIDIA H100 80GB HBM3", "driver": "580.65.06", "cuda": "13.0 (CuPy 14.0.0)", "date": "2026-11-24",
+      "commit": "abc1234", "command": "iosim calibrate rates -o h100.yaml --profile h100-sxm5-80gb"}
+
+
+def _measured(hopper: bool = True) -> list[Measured]:
+    """What a run on an H100 might measure (made-up but plausible numbers)."""
+    m = [Measured(("sm_clock",), 1.755e9, "Hz", "clock64 over globaltimer")]
+    for dt in ("fp16", "bf16"):
+        m += [Measured(("mma_sync", dt, "throughput", w), 40e12 * min(w, 12), "FLOP/s", "mma") for w in (1, 2, 4, 8, 16)]
+        m.append(Measured(("mma_sync", dt, "latency"), 33.25, "cycles", "chain"))
+        if hopper:
+            m += [Measured(("wgmma", dt, f"n{n}", wg), 250e12 * wg + n * 1e9, "FLOP/s", "wgmma")
+                  for n in (128, 256) for wg in (1, 2, 3)]
+    m += [Measured(("exp", "throughput"), 3.7e12, "op/s", "ex2"), Measured(("exp", "latency"), 18.0, "cycles", "ex2"),
+          Measured(("fp32", "fma"), 59.3e12, "FLOP/s", "fma"), Measured(("fp32", "add"), 29.6e12, "FLOP/s", "add"),
+          Measured(("fp32", "max"), 14.8e12, "op/s", "max"), Measured(("smem", "ldmatrix"), 29.5e12, "B/s", "ldsm"),
+          Measured(("smem", "ld128"), 29.6e12, "B/s", "lds"), Measured(("l2", "read"), 9.8e12, "B/s", "l2"),
+          Measured(("l2", "write"), 8.1e12, "B/s", "l2"), Measured(("dram", "read"), 3.01e12, "B/s", "dram"),
+          Measured(("dram", "write"), 2.9e12, "B/s", "dram"), Measured(("dram", "read_write"), 2.8e12, "B/s", "copy"),
+          Measured(("launch", "interval"), 2.1e-6, "s", "queued"), Measured(("launch", "host_interval"), 6.3e-6, "s", "py"),
+          Measured(("launch", "per_block"), 0.21e-6, "s", "blocks")]
+    return m
+
+
+def _with_calibration(section: dict) -> dict:
+    data = yaml.safe_load((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text())
+    return {**data, "calibration": section}
+
+
+def test_a_profile_with_a_calibration_section_loads_and_says_where_it_was_measured():
+    p = profile_from_dict(_with_calibration(calibration_section(_measured(), ON, hopper=True)))
+    c = p.calibration
+    assert c.sm_clock.value == pytest.approx(1.755e9)
+    assert c.mma_sync.bf16.throughput.value == {1: 40e12, 2: 80e12, 4: 160e12, 8: 320e12, 16: 480e12}
+    assert c.wgmma.bf16.n256.value[3] == pytest.approx(750.3e12, rel=1e-3)
+    assert c.launch.interval.value == pytest.approx(2.1e-6)
+    assert c.dram.read_write.value == pytest.approx(2.8e12)
+    assert c.exp.throughput.source.startswith("measured on NVIDIA H100 80GB HBM3, 2026-11-24, iosim calibrate rates: ")
+    assert p.calibration_label() == ("measured on NVIDIA H100 80GB HBM3, driver 580.65.06, CUDA 13.0 (CuPy 14.0.0), "
+                                     "2026-11-24, commit abc1234")
+    assert p.measured("dram.read") == pytest.approx(3.01e12)
+    assert p.measured("mma_sync.fp16.latency") == pytest.approx(33.25)
+    assert p.measured("mma_sync.bf16.throughput")[16] == pytest.approx(480e12)
+
+
+def test_without_a_calibration_a_profile_stays_valid_and_uncalibrated():
+    p = get_profile("h100-sxm5-80gb")
+    assert p.calibration is None and p.calibration_label() == "uncalibrated"
+    assert p.measured("dram.read") is None
+    other = profile_from_dict(_with_calibration(calibration_section(_measured(hopper=False), ON, hopper=False)))
+    assert other.calibration.wgmma is None and other.measured("wgmma.bf16.n128") is None
+
+
+def test_a_profile_dump_validates_again():
+    p = profile_from_dict(_with_calibration(calibration_section(_measured(), ON, hopper=True)))
+    assert profile_from_dict(p.model_dump()) == p
+    assert profile_from_dict(json.loads(p.model_dump_json())) == p
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        (lambda c: c["mma_sync"]["bf16"]["throughput"]["value"].update({0: "1 TFLOP/s"}),
+         "calibration.mma_sync.bf16.throughput.value.0.[key]", "greater than or equal to 1"),
+        (lambda c: c["dram"]["read"].update(value="-3 TB/s"), "calibration.dram.read.value", "-3 TB/s"),
+        (lambda c: c["launch"]["interval"].update(value="2 parsecs"), "calibration.launch.interval.value", "2 parsecs"),
+        (lambda c: c["launch"]["per_block"].update(value=0), "calibration.launch.per_block.value", "positive"),
+        (lambda c: c["exp"]["latency"].update(value=-1), "calibration.exp.latency.value", "greater than 0"),
+        (lambda c: c["measured_on"].update(date="yesterday"), "calibration.measured_on.date", "yesterday"),
+        (lambda c: c["wgmma"]["fp16"].pop("n256"), "calibration.wgmma.fp16.n256", "required field is missing"),
+        (lambda c: c["l2"].update(bandwidth=c["l2"]["read"]), "calibration.l2.bandwidth", "unknown key"),
+        (lambda c: c.pop("measured_on"), "calibration.measured_on", "required field is missing"),
+    ],
+)
+def test_bad_calibration_values_are_refused_with_the_field_named(change, field, words):
+    section = copy.deepcopy(calibration_section(_measured(), ON, hopper=True))
+    change(section)
+    with pytest.raises(ProfileError) as info:
+        profile_from_dict(_with_calibration(section), "h100.yaml")
+    line = next(x for x in str(info.value).splitlines() if x.strip().startswith(field + ":"))
+    assert words in line
+
+
+def test_times_read_as_people_write_them():
+    section = calibration_section(_measured(), ON, hopper=True)
+    for text, seconds in (("2.5 us", 2.5e-6), ("2.5µs", 2.5e-6), ("40 ns", 40e-9), ("1.5e-3", 1.5e-3), (3e-6, 3e-6)):
+        section["launch"]["interval"]["value"] = text
+        assert profile_from_dict(_with_calibration(section)).calibration.launch.interval.value == pytest.approx(seconds)
+
+
+def test_the_writer_keeps_the_base_text_and_its_output_loads_back(tmp_path):
+    section = calibration_section(_measured(), ON, hopper=True)
+    out = tmp_path / "h100-calibrated.yaml"
+    written = write_calibrated("h100-sxm5-80gb", section, out)
+    text = out.read_text()
+    assert text.startswith((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text().rstrip("\n"))  # comments kept
+    loaded = load_profile_file(out)
+    assert loaded == written and loaded.name == "h100-sxm5-80gb"
+    assert loaded.calibration.l2.read.value == pytest.approx(9.8e12)
+    assert loaded.calibration.mma_sync.fp16.throughput.value[8] == pytest.approx(320e12)
+    assert loaded.dram.bandwidth.value == get_profile("h100-sxm5-80gb").dram.bandwidth.value  # the rest unchanged
+    # calibrating a calibrated file replaces its section; JSON out works too
+    again = write_calibrated(str(out), calibration_section(_measured(hopper=False), ON, hopper=False),
+                             tmp_path / "again.json")
+    assert again.calibration.wgmma is None and load_profile_file(tmp_path / "again.json") == again
+
+
+def test_values_are_written_in_units_people_read():
+    section = calibration_section(_measured(), ON, hopper=True)
+    assert section["dram"]["read"]["value"] == "3.01 TB/s"
+    assert section["mma_sync"]["bf16"]["throughput"]["value"][16] == "480 TFLOP/s"
+    assert section["launch"]["interval"]["value"] == "2.1 us"
+    assert section["sm_clock"]["value"] == "1.755 GHz"
+    assert section["exp"]["latency"]["value"] == 18.0
+
+
+def test_without_a_gpu_the_command_refuses_in_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
+    code, _out, err = run_cli(["calibrate", "rates", "-o", str(tmp_path / "x.yaml")], capsys)
+    assert code != 0 and not (tmp_path / "x.yaml").exists()
+    assert len(err.strip().splitlines()) == 1 and err.startswith("iosim: error: ") and "CuPy" in err
+
+
+@pytest.mark.parametrize(
+    ("device", "name"),
+    [("NVIDIA H100 80GB HBM3", "h100-sxm5-80gb"), ("NVIDIA H200", "h200-sxm-141gb"),
+     ("NVIDIA A100-SXM4-40GB", "a100-sxm4-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb")],
+)
+def test_the_base_profile_is_found_by_the_device_name(device, name):
+    assert guess_profile(device) == name
+
+
+def test_an_unknown_device_needs_a_profile():
+    with pytest.raises(rates.RatesError, match="--profile"):
+        guess_profile("Some Accelerator")
+
+
+def test_rates_cu_agrees_with_what_python_launches():
+    src = (kernels_dir() / build.RATES_SOURCE).read_text()
+    assert f"kChains = {rates.CHAINS};" in src and f"kAluUnroll = {rates.ALU_UNROLL};" in src
+    for ctype in ("__half", "__nv_bfloat16"):  # the m64n256k16 wrappers are flash3's generator's text
+        assert _wgmma_fn("ss", 256, ctype) in src
+    kernels = set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(rates_\w+)", src))
+    assert {"rates_alu", "rates_alu_latency", "rates_mma", "rates_mma_latency", "rates_wgmma", "rates_smem",
+            "rates_read", "rates_write", "rates_copy", "rates_empty", "rates_spin"} <= kernels
+    names = build.RatesSource(wgmma=True).name_expressions
+    assert len(names) == 4 + 2 * len(build.RATES_WGMMA_N) * len(build.RATES_WARPGROUPS)
+    assert build.RatesSource().nvrtc_extra == () and "-arch=sm_90a" in build.RatesSource(wgmma=True).nvrtc_extra
+
+
+# -- the whole command on a stand-in for CuPy: every kernel "runs" in a time that grows with its work ------------------
+
+
+class _Array(np.ndarray):
+    def get(self):
+        return np.asarray(self)
+
+
+class _FakeCupy:
+    """Just what iosim.calibrate.rates uses of CuPy; a kernel's time is 3 us + 1 ps per thread-iteration."""
+
+    __version__ = "0-fake"
+    int32, int64, float32, uint64 = np.int32, np.int64, np.float32, np.uint64
+
+    def __init__(self, hopper: bool):
+        self.now, self.hopper, self.launched = 0.0, hopper, []
+        fake = self
+
+        class Event:
+            def record(self):
+                self.t = fake.now
+
+            def synchronize(self):
+                pass
+
+        class Device:
+            def __init__(self, i=0):
+                self.compute_capability = "90" if hopper else "80"
+                self.attributes = {"MultiProcessorCount": 4, "L2CacheSize": 4 << 20, "MaxSharedMemoryPerBlockOptin":
+                                   227 << 10, "MaxSharedMemoryPerMultiprocessor": 228 << 10}
+
+        class Runtime:
+            getDeviceCount = staticmethod(lambda: 1)
+            memGetInfo = staticmethod(lambda: (24 << 20, 80 << 30))
+            driverGetVersion = runtimeGetVersion = staticmethod(lambda: 13000)
+            deviceSynchronize = staticmethod(lambda: None)
+            getDeviceProperties = staticmethod(lambda i: {"name": b"NVIDIA H100 80GB HBM3", "multiProcessorCount": 4,
+                                                          "major": 9 if hopper else 8, "minor": 0})
+
+        class Stream:
+            null = type("Null", (), {"synchronize": staticmethod(lambda: None)})()
+
+        self.cuda = type("cuda", (), {"Event": Event, "Device": Device, "runtime": Runtime, "Stream": Stream,
+                                      "get_elapsed_time": staticmethod(lambda a, b: (b.t - a.t) * 1e3)})
+        self.RawModule = lambda code, options, name_expressions: _FakeModule(fake, options, name_expressions)
+
+    def zeros(self, n, dtype):
+        return np.zeros(n, dtype).view(_Array)
+
+    def ones(self, n, dtype):
+        return np.ones(n, dtype).view(_Array)
+
+    asnumpy = staticmethod(np.asarray)
+    get_default_memory_pool = staticmethod(lambda: type("Pool", (), {"free_all_blocks": lambda self: None})())
+
+
+class _FakeModule:
+    def __init__(self, cp, options, names):
+        self.cp, self.names = cp, set(names)
+        assert ("-DIOSIM_RATES_WGMMA" in options) == cp.hopper == any("wgmma" in n for n in names)
+
+    def compile(self):
+        pass
+
+    def get_function(self, name):
+        assert name.startswith("rates_") and ("<" not in name or name in self.names), name
+        cp = self.cp
+
+        class Kernel:
+            max_dynamic_shared_size_bytes = 0
+
+            def __call__(self, grid, block, args, shared_mem=0):
+                ints = [int(a) for a in args if isinstance(a, (np.int32, np.int64))]
+                work = grid[0] * block[0] * max([1, *ints[-1:]])  # the last int is the loop count or size
+                t = 3e-6 + 1e-12 * work
+                cp.now += t
+                cp.launched.append(name)
+                for a in args:
+                    if isinstance(a, np.ndarray) and a.dtype == np.uint64:  # stamps: 1.755 GHz
+                        a[: 4 * grid[0]] = np.tile([0, int(1.755 * 1e9 * t), 0, int(1e9 * t)], grid[0])
+                    if isinstance(a, np.ndarray) and a.dtype == np.int64 and a.size == 1:  # latency: 30 cycles each
+                        a[0] = 30 * 16 * ints[-1]
+
+        return Kernel()
+
+
+@pytest.mark.parametrize("hopper", [True, False])
+def test_the_command_measures_and_writes_a_profile_on_a_stand_in_gpu(monkeypatch, capsys, tmp_path, hopper):
+    fake = _FakeCupy(hopper)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    out = tmp_path / "calibrated.yaml"
+    code, text, err = run_cli(["calibrate", "rates", "-o", str(out), "--repeats", "10"], capsys)
+    assert code == 0, err
+    p = load_profile_file(out)
+    assert p.name == "h100-sxm5-80gb"  # found by the device name
+    assert p.calibration_label().startswith("measured on NVIDIA H100 80GB HBM3, driver ")
+    assert p.calibration.measured_on.command == f"iosim calibrate rates -o {out} --profile h100-sxm5-80gb --repeats 10"
+    assert p.measured("sm_clock") == pytest.approx(1.755e9, rel=1e-3)
+    assert p.measured("mma_sync.bf16.latency") == pytest.approx(30)
+    assert set(p.measured("mma_sync.fp16.throughput")) == set(rates.MMA_WARPS)
+    assert (p.calibration.wgmma is not None) == hopper
+    if hopper:
+        assert set(p.measured("wgmma.bf16.n256")) == {1, 2, 3}
+    assert all(v > 0 for v in (p.measured("dram.read_write"), p.measured("launch.per_block"), p.measured("smem.ld128")))
+    for label in ("sm_clock", "mma_sync.bf16.throughput.16", "exp.latency", "dram.read", "launch.interval"):
+        assert re.search(rf"^{re.escape(label)}\s", text, re.M), label  # each printed as it completes
+    assert f"wrote {out}" in text
