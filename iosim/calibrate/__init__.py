@@ -2,7 +2,9 @@
 
 * ``l2.room`` (private, shared, dirty) and ``l2.dirty_at_start``: from the calibration probes' DRAM bytes
   (:mod:`iosim.calibrate.l2`, the probes of :mod:`iosim.measure`, the model of :mod:`iosim.l2.probes`);
-* ``sm.block_share``: from flash2's block timeline (:mod:`iosim.calibrate.blocks`).
+* ``sm.block_share``: from flash2's block timeline (:mod:`iosim.calibrate.blocks`);
+* the ``calibration`` section (rates code reaches: tensor cores, exp, fp32, shared memory, L2, DRAM, launch costs):
+  measured by our kernels of ``kernels/rates.cu`` (:mod:`iosim.calibrate.rates`, ``iosim calibrate rates``).
 
 ``iosim calibrate l2 RECORD`` and ``iosim calibrate block-share TIMELINE...`` print them from recorded data
 (data/validation/ holds the data the built-in H200 profile was calibrated on); ``--measure`` measures first.
