@@ -70,32 +70,28 @@ def _datasheet(profile: Profile, dtype: str) -> Rates:
 
 
 def rates(profile: Profile, dtype: str) -> Rates:
-    """The profile's measured rates for ``dtype`` where it has them, else its datasheet's."""
+    """The profile's measured rates for ``dtype`` where it has them (``calibration``), else its datasheet's."""
     base = _datasheet(profile, dtype)
-    cal = getattr(profile, "calibration", None)
+    cal = profile.calibration
     if cal is None:
         return base
-    return from_calibration(cal, base, dtype)
-
-
-def from_calibration(cal, base: Rates, dtype: str) -> Rates:
-    """``base`` with every rate ``cal`` measured put in its place."""
     key = "bf16" if dtype == "bf16" else "fp16"
-    table = cal.mma_sync_table(key) if dtype != "fp32" else {}
-    mma = max(table.values()) if table else base.mma
-    wg = cal.rate(f"wgmma.{key}") if dtype != "fp32" else None
+    table = {int(w): float(v) for w, v in getattr(cal.mma_sync, key).throughput.value.items()} if dtype != "fp32" else {}
+    wgmma = base.wgmma
+    if cal.wgmma is not None and dtype != "fp32":
+        wgmma = max(getattr(cal.wgmma, key).n128.value.values())  # FA3's GEMMs: N = Bc or d = 128
     return Rates(
         sms=base.sms,
-        mma=mma,
+        mma=max(table.values()) if table else base.mma,
         mma_by_warps=table,
-        wgmma=wg if wg else base.wgmma,
-        ex2=cal.rate("mufu_ex2") or base.ex2,
-        alu=(cal.rate("fp32_fma") or 2 * base.alu) / 2,
-        smem=cal.rate("smem_ldmatrix") or base.smem,
-        l2=cal.rate("l2_read") or base.l2,
-        dram_read=cal.rate("dram_read") or base.dram_read,
-        dram_write=cal.rate("dram_write") or base.dram_write,
-        launch_s=cal.rate("launch_interval") or 0.0,
-        block_s=cal.rate("block_start") or 0.0,
-        calibration=cal.label(),
+        wgmma=wgmma,
+        ex2=float(cal.exp.throughput.value),
+        alu=float(cal.fp32.fma.value) / 2,
+        smem=float(cal.smem.ldmatrix.value),
+        l2=float(cal.l2.read.value),
+        dram_read=float(cal.dram.read.value),
+        dram_write=float(cal.dram.write.value),
+        launch_s=float(cal.launch.interval.value),
+        block_s=float(cal.launch.per_block.value),
+        calibration=profile.calibration_label(),
     )
