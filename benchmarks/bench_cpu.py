@@ -136,8 +136,8 @@ def main(argv=None) -> int:
     print(f"{'d':>4} {'N':>6} {'naive ms':>9} {'tiled ms':>9} {'ratio':>5} {'med':>5} {'pred naive':>16} "
           f"{'pred tiled':>16} {'pred ratio':>10} {'naive 1st':>9} {'pred 1st':>16} {'S GB':>6} fits  load"
           f"  (seeds' claim {SEEDS_CLAIM}x)")
-    for d in args.d:
-        for r in ratio_rows(args.n, d, profile, causal=args.causal, naive_max=args.naive_max,
+    for d, n in ((d, n) for d in args.d for n in args.n):  # one row at a time: its load average beside it
+        for r in ratio_rows([n], d, profile, causal=args.causal, naive_max=args.naive_max,
                             first_call_pause_s=args.first_call_pause):
             pr = r.naive_pred_ms / r.tiled_pred_ms if r.naive_pred_ms and r.tiled_pred_ms else None
             pn = f"{_fmt(r.naive_pred_ms)} {_err(r.naive_pred_ms, r.naive_ms)}"

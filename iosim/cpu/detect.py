@@ -102,17 +102,17 @@ def _bandwidths(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 def measure_memory() -> dict[str, float]:
     """bytes/s: all cores, one core, and the first-touch rates of fresh memory, recycled and cold.
 
-    First touch is a fresh buffer's first fill minus a rewrite of it. ``first_touch_cold``: the slower first
-    fill of two fresh buffers mapped after a pause of ``IDLE_MEMORY_S``, so that no memory freed just before
-    (by this process or another) is recycled into them (on a VM with free page reporting, the hypervisor maps
-    them again: 0.45-0.9 GB/s on the CI VM, at 256 MB as at 4 GB); ``first_touch``: the fastest of three
-    buffers each mapped right after the previous one was freed, the pages the OS recycles between repeated
-    calls (10-16 GB/s there)."""
+    First touch is a fresh buffer's first fill minus a rewrite of it. ``first_touch_cold``: the first fills of
+    two fresh buffers mapped after a pause of ``IDLE_MEMORY_S``, so that no memory freed just before (by this
+    process or another) is recycled into them (on a VM with free page reporting, the hypervisor maps them again:
+    0.4-1.2 GB/s on the CI VM from one run to the next, at 256 MB as at 4 GB, one thread as two);
+    ``first_touch``: the fastest of three buffers each mapped right after the previous one was freed, the pages
+    the OS recycles between repeated calls (10-16 GB/s there)."""
     n = 256 * _MB // 4
     time.sleep(IDLE_MEMORY_S)
     a = np.empty(n, dtype=np.float32)
     b = np.empty_like(a)
-    cold = max(_fill_s(a, 1.0), _fill_s(b, 0.0))
+    cold = _fill_s(a, 1.0) + _fill_s(b, 0.0)
     rewrite = min(_fill_s(a, 1.0) for _ in range(3))
     all_cores, one_core = _bandwidths(a, b)
     del b
@@ -123,7 +123,7 @@ def measure_memory() -> dict[str, float]:
         del x
     return {"all_cores": all_cores, "one_core": one_core,
             "first_touch": a.nbytes / max(min(recycled) - rewrite, 1e-9),
-            "first_touch_cold": a.nbytes / max(cold - rewrite, 1e-9)}
+            "first_touch_cold": 2 * a.nbytes / max(cold - 2 * rewrite, 1e-9)}
 
 
 def _settle() -> None:
@@ -219,8 +219,8 @@ def detect_profile(name: str = "this-machine") -> CpuProfile:
                  "bandwidth_one_core": _sourced(mem["one_core"], "NumPy multiply, 256 MB fp32, one core", stamp),
                  "first_touch": _sourced(mem["first_touch"], "fill 256 MB mapped right after a free of "
                                          "256 MB, minus a rewrite", stamp),
-                 "first_touch_cold": _sourced(mem["first_touch_cold"], "first fill of fresh 256 MB (the slower "
-                                              "of two), minus a rewrite", stamp)},
+                 "first_touch_cold": _sourced(mem["first_touch_cold"], "first fills of two fresh 256 MB buffers "
+                                              "after a 2 s pause, minus rewrites", stamp)},
         "compute": {
             "fp32": _sourced(best, "best BLAS sgemm rate seen (a lower bound of the peak)", stamp),
             "fp64": _sourced(fp64, "NumPy dgemm 1024^3 (a lower bound of the peak)", stamp),
