@@ -72,29 +72,67 @@ FLASH2_REGISTERS_DEFAULT = 255  # unknown instantiation: assume the register cap
 
 # ------------------------------------------------------------------------------------------------------------------
 # Naive attention, Algorithm 0 (kernels/naive.cu). Mirrors the constexprs at the top of naive.cu: the simulator
-# counts the same tiling from this dict.
+# counts the same tiling from this dict (the schedule's tiles are block_q = qk block_m = pv block_m, block_kv = qk
+# block_n: what a measured launch is simulated with).
 
 NAIVE_TILES: dict[str, dict[str, int]] = {
-    # S = scale * Q K^T: a 64 x 64 tile of S per block, reduction over d in steps of 16
-    "qk": {"block_m": 64, "block_n": 64, "block_k": 16, "threads": 256},
-    # P = softmax(S): one row of S per block, the row held in shared memory (kv_len elements) between passes
-    "softmax": {"rows_per_block": 1, "threads": 256},
-    # O = P V: a 64 x d tile of O (64 query rows x every head dim) per block, grid (1, ceil(N/64), B*H), so P is
-    # read once and V once per 64 rows; reduction over keys in steps of 16, V staged per step in column chunks of 64
-    # (at most 4: head_dim <= 256; the kernel's kNaivePvChunks)
-    "pv": {"block_m": 64, "block_k": 16, "head_dim_chunk": 64, "max_head_dim": 256, "threads": 256},
+    # S = scale * Q K^T: a 128 x 128 tile of S per block (Q_i and K_j whole, all head dims), mma.sync; 8 warps of
+    # 32 x 64 outputs. 128, not 64: at 64 x 64 the Q and K tiles are d/32 B of L2 reads per byte of S (4 at d = 128)
+    "qk": {"block_m": 128, "block_n": 128, "threads": 256},
+    # P = softmax(S): a row in registers, row_threads = 32..256 threads per row (naive_softmax_row_threads), 256 /
+    # row_threads rows per block; where that does not apply, one row per block held in shared memory
+    "softmax": {"threads": 256, "row_chunks": 8},
+    # O = P V: a 128 x d tile of O per block, grid (1, ceil(N/128), B*H), so P is read once and V once per 128 rows;
+    # keys in steps of 64 through a ring of naive_pv_stages(d) cp.async buffers
+    "pv": {"block_m": 128, "block_k": 64, "threads": 256},
 }
-# Static shared memory of naive.cu's GEMMs, fp32 staging: qk holds 16 x 68 tiles of Q and K; pv one of P and four
-# 64-column chunks of V (21,760 B at every d). Registers: qk 80, softmax 31 (ptxas via ncu on the H200, v1.1);
-# pv 128 (ptxas, sm_90, compile_check on naive.cu v1.2; ncu on the H200 read the same).
-NAIVE_QK_SMEM = 2 * 16 * 68 * 4
-NAIVE_PV_SMEM = (16 * 68 + 4 * 16 * 68) * 4
-NAIVE_REGISTERS = (80, 31, 128)
+# registers per thread (ptxas, nvcc 13.0, sm_90, naive.cu v2; fp16 and bf16 alike): head dim -> (qk, softmax, pv)
+# (qk: the larger of causal and not; __launch_bounds__(256, 2) caps qk, softmax and pv at d <= 128 to 128)
+NAIVE_REGISTERS: dict[int, tuple[int, int, int]] = {32: (124, 93, 84), 64: (128, 93, 102), 128: (128, 93, 128),
+                                                     256: (128, 93, 252)}
+NAIVE_REGISTERS_DEFAULT = (128, 93, 128)
+
+
+def naive_pv_stages(head_dim: int) -> int:
+    """Depth of naive_pv's cp.async ring of P and V tiles (mirrors naive_pv_stages() in kernels/naive.cu)."""
+    return 2 if head_dim >= 256 else 3
+
+
+def naive_qk_smem_bytes(head_dim: int, itemsize: int = 2) -> int:
+    """Dynamic shared memory of the qk kernel: Q_i and K_j, whose space then stages the S tile for 16-byte stores."""
+    t = NAIVE_TILES["qk"]
+    return max((t["block_m"] + t["block_n"]) * head_dim, t["block_m"] * t["block_n"]) * itemsize
+
+
+def naive_pv_smem_bytes(head_dim: int, itemsize: int = 2) -> int:
+    """Dynamic shared memory of the pv kernel: its ring of P (block_m x block_k) and V (block_k x d) tiles."""
+    t = NAIVE_TILES["pv"]
+    return naive_pv_stages(head_dim) * (t["block_m"] + head_dim) * t["block_k"] * itemsize
+
+
+def naive_softmax_row_threads(kv_len: int, itemsize: int = 2) -> int:
+    """Threads per row of the softmax's register path (a power of two, 32 to 256, each thread holding at most
+    ``row_chunks`` 16-byte chunks of the row), or 0 where the row goes through shared memory instead: kv_len not a
+    multiple of 16 bytes, or longer than 256 threads hold."""
+    per_chunk = 16 // itemsize
+    t = NAIVE_TILES["softmax"]
+    if kv_len % per_chunk:
+        return 0
+    chunks, threads = kv_len // per_chunk, 32
+    while threads * t["row_chunks"] < chunks:
+        threads *= 2
+    return threads if threads <= t["threads"] else 0
+
+
+def naive_softmax_rows_per_block(kv_len: int, itemsize: int = 2) -> int:
+    rt = naive_softmax_row_threads(kv_len, itemsize)
+    return NAIVE_TILES["softmax"]["threads"] // rt if rt else 1
 
 
 def naive_softmax_smem_bytes(kv_len: int, itemsize: int = 2) -> int:
-    """Dynamic shared memory of the softmax kernel: one row of S in the input dtype."""
-    return kv_len * itemsize
+    """Dynamic shared memory of the softmax kernel: one row of S in the input dtype where the row is not held in
+    registers, else none."""
+    return 0 if naive_softmax_row_threads(kv_len, itemsize) else kv_len * itemsize
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -144,12 +182,15 @@ def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, vari
         kernel = KernelLaunchModel(FLASH_THREADS, flash_smem_bytes(d, Br, Bc, e), regs,
                                    "reverse" if problem.causal else "forward")
         return LaunchModel((kernel,), note="iosim flash2: grid (Tr, heads, batch); causal Q tiles launched last-first")
-    if schedule == "naive":  # qk grid (Tc, Tr, B*H); softmax one row per block; pv grid (1, Tr, B*H)
-        threads = NAIVE_TILES["qk"]["threads"]
-        smem = (NAIVE_QK_SMEM, naive_softmax_smem_bytes(problem.kv_len, e), NAIVE_PV_SMEM)
-        kernels = tuple(KernelLaunchModel(threads, s, _registers(registers, i, NAIVE_REGISTERS[i]))
-                        for i, s in enumerate(smem))
-        return LaunchModel(kernels, note="iosim naive: qk grid (Tc, Tr, B*H), softmax (B*H*N), pv (1, Tr, B*H)")
+    if schedule == "naive":  # qk grid (Tc, Tr, B*H); softmax rows; pv grid (1, Tr, B*H)
+        # the softmax's program block is one row: its threads are the row's (several rows share a GPU block)
+        threads = (NAIVE_TILES["qk"]["threads"], naive_softmax_row_threads(problem.kv_len, e)
+                   or NAIVE_TILES["softmax"]["threads"], NAIVE_TILES["pv"]["threads"])
+        smem = (naive_qk_smem_bytes(d, e), naive_softmax_smem_bytes(problem.kv_len, e), naive_pv_smem_bytes(d, e))
+        regs = NAIVE_REGISTERS.get(d, NAIVE_REGISTERS_DEFAULT)
+        kernels = tuple(KernelLaunchModel(threads[i], smem[i], _registers(registers, i, regs[i])) for i in range(3))
+        return LaunchModel(kernels, note="iosim naive: qk grid (Tc, Tr, B*H), softmax rows of 32-256 threads, "
+                                         "pv (1, Tr, B*H)")
     if schedule == "flash3":  # a persistent grid of min(tiles, SMs) blocks; each block one Q tile at a time
         smem = flash3_smem_bytes(d, tiles.block_q, tiles.block_kv, e)  # one block per SM: its ring fills the SM
         per_thread = (FLASH3_REGISTERS["producer"] + 2 * FLASH3_REGISTERS["consumer"]) // FLASH3_WARPGROUPS  # 168

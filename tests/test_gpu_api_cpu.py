@@ -47,7 +47,13 @@ def test_every_compiled_tile_fits_two_blocks_per_sm_on_hopper():
 
 
 def test_naive_softmax_holds_one_row():
+    # not a multiple of 8 keys (rows not 16-byte aligned), or longer than 256 threads x 8 chunks: shared memory
     assert launch.naive_softmax_smem_bytes(4097, 2) == 8194
+    assert launch.naive_softmax_smem_bytes(16392, 2) == 32784 and launch.naive_softmax_row_threads(16392) == 0
+    # else the row is in registers: 32 .. 256 threads per row, 256 / that rows per block
+    for kv, threads in ((8, 32), (1000, 32), (2048, 32), (2056, 64), (4096, 64), (8192, 128), (16384, 256)):
+        assert launch.naive_softmax_row_threads(kv) == threads and launch.naive_softmax_smem_bytes(kv) == 0
+        assert launch.naive_softmax_rows_per_block(kv) == 256 // threads
 
 
 def test_instantiation_list_covers_every_tile_dtype_and_mask():
@@ -62,10 +68,11 @@ def test_instantiation_list_covers_every_tile_dtype_and_mask():
     assert inst.name_expression == "iosim::flash_fwd_kernel<128, 128, 32, __nv_bfloat16, true>"
     assert inst.explicit_instantiation.startswith("template __global__ void " + inst.name_expression + "(")
     naive = build.naive_instances()
-    assert len(naive) == 8 and {n.kind for n in naive} == {"qk", "softmax", "pv"}
-    # naive pv: one block covers every head dim (naive.cu kNaivePvChunks column chunks of 64)
-    pv = launch.NAIVE_TILES["pv"]
-    assert max(launch.HEAD_DIMS) <= pv["max_head_dim"] == 4 * pv["head_dim_chunk"]
+    assert len(naive) == len(set(naive)) == 2 * (3 * len(launch.HEAD_DIMS) + 1)  # qk x2 and pv per d, one softmax
+    assert {n.kind for n in naive} == {"qk", "softmax", "pv"}
+    assert build.NaiveInstance("qk", "float16", True, 64).name_expression == "iosim::naive_qk_kernel<64, __half, true>"
+    # the schedule's one Br: both GEMMs tile the query rows alike (the simulator counts V re-read N / Br times)
+    assert launch.NAIVE_TILES["qk"]["block_m"] == launch.NAIVE_TILES["pv"]["block_m"]
 
 
 def test_default_tiles_rejects_unknown_head_dim_and_dtype():

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from l2_reference import reference_lines
 
 from iosim import l2
-from iosim.launch import launch_model, resident_blocks
+from iosim.launch import NAIVE_REGISTERS, launch_model, resident_blocks
 from iosim.problem import AttentionProblem
 from iosim.profile import get_profile
 from iosim.schedules import Tiles
@@ -170,6 +170,8 @@ def test_fa2_variant_reverses_kv_and_heads():
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_naive_pv_is_one_gpu_block_per_program_block(d):
-    """naive.cu v1.2: one pv block computes 64 query rows x all of d, so P is read once (no ceil(d/64) split)."""
-    pv = launch_model("naive", _p(seq_len=256, head_dim=d), Tiles(64, 64)).kernels[2]
-    assert pv.smem == (16 * 68 + 4 * 16 * 68) * 4 and pv.registers == 128
+    """naive.cu v2: one pv block computes 128 query rows x all of d through a ring of P (128 x 64) and V (64 x d)
+    tiles, so P is read once (no split of d across blocks)."""
+    pv = launch_model("naive", _p(seq_len=256, head_dim=d), Tiles(128, 128)).kernels[2]
+    stages = 2 if d >= 256 else 3
+    assert pv.smem == stages * (128 * 64 + 64 * d) * 2 and pv.registers == NAIVE_REGISTERS[d][2]

@@ -187,26 +187,29 @@ def _run_flash2(c: _Call, block_q: int | None, block_kv: int | None, block_trace
 def _run_naive(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
     cp, (B, N, H, D, Nk, Hk) = c.cp, c.sizes
     itemsize, limit = build.ITEMSIZE[c.dtype], _smem_limit(cp)
-    smem = launch.naive_softmax_smem_bytes(Nk, itemsize)
-    if smem > limit:
-        raise SharedMemoryError(f"naive softmax holds one row of S (kv_len={Nk} x {itemsize} B = {smem} B) in shared "
-                                f"memory; this device allows {limit} B per block; use kv_len <= {limit // itemsize} "
-                                "or schedule='flash2'")
+    smem_sm = launch.naive_softmax_smem_bytes(Nk, itemsize)
+    if smem_sm > limit:
+        raise SharedMemoryError(f"naive softmax holds one row of S (kv_len={Nk} x {itemsize} B = {smem_sm} B) in "
+                                f"shared memory; this device allows {limit} B per block; use kv_len <= "
+                                f"{limit // itemsize} or schedule='flash2'")
     t, i32 = launch.NAIVE_TILES, cp.int32
     s = cp.empty((B, H, N, Nk), dtype=c.q.dtype)  # S, materialized (Alg. 0 line 1)
     p = cp.empty((B, H, N, Nk), dtype=c.q.dtype)  # P, materialized (Alg. 0 line 2)
-    insts = [build.NaiveInstance("qk", c.dtype, c.causal), build.NaiveInstance("softmax", c.dtype),
-             build.NaiveInstance("pv", c.dtype)]
-    f_qk, f_sm, f_pv = _kernel(cp, insts[0], 0), _kernel(cp, insts[1], smem), _kernel(cp, insts[2], 0)
-    grids = [(-(-Nk // t["qk"]["block_n"]), -(-N // t["qk"]["block_m"]), B * H), (B * H * N, 1, 1),
-             (1, -(-N // t["pv"]["block_m"]), B * H)]  # pv: one block per 64 query rows, all head dims
+    insts = [build.NaiveInstance("qk", c.dtype, c.causal, D), build.NaiveInstance("softmax", c.dtype),
+             build.NaiveInstance("pv", c.dtype, head_dim=D)]
+    smem = (launch.naive_qk_smem_bytes(D, itemsize), smem_sm, launch.naive_pv_smem_bytes(D, itemsize))
+    f_qk, f_sm, f_pv = (_kernel(cp, i, m) for i, m in zip(insts, smem, strict=True))
+    rows, row_threads = B * H * N, launch.naive_softmax_row_threads(Nk, itemsize)
+    rows_per_block = launch.naive_softmax_rows_per_block(Nk, itemsize)
+    grids = [(-(-Nk // t["qk"]["block_n"]), -(-N // t["qk"]["block_m"]), B * H), (-(-rows // rows_per_block), 1, 1),
+             (1, -(-N // t["pv"]["block_m"]), B * H)]  # pv: one block per 128 query rows, all head dims
     blocks = [(t[x]["threads"], 1, 1) for x in ("qk", "softmax", "pv")]
-    f_qk(grids[0], blocks[0], (c.q, c.k, s, i32(N), i32(Nk), i32(H), i32(Hk), i32(D), cp.float32(c.scale)))
+    f_qk(grids[0], blocks[0], (c.q, c.k, s, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(c.scale)), shared_mem=smem[0])
     lse_arg = c.lse if c.lse is not None else cp.uint64(0)  # a null pointer: the kernel skips lse
-    f_sm(grids[1], blocks[1], (s, p, lse_arg, i32(Nk)), shared_mem=smem)
-    f_pv(grids[2], blocks[2], (p, c.v, c.o, i32(N), i32(Nk), i32(H), i32(Hk), i32(D)))
+    f_sm(grids[1], blocks[1], (s, p, lse_arg, i32(Nk), cp.int64(rows), i32(row_threads)), shared_mem=smem[1])
+    f_pv(grids[2], blocks[2], (p, c.v, c.o, i32(N), i32(Nk), i32(H), i32(Hk), i32(c.causal)), shared_mem=smem[2])
     launches = tuple(KernelLaunch(i.name_expression, g, b, m)
-                     for i, g, b, m in zip(insts, grids, blocks, (0, smem, 0), strict=True))
+                     for i, g, b, m in zip(insts, grids, blocks, smem, strict=True))
     return launches, {k_: dict(v_) for k_, v_ in t.items()}
 
 

@@ -104,27 +104,35 @@ def flash_instances() -> list[FlashInstance]:
 # Naive attention, Algorithm 0 (kernels/naive.cu); its tiles are iosim.launch.NAIVE_TILES.
 
 NAIVE_SOURCE = "naive.cu"
+
+
 @dataclass(frozen=True)
 class NaiveInstance:
-    """One template instantiation of a naive.cu kernel: kind in {"qk", "softmax", "pv"}."""
+    """One template instantiation of a naive.cu kernel: kind in {"qk", "softmax", "pv"}.
+
+    qk is naive_qk_kernel<D, T, Causal>, pv naive_pv_kernel<D, T> (``head_dim`` = D), softmax
+    naive_softmax_kernel<T> (``head_dim`` and ``causal`` unused)."""
 
     kind: str
     dtype: str
     causal: bool = False  # only the qk kernel is templated on it
+    head_dim: int = 0  # qk and pv
 
     @property
     def name_expression(self) -> str:
         t = CUDA_TYPES[self.dtype]
         if self.kind == "qk":
-            return f"iosim::naive_qk_kernel<{t}, {'true' if self.causal else 'false'}>"
-        return f"iosim::naive_{self.kind}_kernel<{t}>"
+            return f"iosim::naive_qk_kernel<{self.head_dim}, {t}, {'true' if self.causal else 'false'}>"
+        if self.kind == "pv":
+            return f"iosim::naive_pv_kernel<{self.head_dim}, {t}>"
+        return f"iosim::naive_softmax_kernel<{t}>"
 
     @property
     def explicit_instantiation(self) -> str:
         t = CUDA_TYPES[self.dtype]
         params = {
-            "qk": f"const {t}*, const {t}*, {t}*, int, int, int, int, int, float",
-            "softmax": f"const {t}*, {t}*, float*, int",
+            "qk": f"const {t}*, const {t}*, {t}*, int, int, int, int, float",
+            "softmax": f"const {t}*, {t}*, float*, int, long long, int",
             "pv": f"const {t}*, const {t}*, {t}*, int, int, int, int, int",
         }[self.kind]
         return f"template __global__ void {self.name_expression}({params});"
@@ -135,10 +143,12 @@ class NaiveInstance:
 
 
 def naive_instances() -> list[NaiveInstance]:
+    """Every naive instantiation the library can launch: qk and pv per head dim, one softmax per dtype."""
     out: list[NaiveInstance] = []
     for dt in CUDA_TYPES:
-        out += [NaiveInstance("qk", dt, False), NaiveInstance("qk", dt, True)]
-        out += [NaiveInstance("softmax", dt), NaiveInstance("pv", dt)]
+        for d in HEAD_DIMS:
+            out += [NaiveInstance("qk", dt, False, d), NaiveInstance("qk", dt, True, d), NaiveInstance("pv", dt, head_dim=d)]
+        out.append(NaiveInstance("softmax", dt))
     return out
 
 

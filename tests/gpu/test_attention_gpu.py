@@ -182,6 +182,11 @@ NAIVE_SHAPES = [
     (1, 1000, 999, 2, 1),
     (1, 4097, 1000, 8, 1),
     (1, 70, 4097, 2, 2),
+    # naive.cu v2's paths: softmax rows in registers with 8 rows per block (264 keys), 256 threads per row (16384 keys)
+    # and in shared memory with 16-byte loads (20000 keys); P tiles by cp.async; ragged last tiles of 128
+    (2, 300, 264, 4, 2),
+    (1, 130, 16384, 2, 1),
+    (1, 33, 20000, 2, 2),
 ]
 
 
