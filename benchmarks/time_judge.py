@@ -15,8 +15,8 @@ import warnings
 from pathlib import Path
 
 from iosim.problem import AttentionProblem, InputWarning
-from iosim.simulate import simulate
-from iosim.timing import load_kernel
+from iosim.simulate import predict_time, simulate
+from iosim.timing import load_kernel, overlap
 
 SCHEDULE = {"iosim-flash2": "flash2", "iosim-naive": "naive", "fa2": "flash2", "cudnn": "flash3"}
 BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.05, 0.15), "cudnn": (0.10, 0.25)}
@@ -24,7 +24,8 @@ COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len
            "causal", "block_q", "block_kv", "predicted_s", "measured_s")
 
 
-def predict_row(row: dict, profile: str) -> tuple[float, int | None, int | None, str]:
+def simulate_row(row: dict, profile: str):
+    """The simulation of a measured row with the kernel it names (its tiles), L2 model on, warm."""
     kernel = row["kernel"]
     p = AttentionProblem(batch=row["batch"], heads=row["heads"], kv_heads=row["kv_heads"], seq_len=row["seq_len"],
                          kv_len=row["kv_len"], head_dim=row["head_dim"], dtype=row["dtype"], causal=row["causal"])
@@ -35,8 +36,30 @@ def predict_row(row: dict, profile: str) -> tuple[float, int | None, int | None,
         bq, bkv = tc.block_q, tc.block_kv
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InputWarning)
-        r = simulate(SCHEDULE[kernel], p, profile, block_q=bq, block_kv=bkv, kernel=kernel, l2=True, warm=True)
+        return simulate(SCHEDULE[kernel], p, profile, block_q=bq, block_kv=bkv, kernel=kernel, l2=True, warm=True)
+
+
+def predict_row(row: dict, profile: str) -> tuple[float, int | None, int | None, str]:
+    r = simulate_row(row, profile)
+    bq = r.tiles.block_q if load_kernel(row["kernel"]).tiles else None
+    bkv = r.tiles.block_kv if bq is not None else None
     return r.time.predicted_s, bq, bkv, r.time.bound
+
+
+def fit_overlap(raw: Path, profile: str) -> float:
+    """OVERLAP_LOSS minimizing the median |error| over the FA2- and FA3-class rows of one record (0 to 1 by 0.01)."""
+    data = json.loads(raw.read_text())
+    rows = [r for r in data["rows"] if r["kernel"] in ("iosim-flash2", "fa2", "cudnn") and r["measured_ms"]]
+    sims = [(simulate_row(r, profile), r["measured_ms"] / 1e3) for r in rows]
+    best = None
+    for i in range(101):
+        overlap.OVERLAP_LOSS = i / 100
+        med = statistics.median(abs(predict_time(s).predicted_s - m) / m for s, m in sims)
+        if best is None or med < best[0]:
+            best = (med, i / 100)
+    print(f"OVERLAP_LOSS = {best[1]:.2f}: median |error| {best[0]:.1%} over {len(sims)} rows of {data['device']} "
+          f"({raw.name}, measured at {data['commit'][:7]})")
+    return best[1]
 
 
 def judge_record(device: str, raw: Path, profile: str, root: Path) -> int:

@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure", action="store_true", help="measure the sweep on this GPU first")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--only", nargs="*", choices=KERNELS, help="with --measure: these kernels only")
+    ap.add_argument("--fit", action="store_true",
+                    help="fit iosim.timing.overlap.OVERLAP_LOSS on this record (once, on one GPU) and print it")
     ap.add_argument("--append-throughput", action="store_true",
                     help="append the benchmark shapes' rows to docs/benchmarks/<profile>.csv (once per measurement)")
     ap.add_argument("--out", type=Path, default=None, help="with --measure: folder for the JSON (default data/validation)")
@@ -239,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.append_throughput:
         append_throughput(json.loads(raw.read_text()), ROOT / "docs/benchmarks" / f"{PROFILE[args.device]}.csv")
-    from time_judge import judge_record  # beside this file; imports iosim.timing
+    from time_judge import fit_overlap, judge_record  # beside this file; imports iosim.timing
+
+    if args.fit:
+        fit_overlap(raw, PROFILE[args.device])
+        return 0
 
     return judge_record(args.device, raw, PROFILE[args.device], ROOT)
 

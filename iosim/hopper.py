@@ -48,6 +48,9 @@ class HopperModel:
     assumes the 1.98 GHz boost clock."""
     overlap: bool = True
     """True: FA3's pipeline (max of the parts); False: FA2-style, softmax and GEMMs in sequence."""
+    overlap_loss: float = 0.0
+    """With ``overlap``: the share of the shorter of GEMM and softmax that does not hide under the longer (0: a
+    perfect ping-pong; iosim.timing passes its fitted OVERLAP_LOSS)."""
 
 
 def _rates(profile: Profile, dtype: str, model: HopperModel) -> dict[str, float]:
@@ -90,7 +93,9 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile,
 
     def step(rows, keys):
         g, s, ld = parts(rows, keys)
-        return np.maximum(np.maximum(g, s), ld) if model.overlap else np.maximum(g + s, ld)
+        if not model.overlap:
+            return np.maximum(g + s, ld)
+        return np.maximum(np.maximum(g, s) + model.overlap_loss * np.minimum(g, s), ld)
 
     g_full, _, l_full = parts(br, Bc)
     g_last, _, l_last = parts(br, last)

@@ -430,8 +430,10 @@ def test_every_published_number_is_positive_and_finite():
     for name in BUILTINS:
         p = get_profile(name)
         for where, pair in _sourced(p):
-            if pair.value is not None:
-                assert math.isfinite(pair.value) and pair.value > 0, f"{name}: {where}"
+            values = pair.value.values() if isinstance(pair.value, dict) else [pair.value]  # measured tables
+            for v in values:
+                if v is not None:
+                    assert math.isfinite(v) and v > 0, f"{name}: {where}"
 
 
 # -- docs/profiles.md stays true ----------------------------------------------------------------------------------
@@ -486,6 +488,8 @@ def test_the_example_profile_in_docs_validates_and_equals_its_template(tmp_path)
     mine = load_profile_file(path)
     h100 = get_profile("h100-sxm5-80gb")
     for where, pair in _sourced(h100):
+        if where.startswith("calibration."):  # measured by iosim calibrate rates, not part of the datasheet template
+            continue
         assert dict(_sourced(mine))[where].value == pair.value, where
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from iosim import AttentionProblem, simulate
+from iosim import AttentionProblem, get_profile, simulate, timing
 from iosim.timing import KernelError, builtin_kernel_names, load_kernel
-from iosim.timing.decode import num_splits
+from iosim.timing.decode import num_splits, split_geometry
 
 
 def test_the_built_in_kernels_are_the_issues_names():
@@ -56,8 +56,22 @@ def test_full_waves_scale_with_the_work_and_causal_costs_about_half():
 
 
 def test_a_grid_under_one_wave_leaves_the_chip_idle():
-    r = simulate("flash2", AttentionProblem(seq_len=2048, head_dim=128, dtype="bf16"), kernel="fa2")
+    r = simulate("flash2", AttentionProblem(seq_len=2048, head_dim=128, dtype="bf16"), kernel="iosim-flash2")
     assert r.time.kernels[0].grid == 16 and r.time.kernels[0].utilization < 16 / 132 + 1e-9
+
+
+def test_fa2_splits_a_grid_that_would_not_fill_the_gpu_as_torch_launches_it():
+    # measured on the H100 (data/validation/h100-time.json): torch's flash backend ran flash_fwd_splitkv_kernel with
+    # grid (32, 8, 1) for one head of N = 2048, d = 128: 32 Q blocks of 64 rows x 8 splits of the 16 K/V blocks
+    p = AttentionProblem(seq_len=2048, head_dim=128, dtype="bf16")
+    rates = timing.rates(get_profile("h100-sxm5-80gb"), "bf16")
+    rows, heads, block_kv, n_blocks, splits = split_geometry(p, load_kernel("fa2"), rates)
+    assert (rows, heads, block_kv, n_blocks, splits) == (2048, 1, 128, 16, 8)
+    r = simulate("flash2", p, "h100-sxm5-80gb", kernel="fa2").to_json()["time"]["kernels"][0]
+    assert r["resource_s"]["combine"] > 0  # the split kernel, then the combine kernel
+    # decode, grouped-query: 4 query heads per kv head folded into rows; measured grid (1, 4, 64): 4 splits
+    d = AttentionProblem(batch=8, heads=32, kv_heads=8, seq_len=1, kv_len=4096, head_dim=128, dtype="bf16")
+    assert split_geometry(d, load_kernel("fa2"), rates)[4] == 4
 
 
 def test_flash_attention_2s_split_heuristic():

@@ -29,7 +29,7 @@ from ..problem import AttentionProblem
 from ..profile import Profile
 from ..roofline import KernelTime, TimeEstimate
 from ..schedules import Tiles
-from . import decode, fa2, naive
+from . import decode, fa2, naive, overlap
 from .kernels import DEFAULT_KERNEL, KernelDesc, KernelError, builtin_kernel_names, load_kernel
 from .rates import Rates, rates
 
@@ -74,12 +74,13 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
         for name, t, parts in naive.kernel_times(problem, tiles, counts.kernels, profile, r, hbm):
             out.append(KernelTime(name, _grid(counts, name), 1.0, _seconds(parts), t, parts["bound"]))
     elif desc.family == "fa3":
-        model = hopper.HopperModel(tensor_efficiency=_wgmma_efficiency(r, profile, problem.dtype))
+        model = hopper.HopperModel(tensor_efficiency=_wgmma_efficiency(r, profile, problem.dtype),
+                                   overlap_loss=overlap.OVERLAP_LOSS)
         est = hopper.predict(counts, problem, tiles, profile, model)
         k = est.kernels[0]
         out.append(replace(k, predicted_s=k.predicted_s + r.launch_s))
     else:
-        mod = decode if decode.applies(problem, desc) else fa2
+        mod = decode if decode.applies(problem, desc, r) else fa2
         (rd, wr) = (sum(x[0] for x in hbm), sum(x[1] for x in hbm))
         if mod is fa2:
             tc = fa2.tiles_of(desc, problem.head_dim, tiles.block_q, tiles.block_kv)
@@ -101,7 +102,8 @@ def _seconds(parts: dict) -> dict[str, float]:
 
 
 def _wgmma_efficiency(r: Rates, profile: Profile, dtype: str) -> float:
-    """The measured wgmma rate as a share of the datasheet peak (the Hopper model's tensor_efficiency)."""
+    """The measured wgmma rate as a share of the datasheet peak (the Hopper model's tensor_efficiency); fp8 takes
+    the fp16 measurement's share of the fp16 peak."""
     if r.wgmma == r.wgmma and r.calibration != "uncalibrated":  # measured (not nan)
-        return min(1.0, r.wgmma / profile.matmul_rate(dtype))
+        return min(1.0, r.wgmma / profile.matmul_rate("bf16" if dtype == "bf16" else "fp16"))
     return hopper.HopperModel().tensor_efficiency

@@ -1,8 +1,10 @@
-"""Time of FlashAttention-2's split-KV forward (decode: a few queries against a long K/V), as torch runs it.
+"""Time of FlashAttention-2's split-KV forward, as torch runs it where its grid would not fill the GPU (decode: a few
+queries against a long K/V; or few heads and short sequences).
 
 With one query per sequence and grouped-query heads, FA2 folds the query heads of a K/V head into the query rows
-(``seqlenq_ngroups_swapped``: seq_len_q = H/H_kv, heads = H_kv), cuts the K/V sequence into ``num_splits`` parts
-chosen by its wave-efficiency heuristic (``num_splits_heuristic`` with 2 × SMs, at most 128 splits), runs one
+(``seqlenq_ngroups_swapped``: seq_len_q = H/H_kv, heads = H_kv); with Q blocks of 64 rows it cuts the K/V sequence
+into ``num_splits`` parts chosen by its wave-efficiency heuristic (``num_splits_heuristic`` with 2 × SMs, at most
+128 splits; one split: the plain kernel runs, :mod:`iosim.timing.fa2`), runs one
 thread block per (batch, head, Q block, split) over its part, then a combine kernel merges the partial outputs by
 their log-sum-exp. Each block streams its K/V part once; the kernel takes the longer of the blocks' placement and
 the K/V bytes over DRAM bandwidth, and the combine kernel reads the partial outputs once.
@@ -42,30 +44,37 @@ def num_splits(work: int, slots: int, n_blocks: int, max_splits: int = MAX_SPLIT
     return 1
 
 
-def applies(p: AttentionProblem, desc: KernelDesc) -> bool:
-    return desc.split_kv is not None and p.seq_len <= FOLD_LIMIT
+def split_geometry(p: AttentionProblem, desc: KernelDesc, r: Rates) -> tuple[int, int, int, int, int]:
+    """(rows, heads, Bc, n K/V blocks, splits) as FA2's set_params_splitkv sets them."""
+    sk = desc.split_kv
+    d = p.head_dim
+    Bc = sk.block_kv.get(d) or sk.block_kv[min(x for x in sk.block_kv if x >= d)]
+    rows, heads = p.seq_len, p.heads
+    if p.seq_len == 1 and p.heads > p.kv_heads:
+        rows, heads = p.heads // p.kv_heads, p.kv_heads
+    n_blocks = cdiv(p.kv_len, Bc)
+    work = p.batch * heads * cdiv(rows, sk.block_q)
+    return rows, heads, Bc, n_blocks, num_splits(work, 2 * r.sms, n_blocks)
+
+
+def applies(p: AttentionProblem, desc: KernelDesc, r: Rates) -> bool:
+    """Whether the kernel takes its split-KV path for ``p`` (more than one split)."""
+    return desc.split_kv is not None and split_geometry(p, desc, r)[4] > 1
 
 
 def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rates,
                 dram_read: float, dram_write: float) -> tuple[float, dict]:
     sk = desc.split_kv
     d, e = p.head_dim, p.elem_bytes
-    Bc = sk.block_kv.get(d) or sk.block_kv[min(x for x in sk.block_kv if x >= d)]
+    rows, heads, Bc, n_blocks, splits = split_geometry(p, desc, r)
     tc = TileConfig(block_q=sk.block_q, block_kv=Bc, registers=255, smem="qkv")
-    rows, heads = p.seq_len, p.heads
-    if p.seq_len == 1 and p.heads > p.kv_heads:
-        rows, heads = p.heads // p.kv_heads, p.kv_heads
-    m_blocks = cdiv(rows, sk.block_q)
-    n_blocks = cdiv(p.kv_len, Bc)
-    work = p.batch * heads * m_blocks
-    splits = num_splits(work, 2 * r.sms, n_blocks)
+    grid = p.batch * heads * cdiv(rows, sk.block_q) * splits
     k = fa2.residency(tc, desc, d, e, profile)
-    grid = work * splits
     k = min(k, max(1, math.ceil(grid / r.sms)))
     st = fa2.step(sk.block_q, Bc, d, e, k, desc, tc, r)
     per_split = cdiv(n_blocks, splits)
     per_sm_l2 = r.l2 / r.sms
-    t_block = k * sk.block_q * d * e / per_sm_l2 + r.block_s + per_split * st.step_s
+    t_block = k * sk.block_q * d * e / per_sm_l2 + r.block_s + per_split * st.step_s  # causal: ignored (decode)
     blocks = fa2.place(np.full(grid, t_block), r.sms * k)
     main = max(blocks, r.dram_s(dram_read, dram_write)) + r.launch_s
     combine = 0.0

@@ -1,21 +1,23 @@
-"""Time of a FlashAttention-2-class forward (mma.sync): the K/V step of a warp, the SM, the waves, the memory floor.
+"""Time of a FlashAttention-2-class forward (mma.sync): the K/V step of a block, the SM, the waves, the memory floor.
 
 One thread block = one Q block of Br rows; its W warps own Br/W rows each. At every K/V step (Bc keys) a warp runs,
 **in sequence** (FA2, §3.1 of Dao 2023: the softmax needs S, P·V needs P):
 
-    g = 4·(Br/W)·Bc·d FLOPs on the tensor cores          QKᵀ and P·V (mma.sync m16n8k16)
-    s = (Br/W)·Bc exp2 on the special-function unit       + the fp32 work of the online softmax:
-        SOFTMAX_OPS per score (max, scale-subtract, sum, convert P) and one rescale per output element
+    ldmatrix   K_j and V_j (and Q_i where it is not held in registers) from shared memory: the SM's bandwidth
+    mma        4·(Br/W)·Bc·d FLOPs on its sub-partition's tensor core (QKᵀ and P·V, mma.sync m16n8k16)
+    softmax    (Br/W)·Bc exp2 on the special-function unit, SOFTMAX_OPS fp32 operations per score and one rescale
+               per output element
 
-On an SM, k resident blocks give n = k·W/4 warps to each of the 4 sub-partitions (one tensor core, a quarter of
-the SFU and FP32 lanes each). Warps overlap one another's phases but not their own, so one step of all k blocks takes
+and a block-wide barrier per step (the K/V ring's) keeps the block's warps in the same phase, so one block's step is
+the *sum* t_seq = t_ldmatrix + t_mma + t_softmax (each phase with the block's warps sharing the SM). k blocks resident
+on an SM run out of phase and hide part of one another's step: the SM's step for k blocks is
 
-    T_step = max( n·g/R_mma , n·s , g/R_mma + s , k·W·(ldmatrix bytes)/R_smem , k·2·Bc·d·b / R_L2 )
+    T_step = max( t_seq·(1 + OVERLAP_LOSS·(k−1)) , k·t_mma , k·t_ldmatrix , k·t_softmax , k·t_load(L2) )
 
-(each rate per sub-partition; ``R_mma`` the mma.sync rate measured with n warps per sub-partition issuing). A Q
-block visiting n_i K/V blocks takes t_i = prologue + n_i·T_step + epilogue; thread blocks are placed on the SMs'
-k slots in launch order (causal imbalance and the last wave fall out of the placement), and the kernel takes the
-longer of that and its DRAM bytes over DRAM bandwidth, plus one launch.
+(:data:`iosim.timing.overlap.OVERLAP_LOSS`, the one fitted constant of the time model, says what share of a second
+stream's work does not hide under the first's). A Q block visiting n_i K/V blocks takes t_i = prologue + n_i·T_step
++ epilogue; thread blocks are placed on the SMs' k slots in launch order (causal imbalance and the last wave fall
+out of the placement), and the kernel takes the longer of that and its DRAM bytes over DRAM bandwidth, plus a launch.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..blocks import cdiv, n_kv_blocks_visible
 from ..launch import flash_smem_bytes, resident_blocks
 from ..problem import AttentionProblem
 from ..profile import Profile
+from . import overlap
 from .kernels import KernelDesc, TileConfig
 from .rates import Rates
 
@@ -39,11 +42,15 @@ SUBPARTITIONS = 4  # warp schedulers per SM (each with its own tensor core and q
 
 @dataclass(frozen=True)
 class StepParts:
-    gemm_s: float  # one warp's two GEMMs of one step, alone on its sub-partition's tensor core
-    softmax_s: float  # one warp's softmax of one step
-    smem_s: float  # the SM's ldmatrix traffic of one step of all its resident blocks
-    l2_s: float  # the SM's K/V loads of one step of all its resident blocks
-    step_s: float  # the step of all resident blocks (the max above)
+    ldmatrix_s: float  # one block's fragments from shared memory, one step
+    mma_s: float  # one block's two GEMMs of one step
+    softmax_s: float  # one block's online softmax of one step
+    load_s: float  # one block's K/V tiles from L2 at the SM's share of L2 bandwidth
+    step_s: float  # the step of all k resident blocks
+
+    @property
+    def sequence_s(self) -> float:
+        return self.ldmatrix_s + self.mma_s + self.softmax_s
 
 
 def smem_bytes(tc: TileConfig, d: int, e: int) -> int:
@@ -64,16 +71,16 @@ def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileC
     """One K/V step of ``k`` resident blocks on one SM (``rows`` query rows per block)."""
     W = desc.warps
     rw = rows / W  # rows per warp
-    n = k * W / SUBPARTITIONS  # warps per sub-partition
-    per_sp = r.sms * SUBPARTITIONS
-    mma_sp = r.mma_at(k * W) / per_sp
-    g = 4 * rw * Bc * d / mma_sp
-    s = rw * Bc / (r.ex2 / per_sp) + (SOFTMAX_OPS * rw * Bc + rw * d) / (r.alu / per_sp)
+    per_sp = max(W / SUBPARTITIONS, 1.0)  # the block's warps on one sub-partition
+    sp = r.sms * SUBPARTITIONS
+    mma = per_sp * 4 * rw * Bc * d / (r.mma_at(W) / sp)
+    soft = per_sp * (rw * Bc / (r.ex2 / sp) + (SOFTMAX_OPS * rw * Bc + rw * d) / (r.alu / sp))
     q_bytes = 0 if tc.q_in_registers else rw * d * e
-    smem = k * W * (2 * Bc * d * e + q_bytes) / (r.smem / r.sms)
-    l2 = k * 2 * Bc * d * e / (r.l2 / r.sms)
-    t = max(max(n, 1.0) * g, max(n, 1.0) * s, g + s, smem, l2)
-    return StepParts(g, s, smem, l2, t)
+    ldm = W * (2 * Bc * d * e + q_bytes) / (r.smem / r.sms)
+    load = 2 * Bc * d * e / (r.l2 / r.sms)
+    mma_k = per_sp * 4 * rw * Bc * d / (r.mma_at(k * W) / sp)  # the tensor cores shared by k blocks' warps
+    t = max((ldm + mma + soft) * (1 + overlap.OVERLAP_LOSS * (k - 1)), k * mma_k, k * ldm, k * soft, k * load)
+    return StepParts(ldm, mma, soft, load, t)
 
 
 def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates) -> np.ndarray:
@@ -134,14 +141,14 @@ def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rate
     sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r)
     busy = float(order.sum()) / (r.sms * k * blocks) if blocks else 1.0  # share of the chip's block slots in use
     parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "launch": r.launch_s, "resident_blocks": k,
-             "step_gemm": sp.gemm_s, "step_softmax": sp.softmax_s, "step_smem": sp.smem_s, "step_l2": sp.l2_s,
-             "step": sp.step_s}
-    bound = "dram" if memory > blocks else _step_bound(sp, k * desc.warps / SUBPARTITIONS)
+             "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,
+             "step_load": sp.load_s, "step": sp.step_s}
+    bound = "dram" if memory > blocks else _step_bound(sp, k)
     return total, {**parts, "bound": bound}
 
 
-def _step_bound(sp: StepParts, n: float) -> str:
-    n = max(n, 1.0)
-    cands = {"tensor": n * sp.gemm_s, "softmax": n * sp.softmax_s, "in-warp sequence": sp.gemm_s + sp.softmax_s,
-             "smem": sp.smem_s, "l2": sp.l2_s}
+def _step_bound(sp: StepParts, k: int) -> str:
+    """What limits the step: the in-block sequence (the warps' phases one after another), or a shared resource."""
+    cands = {"sequence": sp.sequence_s * (1 + overlap.OVERLAP_LOSS * (k - 1)), "tensor": k * sp.mma_s,
+             "smem": k * sp.ldmatrix_s, "softmax": k * sp.softmax_s, "l2": k * sp.load_s}
     return max(cands, key=cands.get)
