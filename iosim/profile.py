@@ -294,6 +294,14 @@ class LaunchCosts(_Strict):
     per_block: SourcedSeconds = Field(description="each further tiny thread block, per block per SM")
 
 
+class MemoryLatency(_Strict):
+    """One load in a dependent chain (pointer chase, one thread, ld.global.cg): seconds, not SM cycles, since L2
+    and DRAM run on clocks of their own; the cycles are in the source."""
+
+    l2: SourcedSeconds = Field(description="a load that hits L2 (a 4 MiB buffer, warm)")
+    dram: SourcedSeconds = Field(description="a load that misses L2 (random lines of a 1 GiB buffer, each once)")
+
+
 class MeasuredOn(_Strict):
     device: str = Field(min_length=1)
     driver: str = Field(min_length=1)
@@ -316,6 +324,8 @@ class Calibration(_Strict):
     l2: ReadWrite
     dram: DramRates
     launch: LaunchCosts
+    latency: MemoryLatency | None = Field(default=None, description="memory latency of one dependent load; absent "
+                                          "in files calibrated before it was measured (iosim calibrate rates writes it)")
 
 
 class Profile(_Strict):

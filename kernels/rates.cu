@@ -15,6 +15,12 @@
 //   rates_read / rates_write (reps passes over n float4) and rates_copy: global memory, grid-stride, 4 x 16 B per
 //                                          thread per trip, through L2 only (.cg)
 //   rates_empty, rates_spin(ns)            launch costs; rates_spin holds the stream for ns nanoseconds
+//   rates_chase_link(buf, lines, head)     turns a random cycle of line indices (one 8-byte word per 128-byte line)
+//                                          into pointers, head[0] = line 0's address
+//   rates_chase(head, warm, n, cycles, stamps)   memory latency: one thread follows the pointer chain with
+//                                          ld.global.cg (L1 bypassed), warm loads untimed, then n loads each timed
+//                                          alone with clock64 into cycles[i]; stamps of the timed part as below;
+//                                          head[0] = where it stopped (the next launch goes on from there)
 // stamps (may be null): thread 0 of each block writes {clock64 start, end, %globaltimer start, end} at 4 x block id,
 // so the SM clock under that load is cycles over nanoseconds.
 #include "common.cuh"
@@ -247,6 +253,43 @@ extern "C" __global__ void rates_spin(long long ns) {
         while (rates_timer_ns() - t0 < (unsigned long long)ns) {
         }
     }
+}
+
+constexpr int kChaseMax = 4096;  // timed loads per rates_chase launch: iosim/calibrate/rates_kernels.py CHASE_LOADS
+
+extern "C" __global__ void rates_chase_link(unsigned long long* __restrict__ buf, long long lines,
+                                            unsigned long long* __restrict__ head) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < lines; i += stride)
+        buf[16 * i] = (unsigned long long)(buf + 16 * buf[16 * i]);
+    if (blockIdx.x == 0 && threadIdx.x == 0) head[0] = (unsigned long long)buf;
+}
+
+// One thread, one dependent chain: each load's address is the last load's value. Each timed load is bracketed by
+// clock64 reads; the store of its value to shared memory between the load and the second read waits for the load
+// (Jia et al.'s pointer chase), so the second read cannot be issued before the value is back.
+extern "C" __global__ void __launch_bounds__(32) rates_chase(unsigned long long* __restrict__ head, int warm, int n,
+                                                             unsigned* __restrict__ cycles,
+                                                             unsigned long long* __restrict__ stamps) {
+    __shared__ unsigned lat[kChaseMax];
+    __shared__ unsigned long long sink[1];
+    if (threadIdx.x != 0) return;
+    unsigned long long p = head[0];
+    for (int i = 0; i < warm; ++i) p = __ldcg(reinterpret_cast<const unsigned long long*>(p));
+    n = n < kChaseMax ? n : kChaseMax;
+    RatesStamp t0, t1;
+    t0.take();
+    for (int i = 0; i < n; ++i) {
+        const long long c0 = clock64();
+        p = __ldcg(reinterpret_cast<const unsigned long long*>(p));
+        sink[0] = p;
+        const long long c1 = clock64();
+        lat[i] = (unsigned)(c1 - c0);
+    }
+    t1.take();
+    rates_put_stamps(stamps, t0, t1);
+    for (int i = 0; i < n; ++i) cycles[i] = lat[i];
+    head[0] = p + (sink[0] != p);  // p; reads sink so that its stores stay
 }
 
 #ifdef IOSIM_RATES_WGMMA

@@ -14,7 +14,7 @@ import yaml
 from helpers import run_cli
 
 from iosim._resources import kernels_dir
-from iosim.calibrate import rates
+from iosim.calibrate import rates, rates_kernels
 from iosim.calibrate.rates import Measured, calibration_section, guess_profile, write_calibrated
 from iosim.gpu import build
 from iosim.gpu.flash3 import _wgmma_fn
@@ -40,7 +40,8 @@ def _measured(hopper: bool = True) -> list[Measured]:
           Measured(("l2", "write"), 8.1e12, "B/s", "l2"), Measured(("dram", "read"), 3.01e12, "B/s", "dram"),
           Measured(("dram", "write"), 2.9e12, "B/s", "dram"), Measured(("dram", "read_write"), 2.8e12, "B/s", "copy"),
           Measured(("launch", "interval"), 2.1e-6, "s", "queued"), Measured(("launch", "host_interval"), 6.3e-6, "s", "py"),
-          Measured(("launch", "per_block"), 0.21e-6, "s", "blocks")]
+          Measured(("launch", "per_block"), 0.21e-6, "s", "blocks"),
+          Measured(("latency", "l2"), 262e-9, "s", "chase"), Measured(("latency", "dram"), 531e-9, "s", "chase")]
     return m
 
 
@@ -63,10 +64,26 @@ def test_a_profile_with_a_calibration_section_loads_and_says_where_it_was_measur
     assert p.measured("dram.read") == pytest.approx(3.01e12)
     assert p.measured("mma_sync.fp16.latency") == pytest.approx(33.25)
     assert p.measured("mma_sync.bf16.throughput")[16] == pytest.approx(480e12)
+    assert p.measured("latency.l2") == pytest.approx(262e-9) and p.measured("latency.dram") == pytest.approx(531e-9)
+
+
+def test_a_calibration_from_before_the_memory_latencies_still_loads():
+    section = calibration_section(_measured(), ON, hopper=True)
+    del section["latency"]
+    p = profile_from_dict(_with_calibration(section))
+    assert p.calibration.latency is None and p.measured("latency.l2") is None
+    assert p.measured("dram.read") == pytest.approx(3.01e12)
+    builtin = get_profile("h100-sxm5-80gb")  # its calibration section (2026-11-24) predates them
+    assert builtin.calibration is not None and builtin.measured("launch.interval") > 0
+
+
+def test_a_new_measurement_needs_the_memory_latencies():
+    with pytest.raises(rates.RatesError, match=r"latency\.dram"):
+        calibration_section([m for m in _measured() if m.path != ("latency", "dram")], ON, hopper=True)
 
 
 def test_without_a_calibration_a_profile_stays_valid_and_uncalibrated():
-    p = get_profile("h100-sxm5-80gb")
+    p = get_profile("h200-sxm-141gb")
     assert p.calibration is None and p.calibration_label() == "uncalibrated"
     assert p.measured("dram.read") is None
     other = profile_from_dict(_with_calibration(calibration_section(_measured(hopper=False), ON, hopper=False)))
@@ -92,6 +109,9 @@ def test_a_profile_dump_validates_again():
         (lambda c: c["wgmma"]["fp16"].pop("n256"), "calibration.wgmma.fp16.n256", "required field is missing"),
         (lambda c: c["l2"].update(bandwidth=c["l2"]["read"]), "calibration.l2.bandwidth", "unknown key"),
         (lambda c: c.pop("measured_on"), "calibration.measured_on", "required field is missing"),
+        (lambda c: c["latency"]["dram"].update(value="-1 ns"), "calibration.latency.dram.value", "-1 ns"),
+        (lambda c: c["latency"].pop("l2"), "calibration.latency.l2", "required field is missing"),
+        (lambda c: c["latency"].update(l1=c["latency"]["l2"]), "calibration.latency.l1", "unknown key"),
     ],
 )
 def test_bad_calibration_values_are_refused_with_the_field_named(change, field, words):
@@ -112,15 +132,17 @@ def test_times_read_as_people_write_them():
 
 def test_the_writer_keeps_the_base_text_and_its_output_loads_back(tmp_path):
     section = calibration_section(_measured(), ON, hopper=True)
-    out = tmp_path / "h100-calibrated.yaml"
-    written = write_calibrated("h100-sxm5-80gb", section, out)
+    out = tmp_path / "h200-calibrated.yaml"
+    written = write_calibrated("h200-sxm-141gb", section, out)  # a built-in without a calibration section
     text = out.read_text()
-    assert text.startswith((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text().rstrip("\n"))  # comments kept
+    assert text.startswith((PROFILES_DIR / "h200-sxm-141gb.yaml").read_text().rstrip("\n"))  # comments kept
     loaded = load_profile_file(out)
-    assert loaded == written and loaded.name == "h100-sxm5-80gb"
+    assert loaded == written and loaded.name == "h200-sxm-141gb"
     assert loaded.calibration.l2.read.value == pytest.approx(9.8e12)
     assert loaded.calibration.mma_sync.fp16.throughput.value[8] == pytest.approx(320e12)
-    assert loaded.dram.bandwidth.value == get_profile("h100-sxm5-80gb").dram.bandwidth.value  # the rest unchanged
+    assert loaded.calibration.latency.dram.value == pytest.approx(531e-9)
+    assert "\n  latency:\n    l2:\n      value: 262 ns\n" in text
+    assert loaded.dram.bandwidth.value == get_profile("h200-sxm-141gb").dram.bandwidth.value  # the rest unchanged
     # calibrating a calibrated file replaces its section; JSON out works too
     again = write_calibrated(str(out), calibration_section(_measured(hopper=False), ON, hopper=False),
                              tmp_path / "again.json")
@@ -134,6 +156,7 @@ def test_values_are_written_in_units_people_read():
     assert section["launch"]["interval"]["value"] == "2.1 us"
     assert section["sm_clock"]["value"] == "1.755 GHz"
     assert section["exp"]["latency"]["value"] == 18.0
+    assert section["latency"]["l2"]["value"] == "262 ns" and section["latency"]["dram"]["value"] == "531 ns"
 
 
 def test_without_a_gpu_the_command_refuses_in_one_line(monkeypatch, capsys, tmp_path):
@@ -164,7 +187,9 @@ def test_rates_cu_agrees_with_what_python_launches():
         assert _wgmma_fn("ss", 256, ctype) in src
     kernels = set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(rates_\w+)", src))
     assert {"rates_alu", "rates_alu_latency", "rates_mma", "rates_mma_latency", "rates_wgmma", "rates_smem",
-            "rates_read", "rates_write", "rates_copy", "rates_empty", "rates_spin"} <= kernels
+            "rates_read", "rates_write", "rates_copy", "rates_empty", "rates_spin", "rates_chase_link",
+            "rates_chase"} <= kernels
+    assert f"kChaseMax = {rates_kernels.CHASE_LOADS};" in src
     names = build.RatesSource(wgmma=True).name_expressions
     assert len(names) == 4 + 2 * len(build.RATES_WGMMA_N) * len(build.RATES_WARPGROUPS)
     assert build.RatesSource().nvrtc_extra == () and "-arch=sm_90a" in build.RatesSource(wgmma=True).nvrtc_extra
@@ -182,7 +207,7 @@ class _FakeCupy:
     """Just what iosim.calibrate.rates uses of CuPy; a kernel's time is 3 us + 1 ps per thread-iteration."""
 
     __version__ = "0-fake"
-    int32, int64, float32, uint64 = np.int32, np.int64, np.float32, np.uint64
+    int32, int64, float32, uint32, uint64 = np.int32, np.int64, np.float32, np.uint32, np.uint64
 
     def __init__(self, hopper: bool):
         self.now, self.hopper, self.launched = 0.0, hopper, []
@@ -223,6 +248,7 @@ class _FakeCupy:
         return np.ones(n, dtype).view(_Array)
 
     asnumpy = staticmethod(np.asarray)
+    asarray = staticmethod(lambda a: np.asarray(a).view(_Array))
     get_default_memory_pool = staticmethod(lambda: type("Pool", (), {"free_all_blocks": lambda self: None})())
 
 
@@ -243,6 +269,13 @@ class _FakeModule:
 
             def __call__(self, grid, block, args, shared_mem=0):
                 ints = [int(a) for a in args if isinstance(a, (np.int32, np.int64))]
+                if name.startswith("rates_chase"):  # memory latency: 600 cycles per load at 1.5 GHz
+                    cp.launched.append(name)
+                    if name == "rates_chase":
+                        _head, _warm, n, cycles, stamps = args
+                        cycles[:n] = 600
+                        stamps[:4] = [0, 600 * n, 0, 400 * n]
+                    return
                 work = grid[0] * block[0] * max([1, *ints[-1:]])  # the last int is the loop count or size
                 t = 3e-6 + 1e-12 * work
                 cp.now += t
@@ -274,6 +307,9 @@ def test_the_command_measures_and_writes_a_profile_on_a_stand_in_gpu(monkeypatch
     if hopper:
         assert set(p.measured("wgmma.bf16.n256")) == {1, 2, 3}
     assert all(v > 0 for v in (p.measured("dram.read_write"), p.measured("launch.per_block"), p.measured("smem.ld128")))
-    for label in ("sm_clock", "mma_sync.bf16.throughput.16", "exp.latency", "dram.read", "launch.interval"):
+    assert p.measured("latency.l2") == pytest.approx(400e-9) and p.measured("latency.dram") == pytest.approx(400e-9)
+    assert fake.launched.count("rates_chase") == 2 * rates_kernels.CHASE_LAUNCHES
+    for label in ("sm_clock", "mma_sync.bf16.throughput.16", "exp.latency", "dram.read", "launch.interval",
+                  "latency.l2", "latency.dram"):
         assert re.search(rf"^{re.escape(label)}\s", text, re.M), label  # each printed as it completes
     assert f"wrote {out}" in text

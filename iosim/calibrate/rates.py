@@ -3,35 +3,26 @@ written into a copy of a profile as its ``calibration`` section (:class:`iosim.p
 
 Every rate is the median CUDA-event time of ``repeats`` launches after warm-up, each launch sized to about 2 ms;
 latencies are clock64 cycles over one dependent chain of one warp; the SM clock is clock64 cycles over
-%globaltimer nanoseconds in the same busy kernels. :func:`measure_rates` prints each quantity as it completes.
+%globaltimer nanoseconds in the same busy kernels; memory latencies (L2 hit, DRAM) are seconds, from a pointer chase
+(:func:`iosim.calibrate.rates_kernels.chase_latency`). :func:`measure_rates` prints each quantity as it completes.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import math
 import re
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-from iosim._resources import kernels_dir
 from iosim._version import __version__
+from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, chase_latency, fmt_value
 from iosim.gpu._cupy import require_cupy
-from iosim.gpu.build import (
-    RATES_SOURCE,
-    RATES_WARPGROUPS,
-    RATES_WGMMA_N,
-    RatesSource,
-    nvrtc_options,
-    rates_mma_names,
-    rates_wgmma_names,
-)
+from iosim.gpu.build import RATES_WARPGROUPS, RATES_WGMMA_N, rates_mma_names, rates_wgmma_names
 from iosim.profile import (
     PROFILES_DIR,
     Profile,
@@ -40,14 +31,12 @@ from iosim.profile import (
     profile_from_dict,
     read_profile_data,
 )
-from iosim.units import fmt_rate, fmt_seconds
+from iosim.units import fmt_rate
 
 CHAINS, ALU_UNROLL = 8, 16  # kernels/rates.cu kChains, kAluUnroll
 MMA_WARPS = (1, 2, 4, 8, 16)  # resident warps per SM of the mma.sync table
 MMA_FLOP = 2 * 16 * 8 * 16  # one m16n8k16
 WGMMA_PER_TRIP = 8  # wgmma instructions per warpgroup per loop trip
-TARGET_S = 2e-3  # each timed launch
-WARMUP = 3
 ALU_OPS = {  # rates_alu op: (path, unit, what; FLOPs per op)
     0: (("fp32", "fma"), "FLOP/s", "fma.rn.f32 (2 FLOPs)"), 1: (("fp32", "add"), "FLOP/s", "add.rn.f32"),
     2: (("fp32", "max"), "op/s", "max.f32 (FMNMX)"), 3: (("exp", "throughput"), "op/s", "ex2.approx.ftz.f32 (MUFU)"),
@@ -62,32 +51,17 @@ EXPECTED = {  # printed beside the measurement: what an H100 or H200 SXM reaches
     "exp.throughput": "16 /clk/SM", "fp32.fma": "256 FLOP/clk/SM (128 lanes)", "fp32.add": "128 /clk/SM",
     "smem": "128 B/clk/SM", "l2": "8-12 TB/s", "dram.read": "~3.0 TB/s H100, ~4.3 TB/s H200",
     "launch.interval": "2-4 us",
+    # one dependent load, rough ranges (docs/profiles.md names pointer-chase studies of Hopper)
+    "latency.l2": "~200-300 ns (L2 hit)", "latency.dram": "~450-600 ns (HBM)",
 }
 
 
-class RatesError(RuntimeError):
-    """A calibration kernel failed to compile or run, or the result cannot be written; one line."""
-
-
-@dataclass(frozen=True)
-class Measured:
-    """One measured number: ``path`` in the calibration section (a table entry ends with its int key)."""
-
-    path: tuple
-    value: float
-    unit: str  # "FLOP/s", "op/s", "B/s", "Hz", "cycles", "s"
-    method: str  # how, for the source: "measured on <device>, <date>, iosim calibrate rates: <method>"
-
-
-def fmt_value(m: Measured):
-    """The value as the profile writes it: '612.3 TFLOP/s', '3.012 TB/s', '2.31 us', cycles as a number."""
-    if m.unit == "cycles":
-        return round(m.value, 2)
-    return fmt_seconds(m.value) if m.unit == "s" else fmt_rate(m.value, m.unit)
-
-
 def calibration_section(measured: list[Measured], on: dict, hopper: bool) -> dict:
-    """The ``calibration`` mapping of a profile: measured_on, then each value with its source."""
+    """The ``calibration`` mapping of a profile: measured_on, then each value with its source. A new measurement
+    has every group: the memory latencies too (optional in the schema only for files calibrated before them)."""
+    missing = {("latency", "l2"), ("latency", "dram")} - {m.path for m in measured}
+    if missing:
+        raise RatesError(f"the measurement lacks {', '.join('.'.join(p) for p in sorted(missing))}")
     out: dict = {"measured_on": on}
     prefix = f"measured on {on['device']}, {on['date']}, iosim calibrate rates: "
     for m in measured:
@@ -141,76 +115,6 @@ def guess_profile(device: str) -> str:
 
 
 # -- the measurements (CuPy from here on) -------------------------------------------------------------------------
-
-
-class Bench:
-    """The compiled kernels of kernels/rates.cu on device 0, and the timing loop."""
-
-    def __init__(self, cp, repeats: int):
-        self.cp, self.repeats = cp, repeats
-        dev = cp.cuda.Device(0)
-        a = dev.attributes
-        self.sms = a["MultiProcessorCount"]
-        self.hopper = dev.compute_capability == "90"
-        self.l2_bytes = a["L2CacheSize"]
-        # dynamic shared memory that leaves room for one block per SM only
-        self.pad = min(a["MaxSharedMemoryPerBlockOptin"] - 48 * 1024, a["MaxSharedMemoryPerMultiprocessor"] // 2 + 1024)
-        src = RatesSource(wgmma=self.hopper)
-        kdir = kernels_dir()
-        try:
-            self.mod = cp.RawModule(code=(kdir / RATES_SOURCE).read_text(), options=nvrtc_options(kdir) + src.nvrtc_extra,
-                                    name_expressions=src.name_expressions)
-            self.mod.compile()
-        except Exception as exc:
-            raise RatesError(f"kernels/{RATES_SOURCE} did not compile: {type(exc).__name__}: {exc}") from None
-        self.out = cp.zeros(4, cp.float32)
-        self.stamps = cp.zeros(4 * 32 * self.sms, cp.uint64)
-        self.cycles = cp.zeros(1, cp.int64)
-        self.events = cp.cuda.Event(), cp.cuda.Event()
-
-    def fn(self, name: str, pad: bool = False):
-        f = self.mod.get_function(name)
-        if pad and f.max_dynamic_shared_size_bytes < self.pad:
-            f.max_dynamic_shared_size_bytes = self.pad
-        return f
-
-    def once(self, launch: Callable[[], None]) -> float:
-        start, end = self.events
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        return self.cp.cuda.get_elapsed_time(start, end) * 1e-3
-
-    def time(self, launch: Callable[[], None]) -> float:
-        """Median seconds of ``repeats`` launches after warm-up."""
-        for _ in range(WARMUP):
-            launch()
-        return float(np.median([self.once(launch) for _ in range(self.repeats)]))
-
-    def sized(self, make: Callable[[int], Callable[[], None]], iters: int = 64) -> tuple[int, float]:
-        """(iters, median seconds) with ``iters`` grown until one launch takes about TARGET_S."""
-        for _ in range(4):
-            make(iters)()
-            t = self.once(make(iters))
-            if t >= 0.7 * TARGET_S:
-                break
-            iters = min(2**30, max(iters + 1, math.ceil(iters * TARGET_S / max(t, 1e-6))))
-        return iters, self.time(make(iters))
-
-    def clock(self, blocks: int) -> float:
-        """SM clock (Hz) in the last launch: the median over its first ``blocks`` blocks of cycles / ns."""
-        s = self.cp.asnumpy(self.stamps[: 4 * blocks]).astype(np.float64).reshape(blocks, 4)
-        return float(np.median((s[:, 1] - s[:, 0]) / np.maximum(s[:, 3] - s[:, 2], 1) * 1e9))
-
-    def cycles_of(self, launch: Callable[[], None]) -> float:
-        for _ in range(WARMUP):
-            launch()
-        got = []
-        for _ in range(self.repeats):
-            launch()
-            got.append(float(self.cycles.get()[0]))
-        return float(np.median(got))
 
 
 def _compute(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
@@ -323,6 +227,8 @@ def _launch(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
 
 def _per_clk(m: Measured, sms: int, clock: float | None) -> str:
     if clock is None or m.unit in ("s", "cycles", "Hz"):
+        if clock is not None and m.path[0] == "latency":  # memory latency: the same in SM cycles
+            return f"{m.value * clock:.0f} cycles"
         return ""
     unit = {"FLOP/s": "FLOP", "op/s": "", "B/s": "B"}[m.unit]
     return f"{m.value / (sms * clock):.4g} {unit}/clk/SM".replace("  ", " ")
@@ -349,7 +255,7 @@ def measure_rates(repeats: int = 15, echo: Callable[[str], None] = print, dev: d
             echo(f"{label:<28}{fmt_value(m)!s:>16}  {_per_clk(m, b.sms, clock[0] if clock else None):<22}  "
                  f"{'; '.join(x for x in (expect, note) if x)}")
 
-        for part in (_compute, _memory, _launch):
+        for part in (_compute, _memory, chase_latency, _launch):
             part(b, cp, report)
             cp.cuda.runtime.deviceSynchronize()
     except RatesError:

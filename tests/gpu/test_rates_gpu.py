@@ -36,7 +36,7 @@ def cal(tmp_path_factory):
 
 def test_every_quantity_is_printed_as_it_completes(cal):
     _, _, _, lines = cal
-    assert sum(line.startswith(("mma_sync.", "dram.", "launch.", "smem.", "l2.")) for line in lines) >= 20
+    assert sum(line.startswith(("mma_sync.", "dram.", "launch.", "smem.", "l2.", "latency.")) for line in lines) >= 22
 
 
 def test_clock_and_per_sm_rates_are_within_the_hardware(cal):
@@ -74,3 +74,15 @@ def test_memory_and_launch_costs_are_in_order(cal):
     assert 0.3 * c.dram.read.value < c.dram.write.value and 0.3 * c.dram.read.value < c.dram.read_write.value
     assert 0.2e-6 < c.launch.interval.value < 50e-6 and c.launch.interval.value <= c.launch.host_interval.value * 1.5
     assert 0 < c.launch.per_block.value < 10e-6
+
+
+def test_memory_latency_of_a_dependent_load(cal):
+    c, _, _, lines = cal
+    lat = c.latency
+    assert lat is not None  # every new measurement has it
+    assert 50e-9 < lat.l2.value < 1.5e-6 and 150e-9 < lat.dram.value < 3e-6  # far outside: the chase is broken
+    assert lat.dram.value > 1.2 * lat.l2.value  # the DRAM chain really missed L2
+    assert c.launch.interval.value > lat.dram.value  # an empty kernel costs more than one DRAM round trip
+    cycles = lat.l2.value * c.sm_clock.value
+    assert 100 < cycles < 2000, cycles  # an L2 hit is some hundreds of SM cycles on every GPU from sm_80 on
+    assert sum(line.startswith("latency.") for line in lines) == 2
