@@ -1,15 +1,19 @@
 """What can be checked about iosim.gpu without a GPU: lazy import, the one-line error, the launch geometry
-(iosim.launch: shared-memory arithmetic) and the list of instantiations the library launches (the CI compile check builds that same list)."""
+(iosim.launch: shared-memory arithmetic), the list of instantiations the library launches (the CI compile check builds that same list)
+and the torch path of iosim.gpu.inputs on stand-ins for torch and CuPy."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import types
+from contextlib import nullcontext
 
+import numpy as np
 import pytest
 
 from iosim import launch
-from iosim.gpu import build
+from iosim.gpu import build, inputs
 
 
 def test_import_iosim_and_iosim_gpu_never_import_cupy():
@@ -110,3 +114,151 @@ def test_compile_check_passes_without_spills_and_fails_on_a_spill(tmp_path, caps
     out = capsys.readouterr().out
     assert "SPILL" in out and "forbidden spills" in out
     assert compile_check.main(["--arch", "90", "--nvcc", "false"]) == 1  # every compile fails
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# torch tensors viewed without DLPack (iosim.gpu.inputs): the pure-Python parts, on stand-ins for torch and CuPy.
+# tests/gpu/test_attention_gpu.py runs the same paths on real ones.
+
+
+class _FakeTensor:
+    """What torch_view reads of a torch.Tensor."""
+
+    def __init__(self, shape, dtype="float16", stride=None, *, cuda=True, grad=False, ptr=0x7F0000000000, dev=1):
+        self.shape, self.dtype, self.is_cuda, self.requires_grad = tuple(shape), dtype, cuda, grad
+        self._stride = stride or tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+        self._ptr, self._dev, self.layout = ptr, dev, "strided"
+        self.device = types.SimpleNamespace(type="cuda" if cuda else "cpu")
+
+    def stride(self):
+        return self._stride
+
+    def numel(self):
+        return int(np.prod(self.shape))
+
+    def element_size(self):
+        return 4 if self.dtype == "float32" else 2
+
+    def data_ptr(self):
+        return self._ptr
+
+    def get_device(self):
+        return self._dev
+
+    def new_zeros(self, n):
+        return _FakeTensor((n,), self.dtype)
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("DLPack export called")
+
+
+class _FakeArray:
+    """cupy.ndarray as the checks read it: shape, dtype, strides, flags.c_contiguous, data.ptr, device.id."""
+
+    def __init__(self, shape, dtype, memptr, strides):
+        self.shape, self.dtype, self.strides, self.data = shape, dtype, strides, memptr
+        self.ndim, self.device = len(shape), types.SimpleNamespace(id=memptr.mem.device_id)
+        item, want = dtype.itemsize, []
+        for n in reversed(shape):
+            want.insert(0, item)
+            item *= n
+        self.flags = types.SimpleNamespace(c_contiguous=tuple(want) == tuple(strides))
+
+
+def _fakes(monkeypatch):
+    """(torch, cupy) stand-ins; torch registered in sys.modules as iosim finds it."""
+    torch = types.ModuleType("torch")
+    torch.Tensor, torch.strided, torch.float32 = _FakeTensor, "strided", "float32"
+    torch.empty_calls = []
+
+    def empty(shape, dtype, device):
+        torch.empty_calls.append((shape, dtype, device))
+        return _FakeTensor(shape, dtype, dev=device)
+
+    torch.empty = empty
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda dev: torch.stream_ptr)
+    torch.stream_ptr = 0
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    dtypes = {"float16": np.dtype("float16"), "float32": np.dtype("float32"),
+              "bfloat16": types.SimpleNamespace(name="bfloat16", itemsize=2)}
+    cp = types.SimpleNamespace(ndarray=_FakeArray, float32=np.float32, dlpack_calls=[])
+
+    def from_dlpack(t):
+        cp.dlpack_calls.append(t.dtype)
+        if t.dtype not in dtypes:
+            raise TypeError(f"unsupported dtype {t.dtype}")
+        return types.SimpleNamespace(dtype=dtypes[t.dtype])
+
+    cp.from_dlpack = from_dlpack
+    cp.cuda = types.SimpleNamespace(
+        UnownedMemory=lambda ptr, size, owner, device_id: types.SimpleNamespace(
+            ptr=ptr, size=size, owner=owner, device_id=device_id),
+        MemoryPointer=lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset),
+        ExternalStream=lambda ptr, device_id: types.SimpleNamespace(ptr=ptr, device_id=device_id),
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0))
+    monkeypatch.setattr(inputs, "_TORCH_DTYPES", {})
+    monkeypatch.setattr(inputs, "_STREAMS", {})
+    return torch, cp
+
+
+def test_byte_geometry_spans_first_to_last_element():
+    assert inputs.byte_geometry((2, 3, 4, 5), (60, 20, 5, 1), 2) == ((120, 40, 10, 2), 240)
+    assert inputs.byte_geometry((2, 4, 3, 5), (60, 5, 20, 1), 2) == ((120, 10, 40, 2), 240)  # a transpose
+    assert inputs.byte_geometry((2, 3), (0, 1), 4) == ((0, 4), 12)  # an expanded (broadcast) dim
+    assert inputs.byte_geometry((2, 0, 3), (3, 3, 1), 2)[1] == 0
+
+
+def test_torch_view_wraps_the_tensor_memory_keeps_it_alive_and_looks_each_dtype_up_once(monkeypatch):
+    _, cp = _fakes(monkeypatch)
+    t = _FakeTensor((2, 3, 4, 64), "bfloat16", ptr=0x1000, dev=3)
+    x = inputs.torch_view(cp, t)
+    assert x.shape == (2, 3, 4, 64) and x.dtype.name == "bfloat16" and x.flags.c_contiguous
+    assert x.strides == (2 * 3 * 4 * 64 * 2 // 2, 4 * 64 * 2, 64 * 2, 2)
+    assert x.data.ptr == 0x1000 and x.data.mem.owner is t and x.device.id == 3
+    assert x.data.mem.size == t.numel() * 2
+    assert inputs.torch_view(cp, _FakeTensor((1, 8, 2, 64), "bfloat16")) is not None
+    assert cp.dlpack_calls == ["bfloat16"]  # one lookup of a one-element tensor, then the cache
+
+
+def test_torch_view_leaves_to_dlpack_what_it_does_not_take(monkeypatch):
+    _, cp = _fakes(monkeypatch)
+    for t in (_FakeTensor((1, 8, 2, 64), cuda=False), _FakeTensor((1, 8, 2, 64), grad=True),
+              _FakeTensor((1, 0, 2, 64)), _FakeTensor((1, 8, 2, 64), "complex32"), np.zeros((1, 8, 2, 64))):
+        assert inputs.torch_view(cp, t) is None
+    with pytest.raises(inputs.AttentionInputError, match="q: tensor is on the CPU"):
+        inputs._as_cupy(cp, _FakeTensor((1, 8, 2, 64), cuda=False), "q")
+
+
+def test_validate_checks_torch_views_as_before_and_outputs_are_torch(monkeypatch):
+    torch, cp = _fakes(monkeypatch)
+    q, k = _FakeTensor((1, 8, 4, 64), dev=0), _FakeTensor((1, 16, 2, 64), dev=0)
+    a = inputs.validate(cp, q, k, k, "flash2", False, None, None, None, None, None)
+    assert a.torch is torch and a.torch_dtype == "float16" and a.device == 0 and a.dtype == "float16"
+    assert a.q.data.mem.owner is q and a.out is None and a.scale == pytest.approx(1 / 8)
+    ret, view = a.empty((1, 4, 8), lse=True)
+    assert torch.empty_calls == [((1, 4, 8), "float32", 0)] and isinstance(ret, _FakeTensor)
+    assert view.data.mem.owner is ret and view.dtype == np.float32
+    # the same checks, the same words: a transposed k, a q of another dtype, an out of the wrong shape
+    kt = _FakeTensor((1, 16, 2, 64), stride=(2048, 64, 1024, 1), dev=0)
+    with pytest.raises(inputs.AttentionInputError, match=r"k: strides \(4096, 128, 2048, 2\) are not C-contiguous"):
+        inputs.validate(cp, q, kt, k, "flash2", False, None, None, None, None, None)
+    with pytest.raises(inputs.AttentionTypeError, match="q: dtype float32 is not supported"):
+        q32 = _FakeTensor((1, 8, 4, 64), "float32", dev=0)
+        inputs.validate(cp, q32, k, k, "flash2", False, None, None, None, None, None)
+    out = _FakeTensor((1, 8, 4, 32), dev=0)
+    with pytest.raises(inputs.AttentionInputError, match=r"out: \(1, 8, 4, 32\) float16"):
+        inputs.validate(cp, q, k, k, "flash2", False, None, None, None, out, None)
+    with pytest.raises(inputs.AttentionTypeError, match="out: got _FakeTensor; expected a CuPy array or a CUDA torch"):
+        inputs.validate(cp, q, k, k, "flash2", False, None, None, None, _FakeTensor((1, 8, 4, 64), grad=True), None)
+    good = inputs.validate(cp, q, k, k, "flash2", False, None, None, None, _FakeTensor((1, 8, 4, 64), dev=0), None)
+    assert good.out.shape == (1, 8, 4, 64)
+
+
+def test_a_torch_call_runs_on_torchs_current_stream(monkeypatch):
+    torch, cp = _fakes(monkeypatch)
+    assert isinstance(inputs.torch_stream(cp, torch, 0), nullcontext)  # torch's stream is CuPy's current one
+    torch.stream_ptr = 0xABC
+    s = inputs.torch_stream(cp, torch, 1)
+    assert (s.ptr, s.device_id) == (0xABC, 1) and inputs.torch_stream(cp, torch, 1) is s  # cached
+    a = inputs.validate(cp, *[_FakeTensor((1, 8, 2, 64), dev=0)] * 3, "flash2", False, None, None, None, None, None)
+    assert a.stream().ptr == 0xABC

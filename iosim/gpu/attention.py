@@ -219,8 +219,8 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
     """softmax(scale * Q K^T) V on the GPU with iosim's kernels.
 
     q: (batch, seq_len, heads, head_dim); k, v: (batch, kv_len, kv_heads, head_dim), heads a multiple of kv_heads
-    (query head h uses kv head h // (heads // kv_heads)); contiguous, float16 or bfloat16, one device. CuPy arrays or
-    anything with ``__dlpack__`` / ``__cuda_array_interface__`` (torch tensors).
+    (query head h uses kv head h // (heads // kv_heads)); contiguous, float16 or bfloat16, one device. CuPy arrays,
+    torch tensors (viewed without copying or DLPack) or anything with ``__dlpack__`` / ``__cuda_array_interface__``.
     schedule: "flash2" (FlashAttention-2 forward, one kernel), "naive" (S and P materialized, three kernels) or
     "flash3" (FlashAttention-3-style forward: TMA, wgmma, warp specialization; Hopper (sm_90) only, head_dim 64,
     128 or 256, tiles :data:`iosim.launch.FLASH3_TILES`; raises :class:`iosim.gpu.HopperRequiredError` elsewhere).
@@ -228,28 +228,31 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
     gets O = 0 and lse = -inf.
     block_q, block_kv: flash2 tiles Br, Bc (both or neither; default :func:`default_tiles`).
     scale: default 1/sqrt(head_dim). return_lse: also return lse (batch, heads, seq_len) fp32, natural log.
-    out, lse_out: optional preallocated CuPy outputs (every element is overwritten).
+    out, lse_out: optional preallocated outputs, CuPy arrays or CUDA torch tensors (every element is overwritten;
+    returned as given).
     block_trace: flash2 only: a CuPy uint64 array of 4 x (number of thread blocks) elements; the kernel (built with
     -DIOSIM_BLOCK_TRACE) writes each block's ``start_ns, end_ns, sm_id, 0`` at 4 x its linear block id
     (``blockIdx.x + Tr * (blockIdx.y + H * blockIdx.z)``), the timeline the L2 model's drift input is read from.
-    Returns a CuPy array like q (and lse when asked).
+    Returns an array like q (and lse when asked): torch tensors where q is a torch tensor (torch in, torch out; the
+    kernels then run on torch's current stream, in order with the torch work around the call), else CuPy arrays.
     """
     global _last
     cp = require_cupy()
-    q, k, v, dt, scale = validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out)
+    a = validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out)
     if block_trace is not None and schedule != "flash2":
         raise ValueError("block_trace is supported by schedule='flash2' only")
-    B, N, H, D = (int(s) for s in q.shape)
-    with cp.cuda.Device(q.device.id):
-        o = out if out is not None else cp.empty((B, N, H, D), dtype=q.dtype)
-        lse = lse_out if lse_out is not None else \
-            (cp.empty((B, H, N), dtype=cp.float32) if return_lse else None)
-        c = _Call(cp, q, k, v, o, lse, dt, scale, causal)
+    B, N, H, D = (int(s) for s in a.q.shape)
+    with cp.cuda.Device(a.device), a.stream():
+        o_ret, o = (out, a.out) if out is not None else a.empty((B, N, H, D))
+        lse_ret, lse = (lse_out, a.lse_out) if lse_out is not None else \
+            a.empty((B, H, N), lse=True) if return_lse else (None, None)
+        c = _Call(cp, a.q, a.k, a.v, o, lse, a.dtype, a.scale, causal)
         if schedule == "flash3":
             launches, tiles = _run_flash3(c)
         elif schedule == "flash2":
             launches, tiles = _run_flash2(c, block_q, block_kv, block_trace)
         else:
             launches, tiles = _run_naive(c)
-    _last = LaunchRecord(schedule, B, N, int(k.shape[1]), H, int(k.shape[2]), D, dt, causal, tiles, launches)
-    return (o, c.lse) if return_lse else o
+    _last = LaunchRecord(schedule, B, N, int(a.k.shape[1]), H, int(a.k.shape[2]), D, a.dtype, causal, tiles,
+                         launches)
+    return (o_ret, lse_ret) if return_lse else o_ret

@@ -1,11 +1,19 @@
 """The arguments of :func:`iosim.gpu.attention`, checked where they enter: CuPy or DLPack arrays of the right shapes,
 dtypes, layout and device, tiles the library compiles, outputs that fit. Every error names the argument, the value
 and what was expected.
+
+torch tensors are viewed without DLPack (:func:`torch_view`: a CuPy array over ``data_ptr()``, the tensor kept
+alive by it): torch's ``__dlpack__`` export cost about 25 us per tensor on an H200 (torch 2.11), two thirds of
+a small call's host time. A call with a torch ``q`` runs on torch's current stream and returns torch tensors
+(:class:`Checked`).
 """
 
 from __future__ import annotations
 
 import math
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,10 +47,78 @@ def dtype_name(dtype: Any) -> str:
     return "bfloat16" if name in ("bfloat16", "bf16") else str(name)
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# torch tensors without DLPack
+
+_TORCH_DTYPES: dict[Any, Any] = {}  # torch dtype -> the CuPy dtype DLPack gives it (looked up once per dtype)
+_STREAMS: dict[tuple[int, int], Any] = {}  # (torch stream pointer, device) -> cupy.cuda.ExternalStream
+
+
+def torch_of(x: Any) -> Any:
+    """The torch module where ``x`` is a torch tensor, else None (never imports torch)."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and isinstance(x, torch.Tensor) else None
+
+
+def byte_geometry(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int) -> tuple[tuple[int, ...], int]:
+    """(strides in bytes, bytes from the first element to the end of the last) of a strided view (strides >= 0,
+    as torch's are); 0 bytes when a dimension is empty."""
+    strides = tuple(st * itemsize for st in stride)
+    if any(n == 0 for n in shape):
+        return strides, 0
+    return strides, itemsize + sum((n - 1) * st for n, st in zip(shape, strides, strict=True))
+
+
+def _cupy_dtype(cp: Any, x: Any) -> Any:
+    dt = _TORCH_DTYPES.get(x.dtype)
+    if dt is None:
+        try:
+            dt = cp.from_dlpack(x.new_zeros(1)).dtype
+        except Exception:  # a dtype CuPy does not take: the DLPack path words the error
+            return None
+        _TORCH_DTYPES[x.dtype] = dt
+    return dt
+
+
+def torch_view(cp: Any, x: Any) -> Any:
+    """A CuPy array over CUDA tensor ``x``'s memory, with its shape, strides, dtype and device, keeping ``x`` alive
+    (cupy.cuda.UnownedMemory's owner); None where ``x`` is not a dense, non-empty CUDA tensor of a dtype CuPy
+    takes, or requires grad (the DLPack path then imports it or words the error, as before)."""
+    torch = torch_of(x)
+    try:
+        if (torch is None or not x.is_cuda or x.requires_grad or x.layout is not torch.strided
+                or x.numel() == 0):
+            return None
+        dt = _cupy_dtype(cp, x)
+        if dt is None:
+            return None
+        strides, span = byte_geometry(tuple(x.shape), tuple(x.stride()), x.element_size())
+        mem = cp.cuda.UnownedMemory(x.data_ptr(), span, x, x.get_device())
+        return cp.ndarray(tuple(x.shape), dt, cp.cuda.MemoryPointer(mem, 0), strides)
+    except Exception:  # a tensor subclass without storage (fake, meta, ...): the DLPack path decides
+        return None
+
+
+def torch_stream(cp: Any, torch: Any, device: int) -> Any:
+    """torch's current stream on ``device`` as a CuPy stream to enter (within ``cupy.cuda.Device(device)``), or a
+    null context where CuPy's current stream is that stream already (the default stream, usually)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton calls; the public call is slower
+    ptr = raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    if ptr == cp.cuda.get_current_stream().ptr:
+        return nullcontext()
+    stream = _STREAMS.get((ptr, device))
+    if stream is None:
+        stream = _STREAMS[(ptr, device)] = cp.cuda.ExternalStream(ptr, device)
+    return stream
+
+
 def _as_cupy(cp: Any, x: Any, name: str) -> Any:
     if isinstance(x, cp.ndarray):
         return x
-    if hasattr(x, "__dlpack__"):  # torch tensors (bf16 included), JAX arrays, ...
+    view = torch_view(cp, x)
+    if view is not None:
+        return view
+    if hasattr(x, "__dlpack__"):  # torch tensors (bf16 included) torch_view left, JAX arrays, ...
         dev = getattr(x, "device", None)
         if getattr(dev, "type", "cuda") == "cpu":
             raise AttentionInputError(
@@ -156,7 +232,8 @@ def _check_outputs(cp, q, dt: str, out, lse_out, device: int) -> None:
         if arr is None:
             continue
         if not isinstance(arr, cp.ndarray):
-            raise AttentionTypeError(f"{name}: got {type(arr).__name__}; expected a CuPy array")
+            raise AttentionTypeError(f"{name}: got {type(arr).__name__}; expected a CuPy array or a CUDA torch "
+                                     "tensor that does not require grad")
         if tuple(arr.shape) != shape or dtype_name(arr.dtype) != want or not arr.flags.c_contiguous:
             raise AttentionInputError(f"{name}: {tuple(arr.shape)} {arr.dtype} (contiguous={arr.flags.c_contiguous}); "
                                       f"expected a contiguous {shape} {want} array")
@@ -164,12 +241,52 @@ def _check_outputs(cp, q, dt: str, out, lse_out, device: int) -> None:
             raise AttentionInputError(f"{name}: on device {arr.device.id}; expected device {device}")
 
 
-def validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out):
-    """Every argument of :func:`iosim.gpu.attention` checked; returns (q, k, v as CuPy arrays, dtype name, scale)."""
+@dataclass
+class Checked:
+    """validate()'s result: CuPy views of q, k, v and of the outputs given (None where not given), the dtype name,
+    the scale and the device; ``torch`` (the module) where q is a torch tensor: the call then runs on torch's
+    current stream and the outputs it makes are torch tensors (torch in, torch out)."""
+
+    cp: Any
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    lse_out: Any
+    dtype: str
+    scale: float
+    device: int
+    torch: Any = None
+    torch_dtype: Any = None
+
+    def stream(self) -> Any:
+        """The stream context to launch in (entered within ``cupy.cuda.Device(self.device)``)."""
+        return nullcontext() if self.torch is None else torch_stream(self.cp, self.torch, self.device)
+
+    def empty(self, shape: tuple[int, ...], lse: bool = False) -> tuple[Any, Any]:
+        """A new output, q's dtype or fp32 (``lse``): (what the caller gets, the CuPy array the kernel writes)."""
+        if self.torch is None:
+            x = self.cp.empty(shape, dtype=self.cp.float32 if lse else self.q.dtype)
+            return x, x
+        t = self.torch.empty(shape, dtype=self.torch.float32 if lse else self.torch_dtype, device=self.device)
+        return t, torch_view(self.cp, t)
+
+
+def _output_view(cp: Any, x: Any) -> Any:
+    """A given output as CuPy (a torch tensor viewed without copying); anything else as is, for the checks."""
+    if x is None or isinstance(x, cp.ndarray):
+        return x
+    view = torch_view(cp, x)
+    return x if view is None else view
+
+
+def validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out) -> Checked:
+    """Every argument of :func:`iosim.gpu.attention` checked; returns CuPy views of them and how to make outputs."""
     if schedule not in SCHEDULES:
         raise AttentionInputError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
     if not isinstance(causal, bool):
         raise AttentionTypeError(f"causal={causal!r}: expected True or False")
+    torch, torch_dtype = torch_of(q), getattr(q, "dtype", None)
     q, k, v = _as_cupy(cp, q, "q"), _as_cupy(cp, k, "k"), _as_cupy(cp, v, "v")
     _check_array(q, "q", "(batch, seq_len, heads, head_dim)")
     _check_array(k, "k", "(batch, kv_len, kv_heads, head_dim)")
@@ -181,5 +298,7 @@ def validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_o
         raise AttentionInputError(f"q, k, v are on devices {sorted(devs)}; expected all on one device")
     scale = _check_scale(scale, int(q.shape[3]))
     _check_tiles(schedule, int(q.shape[3]), block_q, block_kv)
-    _check_outputs(cp, q, dt, out, lse_out, q.device.id)
-    return q, k, v, dt, scale
+    out, lse_out = _output_view(cp, out), _output_view(cp, lse_out)
+    device = devs.pop()
+    _check_outputs(cp, q, dt, out, lse_out, device)
+    return Checked(cp, q, k, v, out, lse_out, dt, scale, device, torch, torch_dtype if torch else None)

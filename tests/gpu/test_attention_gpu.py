@@ -255,9 +255,9 @@ def test_torch_tensors_in_and_agreement_with_torch_sdpa(dtype, causal):
     q = torch.randn(B, N, H, D, device="cuda", dtype=tdt)  # (B, N, H, d): our layout
     k = torch.randn(B, Nk, Hk, D, device="cuda", dtype=tdt)
     v = torch.randn(B, Nk, Hk, D, device="cuda", dtype=tdt)
-    o = gpu.attention(q, k, v, causal=causal)  # DLPack in, CuPy out
-    assert o.dtype.name == dtype
-    ours = torch.from_dlpack(o).double()
+    o = gpu.attention(q, k, v, causal=causal)  # torch in (viewed without DLPack), torch out
+    assert isinstance(o, torch.Tensor) and o.dtype == tdt and o.shape == q.shape and o.device == q.device
+    ours = o.double()
     ref_o, _ = reference(*(x.float().cpu().numpy() for x in (q, k, v)), causal)
     ref_o = torch.from_numpy(ref_o).cuda()
     # torch wants (B, H, N, d); causal with N != Nk: torch's is_causal is top-left aligned, so pass our mask
@@ -273,6 +273,58 @@ def test_torch_tensors_in_and_agreement_with_torch_sdpa(dtype, causal):
     err_torch = ((theirs - ref_o)[alive].norm() / ref_o[alive].norm()).item()
     diff = ((ours - theirs)[alive].norm() / ref_o[alive].norm()).item()
     assert err_ours < TOL[dtype] and diff < 2 * TOL[dtype], (err_ours, err_torch, diff)
+
+
+def test_torch_outputs_lse_and_preallocated_outputs_come_back_as_torch_tensors():
+    torch = pytest.importorskip("torch", reason="torch is not importable")
+    from iosim import gpu
+
+    q = torch.randn(1, 70, 4, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 90, 2, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn(1, 90, 2, 64, device="cuda", dtype=torch.float16)
+    host = tuple(x.cpu().numpy() for x in (q, k, v))
+    ref_o, ref_lse = reference(*host, True)
+    for schedule in ("flash2", "naive"):
+        o, lse = gpu.attention(q, k, v, causal=True, return_lse=True, schedule=schedule)
+        assert isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor) and lse.dtype == torch.float32
+        ref = reference(*host, True, round_to=np.float16) if schedule == "naive" else (ref_o, ref_lse)
+        check(o.double().cpu().numpy(), lse.double().cpu().numpy(), *ref, "float16", schedule)
+    out, lse_out = torch.full_like(q, float("nan")), torch.full((1, 4, 70), float("nan"), device="cuda")
+    o, lse = gpu.attention(q, k, v, causal=True, return_lse=True, out=out, lse_out=lse_out)
+    assert o is out and lse is lse_out
+    check(out.double().cpu().numpy(), lse_out.double().cpu().numpy(), ref_o, ref_lse, "float16")
+
+
+def test_a_torch_call_runs_in_order_on_torchs_current_stream():
+    torch = pytest.importorskip("torch", reason="torch is not importable")
+    from iosim import gpu
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # inputs made, the call made and its output read on a side stream, no sync
+        q = torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        o = gpu.attention(q, k, v)
+        ref = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)))
+        diff = (o.float() - ref.transpose(1, 2).float()).abs().max()
+    side.synchronize()
+    assert diff.item() < 2e-2
+
+
+def test_torch_input_errors_are_the_same_as_through_dlpack():
+    torch = pytest.importorskip("torch", reason="torch is not importable")
+    from iosim import gpu
+
+    q = torch.zeros(1, 8, 2, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(gpu.AttentionInputError, match="k: strides"):
+        gpu.attention(q, torch.zeros(1, 2, 8, 64, device="cuda", dtype=torch.float16).transpose(1, 2), q)
+    with pytest.raises(gpu.AttentionTypeError, match="q: dtype float32"):
+        gpu.attention(q.float(), q, q)
+    with pytest.raises(gpu.AttentionInputError, match="q: tensor is on the CPU"):
+        gpu.attention(q.cpu(), q, q)
+    with pytest.raises(gpu.AttentionTypeError, match="q: could not import Tensor through DLPack"):
+        gpu.attention(q.clone().requires_grad_(), q, q)
+    with pytest.raises(gpu.AttentionInputError, match=r"out: \(1, 8, 2, 32\)"):
+        gpu.attention(q, q, q, out=q[..., :32].contiguous())
 
 
 def test_input_errors_name_the_argument():
