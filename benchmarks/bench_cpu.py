@@ -8,7 +8,7 @@
 fp32, one head, batch 1. Same inputs, one process; naive and tiled calls alternate (iosim.cpu.compare.measure_pair).
 Times are of warm calls, as on the GPU: each timed naive call comes right after an untimed naive call of the same
 size, so its N x N matrix lands on the memory that call freed (the steady state of repeated calls). Each time is
-the fastest of 7 pairs up to N = 8192, 3 up to 32768, else 1 (other processes on a shared machine only add time;
+the fastest of 7 pairs up to N = 8192, 3 up to 32768, else 2 (other processes on a shared machine only add time;
 before each pair the script waits, up to 30 s, for the CPUs to be less than 15% busy); "ratio" is naive/tiled of
 those, "med" the median of the per-pair ratios. "naive 1st" is naive's first call at that N, made after
 --first-call-pause seconds (default 3) without large allocations, so that its memory is cold: on a VM that backs

@@ -63,8 +63,9 @@ def _timed(fn) -> float:
 
 
 def reps_for(seq_len: int) -> int:
-    """More repetitions where a call is short: 7 up to N = 8192, 3 up to 32768, else 1."""
-    return 7 if seq_len <= 8192 else 3 if seq_len <= 32768 else 1
+    """More repetitions where a call is short: 7 up to N = 8192, 3 up to 32768, else 2 (one 10 s call on a shared
+    machine is too easily slowed by another job)."""
+    return 7 if seq_len <= 8192 else 3 if seq_len <= 32768 else 2
 
 
 def measure_pair(seq_len: int, head_dim: int, *, causal: bool = False, reps: int | None = None,
