@@ -129,7 +129,11 @@ def main(argv=None) -> int:
     if args.detect:
         t = time.perf_counter()
         profile = detect_profile()
-        print(f"detected profile in {time.perf_counter() - t:.1f} s")
+        print(f"detected profile in {time.perf_counter() - t:.1f} s ({profile.notes}); rates: tile GEMM "
+              f"{profile.gemm_rate('tile', args.d[0]).value / 1e9:.0f} GFLOP/s (d={args.d[0]}), softmax "
+              f"{profile.require('compute.softmax_fp32') / 1e9:.2f} G/s, first touch "
+              f"{profile.require('dram.first_touch') / 1e9:.1f} GB/s recycled, "
+              f"{profile.require('dram.first_touch_cold') / 1e9:.2f} GB/s cold")
     elif args.profile:
         profile = get_cpu_profile(args.profile)
     out = []

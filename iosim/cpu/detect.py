@@ -179,16 +179,27 @@ def _sourced(value, what: str, stamp: str) -> dict:
     return {"value": value, "source": f"measured on this machine by iosim profiles detect ({stamp}): {what}"}
 
 
+def _busy_note(busy: list[float | None]) -> str:
+    """A warning for the profile's notes where other processes kept the CPUs busy around a measurement."""
+    worst = max((b for b in busy if b is not None), default=0.0)
+    return "" if worst <= 0.15 else (f"; CPUs up to {worst:.0%} busy with other processes around the measurements: "
+                                     "the rates may be low, detect again on a quiet machine")
+
+
 def detect_profile(name: str = "this-machine") -> CpuProfile:
     """A CpuProfile of this machine: sysfs/proc facts and a few seconds of measurements (module docstring)."""
     stamp = datetime.date.today().isoformat()
-    host.wait_for_idle(timeout_s=60.0)  # other processes' bursts would lower every rate
+    busy = [host.wait_for_idle(timeout_s=60.0)]  # other processes' bursts would lower every rate
     caches = {c.level: c for c in host.host_caches()}
     tpc = host.threads_per_core()
     cores = max(1, host.usable_cpus() // tpc)
     l2 = caches["l2"].size if "l2" in caches else host.FALLBACK_L2_BYTES
-    gemms = {d: measure_gemms(d, l2) for d in HEAD_DIMS}
+    gemms = {}
+    for d in HEAD_DIMS:  # each measurement waits for quiet CPUs again: a job started meanwhile halves the rates
+        gemms[d] = measure_gemms(d, l2)
+        busy.append(host.wait_for_idle(timeout_s=30.0))
     softmax = measure_softmax(l2)
+    busy.append(host.wait_for_idle(timeout_s=30.0))
     mem = measure_memory()
     best = max(r for g in gemms.values() for r in g.values())
     x = np.ones((1024, 1024))
@@ -209,7 +220,8 @@ def detect_profile(name: str = "this-machine") -> CpuProfile:
     data = {
         "name": name, "display_name": f"{host.model_name()} ({cores} cores, {platform.node()})",
         "vendor": host.model_name().split()[0], "kind": "cpu",
-        "notes": f"built by iosim profiles detect on {stamp}; BLAS: {'NumPy OpenBLAS' if BLAS else 'loops'}",
+        "notes": f"built by iosim profiles detect on {stamp}; BLAS: {'NumPy OpenBLAS' if BLAS else 'loops'}"
+                 + _busy_note(busy),
         "cores": {"value": cores, "source": "os.sched_getaffinity / sysfs thread_siblings_list"},
         "threads_per_core": {"value": tpc, "source": "sysfs topology/thread_siblings_list"},
         "clock": {"value": None, "source": "not readable inside this VM; the FLOP rates are measured instead"},
