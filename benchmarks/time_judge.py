@@ -47,9 +47,9 @@ def predict_row(row: dict, profile: str) -> tuple[float, int | None, int | None,
 
 
 def fit_overlap(raw: Path, profile: str) -> float:
-    """OVERLAP_LOSS minimizing the median |error| over the FA2- and FA3-class rows of one record (0 to 1 by 0.01)."""
+    """OVERLAP_LOSS minimizing the median |error| over every modeled row of one record (0 to 1 by 0.01)."""
     data = json.loads(raw.read_text())
-    rows = [r for r in data["rows"] if r["kernel"] in ("iosim-flash2", "fa2", "cudnn") and r["measured_ms"]]
+    rows = [r for r in data["rows"] if r["kernel"] in SCHEDULE and r["measured_ms"]]
     sims = [(simulate_row(r, profile), r["measured_ms"] / 1e3) for r in rows]
     best = None
     for i in range(101):

@@ -65,8 +65,8 @@ def _bench(n: int, d: int, causal: bool, dtype: str = "bf16") -> Shape:
 
 
 def sweep() -> list[Shape]:
-    """N 256 to 65536, d 64 and 128, causal and not, fp16 and bf16, grouped-query, one wave to many, decode."""
-    out = [_bench(n, d, c) for n in (256, 1024, 4096, 16384) for d in (64, 128) for c in (False, True)]
+    """N 128 to 65536, d 64 and 128, causal and not, fp16 and bf16, grouped-query, one wave to many, decode."""
+    out = [_bench(n, d, c) for n in (128, 256, 1024, 4096, 16384) for d in (64, 128) for c in (False, True)]
     out += [Shape(1, 2048 // d, 2048 // d, 65536, 65536, d, "bf16", c) for d in (64, 128) for c in (False, True)]
     out += [Shape(1, 1, 1, 65536, 65536, 128)]  # naive's largest: S and P 8 GiB each
     out += [_bench(n, 128, False, "fp16") for n in (1024, 4096, 16384)]

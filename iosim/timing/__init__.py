@@ -67,26 +67,27 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline")
     r = rates(profile, problem.dtype)
+    latency = r.dram_latency_s
     if warm and _resident(problem, profile, counts):
-        hbm = [(0.0, 0.0)] * len(hbm)
+        hbm, latency = [(0.0, 0.0)] * len(hbm), r.l2_latency_s
     out = []
     if desc.family == "naive":
-        for name, t, parts in naive.kernel_times(problem, tiles, counts.kernels, profile, r, hbm):
+        for name, t, parts in naive.kernel_times(problem, tiles, counts.kernels, profile, r, hbm, latency):
             out.append(KernelTime(name, _grid(counts, name), 1.0, _seconds(parts), t, parts["bound"]))
     elif desc.family == "fa3":
         model = hopper.HopperModel(tensor_efficiency=_wgmma_efficiency(r, profile, problem.dtype),
                                    overlap_loss=overlap.OVERLAP_LOSS)
         est = hopper.predict(counts, problem, tiles, profile, model)
         k = est.kernels[0]
-        out.append(replace(k, predicted_s=k.predicted_s + r.launch_s))
+        out.append(replace(k, predicted_s=k.predicted_s + r.launch_s + 3 * latency))  # Q, first K/V; drain
     else:
         mod = decode if decode.applies(problem, desc, r) else fa2
         (rd, wr) = (sum(x[0] for x in hbm), sum(x[1] for x in hbm))
         if mod is fa2:
             tc = fa2.tiles_of(desc, problem.head_dim, tiles.block_q, tiles.block_kv)
-            t, parts = fa2.kernel_time(problem, desc, profile, r, rd, wr, tc)
+            t, parts = fa2.kernel_time(problem, desc, profile, r, rd, wr, tc, latency)
         else:
-            t, parts = decode.kernel_time(problem, desc, profile, r, rd, wr)
+            t, parts = decode.kernel_time(problem, desc, profile, r, rd, wr, latency)
         out.append(KernelTime(counts.kernels[0].name, counts.kernels[0].grid, parts.pop("utilization"),
                               _seconds(parts), t, parts["bound"]))
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,

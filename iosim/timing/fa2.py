@@ -83,15 +83,17 @@ def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileC
     return StepParts(ldm, mma, soft, load, t)
 
 
-def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates) -> np.ndarray:
-    """Seconds of each Q block of one head with ``k`` blocks resident per SM."""
+def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates,
+                latency: float = 0.0) -> np.ndarray:
+    """Seconds of each Q block of one head with ``k`` blocks resident per SM; ``latency``: one dependent load (its
+    Q_i and first K/V tile wait for two: nothing of the block hides them)."""
     Br, Bc, d, e, N, Nk = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, p.seq_len, p.kv_len
     Tr = cdiv(N, Br)
     i = np.arange(Tr)
     n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=float).reshape(-1)
     per_sm_l2 = r.l2 / r.sms
     t_step = step(Br, Bc, d, e, k, desc, tc, r).step_s  # a ragged Q block still runs whole mma tiles
-    prologue = k * (Br + 2 * Bc) * d * e / per_sm_l2 + r.block_s  # Q_i and the first K/V tile, nothing to hide them
+    prologue = k * (Br + 2 * Bc) * d * e / per_sm_l2 + r.block_s + 2 * latency  # Q_i and the first K/V tile
     epilogue = k * Br * d * e / per_sm_l2  # O written once
     return prologue + n * t_step + epilogue
 
@@ -125,19 +127,20 @@ def tiles_of(desc: KernelDesc, head_dim: int, block_q: int | None, block_kv: int
 
 
 def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rates,
-                dram_read: float, dram_write: float, tc: TileConfig | None = None) -> tuple[float, dict]:
-    """Seconds of the kernel and its parts."""
+                dram_read: float, dram_write: float, tc: TileConfig | None = None,
+                latency: float = 0.0) -> tuple[float, dict]:
+    """Seconds of the kernel and its parts; ``latency``: one dependent load (L2 or DRAM, as the inputs sit)."""
     tc = tc or desc.tiles_for(p.head_dim)
     k = residency(tc, desc, p.head_dim, p.elem_bytes, profile)
     heads = p.n_heads_total
     grid = cdiv(p.seq_len, tc.block_q) * heads
     if grid < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
         k = max(1, math.ceil(grid / r.sms))
-    per_head = block_times(p, desc, tc, k, r)
+    per_head = block_times(p, desc, tc, k, r, latency)
     order = launch_order(per_head, heads, desc, p.causal)
     blocks = place(order, r.sms * k)
     memory = r.dram_s(dram_read, dram_write)
-    total = max(blocks, memory) + r.launch_s
+    total = max(blocks, memory) + r.launch_s + latency  # the last stores drain
     sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r)
     busy = float(order.sum()) / (r.sms * k * blocks) if blocks else 1.0  # share of the chip's block slots in use
     parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "launch": r.launch_s, "resident_blocks": k,

@@ -31,6 +31,8 @@ class Rates:
     dram_write: float = math.inf
     launch_s: float = 0.0  # back-to-back launch interval of a kernel on one stream
     block_s: float = 0.0  # cost of starting one thread block on an SM
+    l2_latency_s: float = 0.0  # one dependent load that hits L2 (0: not measured)
+    dram_latency_s: float = 0.0  # one dependent load that misses L2
     calibration: str = "uncalibrated"
 
     def mma_at(self, warps_per_sm: float) -> float:
@@ -93,5 +95,13 @@ def rates(profile: Profile, dtype: str) -> Rates:
         dram_write=float(cal.dram.write.value),
         launch_s=float(cal.launch.interval.value),
         block_s=float(cal.launch.per_block.value),
+        l2_latency_s=_latency(cal, "l2"),
+        dram_latency_s=_latency(cal, "dram"),
         calibration=profile.calibration_label(),
     )
+
+
+def _latency(cal, level: str) -> float:
+    """Seconds of one dependent load at ``level`` (calibration.latency, measured since 2026-11-24), or 0."""
+    group = getattr(cal, "latency", None)
+    return float(_value(getattr(group, level, None)) or 0.0) if group is not None else 0.0
