@@ -16,6 +16,7 @@ import datetime
 import json
 import math
 import re
+from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -212,7 +213,7 @@ def _seconds(v):
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(s|ms|us|µs|ns)?\s*", v)
         if m is None:
             raise ValueError(f"{v!r} is not a time such as '2.5 us' (a number of seconds, or units s, ms, us, ns)")
-        v = float(m.group(1)) * _TIME_UNITS[m.group(2) or "s"]
+        v = float(Decimal(m.group(1)) * Decimal(str(_TIME_UNITS[m.group(2) or "s"])))  # exact, then one rounding
     elif isinstance(v, bool) or not isinstance(v, (int, float)):
         return v  # None is a null value; anything else fails the float check with pydantic's message
     if not math.isfinite(v):
