@@ -10,8 +10,10 @@
 //   rates_wgmma<N, T, WG>(iters, out, stamps)   sm_90a only (-DIOSIM_RATES_WGMMA): WG warpgroups per block, each
 //                                          issuing wgmma m64nNk16 with A and B from shared memory (128-byte swizzle,
 //                                          K-major, as flash3), 8 per commit group, at most 2 groups in flight
-//   rates_smem(mode, iters, 0, out)          mode 0 ldmatrix.x4, 1 ld.shared.v4.u32: 512 B per warp instruction, no
-//                                          bank conflict (4 wavefronts of 128 B)
+//   rates_smem(mode, iters, 0, out, stamps)  mode 0 ldmatrix.x4, 1 ld.shared.v4.u32: 512 B per warp instruction, no
+//                                          bank conflict (4 wavefronts of 128 B); stamps around the loop only (after
+//                                          the fill, after every warp's last load), and each block's %smid at
+//                                          stamps[4 x gridDim + block id]: bytes per clock64 cycle of each SM
 //   rates_read / rates_write (reps passes over n float4) and rates_copy: global memory, grid-stride, 4 x 16 B per
 //                                          thread per trip, through L2 only (.cg)
 //   rates_empty, rates_spin(ns)            launch costs; rates_spin holds the stream for ns nanoseconds
@@ -171,11 +173,22 @@ template <typename T> __global__ void rates_mma_latency(int iters, float* out, l
 }
 
 // shared memory: each warp reads its own 2 KiB (8 warps per block, 16 KiB), 4 instructions of 512 B per trip.
-// zero = 0 at run time: the trip's offset (i & zero) is 0, but ptxas cannot merge the loads of different trips
-extern "C" __global__ void __launch_bounds__(256) rates_smem(int mode, int iters, int zero, unsigned* out) {
+// zero = 0 at run time: the trip's offset (i & zero) is 0, but ptxas cannot merge the loads of different trips.
+// The rate is read off clock64 on each SM (iosim/calibrate/rates.py): CUDA-event time would be seconds at whatever
+// clock this kernel ran, which is not the FMA kernel's sm_clock, and would include the fill and the launch.
+__device__ __forceinline__ unsigned rates_smid() {
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    return id;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    rates_smem(int mode, int iters, int zero, unsigned* out, unsigned long long* stamps) {
     __shared__ __align__(128) uint4 buf[1024];
     for (int i = threadIdx.x; i < 1024; i += blockDim.x) buf[i] = make_uint4(i, 3 * i + 1, 5 * i + 2, 7 * i + 3);
     __syncthreads();
+    RatesStamp t0, t1;
+    t0.take();
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 7;
     // ldmatrix.x4: lanes 8m..8m+7 give the 8 rows (16 B each) of matrix m: 4 x 128 contiguous bytes
     const unsigned base = smem_u32(buf) + warp * 2048 + lane * 16;
@@ -199,6 +212,11 @@ extern "C" __global__ void __launch_bounds__(256) rates_smem(int mode, int iters
                 acc ^= r0 ^ r1 ^ r2 ^ r3;
             }
     }
+    asm volatile("" : "+r"(acc));  // every load's value is in acc before the barrier ...
+    __syncthreads();               // ... and every warp of the block is done before the end stamp
+    t1.take();
+    rates_put_stamps(stamps, t0, t1);
+    if (stamps != nullptr && threadIdx.x == 0) stamps[4 * gridDim.x + blockIdx.x] = rates_smid();
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
 

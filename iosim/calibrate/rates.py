@@ -1,7 +1,8 @@
 """``iosim calibrate rates``: what code reaches on this GPU, measured by small kernels of our own (kernels/rates.cu),
 written into a copy of a profile as its ``calibration`` section (:class:`iosim.profile.Calibration`).
 
-Every rate is the median CUDA-event time of ``repeats`` launches after warm-up, each launch sized to about 2 ms;
+Every rate is the median CUDA-event time of ``repeats`` launches after warm-up, each launch sized to about 2 ms, but
+shared memory's: bytes per clock64 cycle of each SM (the kernel's own clock, whatever it ran at) times SMs x sm_clock;
 latencies are clock64 cycles over one dependent chain of one warp; the SM clock is clock64 cycles over
 %globaltimer nanoseconds in the same busy kernels; memory latencies (L2 hit, DRAM) are seconds, from a pointer chase
 (:func:`iosim.calibrate.rates_kernels.chase_latency`). :func:`measure_rates` prints each quantity as it completes.
@@ -37,6 +38,7 @@ CHAINS, ALU_UNROLL = 8, 16  # kernels/rates.cu kChains, kAluUnroll
 MMA_WARPS = (1, 2, 4, 8, 16)  # resident warps per SM of the mma.sync table
 MMA_FLOP = 2 * 16 * 8 * 16  # one m16n8k16
 WGMMA_PER_TRIP = 8  # wgmma instructions per warpgroup per loop trip
+SMEM_WARPS, SMEM_PER_TRIP = 8, 4  # rates_smem: warps per block, 512-byte loads per warp per loop trip
 ALU_OPS = {  # rates_alu op: (path, unit, what; FLOPs per op)
     0: (("fp32", "fma"), "FLOP/s", "fma.rn.f32 (2 FLOPs)"), 1: (("fp32", "add"), "FLOP/s", "add.rn.f32"),
     2: (("fp32", "max"), "op/s", "max.f32 (FMNMX)"), 3: (("exp", "throughput"), "op/s", "ex2.approx.ftz.f32 (MUFU)"),
@@ -125,7 +127,8 @@ def _compute(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     for op, (path, unit, what) in ALU_OPS.items():
         iters, t = b.sized(lambda n, op=op: lambda: alu((n_alu,), (256,), (i32(op), i32(n), b.out, b.stamps)))
         if op == 0:
-            report(Measured(("sm_clock",), b.clock(n_alu), "Hz", "clock64 cycles over %globaltimer ns of thread 0 of "
+            b.sm_clock = b.clock(n_alu)
+            report(Measured(("sm_clock",), b.sm_clock, "Hz", "clock64 cycles over %globaltimer ns of thread 0 of "
                             "each block of an fp32 FMA loop (4 blocks of 256 threads per SM), median over blocks"), "")
         report(Measured(path, per * iters / t * (2 if op == 0 else 1), unit, f"{what}, 4 blocks of 256 threads per "
                         f"SM, {CHAINS} independent chains per thread, chip-wide, median CUDA-event time"), "")
@@ -169,10 +172,19 @@ def _memory(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """Shared memory, L2 and DRAM bandwidths."""
     i32, i64 = cp.int32, cp.int64
     smem = b.fn("rates_smem")
+    blocks, block_bytes = 4 * b.sms, SMEM_WARPS * SMEM_PER_TRIP * 512  # bytes per block per loop trip
     for mode, name, what in ((0, "ldmatrix", "ldmatrix.x4"), (1, "ld128", "ld.shared.v4.u32")):
-        iters, t = b.sized(lambda n, mode=mode: lambda: smem((4 * b.sms,), (256,), (i32(mode), i32(n), i32(0), b.out)))
-        report(Measured(("smem", name), 4 * b.sms * 8 * iters * 4 * 512 / t, "B/s",
-                        f"{what}, 512 B per warp instruction without bank conflicts, 4 blocks of 8 warps per SM"), "")
+        iters, t = b.sized(lambda n, mode=mode: lambda: smem((blocks,), (256,), (i32(mode), i32(n), i32(0), b.out,
+                                                                                 b.stamps)))
+        # bytes per SM cycle, from clock64 on each SM: CUDA-event seconds are at this kernel's own clock, which is
+        # not sm_clock (a lighter kernel runs faster: 34.22 TB/s = 130.9 B/clk at sm_clock on an H100, 2026-11-24)
+        per_clk, own = b.per_sm_clk(blocks, block_bytes * iters), b.clock(blocks)
+        event_rate = fmt_rate(blocks * block_bytes * iters / t, "B/s")
+        report(Measured(("smem", name), per_clk * b.sms * (b.sm_clock or own), "B/s",
+                        f"{what}, 512 B per warp instruction without bank conflicts, 4 blocks of 8 warps per SM: bytes "
+                        f"per clock64 cycle of each SM over its blocks' loops (median over SMs), {per_clk:.1f} B/clk, "
+                        "times SMs x sm_clock"),
+               f"kernel at {fmt_rate(own, 'Hz')}: {event_rate} by CUDA-event time")
     grid, block = (4 * b.sms,), (256,)
     read, write, copy = b.fn("rates_read"), b.fn("rates_write"), b.fn("rates_copy")
     how = "(4 blocks of 256 threads per SM, grid-stride, 16 B per access, .cg)"

@@ -83,6 +83,7 @@ class Bench:
         self.out = cp.zeros(4, cp.float32)
         self.stamps = cp.zeros(4 * 32 * self.sms, cp.uint64)
         self.cycles = cp.zeros(1, cp.int64)
+        self.sm_clock: float | None = None  # the sm_clock measurement, once made: other kernels' rates are at it
         self.events = cp.cuda.Event(), cp.cuda.Event()
 
     def fn(self, name: str, pad: bool = False):
@@ -119,6 +120,16 @@ class Bench:
         """SM clock (Hz) in the last launch: the median over its first ``blocks`` blocks of cycles / ns."""
         s = self.cp.asnumpy(self.stamps[: 4 * blocks]).astype(np.float64).reshape(blocks, 4)
         return float(np.median((s[:, 1] - s[:, 0]) / np.maximum(s[:, 3] - s[:, 2], 1) * 1e9))
+
+    def per_sm_clk(self, blocks: int, block_bytes: float) -> float:
+        """Bytes per clock64 cycle per SM in the last launch of a kernel that wrote stamps and %smid (rates_smem):
+        for each SM, its blocks' bytes over the cycles from its first block's start stamp to its last block's end
+        stamp (clock64 is the SM's own counter); the median over SMs."""
+        s = self.cp.asnumpy(self.stamps[: 5 * blocks]).view(np.int64)  # cycles differenced as integers
+        start, end, smid = s[0 : 4 * blocks : 4], s[1 : 4 * blocks : 4], s[4 * blocks :]
+        rates = [np.count_nonzero(on) * block_bytes / max(int(end[on].max() - start[on].min()), 1)
+                 for on in (smid == sm for sm in np.unique(smid))]
+        return float(np.median(rates))
 
     def cycles_of(self, launch: Callable[[], None]) -> float:
         for _ in range(WARMUP):
