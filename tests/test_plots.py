@@ -166,3 +166,52 @@ def test_log_axes_are_labelled_at_1_2_5_steps_in_one_format():
                 assert all(label.match(t) for t in axis.ticktext), axis.ticktext
     peak = next(t for t in figs[2].data if t.name == "matmul peak (fp16)").y[0]
     assert peak > 1e14 and any(t.endswith(("P", "T")) for t in figs[2].layout.yaxis.ticktext)
+
+
+def test_records_carry_the_time_model_kernel_and_its_calibration():
+    """Issue 17 item 7: whose time predicted_s is, and on what its rates were measured, travel with the record."""
+    recs = _records(profiles=["h100-sxm5-80gb", "a100-sxm4-80gb"])
+    by = {(r["profile"], r["schedule"]): r for r in recs if r["seq_len"] == 1024}
+    h100 = by[("h100-sxm5-80gb", "flash2")]
+    assert h100["time_kernel"] == "iosim-flash2" and by[("h100-sxm5-80gb", "naive")]["time_kernel"] == "iosim-naive"
+    assert h100["time_calibration"].startswith("measured on NVIDIA H100") and h100["roofline_s"] > 0
+    assert h100["roofline_s"] < h100["predicted_s"]  # the peak bound is the ideal, the model is not
+    assert by[("a100-sxm4-80gb", "flash2")]["time_calibration"] == "uncalibrated"
+    flash1 = by[("h100-sxm5-80gb", "flash1")]  # no kernel model: the peak roofline, whatever the profile
+    assert (flash1["time_kernel"], flash1["time_calibration"]) == ("roofline", "uncalibrated")
+    assert flash1["roofline_s"] == flash1["predicted_s"]
+
+
+def test_calibration_labels_shorten_to_device_and_date():
+    cal = ("measured on NVIDIA H100 80GB HBM3, driver 580.159.04, CUDA 13.2 (CuPy 14.2.0), 2026-11-24, "
+           "commit c7464d1+dirty")
+    assert plots.calibrated_on(cal) == "rates measured on NVIDIA H100 80GB HBM3, 2026-11-24"
+    assert plots.calibrated_on("uncalibrated") == plots.calibrated_on(None) == "datasheet rates, uncalibrated"
+
+
+def test_predicted_time_figures_say_which_model_and_calibration():
+    """time_vs_n and bars of predicted_s carry a subtitle; the roofline's and time_vs_n's hover name the model."""
+    h100 = _records(schedules=["naive", "flash2"], profiles=["h100-sxm5-80gb"])
+    sub = plots.time_vs_n(h100).layout.title.text.replace("<br>", " ")
+    assert "predicted by iosim's time model (kernels: iosim-naive, iosim-flash2; rates measured on NVIDIA" in sub
+    assert "H100 80GB HBM3, 2026-11-24)" in sub and "uncalibrated" not in sub
+    a100 = _records(schedules=["naive", "flash2"], profiles=["a100-sxm4-80gb"])
+    assert "datasheet rates, uncalibrated" in plots.time_vs_n(a100).layout.title.text.replace("<br>", " ")
+    peak = _records(schedules=["flash1"], profiles=["h100-sxm5-80gb"])
+    assert plots.time_vs_n(peak).layout.title.text.endswith("<sup>peak roofline, uncalibrated</sup>")
+    mixed = plots.time_source(_records(profiles=["h100-sxm5-80gb", "a100-sxm4-80gb"]))
+    assert "a100-sxm4-80gb: datasheet rates, uncalibrated" in mixed
+    assert "h100-sxm5-80gb: rates measured on NVIDIA H100 80GB HBM3" in mixed
+    assert mixed.endswith("flash1: peak roofline, uncalibrated")
+    rel = plots.time_vs_n(h100, relative_to="flash2").layout.title.text
+    assert "÷ flash2's" in rel and "rates measured on" in rel
+    bars = plots.bars(h100, "seq_len", "predicted_s")
+    assert "NVIDIA H100 80GB HBM3, 2026-11-24" in bars.layout.title.text and "kernel model" in bars.data[0].text[0]
+    assert "<sup>" not in plots.bars(h100, "seq_len", "global_bytes").layout.title.text
+    prof = profile_summary(get_profile("h100-sxm5-80gb"))
+    points = [t for t in plots.roofline(h100, {prof["name"]: prof}).data if t.name in ("naive", "flash2")]
+    assert all("time: the iosim-" in h and "kernel model, measured on NVIDIA H100" in h for t in points for h in t.text)
+    assert "time: the iosim-flash2 kernel model, measured on" in plots.time_vs_n(h100).data[1].text[0]
+    # results saved before records carried the model: said, not guessed
+    old = [{k: v for k, v in r.items() if k not in ("time_kernel", "time_calibration")} for r in h100]
+    assert "not recorded" in plots.time_vs_n(old).layout.title.text

@@ -100,6 +100,12 @@ def test_default_report_has_the_seed_numbers_and_at_least_five_figures(tmp_path,
         assert f"<b>{seed}</b>" in page, seed  # shown as the simulator's rounded value in a claims table
     assert "✗" not in page  # every claim matches
     assert page.count('class="plotly-graph-div"') >= 5
+    # issue 17 item 7: the measured speedups from the committed records, and predicted times that say whose they are
+    assert '<li><a href="#measured-speedups">Measured speedups</a></li>' in page
+    speedups = page.split('<section id="measured-speedups">')[1].split("</section>")[0]
+    assert 'id="fig-measured-speedups-h100"' in speedups and "<h3>H200</h3>" in speedups
+    assert "docs/validation/h100-time.csv is missing" not in speedups
+    assert "rates measured on NVIDIA H100 80GB HBM3" in page and "peak roofline, uncalibrated" in page
 
 
 def test_bad_scenario_exits_2_with_one_clear_message(tmp_path, capsys):

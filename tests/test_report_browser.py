@@ -155,3 +155,22 @@ def test_default_report_renders_every_figure_without_javascript_errors(tmp_path,
     assert result["drawn"] == n
     _assert_reads_well(result, width)
     _screenshot(tmp_path, default_report, f"report-default-{width}.png", width)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
+@pytest.mark.parametrize("width", [1280, 800])
+def test_speedup_section_with_a_measured_run_reads_well(tmp_path, width):
+    """Every trace of the section (three kernels measured, two predicted, three claims, two panels), which the
+    committed records may not have yet: from the records of tests/test_report_speedups.py."""
+    from test_report_speedups import BENCH_HEAD, NEW, TIME_HEAD, _bench_rows, _time_rows
+
+    from iosim.report import load_gpu, render_report
+
+    (tmp_path / "h100-sxm5-80gb.csv").write_text(BENCH_HEAD + _bench_rows("a670eb3", "2026-11-24", NEW))
+    (tmp_path / "h100-time.csv").write_text(TIME_HEAD + _time_rows())
+    gpu = load_gpu("H100", "h100", "h100-sxm5-80gb", tmp_path, tmp_path)
+    report = tmp_path / "speedups.html"
+    report.write_text(render_report([], speedups=[gpu]), encoding="utf-8")
+    result = _check(tmp_path, report, width)
+    assert result["errors"] == [] and result["figures"] == result["drawn"] == 1
+    _assert_reads_well(result, width)

@@ -13,15 +13,18 @@ from .data import figure_data, write_figure_csv
 from .parity import MEASUREMENT_COLUMNS, parity, read_measurement_file, read_measurements
 from .records import TAGS, problem_line, tiles_line
 from .roofline import roofline
+from .speedups import BACKENDS as SPEEDUP_BACKENDS
+from .speedups import SpeedupFigure, speedups
 from .style import BOUNDARY_DASH, BOUNDARY_LABEL, SCHEDULE_COLORS, TEMPLATE, color
 from .sweeps import lower_bound_elements, traffic_vs_block, traffic_vs_sram
-from .timing import time_vs_n
+from .timing import calibrated_on, time_hover, time_source, time_vs_n, with_time_source
 from .traffic import by_tensor, footprint, traffic_vs_n
 
 __all__ = [
-    "BOUNDARY_DASH", "BOUNDARY_LABEL", "MEASUREMENT_COLUMNS", "SCHEDULE_COLORS", "TAGS", "TEMPLATE", "bars",
-    "by_tensor", "color", "cpu_ratio", "figure_data", "footprint", "lower_bound_elements", "parity",
+    "BOUNDARY_DASH", "BOUNDARY_LABEL", "MEASUREMENT_COLUMNS", "SCHEDULE_COLORS", "SPEEDUP_BACKENDS", "TAGS", "TEMPLATE",
+    "SpeedupFigure", "bars",
+    "by_tensor", "calibrated_on", "color", "cpu_ratio", "figure_data", "footprint", "lower_bound_elements", "parity",
     "predicted_ratio", "problem_line",
-    "read_measurement_file", "read_measurements", "roofline", "tiles_line", "time_vs_n", "traffic_vs_block", "traffic_vs_n",
-    "traffic_vs_sram", "write_figure_csv",
+    "read_measurement_file", "read_measurements", "roofline", "speedups", "tiles_line", "time_hover", "time_source", "time_vs_n",
+    "traffic_vs_block", "traffic_vs_n", "traffic_vs_sram", "with_time_source", "write_figure_csv",
 ]

@@ -9,12 +9,14 @@ import plotly.graph_objects as go
 from ..units import fmt_seconds
 from .records import GROUP_FIELDS, bytes_hover, follows, hover, label, series, varying
 from .style import color, layout, si, tick_values
+from .timing import time_hover, with_time_source
 
 
 def bars(records: list[dict], x: str, metric: str = "global_bytes", title: str | None = None) -> go.Figure:
     """Grouped bars: ``metric`` against the values of field ``x``, one colour per schedule. Fields that move
     with ``x`` (batch where batch × kv_len is fixed) label the category instead of splitting the bars; values
-    spanning ten times or more go on a log axis, so that the short bars stay readable."""
+    spanning ten times or more go on a log axis, so that the short bars stay readable. Predicted time
+    (``predicted_s``) says under the title whose model it is and on what it was calibrated."""
     fig = go.Figure()
     along = [f for f in varying(records, GROUP_FIELDS) if f != x and follows(records, f, x)]
     for ident, rows in series(records, x):
@@ -22,15 +24,18 @@ def bars(records: list[dict], x: str, metric: str = "global_bytes", title: str |
         fig.add_trace(go.Bar(
             x=[_cat(x, r, along) for r in rows], y=[r.get(metric) for r in rows],
             name=label(ident, schedule=sched), marker={"color": color(sched)},
-            text=[hover(r, [f"{metric}: {_metric_hover(metric, r.get(metric))}"]) for r in rows],
+            text=[hover(r, [f"{metric}: {_metric_hover(metric, r.get(metric))}"]
+                        + ([time_hover(r)] if metric == "predicted_s" else [])) for r in rows],
             textposition="none", hovertemplate="%{text}<extra></extra>"))
     fig.update_layout(barmode="group")
     values = [r.get(metric) for r in records if r.get(metric) is not None]
     log_y = bool(values) and min(values) > 0 and max(values) >= 10 * min(values)
     y = _METRIC_AXIS.get(metric, metric) + (", log scale" if log_y else "")
     unit = "s" if metric == "predicted_s" else "B" if metric.endswith("_bytes") else ""
-    layout(fig, title or f"{metric} by {x}", _cat_title(x, along), y, log_x=False, log_y=log_y,
-           log_x_type="category", units={"yaxis": unit})
+    title = title or f"{metric} by {x}"
+    layout(fig, title, _cat_title(x, along), y, log_x=False, log_y=log_y, log_x_type="category", units={"yaxis": unit})
+    if metric == "predicted_s":
+        with_time_source(fig, title, records)
     if log_y:  # start the axis well below the shortest bar, so that every bar has a visible length
         lo, hi = min(values) / 4, max(values) * 1.3
         ticks = tick_values(lo, hi)

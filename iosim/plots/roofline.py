@@ -11,11 +11,13 @@ from plotly.subplots import make_subplots
 from ..units import fmt_rate, fmt_seconds
 from .records import hover
 from .style import LEGEND, TEMPLATE, color, log_ticks
+from .timing import time_hover
 
 
 def roofline(records: list[dict], profiles: dict, title: str = "Roofline") -> go.Figure:
     """Arithmetic intensity (FLOPs per DRAM byte) against attainable FLOP/s, one point per schedule and size,
     with the ceilings of each profile: the matmul peak of the dtype, and DRAM and L2 bandwidth × intensity.
+    The points' FLOP/s are FLOPs ÷ predicted time, whose model and calibration each hover text names.
     One panel per profile, side by side on a shared y axis; one x-axis title under all of them and the
     legend below, so that narrow pages keep the panels wide."""
     names = sorted({r["profile"] for r in records})
@@ -83,6 +85,7 @@ def _points(fig: go.Figure, panel: _Panel, rows_ok: list[dict], shown: set) -> N
             name=sched, legendgroup=sched, showlegend=sched not in shown,
             text=[hover(r, [f"arithmetic intensity: {r['arithmetic_intensity']:.4g} FLOP/B (DRAM bytes)",
                             f"attainable (model): {fmt_rate(r['attained_flops_per_s'], 'FLOP/s')}",
-                            f"bound by {r['bound']}, predicted {fmt_seconds(r['predicted_s'])}"]) for r in pts],
+                            f"bound by {r['bound']}, predicted {fmt_seconds(r['predicted_s'])}",
+                            time_hover(r)]) for r in pts],
             hovertemplate="%{text}<extra></extra>"), row=1, col=panel.col)
         shown.add(sched)

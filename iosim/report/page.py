@@ -13,6 +13,9 @@ from .._version import __version__
 from ..scenario import ScenarioRun
 from .cpu import SECTION_ID, TITLE, CpuMeasurement, cpu_section
 from .figures import PLOTLY_CONFIG, make_figures
+from .speedups import SECTION_ID as SPEEDUP_ID
+from .speedups import TITLE as SPEEDUP_TITLE
+from .speedups import GpuSpeedups, builtin_report, load_speedups, speedup_section
 from .tables import make_tables
 
 
@@ -58,12 +61,20 @@ nav ol{columns:2;column-gap:3em;font-size:.95em} nav li{break-inside:avoid;margi
 
 
 def render_report(runs: list[ScenarioRun], title: str = "iosim report: attention I/O, simulated",
-                   elapsed_s: float | None = None, cpu: CpuMeasurement | None = None) -> str:
+                   elapsed_s: float | None = None, cpu: CpuMeasurement | None = None,
+                   speedups: list[GpuSpeedups] | None = None) -> str:
     """One self-contained HTML page: every scenario's text, claims, tables and figures; plotly's JavaScript
-    is embedded once in the head (no CDN), so the file opens offline. With ``cpu`` (measured now or a committed
-    record), the section "Attention on a CPU" follows the scenarios."""
+    is embedded once in the head (no CDN), so the file opens offline. The section "Measured speedups" follows the
+    scenarios: from ``speedups``, or, where that is None and ``runs`` are the built-in scenarios, from the
+    committed records ([]: no section). With ``cpu`` (measured now or a committed record), the section
+    "Attention on a CPU" comes last."""
     sections = [_section(run) for run in runs]
     toc = "".join(f'<li><a href="#{r.scenario.name}">{html.escape(r.scenario.title)}</a></li>' for r in runs)
+    if speedups is None and builtin_report(runs):
+        speedups = load_speedups()
+    if speedups:
+        sections.append(speedup_section(speedups))
+        toc += f'<li><a href="#{SPEEDUP_ID}">{SPEEDUP_TITLE}</a></li>'
     if cpu is not None:
         sections.append(cpu_section(cpu))
         toc += f'<li><a href="#{SECTION_ID}">{TITLE}</a></li>'

@@ -40,8 +40,12 @@ def table_summary(records: list[dict]) -> str:
             f"<td>{_b(r['global_write_bytes'])}</td><td><b>{_b(r['global_bytes'])}</b></td><td>{_b(r['hbm_bytes'])}</td>"
             f"<td>{_b(r['compulsory_bytes'])}</td><td>{r['global_bytes'] / r['compulsory_bytes']:.3g}×</td>"
             f"<td title=\"{r['flops_total']:,}\">{fmt_rate(r['flops_total'], 'FLOP')}</td>"
-            f"<td title=\"{r['predicted_s']:.6g} s\">{fmt_seconds(r['predicted_s'])}</td><td>{r['bound']}</td></tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
+            f"<td title=\"{r['predicted_s']:.6g} s; {html.escape(plots.time_hover(r), quote=True)}\">"
+            f"{fmt_seconds(r['predicted_s'])}</td><td>{r['bound']}</td></tr>")
+    source = plots.time_source(records)
+    said = source[0].upper() + source[1:] if source.startswith("predicted") else f"Predicted times: {source}"
+    note = f"<p class=meta>{html.escape(said)}.</p>" if source else ""
+    return f"<table>{head}{''.join(rows)}</table>{note}"
 
 
 def table_by_tensor(records: list[dict]) -> str:
