@@ -1,6 +1,6 @@
 """The L2 model at scale: flash2's compact program, the default model (heads extrapolated, steady K/V windows
-skipped) against the full walk (``exact=True``), the progress callback, the tracer's refusal at the boundary, and a
-million tokens in bounded time and memory."""
+skipped) against the full walk (``exact=True``), the progress callback, and a million tokens in bounded time and
+memory (naive's and flash1's programs and shortcuts: test_l2_programs.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from iosim import l2
 from iosim.cli import cli
-from iosim.l2 import model as l2_model
+from iosim.l2 import walk as l2_walk
 from iosim.l2.atoms import atomize, global_bytes
 from iosim.l2.program import expand, flash2_program
 from iosim.problem import AttentionProblem
@@ -88,7 +88,7 @@ def test_default_agrees_with_the_full_walk_on_mid_sizes(monkeypatch, causal, hea
     """Mid sizes with the approximations forced on: 16 heads, or 32 in groups of 2; 8 blocks resident, so 32 waves
     a head, and K/V far larger than an L2 of 256 KiB: heads are extrapolated and steady windows skipped (a window of
     128 rounds, so that a K/V loop of 2048 accesses holds several)."""
-    monkeypatch.setattr(l2_model, "WINDOW", 128)
+    monkeypatch.setattr(l2_walk, "WINDOW", 128)
     p = _p(heads=heads, kv_heads=kv_heads, seq_len=32768, head_dim=128, causal=causal)
     exact, default = _agree(p, Tiles(128, 32), l2.L2Inputs(capacity=256 * 1024), resident=8)
     _within(default, exact)
@@ -167,21 +167,6 @@ def test_cli_takes_l2_exact():
                                         "--json"])
     assert res.exit_code == 0, res.output
     assert "every access walked" in res.output
-
-
-def test_tracer_refusal_comes_before_any_work(monkeypatch):
-    """naive at N = 1,048,576 would take the Python tracer hours: refused before it starts, by the model and by
-    simulate (the tracer is replaced by one that fails if called)."""
-
-    def no_tracing(*args, **kwargs):
-        raise AssertionError("the tracer ran")
-
-    monkeypatch.setattr(l2_model, "trace_program", no_tracing)
-    p = _p(heads=32, seq_len=1 << 20, head_dim=128)
-    with pytest.raises(l2.L2ModelError, match="too many for the Python tracer"):
-        l2.simulate_l2("naive", p, Tiles(64, 64), H200)
-    r = simulate("naive", p, H200, l2=True)
-    assert r.hbm_model.startswith("none") and "Python tracer" in r.hbm_model
 
 
 @pytest.mark.slow

@@ -12,10 +12,11 @@ it under the conditions Nsight Compute measures by default:
 How the access stream is made (one module each)
 -----------------------------------------------
 1. ``trace``: the tile program of ONE head is run by :class:`Tracer` (an interpreter that records every load and
-   store as ``(tensor, rows, cols, write)`` per thread block). For flash2, :mod:`iosim.l2.program` builds the
-   program directly, its K/V loop as one repeated group (the tests prove it equal, expanded, to the tracer's),
-   because a Python walk of a 131072-token head takes minutes. The Python tracer (naive, flash1) refuses a head
-   of more than ``MAX_TRACED_ACCESSES`` accesses before it starts.
+   store as ``(tensor, rows, cols, write)`` per thread block). The model builds each schedule's program directly
+   instead, its loops kept compact (the tests prove each, expanded, equal to the tracer's), because a Python walk
+   of a 131072-token head takes minutes: flash2's K/V loop as one repeated group (:mod:`iosim.l2.program`);
+   naive's kernels as rows of alike blocks, flash1's passes as groups (:mod:`iosim.l2.programs`). The tracer
+   itself runs only for traces given to :func:`simulate_l2` (the calibration probes) and in the tests.
 2. ``atoms``: each tensor's accesses within one kernel are cut into *atoms*, rectangles between consecutive tile
    edges. Every access is a whole number of atoms; a line belongs to exactly one atom.
 3. ``model``: the grid is laid out as the GPU launches it (:mod:`iosim.launch`): heads outermost in the kernel's
@@ -43,6 +44,9 @@ above) and is what the default is checked against (tests/test_l2_scale.py: withi
 
 * No trace is stored: flash2's K/V loop is one group of two records (K_j, V_j) repeated for each visible j
   (:mod:`iosim.l2.program`), so memory is per atom (~4 MB per head at N = 1,048,576), not per access (4.8 GB).
+  naive's rows of S and P tiles are touched once each: rows far enough apart share atoms (those of all heads, in
+  turn; far enough that LRU has evicted a row's tiles before the row that many later comes, so the bytes are the
+  same, tested), and the cache holds a few hundred rows of tiles, not all N x N_kv of every head.
 * Heads are alike: the grid is walked for its first few heads: the first (it starts cold), whole periods of the
   grid's pattern of shared K/V (a GQA query group; with every batch for grid (.., batch, heads)), and the last (it
   drains the grid and leaves dirty lines at the end); every head not walked is given the mean DRAM bytes of the
@@ -50,19 +54,32 @@ above) and is what the default is checked against (tests/test_l2_scale.py: withi
   periods each) agree within 0.5%, reads and writes each; else about four times as many heads are walked, and the
   whole grid once a walk would not save three quarters of it. A head whose boundary falls at another point of the
   waves costs differently (up to 10% at N = 131072, every fourth head): the first walk has 2 middle periods where a
-  head runs 32 waves or more (and is taken where it saves half the grid), 6 from 8 waves, else 14.
+  head runs 32 waves or more (and is taken where it saves half the grid), 6 from 8 waves, else 14. Where a
+  head has few blocks (flash1's one), many run beside each other: the middle heads walked must fill the resident
+  slots four times over, else every head is walked.
 * Waves repeat: every 256 rounds the loop takes stock (:mod:`iosim.l2.steady`). When every resident block is deep
-  in its K/V loop, none launched for two windows, the last two windows fetched the same bytes (within 1%) while
-  each block advanced alike, and no read in them hit on data fetched in an earlier round (a block trailing another
-  closely enough to reuse its data: such reuse ends at once as blocks drift apart, which a skip would not see),
-  the windows up to one before the first block leaves its loop are skipped: their reads are the windows' mean;
-  the cache is flushed, its dirty bytes written back (in those windows at least one L2 of new data arrives, so
-  they would be evicted: the K/V loop writes nothing); the blocks jump ahead and re-run the last windows, enough
-  to fetch one L2, without counting them, so that L2 holds what it would. A causal grid skips little (its blocks
-  end at different times, so few windows pass without a launch).
+  in its K/V loop, none launched for two windows, the last two windows fetched the same bytes (within 1%) and
+  wrote none while each block advanced alike, and either no read in them hit on data fetched in an earlier round
+  or every block ran in every round (a block trailing another closely enough to reuse its data: such reuse ends at
+  once as blocks drift apart, which a skip would not see; blocks that all run every round keep their distances,
+  as a causal grid's blocks, launched a few rounds apart with one block an SM, do for all of their K/V loop), the
+  windows up to one before the first block leaves its loop are skipped: their reads are the windows' mean; the
+  cache is flushed, its dirty bytes written back (in those windows at least one L2 of new data arrives, so they
+  would be evicted); the blocks jump ahead and re-run the last windows, enough to fetch one L2, without counting
+  them, so that L2 holds what it would.
+* Rows repeat (naive, :mod:`iosim.l2.rows`): the grid is walked with the first T, 2T and 3T rows of each head;
+  where the two increments agree within 0.5%, every further row costs the last increment.
+* Passes stream (flash1, :mod:`iosim.l2.passes`): where each pass over the Q blocks moves four L2s or more, LRU
+  keeps nothing of it for the next; the walk starts at a late pass, from a cold cache, and at the one after it, and
+  every earlier pass costs its tiles at the rate the difference of the two walks gives, tensor by tensor (taken
+  where that pass's Q tiles all missed; else every pass is walked).
+* naive with tiles so small that its P V kernel would hold more than ``MAX_NAIVE_TILES`` tiles at once is refused
+  (:func:`unsupported` says why).
 
 ``L2Result.describe()`` (the ``hbm_model`` text) says which were used, e.g. "4 of 32 heads walked, the rest
-extrapolated, 81% of their accesses in steady K/V windows skipped".
+extrapolated, 81% of their accesses in steady K/V windows skipped". Measured against the full walk (docs/validation.md has the
+figures; tests/test_l2_scale.py and tests/test_l2_programs.py check 1%): flash2 at N = 1,048,576 within 0.05%,
+causal and grouped-query too; naive within 0.3%; flash1's passes to the byte.
 
 The inputs (room factors, dirty lines at the start, block drift) are calibrated on the GPU by the probes of
 :mod:`iosim.l2.probes` (docs/validation.md says how, and what the models tried and not adopted taught). Not
@@ -72,13 +89,13 @@ blocks other than by age on their SM.
 """
 
 from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError
-from .model import MAX_TRACED_ACCESSES, KernelL2, L2Inputs, L2Result, head_slots, simulate_l2, unsupported
+from .model import MAX_NAIVE_TILES, KernelL2, L2Inputs, L2Result, head_slots, simulate_l2, unsupported
 from .progress import ProgressBar
 from .trace import KernelTrace, Tracer, trace_program
 
 __all__ = [
     "KV_TENSORS",
-    "MAX_TRACED_ACCESSES",
+    "MAX_NAIVE_TILES",
     "TENSOR_CODES",
     "TENSOR_NAMES",
     "KernelL2",

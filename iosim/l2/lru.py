@@ -6,15 +6,21 @@ and works on plain arrays, grouped into tuples by role:
 * ``trace`` = (atom, shape, write, shapes, step, gidx, glen, reps): one head's program as records, each its first
   atom and the shape of the rectangle of atoms it covers; a record is the ``gidx``-th of a group of ``glen`` records
   run ``reps`` times, its atom moving by ``step`` each time (:mod:`iosim.l2.program`);
-* ``grid`` = (ptr, block_order, head_q, head_kv, n_sms, share): records ``ptr[b]:ptr[b+1]`` belong to program block
-  ``b``; the grid launches heads in the order of ``head_q``/``head_kv`` (their Q-side and K/V-side slots), the
-  blocks of a head in ``block_order``; ``share`` is the block drift (1: lockstep);
+* ``grid`` = (ptr, layout, head_q, head_kv, n_sms, share, unit_q): records ``ptr[t]:ptr[t+1]`` belong to template
+  block ``t``; ``layout`` = (blocks per head, reversed, templates, row stride, row wrap, full rows, K/V stride): block
+  ``b`` of a head is template block ``b mod templates`` of row ``b div templates``, its Q-side atoms moved by ``row
+  stride`` per row; with a row wrap, the rows of all heads in turn share that many rows of atoms (a last, partial
+  row has template blocks of its own: :class:`iosim.l2.program.LoopProgram`), else each head's atoms are moved by
+  the atoms of a head; K/V atoms are moved by ``K/V stride`` per K/V head; the grid launches heads in the order of
+  ``head_q``/``head_kv`` (their Q-side and K/V-side slots), the blocks of a head in order (or reversed); ``share``
+  is the block drift (1: lockstep);
 * ``slots`` = (pos, end, qoff, kvoff, live, age, rate, credit, half, rep, unit, done): the blocks resident at once,
   one per slot; slot s is on SM s mod ``n_sms``, ``half`` is the L2 partition near that SM (1 or 2), ``rep`` the
   repetition of the group the block is in, ``unit`` the unit of heads it belongs to, ``done`` its accesses so far;
-* the cache ``c`` = (res, cost, mask, dirty, prev, nxt, last_round, out_read, out_write): per atom (all heads)
-  its resident bytes, room per byte, the partitions that read it, dirty or not, its neighbours in the recency list
-  and the round it was last touched; DRAM bytes by unit of heads and tensor;
+* the cache ``c`` = (res, cost, mask, dirty, prev, nxt, last_round, out_read, out_write, owner): per atom (all
+  heads) its resident bytes, room per byte, the partitions that read it, dirty or not, its neighbours in the recency
+  list and the round it was last touched; DRAM bytes by unit of heads and tensor; the unit of heads of the block
+  that last touched each atom (its write-backs are that unit's);
 * the model ``m`` = (atom_bytes, atom_tensor, n_atoms, foreign, cost_private, cost_shared, cost_dirty, capacity
   in room units, dedupe, atom_kv, unit_q, unit_kv): ``unit_q``/``unit_kv`` give the unit of heads of each Q-side
   and K/V-side slot (the DRAM bytes are kept per unit, so that :mod:`iosim.l2.model` can extrapolate over heads);
@@ -33,42 +39,47 @@ from .steady import atom_unit, window
 # the grid: which block runs in which slot, and when it takes a turn
 
 
-@_njit
+@_njit_inline
 def _launch_block(launched, s, grid, slots, n_atoms):
     """Put the grid's block number ``launched`` (in launch order) into slot ``s``."""
-    ptr, block_order, head_q, head_kv = grid[0], grid[1], grid[2], grid[3]
-    nb = block_order.shape[0]
+    ptr, layout, head_q, head_kv = grid[0], grid[1], grid[2], grid[3]
+    nb, tmpl, wrap, full = layout[0], layout[2], layout[4], layout[5]
     h = launched // nb
-    b = block_order[launched % nb]
-    slots[0][s] = ptr[b]
-    slots[1][s] = ptr[b + 1]
-    slots[2][s] = head_q[h] * n_atoms
-    slots[3][s] = head_kv[h] * n_atoms
+    b = nb - 1 - launched % nb if layout[1] else launched % nb
+    t, row = b % tmpl, b // tmpl
+    if row >= full:  # the last, partial row: its own template blocks, their atoms as they are
+        t += tmpl
+        slots[2][s] = 0 if wrap > 0 else head_q[h] * n_atoms
+    elif wrap > 0:  # the rows of every head in turn share ``wrap`` rows of atoms
+        slots[2][s] = ((h * full + row) % wrap) * layout[3]
+    else:
+        slots[2][s] = head_q[h] * n_atoms + row * layout[3]
+    slots[0][s] = ptr[t]
+    slots[1][s] = ptr[t + 1]
+    slots[3][s] = head_kv[h] * layout[6]
     slots[5][s] = launched
     slots[9][s] = 0
     slots[10][s] = grid[6][head_q[h]]
 
 
-@_njit
+@_njit_inline
 def _set_sm_rates(sm, slots, n_sms, share):
     """Issue shares of the blocks on SM ``sm`` (slots sm, sm + n_sms, ...): the k-th oldest gets a share
     proportional to ``share ** k``; shares sum to one access per round (a lone block runs at the SM's full rate)."""
     live, age, rate = slots[4], slots[5], slots[6]
     n_slots = live.shape[0]
-    k = 0
+    total, w = 0.0, 1.0
     for s in range(sm, n_slots, n_sms):
         if live[s]:
-            k += 1
-    total = 0.0
-    for i in range(k):
-        total += share**i
+            total += w
+            w *= share
     for s in range(sm, n_slots, n_sms):
         if live[s]:
-            rank = 0
+            w = 1.0
             for t in range(sm, n_slots, n_sms):
                 if live[t] and age[t] < age[s]:
-                    rank += 1
-            rate[s] = share**rank / total
+                    w *= share
+            rate[s] = w / total
 
 
 @_njit
@@ -76,7 +87,7 @@ def _start_grid(n_slots, grid, n_atoms):
     """The slots at the kernel's start, holding the first ``n_slots`` blocks in launch order. Returns
     (slots, launched)."""
     n_sms, share = grid[4], grid[5]
-    total_blocks = grid[1].shape[0] * grid[2].shape[0]
+    total_blocks = grid[1][0] * grid[2].shape[0]
     half = np.zeros(n_slots, np.int8)
     for s in range(n_slots):
         half[s] = 1 if 2 * (s % n_sms) < n_sms else 2  # the lower half of SM numbers near one partition
@@ -110,12 +121,12 @@ def _takes_turn(s, slots, share):
     return True
 
 
-@_njit
+@_njit_inline
 def _refill_slot(s, launched, live, grid, slots, n_atoms):
     """The block in slot ``s`` has finished: launch the grid's next block there, or retire the slot; the shares
     of that SM's blocks change. Returns the new (``launched``, ``live``)."""
     n_sms, share = grid[4], grid[5]
-    if launched < grid[1].shape[0] * grid[2].shape[0]:
+    if launched < grid[1][0] * grid[2].shape[0]:
         _launch_block(launched, s, grid, slots, n_atoms)
         slots[7][s] = 0.0
         launched += 1
@@ -144,7 +155,7 @@ def _evict(c, m, used, tail):
         res[v] -= take
         used -= take * cv
         if dirty[v]:
-            u, t = atom_unit(v, m)
+            u, t = atom_unit(v, c, m)
             out_write[u, t] += take
         if res[v] == 0:
             dirty[v] = False
@@ -175,7 +186,8 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
     mask, dirty = np.zeros(G, np.int8), np.zeros(G, np.bool_)
     prev, nxt, last_round = np.full(G, -1, np.int64), np.full(G, -1, np.int64), np.full(G, -1, np.int64)
     out_read, out_write = np.zeros((n_units + 1, n_tensors), np.int64), np.zeros((n_units + 1, n_tensors), np.int64)
-    c = (res, cost, mask, dirty, prev, nxt, last_round, out_read, out_write)
+    owner = np.zeros(G, np.int64)
+    c = (res, cost, mask, dirty, prev, nxt, last_round, out_read, out_write, owner)
     head = tail = -1  # most and least recent
     used = 0  # room in units of 1/ROOM_UNIT byte
     if init_dirty > 0:
@@ -185,15 +197,15 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
     slots, launched = _start_grid(n_slots, grid, n_atoms)
     win = (np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64),
            np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read),
-           np.zeros(5, np.int64))
+           np.zeros(6, np.int64))
     period, progress = ctl[0], ctl[2]
-    live, rnd, share, issued, refill_rnd, hits, fetched = launched, 0, grid[5], 0, 0, 0, 0
+    live, rnd, share, issued, refill_rnd, hits, fetched, wrote = launched, 0, grid[5], 0, 0, 0, 0, 0
     while live > 0:
         rnd += 1
         if rnd % period == 0:
-            rnd, used, head, tail = window(rnd, used, head, tail, refill_rnd, hits, fetched, trace, slots, c, m,
-                                           win, ctl)
-            hits = fetched = 0
+            rnd, used, head, tail = window(rnd, used, head, tail, refill_rnd, (hits, fetched, wrote), trace, slots,
+                                           c, m, win, ctl)
+            hits = fetched = wrote = 0
             progress[0] = issued + win[7][2]
         for s in range(n_slots):
             if not slots[4][s] or not _takes_turn(s, slots, share):
@@ -219,6 +231,7 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
                                 cost[g] = want
                         else:
                             last_round[g] = rnd
+                            owner[g] = unit
                             used -= r * cost[g]  # the atom's old room; it is re-linked as the most recent below
                             if 0 < r < size and dirty[g]:
                                 # partly evicted: it is the LRU tail, and a line-level LRU walking its lines in
@@ -236,6 +249,7 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
                                     tail = prev[g]
                             if write:
                                 dirty[g] = True
+                                wrote += 1
                             elif r != size:
                                 out_read[unit, t] += size
                                 fetched += size * want

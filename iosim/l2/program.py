@@ -23,10 +23,16 @@ from .trace import KernelTrace
 
 @dataclass
 class LoopProgram:
-    """One kernel's accesses for one head: block b's records are ``ptr[b]:ptr[b+1]``."""
+    """One kernel's accesses for one head: template block t's records are ``ptr[t]:ptr[t+1]``. Block b of the head
+    is template block ``b mod templates`` in row ``b div templates``; row r's Q-side atoms (all but K/V's) are those
+    of row 0 moved by ``r * row_stride``. With ``row_wrap`` > 0 the rows of every head in turn (head h's row r is
+    row ``h * full_rows + r``) share ``row_wrap`` rows of atoms: each row's tiles are touched once, and evicted long
+    before the row that many rows later comes. A row from ``full_rows`` on (the last, partial row of tiles) is the
+    template blocks after the first ``templates``, whose records name their atoms as they are (shared by all heads
+    with a row wrap). A program without rows: one row of every block."""
 
     name: str
-    ptr: np.ndarray  # int64 [blocks + 1]
+    ptr: np.ndarray  # int64 [template blocks + 1]
     atom: np.ndarray  # int32 per record: its first atom at the group's first repetition
     shape: np.ndarray  # int32 per record: 0 = one atom, k > 0 = row k of ``shapes``
     write: np.ndarray  # bool per record
@@ -40,16 +46,49 @@ class LoopProgram:
     atom_tensor: np.ndarray  # int64 [A]
     global_read: int  # requested bytes of one head
     global_write: int
-    block_accesses: np.ndarray  # int64 [blocks]: accesses of each block, groups expanded
+    block_accesses: np.ndarray  # int64 [template blocks]: accesses of each, groups expanded
+    templates: int = 0  # template blocks per row (0: all of them, one row)
+    rows: int = 1
+    row_stride: int = 0
+    row_wrap: int = 0
+    full_rows: int = 1  # a row from this one on is the last, partial row
+    row_height: int = 0  # query rows of a full row (0: no rows)
+
+    def __post_init__(self):
+        if not self.templates:
+            self.templates = len(self.ptr) - 1
 
     @property
     def n_blocks(self) -> int:
-        return len(self.ptr) - 1
+        return self.templates * self.rows
 
     @property
     def accesses(self) -> int:
         """Accesses of one head, groups expanded."""
-        return int(self.block_accesses.sum())
+        full = int(self.block_accesses[:self.templates].sum()) * min(self.rows, self.full_rows)
+        return full + (int(self.block_accesses[self.templates:].sum()) if self.rows > self.full_rows else 0)
+
+    def layout(self, reverse: bool) -> np.ndarray:
+        """The grid's layout of one head's blocks, as the round loop reads it (:mod:`iosim.l2.lru`)."""
+        return np.array([self.n_blocks, int(reverse), self.templates, self.row_stride, self.row_wrap,
+                         self.full_rows, self.strides[1]], dtype=np.int64)
+
+    @property
+    def strides(self) -> tuple[int, int]:
+        """Atoms between the Q-side atoms of two heads, and between the K/V atoms of two K/V heads. With a row
+        wrap the heads share their Q-side atoms, and K/V's are last: K/V head k's follow the Q-side ones and the
+        K/V atoms of the k heads before it."""
+        n = len(self.atom_bytes)
+        if self.row_wrap:
+            return 0, int(self.atom_kv.sum())
+        return n, n
+
+    def block(self, b: int) -> tuple[int, int]:
+        """(template block, Q-side atom offset) of block ``b`` of the head."""
+        t, r = b % self.templates, b // self.templates
+        if r >= self.full_rows:
+            return t + self.templates, 0
+        return t, (r % self.row_wrap if self.row_wrap else r) * self.row_stride
 
 
 def from_trace(kt: KernelTrace, p: AttentionProblem) -> LoopProgram:
@@ -111,10 +150,12 @@ def expand(prog: LoopProgram) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     """(ptr, first atom, shape, write) of every access, groups expanded (small programs: for the tests)."""
     atoms, shapes, writes, ptr = [], [], [], [0]
     for b in range(prog.n_blocks):
-        x = int(prog.ptr[b])
+        t, off = prog.block(b)
+        x = int(prog.ptr[t])
         q = 0
-        while x < prog.ptr[b + 1]:
-            atoms.append(int(prog.atom[x]) + q * int(prog.step[x]))
+        while x < prog.ptr[t + 1]:
+            a = int(prog.atom[x]) + q * int(prog.step[x])
+            atoms.append(a if prog.atom_kv[a] else a + off)
             shapes.append(int(prog.shape[x]))
             writes.append(bool(prog.write[x]))
             if prog.gidx[x] == prog.glen[x] - 1 and q + 1 < prog.reps[x]:

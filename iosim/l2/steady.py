@@ -2,15 +2,19 @@
 
 Part of the L2 model; the model as a whole is described in :mod:`iosim.l2`. When every resident block is deep in a
 repeated group (flash2's K/V loop) and nothing launched for two windows, the loop is periodic: each window makes the
-same accesses, shifted, and fetches the same bytes. If the last two windows fetched the same bytes (within 1%), no
-read in them hit on data of an earlier round (no block trails another closely enough to reuse what it fetched: as
-blocks drift apart such reuse stops at once, and a skip across that point would miss it), and every block advanced
-alike (within one access), the next ``k`` windows are skipped:
+same accesses, shifted, and fetches the same bytes. If the last two windows fetched the same bytes (within 1%) and
+wrote nothing, every block advanced alike (within one access), and either no read in them hit on data of an earlier
+round or every block ran in every round, the next ``k`` windows are skipped. (A read that hits on data another block
+fetched in an earlier round comes from a block trailing another closely enough to reuse what it fetched: as blocks
+drift apart such reuse stops at once, and a skip across that point would miss it; blocks that all run every round
+keep their distances, and the reuse repeats: a causal grid's blocks, launched a few rounds apart, trail each other so
+for all of their K/V loop.)
 
 * DRAM reads: ``k`` times the mean of the two windows, by unit of heads and tensor;
 * DRAM writes: in ``k`` windows at least one L2 of fresh data arrives (``k`` is at least ``j``, below), so every
-  line in L2 now is evicted by then unless it is touched again; the loop of a repeated group writes nothing, so
-  each dirty byte in L2 now is written back: the cache is flushed, counting them;
+  line in L2 now is evicted by then unless it is touched again; the skipped windows write nothing (windows that
+  write, as flash1's inner loop does, are walked), so each dirty byte in L2 now is written back: the cache is
+  flushed, counting them;
 * the blocks jump ``k - j`` windows ahead and run the last ``j`` windows from the empty cache without counting
   their reads, so that L2 holds what it would hold (``j`` windows fetch at least one L2: LRU keeps the most
   recent data, and the ``j`` windows touched at least an L2's worth).
@@ -27,13 +31,12 @@ from ._common import FOREIGN, _njit, _njit_inline
 
 
 @_njit_inline
-def atom_unit(g, m):
-    """(unit of heads, tensor) of global atom ``g``; the foreign dirty lines are unit ``n_units``, FOREIGN."""
-    n_atoms, foreign = m[2], m[3]
-    if g == foreign:
+def atom_unit(g, c, m):
+    """(unit of heads, tensor) of global atom ``g``: the unit of the block that last touched it (``c[9]``); the
+    foreign dirty lines are unit ``n_units``, FOREIGN."""
+    if g == m[3]:
         return max(m[10].max(), m[11].max()) + 1, FOREIGN
-    a = g % n_atoms
-    return (m[11] if m[9][a] else m[10])[g // n_atoms], m[1][a]
+    return c[9][g], m[1][g % m[2]]
 
 
 @_njit
@@ -43,21 +46,22 @@ def _flush(c, m):
     for g in range(res.shape[0]):
         if res[g] > 0:
             if dirty[g]:
-                u, t = atom_unit(g, m)
+                u, t = atom_unit(g, c, m)
                 out_write[u, t] += res[g]
             res[g], cost[g], mask[g], dirty[g], prev[g], nxt[g] = 0, 0, 0, False, -1, -1
     return 0, -1, -1
 
 
 @_njit
-def window(rnd, used, head, tail, refill_rnd, hits, fetched, trace, slots, c, m, win, ctl):
+def window(rnd, used, head, tail, refill_rnd, counts, trace, slots, c, m, win, ctl):
     """Take stock at round ``rnd`` (a multiple of the window); skip ahead when the loop is steady (see above).
     ``win`` = (done at the window's start, advance in the last two windows, reads at the window's start, reads in
-    the last two windows, reads to restore when the replay ends, (windows counted, replay end, skipped, hits and
-    room fetched in the last window)); ``hits``: reads in this window that found data fetched in an earlier round;
-    ``fetched``: the L2 room (units of 1/ROOM_UNIT byte) its misses took.
+    the last two windows, reads to restore when the replay ends, (windows counted, replay end, skipped, and hits,
+    room fetched and writes in the last window)); ``counts`` = (hits: reads in this window that found data fetched
+    in an earlier round, fetched: the L2 room (units of 1/ROOM_UNIT byte) its misses took, writes it made).
     Returns the new (rnd, used, head, tail)."""
     done0, d1, d2, r_snap, rd1, rd2, restore, st = win
+    hits, fetched, wrote = counts
     period, skip = ctl[0], ctl[1]
     out_read, live, done = c[7], slots[4], slots[11]
     if st[1] > 0:  # replaying the last windows of a skip
@@ -77,8 +81,13 @@ def window(rnd, used, head, tail, refill_rnd, hits, fetched, trace, slots, c, m,
     st[0] += 1
     hits2, st[3] = st[3] + hits, hits
     room2, st[4] = st[4] + fetched, fetched
-    if not skip or st[0] < 2 or refill_rnd > rnd - 2 * period or hits2 > 0 or room2 <= 0:
+    wrote2, st[5] = st[5] + wrote, wrote
+    if not skip or st[0] < 2 or refill_rnd > rnd - 2 * period or wrote2 > 0 or room2 <= 0:
         return rnd, used, head, tail
+    if hits2 > 0:  # reuse between blocks holds only while none drifts from another: every block ran every round
+        for s in range(live.shape[0]):
+            if live[s] and (d1[s] != period or d2[s] != period):
+                return rnd, used, head, tail
     tot1, tot2 = rd1.sum(), rd2.sum()
     if tot1 <= 0 or tot2 <= 0 or 100 * np.abs(rd1 - rd2).sum() > tot1 + tot2:
         return rnd, used, head, tail
