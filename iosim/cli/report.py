@@ -169,7 +169,7 @@ def plot_cmd(results_dir, quiet):
 @click.option("-q", "--quiet", is_flag=True)
 @click.option("--check", is_flag=True, help="exit with code 1 if a published number (claim) does not match")
 @click.option("--cpu", "measure_cpu", is_flag=True,
-              help="measure attention on this CPU (naive vs tiled, about 30 s) for the section 'Attention on a CPU', "
+              help="measure attention on this CPU (naive vs tiled, about 50 s) for the section 'Attention on a CPU', "
                    "instead of showing the committed record")
 def report_cmd(scenarios, out_file, title, quiet, check, measure_cpu):
     """Write ONE self-contained HTML report (plotly embedded, opens offline) for SCENARIOS, or for the
@@ -196,7 +196,7 @@ def _cpu_measurement(measure: bool, default: bool, quiet: bool) -> CpuMeasuremen
     """This machine measured now (--cpu), else the committed record for the built-in report, else none."""
     if measure:
         if not quiet:
-            click.echo("measuring attention on this CPU: its profile, then naive vs tiled (about 30 s) ...", err=True)
+            click.echo("measuring attention on this CPU: its profile, then naive vs tiled (about 50 s) ...", err=True)
         return CpuMeasurement(scenario_data())
     return committed_cpu_record() if default else None
 

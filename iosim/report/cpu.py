@@ -106,7 +106,7 @@ def _provenance(m: CpuMeasurement) -> str:
     cmd = f" (<code>{html.escape(d['command'])}</code>)" if d.get("command") else ""
     return (f"<p class=note>Measured on <b>{html.escape(_machine(d))}</b>{when}{cmd}: the committed record "
             f"<code>{html.escape(m.file)}</code>, not necessarily the machine that wrote this report. "
-            f"<code>iosim report --cpu</code> measures this machine instead (about 30 s).</p>"
+            f"<code>iosim report --cpu</code> measures this machine instead (about 50 s).</p>"
             f"<p class=meta>{gemm.strip()}{prof}</p>")
 
 
