@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data/validation"
 DOCS = ROOT / "docs/validation"
 PROFILE = {"h200": "h200-sxm-141gb", "h100": "h100-sxm5-80gb"}  # device -> the profile its record is simulated on
-ARCHIVES = ("sweep", "flash3", "naive")  # data/validation/<device>-<part>.tar.xz that hold attention kernels; a part
+ARCHIVES = ("sweep", "flash3")  # data/validation/<device>-<part>.tar.xz that hold attention kernels; a part
 # named after a kind replaces the earlier parts' problems of that kind (naive: re-measured after naive.cu v2)
 MARK = "<!-- record:{device} {edge} (benchmarks/validation_record.py rewrites this part) -->"
 

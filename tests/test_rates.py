@@ -83,7 +83,7 @@ def test_a_new_measurement_needs_the_memory_latencies():
 
 
 def test_without_a_calibration_a_profile_stays_valid_and_uncalibrated():
-    p = get_profile("h200-sxm-141gb")
+    p = get_profile("a100-sxm4-80gb")
     assert p.calibration is None and p.calibration_label() == "uncalibrated"
     assert p.measured("dram.read") is None
     other = profile_from_dict(_with_calibration(calibration_section(_measured(hopper=False), ON, hopper=False)))
@@ -133,16 +133,16 @@ def test_times_read_as_people_write_them():
 def test_the_writer_keeps_the_base_text_and_its_output_loads_back(tmp_path):
     section = calibration_section(_measured(), ON, hopper=True)
     out = tmp_path / "h200-calibrated.yaml"
-    written = write_calibrated("h200-sxm-141gb", section, out)  # a built-in without a calibration section
+    written = write_calibrated("a100-sxm4-80gb", section, out)  # a built-in without a calibration section
     text = out.read_text()
-    assert text.startswith((PROFILES_DIR / "h200-sxm-141gb.yaml").read_text().rstrip("\n"))  # comments kept
+    assert text.startswith((PROFILES_DIR / "a100-sxm4-80gb.yaml").read_text().rstrip("\n"))  # comments kept
     loaded = load_profile_file(out)
-    assert loaded == written and loaded.name == "h200-sxm-141gb"
+    assert loaded == written and loaded.name == "a100-sxm4-80gb"
     assert loaded.calibration.l2.read.value == pytest.approx(9.8e12)
     assert loaded.calibration.mma_sync.fp16.throughput.value[8] == pytest.approx(320e12)
     assert loaded.calibration.latency.dram.value == pytest.approx(531e-9)
     assert "\n  latency:\n    l2:\n      value: 262 ns\n" in text
-    assert loaded.dram.bandwidth.value == get_profile("h200-sxm-141gb").dram.bandwidth.value  # the rest unchanged
+    assert loaded.dram.bandwidth.value == get_profile("a100-sxm4-80gb").dram.bandwidth.value  # the rest unchanged
     # calibrating a calibrated file replaces its section; JSON out works too
     again = write_calibrated(str(out), calibration_section(_measured(hopper=False), ON, hopper=False),
                              tmp_path / "again.json")

@@ -64,6 +64,8 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
     """Predicted time of ``schedule`` as ``kernel`` runs it; ``hbm[k]`` = (DRAM read, DRAM write) bytes of kernel k."""
     roof = roofline.predict(counts, [r + w for r, w in hbm], problem.dtype, profile)
     desc = kernel_for(schedule, kernel) if pass_ == "forward" else None
+    if desc is not None and kernel is None and desc.tiles and not any(d >= problem.head_dim for d in desc.tiles):
+        desc = None  # the schedule's own kernel has no instantiation for this head_dim: the roofline stands
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline")
     r = rates(profile, problem.dtype)
