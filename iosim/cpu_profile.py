@@ -20,17 +20,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .profile import (
-    ProfileError,
-    SourcedBandwidth,
-    SourcedBytes,
-    SourcedCount,
-    SourcedFlops,
-    SourcedHz,
-    SourcedOps,
-    format_validation,
-    read_profile_data,
-)
+from .profile import ProfileError, format_validation, read_profile_data
+from .sourced import SourcedBandwidth, SourcedBytes, SourcedCount, SourcedFlops, SourcedHz, SourcedOps
 
 CPU_PROFILES_DIR = Path(__file__).resolve().parent / "profiles" / "cpu"
 _LEVELS = ["l1d", "l2", "l3"]

@@ -1,30 +1,32 @@
-"""Hardware profiles: pydantic models, loadable from YAML or JSON, every number with its source (longer than
-400 lines: the optional calibration section, measured by ``iosim calibrate rates``, is made of the same types).
-
-A profile lists memory levels outermost first (DRAM/HBM, L2, shared memory, registers), the SM count and
-clock, dense peak rates per dtype for the tensor cores and for plain fp32, and the special-function (exp)
-rate. Every number is a ``{value, source}`` pair; ``value: null`` says the number is not published (the
-source then says so), and anything that needs it fails with a message naming the field.
-
-Quantities are written as people write them: ``80GB``, ``50MiB``, ``3.35 TB/s``, ``228KiB``,
-``989.4 TFLOP/s``, ``1.98 GHz``. Unknown keys are rejected everywhere.
+"""Hardware profiles: a GPU as iosim sees it (memory levels outermost first, SM count and clock, dense peak rates
+per dtype, the exp rate, and the optional measured ``calibration`` section of :mod:`iosim.calibration`), every
+number a sourced value (:mod:`iosim.sourced`), and the loading of built-ins and YAML/JSON files, with errors that
+name the file and the field.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
-import math
 import re
-from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from .units import UnitError, parse_quantity
+from .calibration import Calibration
+from .sourced import (
+    SourcedBandwidth,
+    SourcedByteCount,
+    SourcedBytes,
+    SourcedCount,
+    SourcedFlops,
+    SourcedHz,
+    SourcedOps,
+    SourcedRatio,
+    _Strict,
+)
 
 SCHEMA_VERSION = 1
 DEFAULT_PROFILE = "h100-sxm5-80gb"
@@ -33,98 +35,6 @@ PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
 class ProfileError(ValueError):
     """A profile could not be found, read or validated; the message names the file and the field."""
-
-
-def _positive(x: float, family: str, given) -> float:
-    """A size or a rate of 0 (or less) is never right: every model divides by it or fits tiles into it."""
-    if x <= 0:
-        raise ValueError(f"{given!r} is not a positive quantity in {family}: a rate or a size must be > 0 "
-                         "(write `value: null` and say so in the source if the number is not published)")
-    return x
-
-
-def _unit(family: str):
-    def convert(v):
-        if v is None:
-            return None
-        try:
-            return _positive(parse_quantity(v, family), family, v)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
-
-    return BeforeValidator(convert)
-
-
-def _whole_bytes(v, *, positive: bool):
-    if v is None:
-        return None
-    try:
-        x = parse_quantity(v, "bytes")
-    except UnitError as exc:
-        raise ValueError(str(exc)) from None
-    if x != int(x):
-        raise ValueError(f"{v!r} is not a whole number of bytes")
-    return int(_positive(x, "bytes", v) if positive else x)
-
-
-def _int_bytes(v):
-    return _whole_bytes(v, positive=True)
-
-
-def _int_bytes_or_zero(v):
-    return _whole_bytes(v, positive=False)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SourcedBytes(_Strict):
-    """A size in bytes (``value`` accepts '50MiB'), with where the number comes from."""
-
-    value: Annotated[int | None, BeforeValidator(_int_bytes)] = Field(
-        description="bytes; null = not published"
-    )
-    source: str = Field(min_length=1, description="datasheet, paper, or 'measured on ... with ...'")
-
-
-class SourcedByteCount(_Strict):
-    """A number of bytes that may be 0 (dirty lines in L2 at a kernel's start)."""
-
-    value: Annotated[int | None, BeforeValidator(_int_bytes_or_zero)] = Field(description="bytes, >= 0")
-    source: str = Field(min_length=1)
-
-
-class SourcedBandwidth(_Strict):
-    value: Annotated[float | None, _unit("bytes/s")] = Field(description="bytes per second")
-    source: str = Field(min_length=1)
-
-
-class SourcedFlops(_Strict):
-    value: Annotated[float | None, _unit("flop/s")] = Field(
-        description="floating-point operations per second"
-    )
-    source: str = Field(min_length=1)
-
-
-class SourcedOps(_Strict):
-    value: Annotated[float | None, _unit("op/s")] = Field(description="operations (results) per second")
-    source: str = Field(min_length=1)
-
-
-class SourcedHz(_Strict):
-    value: Annotated[float | None, _unit("Hz")] = Field(description="cycles per second")
-    source: str = Field(min_length=1)
-
-
-class SourcedCount(_Strict):
-    value: int | None = Field(ge=1, description="a count; null = not published")
-    source: str = Field(min_length=1)
-
-
-class SourcedRatio(_Strict):
-    value: float | None = Field(gt=0, le=1, description="a ratio in (0, 1]; null = not measured")
-    source: str = Field(min_length=1)
 
 
 class DRAM(_Strict):
@@ -200,133 +110,6 @@ class SMLimits(_Strict):
         description="issue share of a resident thread block relative to the next older one on its SM (the L2 "
         "model's block drift; 1 or absent = all resident blocks progress alike)",
     )
-
-
-# -- calibration: what code reaches on one GPU, measured by `iosim calibrate rates` (docs/profiles.md) --------------
-
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
-
-def _seconds(v):
-    """A time: a number of seconds, or a string such as '2.5 us' (s, ms, us, ns)."""
-    if isinstance(v, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(s|ms|us|µs|ns)?\s*", v)
-        if m is None:
-            raise ValueError(f"{v!r} is not a time such as '2.5 us' (a number of seconds, or units s, ms, us, ns)")
-        v = float(Decimal(m.group(1)) * Decimal(str(_TIME_UNITS[m.group(2) or "s"])))  # exact, then one rounding
-    elif isinstance(v, bool) or not isinstance(v, (int, float)):
-        return v  # None is a null value; anything else fails the float check with pydantic's message
-    if not math.isfinite(v):
-        raise ValueError(f"{v!r} is not a finite time")
-    return _positive(float(v), "seconds", v)
-
-
-class SourcedSeconds(_Strict):
-    value: Annotated[float | None, BeforeValidator(_seconds)] = Field(description="seconds ('2.5 us' accepted)")
-    source: str = Field(min_length=1)
-
-
-class SourcedCycles(_Strict):
-    value: float | None = Field(gt=0, description="SM clock cycles")
-    source: str = Field(min_length=1)
-
-
-class SourcedFlopsTable(_Strict):
-    """FLOP/s over the chip by a count per SM (resident warps, or warpgroups)."""
-
-    value: dict[Annotated[int, Field(ge=1)], Annotated[float, _unit("flop/s")]] = Field(min_length=1)
-    source: str = Field(min_length=1)
-
-
-class MmaSync(_Strict):
-    """mma.sync m16n8k16, fp32 accumulate, one dtype."""
-
-    throughput: SourcedFlopsTable = Field(description="by resident warps per SM (one block per SM), each warp "
-                                          "issuing 8 independent accumulators")
-    latency: SourcedCycles = Field(description="one mma in a dependent chain (one warp)")
-
-
-class MmaSyncRates(_Strict):
-    fp16: MmaSync
-    bf16: MmaSync
-
-
-class WgmmaRates(_Strict):
-    """wgmma m64nNk16, A and B from shared memory, fp32 accumulate, by warpgroups per SM (one block per SM)."""
-
-    n128: SourcedFlopsTable
-    n256: SourcedFlopsTable
-
-
-class Wgmma(_Strict):
-    fp16: WgmmaRates
-    bf16: WgmmaRates
-
-
-class ExpRates(_Strict):
-    throughput: SourcedOps = Field(description="ex2.approx results per second over the chip (MUFU)")
-    latency: SourcedCycles = Field(description="one ex2 in a dependent chain")
-
-
-class Fp32Rates(_Strict):
-    fma: SourcedFlops = Field(description="fp32 FMA, counted as 2 FLOPs")
-    add: SourcedFlops = Field(description="fp32 add")
-    max: SourcedOps = Field(description="fp32 max (FMNMX) results per second")
-
-
-class SmemRates(_Strict):
-    ldmatrix: SourcedBandwidth = Field(description="ldmatrix.x4 bytes per second over the chip")
-    ld128: SourcedBandwidth = Field(description="128-bit ld.shared bytes per second over the chip")
-
-
-class ReadWrite(_Strict):
-    read: SourcedBandwidth
-    write: SourcedBandwidth
-
-
-class DramRates(ReadWrite):
-    read_write: SourcedBandwidth = Field(description="bytes read + bytes written per second, copying one buffer "
-                                         "to another")
-
-
-class LaunchCosts(_Strict):
-    interval: SourcedSeconds = Field(description="back-to-back empty kernels on one stream, queued ahead")
-    host_interval: SourcedSeconds = Field(description="the same, launched one by one from Python (CuPy)")
-    per_block: SourcedSeconds = Field(description="each further tiny thread block, per block per SM")
-
-
-class MemoryLatency(_Strict):
-    """One load in a dependent chain (pointer chase, one thread, ld.global.cg): seconds, not SM cycles, since L2
-    and DRAM run on clocks of their own; the cycles are in the source."""
-
-    l2: SourcedSeconds = Field(description="a load that hits L2 (a 4 MiB buffer, warm)")
-    dram: SourcedSeconds = Field(description="a load that misses L2 (random lines of a 1 GiB buffer, each once)")
-
-
-class MeasuredOn(_Strict):
-    device: str = Field(min_length=1)
-    driver: str = Field(min_length=1)
-    cuda: str = Field(min_length=1)
-    date: datetime.date
-    commit: str = Field(min_length=1)
-    command: str = Field(min_length=1)
-
-
-class Calibration(_Strict):
-    """Rates code reaches on one GPU, chip-wide unless a field says: ``iosim calibrate rates`` measures them."""
-
-    measured_on: MeasuredOn
-    sm_clock: SourcedHz = Field(description="SM clock under load (clock64 over %globaltimer)")
-    mma_sync: MmaSyncRates
-    wgmma: Wgmma | None = Field(default=None, description="Hopper (sm_90a) only; null elsewhere")
-    exp: ExpRates
-    fp32: Fp32Rates
-    smem: SmemRates
-    l2: ReadWrite
-    dram: DramRates
-    launch: LaunchCosts
-    latency: MemoryLatency | None = Field(default=None, description="memory latency of one dependent load; absent "
-                                          "in files calibrated before it was measured (iosim calibrate rates writes it)")
 
 
 class Profile(_Strict):

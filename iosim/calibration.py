@@ -1,0 +1,112 @@
+"""The optional ``calibration`` section of a GPU profile: rates and latencies code reaches on one GPU (mma.sync,
+wgmma, exp, fp32, shared memory, L2, DRAM, launch costs, memory latency, the SM clock under load) and where they
+were measured, as ``iosim calibrate rates`` writes them (docs/profiles.md). Every number is a sourced value.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from pydantic import Field
+
+from .sourced import (
+    SourcedBandwidth,
+    SourcedCycles,
+    SourcedFlops,
+    SourcedFlopsTable,
+    SourcedHz,
+    SourcedOps,
+    SourcedSeconds,
+    _Strict,
+)
+
+
+class MmaSync(_Strict):
+    """mma.sync m16n8k16, fp32 accumulate, one dtype."""
+
+    throughput: SourcedFlopsTable = Field(description="by resident warps per SM (one block per SM), each warp "
+                                          "issuing 8 independent accumulators")
+    latency: SourcedCycles = Field(description="one mma in a dependent chain (one warp)")
+
+
+class MmaSyncRates(_Strict):
+    fp16: MmaSync
+    bf16: MmaSync
+
+
+class WgmmaRates(_Strict):
+    """wgmma m64nNk16, A and B from shared memory, fp32 accumulate, by warpgroups per SM (one block per SM)."""
+
+    n128: SourcedFlopsTable
+    n256: SourcedFlopsTable
+
+
+class Wgmma(_Strict):
+    fp16: WgmmaRates
+    bf16: WgmmaRates
+
+
+class ExpRates(_Strict):
+    throughput: SourcedOps = Field(description="ex2.approx results per second over the chip (MUFU)")
+    latency: SourcedCycles = Field(description="one ex2 in a dependent chain")
+
+
+class Fp32Rates(_Strict):
+    fma: SourcedFlops = Field(description="fp32 FMA, counted as 2 FLOPs")
+    add: SourcedFlops = Field(description="fp32 add")
+    max: SourcedOps = Field(description="fp32 max (FMNMX) results per second")
+
+
+class SmemRates(_Strict):
+    ldmatrix: SourcedBandwidth = Field(description="ldmatrix.x4 bytes per second over the chip")
+    ld128: SourcedBandwidth = Field(description="128-bit ld.shared bytes per second over the chip")
+
+
+class ReadWrite(_Strict):
+    read: SourcedBandwidth
+    write: SourcedBandwidth
+
+
+class DramRates(ReadWrite):
+    read_write: SourcedBandwidth = Field(description="bytes read + bytes written per second, copying one buffer "
+                                         "to another")
+
+
+class LaunchCosts(_Strict):
+    interval: SourcedSeconds = Field(description="back-to-back empty kernels on one stream, queued ahead")
+    host_interval: SourcedSeconds = Field(description="the same, launched one by one from Python (CuPy)")
+    per_block: SourcedSeconds = Field(description="each further tiny thread block, per block per SM")
+
+
+class MemoryLatency(_Strict):
+    """One load in a dependent chain (pointer chase, one thread, ld.global.cg): seconds, not SM cycles, since L2
+    and DRAM run on clocks of their own; the cycles are in the source."""
+
+    l2: SourcedSeconds = Field(description="a load that hits L2 (a 4 MiB buffer, warm)")
+    dram: SourcedSeconds = Field(description="a load that misses L2 (random lines of a 1 GiB buffer, each once)")
+
+
+class MeasuredOn(_Strict):
+    device: str = Field(min_length=1)
+    driver: str = Field(min_length=1)
+    cuda: str = Field(min_length=1)
+    date: datetime.date
+    commit: str = Field(min_length=1)
+    command: str = Field(min_length=1)
+
+
+class Calibration(_Strict):
+    """Rates code reaches on one GPU, chip-wide unless a field says: ``iosim calibrate rates`` measures them."""
+
+    measured_on: MeasuredOn
+    sm_clock: SourcedHz = Field(description="SM clock under load (clock64 over %globaltimer)")
+    mma_sync: MmaSyncRates
+    wgmma: Wgmma | None = Field(default=None, description="Hopper (sm_90a) only; null elsewhere")
+    exp: ExpRates
+    fp32: Fp32Rates
+    smem: SmemRates
+    l2: ReadWrite
+    dram: DramRates
+    launch: LaunchCosts
+    latency: MemoryLatency | None = Field(default=None, description="memory latency of one dependent load; absent "
+                                          "in files calibrated before it was measured (iosim calibrate rates writes it)")
