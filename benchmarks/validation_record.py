@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data/validation"
 DOCS = ROOT / "docs/validation"
 PROFILE = {"h200": "h200-sxm-141gb", "h100": "h100-sxm5-80gb"}  # device -> the profile its record is simulated on
-ARCHIVES = ("sweep", "flash3")  # data/validation/<device>-<part>.tar.xz that hold attention kernels; a part
-# named after a kind replaces the earlier parts' problems of that kind (naive: re-measured after naive.cu v2)
+ARCHIVES = ("sweep", "flash3", "flash2")  # data/validation/<device>-<part>.tar.xz that hold attention kernels; a part
+# named after a kind replaces the earlier parts' problems of that kind (flash2 on the H100: three launches each)
 MARK = "<!-- record:{device} {edge} (benchmarks/validation_record.py rewrites this part) -->"
 
 
