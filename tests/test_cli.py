@@ -10,6 +10,10 @@ import pytest
 
 from iosim import AttentionProblem, ProblemError
 
+# time.bound (docs/json.md): the roofline's resources, or what limits a kernel in the time model
+TIME_BOUNDS = ("tensor", "exp", "fp32", "global", "hbm", "sequence", "smem", "softmax", "l2", "dram", "blocks", "load",
+               "store")
+
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "iosim", *args], capture_output=True, text=True, timeout=120)
@@ -29,7 +33,7 @@ def test_simulate_json_carries_the_public_contract_with_exact_integers():
     assert j["by_tensor"]["S"] == {"global_read_bytes": 33_554_432, "global_write_bytes": 33_554_432}
     assert j["flops"]["total"] == j["flops"]["matmul"] + j["flops"]["exp"] + j["flops"]["other"]
     assert isinstance(j["flops"]["matmul"], int) and j["flops"]["matmul"] == 4 * 4096 * 4096 * 128
-    assert j["time"]["predicted_s"] > 0 and j["time"]["bound"] in ("tensor", "exp", "fp32", "global", "hbm")
+    assert j["time"]["predicted_s"] > 0 and j["time"]["bound"] in TIME_BOUNDS
     assert set(j["tiles"]) >= {"block_q", "block_kv"}
 
 

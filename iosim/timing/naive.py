@@ -1,23 +1,32 @@
 """Time of standard attention (Algorithm 0) as three kernels: two tensor-core GEMMs and a memory-bound softmax.
 
-    S = scale·QKᵀ   a GEMM of N×N_kv outputs over d: each thread block one tile of S
-    P = softmax(S)  reads S once and writes P once: DRAM-bound, with one exp2 per score
-    O = P·V         a GEMM of N×d outputs over N_kv: each thread block one tile of O
+    S = scale·QKᵀ   each thread block loads Q_i and K_j, multiplies, stores the 128×128 tile S_ij
+    P = softmax(S)  each thread block loads rows of S, takes max, exp2 and sum, stores the rows of P
+    O = P·V         each thread block steps through P_i and V in tiles of 64 keys (a ring of cp.async buffers)
 
-Each GEMM's parts are its tile FLOPs (whole 128-row tiles, as the tensor cores compute them, ragged or not) at the
-mma.sync rate its resident warps reach (the calibrated table, by warps per SM, with the last wave's idle SMs), its
-DRAM bytes (from the cache model) over DRAM bandwidth, its L2 bytes over L2 bandwidth, and its waves of thread blocks
-each waiting two memory latencies (operands in, results out); the softmax's, its DRAM bytes, its exp2 and its fp32
-work. A block loads, multiplies and stores in sequence, and the blocks resident on an SM overlap one another as the
-FA2 model's do, so a kernel takes its longest part plus OVERLAP_LOSS (:mod:`iosim.timing.overlap`) of the others.
-Kernels run one after another: each adds one launch interval.
+A thread block runs its phases **in sequence**, as the FA2 model's blocks do (:mod:`iosim.timing.fa2`): it loads (at
+its SM's share of L2 bandwidth, or of DRAM bandwidth for the bytes the cache model sends to DRAM), computes (whole
+128-row tiles at the measured mma.sync rate of its warps; the softmax's exp2 and fp32 work) and stores (its share of
+L2 write bandwidth, or of DRAM write bandwidth), after two dependent loads' latency and its start. P·V's loads do
+not hide under its multiplies: measured alone (ncu), that kernel takes about its loads plus its multiplies, and as
+long on the H200 as on the H100 whose DRAM is 1.46× slower. The k blocks resident on an SM overlap one another as
+FA2's do, so a round of k blocks takes
+
+    max( latency + t_seq·(1 + loss·(k−1)) , k·t_load , k·t_compute , k·t_store )
+
+with loss = :data:`iosim.timing.overlap.OVERLAP_LOSS` (the time model's one fitted constant), except the scores
+kernel's, whose blocks are one tile each and start together every round: they stay in phase, so nothing of one
+block hides under another's (loss 1). A kernel takes its rounds, or its DRAM bytes over DRAM bandwidth where that is
+longer, plus one launch interval.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..blocks import cdiv
 from ..counts import KernelCounts
-from ..launch import NAIVE_TILES, launch_model, resident_blocks
+from ..launch import NAIVE_TILES, launch_model, naive_softmax_rows_per_block, resident_blocks
 from ..problem import AttentionProblem
 from ..profile import Profile
 from ..schedules import Tiles
@@ -27,48 +36,90 @@ from .rates import Rates
 SOFTMAX_OPS = 6  # fp32 operations per score: max pass, subtract-scale, sum, normalize, two conversions
 
 
-def _tile_flops(p: AttentionProblem, i: int, grid: int) -> float:
-    """FLOPs the tensor cores run: every block's whole tile (128 rows even where fewer are real)."""
+@dataclass(frozen=True)
+class Block:
+    """One thread block's phases in seconds, each at the rates one block gets alone on its SM."""
+
+    load_s: float
+    compute_s: float
+    store_s: float
+    latency_s: float  # dependent loads nothing in the block hides
+    steps: int = 1  # P·V: K/V steps, each a compute_s
+    in_phase: bool = False  # blocks of one tile that start together each round: no phase hides under another
+    unit: str = "tensor"  # what computes: the tensor cores, or the softmax's exp2 and fp32 lanes
+
+    def busy_s(self) -> float:
+        """The phases that take the SM's issue slots, memory share or tensor cores, one after another."""
+        return self.load_s + self.steps * self.compute_s + self.store_s
+
+    def limits(self, k: int, shared_compute_s: float) -> dict[str, float]:
+        """What a round of ``k`` resident blocks takes by each limit: their phases in sequence (latency overlaps
+        freely; each further block adds ``loss`` of its busy phases) and the SM's shared load, compute and store
+        (``shared_compute_s``: one step's compute with k blocks' warps sharing the units)."""
+        loss = 1.0 if self.in_phase else overlap.OVERLAP_LOSS
+        return {"sequence": self.latency_s + self.busy_s() * (1 + loss * (k - 1)), "load": k * self.load_s,
+                self.unit: k * self.steps * shared_compute_s, "store": k * self.store_s}
+
+
+def _tile_flops(p: AttentionProblem, i: int) -> float:
+    """FLOPs one block's tensor cores run: its whole tile (128 rows even where fewer are real)."""
     if i == 0:
         t = NAIVE_TILES["qk"]
-        return grid * 2.0 * t["block_m"] * t["block_n"] * p.head_dim
+        return 2.0 * t["block_m"] * t["block_n"] * p.head_dim
     t = NAIVE_TILES["pv"]
-    return grid * 2.0 * t["block_m"] * cdiv(p.kv_len, t["block_k"]) * t["block_k"] * p.head_dim
+    return 2.0 * t["block_m"] * cdiv(p.kv_len, t["block_k"]) * t["block_k"] * p.head_dim
 
 
-def _gemm(flops: float, k: KernelCounts, warps: int, blocks_per_sm: int, r: Rates, dram_read: float,
-          dram_write: float, latency: float) -> dict:
-    waves = cdiv(k.grid, r.sms * blocks_per_sm)
-    util = k.grid / (r.sms * blocks_per_sm * waves) if k.grid else 1.0
-    active = min(blocks_per_sm, cdiv(k.grid, r.sms)) * warps
-    return {"tensor": flops / (r.mma_at(active) * util), "dram": r.dram_s(dram_read, dram_write),
-            "l2": (k.global_read_bytes + k.global_write_bytes) / r.l2, "latency": waves * 2 * latency}
+def _grid(p: AttentionProblem, i: int, k: KernelCounts) -> int:
+    """Thread blocks kernel ``i`` launches: the counts' tiles, or for the softmax its rows grouped as naive.cu
+    groups them (256 / row_threads rows of a block)."""
+    if i != 1:
+        return max(k.grid, 1)
+    return cdiv(p.n_heads_total * p.seq_len, naive_softmax_rows_per_block(p.kv_len, p.elem_bytes))
 
 
-def _overlapped(parts: dict) -> float:
-    """The longest part, plus OVERLAP_LOSS of the others."""
-    vals = sorted(parts.values())
-    return vals[-1] + overlap.OVERLAP_LOSS * sum(vals[:-1])
+def _block(p: AttentionProblem, i: int, k: KernelCounts, grid: int, r: Rates, dram: tuple[float, float],
+           warps: int, latency: float) -> tuple[Block, float]:
+    """Kernel ``i``'s thread block, and the work of its compute phase (one step): FLOPs of a GEMM, operations of
+    the softmax. Loads and stores go at the block's SM's share of L2 bandwidth, or of DRAM bandwidth for the bytes
+    the cache model sends to DRAM."""
+    rd, wr = dram
+    s, wait = r.sms, 2 * latency + r.block_s  # operands in, results out; the block's start
+    load = max(k.global_read_bytes / grid / (r.l2 / s), rd / grid / (r.dram_read / s))
+    store = max(k.global_write_bytes / grid / (r.l2_write / s), wr / grid / (r.dram_write / s))
+    if i == 1:  # softmax: exp2 and fp32 operations, no tensor cores
+        scores = p.n_heads_total * p.seq_len * p.kv_len / grid
+        compute = scores / (r.ex2 / s) + SOFTMAX_OPS * scores / (r.alu / s)
+        return Block(load, compute, store, wait, unit="softmax"), compute
+    flops = _tile_flops(p, i)
+    steps = 1 if i == 0 else cdiv(p.kv_len, NAIVE_TILES["pv"]["block_k"])
+    per_step = flops / steps
+    return Block(load, per_step / (r.mma_at(warps) / s), store, wait, steps, in_phase=i == 0), per_step
 
 
 def kernel_times(p: AttentionProblem, tiles: Tiles, counts: list[KernelCounts], profile: Profile, r: Rates,
                  dram: list[tuple[float, float]], latency: float = 0.0) -> list[tuple[str, float, dict]]:
-    """(name, seconds, parts) of each of the three kernels; ``latency``: one dependent load (a block's operands,
-    then its stores draining, are two that nothing hides in a short kernel)."""
+    """(name, seconds, parts) of each of the three kernels; ``latency``: one dependent load (L2 or DRAM, as the
+    inputs sit)."""
     lm = launch_model("naive", p, tiles)
     out = []
     for i, (k, (rd, wr)) in enumerate(zip(counts, dram, strict=True)):
         km = lm.kernels[i]
-        total, _ = resident_blocks(profile, km.threads, km.smem, km.registers)
-        per_sm = max(1, total // r.sms)
-        if i == 1:  # softmax
-            parts = {"dram": r.dram_s(rd, wr), "exp": k.flops["exp"] / r.ex2,
-                     "fp32": SOFTMAX_OPS * p.n_heads_total * p.seq_len * p.kv_len / r.alu,
-                     "latency": cdiv(k.grid, r.sms * per_sm) * 2 * latency}
-        else:
-            parts = _gemm(_tile_flops(p, i, k.grid), k, km.threads // 32, per_sm, r, rd, wr, latency)
-        bound = max(parts, key=parts.get)
-        out.append((k.name, _overlapped(parts) + r.launch_s, {**parts, "launch": r.launch_s, "bound": bound}))
+        threads = NAIVE_TILES["softmax"]["threads"] if i == 1 else km.threads
+        total, _ = resident_blocks(profile, threads, km.smem, km.registers)
+        grid = _grid(p, i, k)
+        per_sm = min(max(1, total // r.sms), cdiv(grid, r.sms))  # a partial wave spreads over the SMs
+        rounds = cdiv(grid, r.sms * per_sm)
+        blk, work = _block(p, i, k, grid, r, (rd, wr), threads // 32, latency)
+        shared = blk.compute_s if i == 1 else work / (r.mma_at(per_sm * threads // 32) / r.sms)
+        limits = blk.limits(per_sm, shared)
+        blocks = rounds * max(limits.values())
+        memory = r.dram_s(rd, wr)
+        parts = {"blocks": blocks, "dram": memory, "block_load": blk.load_s, "block_compute": blk.compute_s,
+                 "block_store": blk.store_s, "rounds": rounds, "resident_blocks": per_sm,
+                 "launch": r.launch_s}
+        bound = "dram" if memory > blocks else max(limits, key=limits.get)
+        out.append((k.name, max(blocks, memory) + r.launch_s, {**parts, "bound": bound}))
     return out
 
 

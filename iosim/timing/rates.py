@@ -27,6 +27,7 @@ class Rates:
     alu: float = math.nan  # fp32 lane operations/s (an FMA is one operation here)
     smem: float = math.inf  # shared memory bytes/s (ldmatrix)
     l2: float = math.inf  # L2 -> SM bytes/s
+    l2_write: float = math.inf  # SM -> L2 bytes/s (stores)
     dram_read: float = math.inf
     dram_write: float = math.inf
     launch_s: float = 0.0  # back-to-back launch interval of a kernel on one stream
@@ -66,6 +67,7 @@ def _datasheet(profile: Profile, dtype: str) -> Rates:
         alu=profile.require("compute.fp32") / 2,
         smem=_value(profile.smem.bandwidth) or math.inf,
         l2=_value(profile.l2.bandwidth) or math.inf,
+        l2_write=_value(profile.l2.bandwidth) or math.inf,
         dram_read=bw,
         dram_write=bw,
     )
@@ -91,6 +93,7 @@ def rates(profile: Profile, dtype: str) -> Rates:
         alu=float(cal.fp32.fma.value) / 2,
         smem=float(cal.smem.ldmatrix.value),
         l2=float(cal.l2.read.value),
+        l2_write=float(cal.l2.write.value),
         dram_read=float(cal.dram.read.value),
         dram_write=float(cal.dram.write.value),
         launch_s=float(cal.launch.interval.value),
