@@ -228,3 +228,32 @@ def test_output_in_a_folder_that_cannot_be_made_is_refused_before_any_simulation
     code, _, err = run_cli(["report", "footprint", "-o", str(out), "-q"], capsys)
     assert code == 2 and str(out) in err and "choose another path with -o" in err
     assert "Traceback" not in err and "Errno" not in err
+
+
+def test_measured_time_table_puts_each_cases_prediction_beside_the_record_of_its_kernel(tmp_path, capsys,
+                                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    header = ("kernel,device,profile,batch,heads,kv_heads,seq_len,kv_len,head_dim,dtype,causal,block_q,block_kv,"
+              "predicted_s,measured_s\n")
+    row = "{k},H100,h100-sxm5-80gb,1,16,16,4096,4096,128,fp16,false,128,64,1e-3,{m}\n"
+    (tmp_path / "t-time.csv").write_text(header + row.format(k="fa2", m=2e-3) + row.format(k="cudnn", m=9e-3))
+    scn = tmp_path / "t.yaml"
+    scn.write_text("schema_version: 1\nname: t\ntitle: t\nschedules: [flash2]\nkernel: {flash2: fa2}\n"
+                   "problems: [{seq_len: [4096, 8192], heads: 16}]\n"
+                   "tables: [{kind: measured_time, files: '*-time.csv'}]\n")
+    code, _, err = run_cli(["report", str(scn), "-o", "t.html", "-q"], capsys)
+    assert code == 0, err
+    page = (tmp_path / "t.html").read_text()
+    rec, = (r for r in iosim.scenario.run_scenario(iosim.scenario.load_scenario(scn)).records
+            if r["seq_len"] == 4096)
+    err_pct = f"{(rec['predicted_s'] - 2e-3) / 2e-3:+.1%}"
+    assert f"<b>{err_pct}</b>" in page and "Measured: t-time.csv" in page
+    assert page.count("<td>fa2</td>") == 1  # N = 8192 has no measurement; cudnn's row is another kernel's
+
+
+def test_the_decoding_measured_scenario_finds_every_case_in_the_committed_time_records(tmp_path, capsys):
+    code, _, err = run_cli(["report", "decoding-measured", "-o", str(tmp_path / "d.html"), "-q"], capsys)
+    assert code == 0, err
+    page = (tmp_path / "d.html").read_text()
+    table = page.split("Predicted against measured", 1)[1].split("</table>", 1)[0]
+    assert table.count("<td>fa2</td>") == 10  # 5 cache lengths × H100 and H200, each matched to a measured row

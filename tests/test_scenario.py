@@ -201,3 +201,24 @@ def test_runs_on_several_processes_give_the_same_records():
     serial = [run.records for run in run_scenarios([a, b], workers=1)]
     parallel = [run.records for run in run_scenarios([a, b], workers=2)]
     assert parallel == serial
+
+
+def test_a_scenario_names_the_time_models_kernel_per_schedule_and_warm_calls():
+    base = {"schema_version": 1, "name": "k", "title": "k", "profiles": ["h100-sxm5-80gb"], "schedules": ["flash2"],
+            "problems": [{"seq_len": 4096, "heads": 16}]}
+    own, = run_scenario(scenario_from_dict(base)).records
+    fa2, = run_scenario(scenario_from_dict({**base, "kernel": {"flash2": "fa2"}})).records
+    assert (own["time_kernel"], fa2["time_kernel"]) == ("iosim-flash2", "fa2")
+    assert own["predicted_s"] != fa2["predicted_s"]  # FA2's tiles and warps, not ours
+    small = {**base, "problems": [{"seq_len": 1024, "heads": 2}], "l2_model": True}
+    cold, = run_scenario(scenario_from_dict(small)).records
+    warm, = run_scenario(scenario_from_dict({**small, "warm": True})).records
+    assert warm["predicted_s"] < cold["predicted_s"]  # 2 MB of inputs stay in L2 between calls
+
+
+def test_a_kernel_for_a_schedule_the_scenario_lacks_or_of_another_family_is_rejected():
+    base = {"schema_version": 1, "name": "k", "title": "k", "schedules": ["flash2"], "problems": [{"seq_len": 128}]}
+    with pytest.raises(ScenarioError, match="kernel: 'naive' is not one of this scenario's schedules"):
+        scenario_from_dict({**base, "kernel": {"naive": "iosim-naive"}})
+    with pytest.raises(ScenarioError, match=r"kernel.flash2: kernel 'iosim-naive' \(family naive\)"):
+        scenario_from_dict({**base, "kernel": {"flash2": "iosim-naive"}})

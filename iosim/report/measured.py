@@ -9,6 +9,7 @@ working directory; notes name them as the scenario does, never by an absolute lo
 
 from __future__ import annotations
 
+import csv
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ import plotly.graph_objects as go
 
 from .. import plots, validation
 from .._resources import validation_dir
+from ..units import fmt_seconds
 
 # How scenarios name the committed records: the repository's docs/validation/, installed as package data.
 RECORDS = "docs/validation/"
@@ -128,3 +130,47 @@ def judged_tables() -> str:
                      "<table><tr><th>kernel</th><th>boundary</th><th>checks</th><th>within the rule</th>"
                      f"<th>median error</th><th>worst error</th></tr>{''.join(rows)}</table>")
     return "".join(parts)
+
+
+TIME_KEYS = ("profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype", "causal")
+
+
+def measured_times(pattern: str, where: str) -> tuple[dict[tuple, float], list[str]]:
+    """Measured seconds of the time records matching ``pattern`` (the columns of docs/validation/<device>-time.csv),
+    by (kernel, profile, shape), and the files read."""
+    hit = _first_match(pattern, scenario_dir(where))
+    if hit is None:
+        return {}, []
+    folder, found, shown = hit
+    out, read = {}, []
+    for path in found:
+        with path.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("measured_s") and r.get("kernel")]
+        if rows:
+            read.append(shown + str(path.relative_to(folder)))
+        for r in rows:
+            out[_time_key(r["kernel"], r)] = float(r["measured_s"])
+    return out, read
+
+
+def _time_key(kernel: str, r: dict) -> tuple:
+    return (kernel, *(str(r[k]).lower() for k in TIME_KEYS))
+
+
+def time_parity_table(pattern: str, where: str, records: list[dict]) -> str:
+    """Each case's predicted time beside the measured time of the same kernel, profile and shape."""
+    measured, read = measured_times(pattern, where)
+    rows = []
+    for r in records:
+        m = measured.get(_time_key(r.get("time_kernel") or "", r))
+        if m is None or not r.get("predicted_s"):
+            continue
+        err = (r["predicted_s"] - m) / m
+        rows.append(f"<tr><td>{html.escape(r['profile'])}</td><td>{html.escape(r['time_kernel'])}</td>"
+                    f"<td>{html.escape(plots.problem_line(r))}</td><td class=num>{fmt_seconds(r['predicted_s'])}</td>"
+                    f"<td class=num>{fmt_seconds(m)}</td><td class=num><b>{err:+.1%}</b></td></tr>")
+    if not rows:
+        return f"<p class=note>No measured time in {html.escape(pattern)} matches these cases yet.</p>"
+    note = f"<p class=note>Measured: {html.escape(', '.join(read))} (the median of warm CUDA-event calls).</p>"
+    return (note + "<table><tr><th>profile</th><th>kernel</th><th>problem</th><th>predicted</th><th>measured</th>"
+            f"<th>predicted − measured, ÷ measured</th></tr>{''.join(rows)}</table>")

@@ -8,7 +8,7 @@ import html
 from .. import plots
 from ..scenario import ScenarioRun, check_claims, select
 from ..units import fmt_bytes, fmt_rate, fmt_seconds
-from .measured import parity_table
+from .measured import parity_table, time_parity_table
 
 
 def _b(n) -> str:
@@ -110,10 +110,12 @@ def make_tables(run: ScenarioRun) -> list[tuple[str, str, str]]:
             t = table_claims(run)
         elif spec.kind == "parity":
             t = parity_table(spec.files, run.scenario.where)
+        elif spec.kind == "measured_time":
+            t = time_parity_table(spec.files, run.scenario.where, recs)
         else:
             t = table_references(run)
         default = {"summary": "Simulated traffic", "by_tensor": "Global traffic per tensor",
                    "claims": "Published numbers, recomputed", "references": "Numbers from outside the simulator",
-                   "parity": "Measured ÷ simulated"}
+                   "parity": "Measured ÷ simulated", "measured_time": "Predicted against measured time"}
         out.append((spec.title or default[spec.kind], spec.caption, t))
     return out

@@ -11,6 +11,7 @@ from ..profile import Profile, ProfileError, get_profile, profile_from_dict
 from ..result import Result
 from ..schedules import ScheduleError, get_schedule, resolve_tiles
 from ..simulate import simulate
+from ..timing import KernelError
 from .schema import Scenario
 
 BOUNDARIES = ("global", "hbm", "sram")
@@ -79,17 +80,20 @@ class CaseResult:
     result: dict | None  # Result.to_json(), or None where the case could not run
 
 
-def run_case(case: Case, allow_overfill: bool = False, pass_: str = "forward", l2_model: bool = False) -> CaseResult:
+def run_case(case: Case, allow_overfill: bool = False, pass_: str = "forward", l2_model: bool = False,
+             kernels: tuple[tuple[str, str], ...] = (), warm: bool = False) -> CaseResult:
     """Simulate one case. Tiles that do not fit the profile are an error in the record, unless overfill is
     allowed or the tiles come from a hypothetical SRAM size: then they run on a copy of the profile with room
-    for them, and the record says ``fits: false``."""
+    for them, and the record says ``fits: false``. ``kernels``: (schedule, time-model kernel) pairs; ``warm``:
+    back-to-back calls (iosim.timing)."""
     profile = get_profile(case.profile)
     problem = AttentionProblem.make(**case.problem)
     M = case.tiles["sram_elements"]
     bq, bkv = case.tiles["block_q"], case.tiles["block_kv"]
     if M is not None and case.schedule != "naive":
         bq, bkv = tiles_from_sram(case.schedule, M, problem.head_dim)
-    kwargs: dict = {"block_q": bq, "block_kv": bkv, "pass_": pass_, "l2": l2_model}
+    kwargs: dict = {"block_q": bq, "block_kv": bkv, "pass_": pass_, "l2": l2_model,
+                    "kernel": dict(kernels).get(case.schedule), "warm": warm}
     fits, note = True, None
     try:
         try:
@@ -101,7 +105,7 @@ def run_case(case: Case, allow_overfill: bool = False, pass_: str = "forward", l
             tiles = resolve_tiles(case.schedule, problem, profile, bq, bkv)
             roomy = _with_room(profile, _working_set(case.schedule, problem, tiles, pass_))
             r = simulate(case.schedule, problem, roomy, **kwargs)
-    except (ScheduleError, ProfileError) as exc:
+    except (ScheduleError, ProfileError, KernelError) as exc:
         rec = _record(case, problem, None, profile)
         rec.update(fits=False, error=" ".join(str(exc).split()), **{"pass": pass_})
         return CaseResult(case, rec, None)

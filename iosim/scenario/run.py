@@ -75,8 +75,9 @@ def run_scenarios(scns: list[Scenario], progress: Callable[[int, int], None] | N
 
 
 def _settings(scn: Scenario) -> tuple:
-    """What ``run_case`` takes besides the case: overfill allowed, pass, L2 model."""
-    return (scn.tiles != "default" and scn.tiles.allow_overfill, scn.pass_, scn.l2_model)
+    """What ``run_case`` takes besides the case: overfill allowed, pass, L2 model, time-model kernels, warm."""
+    return (scn.tiles != "default" and scn.tiles.allow_overfill, scn.pass_, scn.l2_model,
+            tuple(sorted(scn.kernel.items())), scn.warm)
 
 
 def _key(case: Case, settings: tuple) -> tuple:

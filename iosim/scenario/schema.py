@@ -25,6 +25,7 @@ from pydantic import (
 
 from ..problem import DType
 from ..schedules import SCHEDULES
+from ..timing import KernelError, kernel_for
 from ..units import UnitError, parse_quantity
 
 SCHEMA_VERSION = 1
@@ -162,11 +163,12 @@ class FigureSpec(_Strict):
 
 
 class TableSpec(_Strict):
-    kind: Literal["summary", "by_tensor", "claims", "references", "parity"]
+    kind: Literal["summary", "by_tensor", "claims", "references", "parity", "measured_time"]
     title: str | None = None
     caption: str = ""
     where: Where = Field(default_factory=dict)
-    files: str = Field("docs/validation/*.csv", description="parity: measurement CSV files (glob)")
+    files: str = Field("docs/validation/*.csv", description="parity: measurement CSV files (glob); measured_time: "
+                       "time records (docs/validation/*-time.csv), matched to the cases by profile, shape and kernel")
 
 
 ClaimQuantity = Literal["global_bytes", "hbm_bytes", "sram_bytes", "compulsory_bytes", "global_over_compulsory",
@@ -222,6 +224,11 @@ class Scenario(_Strict):
     tiles: Literal["default"] | TilesSpec = "default"
     l2_model: bool = Field(False, description="predict the hbm (DRAM) bytes with iosim's L2 model; "
                            "otherwise hbm = global")
+    kernel: dict[str, str] = Field(default_factory=dict, description="the time model's kernel per schedule "
+                                   "(iosim.timing: a built-in name or a YAML file), e.g. {flash2: fa2}; "
+                                   "default: each schedule's own")
+    warm: bool = Field(False, description="time back-to-back calls on the same inputs (inputs that fit in L2 "
+                       "stay there), as the measured time records do")
     tables: list[TableSpec] = Field(default_factory=list)
     figures: list[FigureSpec] = Field(default_factory=list)
     claims: list[Claim] = Field(default_factory=list)
@@ -231,6 +238,17 @@ class Scenario(_Strict):
     @property
     def where(self) -> str:
         return self._where
+
+    @model_validator(mode="after")
+    def _kernels_name_schedules(self):
+        for s, name in self.kernel.items():
+            if s not in self.schedules:
+                raise ValueError(f"kernel: {s!r} is not one of this scenario's schedules ({', '.join(self.schedules)})")
+            try:
+                kernel_for(s, name)
+            except KernelError as exc:
+                raise ValueError(f"kernel.{s}: {exc}") from None
+        return self
 
     @field_validator("schedules")
     @classmethod
