@@ -4,6 +4,7 @@ legal input, :class:`~iosim.problem.InputWarning`) print once each as ``iosim: w
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
 
@@ -15,20 +16,36 @@ from ..profile import ProfileError
 from ..schedules import ScheduleError
 from ..timing import KernelError
 from ..units import UnitError
-from . import calibrate, measure, profiles, report, simulate
 
 USER_ERRORS = (ProblemError, ProfileError, ScheduleError, UnitError, CpuModelError, KernelError, FileNotFoundError)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+# command -> (module of iosim.cli, attribute), imported when the command runs: `iosim simulate` loads neither the
+# report (plotly) nor the CPU path (numba), so a simulation answers in well under a second
+COMMANDS = {
+    "simulate": ("simulate", "simulate_cmd"), "profiles": ("profiles", "profiles"), "run": ("report", "run_cmd"),
+    "plot": ("report", "plot_cmd"), "report": ("report", "report_cmd"), "measure": ("measure", "measure_cmd"),
+    "calibrate": ("calibrate", "calibrate"),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name: str):
+        if name not in COMMANDS:
+            return None
+        module, attr = COMMANDS[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="iosim")
 def cli():
     """Memory traffic of attention schedules (naive, FlashAttention-1/2/3, Flash-Decoding, block-sparse,
     forward and backward) across DRAM, L2 and SRAM."""
 
-
-for command in (simulate.simulate_cmd, profiles.profiles, *report.COMMANDS, *measure.COMMANDS, *calibrate.COMMANDS):
-    cli.add_command(command)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

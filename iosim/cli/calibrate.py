@@ -132,4 +132,3 @@ def rates_cmd(output, base, repeats):
     click.echo(f"wrote {out}: {profile.name}, {profile.calibration_label()}")
 
 
-COMMANDS = [calibrate]

@@ -74,4 +74,3 @@ def measure_cmd(kinds, batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype,
     _print(record)
 
 
-COMMANDS = [measure_cmd]

@@ -201,4 +201,3 @@ def _cpu_measurement(measure: bool, default: bool, quiet: bool) -> CpuMeasuremen
     return committed_cpu_record() if default else None
 
 
-COMMANDS = [run_cmd, plot_cmd, report_cmd]
