@@ -21,24 +21,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
 import sys
 
-
-def _time_ms(fn, reps: int, warmup: int) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
+from cuda_events import time_ms  # beside this file
 
 LONG_COLUMNS = (
     "device", "date", "commit", "dtype", "head_dim", "seq_len", "batch", "heads", "causal", "backend", "ms", "tflops",
@@ -127,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
                             if tiles
                             else gpu.default_tiles(d, {"bf16": "bfloat16", "fp16": "float16"}[dname], causal)
                         )
-                        ours_ms = _time_ms(
+                        ours_ms = time_ms(
                             lambda: gpu.attention(
                                 qc, kc, vc, causal=causal, block_q=bq, block_kv=bkv, out=out
                             ),
                             args.reps,
                             args.warmup,
+                            busy=False,
                         )
                         row = {
                             "dtype": dname, "d": d, "N": n, "batch": B, "heads": H, "causal": causal,
@@ -141,10 +127,11 @@ def main(argv: list[str] | None = None) -> int:
                         if tiles is not None:
                             row["extra_tiles"] = True
                         if with_flash3 and tiles is None and d in gpu.FLASH3_TILES:
-                            f3_ms = _time_ms(
+                            f3_ms = time_ms(
                                 lambda: gpu.attention(qc, kc, vc, schedule="flash3", causal=causal, out=out),
                                 args.reps,
                                 args.warmup,
+                                busy=False,
                             )
                             row["flash3_ms"], row["flash3_tflops"] = f3_ms, tf(f3_ms)
                             f3_out = torch.from_dlpack(out).transpose(1, 2).float()
@@ -156,12 +143,13 @@ def main(argv: list[str] | None = None) -> int:
                                 try:
                                     with sdpa_kernel(backend):
                                         ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                                        ms = _time_ms(
+                                        ms = time_ms(
                                             lambda: F.scaled_dot_product_attention(
                                                 qt, kt, vt, is_causal=causal
                                             ),
                                             args.reps,
                                             args.warmup,
+                                            busy=False,
                                         )
                                     row[f"{name}_ms"], row[f"{name}_tflops"] = ms, tf(ms)
                                 except Exception as exc:  # a backend that does not support this case

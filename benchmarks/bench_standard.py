@@ -16,25 +16,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
 import sys
 
-
-def _time_ms(fn, reps: int, warmup: int = 3) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    torch.cuda._sleep(20_000_000)  # the host queues the calls while the GPU is busy: intervals are GPU time
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+from cuda_events import time_ms  # beside this file
 
 
 def _torch_standard(qt, kt, vt, causal: bool, fold_scale: bool):
@@ -91,7 +75,7 @@ def _case(q, k, v, causal: bool, reps: int) -> dict:
     ours()
     torch.cuda.synchronize()
     row = {"N": n, "batch": B, "heads": H, "causal": causal, "naive_err": _rel_err(out[0, :, 0], ref),
-           "naive_ms": _time_ms(ours, reps)}
+           "naive_ms": time_ms(ours, reps, warmup=3)}
     torch.cuda.synchronize()
     cp.get_default_memory_pool().free_all_blocks()  # S and P's workspace, before torch allocates its own
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
@@ -101,7 +85,7 @@ def _case(q, k, v, causal: bool, reps: int) -> dict:
         torch.cuda.synchronize()
         row[f"{key}_err"] = _rel_err(o.view(B, H, n, d)[0, 0], ref)
         o = None
-        row[f"{key}_ms"] = _time_ms(fn, reps)
+        row[f"{key}_ms"] = time_ms(fn, reps, warmup=3)
         fn = None
         torch.cuda.empty_cache()
     row["vs_torch"] = row["torch_ms"] / row["naive_ms"]

@@ -26,10 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from cuda_events import time_ms  # beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = {"h100": "h100-sxm5-80gb", "h200": "h200-sxm-141gb"}
@@ -79,23 +80,6 @@ def sweep() -> list[Shape]:
 
 # ------------------------------------------------------------------------------------------------------------------
 # measuring (GPU)
-
-
-def _time_ms(fn, reps: int) -> float:
-    import torch
-
-    fn()
-    fn()  # warm: compile, caches, L2
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    torch.cuda._sleep(20_000_000)  # ~10 ms of spinning: the host queues the calls while the GPU is busy
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
 def _callables(s: Shape, tensors):
@@ -181,7 +165,7 @@ def measure(device: str, reps: int, only: list[str] | None) -> dict:
             if only and name not in only:
                 continue
             try:
-                ms = _time_ms(fn, reps)
+                ms = time_ms(fn, reps)
                 launch = _launches(fn) if name in ("fa2", "cudnn") else []
             except Exception as exc:  # a backend that refuses a shape: recorded, not fatal
                 ms, launch = None, [{"error": f"{type(exc).__name__}: {exc}"[:300]}]
