@@ -58,43 +58,43 @@ def _mask(causal: bool) -> str:
     return "causal" if causal else "non-causal"
 
 
-def _measured(fig: go.Figure, rows: list[dict], col: int, shown: set) -> None:
+def _series(rows: list[dict]):
+    """(backend, name, colour, causal, points by N) of each backend and mask that has points."""
     for backend, (name, colour) in BACKENDS.items():
         for causal in (False, True):
             pts = sorted((r for r in rows if r["backend"] == backend and r["causal"] == causal),
                          key=lambda r: r["seq_len"])
-            if not pts:
-                continue
-            key = f"{backend}-{causal}"
-            fig.add_trace(go.Scatter(
-                x=[r["seq_len"] for r in pts], y=[r["speedup"] for r in pts], name=f"{name}, {_mask(causal)}",
-                mode="lines+markers", legendgroup=key, showlegend=key not in shown,
-                line={"color": colour, "dash": "dash" if causal else "solid"},
-                marker={"color": colour, "size": 7, "symbol": "triangle-up" if causal else "circle"},
-                text=[f"<b>{name}</b>, measured: {r['speedup']:.3g}× standard attention<br>{_case(r)}<br>"
-                      f"torch-standard {r['standard_ms']:.4g} ms ÷ {backend} {r['ms']:.4g} ms" for r in pts],
-                hovertemplate="%{text}<extra></extra>"), row=1, col=col)
-            shown.add(key)
+            if pts:
+                yield backend, name, colour, causal, pts
+
+
+def _measured(fig: go.Figure, rows: list[dict], col: int, shown: set) -> None:
+    for backend, name, colour, causal, pts in _series(rows):
+        key = f"{backend}-{causal}"
+        fig.add_trace(go.Scatter(
+            x=[r["seq_len"] for r in pts], y=[r["speedup"] for r in pts], name=f"{name}, {_mask(causal)}",
+            mode="lines+markers", legendgroup=key, showlegend=key not in shown,
+            line={"color": colour, "dash": "dash" if causal else "solid"},
+            marker={"color": colour, "size": 7, "symbol": "triangle-up" if causal else "circle"},
+            text=[f"<b>{name}</b>, measured: {r['speedup']:.3g}× standard attention<br>{_case(r)}<br>"
+                  f"torch-standard {r['standard_ms']:.4g} ms ÷ {backend} {r['ms']:.4g} ms" for r in pts],
+            hovertemplate="%{text}<extra></extra>"), row=1, col=col)
+        shown.add(key)
 
 
 def _predicted(fig: go.Figure, rows: list[dict], col: int, shown: set) -> None:
-    for backend, (name, colour) in BACKENDS.items():
-        for causal in (False, True):
-            pts = sorted((r for r in rows if r["backend"] == backend and r["causal"] == causal),
-                         key=lambda r: r["seq_len"])
-            if not pts:
-                continue
-            key = f"pred-{backend}-{causal}"
-            fig.add_trace(go.Scatter(
-                x=[r["seq_len"] for r in pts], y=[r["speedup"] for r in pts],
-                name=f"{name.split(' (')[0]} predicted, {_mask(causal)}", mode="lines+markers",
-                legendgroup=key, showlegend=key not in shown, line={"color": colour, "dash": "dot", "width": 1.5},
-                marker={"color": colour, "size": 7, "symbol": "triangle-up-open" if causal else "circle-open"},
-                text=[f"<b>{name}</b>, predicted: {r['speedup']:.3g}× standard attention<br>{_case(r)}<br>"
-                      f"the time model's iosim-naive {r['standard_s'] * 1e3:.4g} ms ÷ {r['kernel']} "
-                      f"{r['s'] * 1e3:.4g} ms" for r in pts],
-                hovertemplate="%{text}<extra></extra>"), row=1, col=col)
-            shown.add(key)
+    for backend, name, colour, causal, pts in _series(rows):
+        key = f"pred-{backend}-{causal}"
+        fig.add_trace(go.Scatter(
+            x=[r["seq_len"] for r in pts], y=[r["speedup"] for r in pts],
+            name=f"{name.split(' (')[0]} predicted, {_mask(causal)}", mode="lines+markers",
+            legendgroup=key, showlegend=key not in shown, line={"color": colour, "dash": "dot", "width": 1.5},
+            marker={"color": colour, "size": 7, "symbol": "triangle-up-open" if causal else "circle-open"},
+            text=[f"<b>{name}</b>, predicted: {r['speedup']:.3g}× standard attention<br>{_case(r)}<br>"
+                  f"the time model's iosim-naive {r['standard_s'] * 1e3:.4g} ms ÷ {r['kernel']} "
+                  f"{r['s'] * 1e3:.4g} ms" for r in pts],
+            hovertemplate="%{text}<extra></extra>"), row=1, col=col)
+        shown.add(key)
 
 
 def _claims(fig: go.Figure, rows: list[dict], xs: tuple[float, float], ys: tuple[float, float], col: int,
