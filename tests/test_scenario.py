@@ -222,3 +222,14 @@ def test_a_kernel_for_a_schedule_the_scenario_lacks_or_of_another_family_is_reje
         scenario_from_dict({**base, "kernel": {"naive": "iosim-naive"}})
     with pytest.raises(ScenarioError, match=r"kernel.flash2: kernel 'iosim-naive' \(family naive\)"):
         scenario_from_dict({**base, "kernel": {"flash2": "iosim-naive"}})
+
+
+def test_a_kernel_file_is_found_beside_the_scenario_file(tmp_path):
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "mine.yaml").write_text("name: mine\nfamily: fa2\nsource: test\nwarps: 4\n"
+                                              "tiles: {128: {block_q: 128, block_kv: 64, registers: 255, smem: qkv}}\n")
+    p = tmp_path / "s.yaml"
+    p.write_text("schema_version: 1\nname: s\ntitle: s\nschedules: [flash2]\nkernel: {flash2: k/mine.yaml}\n"
+                 "problems: [{seq_len: 4096, heads: 8}]\n")
+    rec, = run_scenario(load_scenario(p)).records
+    assert rec["time_kernel"] == "mine"

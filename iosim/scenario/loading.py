@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from .._resources import scenarios_dir
 from ..problem import AttentionProblem, ProblemError
 from ..profile import ProfileError, get_profile
+from ..timing import KernelError, kernel_for
 from .schema import SCHEMA_VERSION, Scenario, ScenarioError
 
 
@@ -104,7 +105,17 @@ def scenario_from_dict(data: Any, where: str = "<dict>", base_dir: Path | None =
         except ProfileError as exc:
             raise ScenarioError(f"{where}: profiles[{i}]: {' '.join(str(exc).split())}") from None
         resolved.append(name)
-    scn = scn.model_copy(update={"profiles": resolved})
+    kernels = {}  # the time model's kernels: built-in names or files relative to the scenario file
+    for schedule, name in scn.kernel.items():
+        p = Path(name)
+        if base_dir is not None and not p.is_absolute() and (base_dir / p).is_file():
+            name = str(base_dir / p)
+        try:
+            kernel_for(schedule, name)
+        except KernelError as exc:
+            raise ScenarioError(f"{where}: kernel.{schedule}: {' '.join(str(exc).split())}") from None
+        kernels[schedule] = name
+    scn = scn.model_copy(update={"profiles": resolved, "kernel": kernels})
     scn._where = where
     # every problem must be valid on its own
     for i, block in enumerate(scn.problems):
