@@ -30,6 +30,7 @@ class Rates:
     l2_write: float = math.inf  # SM -> L2 bytes/s (stores)
     dram_read: float = math.inf
     dram_write: float = math.inf
+    dram_copy: float = math.nan  # bytes read + bytes written per second, copying (nan: not measured)
     launch_s: float = 0.0  # back-to-back launch interval of a kernel on one stream
     block_s: float = 0.0  # cost of starting one thread block on an SM
     l2_latency_s: float = 0.0  # one dependent load that hits L2 (0: not measured)
@@ -49,7 +50,14 @@ class Rates:
         return pts[-1][1]
 
     def dram_s(self, read: float, write: float) -> float:
-        return read / self.dram_read + write / self.dram_write
+        """Seconds of DRAM traffic: reads and writes at their own measured rates, and where both flow, the cost of
+        mixing them that the measured copy shows (its rate below what reads and writes reach alone), in
+        proportion to the bytes that pair up (min of read and write): a pure stream pays nothing, a copy pays all."""
+        t = read / self.dram_read + write / self.dram_write
+        if self.dram_copy == self.dram_copy:
+            mixing = 1 / self.dram_copy - (1 / self.dram_read + 1 / self.dram_write) / 2
+            t += 2 * min(read, write) * max(0.0, mixing)
+        return t
 
 
 def _value(obj) -> float | None:
@@ -96,6 +104,7 @@ def rates(profile: Profile, dtype: str) -> Rates:
         l2_write=float(cal.l2.write.value),
         dram_read=float(cal.dram.read.value),
         dram_write=float(cal.dram.write.value),
+        dram_copy=float(cal.dram.read_write.value),
         launch_s=float(cal.launch.interval.value),
         block_s=float(cal.launch.per_block.value),
         l2_latency_s=_latency(cal, "l2"),
