@@ -95,3 +95,14 @@ def test_warm_calls_on_inputs_that_fit_in_l2_move_no_dram_bytes():
     cold = simulate("naive", p, l2=True).time.predicted_s
     warm = simulate("naive", p, l2=True, warm=True).time.predicted_s
     assert warm < cold
+
+
+def test_dram_time_pays_for_mixing_reads_and_writes_as_the_measured_copy_does():
+    r = timing.rates(get_profile("h100-sxm5-80gb"), "bf16")
+    cal = get_profile("h100-sxm5-80gb").calibration.dram
+    x = 1e9
+    assert r.dram_s(x, 0) == pytest.approx(x / float(cal.read.value))  # a pure stream pays nothing
+    assert r.dram_s(0, x) == pytest.approx(x / float(cal.write.value))
+    assert r.dram_s(x, x) == pytest.approx(2 * x / float(cal.read_write.value))  # a copy runs at the copy's rate
+    alone = x / float(cal.read.value) + 0.25 * x / float(cal.write.value)
+    assert alone < r.dram_s(x, 0.25 * x) < r.dram_s(x, x)
