@@ -80,7 +80,8 @@ def test_dirty_lines_written_only_when_evicted():
     """Outputs larger than L2 are written back as they are evicted; at most an L2's worth stays dirty."""
     p = _p(heads=16, seq_len=2048, head_dim=64)
     cap = 1 << 20
-    k = l2.simulate_l2("flash2", p, Tiles(128, 64), "h100-sxm5-80gb", l2.L2Inputs(capacity=cap)).kernels[0]
+    inputs = l2.L2Inputs(capacity=cap, dirty_at_start=0)  # no other kernel's dirty lines in L2
+    k = l2.simulate_l2("flash2", p, Tiles(128, 64), "h100-sxm5-80gb", inputs).kernels[0]
     assert k.dram_write + k.dirty_at_end == k.global_write  # every written byte once, either way
     assert 0 < k.dirty_at_end <= cap
     assert k.dram_write >= k.global_write - cap
@@ -130,7 +131,8 @@ def test_atom_lru_equals_line_lru_without_dedupe(schedule, n, heads, group, caus
     p = _p(heads=heads, kv_heads=kv_heads, seq_len=n, head_dim=64, causal=causal)
     t = Tiles(32, 32) if schedule == "flash2" else Tiles(32, 64)
     cap = lines * 128
-    fast = l2.simulate_l2(schedule, p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap), resident=resident, dedupe=False)
+    plain = l2.L2Inputs(capacity=cap, room=(1.0, 1.0, 1.0), dirty_at_start=0, block_share=1.0)  # as the reference
+    fast = l2.simulate_l2(schedule, p, t, "h100-sxm5-80gb", plain, resident=resident, dedupe=False)
     ref = reference_lines(schedule, p, t, "h100-sxm5-80gb", capacity=cap, resident=resident)
     assert [(k.dram_read, k.dram_write, k.dirty_at_end) for k in fast.kernels] == ref
 
