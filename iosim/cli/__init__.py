@@ -47,7 +47,6 @@ def cli():
     forward and backward) across DRAM, L2 and SRAM."""
 
 
-
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """One line per warning, no source line: the text says what is questionable and what to change."""
     kind = "warning" if issubclass(category, InputWarning) else category.__name__
