@@ -76,6 +76,10 @@ class LaunchCosts(_Strict):
     interval: SourcedSeconds = Field(description="back-to-back empty kernels on one stream, queued ahead")
     host_interval: SourcedSeconds = Field(description="the same, launched one by one from Python (CuPy)")
     per_block: SourcedSeconds = Field(description="each further tiny thread block, per block per SM")
+    call: SourcedSeconds | None = Field(None, description="one call as the time records time it: CUDA events "
+                                        "around one launch of a one-wave kernel of one L2 load and one store per "
+                                        "thread (optional: files calibrated before it lack it)")
+    dependent: SourcedSeconds | None = Field(None, description="what a second such launch adds to the call")
 
 
 class MemoryLatency(_Strict):

@@ -106,3 +106,19 @@ def test_dram_time_pays_for_mixing_reads_and_writes_as_the_measured_copy_does():
     assert r.dram_s(x, x) == pytest.approx(2 * x / float(cal.read_write.value))  # a copy runs at the copy's rate
     alone = x / float(cal.read.value) + 0.25 * x / float(cal.write.value)
     assert alone < r.dram_s(x, 0.25 * x) < r.dram_s(x, x)
+
+
+def test_a_calls_first_kernel_and_each_further_kernel_cost_what_the_calibration_measured():
+    r = timing.rates(get_profile("h100-sxm5-80gb"), "bf16")
+    cal = get_profile("h100-sxm5-80gb").calibration.launch
+    call, dependent = float(cal.call.value), float(cal.dependent.value)
+    assert r.first_launch_s() == pytest.approx(call - r.l2_latency_s)  # the tiny kernel's own L2 load is the model's
+    assert r.next_launch_s() == pytest.approx(dependent - r.l2_latency_s)
+    prof = get_profile("h100-sxm5-80gb")
+    launch = prof.calibration.launch.model_copy(update={"call": None, "dependent": None})  # calibrated before them
+    older = prof.model_copy(update={"calibration": prof.calibration.model_copy(update={"launch": launch})})
+    r_old = timing.rates(older, "bf16")
+    assert r_old.first_launch_s() == r_old.next_launch_s() == r_old.launch_s
+    p = AttentionProblem(batch=8, heads=32, kv_heads=8, seq_len=1, kv_len=256, head_dim=128, dtype="bf16")
+    two = simulate("flash2", p, "h100-sxm5-80gb", kernel="fa2", warm=True).time.predicted_s  # split-KV + combine
+    assert two > call + dependent - 2 * r.l2_latency_s

@@ -45,6 +45,7 @@ ALU_OPS = {  # rates_alu op: (path, unit, what; FLOPs per op)
 }
 DRAM_BYTES = 4 << 30  # the DRAM buffer (less where the GPU has less free memory)
 LAUNCHES = 256  # empty kernels per launch-interval measurement
+CALLS = 200  # event-bracketed calls per launch.call measurement
 BLOCKS_PER_SM = 512  # tiny blocks per SM of the per-block cost
 H100 = "H100/H200 SXM"
 EXPECTED = {  # printed beside the measurement: what an H100 or H200 SXM reaches (issue 17), by path prefix
@@ -52,7 +53,7 @@ EXPECTED = {  # printed beside the measurement: what an H100 or H200 SXM reaches
     "mma_sync.bf16.throughput": "best 600-700 TFLOP/s", "wgmma": "best 750-800 TFLOP/s (dense peak 989)",
     "exp.throughput": "16 /clk/SM", "fp32.fma": "256 FLOP/clk/SM (128 lanes)", "fp32.add": "128 /clk/SM",
     "smem": "128 B/clk/SM", "l2": "8-12 TB/s", "dram.read": "~3.0 TB/s H100, ~4.3 TB/s H200",
-    "launch.interval": "2-4 us",
+    "launch.interval": "2-4 us", "launch.call": "a few us",
     # one dependent load, rough ranges (docs/profiles.md names pointer-chase studies of Hopper)
     "latency.l2": "~200-300 ns (L2 hit)", "latency.dram": "~450-600 ns (HBM)",
 }
@@ -235,6 +236,37 @@ def _launch(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     report(Measured(("launch", "per_block"), max(many - one, 1e-12) / BLOCKS_PER_SM, "s",
                     f"(time of an empty kernel of {BLOCKS_PER_SM} blocks of 128 threads per SM - time of one block) / "
                     f"{BLOCKS_PER_SM}"), "")
+    _calls(b, cp, report)
+
+
+def _calls(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """A call as the time records time one (CUDA events around it, queued behind a busy kernel): one, then two
+    dependent launches of a one-wave kernel whose every thread loads 16 B that sit in L2 and stores them."""
+    copy, spin = b.fn("rates_copy"), b.fn("rates_spin")
+    n = 4 * b.sms * 256  # one float4 per thread of 4 blocks of 256 threads per SM
+    buf = cp.ones(8 * n, cp.float32)
+    src, dst = buf[: 4 * n], buf[4 * n :]
+
+    def call(kernels: int) -> float:
+        starts = [cp.cuda.Event() for _ in range(CALLS)]
+        ends = [cp.cuda.Event() for _ in range(CALLS)]
+        spin((1,), (32,), (cp.int64(10_000_000),))
+        for s, e in zip(starts, ends):
+            s.record()
+            for _ in range(kernels):
+                copy((4 * b.sms,), (256,), (src, dst, cp.int64(n)))
+            e.record()
+        ends[-1].synchronize()
+        return float(np.median([cp.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)])) * 1e-3
+
+    call(1)  # warm: the buffers in L2
+    t1 = float(np.median([call(1) for _ in range(b.repeats)]))
+    t2 = float(np.median([call(2) for _ in range(b.repeats)]))
+    what = (f"a one-wave kernel (4 blocks of 256 threads per SM, each thread one 16 B load from L2 and one store), "
+            f"CUDA events around each of {CALLS} calls queued behind a 10 ms kernel, median")
+    report(Measured(("launch", "call"), t1, "s", f"one launch per call: {what}"), "")
+    report(Measured(("launch", "dependent"), max(t2 - t1, 1e-12), "s",
+                    f"two launches per call minus one: {what}"), "")
 
 
 def _per_clk(m: Measured, sms: int, clock: float | None) -> str:

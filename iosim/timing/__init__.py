@@ -81,7 +81,7 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
                                    overlap_loss=overlap.OVERLAP_LOSS)
         est = hopper.predict(counts, problem, tiles, profile, model)
         k = est.kernels[0]
-        out.append(replace(k, predicted_s=k.predicted_s + r.launch_s + 3 * latency))  # Q, first K/V; drain
+        out.append(replace(k, predicted_s=k.predicted_s + r.first_launch_s() + 3 * latency))  # Q, first K/V; drain
     else:
         mod = decode if decode.applies(problem, desc, r) else fa2
         (rd, wr) = (sum(x[0] for x in hbm), sum(x[1] for x in hbm))

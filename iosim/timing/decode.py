@@ -76,11 +76,11 @@ def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rate
     per_sm_l2 = r.l2 / r.sms
     t_block = k * sk.block_q * d * e / per_sm_l2 + r.block_s + 2 * latency + per_split * st.step_s  # causal: ignored
     blocks = fa2.place(np.full(grid, t_block), r.sms * k)
-    main = max(blocks, r.dram_s(dram_read, dram_write)) + r.launch_s + latency
+    main = max(blocks, r.dram_s(dram_read, dram_write)) + r.first_launch_s() + latency
     combine = 0.0
     if splits > 1:  # partial O (fp32) and lse of every split read once, O written once
         partial = p.batch * p.heads * p.seq_len * splits * (d + 1) * 4
-        combine = partial / r.l2 + r.launch_s + 3 * latency  # read lse, then partial O; store O
+        combine = partial / r.l2 + r.next_launch_s() + 3 * latency  # read lse, then partial O; store O
     parts = {"utilization": min(1.0, grid / (r.sms * k)), "splits": splits, "resident_blocks": k, "blocks": blocks, "main": main, "combine": combine,
-             "step": st.step_s, "launch": r.launch_s}
+             "step": st.step_s, "launch": r.first_launch_s()}
     return main + combine, {**parts, "bound": "dram" if r.dram_s(dram_read, dram_write) > blocks else "blocks"}

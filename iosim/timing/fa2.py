@@ -140,10 +140,10 @@ def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rate
     order = launch_order(per_head, heads, desc, p.causal)
     blocks = place(order, r.sms * k)
     memory = r.dram_s(dram_read, dram_write)
-    total = max(blocks, memory) + r.launch_s + latency  # the last stores drain
+    total = max(blocks, memory) + r.first_launch_s() + latency  # the last stores drain
     sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r)
     busy = float(order.sum()) / (r.sms * k * blocks) if blocks else 1.0  # share of the chip's block slots in use
-    parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "launch": r.launch_s, "resident_blocks": k,
+    parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "launch": r.first_launch_s(), "resident_blocks": k,
              "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,
              "step_load": sp.load_s, "step": sp.step_s}
     bound = "dram" if memory > blocks else _step_bound(sp, k)

@@ -17,7 +17,7 @@ FA2's do, so a round of k blocks takes
 with loss = :data:`iosim.timing.overlap.OVERLAP_LOSS` (the time model's one fitted constant), except the scores
 kernel's, whose blocks are one tile each and start together every round: they stay in phase, so nothing of one
 block hides under another's (loss 1). A kernel takes its rounds, or its DRAM bytes over DRAM bandwidth where that is
-longer, plus one launch interval.
+longer, plus its launch: the call's first (the scores kernel) or a further one (:meth:`Rates.first_launch_s`).
 """
 
 from __future__ import annotations
@@ -115,11 +115,12 @@ def kernel_times(p: AttentionProblem, tiles: Tiles, counts: list[KernelCounts], 
         limits = blk.limits(per_sm, shared)
         blocks = rounds * max(limits.values())
         memory = r.dram_s(rd, wr)
+        launch = r.first_launch_s() if i == 0 else r.next_launch_s()  # three kernels, one call
         parts = {"blocks": blocks, "dram": memory, "block_load": blk.load_s, "block_compute": blk.compute_s,
                  "block_store": blk.store_s, "rounds": rounds, "resident_blocks": per_sm,
-                 "launch": r.launch_s}
+                 "launch": launch}
         bound = "dram" if memory > blocks else max(limits, key=limits.get)
-        out.append((k.name, max(blocks, memory) + r.launch_s, {**parts, "bound": bound}))
+        out.append((k.name, max(blocks, memory) + launch, {**parts, "bound": bound}))
     return out
 
 

@@ -32,6 +32,8 @@ class Rates:
     dram_write: float = math.inf
     dram_copy: float = math.nan  # bytes read + bytes written per second, copying (nan: not measured)
     launch_s: float = 0.0  # back-to-back launch interval of a kernel on one stream
+    call_s: float = 0.0  # one call of a one-wave kernel of one L2 load per thread, CUDA events around it (0: unknown)
+    dependent_s: float = 0.0  # what a second such launch adds to the call (0: unknown)
     block_s: float = 0.0  # cost of starting one thread block on an SM
     l2_latency_s: float = 0.0  # one dependent load that hits L2 (0: not measured)
     dram_latency_s: float = 0.0  # one dependent load that misses L2
@@ -48,6 +50,15 @@ class Rates:
             if warps_per_sm <= w1:
                 return r0 + (r1 - r0) * (warps_per_sm - w0) / (w1 - w0)
         return pts[-1][1]
+
+    def first_launch_s(self) -> float:
+        """The fixed cost of a call's first kernel: the launch interval, and what a call of a tiny kernel measures
+        beyond that interval and its one L2 load (event recording, the blocks' start and drain)."""
+        return self.launch_s + max(0.0, self.call_s - self.launch_s - self.l2_latency_s) if self.call_s else self.launch_s
+
+    def next_launch_s(self) -> float:
+        """The fixed cost of each further kernel of the call: what a second tiny launch adds, less its L2 load."""
+        return max(self.launch_s, self.dependent_s - self.l2_latency_s) if self.dependent_s else self.launch_s
 
     def dram_s(self, read: float, write: float) -> float:
         """Seconds of DRAM traffic: reads and writes at their own measured rates, and where both flow, the cost of
@@ -106,6 +117,8 @@ def rates(profile: Profile, dtype: str) -> Rates:
         dram_write=float(cal.dram.write.value),
         dram_copy=float(cal.dram.read_write.value),
         launch_s=float(cal.launch.interval.value),
+        call_s=float(_value(cal.launch.call) or 0.0),
+        dependent_s=float(_value(cal.launch.dependent) or 0.0),
         block_s=float(cal.launch.per_block.value),
         l2_latency_s=_latency(cal, "l2"),
         dram_latency_s=_latency(cal, "dram"),
