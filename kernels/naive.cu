@@ -157,6 +157,17 @@ __device__ __forceinline__ float row_reduce(float x, int row_threads, float* red
     return x;
 }
 
+// acc = 0: the mma accumulators of a warp's MT x NT fragments
+template <int MT, int NT>
+__device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+}
+
 }  // namespace naive_detail
 
 // (1) S[b, h, i, j] = scale * sum_k Q[b, i, h, k] K[b, j, hk, k]; grid (ceil(N_kv/128), ceil(N/128), B*H).
@@ -204,12 +215,7 @@ __global__ void __launch_bounds__(kNaiveThreads, 2)
     cp_async_commit();
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+    zero(acc);
 
     cp_async_wait<1>();  // the first half of the head dims has landed
     __syncthreads();
@@ -413,12 +419,7 @@ __global__ void __launch_bounds__(kNaiveThreads, D >= 256 ? 1 : 2)
     }
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+    zero(acc);
 
     const int a_row = lane & 15, a_chunk = lane >> 4;                              // A (P): rows 0-15, k chunk
     const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_chunk = lane >> 4;  // B (V, trans): k rows, n chunk
