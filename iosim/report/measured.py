@@ -1,8 +1,8 @@
-"""The measured section: committed measurement records beside the simulated bytes, as a table of ratios and
-the parity figure.
+"""The measured section: committed measurement records beside the simulated bytes (a table of ratios and the
+parity figure), and the time records beside the predicted times (:func:`time_parity_table`).
 
-:func:`load_measured` is the one place that reads the records; point it at another loader and the table and
-the figure follow. Files are found relative to the scenario file's folder, and ``docs/validation/...`` also in
+:func:`load_measured` is the one place that reads the byte records (:func:`measured_times` the time records);
+point it at another loader and the table and the figure follow. Files are found relative to the scenario file's folder, and ``docs/validation/...`` also in
 the committed records wherever iosim is installed (:func:`iosim._resources.validation_dir`), never in the
 working directory; notes name them as the scenario does, never by an absolute local path.
 """
