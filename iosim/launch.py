@@ -86,11 +86,13 @@ NAIVE_TILES: dict[str, dict[str, int]] = {
     # keys in steps of 64 through a ring of naive_pv_stages(d) cp.async buffers
     "pv": {"block_m": 128, "block_k": 64, "threads": 256},
 }
-# registers per thread (ptxas, nvcc 13.0, sm_90, naive.cu v2; fp16 and bf16 alike): head dim -> (qk, softmax, pv)
-# (qk: the larger of causal and not; __launch_bounds__(256, 2) caps qk, softmax and pv at d <= 128 to 128)
-NAIVE_REGISTERS: dict[int, tuple[int, int, int]] = {32: (124, 93, 84), 64: (128, 93, 102), 128: (128, 93, 128),
-                                                     256: (128, 93, 252)}
-NAIVE_REGISTERS_DEFAULT = (128, 93, 128)
+# registers per thread (ptxas, nvcc 13.0, sm_90, naive.cu v2; fp16 and bf16 alike): head dim -> (qk, pv)
+# (qk: the larger of causal and not; __launch_bounds__(256, 2) caps qk and pv at d <= 128 to 128)
+NAIVE_REGISTERS: dict[int, tuple[int, int]] = {32: (124, 84), 64: (128, 102), 128: (128, 128), 256: (128, 252)}
+NAIVE_REGISTERS_DEFAULT = (128, 128)
+# the softmax's, by chunks of a row per thread (naive_softmax_chunks; the larger of fp16 and bf16): up to 4 chunks
+# fit the 64 that __launch_bounds__(256, 4) allows
+NAIVE_SOFTMAX_REGISTERS: dict[int, int] = {1: 55, 2: 56, 4: 61, 8: 93}
 
 
 def naive_pv_stages(head_dim: int) -> int:
@@ -122,6 +124,18 @@ def naive_softmax_row_threads(kv_len: int, itemsize: int = 2) -> int:
     while threads * t["row_chunks"] < chunks:
         threads *= 2
     return threads if threads <= t["threads"] else 0
+
+
+def naive_softmax_chunks(kv_len: int, itemsize: int = 2) -> int:
+    """16-byte chunks of a row each thread of the softmax's register path holds (the kernel's Chunks: the smallest
+    power of two that holds the row, 1 to ``row_chunks``); 1 where the row goes through shared memory."""
+    rt = naive_softmax_row_threads(kv_len, itemsize)
+    if not rt:
+        return 1
+    need, chunks = cdiv(kv_len // (16 // itemsize), rt), 1
+    while chunks < need:
+        chunks *= 2
+    return chunks
 
 
 def naive_softmax_rows_per_block(kv_len: int, itemsize: int = 2) -> int:
@@ -187,7 +201,8 @@ def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, vari
         threads = (NAIVE_TILES["qk"]["threads"], naive_softmax_row_threads(problem.kv_len, e)
                    or NAIVE_TILES["softmax"]["threads"], NAIVE_TILES["pv"]["threads"])
         smem = (naive_qk_smem_bytes(d, e), naive_softmax_smem_bytes(problem.kv_len, e), naive_pv_smem_bytes(d, e))
-        regs = NAIVE_REGISTERS.get(d, NAIVE_REGISTERS_DEFAULT)
+        qk, pv = NAIVE_REGISTERS.get(d, NAIVE_REGISTERS_DEFAULT)
+        regs = (qk, NAIVE_SOFTMAX_REGISTERS[naive_softmax_chunks(problem.kv_len, e)], pv)
         kernels = tuple(KernelLaunchModel(threads[i], smem[i], _registers(registers, i, regs[i])) for i in range(3))
         return LaunchModel(kernels, note="iosim naive: qk grid (Tc, Tr, B*H), softmax rows of 32-256 threads, "
                                          "pv (1, Tr, B*H)")

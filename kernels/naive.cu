@@ -32,6 +32,9 @@ constexpr int kNaiveBK = 64;        // keys per cp.async stage in (3)
 constexpr int kNaiveThreads = 256;  // 8 warps: 4 along the rows (32 each) x 2 along the columns
 constexpr int kSoftmaxThreads = 256;
 constexpr int kSoftmaxChunks = 8;  // 16-byte chunks of a row per thread in the register path: rows <= 8*8*256 keys
+// blocks per SM the softmax is built for: a thread holding at most 4 chunks fits 64 registers, so 4 blocks (32 warps)
+// keep twice the loads in flight of 2; 8 chunks need 2 (iosim/launch.py naive_softmax_chunks picks the instantiation)
+__host__ __device__ constexpr int naive_softmax_min_blocks(int chunks) { return chunks <= 4 ? 4 : 2; }
 
 // depth of naive_pv's cp.async ring (P and V tiles); mirrored by iosim/launch.py naive_pv_stages()
 __host__ __device__ constexpr int naive_pv_stages(int D) { return D >= 256 ? 2 : 3; }
@@ -266,13 +269,16 @@ __global__ void __launch_bounds__(kNaiveThreads, 2)
 // 8 * kSoftmaxChunks * row_threads): each row is held in registers by row_threads threads (a power of two, 32 to 256;
 // kSoftmaxThreads / row_threads rows per block), one 16-byte chunk of the row per thread and step, so S is read by
 // one pass of 16-byte loads and P written by one pass of 16-byte stores; grid ceil(rows * row_threads / 256).
+// Chunks (1, 2, 4 or 8, at most kSoftmaxChunks): the register path's chunks per thread, the smallest power of two
+// that holds the row (naive_softmax_chunks), so a short row takes fewer registers and more blocks fit on an SM.
 // row_threads == 0: one row per block, the row held in dynamic shared memory (kv_len elements of T) between the max,
 // the sum and the write; grid = rows. Both: fp32 max, exp2 and sum; an all -inf row gets P = 0 and lse = -inf.
-template <typename T>
-__global__ void __launch_bounds__(kSoftmaxThreads, 2)
+template <typename T, int Chunks>
+__global__ void __launch_bounds__(kSoftmaxThreads, naive_softmax_min_blocks(Chunks))
     naive_softmax_kernel(const T* __restrict__ s, T* __restrict__ p, float* __restrict__ lse, int kv_len,
                          long long rows, int row_threads) {
     using namespace naive_detail;
+    static_assert(Chunks >= 1 && Chunks <= kSoftmaxChunks, "1 to kSoftmaxChunks chunks per thread");
     constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.69314718055994531f;
     __shared__ float red_max[kSoftmaxThreads / 32], red_sum[kSoftmaxThreads / 32];
     const int tid = threadIdx.x;
@@ -288,25 +294,25 @@ __global__ void __launch_bounds__(kSoftmaxThreads, 2)
         writer = live && lt == 0;
         const uint4* sg = reinterpret_cast<const uint4*>(s + (live ? row : 0) * kv_len);
         uint4* pg = reinterpret_cast<uint4*>(p + (live ? row : 0) * kv_len);
-        uint4 x[kSoftmaxChunks];
+        uint4 x[Chunks];
 #pragma unroll
-        for (int c = 0; c < kSoftmaxChunks; ++c) {
+        for (int c = 0; c < Chunks; ++c) {
             const int j = lt + c * row_threads;
             if (live && j < nch) x[c] = sg[j];
         }
 #pragma unroll
-        for (int c = 0; c < kSoftmaxChunks; ++c)
+        for (int c = 0; c < Chunks; ++c)
             if (live && lt + c * row_threads < nch) mx = max8<T>(x[c], mx);
         mx = row_reduce<true>(mx, row_threads, red_max);
         m_scaled = (mx == -INFINITY) ? 0.f : mx * kLog2e;  // an all -inf row: every exp2 is 0, no NaN
-        float e[kSoftmaxChunks][8];
+        float e[Chunks][8];
 #pragma unroll
-        for (int c = 0; c < kSoftmaxChunks; ++c)
+        for (int c = 0; c < Chunks; ++c)
             if (live && lt + c * row_threads < nch) sum += exp8<T>(x[c], m_scaled, e[c]);
         sum = row_reduce<false>(sum, row_threads, red_sum);
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
-        for (int c = 0; c < kSoftmaxChunks; ++c) {
+        for (int c = 0; c < Chunks; ++c) {
             const int j = lt + c * row_threads;
             if (live && j < nch) pg[j] = pack8<T>(e[c], inv);
         }

@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 from l2_reference import reference_lines
 
 from iosim import l2
-from iosim.launch import NAIVE_REGISTERS, launch_model, resident_blocks
+from iosim.launch import (
+    NAIVE_REGISTERS,
+    NAIVE_SOFTMAX_REGISTERS,
+    launch_model,
+    naive_softmax_chunks,
+    resident_blocks,
+)
 from iosim.problem import AttentionProblem
 from iosim.profile import get_profile
 from iosim.schedules import Tiles
@@ -170,10 +176,20 @@ def test_fa2_variant_reverses_kv_and_heads():
     assert lm.kv_order == "reverse" and lm.head_order == "head_major"
 
 
+@pytest.mark.parametrize(("kv_len", "chunks"), [(256, 1), (264, 2), (512, 2), (1000, 4), (1024, 4), (2048, 8),
+                                                (16384, 8), (999, 1), (20000, 1)])
+def test_naive_softmax_holds_a_row_in_the_fewest_chunks_per_thread(kv_len, chunks):
+    """naive.cu instantiates its softmax for 1, 2, 4 or 8 16-byte chunks of a row per thread: the smallest that holds
+    the row (rows that go through shared memory take 1), so short rows take fewer registers."""
+    assert naive_softmax_chunks(kv_len) == chunks
+    sm = launch_model("naive", _p(seq_len=64, kv_len=kv_len), Tiles(128, 128)).kernels[1]
+    assert sm.registers == NAIVE_SOFTMAX_REGISTERS[chunks]
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_naive_pv_is_one_gpu_block_per_program_block(d):
     """naive.cu v2: one pv block computes 128 query rows x all of d through a ring of P (128 x 64) and V (64 x d)
     tiles, so P is read once (no split of d across blocks)."""
     pv = launch_model("naive", _p(seq_len=256, head_dim=d), Tiles(128, 128)).kernels[2]
     stages = 2 if d >= 256 else 3
-    assert pv.smem == stages * (128 * 64 + 64 * d) * 2 and pv.registers == NAIVE_REGISTERS[d][2]
+    assert pv.smem == stages * (128 * 64 + 64 * d) * 2 and pv.registers == NAIVE_REGISTERS[d][1]

@@ -195,7 +195,8 @@ def _run_naive(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
     t, i32 = launch.NAIVE_TILES, cp.int32
     s = cp.empty((B, H, N, Nk), dtype=c.q.dtype)  # S, materialized (Alg. 0 line 1)
     p = cp.empty((B, H, N, Nk), dtype=c.q.dtype)  # P, materialized (Alg. 0 line 2)
-    insts = [build.NaiveInstance("qk", c.dtype, c.causal, D), build.NaiveInstance("softmax", c.dtype),
+    insts = [build.NaiveInstance("qk", c.dtype, c.causal, D),
+             build.NaiveInstance("softmax", c.dtype, chunks=launch.naive_softmax_chunks(Nk, itemsize)),
              build.NaiveInstance("pv", c.dtype, head_dim=D)]
     smem = (launch.naive_qk_smem_bytes(D, itemsize), smem_sm, launch.naive_pv_smem_bytes(D, itemsize))
     f_qk, f_sm, f_pv = (_kernel(cp, i, m) for i, m in zip(insts, smem, strict=True))

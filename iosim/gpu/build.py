@@ -104,6 +104,7 @@ def flash_instances() -> list[FlashInstance]:
 # Naive attention, Algorithm 0 (kernels/naive.cu); its tiles are iosim.launch.NAIVE_TILES.
 
 NAIVE_SOURCE = "naive.cu"
+SOFTMAX_CHUNKS = (1, 2, 4, 8)  # the softmax's instantiations: chunks of a row per thread (kSoftmaxChunks = 8)
 
 
 @dataclass(frozen=True)
@@ -111,12 +112,13 @@ class NaiveInstance:
     """One template instantiation of a naive.cu kernel: kind in {"qk", "softmax", "pv"}.
 
     qk is naive_qk_kernel<D, T, Causal>, pv naive_pv_kernel<D, T> (``head_dim`` = D), softmax
-    naive_softmax_kernel<T> (``head_dim`` and ``causal`` unused)."""
+    naive_softmax_kernel<T, Chunks> (``chunks``; ``head_dim`` and ``causal`` unused)."""
 
     kind: str
     dtype: str
     causal: bool = False  # only the qk kernel is templated on it
     head_dim: int = 0  # qk and pv
+    chunks: int = 8  # softmax: 16-byte chunks of a row per thread (iosim.launch.naive_softmax_chunks)
 
     @property
     def name_expression(self) -> str:
@@ -125,7 +127,7 @@ class NaiveInstance:
             return f"iosim::naive_qk_kernel<{self.head_dim}, {t}, {'true' if self.causal else 'false'}>"
         if self.kind == "pv":
             return f"iosim::naive_pv_kernel<{self.head_dim}, {t}>"
-        return f"iosim::naive_softmax_kernel<{t}>"
+        return f"iosim::naive_softmax_kernel<{t}, {self.chunks}>"
 
     @property
     def explicit_instantiation(self) -> str:
@@ -143,12 +145,13 @@ class NaiveInstance:
 
 
 def naive_instances() -> list[NaiveInstance]:
-    """Every naive instantiation the library can launch: qk and pv per head dim, one softmax per dtype."""
+    """Every naive instantiation the library can launch: qk and pv per head dim, the softmax per dtype and chunks
+    per thread."""
     out: list[NaiveInstance] = []
     for dt in CUDA_TYPES:
         for d in HEAD_DIMS:
             out += [NaiveInstance("qk", dt, False, d), NaiveInstance("qk", dt, True, d), NaiveInstance("pv", dt, head_dim=d)]
-        out.append(NaiveInstance("softmax", dt))
+        out += [NaiveInstance("softmax", dt, chunks=c) for c in SOFTMAX_CHUNKS]
     return out
 
 

@@ -17,6 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from iosim.launch import naive_softmax_chunks
+
 pytestmark = pytest.mark.gpu
 
 TOL = {"float16": 1e-3, "bfloat16": 1e-2}
@@ -182,8 +184,9 @@ NAIVE_SHAPES = [
     (1, 1000, 999, 2, 1),
     (1, 4097, 1000, 8, 1),
     (1, 70, 4097, 2, 2),
-    # naive.cu v2's paths: softmax rows in registers with 8 rows per block (264 keys), 256 threads per row (16384 keys)
-    # and in shared memory with 16-byte loads (20000 keys); P tiles by cp.async; ragged last tiles of 128
+    # naive.cu v2's paths: softmax rows in registers with 8 rows per block (264 keys: 2 chunks per thread; 1000 keys
+    # above: 4), 256 threads per row (16384 keys: 8) and in shared memory with 16-byte loads (20000 keys); P tiles by
+    # cp.async; ragged last tiles of 128
     (2, 300, 264, 4, 2),
     (1, 130, 16384, 2, 1),
     (1, 33, 20000, 2, 2),
@@ -208,6 +211,7 @@ def test_naive_equals_float64_algorithm0(shape, causal, D, dtype):
         "iosim::naive_softmax_kernel",
         "iosim::naive_pv_kernel",
     ]
+    assert rec.launches[1].kernel.endswith(f", {naive_softmax_chunks(Nk, 2)}>")  # chunks of a row per thread
     assert rec.tiles == gpu.NAIVE_TILES
 
 
