@@ -72,8 +72,11 @@ def test_instantiation_list_covers_every_tile_dtype_and_mask():
     assert inst.name_expression == "iosim::flash_fwd_kernel<128, 128, 32, __nv_bfloat16, true>"
     assert inst.explicit_instantiation.startswith("template __global__ void " + inst.name_expression + "(")
     naive = build.naive_instances()
-    assert len(naive) == len(set(naive)) == 2 * (3 * len(launch.HEAD_DIMS) + 1)  # qk x2 and pv per d, one softmax
+    # qk x2 and pv per d; the softmax per chunks of a row per thread
+    assert len(naive) == len(set(naive)) == 2 * (3 * len(launch.HEAD_DIMS) + len(build.SOFTMAX_CHUNKS))
     assert {n.kind for n in naive} == {"qk", "softmax", "pv"}
+    assert build.NaiveInstance("softmax", "bfloat16", chunks=4).name_expression == \
+        "iosim::naive_softmax_kernel<__nv_bfloat16, 4>"
     assert build.NaiveInstance("qk", "float16", True, 64).name_expression == "iosim::naive_qk_kernel<64, __half, true>"
     # the schedule's one Br: both GEMMs tile the query rows alike (the simulator counts V re-read N / Br times)
     assert launch.NAIVE_TILES["qk"]["block_m"] == launch.NAIVE_TILES["pv"]["block_m"]
