@@ -90,8 +90,8 @@ NAIVE_TILES: dict[str, dict[str, int]] = {
 # (qk: the larger of causal and not; __launch_bounds__(256, 2) caps qk and pv at d <= 128 to 128)
 NAIVE_REGISTERS: dict[int, tuple[int, int]] = {32: (124, 84), 64: (128, 102), 128: (128, 128), 256: (128, 252)}
 NAIVE_REGISTERS_DEFAULT = (128, 128)
-# the softmax's, by chunks of a row per thread (naive_softmax_chunks; the larger of fp16 and bf16): up to 4 chunks
-# fit the 64 that __launch_bounds__(256, 4) allows
+# the softmax's, by chunks of a row per thread (naive_softmax_chunks; the larger of fp16 and bf16; the keys are the
+# instantiations iosim.gpu.build compiles): up to 4 chunks fit the 64 that __launch_bounds__(256, 4) allows
 NAIVE_SOFTMAX_REGISTERS: dict[int, int] = {1: 55, 2: 56, 4: 61, 8: 93}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from iosim.launch import FLASH3_TILES, FLASH_DEFAULT_TILES, FLASH_TILES, HEAD_DIMS
+from iosim.launch import FLASH3_TILES, FLASH_DEFAULT_TILES, FLASH_TILES, HEAD_DIMS, NAIVE_SOFTMAX_REGISTERS
 
 # dtype name (NumPy/CuPy spelling) -> CUDA C++ type of the kernels' template argument
 CUDA_TYPES: dict[str, str] = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -104,7 +104,7 @@ def flash_instances() -> list[FlashInstance]:
 # Naive attention, Algorithm 0 (kernels/naive.cu); its tiles are iosim.launch.NAIVE_TILES.
 
 NAIVE_SOURCE = "naive.cu"
-SOFTMAX_CHUNKS = (1, 2, 4, 8)  # the softmax's instantiations: chunks of a row per thread (kSoftmaxChunks = 8)
+SOFTMAX_CHUNKS = tuple(NAIVE_SOFTMAX_REGISTERS)  # the softmax's instantiations: chunks of a row per thread
 
 
 @dataclass(frozen=True)
