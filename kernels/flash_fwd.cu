@@ -35,41 +35,12 @@
 //       Measured (H200): d=128 bf16 N=4096 311.2 TFLOP/s (0.87x torch SDPA flash), N >= 2048 0.87-0.90x,
 //       causal 0.84-0.91x; d=64 1.01x; racecheck and memcheck clean. The current version.
 #include "common.cuh"
+#include "tile.cuh"
 
 namespace iosim {
 
 // depth of the K/V cp.async ring; mirrored by iosim/gpu/build.py flash_stages() for the shared-memory budget
 __host__ __device__ constexpr int flash_stages(int D) { return D >= 256 ? 2 : 3; }
-
-// element offset of 16-byte chunk c (8 elements) of row r in a swizzled tile with D elements per row
-template <int D>
-__device__ __forceinline__ int swz(int r, int c) {
-    constexpr int C = D / 8;  // chunks per row
-    static_assert(C == 4 || C % 8 == 0, "head dim must be 32 or a multiple of 64");
-    if constexpr (C >= 8) {
-        return r * D + ((c ^ (r & 7)) << 3);
-    } else {  // 64-byte rows: two rows share a 128-byte line, swizzle by the line index
-        return r * D + ((c ^ ((r >> 1) & 3)) << 3);
-    }
-}
-
-// cp.async a ROWS x D tile (row stride `gstride` elements in global memory) into swizzled shared memory;
-// rows >= nvalid are zero-filled (their source is clamped to row 0, never read).
-template <int ROWS, int D, int THREADS, typename T>
-__device__ __forceinline__ void load_tile_async(T* s, const T* g, long long gstride, int nvalid, int tid) {
-    constexpr int C = D / 8;
-    constexpr int TOTAL = ROWS * C;
-#pragma unroll
-    for (int it = 0; it < (TOTAL + THREADS - 1) / THREADS; ++it) {
-        const int idx = it * THREADS + tid;
-        if (TOTAL % THREADS == 0 || idx < TOTAL) {
-            const int r = idx / C, c = idx % C;
-            const bool ok = r < nvalid;
-            const T* src = g + (ok ? r : 0) * gstride + c * 8;
-            cp_async_16(smem_u32(s + swz<D>(r, c)), src, ok ? 16 : 0);
-        }
-    }
-}
 
 template <int D, int Br, int Bc, typename T, bool Causal>
 __global__ void __launch_bounds__(128)
