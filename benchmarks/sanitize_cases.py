@@ -5,7 +5,8 @@
     compute-sanitizer --tool synccheck  python3 benchmarks/sanitize_cases.py --schedule flash3   # Hopper only
 
 Ragged tiles (N, N_kv not multiples of any tile), causal with N > N_kv and N < N_kv, grouped-query heads, every
-flash2 tile of head dims 64 and 128 (and the default tile of 32 and 256), both dtypes, and the naive path; with
+flash2 tile of head dims 64 and 128 (and the default tile of 32 and 256), both dtypes, the naive path and the
+flash2 backward (atomic and deterministic, every head dim); with
 ``--schedule flash3``, the same shapes through the flash3 kernel (every head dim it has) instead.
 Run it once without the sanitizer first so CuPy's kernel cache holds the cubins (NVRTC under the sanitizer is slow).
 """
@@ -33,12 +34,32 @@ def flash3_cases(cp, rng, dtypes) -> int:
     return n
 
 
+def backward_cases(cp, rng, dtypes) -> int:
+    """The backward kernels (both modes) on ragged, causal both ways and grouped-query shapes, every head dim."""
+    from iosim import gpu
+
+    n = 0
+    for dtype in dtypes:
+        for d in gpu.FLASH_BWD_TILES:
+            for causal in (False, True):
+                for N, Nk in ((130, 97), (37, 150)):
+                    q, do = (rng.standard_normal((1, N, 4, d), dtype=cp.float32).astype(dtype) for _ in range(2))
+                    k, v = (rng.standard_normal((1, Nk, 2, d), dtype=cp.float32).astype(dtype) for _ in range(2))
+                    o, lse = gpu.attention(q, k, v, causal=causal, return_lse=True)
+                    for det in (False, True):
+                        grads = gpu.attention_backward(q, k, v, o, do, lse, causal=causal, deterministic=det)
+                        assert not any(bool(cp.isnan(g.astype(cp.float32)).any()) for g in grads), (d, causal, N)
+                        n += 1
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--schedule", choices=["flash2", "flash3"], default="flash2",
-                    help="flash2: flash2 and naive launches (default); flash3: the flash3 kernel's")
+    ap.add_argument("--schedule", choices=["flash2", "flash3", "backward"], default="flash2",
+                    help="flash2: flash2, naive and backward launches (default); flash3: the flash3 kernel's; "
+                         "backward: the backward kernels' alone")
     args = ap.parse_args(argv)
     import cupy as cp
     import ml_dtypes  # CuPy 14's bfloat16 is ml_dtypes.bfloat16
@@ -52,8 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         cp.cuda.runtime.deviceSynchronize()
         print(f"sanitize_cases: {n} flash3 launches ran")
         return 0
+    dtypes = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+    if args.schedule == "backward":
+        n = backward_cases(cp, rng, dtypes)
+        cp.cuda.runtime.deviceSynchronize()
+        print(f"sanitize_cases: {n} backward calls ran")
+        return 0
     n = 0
-    for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+    for dtype in dtypes:
         for d, tiles in gpu.FLASH_TILES.items():
             for bq, bkv in tiles if d in (64, 128) else tiles[:1]:
                 for causal in (False, True):
@@ -73,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                 o, _ = gpu.attention(q, k, k, causal=causal, schedule="naive", return_lse=True)
                 assert not bool(cp.isnan(o.astype(cp.float32)).any())
                 n += 1
+    n += backward_cases(cp, rng, dtypes)
     cp.cuda.runtime.deviceSynchronize()
-    print(f"sanitize_cases: {n} launches ran")
+    print(f"sanitize_cases: {n} launches ran (backward included)")
     return 0
 
 

@@ -283,3 +283,40 @@ def flash3_tiles(batch: int, seq_len: int, heads: int, block_q: int = 128) -> in
     Tile t = m + Tr * (h + heads * b) (causal: m counted from the last tile); in round r block x takes tile
     r * G + x, or r * G + G - 1 - x on odd rounds (a snake, so causal blocks' work evens out)."""
     return cdiv(seq_len, block_q) * heads * batch
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# FlashAttention-2 backward (kernels/flash_bwd.cu): mirrors BwdLayout and the kernels' shared-memory carve-up.
+
+FLASH_BWD_WARPS = 8  # flash_bwd_kernel: 8 warps; each owns a 16-key stripe of K_j (two share one where Bc = 64)
+FLASH_BWD_THREADS = 32 * FLASH_BWD_WARPS
+FLASH_BWD_DQ_THREADS = 128  # flash_bwd_dq_kernel (deterministic mode): 4 warps of 16 query rows
+FLASH_BWD_ROW_THREADS = 256  # preprocess and convert kernels: threads per block
+# (block_q, block_kv) of flash_bwd_kernel per head dim: the largest Bc that compiles without spills on sm_90 (ptxas,
+# nvcc 13.0): d = 128 at Bc = 128 spills 28-60 B, so 64; d = 256 fills the 255 registers at Bc = 64
+FLASH_BWD_TILES: dict[int, tuple[int, int]] = {32: (64, 128), 64: (64, 128), 128: (64, 64), 256: (64, 64)}
+# Bc of flash_bwd_dq_kernel (Br = 64): its dQ accumulator stays in registers beside S and dP
+FLASH_BWD_DQ_BLOCK_KV: dict[int, int] = {32: 64, 64: 64, 128: 32, 256: 32}
+
+
+def flash_bwd_smem_terms(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2) -> dict[str, int]:
+    """Dynamic shared memory of one flash_bwd_kernel thread block, term by term, in bytes."""
+    d, Br, Bc = head_dim, block_q, block_kv
+    return {
+        "K_j": Bc * d * itemsize,  # Alg. 2 line 6, resident for the whole loop
+        "V_j": Bc * d * itemsize,
+        "Q_i": 2 * Br * d * itemsize,  # line 9, two buffers: block i+1 loads while block i is used
+        "dO_i": 2 * Br * d * itemsize,
+        "P^T": Bc * Br * itemsize,  # line 11, the A operand of dV += P^T dO
+        "dS^T": Bc * Br * itemsize,  # line 14, the A operand of dK += dS^T Q and (transposed) of dQ += dS K
+        "L_i, D_i": 2 * 2 * Br * 4,  # fp32 statistics, two buffers
+    }
+
+
+def flash_bwd_smem_bytes(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2) -> int:
+    return sum(flash_bwd_smem_terms(head_dim, block_q, block_kv, itemsize).values())
+
+
+def flash_bwd_dq_smem_bytes(head_dim: int, block_kv: int, itemsize: int = 2) -> int:
+    """flash_bwd_dq_kernel: Q_i and dO_i (64 x d), and two buffers each of K_j and V_j (Bc x d)."""
+    return (2 * 64 + 4 * block_kv) * head_dim * itemsize

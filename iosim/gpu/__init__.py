@@ -1,5 +1,5 @@
-"""iosim's real kernels on an NVIDIA GPU through CuPy: FlashAttention-2 forward, the naive three-kernel path, and a
-FlashAttention-3-style forward for Hopper (schedule="flash3").
+"""iosim's real kernels on an NVIDIA GPU through CuPy: FlashAttention-2 forward and backward, the naive three-kernel
+path, and a FlashAttention-3-style forward for Hopper (schedule="flash3"); differentiable on torch tensors.
 
 Importing this package never imports CuPy; the functions import it when called and raise
 :class:`GPUUnavailableError` (one line) where CuPy or a GPU is missing.
@@ -7,12 +7,14 @@ Importing this package never imports CuPy; the functions import it when called a
 
 from iosim.gpu._cupy import GPUUnavailableError
 from iosim.gpu.attention import KernelLaunch, LaunchRecord, attention, default_tiles, last_launch
+from iosim.gpu.backward import attention_backward
 from iosim.gpu.flash3 import HopperRequiredError
 from iosim.gpu.inputs import SCHEDULES, AttentionInputError, AttentionTypeError, SharedMemoryError
-from iosim.launch import FLASH3_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
+from iosim.launch import FLASH3_TILES, FLASH_BWD_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
 
 __all__ = [
     "FLASH3_TILES",
+    "FLASH_BWD_TILES",
     "FLASH_TILES",
     "NAIVE_TILES",
     "SCHEDULES",
@@ -24,6 +26,7 @@ __all__ = [
     "LaunchRecord",
     "SharedMemoryError",
     "attention",
+    "attention_backward",
     "default_tiles",
     "flash_smem_bytes",
     "last_launch",

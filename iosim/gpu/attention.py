@@ -21,7 +21,16 @@ from iosim import launch
 from iosim._resources import kernels_dir
 from iosim.gpu import build, flash3
 from iosim.gpu._cupy import require_cupy
-from iosim.gpu.inputs import SharedMemoryError, dtype_name, validate
+from iosim.gpu.inputs import (
+    SCHEDULES,
+    AttentionInputError,
+    AttentionTypeError,
+    SharedMemoryError,
+    _check_scale,
+    dtype_name,
+    torch_of,
+    validate,
+)
 
 _LOG2E = 1.4426950408889634
 
@@ -59,8 +68,14 @@ _lock = threading.Lock()
 
 
 def last_launch() -> LaunchRecord | None:
-    """The LaunchRecord of the most recent attention() call in this process (None before the first)."""
+    """The LaunchRecord of the most recent attention() or attention_backward() call in this process (None before
+    the first)."""
     return _last
+
+
+def _record(rec: LaunchRecord) -> None:
+    global _last
+    _last = rec
 
 
 def default_tiles(head_dim: int, dtype: Any = "bfloat16", causal: bool = False) -> tuple[int, int]:
@@ -214,9 +229,32 @@ def _run_naive(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
     return launches, {k_: dict(v_) for k_, v_ in t.items()}
 
 
+def _wants_grad(q: Any, k: Any, v: Any) -> bool:
+    torch = torch_of(q)
+    return torch is not None and torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v))
+
+
+def _differentiable(q, k, v, schedule, causal, scale, return_lse, deterministic, unsupported) -> Any:
+    if any(x is not None for x in unsupported):
+        raise AttentionInputError("block_q, block_kv, out, lse_out, block_trace: not taken by a differentiable call "
+                                  "(torch tensors that require grad); expected None")
+    if schedule not in SCHEDULES:
+        raise AttentionInputError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
+    if not isinstance(causal, bool):
+        raise AttentionTypeError(f"causal={causal!r}: expected True or False")
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise AttentionTypeError(f"deterministic={deterministic!r}: expected True, False or None")
+    from iosim.gpu import autograd  # registers the torch custom ops: only once a differentiable call arrives
+
+    scale = _check_scale(scale, int(q.shape[-1]))
+    return autograd.differentiable_attention(q, k, v, schedule=schedule, causal=causal, scale=scale, return_lse=return_lse,
+                                    deterministic=deterministic)
+
+
 def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool = False,
               block_q: int | None = None, block_kv: int | None = None, scale: float | None = None,
-              return_lse: bool = False, out: Any = None, lse_out: Any = None, block_trace: Any = None) -> Any:
+              return_lse: bool = False, out: Any = None, lse_out: Any = None, block_trace: Any = None,
+              deterministic: bool | None = None) -> Any:
     """softmax(scale * Q K^T) V on the GPU with iosim's kernels.
 
     q: (batch, seq_len, heads, head_dim); k, v: (batch, kv_len, kv_heads, head_dim), heads a multiple of kv_heads
@@ -236,8 +274,15 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
     (``blockIdx.x + Tr * (blockIdx.y + H * blockIdx.z)``), the timeline the L2 model's drift input is read from.
     Returns an array like q (and lse when asked): torch tensors where q is a torch tensor (torch in, torch out; the
     kernels then run on torch's current stream, in order with the torch work around the call), else CuPy arrays.
+    Differentiable: torch tensors that require grad (grad mode on) go through the custom op ``iosim::attention``
+    (:mod:`iosim.gpu.autograd`), whose backward runs :func:`iosim.gpu.attention_backward` on the saved O and lse;
+    ``deterministic`` picks its mode (None: ``torch.are_deterministic_algorithms_enabled()``). ``torch.compile``
+    traces through it. That path takes no tiles, outputs or block trace.
     """
     global _last
+    if _wants_grad(q, k, v):
+        return _differentiable(q, k, v, schedule, causal, scale, return_lse, deterministic,
+                               (block_q, block_kv, out, lse_out, block_trace))
     cp = require_cupy()
     a = validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out)
     if block_trace is not None and schedule != "flash2":

@@ -13,7 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from iosim.launch import FLASH3_TILES, FLASH_DEFAULT_TILES, FLASH_TILES, HEAD_DIMS, NAIVE_SOFTMAX_REGISTERS
+from iosim.launch import (
+    FLASH3_TILES,
+    FLASH_BWD_DQ_BLOCK_KV,
+    FLASH_BWD_TILES,
+    FLASH_DEFAULT_TILES,
+    FLASH_TILES,
+    HEAD_DIMS,
+    NAIVE_SOFTMAX_REGISTERS,
+)
 
 # dtype name (NumPy/CuPy spelling) -> CUDA C++ type of the kernels' template argument
 CUDA_TYPES: dict[str, str] = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -155,8 +163,69 @@ def naive_instances() -> list[NaiveInstance]:
     return out
 
 
-def all_instances() -> list[FlashInstance | NaiveInstance]:
-    return [*flash_instances(), *naive_instances()]
+# ------------------------------------------------------------------------------------------------------------------
+# FlashAttention-2 backward (kernels/flash_bwd.cu); tiles in iosim.launch.FLASH_BWD_TILES / FLASH_BWD_DQ_BLOCK_KV
+
+FLASH_BWD_SOURCE = "flash_bwd.cu"
+_BWD_PARAMS = {  # kind: (kernel, its parameters after the template's own: T is the dtype)
+    "preprocess": ("flash_bwd_preprocess_kernel", "const {t}*, const {t}*, float*, float*, int, int, long long"),
+    "main": ("flash_bwd_kernel", "const {t}*, const {t}*, const {t}*, const {t}*, const float*, const float*, float*, "
+                                 "{t}*, {t}*, int, int, int, int, float, float"),
+    "dq": ("flash_bwd_dq_kernel", "const {t}*, const {t}*, const {t}*, const {t}*, const float*, const float*, {t}*, "
+                                  "int, int, int, int, float, float"),
+    "convert": ("flash_bwd_convert_dq_kernel", "const float*, {t}*, long long"),
+}
+
+
+@dataclass(frozen=True)
+class FlashBwdInstance:
+    """One template instantiation of a flash_bwd.cu kernel: kind "preprocess" <D, T>, "main" <D, Br, Bc, T, Causal>,
+    "dq" (deterministic mode) <D, Br, Bc, T, Causal> or "convert" <T>."""
+
+    kind: str
+    dtype: str
+    head_dim: int = 0
+    block_q: int = 0
+    block_kv: int = 0
+    causal: bool = False
+
+    @property
+    def name_expression(self) -> str:
+        t, name = CUDA_TYPES[self.dtype], _BWD_PARAMS[self.kind][0]
+        if self.kind == "preprocess":
+            args = f"{self.head_dim}, {t}"
+        elif self.kind == "convert":
+            args = t
+        else:
+            args = f"{self.head_dim}, {self.block_q}, {self.block_kv}, {t}, {'true' if self.causal else 'false'}"
+        return f"iosim::{name}<{args}>"
+
+    @property
+    def explicit_instantiation(self) -> str:
+        params = _BWD_PARAMS[self.kind][1].format(t=CUDA_TYPES[self.dtype])
+        return f"template __global__ void {self.name_expression}({params});"
+
+    @property
+    def source(self) -> str:
+        return FLASH_BWD_SOURCE
+
+
+def flash_bwd_instances() -> list[FlashBwdInstance]:
+    """Every backward instantiation the library can launch: per dtype the dQ conversion; per head dim the
+    preprocessing; per head dim and causality the main kernel and the deterministic dQ kernel."""
+    out: list[FlashBwdInstance] = []
+    for dt in CUDA_TYPES:
+        out.append(FlashBwdInstance("convert", dt))
+        for d, (bq, bkv) in FLASH_BWD_TILES.items():
+            out.append(FlashBwdInstance("preprocess", dt, d))
+            for c in (False, True):
+                out.append(FlashBwdInstance("main", dt, d, bq, bkv, c))
+                out.append(FlashBwdInstance("dq", dt, d, 64, FLASH_BWD_DQ_BLOCK_KV[d], c))
+    return out
+
+
+def all_instances() -> list[FlashInstance | NaiveInstance | FlashBwdInstance]:
+    return [*flash_instances(), *naive_instances(), *flash_bwd_instances()]
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""Backward-pass throughput: iosim's FlashAttention-2 backward kernels vs torch SDPA's flash (FA2) and cuDNN backward,
+and the training step of an attention layer (forward + backward) for the FlashAttention papers' GPT-2 shapes.
+
+    python benchmarks/bench_backward.py [--d 64 128] [--n 1024 ... 16384] [--dtype bf16] [--causal false true]
+                                        [--reps 20] [--long-csv docs/benchmarks/<device>.csv --commit SHA]
+    python benchmarks/bench_backward.py --training [--n 512 1024 2048 4096]      # fwd + bwd, d = 64, 12 heads
+
+Backward: every backend gets the same q, k, v, O, lse, dO (torch's (B, H, N, d) are transposed views of our
+(B, N, H, d) tensors); each backend's backward alone is timed (torch's through its aten backward op, called directly,
+so no autograd bookkeeping is timed; ours through iosim.gpu.attention_backward), CUDA events on a busy stream, the
+median of --reps calls after warm-up. Backends: iosim-flash2-bwd (atomic dQ), iosim-flash2-bwd-det (deterministic),
+sdpa-flash-bwd, sdpa-cudnn-bwd. TFLOP/s by the papers' convention: 2.5 x 4 N^2 d B H / t, halved when causal.
+Shape: B * N = 16384 tokens, heads = 2048 / d (as bench_attention.py).
+
+--training: loss.backward() through the whole layer, forward included, for standard attention (torch's math path:
+S and P materialized, what the papers call standard), torch SDPA flash and cuDNN, and iosim (gpu.attention with
+requires_grad: our forward, our backward). B * N = 16384 tokens (GPT-2 small: 12 heads, d = 64); prints each
+backend's ms and its speedup over standard attention, beside the simulated traffic ratio (iosim.simulate, flash2
+against naive, forward + backward, global bytes). Needs torch and CuPy on a CUDA GPU.
+"""
+
+# ruff: noqa: B023  (each timing lambda is called at once, inside its loop iteration)
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+from cuda_events import time_ms  # beside this file
+
+LONG_COLUMNS = ("device", "date", "commit", "dtype", "head_dim", "seq_len", "batch", "heads", "causal", "backend",
+                "ms", "tflops")
+
+
+def _inputs(torch, B, N, H, d, dt, causal):
+    from iosim import gpu
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(B, N, H, d, generator=g, device="cuda", dtype=torch.float32).to(dt) for _ in range(4))
+    o, lse = gpu.attention(q, k, v, causal=causal, return_lse=True)
+    return q, k, v, o, lse, do
+
+
+def _torch_backward(torch, backend, q, k, v, do, causal, scale):
+    """A zero-argument call of torch's aten backward op for ``backend``, on its own forward's outputs."""
+    qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
+    aten = torch.ops.aten
+    if backend == "flash":
+        o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_flash_attention(qt, kt, vt, 0.0, causal,
+                                                                                           False, scale=scale)
+        return lambda: aten._scaled_dot_product_flash_attention_backward(dot, qt, kt, vt, o, lse, cq, ck, mq, mk,
+                                                                          0.0, causal, seed, off, scale=scale)
+    o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_cudnn_attention(qt, kt, vt, None, True, 0.0,
+                                                                                       causal, False, scale=scale)
+    return lambda: aten._scaled_dot_product_cudnn_attention_backward(dot, qt, kt, vt, o, lse, seed, off, None, cq,
+                                                                      ck, mq, mk, 0.0, causal, scale=scale)
+
+
+def backward_rows(torch, args) -> list[dict]:
+    from iosim import gpu
+
+    rows = []
+    for dt_name in args.dtype:
+        dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt_name]
+        for d in args.d:
+            H = 2048 // d
+            for causal in args.causal:
+                for N in args.n:
+                    B = max(1, 16384 // N)
+                    q, k, v, o, lse, do = _inputs(torch, B, N, H, d, dt, causal)
+                    scale = d ** -0.5
+                    flops = 2.5 * 4 * N * N * d * B * H / (2 if causal else 1)
+                    calls = {
+                        "iosim-flash2-bwd": lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=causal),
+                        "iosim-flash2-bwd-det": lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=causal,
+                                                                               deterministic=True),
+                    }
+                    for name, backend in (("sdpa-flash-bwd", "flash"), ("sdpa-cudnn-bwd", "cudnn")):
+                        try:
+                            calls[name] = _torch_backward(torch, backend, q, k, v, do, causal, scale)
+                        except RuntimeError as exc:  # a backend that does not take the shape: say so, go on
+                            print(f"  {name}: not run ({str(exc).splitlines()[0][:90]})", file=sys.stderr)
+                    for name, fn in calls.items():
+                        ms = time_ms(fn, args.reps)
+                        rows.append({"dtype": dt_name, "d": d, "N": N, "batch": B, "heads": H, "causal": causal,
+                                     "backend": name, "ms": ms, "tflops": flops / ms / 1e9})
+                    _print_shape(rows[-len(calls):])
+    return rows
+
+
+def _print_shape(rows: list[dict]) -> None:
+    r0 = rows[0]
+    by = {r["backend"]: r for r in rows}
+    ours = by["iosim-flash2-bwd"]["ms"]
+    ratios = "  ".join(f"{b.removeprefix('sdpa-')}/ours {by[b]['ms'] / ours:.2f}x" for b in by
+                       if b.startswith("sdpa"))
+    cells = "  ".join(f"{b.removeprefix('iosim-flash2-').removeprefix('sdpa-')} {r['tflops']:6.1f}" for b, r in by.items())
+    print(f"{r0['dtype']} d={r0['d']:<3} N={r0['N']:<6} causal={r0['causal']!s:<5} TFLOP/s: {cells}  | {ratios}",
+          flush=True)
+
+
+def training_rows(torch, args) -> list[dict]:
+    """fwd + bwd of the attention layer, GPT-2 small shapes, every backend in one run."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from iosim import AttentionProblem, gpu, simulate
+
+    rows, d, H, dt = [], 64, 12, torch.bfloat16
+    print(f"{'N':>6} {'B':>4} {'standard':>9} {'sdpa-flash':>11} {'sdpa-cudnn':>11} {'iosim':>9}   speedup over "
+          "standard (flash, cudnn, iosim)   simulated traffic ratio naive/flash2 (fwd+bwd, global)")
+    for N in args.n:
+        B = max(1, 16384 // N)
+        q, k, v, do = (torch.randn(B, N, H, d, device="cuda", dtype=dt) for _ in range(4))
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+
+        def step(attn):
+            for x in leaves:
+                x.grad = None
+            attn(*leaves).backward(do)
+
+        def sdpa(backend):
+            def f(q, k, v):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                          is_causal=True).transpose(1, 2)
+            return f
+
+        ms = {"standard": time_ms(lambda: step(sdpa(SDPBackend.MATH)), args.reps),
+              "sdpa-flash": time_ms(lambda: step(sdpa(SDPBackend.FLASH_ATTENTION)), args.reps),
+              "sdpa-cudnn": time_ms(lambda: step(sdpa(SDPBackend.CUDNN_ATTENTION)), args.reps),
+              "iosim": time_ms(lambda: step(lambda q, k, v: gpu.attention(q, k, v, causal=True)), args.reps)}
+        p = AttentionProblem(batch=B, heads=H, seq_len=N, head_dim=d, dtype="bf16", causal=True)
+        sim = {s: sum(simulate(s, p, "h100-sxm5-80gb", pass_="both").traffic["global"].values())
+               for s in ("naive", "flash2")}
+        ratio = sim["naive"] / sim["flash2"]
+        for name, t in ms.items():
+            rows.append({"N": N, "batch": B, "backend": name, "ms": t, "speedup": ms["standard"] / t,
+                         "traffic_ratio": ratio})
+        print(f"{N:>6} {B:>4} {ms['standard']:>9.3f} {ms['sdpa-flash']:>11.3f} {ms['sdpa-cudnn']:>11.3f} "
+              f"{ms['iosim']:>9.3f}   {ms['standard'] / ms['sdpa-flash']:.2f}x {ms['standard'] / ms['sdpa-cudnn']:.2f}x "
+              f"{ms['standard'] / ms['iosim']:.2f}x   {ratio:.1f}x", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--n", type=int, nargs="+", default=None)
+    ap.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
+    ap.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--training", action="store_true", help="fwd + bwd of the layer, GPT-2 small shapes")
+    ap.add_argument("--long-csv", help="append one row per (shape, backend) here (docs/benchmarks/<device>.csv)")
+    ap.add_argument("--commit", default="", help="the commit measured, for --long-csv")
+    args = ap.parse_args(argv)
+    args.causal = [c == "true" for c in args.causal]
+    import torch
+
+    dev = torch.cuda.get_device_name()
+    print(f"device {dev}, torch {torch.__version__}")
+    if args.training:
+        args.n = args.n or [512, 1024, 2048, 4096]
+        training_rows(torch, args)
+        return 0
+    args.n = args.n or [1024, 2048, 4096, 8192, 16384]
+    rows = backward_rows(torch, args)
+    if args.long_csv:
+        new = not os.path.exists(args.long_csv)
+        with open(args.long_csv, "a") as f:
+            if new:
+                f.write(",".join(LONG_COLUMNS) + "\n")
+            for r in rows:
+                f.write(f"{dev},{datetime.date.today().isoformat()},{args.commit},{r['dtype']},{r['d']},{r['N']},"
+                        f"{r['batch']},{r['heads']},{str(r['causal']).lower()},{r['backend']},{r['ms']:.4f},"
+                        f"{r['tflops']:.1f}\n")
+        print(f"appended to {args.long_csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

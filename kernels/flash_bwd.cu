@@ -1,0 +1,358 @@
+// flash_bwd.cu: FlashAttention-2 backward (Dao 2023, Algorithm 2) on tensor cores, mma.sync m16n8k16.
+//
+//   Given Q, K, V (layouts as in flash_fwd.cu), O, dO (like Q) and the forward's lse (B, H, N) fp32, compute
+//   dQ, dK, dV of L with dO = dL/dO, for O = softmax(scale Q K^T) V. Grouped-query heads: dK, dV of a kv head are
+//   summed over its query heads inside one thread block (no expanded copies, no reduction kernel).
+//
+// Kernels, in launch order (the schedule iosim/schedules/flash2_bwd.py counts them):
+//   flash_bwd_preprocess_kernel  Alg. line 4: Delta = rowsum(dO o O) (B, H, N) fp32; clears the fp32 dQ accumulator
+//   flash_bwd_kernel             Alg. lines 5-18: one thread block per K/V block j of one (batch, kv head):
+//       load K_j, V_j once (line 6); for each query head of the group and each Q block i that sees a key of j:
+//         load Q_i, dO_i, L_i, Delta_i (line 9; cp.async, the next block's in flight while this one is used)
+//         S^T = K_j Q_i^T,  P^T = exp(scale S^T - L_i)                  (lines 10-11, recomputed, masked)
+//         dP^T = V_j dO_i^T, dS^T = P^T o (dP^T - Delta_i)              (lines 13-14)
+//         dV_j += P^T dO_i,  dK_j += dS^T Q_i                           (lines 12, 16; fp32 registers)
+//         dQacc_i += scale dS_ij K_j                                    (line 15: fp32 reductions in L2, red.add)
+//       dK_j (times scale), dV_j written once (line 18)
+//   flash_bwd_convert_dq_kernel  dQ = dQacc in the problem dtype
+// Deterministic mode (no atomics, so bit-identical runs): flash_bwd_kernel without line 15, then
+//   flash_bwd_dq_kernel          one thread block per Q block i (the forward's loop order): recomputes S, P, dP, dS
+//                                 for every K/V block it sees and writes dQ_i once; two GEMMs more per tile pair.
+//
+// Warps (8 in flash_bwd_kernel): the K/V block's Bc rows are split in 16-row stripes, one per warp along keys;
+// where Bc < 128 two warps share a stripe and split the query columns of S^T and the head dim of dK, dV. S^T and
+// dP^T are computed key-major so P^T and dS^T go to shared memory as the A operands of dV and dK; dQ's A operand is
+// dS^T read back transposed (ldmatrix.trans), its warps split Br rows x d.
+// Shared memory (term by term in iosim/launch.py, flash_bwd_smem_terms): K_j, V_j (Bc x d); Q_i, dO_i (Br x d, two
+// buffers each); P^T, dS^T (Bc x Br); L_i, Delta_i (Br fp32, two buffers each).
+// Masking as the forward: keys >= kv_len, query rows >= seq_len and, when causal, key j > i + (kv_len - seq_len)
+// (bottom-right aligned) get P = 0; Q blocks with no row seeing a key of block j are never loaded.
+//
+// Versions (device, bf16; full tables in docs/benchmarks.md):
+//   v1  first version: 8 warps, Br = 64, Bc = 128 (d = 64, 128) or 64 (d = 256), Q/dO double-buffered, two
+//       barriers per Q block, dQ by red.global.add.v2.f32 from the mma fragments, dK/dV stored from fragments.
+#include "common.cuh"
+#include "tile.cuh"
+
+namespace iosim {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kBwdWarps = 8, kBwdThreads = 32 * kBwdWarps;
+
+// warp layout of flash_bwd_kernel (mirrored in iosim/launch.py for the shared-memory budget)
+template <int D, int Br, int Bc>
+struct BwdLayout {
+    static constexpr int WK = Bc / 16;           // warps along keys: one 16-row stripe of K_j each
+    static constexpr int WD = kBwdWarps / WK;    // warps sharing a stripe
+    static constexpr int NS = Br / WD / 8;       // n8 tiles of S^T, dP^T per warp (query columns)
+    static constexpr int NKV = D / WD / 8;       // n8 tiles of dK_j, dV_j per warp (head dim)
+    static constexpr int QW = Br / 16;           // dQ: warps along query rows ...
+    static constexpr int QD = kBwdWarps / QW;    // ... and along the head dim
+    static constexpr int NQ = D / QD / 8;        // n8 tiles of dQ per warp
+    static_assert(WK * WD == kBwdWarps && QW * QD == kBwdWarps, "tile shape: Bc in {32, 64, 128}, Br = 64 or 128");
+    static_assert(NS % 2 == 0 && NKV % 2 == 0 && NQ % 2 == 0 && D % 32 == 0, "tile shape");
+};
+
+// Alg. line 4: Delta[b, h, i] = sum_d dO[b, i, h, :] * O[b, i, h, :] in fp32; dQacc = 0 (when given).
+// D / 8 threads per row (rows = B * N * H in memory order), 16 bytes of O and of dO each.
+template <int D, typename T>
+__global__ void __launch_bounds__(256)
+    flash_bwd_preprocess_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ delta,
+                                float* __restrict__ dq_accum, int seq_len, int heads, long long rows) {
+    constexpr int C = D / 8;
+    static_assert(C <= 32 && (C & (C - 1)) == 0, "a row's threads sit in one warp");
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long r = idx / C;
+    const int c = (int)(idx % C);
+    float s = 0.f;
+    if (r < rows) {
+        const uint4 a = *reinterpret_cast<const uint4*>(o + r * D + c * 8);
+        const uint4 b = *reinterpret_cast<const uint4*>(dout + r * D + c * 8);
+        const T* pa = reinterpret_cast<const T*>(&a);
+        const T* pb = reinterpret_cast<const T*>(&b);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s = fmaf(to_float(pa[e]), to_float(pb[e]), s);
+        if (dq_accum != nullptr) {
+            float4* z = reinterpret_cast<float4*>(dq_accum + r * D + c * 8);
+            z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+            z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+#pragma unroll
+    for (int off = C / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (r < rows && c == 0) {
+        const long long h = r % heads, bi = r / heads;  // bi = b * N + i
+        delta[(bi / seq_len * heads + h) * seq_len + bi % seq_len] = s;
+    }
+}
+
+// dQ = dQacc in the problem dtype: 8 elements per thread (the scale was applied with each reduction).
+template <typename T>
+__global__ void __launch_bounds__(256)
+    flash_bwd_convert_dq_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq, long long chunks) {
+    const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= chunks) return;
+    const float4 x = reinterpret_cast<const float4*>(dq_accum)[2 * c];
+    const float4 y = reinterpret_cast<const float4*>(dq_accum)[2 * c + 1];
+    reinterpret_cast<uint4*>(dq)[c] = make_uint4(pack2<T>(x.x, x.y), pack2<T>(x.z, x.w), pack2<T>(y.x, y.y),
+                                                 pack2<T>(y.z, y.w));
+}
+
+// the first Q block that holds a row seeing key n0 (causal, bottom-right: row r sees key n0 iff r >= n0 - offset)
+__device__ __forceinline__ int first_q_block(int n0, int offset, int Br, bool causal) {
+    const int x = n0 - offset;
+    return (causal && x > 0) ? x / Br : 0;
+}
+
+template <int D, int Br, int Bc, typename T, bool Causal>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    flash_bwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                     float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv, int seq_len, int kv_len,
+                     int heads, int kv_heads, float scale, float scale_log2) {
+    using L = BwdLayout<D, Br, Bc>;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T* sK = reinterpret_cast<T*>(smem_raw);  // Bc x D
+    T* sV = sK + Bc * D;                     // Bc x D
+    T* sQ = sV + Bc * D;                     // 2 x Br x D
+    T* sdO = sQ + 2 * Br * D;                // 2 x Br x D
+    T* sP = sdO + 2 * Br * D;                // P^T: Bc x Br
+    T* sdS = sP + Bc * Br;                   // dS^T: Bc x Br
+    float* sL = reinterpret_cast<float*>(sdS + Bc * Br);  // 2 x Br
+    float* sDelta = sL + 2 * Br;                          // 2 x Br
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wk = warp % L::WK, wd = warp / L::WK;  // S^T, dK, dV: key stripe, column share
+    const int qw = warp % L::QW, qd = warp / L::QW;  // dQ: row stripe, head-dim share
+    const int n0 = blockIdx.x * Bc, hk = blockIdx.y, b = blockIdx.z;
+    const int group = heads / kv_heads;
+    const int offset = kv_len - seq_len;
+    const long long q_stride = (long long)heads * D, kv_stride = (long long)kv_heads * D;
+    const int i_min = first_q_block(n0, offset, Br, Causal);
+    const int n_i = max(0, (seq_len + Br - 1) / Br - i_min);  // Q blocks per query head
+    const int n_iter = group * n_i;
+
+    // Alg. line 6: K_j, V_j into SRAM (group 0)
+    const long long kv_off = ((long long)b * kv_len + n0) * kv_stride + (long long)hk * D;
+    load_tile_async<Bc, D, kBwdThreads>(sK, k + kv_off, kv_stride, kv_len - n0, tid);
+    load_tile_async<Bc, D, kBwdThreads>(sV, v + kv_off, kv_stride, kv_len - n0, tid);
+    cp_async_commit();
+
+    // Alg. line 9 for iteration `it` (query head h, Q block i) into buffer `buf`: one cp.async group
+    auto load_q_block = [&](int it, int buf) {
+        const int h = hk * group + it / n_i, m0 = (i_min + it % n_i) * Br;
+        const long long q_off = ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
+        load_tile_async<Br, D, kBwdThreads>(sQ + buf * Br * D, q + q_off, q_stride, seq_len - m0, tid);
+        load_tile_async<Br, D, kBwdThreads>(sdO + buf * Br * D, dout + q_off, q_stride, seq_len - m0, tid);
+        if (tid < Br) {  // L_i and Delta_i: rows past seq_len read as 0 (never used: those rows are masked)
+            const long long s_off = ((long long)b * heads + h) * seq_len + m0;
+            const bool ok = m0 + tid < seq_len;
+            cp_async_4(smem_u32(sL + buf * Br + tid), lse + s_off + (ok ? tid : 0), ok ? 4 : 0);
+            cp_async_4(smem_u32(sDelta + buf * Br + tid), delta + s_off + (ok ? tid : 0), ok ? 4 : 0);
+        }
+        cp_async_commit();
+    };
+    if (n_iter > 0) load_q_block(0, 0);
+
+    float acc_dk[1][L::NKV][4], acc_dv[1][L::NKV][4];  // Alg. line 7
+    zero(acc_dk);
+    zero(acc_dv);
+
+    for (int it = 0; it < n_iter; ++it) {
+        const int buf = it & 1;
+        cp_async_wait<0>();  // this Q block (and, the first time, K_j and V_j) has landed
+        __syncthreads();     // ... for every warp, and every warp is done with the previous block's buffers
+        if (it + 1 < n_iter) load_q_block(it + 1, buf ^ 1);
+        const int h = hk * group + it / n_i, m0 = (i_min + it % n_i) * Br;
+        const T* sQb = sQ + buf * Br * D;
+        const T* sdOb = sdO + buf * Br * D;
+        const float* sLb = sL + buf * Br;
+        const float* sDb = sDelta + buf * Br;
+
+        // Alg. lines 10, 13, key-major: S^T = K_j Q_i^T, dP^T = V_j dO_i^T (this warp: 16 keys x Br / WD queries)
+        float acc_s[1][L::NS][4], acc_dp[1][L::NS][4];
+        zero(acc_s);
+        zero(acc_dp);
+        constexpr int kCols = Br / L::WD;
+        warp_mma<1, L::NS, D / 16, false, false, D, D>(acc_s, sK, wk * 16, 0, sQb, wd * kCols, 0, lane);
+        warp_mma<1, L::NS, D / 16, false, false, D, D>(acc_dp, sV, wk * 16, 0, sdOb, wd * kCols, 0, lane);
+
+        // Alg. lines 11, 14: P^T = exp2(S^T scale log2e - L log2e), dS^T = P^T o (dP^T - Delta), to shared memory
+        const bool need_mask = (n0 + Bc > kv_len) || (m0 + Br > seq_len) || (Causal && n0 + Bc - 1 > m0 + offset);
+#pragma unroll
+        for (int nt = 0; nt < L::NS; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = wk * 16 + g + ((e >> 1) << 3), col = wd * kCols + nt * 8 + 2 * t4 + (e & 1);
+                float p = exp2_approx(fmaf(acc_s[0][nt][e], scale_log2, -sLb[col] * kLog2e));
+                if (need_mask) {
+                    const int kj = n0 + key, qi = m0 + col;
+                    if (kj >= kv_len || qi >= seq_len || (Causal && kj > qi + offset)) p = 0.f;
+                }
+                acc_s[0][nt][e] = p;
+                acc_dp[0][nt][e] = p * (acc_dp[0][nt][e] - sDb[col]);
+            }
+            const int r = wk * 16 + g, c = (wd * kCols + nt * 8) / 8;
+            *reinterpret_cast<unsigned*>(sP + swz<Br>(r, c) + 2 * t4) = pack2<T>(acc_s[0][nt][0], acc_s[0][nt][1]);
+            *reinterpret_cast<unsigned*>(sP + swz<Br>(r + 8, c) + 2 * t4) = pack2<T>(acc_s[0][nt][2], acc_s[0][nt][3]);
+            *reinterpret_cast<unsigned*>(sdS + swz<Br>(r, c) + 2 * t4) = pack2<T>(acc_dp[0][nt][0], acc_dp[0][nt][1]);
+            *reinterpret_cast<unsigned*>(sdS + swz<Br>(r + 8, c) + 2 * t4) = pack2<T>(acc_dp[0][nt][2], acc_dp[0][nt][3]);
+        }
+        __syncthreads();  // P^T and dS^T complete
+
+        // Alg. lines 12, 16: dV_j += P^T dO_i, dK_j += dS^T Q_i (this warp: 16 keys x D / WD)
+        constexpr int kDCols = D / L::WD;
+        warp_mma<1, L::NKV, Br / 16, false, true, Br, D>(acc_dv, sP, wk * 16, 0, sdOb, wd * kDCols, 0, lane);
+        warp_mma<1, L::NKV, Br / 16, false, true, Br, D>(acc_dk, sdS, wk * 16, 0, sQb, wd * kDCols, 0, lane);
+
+        // Alg. line 15: dQacc_i += scale dS K_j, dS read back transposed (this warp: 16 rows x D / QD)
+        if (dq_accum != nullptr) {
+            float acc_dq[1][L::NQ][4];
+            zero(acc_dq);
+            constexpr int kQCols = D / L::QD;
+            warp_mma<1, L::NQ, Bc / 16, true, true, Br, D>(acc_dq, sdS, qw * 16, 0, sK, qd * kQCols, 0, lane);
+            float* dqg = dq_accum + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const int row = qw * 16 + g + 8 * hr;
+                if (m0 + row < seq_len) {
+#pragma unroll
+                    for (int nt = 0; nt < L::NQ; ++nt)
+                        red_add_f32x2(dqg + row * q_stride + qd * kQCols + nt * 8 + 2 * t4,
+                                      acc_dq[0][nt][2 * hr] * scale, acc_dq[0][nt][2 * hr + 1] * scale);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();  // no copy may still be in flight into shared memory when the block exits
+
+    // Alg. line 18: dK_j = scale dS^T Q (scale applied here), dV_j, written once in the problem dtype
+    T* dkg = dk + kv_off;
+    T* dvg = dv + kv_off;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int row = wk * 16 + g + 8 * hr;
+        if (n0 + row < kv_len) {
+#pragma unroll
+            for (int nt = 0; nt < L::NKV; ++nt) {
+                const long long off = row * kv_stride + wd * (D / L::WD) + nt * 8 + 2 * t4;
+                *reinterpret_cast<unsigned*>(dkg + off) =
+                    pack2<T>(acc_dk[0][nt][2 * hr] * scale, acc_dk[0][nt][2 * hr + 1] * scale);
+                *reinterpret_cast<unsigned*>(dvg + off) = pack2<T>(acc_dv[0][nt][2 * hr], acc_dv[0][nt][2 * hr + 1]);
+            }
+        }
+    }
+}
+
+// Deterministic dQ (no atomics): one thread block per Q block i of one (batch, query head), 4 warps of 16 rows,
+// the forward's loop over K/V blocks (double-buffered): S = Q_i K_j^T, P, dP = dO_i V_j^T, dS = P o (dP - Delta),
+// dQ_i += dS K_j with dS taken from the accumulators as the A operand; dQ_i = scale dQ_i written once.
+template <int D, int Br, int Bc, typename T, bool Causal>
+__global__ void __launch_bounds__(128)
+    flash_bwd_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                        const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                        T* __restrict__ dq, int seq_len, int kv_len, int heads, int kv_heads, float scale,
+                        float scale_log2) {
+    constexpr int kThreads = 128, NT = Bc / 8, ND = D / 8;
+    static_assert(Br == 64 && Bc % 16 == 0, "4 warps of 16 query rows");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw);  // Br x D
+    T* sdO = sQ + Br * D;                    // Br x D
+    T* sK = sdO + Br * D;                    // 2 x Bc x D
+    T* sV = sK + 2 * Bc * D;                 // 2 x Bc x D
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int m_block = Causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;  // heaviest causal blocks first
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / (heads / kv_heads);
+    const int m0 = m_block * Br, offset = kv_len - seq_len;
+    const long long q_stride = (long long)heads * D, kv_stride = (long long)kv_heads * D;
+    const long long q_off = ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
+    const T* kg = k + (long long)b * kv_len * kv_stride + (long long)hk * D;
+    const T* vg = v + (long long)b * kv_len * kv_stride + (long long)hk * D;
+    int n_blocks = (kv_len + Bc - 1) / Bc;
+    if (Causal) {
+        const int last_key = min(m0 + Br, seq_len) - 1 + offset;
+        n_blocks = min(n_blocks, last_key < 0 ? 0 : last_key / Bc + 1);
+    }
+
+    load_tile_async<Br, D, kThreads>(sQ, q + q_off, q_stride, seq_len - m0, tid);
+    load_tile_async<Br, D, kThreads>(sdO, dout + q_off, q_stride, seq_len - m0, tid);
+    if (n_blocks > 0) {
+        load_tile_async<Bc, D, kThreads>(sK, kg, kv_stride, kv_len, tid);
+        load_tile_async<Bc, D, kThreads>(sV, vg, kv_stride, kv_len, tid);
+    }
+    cp_async_commit();
+    float l2[2], dl[2];  // this thread's two rows: L log2e and Delta
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int row = m0 + warp * 16 + g + 8 * hr;
+        const long long s = ((long long)b * heads + h) * seq_len + row;
+        l2[hr] = row < seq_len ? lse[s] * kLog2e : 0.f;
+        dl[hr] = row < seq_len ? delta[s] : 0.f;
+    }
+
+    float acc_dq[1][ND][4];
+    zero(acc_dq);
+    for (int j = 0; j < n_blocks; ++j) {
+        const int buf = j & 1;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (j + 1 < n_blocks) {
+            const long long off = (long long)(j + 1) * Bc * kv_stride;
+            load_tile_async<Bc, D, kThreads>(sK + (buf ^ 1) * Bc * D, kg + off, kv_stride, kv_len - (j + 1) * Bc, tid);
+            load_tile_async<Bc, D, kThreads>(sV + (buf ^ 1) * Bc * D, vg + off, kv_stride, kv_len - (j + 1) * Bc, tid);
+        }
+        cp_async_commit();
+        const T* sKb = sK + buf * Bc * D;
+        const T* sVb = sV + buf * Bc * D;
+        float acc_s[1][NT][4], acc_dp[1][NT][4];
+        zero(acc_s);
+        zero(acc_dp);
+        warp_mma<1, NT, D / 16, false, false, D, D>(acc_s, sQ, warp * 16, 0, sKb, 0, 0, lane);
+        warp_mma<1, NT, D / 16, false, false, D, D>(acc_dp, sdO, warp * 16, 0, sVb, 0, 0, lane);
+        const int n0 = j * Bc;
+        const bool need_mask = (n0 + Bc > kv_len) || (Causal && n0 + Bc - 1 > m0 + offset);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int hr = e >> 1, row = m0 + warp * 16 + g + 8 * hr, col = n0 + nt * 8 + 2 * t4 + (e & 1);
+                float p = exp2_approx(fmaf(acc_s[0][nt][e], scale_log2, -l2[hr]));
+                if (row >= seq_len || (need_mask && (col >= kv_len || (Causal && col > row + offset)))) p = 0.f;
+                acc_dp[0][nt][e] = p * (acc_dp[0][nt][e] - dl[hr]);  // dS
+            }
+        // dQ_i += dS K_j: dS rounded to the input dtype as the A operand, K_j via ldmatrix.trans
+        const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_chunk = lane >> 4;
+#pragma unroll
+        for (int kk = 0; kk < Bc / 16; ++kk) {
+            unsigned a[4] = {pack2<T>(acc_dp[0][2 * kk][0], acc_dp[0][2 * kk][1]),
+                             pack2<T>(acc_dp[0][2 * kk][2], acc_dp[0][2 * kk][3]),
+                             pack2<T>(acc_dp[0][2 * kk + 1][0], acc_dp[0][2 * kk + 1][1]),
+                             pack2<T>(acc_dp[0][2 * kk + 1][2], acc_dp[0][2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                unsigned b0, b1, b2, b3;
+                ldmatrix_x4_trans(b0, b1, b2, b3, smem_u32(sKb + swz<D>(kk * 16 + v_row, dp * 2 + v_chunk)));
+                mma_16816<T>(acc_dq[0][2 * dp], a, b0, b1);
+                mma_16816<T>(acc_dq[0][2 * dp + 1], a, b2, b3);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    T* dqg = dq + q_off;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int row = warp * 16 + g + 8 * hr;
+        if (m0 + row < seq_len) {
+#pragma unroll
+            for (int nd = 0; nd < ND; ++nd)
+                *reinterpret_cast<unsigned*>(dqg + row * q_stride + nd * 8 + 2 * t4) =
+                    pack2<T>(acc_dq[0][nd][2 * hr] * scale, acc_dq[0][nd][2 * hr + 1] * scale);
+        }
+    }
+}
+
+}  // namespace iosim
