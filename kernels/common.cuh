@@ -31,6 +31,18 @@ template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, f
     return *reinterpret_cast<unsigned*>(&h);
 }
 
+template <typename T> __device__ __forceinline__ void unpack2(unsigned v, float& lo, float& hi);  // pack2's inverse
+template <> __device__ __forceinline__ void unpack2<__half>(unsigned v, float& lo, float& hi) {
+    const float2 f = __half22float2(*reinterpret_cast<__half2*>(&v));
+    lo = f.x;
+    hi = f.y;
+}
+template <> __device__ __forceinline__ void unpack2<__nv_bfloat16>(unsigned v, float& lo, float& hi) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+    lo = f.x;
+    hi = f.y;
+}
+
 template <typename T> __device__ __forceinline__ float to_float(T x);
 template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
 template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -9,7 +9,8 @@
 //   flash_bwd_kernel             Alg. lines 5-18: one thread block per K/V block j of one (batch, kv head):
 //       load K_j, V_j once (line 6); for each query head of the group and each Q block i that sees a key of j:
 //         load Q_i, dO_i, L_i, Delta_i (line 9; cp.async, the next block's in flight while this one is used)
-//         S^T = K_j Q_i^T,  P^T = exp(scale S^T - L_i)                  (lines 10-11, recomputed, masked)
+//         S^T = K_j Q_i^T,  P^T = exp(scale S^T - L_i)                  (lines 10-11, recomputed, masked, in the
+//                                                                       input dtype from here on, as dV's operand)
 //         dP^T = V_j dO_i^T, dS^T = P^T o (dP^T - Delta_i)              (lines 13-14)
 //         dV_j += P^T dO_i,  dK_j += dS^T Q_i                           (lines 12, 16; fp32 registers)
 //         dQacc_i += scale dS_ij K_j                                    (line 15: fp32 reductions in L2, red.add)
@@ -31,6 +32,11 @@
 // Versions (device, bf16; full tables in docs/benchmarks.md):
 //   v1  first version: 8 warps, Br = 64, Bc = 128 (d = 64, 128) or 64 (d = 256), Q/dO double-buffered, two
 //       barriers per Q block, dQ by red.global.add.v2.f32 from the mma fragments, dK/dV stored from fragments.
+//       Measured (H100, N = 8192, B*N = 16384, 2048 / d heads): 0.73-0.77x torch SDPA's FA2 backward at d = 64,
+//       0.60-0.63x at d = 128: warp tiles of 16 rows load 1.3-1.8 B fragments per mma (ldmatrix-bound), and
+//       Bc = 64 at d = 128 (v1 spilled at 128) reloads Q_i, dO_i and adds dQ twice as often as FA2's Bc = 128.
+//   v2  warp tiles of 32 rows (two m16 tiles per B fragment: 2-2.7 mma per ldmatrix), P^T packed to the input dtype
+//       in registers right after the exp (32 registers freed), so d = 128 runs Bc = 128.
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -39,18 +45,19 @@ namespace iosim {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kBwdWarps = 8, kBwdThreads = 32 * kBwdWarps;
 
-// warp layout of flash_bwd_kernel (mirrored in iosim/launch.py for the shared-memory budget)
+// warp layout of flash_bwd_kernel: each GEMM's output tile split over the 8 warps in warp tiles of 32 rows (two m16
+// tiles share every B fragment; 16 rows cost 25% more ldmatrix traffic per mma at d = 128, the limit of v1)
 template <int D, int Br, int Bc>
 struct BwdLayout {
-    static constexpr int WK = Bc / 16;           // warps along keys: one 16-row stripe of K_j each
-    static constexpr int WD = kBwdWarps / WK;    // warps sharing a stripe
-    static constexpr int NS = Br / WD / 8;       // n8 tiles of S^T, dP^T per warp (query columns)
-    static constexpr int NKV = D / WD / 8;       // n8 tiles of dK_j, dV_j per warp (head dim)
-    static constexpr int QW = Br / 16;           // dQ: warps along query rows ...
-    static constexpr int QD = kBwdWarps / QW;    // ... and along the head dim
-    static constexpr int NQ = D / QD / 8;        // n8 tiles of dQ per warp
-    static_assert(WK * WD == kBwdWarps && QW * QD == kBwdWarps, "tile shape: Bc in {32, 64, 128}, Br = 64 or 128");
-    static_assert(NS % 2 == 0 && NKV % 2 == 0 && NQ % 2 == 0 && D % 32 == 0, "tile shape");
+    static constexpr int WMs = Bc / 32, WNs = kBwdWarps / WMs;    // S^T, dP^T (Bc x Br): warps along keys, queries
+    static constexpr int MS = 2, NS = Br / WNs / 8;               // m16 and n8 tiles per warp
+    static constexpr int WMkv = Bc / 32, WNkv = kBwdWarps / WMkv;  // dK_j, dV_j (Bc x D)
+    static constexpr int MKV = 2, NKV = D / WNkv / 8;
+    static constexpr int WMq = (D >= 64) ? Br / 32 : Br / 16, WNq = kBwdWarps / WMq;  // dQ_i (Br x D)
+    static constexpr int MQ = Br / WMq / 16, NQ = D / WNq / 8;
+    static_assert(Br == 64 && (Bc == 64 || Bc == 128) && D % 32 == 0, "tile shape: Br = 64, Bc = 64 or 128");
+    static_assert(WMs * WNs == kBwdWarps && WMkv * WNkv == kBwdWarps && WMq * WNq == kBwdWarps, "warp grid");
+    static_assert(NS % 2 == 0 && NKV % 2 == 0 && NQ % 2 == 0, "B fragments come two n8 tiles at a time");
 };
 
 // Alg. line 4: Delta[b, h, i] = sum_d dO[b, i, h, :] * O[b, i, h, :] in fp32; dQacc = 0 (when given).
@@ -123,8 +130,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    const int wk = warp % L::WK, wd = warp / L::WK;  // S^T, dK, dV: key stripe, column share
-    const int qw = warp % L::QW, qd = warp / L::QW;  // dQ: row stripe, head-dim share
+    const int sm = warp % L::WMs, sn = warp / L::WMs;     // S^T, dP^T: this warp's 32 keys, Br / WNs queries
+    const int kvm = warp % L::WMkv, kvn = warp / L::WMkv;  // dK_j, dV_j: 32 keys, D / WNkv columns
+    const int qm = warp % L::WMq, qn = warp / L::WMq;      // dQ_i: 16 MQ rows, D / WNq columns
     const int n0 = blockIdx.x * Bc, hk = blockIdx.y, b = blockIdx.z;
     const int group = heads / kv_heads;
     const int offset = kv_len - seq_len;
@@ -155,7 +163,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     };
     if (n_iter > 0) load_q_block(0, 0);
 
-    float acc_dk[1][L::NKV][4], acc_dv[1][L::NKV][4];  // Alg. line 7
+    float acc_dk[L::MKV][L::NKV][4], acc_dv[L::MKV][L::NKV][4];  // Alg. line 7
     zero(acc_dk);
     zero(acc_dv);
 
@@ -170,59 +178,89 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const float* sLb = sL + buf * Br;
         const float* sDb = sDelta + buf * Br;
 
-        // Alg. lines 10, 13, key-major: S^T = K_j Q_i^T, dP^T = V_j dO_i^T (this warp: 16 keys x Br / WD queries)
-        float acc_s[1][L::NS][4], acc_dp[1][L::NS][4];
-        zero(acc_s);
-        zero(acc_dp);
-        constexpr int kCols = Br / L::WD;
-        warp_mma<1, L::NS, D / 16, false, false, D, D>(acc_s, sK, wk * 16, 0, sQb, wd * kCols, 0, lane);
-        warp_mma<1, L::NS, D / 16, false, false, D, D>(acc_dp, sV, wk * 16, 0, sdOb, wd * kCols, 0, lane);
-
-        // Alg. lines 11, 14: P^T = exp2(S^T scale log2e - L log2e), dS^T = P^T o (dP^T - Delta), to shared memory
+        // Alg. lines 10-11, key-major: S^T = K_j Q_i^T (this warp: 32 keys x Br / WNs queries), then
+        // P^T = exp2(S^T scale log2e - L log2e), rounded to the input dtype at once: kept packed in registers (half
+        // the registers of fp32, so d = 128 at Bc = 128 fits) and stored to shared memory as dV's A operand
+        constexpr int kCols = Br / L::WNs;
         const bool need_mask = (n0 + Bc > kv_len) || (m0 + Br > seq_len) || (Causal && n0 + Bc - 1 > m0 + offset);
+        unsigned p_pk[L::MS][L::NS][2];
+        {
+            float acc_s[L::MS][L::NS][4];
+            zero(acc_s);
+            warp_mma<L::MS, L::NS, D / 16, false, false, D, D>(acc_s, sK, sm * 32, 0, sQb, sn * kCols, 0, lane);
 #pragma unroll
-        for (int nt = 0; nt < L::NS; ++nt) {
+            for (int nt = 0; nt < L::NS; ++nt) {
+                const int col = sn * kCols + nt * 8 + 2 * t4;  // this thread's two query columns: col, col + 1
+                const float l2[2] = {sLb[col] * kLog2e, sLb[col + 1] * kLog2e};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = wk * 16 + g + ((e >> 1) << 3), col = wd * kCols + nt * 8 + 2 * t4 + (e & 1);
-                float p = exp2_approx(fmaf(acc_s[0][nt][e], scale_log2, -sLb[col] * kLog2e));
-                if (need_mask) {
-                    const int kj = n0 + key, qi = m0 + col;
-                    if (kj >= kv_len || qi >= seq_len || (Causal && kj > qi + offset)) p = 0.f;
+                for (int mi = 0; mi < L::MS; ++mi) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float p = exp2_approx(fmaf(acc_s[mi][nt][e], scale_log2, -l2[e & 1]));
+                        if (need_mask) {
+                            const int kj = n0 + sm * 32 + mi * 16 + g + ((e >> 1) << 3), qi = m0 + col + (e & 1);
+                            if (kj >= kv_len || qi >= seq_len || (Causal && kj > qi + offset)) p = 0.f;
+                        }
+                        acc_s[mi][nt][e] = p;
+                    }
+                    p_pk[mi][nt][0] = pack2<T>(acc_s[mi][nt][0], acc_s[mi][nt][1]);
+                    p_pk[mi][nt][1] = pack2<T>(acc_s[mi][nt][2], acc_s[mi][nt][3]);
+                    const int r = sm * 32 + mi * 16 + g, c = (sn * kCols + nt * 8) / 8;
+                    *reinterpret_cast<unsigned*>(sP + swz<Br>(r, c) + 2 * t4) = p_pk[mi][nt][0];
+                    *reinterpret_cast<unsigned*>(sP + swz<Br>(r + 8, c) + 2 * t4) = p_pk[mi][nt][1];
                 }
-                acc_s[0][nt][e] = p;
-                acc_dp[0][nt][e] = p * (acc_dp[0][nt][e] - sDb[col]);
             }
-            const int r = wk * 16 + g, c = (wd * kCols + nt * 8) / 8;
-            *reinterpret_cast<unsigned*>(sP + swz<Br>(r, c) + 2 * t4) = pack2<T>(acc_s[0][nt][0], acc_s[0][nt][1]);
-            *reinterpret_cast<unsigned*>(sP + swz<Br>(r + 8, c) + 2 * t4) = pack2<T>(acc_s[0][nt][2], acc_s[0][nt][3]);
-            *reinterpret_cast<unsigned*>(sdS + swz<Br>(r, c) + 2 * t4) = pack2<T>(acc_dp[0][nt][0], acc_dp[0][nt][1]);
-            *reinterpret_cast<unsigned*>(sdS + swz<Br>(r + 8, c) + 2 * t4) = pack2<T>(acc_dp[0][nt][2], acc_dp[0][nt][3]);
+        }
+
+        // Alg. lines 13-14: dP^T = V_j dO_i^T, dS^T = P^T o (dP^T - Delta), to shared memory (dK's and dQ's A operand)
+        {
+            float acc_dp[L::MS][L::NS][4];
+            zero(acc_dp);
+            warp_mma<L::MS, L::NS, D / 16, false, false, D, D>(acc_dp, sV, sm * 32, 0, sdOb, sn * kCols, 0, lane);
+#pragma unroll
+            for (int nt = 0; nt < L::NS; ++nt) {
+                const int col = sn * kCols + nt * 8 + 2 * t4;
+                const float dl[2] = {sDb[col], sDb[col + 1]};
+#pragma unroll
+                for (int mi = 0; mi < L::MS; ++mi) {
+                    float p[4];
+                    unpack2<T>(p_pk[mi][nt][0], p[0], p[1]);
+                    unpack2<T>(p_pk[mi][nt][1], p[2], p[3]);
+                    const int r = sm * 32 + mi * 16 + g, c = (sn * kCols + nt * 8) / 8;
+                    *reinterpret_cast<unsigned*>(sdS + swz<Br>(r, c) + 2 * t4) =
+                        pack2<T>(p[0] * (acc_dp[mi][nt][0] - dl[0]), p[1] * (acc_dp[mi][nt][1] - dl[1]));
+                    *reinterpret_cast<unsigned*>(sdS + swz<Br>(r + 8, c) + 2 * t4) =
+                        pack2<T>(p[2] * (acc_dp[mi][nt][2] - dl[0]), p[3] * (acc_dp[mi][nt][3] - dl[1]));
+                }
+            }
         }
         __syncthreads();  // P^T and dS^T complete
 
-        // Alg. lines 12, 16: dV_j += P^T dO_i, dK_j += dS^T Q_i (this warp: 16 keys x D / WD)
-        constexpr int kDCols = D / L::WD;
-        warp_mma<1, L::NKV, Br / 16, false, true, Br, D>(acc_dv, sP, wk * 16, 0, sdOb, wd * kDCols, 0, lane);
-        warp_mma<1, L::NKV, Br / 16, false, true, Br, D>(acc_dk, sdS, wk * 16, 0, sQb, wd * kDCols, 0, lane);
+        // Alg. lines 12, 16: dV_j += P^T dO_i, dK_j += dS^T Q_i (this warp: 32 keys x D / WNkv)
+        constexpr int kDCols = D / L::WNkv;
+        warp_mma<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dv, sP, kvm * 32, 0, sdOb, kvn * kDCols, 0, lane);
+        warp_mma<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dk, sdS, kvm * 32, 0, sQb, kvn * kDCols, 0, lane);
 
-        // Alg. line 15: dQacc_i += scale dS K_j, dS read back transposed (this warp: 16 rows x D / QD)
+        // Alg. line 15: dQacc_i += scale dS K_j, dS read back transposed (this warp: 16 MQ rows x D / WNq)
         if (dq_accum != nullptr) {
-            float acc_dq[1][L::NQ][4];
+            float acc_dq[L::MQ][L::NQ][4];
             zero(acc_dq);
-            constexpr int kQCols = D / L::QD;
-            warp_mma<1, L::NQ, Bc / 16, true, true, Br, D>(acc_dq, sdS, qw * 16, 0, sK, qd * kQCols, 0, lane);
+            constexpr int kQCols = D / L::WNq;
+            warp_mma<L::MQ, L::NQ, Bc / 16, true, true, Br, D>(acc_dq, sdS, qm * 16 * L::MQ, 0, sK, qn * kQCols, 0,
+                                                                 lane);
             float* dqg = dq_accum + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
 #pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                const int row = qw * 16 + g + 8 * hr;
-                if (m0 + row < seq_len) {
+            for (int mi = 0; mi < L::MQ; ++mi)
 #pragma unroll
-                    for (int nt = 0; nt < L::NQ; ++nt)
-                        red_add_f32x2(dqg + row * q_stride + qd * kQCols + nt * 8 + 2 * t4,
-                                      acc_dq[0][nt][2 * hr] * scale, acc_dq[0][nt][2 * hr + 1] * scale);
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int row = qm * 16 * L::MQ + mi * 16 + g + 8 * hr;
+                    if (m0 + row < seq_len) {
+#pragma unroll
+                        for (int nt = 0; nt < L::NQ; ++nt)
+                            red_add_f32x2(dqg + row * q_stride + qn * kQCols + nt * 8 + 2 * t4,
+                                          acc_dq[mi][nt][2 * hr] * scale, acc_dq[mi][nt][2 * hr + 1] * scale);
+                    }
                 }
-            }
         }
     }
     cp_async_wait<0>();  // no copy may still be in flight into shared memory when the block exits
@@ -231,18 +269,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     T* dkg = dk + kv_off;
     T* dvg = dv + kv_off;
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        const int row = wk * 16 + g + 8 * hr;
-        if (n0 + row < kv_len) {
+    for (int mi = 0; mi < L::MKV; ++mi)
 #pragma unroll
-            for (int nt = 0; nt < L::NKV; ++nt) {
-                const long long off = row * kv_stride + wd * (D / L::WD) + nt * 8 + 2 * t4;
-                *reinterpret_cast<unsigned*>(dkg + off) =
-                    pack2<T>(acc_dk[0][nt][2 * hr] * scale, acc_dk[0][nt][2 * hr + 1] * scale);
-                *reinterpret_cast<unsigned*>(dvg + off) = pack2<T>(acc_dv[0][nt][2 * hr], acc_dv[0][nt][2 * hr + 1]);
+        for (int hr = 0; hr < 2; ++hr) {
+            const int row = kvm * 32 + mi * 16 + g + 8 * hr;
+            if (n0 + row < kv_len) {
+#pragma unroll
+                for (int nt = 0; nt < L::NKV; ++nt) {
+                    const long long off = row * kv_stride + kvn * (D / L::WNkv) + nt * 8 + 2 * t4;
+                    *reinterpret_cast<unsigned*>(dkg + off) =
+                        pack2<T>(acc_dk[mi][nt][2 * hr] * scale, acc_dk[mi][nt][2 * hr + 1] * scale);
+                    *reinterpret_cast<unsigned*>(dvg + off) =
+                        pack2<T>(acc_dv[mi][nt][2 * hr], acc_dv[mi][nt][2 * hr + 1]);
+                }
             }
         }
-    }
 }
 
 // Deterministic dQ (no atomics): one thread block per Q block i of one (batch, query head), 4 warps of 16 rows,
