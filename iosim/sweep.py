@@ -62,6 +62,9 @@ def sweep(schedule: str, *, seq_len, kv_len=None, head_dim=128, batch=1, heads=1
     mod = get_schedule(schedule)
     if dtype not in ELEMENT_BYTES:
         raise ScheduleError(f"dtype={dtype!r}: expected one of {', '.join(ELEMENT_BYTES)}")
+    if not isinstance(causal, (bool, np.bool_)):  # causal="no" is a true value: never read truthiness
+        raise ScheduleError(f"causal={causal!r}: expected True or False (a bool, one for the whole sweep)")
+    causal = bool(causal)
     kv_len = seq_len if kv_len is None else kv_len
     names = ("batch", "heads", "seq_len", "kv_len", "head_dim")
     arrays = np.broadcast_arrays(*(_exact(name, x) for name, x in zip(names, (batch, heads, seq_len, kv_len,
