@@ -58,6 +58,20 @@ def test_the_api_refuses_what_cannot_be_counted_and_accepts_the_largest_length()
     assert AttentionProblem.make(seq_len=MAX_LEN, head_dim=1, dtype="fp8").tensor_bytes == 4 * MAX_LEN
 
 
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(seq_len=0), r"^seq_len=0: Input should be greater than or equal to 1$"),
+    (dict(seq_len=64, dtype="fp64"), r"^dtype='fp64': Input should be 'fp32', 'fp16', 'bf16' or 'fp8'$"),
+    (dict(seq_len=64, heads=6, kv_heads=4), r"^heads=6 is not divisible by kv_heads=4"),
+    (dict(seq_len=64, colour="red"), r"^colour: unknown field$"),
+])
+def test_constructing_a_bad_problem_raises_problem_error_naming_the_field(kw, message):
+    """AttentionProblem(...) words its errors as AttentionProblem.make does: the exported ProblemError, a
+    ValueError, not pydantic's ValidationError."""
+    with pytest.raises(ProblemError, match=message) as info:
+        AttentionProblem(**kw)
+    assert type(info.value) is ProblemError and isinstance(info.value, ValueError)
+
 def test_the_l2_switch_takes_a_bool_only():
     p = AttentionProblem(seq_len=64)
     with pytest.raises(ScheduleError, match=r"l2='no': expected True or False"):
