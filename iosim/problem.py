@@ -46,7 +46,8 @@ class AttentionProblem(BaseModel):
     head_dim: int = Field(128, ge=1, description="d")
     dtype: DType = "fp16"
     causal: bool = False
-    scale: float | None = Field(None, gt=0, description="softmax scale; default 1/sqrt(head_dim)")
+    scale: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                 description="softmax scale, finite and > 0; default 1/sqrt(head_dim)")
 
     @model_validator(mode="after")
     def _fill_defaults(self):

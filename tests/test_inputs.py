@@ -72,6 +72,18 @@ def test_constructing_a_bad_problem_raises_problem_error_naming_the_field(kw, me
         AttentionProblem(**kw)
     assert type(info.value) is ProblemError and isinstance(info.value, ValueError)
 
+
+@pytest.mark.parametrize("scale", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_scale_is_refused(scale):
+    with pytest.raises(ProblemError, match=r"^scale=(-?inf|nan): .*finite"):
+        AttentionProblem(seq_len=64, scale=scale)
+
+
+def test_the_cli_refuses_scale_inf_instead_of_printing_invalid_json():
+    out = run("simulate", "flash2", "--seq-len", "128", "--scale", "inf", "--no-l2", "--json")
+    assert out.returncode == 2 and "Infinity" not in out.stdout
+    assert "scale=inf" in out.stderr and "finite" in out.stderr and "Traceback" not in out.stderr
+
 def test_the_l2_switch_takes_a_bool_only():
     p = AttentionProblem(seq_len=64)
     with pytest.raises(ScheduleError, match=r"l2='no': expected True or False"):
