@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DType = Literal["fp32", "fp16", "bf16", "fp8"]  # fp8 = e4m3 (FlashAttention-3's fp8 forward)
 ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -48,6 +49,13 @@ class AttentionProblem(BaseModel):
     causal: bool = False
     scale: float | None = Field(None, gt=0, allow_inf_nan=False,
                                  description="softmax scale, finite and > 0; default 1/sqrt(head_dim)")
+
+    @field_validator("batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", mode="before")
+    @classmethod
+    def _no_bools(cls, v):  # pydantic reads True as 1: seq_len=True would be a problem of length 1
+        if isinstance(v, (bool, np.bool_)):
+            raise ValueError("expected a whole number, not a bool")
+        return v
 
     @model_validator(mode="after")
     def _fill_defaults(self):

@@ -84,6 +84,18 @@ def test_the_cli_refuses_scale_inf_instead_of_printing_invalid_json():
     assert out.returncode == 2 and "Infinity" not in out.stdout
     assert "scale=inf" in out.stderr and "finite" in out.stderr and "Traceback" not in out.stderr
 
+
+@pytest.mark.parametrize("field", ["batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim"])
+@pytest.mark.parametrize("value", [True, False, np.bool_(True)])
+def test_a_bool_is_not_a_size(field, value):
+    kw = {"seq_len": 64, field: value}
+    with pytest.raises(ProblemError, match=rf"^{field}={value!r}: expected a whole number, not a bool"):
+        AttentionProblem(**kw)
+
+
+def test_sizes_still_take_numpy_integers():
+    assert AttentionProblem(seq_len=np.int64(64), heads=np.int32(2)).seq_len == 64
+
 def test_the_l2_switch_takes_a_bool_only():
     p = AttentionProblem(seq_len=64)
     with pytest.raises(ScheduleError, match=r"l2='no': expected True or False"):
