@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Literal
 
@@ -122,7 +123,17 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
     return replace(out, time=predict_time(out))
 
 
-def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | None = None, *,
+def as_problem(problem: AttentionProblem | Mapping) -> AttentionProblem:
+    """``problem`` as is, or a dict of its fields validated (ProblemError); TypeError for anything else."""
+    if isinstance(problem, AttentionProblem):
+        return problem
+    if isinstance(problem, Mapping):
+        return AttentionProblem(**problem)
+    raise TypeError(f"problem: expected an AttentionProblem (or a dict of its fields), got "
+                    f"{type(problem).__name__} {problem!r:.80}; e.g. AttentionProblem(seq_len=4096)")
+
+
+def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | Profile | None = None, *,
              block_q: int | None = None, block_kv: int | None = None, method: Method = "closed",
              pass_: Pass = "forward", l2: bool = False, l2_exact: bool = False, l2_progress=None,
              kernel: str | None = None, warm: bool = False, **options) -> Result:
@@ -139,7 +150,9 @@ def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | 
     change. ``l2_exact`` and ``l2_progress`` go to :func:`with_l2`. ``kernel``: whose launch and pipeline the time
     model assumes (a built-in name of :mod:`iosim.timing.kernels` or a YAML file; default: the schedule's own
     kernel, e.g. iosim-flash2); its tiles are used where ``block_q``/``block_kv`` are not given. ``warm``: time of
-    back-to-back calls on the same inputs (tensors that fit in L2 stay there)."""
+    back-to-back calls on the same inputs (tensors that fit in L2 stay there). ``problem`` may also be a dict of
+    AttentionProblem's fields (validated: ProblemError); anything else is a TypeError."""
+    problem = as_problem(problem)
     prof = get_profile(profile)
     desc = timing.kernel_for(schedule, kernel) if kernel is not None and pass_ == "forward" else None
     if desc is not None and desc.tiles and block_q is None and block_kv is None:

@@ -102,6 +102,21 @@ def test_the_l2_switch_takes_a_bool_only():
         simulate("flash2", p, l2="no")
 
 
+
+@pytest.mark.parametrize("problem,got", [("seq_len=64", r"str 'seq_len=64'"), (None, "NoneType None"),
+                                         (64, "int 64")])
+def test_simulate_names_the_problem_it_expects(problem, got):
+    with pytest.raises(TypeError, match=rf"^problem: expected an AttentionProblem \(or a dict of its fields\), "
+                                        rf"got {got}"):
+        simulate("flash2", problem)
+
+
+def test_simulate_takes_a_dict_of_problem_fields_and_validates_it():
+    r = simulate("flash2", {"seq_len": 256, "heads": 2})
+    assert r.problem == AttentionProblem(seq_len=256, heads=2)
+    with pytest.raises(ProblemError, match=r"^seq_len=0: "):
+        simulate("flash2", {"seq_len": 0})
+
 # -- questionable input: a warning with its reason and fix, printed once by the CLI ----------------------------
 
 QUESTIONABLE = [
