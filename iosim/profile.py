@@ -6,13 +6,11 @@ name the file and the field.
 
 from __future__ import annotations
 
-import json
 import re
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from .calibration import Calibration
@@ -27,6 +25,7 @@ from .sourced import (
     SourcedRatio,
     _Strict,
 )
+from .yaml_io import read_data
 
 SCHEMA_VERSION = 1
 DEFAULT_PROFILE = "h100-sxm5-80gb"
@@ -247,11 +246,7 @@ def read_profile_data(path: str | Path, kind: str = "profile"):
     path = Path(path)
     if not path.is_file():
         raise ProfileError(f"{path}: no such {kind} file")
-    text = path.read_text()
-    try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    return read_data(path, ProfileError)
 
 
 def load_profile_file(path: str | Path) -> Profile:
