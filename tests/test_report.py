@@ -230,6 +230,18 @@ def test_output_in_a_folder_that_cannot_be_made_is_refused_before_any_simulation
     assert "Traceback" not in err and "Errno" not in err
 
 
+def test_a_report_in_a_folder_that_does_not_exist_is_refused_not_made(tmp_path, capsys, monkeypatch):
+    """Issue 30 item 9: -o /missing/dir/report.html made the folders silently; now it names the missing one."""
+    def boom(*a, **k):
+        raise AssertionError("the output path must be checked before simulating")
+
+    monkeypatch.setattr(iosim.scenario.run, "run_case", boom)
+    out = tmp_path / "missing" / "dir" / "r.html"
+    code, _, err = run_cli(["report", "footprint", "-o", str(out), "-q"], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert f"the folder {tmp_path / 'missing' / 'dir'} does not exist" in err and "choose another path with -o" in err
+    assert not (tmp_path / "missing").exists()
+
 def test_measured_time_table_puts_each_cases_prediction_beside_the_record_of_its_kernel(tmp_path, capsys,
                                                                                       monkeypatch):
     monkeypatch.chdir(tmp_path)

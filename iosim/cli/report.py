@@ -48,20 +48,22 @@ def _load(args: tuple[str, ...]):
 
 def check_writable(path: Path, folder: bool) -> None:
     """Refuse, before any simulation, an output path that cannot be written: the message names the path,
-    why, and the fix (click exits with code 2). The folders on the way are made, as writing would make them;
-    a file that was not there is not left behind."""
+    why, and the fix (click exits with code 2). A results folder is made with the folders on the way; a file's
+    folder must exist (a typo in it would otherwise make a tree nobody meant). A file that was not there is not
+    left behind."""
     what = f"cannot write the {'folder' if folder else 'file'} {path}"
     fix = "choose another path with -o/--out"
     above = next(a for a in path.absolute().parents if a.exists())
     if not above.is_dir():
         raise click.ClickException(f"{what}: {above} is a file, not a folder; {fix}")
+    if not folder and not path.parent.absolute().is_dir():
+        raise click.ClickException(f"{what}: the folder {path.parent} does not exist; make it first, or {fix}")
     try:
         if folder:
             path.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=path).close()
         else:
             existed = path.exists()
-            path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8"):
                 pass
             if not existed:
@@ -183,7 +185,6 @@ def report_cmd(scenarios, out_file, title, quiet, check, measure_cpu):
         page = render_report(runs, title=title, elapsed_s=time.perf_counter() - t0, cpu=cpu)
     except ScenarioError as exc:
         raise click.ClickException(str(exc)) from None
-    out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_text(page, encoding="utf-8")
     if not quiet:
         n = page.count('class="plotly-graph-div"')
