@@ -78,6 +78,8 @@ def test_sweep_columns_are_int64_wherever_they_fit():
     (dict(seq_len=[128, 0]), r"seq_len=0 in the sweep: every size must be >= 1"),
     (dict(seq_len=[128.5]), r"seq_len: expected whole numbers"),
     (dict(seq_len=[128], dtype="fp64"), r"dtype='fp64': expected one of fp32, fp16, bf16, fp8"),
+    (dict(seq_len=[]), r"seq_len=\[\] in the sweep: empty; expected at least one size"),
+    (dict(seq_len=[128], head_dim=np.array([], dtype=int)), r"head_dim=\[\] in the sweep: empty"),
     (dict(seq_len=[128], causal="no"), r"causal='no': expected True or False \(a bool"),
     (dict(seq_len=[128], causal="False"), r"causal='False': expected True or False"),
     (dict(seq_len=[128], causal=1), r"causal=1: expected True or False"),
