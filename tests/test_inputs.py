@@ -117,6 +117,24 @@ def test_simulate_takes_a_dict_of_problem_fields_and_validates_it():
     with pytest.raises(ProblemError, match=r"^seq_len=0: "):
         simulate("flash2", {"seq_len": 0})
 
+
+@pytest.mark.parametrize("call,error,message", [
+    (dict(schedule="flash2", splits=4), ScheduleError,
+     r"^flash2 takes no splits \(given splits=4\): only flash-decoding takes splits; only block-sparse density, "
+     r"mask and seed"),
+    (dict(schedule="naive", block_q=16), ScheduleError, r"^naive: give both block_q and block_kv"),
+    (dict(schedule="block-sparse", mask=np.ones((1, 1)), density=0.5), ScheduleError,
+     r"^block-sparse: give mask, or density \(with seed\), not both"),
+    (dict(schedule="flash2", tiles=(64, 64)), TypeError,
+     r"^simulate\(\) got an unexpected keyword argument 'tiles'.*block_q=, block_kv="),
+    (dict(schedule="flash2", foo=1), TypeError, r"^simulate\(\) got an unexpected keyword argument 'foo'"),
+])
+def test_python_callers_read_python_parameter_names(call, error, message):
+    """Issue 30 item 12: "takes no --tiles" spoke the command line's flags to a Python caller."""
+    with pytest.raises(error, match=message) as info:
+        simulate(problem=AttentionProblem(seq_len=64), **call)
+    assert " --" not in str(info.value).split("(on the command line")[0]
+
 # -- questionable input: a warning with its reason and fix, printed once by the CLI ----------------------------
 
 QUESTIONABLE = [
