@@ -74,6 +74,14 @@ class SharedMemory(_Strict):
     per_block: SourcedBytes = Field(description="the most one thread block may use (opt-in maximum)")
     bandwidth: SourcedBandwidth | None = Field(default=None, description="aggregate over the chip")
 
+    @model_validator(mode="after")
+    def _block_within_sm(self):
+        block, sm = self.per_block.value, self.per_sm.value
+        if block is not None and sm is not None and block > sm:
+            raise ValueError(f"per_block = {block:,} B is more than per_sm = {sm:,} B: one thread block cannot "
+                             "use more shared memory than its SM has")
+        return self
+
 
 class Registers(_Strict):
     level: Literal["registers"]

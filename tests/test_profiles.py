@@ -288,6 +288,16 @@ def test_a_number_without_a_source_is_rejected():
         profile_from_dict(data)
 
 
+def test_shared_memory_per_block_above_per_sm_is_rejected_naming_both():
+    """Issue 30 item 13: one thread block cannot use more shared memory than its SM has."""
+    data = _h100_dict()
+    data["memory"][2]["per_block"]["value"] = "300KiB"
+    with pytest.raises(ProfileError, match=r"memory\.2\.smem: per_block = 307,200 B is more than per_sm = "
+                                           r"233,472 B"):
+        profile_from_dict(data)
+    data["memory"][2]["per_block"]["value"] = "228KiB"  # equal is fine
+    assert profile_from_dict(data).smem.per_block.value == 233_472
+
 def test_a_malformed_quantity_is_rejected_with_the_field_and_the_text():
     data = _h100_dict()
     data["memory"][0]["capacity"]["value"] = "80 GBB"
