@@ -160,6 +160,9 @@ def get_cpu_profile(name_or_path: str | Path | CpuProfile) -> CpuProfile:
     if isinstance(name_or_path, CpuProfile):
         return name_or_path
     s = str(name_or_path)
+    if not s.strip():  # Path("") is ".", which exists: say what is wrong
+        raise ProfileError(f"profile={s!r}: the name is empty; expected a built-in CPU profile name "
+                           f"({', '.join(builtin_cpu_profile_names())}) or the path of a .yaml/.json profile file")
     if s in builtin_cpu_profile_names():
         return _builtin(s)
     p = Path(s)

@@ -278,6 +278,9 @@ def get_profile(name_or_path: str | Path | Profile | None = None) -> Profile:
     if name_or_path is None:
         name_or_path = DEFAULT_PROFILE
     s = str(name_or_path)
+    if not s.strip():  # Path("") is ".", which exists: say what is wrong
+        raise ProfileError(f"profile={s!r}: the name is empty; expected a built-in name "
+                           f"({', '.join(builtin_profile_names())}) or the path of a .yaml/.json profile file")
     if s in builtin_profile_names():
         return _builtin(s)
     p = Path(s)
