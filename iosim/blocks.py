@@ -90,14 +90,11 @@ def visit_sums(N, Nk, Br, Bc, causal: bool) -> VisitSums:
     br = np.where(valid, np.minimum((i + 1) * Br, N) - i * Br, 0)
     n = np.where(valid, n_kv_blocks_visible(i, Br, Bc, N, Nk, causal), 0)
     cols = np.minimum(n * Bc, Nk)
-    return VisitSums(
-        pairs=n.sum(axis=0),
-        row_visits=(br * n).sum(axis=0),
-        col_visits=cols.sum(axis=0),
-        area=(br * cols).sum(axis=0),
-        kv_blocks=n.max(axis=0),
-        q_rows=np.where(n > 0, br, 0).sum(axis=0),
-    )
+    sums = (n.sum(axis=0), (br * n).sum(axis=0), cols.sum(axis=0), (br * cols).sum(axis=0), n.max(axis=0),
+            np.where(n > 0, br, 0).sum(axis=0))
+    # Each sum fits int64 (at most N·N_kv <= 2^62), but a closed form's products of them (4·area·d) need not:
+    # hand them on as Python ints (dtype object), as the sweep's sizes are, so no product wraps.
+    return VisitSums(*(s.astype(object) for s in sums))
 
 
 def _visit_sums_scalar(N: int, Nk: int, Br: int, Bc: int, causal: bool) -> VisitSums:

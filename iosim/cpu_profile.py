@@ -12,16 +12,15 @@ written as people write them (``1MiB``, ``460.8 GB/s``, ``3.7 GHz``). Unknown ke
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .profile import ProfileError, format_validation, read_profile_data
 from .sourced import SourcedBandwidth, SourcedBytes, SourcedCount, SourcedFlops, SourcedHz, SourcedOps
+from .yaml_io import DataFileError, read_data
 
 CPU_PROFILES_DIR = Path(__file__).resolve().parent / "profiles" / "cpu"
 _LEVELS = ["l1d", "l2", "l3"]
@@ -141,9 +140,8 @@ def load_cpu_profile_file(path: str | Path) -> CpuProfile:
 def is_cpu_profile_file(path: str | Path) -> bool:
     """True when ``path`` is a YAML/JSON mapping with ``kind: cpu`` (how ``--profile`` tells CPU from GPU)."""
     try:
-        text = Path(path).read_text()
-        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
-    except (OSError, yaml.YAMLError, json.JSONDecodeError):
+        data = read_data(path)
+    except (OSError, DataFileError):  # not a CPU profile here; reading it as a GPU profile words the error
         return False
     return isinstance(data, dict) and data.get("kind") == "cpu"
 
@@ -162,6 +160,9 @@ def get_cpu_profile(name_or_path: str | Path | CpuProfile) -> CpuProfile:
     if isinstance(name_or_path, CpuProfile):
         return name_or_path
     s = str(name_or_path)
+    if not s.strip():  # Path("") is ".", which exists: say what is wrong
+        raise ProfileError(f"profile={s!r}: the name is empty; expected a built-in CPU profile name "
+                           f"({', '.join(builtin_cpu_profile_names())}) or the path of a .yaml/.json profile file")
     if s in builtin_cpu_profile_names():
         return _builtin(s)
     p = Path(s)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DType = Literal["fp32", "fp16", "bf16", "fp8"]  # fp8 = e4m3 (FlashAttention-3's fp8 forward)
 ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -46,7 +47,15 @@ class AttentionProblem(BaseModel):
     head_dim: int = Field(128, ge=1, description="d")
     dtype: DType = "fp16"
     causal: bool = False
-    scale: float | None = Field(None, gt=0, description="softmax scale; default 1/sqrt(head_dim)")
+    scale: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                 description="softmax scale, finite and > 0; default 1/sqrt(head_dim)")
+
+    @field_validator("batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", mode="before")
+    @classmethod
+    def _no_bools(cls, v):  # pydantic reads True as 1: seq_len=True would be a problem of length 1
+        if isinstance(v, (bool, np.bool_)):
+            raise ValueError("expected a whole number, not a bool")
+        return v
 
     @model_validator(mode="after")
     def _fill_defaults(self):
@@ -69,26 +78,18 @@ class AttentionProblem(BaseModel):
             )
         return self
 
+    def __init__(self, **kwargs):
+        """Validate the fields; a bad one raises :class:`ProblemError` (a ValueError) naming the field, the value
+        given and what is expected, one clause per bad field (not pydantic's ValidationError)."""
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as err:
+            raise ProblemError(_worded(err)) from None
+
     @classmethod
     def make(cls, **kwargs) -> AttentionProblem:
-        """Build a problem, turning pydantic's errors into one ProblemError line per bad field."""
-        try:
-            return cls(**kwargs)
-        except ValidationError as err:
-            parts = []
-            for e in err.errors():
-                field = ".".join(str(p) for p in e["loc"]) or "problem"
-                value = e.get("input")
-                if e["type"] == "extra_forbidden":
-                    parts.append(f"{field}: unknown field")
-                elif not e["loc"]:  # a check across fields
-                    parts.append(e["msg"].removeprefix("Value error, "))
-                elif e["type"] == "less_than_equal" and field in ("seq_len", "kv_len"):
-                    parts.append(f"{field}={value!r}: at most {MAX_LEN:,} (2^31): iosim counts visited score "
-                                 "elements exactly in 64-bit integers up to N·N_kv = 2^62")
-                else:
-                    parts.append(f"{field}={value!r}: {e['msg']}")
-            raise ProblemError("; ".join(parts)) from None
+        """Build a problem (the same as ``AttentionProblem(**kwargs)``: errors are ProblemError)."""
+        return cls(**kwargs)
 
     # -- derived sizes -------------------------------------------------------------------------------
     @property
@@ -133,3 +134,21 @@ class AttentionProblem(BaseModel):
             f"batch={self.batch}, heads={self.heads}{kv}, seq_len={self.seq_len}{nk}, "
             f"head_dim={self.head_dim}, {self.dtype}{', causal' if self.causal else ''}"
         )
+
+
+def _worded(err: ValidationError) -> str:
+    """pydantic's errors as one clause per bad field: ``field=value: what is expected``."""
+    parts = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "problem"
+        value, msg = e.get("input"), e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            parts.append(f"{field}: unknown field")
+        elif not e["loc"]:  # a check across fields
+            parts.append(msg)
+        elif e["type"] == "less_than_equal" and field in ("seq_len", "kv_len"):
+            parts.append(f"{field}={value!r}: at most {MAX_LEN:,} (2^31): iosim counts visited score "
+                         "elements exactly in 64-bit integers up to N·N_kv = 2^62")
+        else:
+            parts.append(f"{field}={value!r}: {msg}")
+    return "; ".join(parts)

@@ -6,13 +6,11 @@ name the file and the field.
 
 from __future__ import annotations
 
-import json
 import re
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from .calibration import Calibration
@@ -27,6 +25,7 @@ from .sourced import (
     SourcedRatio,
     _Strict,
 )
+from .yaml_io import read_data
 
 SCHEMA_VERSION = 1
 DEFAULT_PROFILE = "h100-sxm5-80gb"
@@ -74,6 +73,14 @@ class SharedMemory(_Strict):
     per_sm: SourcedBytes
     per_block: SourcedBytes = Field(description="the most one thread block may use (opt-in maximum)")
     bandwidth: SourcedBandwidth | None = Field(default=None, description="aggregate over the chip")
+
+    @model_validator(mode="after")
+    def _block_within_sm(self):
+        block, sm = self.per_block.value, self.per_sm.value
+        if block is not None and sm is not None and block > sm:
+            raise ValueError(f"per_block = {block:,} B is more than per_sm = {sm:,} B: one thread block cannot "
+                             "use more shared memory than its SM has")
+        return self
 
 
 class Registers(_Strict):
@@ -247,11 +254,7 @@ def read_profile_data(path: str | Path, kind: str = "profile"):
     path = Path(path)
     if not path.is_file():
         raise ProfileError(f"{path}: no such {kind} file")
-    text = path.read_text()
-    try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    return read_data(path, ProfileError)
 
 
 def load_profile_file(path: str | Path) -> Profile:
@@ -275,6 +278,9 @@ def get_profile(name_or_path: str | Path | Profile | None = None) -> Profile:
     if name_or_path is None:
         name_or_path = DEFAULT_PROFILE
     s = str(name_or_path)
+    if not s.strip():  # Path("") is ".", which exists: say what is wrong
+        raise ProfileError(f"profile={s!r}: the name is empty; expected a built-in name "
+                           f"({', '.join(builtin_profile_names())}) or the path of a .yaml/.json profile file")
     if s in builtin_profile_names():
         return _builtin(s)
     p = Path(s)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Literal
 
@@ -25,6 +26,7 @@ from .schedules import PASSES, ScheduleError, Tiles, check_fit, get_schedule, re
 from .schedules.backward import group_sum
 from .units import fmt_bytes
 
+OPTIONS = ("splits", "density", "mask", "seed")  # simulate's **options: flash-decoding's; block-sparse's
 MAX_HEAD_DIM = 256  # FlashAttention-2/3 and iosim.gpu take head_dim <= 256, a multiple of 8 (16-byte rows)
 
 Method = Literal["closed", "walk"]
@@ -85,7 +87,7 @@ def questionable(schedule: str, problem: AttentionProblem, profile: Profile, pas
         tc = cdiv(problem.kv_len, tiles.block_kv)
         out.append(f"splits={splits}: kv_len={problem.kv_len} makes {tc} K/V blocks of {tiles.block_kv} keys and "
                    f"no split may be empty, so {effective} splits of at most {cdiv(tc, effective)} K/V blocks are used; "
-                   f"give at most {tc} splits, or smaller --block-kv")
+                   f"give at most {tc} splits, or a smaller block_kv")
     if d % 8 or d > MAX_HEAD_DIM:
         out.append(f"head_dim={d}: FlashAttention's kernels and iosim.gpu take a multiple of 8 up to "
                    f"{MAX_HEAD_DIM}; these counts are of the schedule as written, for a shape no real kernel runs")
@@ -122,7 +124,17 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
     return replace(out, time=predict_time(out))
 
 
-def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | None = None, *,
+def as_problem(problem: AttentionProblem | Mapping) -> AttentionProblem:
+    """``problem`` as is, or a dict of its fields validated (ProblemError); TypeError for anything else."""
+    if isinstance(problem, AttentionProblem):
+        return problem
+    if isinstance(problem, Mapping):
+        return AttentionProblem(**problem)
+    raise TypeError(f"problem: expected an AttentionProblem (or a dict of its fields), got "
+                    f"{type(problem).__name__} {problem!r:.80}; e.g. AttentionProblem(seq_len=4096)")
+
+
+def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | Profile | None = None, *,
              block_q: int | None = None, block_kv: int | None = None, method: Method = "closed",
              pass_: Pass = "forward", l2: bool = False, l2_exact: bool = False, l2_progress=None,
              kernel: str | None = None, warm: bool = False, **options) -> Result:
@@ -139,7 +151,13 @@ def simulate(schedule: str, problem: AttentionProblem, profile: str | Profile | 
     change. ``l2_exact`` and ``l2_progress`` go to :func:`with_l2`. ``kernel``: whose launch and pipeline the time
     model assumes (a built-in name of :mod:`iosim.timing.kernels` or a YAML file; default: the schedule's own
     kernel, e.g. iosim-flash2); its tiles are used where ``block_q``/``block_kv`` are not given. ``warm``: time of
-    back-to-back calls on the same inputs (tensors that fit in L2 stay there)."""
+    back-to-back calls on the same inputs (tensors that fit in L2 stay there). ``problem`` may also be a dict of
+    AttentionProblem's fields (validated: ProblemError); anything else is a TypeError."""
+    problem = as_problem(problem)
+    unknown = [k for k in options if k not in OPTIONS]
+    if unknown:
+        raise TypeError(f"simulate() got an unexpected keyword argument {unknown[0]!r}; its options are splits "
+                        "(flash-decoding), density, mask and seed (block-sparse); tiles are block_q=, block_kv=")
     prof = get_profile(profile)
     desc = timing.kernel_for(schedule, kernel) if kernel is not None and pass_ == "forward" else None
     if desc is not None and desc.tiles and block_q is None and block_kv is None:

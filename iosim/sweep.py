@@ -62,6 +62,9 @@ def sweep(schedule: str, *, seq_len, kv_len=None, head_dim=128, batch=1, heads=1
     mod = get_schedule(schedule)
     if dtype not in ELEMENT_BYTES:
         raise ScheduleError(f"dtype={dtype!r}: expected one of {', '.join(ELEMENT_BYTES)}")
+    if not isinstance(causal, (bool, np.bool_)):  # causal="no" is a true value: never read truthiness
+        raise ScheduleError(f"causal={causal!r}: expected True or False (a bool, one for the whole sweep)")
+    causal = bool(causal)
     kv_len = seq_len if kv_len is None else kv_len
     names = ("batch", "heads", "seq_len", "kv_len", "head_dim")
     arrays = np.broadcast_arrays(*(_exact(name, x) for name, x in zip(names, (batch, heads, seq_len, kv_len,
@@ -105,6 +108,8 @@ def sweep(schedule: str, *, seq_len, kv_len=None, head_dim=128, batch=1, heads=1
 def _exact(name: str, x) -> np.ndarray:
     """``x`` as an array of Python ints (dtype object), refusing anything that is not a whole number >= 1."""
     a = np.asarray(x)
+    if a.size == 0:  # np.asarray([]) is float64: say what is wrong, not the dtype
+        raise ScheduleError(f"{name}=[] in the sweep: empty; expected at least one size")
     if a.dtype.kind not in "iuO" or a.dtype == bool:
         raise ScheduleError(f"{name}: expected whole numbers (ints or an integer array), got dtype {a.dtype}")
     flat = [int(v) for v in a.flat]

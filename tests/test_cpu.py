@@ -95,6 +95,29 @@ def test_rows_that_see_no_key_give_zero(schedule):
     assert np.abs(o - reference(q, k, v, True)).max() <= fp32_bound(v, 20, 16)
 
 
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tensor,nan", [("q", np.nan), ("k", np.nan), ("k", -np.nan), ("v", np.nan)])
+@pytest.mark.parametrize("blas", [True, False])
+def test_nan_in_the_inputs_gives_nan_where_naive_does(dtype, tensor, nan, blas):
+    """A NaN score makes its row's softmax NaN; the online softmax's max must not drop it (it once gave 0).
+    Q and K: the same rows are NaN as naive's. V: every row that attends to the NaN key is NaN (each schedule
+    also spreads it as 0·NaN to rows of the tiles it multiplies: naive's whole P, flash2's visited blocks)."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 40, 1, 16)).astype(dtype)
+    k, v = (rng.standard_normal((1, 40, 1, 16)).astype(dtype) for _ in range(2))
+    {"q": q, "k": k, "v": v}[tensor][0, 25, 0, 3] = nan
+    for causal in (False, True):
+        naive = cpu.attention(q, k, v, causal=causal, schedule="naive")
+        tiled = np.empty_like(q)
+        kernels.flash2_forward(q, k, v, tiled, 16, 8, 0.25, causal, blas)
+        if tensor == "v":
+            seeing = slice(25, None) if causal else slice(None)
+            assert np.isnan(tiled[0, seeing, 0, 3]).all() and np.isnan(naive[0, seeing, 0, 3]).all()
+        else:
+            assert np.isnan(naive).any()
+            np.testing.assert_array_equal(np.isnan(tiled), np.isnan(naive))
+
 def test_default_tiles_on_a_long_causal_grouped_problem():
     rng = np.random.default_rng(4)
     q = rng.standard_normal((1, 1500, 4, 64)).astype(np.float32)

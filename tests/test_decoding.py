@@ -99,7 +99,7 @@ def test_splits_follow_flash_attention_2s_heuristic_on_the_sm_count():
 
 
 def test_options_go_only_to_the_schedules_that_take_them():
-    with pytest.raises(ScheduleError, match="takes no --splits"):
+    with pytest.raises(ScheduleError, match="takes no splits"):
         simulate("flash2", decoding_problem(1, 4096), splits=4)
     with pytest.raises(ScheduleError, match="splits=0"):
         simulate("flash-decoding", decoding_problem(1, 4096), splits=0)

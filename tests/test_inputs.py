@@ -58,11 +58,82 @@ def test_the_api_refuses_what_cannot_be_counted_and_accepts_the_largest_length()
     assert AttentionProblem.make(seq_len=MAX_LEN, head_dim=1, dtype="fp8").tensor_bytes == 4 * MAX_LEN
 
 
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(seq_len=0), r"^seq_len=0: Input should be greater than or equal to 1$"),
+    (dict(seq_len=64, dtype="fp64"), r"^dtype='fp64': Input should be 'fp32', 'fp16', 'bf16' or 'fp8'$"),
+    (dict(seq_len=64, heads=6, kv_heads=4), r"^heads=6 is not divisible by kv_heads=4"),
+    (dict(seq_len=64, colour="red"), r"^colour: unknown field$"),
+])
+def test_constructing_a_bad_problem_raises_problem_error_naming_the_field(kw, message):
+    """AttentionProblem(...) words its errors as AttentionProblem.make does: the exported ProblemError, a
+    ValueError, not pydantic's ValidationError."""
+    with pytest.raises(ProblemError, match=message) as info:
+        AttentionProblem(**kw)
+    assert type(info.value) is ProblemError and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_scale_is_refused(scale):
+    with pytest.raises(ProblemError, match=r"^scale=(-?inf|nan): .*finite"):
+        AttentionProblem(seq_len=64, scale=scale)
+
+
+def test_the_cli_refuses_scale_inf_instead_of_printing_invalid_json():
+    out = run("simulate", "flash2", "--seq-len", "128", "--scale", "inf", "--no-l2", "--json")
+    assert out.returncode == 2 and "Infinity" not in out.stdout
+    assert "scale=inf" in out.stderr and "finite" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("field", ["batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim"])
+@pytest.mark.parametrize("value", [True, False, np.bool_(True)])
+def test_a_bool_is_not_a_size(field, value):
+    kw = {"seq_len": 64, field: value}
+    with pytest.raises(ProblemError, match=rf"^{field}={value!r}: expected a whole number, not a bool"):
+        AttentionProblem(**kw)
+
+
+def test_sizes_still_take_numpy_integers():
+    assert AttentionProblem(seq_len=np.int64(64), heads=np.int32(2)).seq_len == 64
+
 def test_the_l2_switch_takes_a_bool_only():
     p = AttentionProblem(seq_len=64)
     with pytest.raises(ScheduleError, match=r"l2='no': expected True or False"):
         simulate("flash2", p, l2="no")
 
+
+
+@pytest.mark.parametrize("problem,got", [("seq_len=64", r"str 'seq_len=64'"), (None, "NoneType None"),
+                                         (64, "int 64")])
+def test_simulate_names_the_problem_it_expects(problem, got):
+    with pytest.raises(TypeError, match=rf"^problem: expected an AttentionProblem \(or a dict of its fields\), "
+                                        rf"got {got}"):
+        simulate("flash2", problem)
+
+
+def test_simulate_takes_a_dict_of_problem_fields_and_validates_it():
+    r = simulate("flash2", {"seq_len": 256, "heads": 2})
+    assert r.problem == AttentionProblem(seq_len=256, heads=2)
+    with pytest.raises(ProblemError, match=r"^seq_len=0: "):
+        simulate("flash2", {"seq_len": 0})
+
+
+@pytest.mark.parametrize("call,error,message", [
+    (dict(schedule="flash2", splits=4), ScheduleError,
+     r"^flash2 takes no splits \(given splits=4\): only flash-decoding takes splits; only block-sparse density, "
+     r"mask and seed"),
+    (dict(schedule="naive", block_q=16), ScheduleError, r"^naive: give both block_q and block_kv"),
+    (dict(schedule="block-sparse", mask=np.ones((1, 1)), density=0.5), ScheduleError,
+     r"^block-sparse: give mask, or density \(with seed\), not both"),
+    (dict(schedule="flash2", tiles=(64, 64)), TypeError,
+     r"^simulate\(\) got an unexpected keyword argument 'tiles'.*block_q=, block_kv="),
+    (dict(schedule="flash2", foo=1), TypeError, r"^simulate\(\) got an unexpected keyword argument 'foo'"),
+])
+def test_python_callers_read_python_parameter_names(call, error, message):
+    """Issue 30 item 12: "takes no --tiles" spoke the command line's flags to a Python caller."""
+    with pytest.raises(error, match=message) as info:
+        simulate(problem=AttentionProblem(seq_len=64), **call)
+    assert " --" not in str(info.value).split("(on the command line")[0]
 
 # -- questionable input: a warning with its reason and fix, printed once by the CLI ----------------------------
 

@@ -14,11 +14,13 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from click.testing import CliRunner
+from helpers import run_cli
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from iosim.cli import cli
+from iosim.cpu_profile import get_cpu_profile
 from iosim.profile import (
     DEFAULT_PROFILE,
     PROFILES_DIR,
@@ -141,6 +143,20 @@ def test_an_unknown_profile_name_is_an_error_that_lists_the_builtins():
     with pytest.raises(ProfileError, match="h100-sxm5-80gb"):
         get_profile("h1000")
 
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_profile_name_says_it_is_empty(name):
+    """Issue 30 item 14: --profile '' read as the path '.' and said ". : no such profile file"."""
+    with pytest.raises(ProfileError, match=rf"^profile={name!r}: the name is empty; expected a built-in name "
+                                           r"\(a100-sxm4-40gb, .*\) or the path of a \.yaml/\.json profile file"):
+        get_profile(name)
+    with pytest.raises(ProfileError, match=rf"^profile={name!r}: the name is empty"):
+        get_cpu_profile(name)
+
+
+def test_the_cli_says_an_empty_profile_name_is_empty(capsys):
+    code, _, err = run_cli(["simulate", "flash2", "--seq-len", "128", "--profile", ""], capsys)
+    assert code == 2 and "profile='': the name is empty" in err and "Traceback" not in err
 
 @pytest.mark.parametrize("name", BUILTINS)
 def test_memory_levels_of_every_builtin_are_outermost_first_and_shrink_inward(name):
@@ -287,6 +303,16 @@ def test_a_number_without_a_source_is_rejected():
     with pytest.raises(ProfileError, match=r"clock\.source"):
         profile_from_dict(data)
 
+
+def test_shared_memory_per_block_above_per_sm_is_rejected_naming_both():
+    """Issue 30 item 13: one thread block cannot use more shared memory than its SM has."""
+    data = _h100_dict()
+    data["memory"][2]["per_block"]["value"] = "300KiB"
+    with pytest.raises(ProfileError, match=r"memory\.2\.smem: per_block = 307,200 B is more than per_sm = "
+                                           r"233,472 B"):
+        profile_from_dict(data)
+    data["memory"][2]["per_block"]["value"] = "228KiB"  # equal is fine
+    assert profile_from_dict(data).smem.per_block.value == 233_472
 
 def test_a_malformed_quantity_is_rejected_with_the_field_and_the_text():
     data = _h100_dict()

@@ -230,6 +230,33 @@ def test_output_in_a_folder_that_cannot_be_made_is_refused_before_any_simulation
     assert "Traceback" not in err and "Errno" not in err
 
 
+def test_counts_of_one_are_singular(tmp_path, capsys):
+    """Issue 30 item 10: "1 figures redrawn"."""
+    one = tmp_path / "one.yaml"
+    one.write_text(SMALL.replace("{start: 128, stop: 1024, factor: 2}", "[128]").replace("schedules: [naive, flash2]",
+                   "schedules: [naive]").split("figures:")[0] + "figures:\n  - {kind: traffic_vs_n}\n")
+    code, stdout, err = run_cli(["run", str(one), "-o", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    assert "small: 1 case, " in stdout
+    code, stdout, err = run_cli(["plot", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    assert ": 1 figure redrawn in " in stdout
+    code, stdout, err = run_cli(["report", str(one), "-o", str(tmp_path / "r.html")], capsys)
+    assert code == 0, err
+    assert "1 scenario, 1 figure)" in stdout
+
+def test_a_report_in_a_folder_that_does_not_exist_is_refused_not_made(tmp_path, capsys, monkeypatch):
+    """Issue 30 item 9: -o /missing/dir/report.html made the folders silently; now it names the missing one."""
+    def boom(*a, **k):
+        raise AssertionError("the output path must be checked before simulating")
+
+    monkeypatch.setattr(iosim.scenario.run, "run_case", boom)
+    out = tmp_path / "missing" / "dir" / "r.html"
+    code, _, err = run_cli(["report", "footprint", "-o", str(out), "-q"], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert f"the folder {tmp_path / 'missing' / 'dir'} does not exist" in err and "choose another path with -o" in err
+    assert not (tmp_path / "missing").exists()
+
 def test_measured_time_table_puts_each_cases_prediction_beside_the_record_of_its_kernel(tmp_path, capsys,
                                                                                       monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -90,7 +90,7 @@ def test_report_cpu_passes_the_measured_data_through(tmp_path, capsys, monkeypat
     assert "Measured now, while this report was written, on this machine: <b>Test CPU 9000, 2 logical CPUs" in page
     assert "Recorded CPU" not in page and "committed record" not in page
     assert '<a href="#attention-on-a-cpu">Attention on a CPU</a>' in page
-    assert "1 figures" in stdout
+    assert "1 scenario, 1 figure)" in stdout
 
 
 def test_named_scenarios_without_cpu_have_no_cpu_section(tmp_path, capsys, monkeypatch):

@@ -78,7 +78,37 @@ def test_sweep_columns_are_int64_wherever_they_fit():
     (dict(seq_len=[128, 0]), r"seq_len=0 in the sweep: every size must be >= 1"),
     (dict(seq_len=[128.5]), r"seq_len: expected whole numbers"),
     (dict(seq_len=[128], dtype="fp64"), r"dtype='fp64': expected one of fp32, fp16, bf16, fp8"),
+    (dict(seq_len=[]), r"seq_len=\[\] in the sweep: empty; expected at least one size"),
+    (dict(seq_len=[128], head_dim=np.array([], dtype=int)), r"head_dim=\[\] in the sweep: empty"),
+    (dict(seq_len=[128], causal="no"), r"causal='no': expected True or False \(a bool"),
+    (dict(seq_len=[128], causal="False"), r"causal='False': expected True or False"),
+    (dict(seq_len=[128], causal=1), r"causal=1: expected True or False"),
+    (dict(seq_len=[128], causal=[True, False]), r"causal=\[True, False\]: expected True or False"),
 ])
 def test_sweep_refuses_what_it_cannot_count_naming_the_field(kw, message):
     with pytest.raises(ScheduleError, match=message):
         sweep("naive", **kw)
+
+
+@pytest.mark.parametrize("schedule,tiles", [("flash2", (128, 64)), ("flash1", (64, 128)), ("naive", (64, 64))])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sweep_counts_stay_exact_at_the_longest_length(schedule, tiles, causal):
+    """N = 2^31 (the largest taken), 128 heads, batch 16: the visit sums reach 2^62 and a product of them
+    with d passes 2^63; each column equals the scalar closed form of one head times the 2,048 heads, none wraps."""
+    big = dict(seq_len=2**31, head_dim=128, causal=causal)
+    cols = sweep(schedule, **{**big, "seq_len": [2**31]}, heads=128, batch=16, block_q=tiles[0],
+                 block_kv=tiles[1])  # a list: the array path
+    c = closed(schedule, AttentionProblem(**big), Tiles(*tiles))
+    for f in ("matmul", "exp", "other"):
+        assert cols[f"flops_{f}"][0] == 2048 * c.flops[f]
+    assert cols["sram_read_bytes"][0] == 2048 * c.sram_read_bytes
+    assert cols["global_read_bytes"][0] == 2048 * c.global_read_bytes
+    if not causal:
+        assert cols["flops_matmul"][0] == 4 * (2**31) ** 2 * 128 * 2048
+
+
+def test_sweep_takes_numpy_bools_for_causal():
+    kw = dict(seq_len=[1024], block_q=128, block_kv=64)
+    want = sweep("flash2", **kw, causal=True)["flops_matmul"]
+    assert (sweep("flash2", **kw, causal=np.bool_(True))["flops_matmul"] == want).all()
+    assert (sweep("flash2", **kw, causal=np.bool_(False))["flops_matmul"] > want).all()

@@ -33,6 +33,7 @@ from iosim.profile import (
     read_profile_data,
 )
 from iosim.units import fmt_rate
+from iosim.yaml_io import parse_data
 
 CHAINS, ALU_UNROLL = 8, 16  # kernels/rates.cu kChains, kAluUnroll
 MMA_WARPS = (1, 2, 4, 8, 16)  # resident warps per SM of the mma.sync table
@@ -95,8 +96,8 @@ def write_calibrated(base: str, section: dict, path: str | Path) -> Profile:
     else:
         text = (src.read_text().rstrip("\n") + f"\n# calibration: {section['measured_on']['command']}\n"
                 + yaml.safe_dump({"calibration": section}, sort_keys=False, width=200, allow_unicode=True))
-    loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    profile = profile_from_dict(loaded, f"{path} (as written)")
+    where = f"{path} (as written)"
+    profile = profile_from_dict(parse_data(text, where, is_json=path.suffix == ".json", error=RatesError), where)
     path.write_text(text)
     return profile
 

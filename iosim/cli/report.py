@@ -48,26 +48,33 @@ def _load(args: tuple[str, ...]):
 
 def check_writable(path: Path, folder: bool) -> None:
     """Refuse, before any simulation, an output path that cannot be written: the message names the path,
-    why, and the fix (click exits with code 2). The folders on the way are made, as writing would make them;
-    a file that was not there is not left behind."""
+    why, and the fix (click exits with code 2). A results folder is made with the folders on the way; a file's
+    folder must exist (a typo in it would otherwise make a tree nobody meant). A file that was not there is not
+    left behind."""
     what = f"cannot write the {'folder' if folder else 'file'} {path}"
     fix = "choose another path with -o/--out"
     above = next(a for a in path.absolute().parents if a.exists())
     if not above.is_dir():
         raise click.ClickException(f"{what}: {above} is a file, not a folder; {fix}")
+    if not folder and not path.parent.absolute().is_dir():
+        raise click.ClickException(f"{what}: the folder {path.parent} does not exist; make it first, or {fix}")
     try:
         if folder:
             path.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=path).close()
         else:
             existed = path.exists()
-            path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8"):
                 pass
             if not existed:
                 path.unlink()
     except OSError as exc:
         raise click.ClickException(f"{what}: {exc.strerror or exc}; {fix}") from None
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 figure``, ``3 figures``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 @contextlib.contextmanager
@@ -96,7 +103,7 @@ def _run_all(scenarios, quiet: bool):
     """Every scenario simulated on this machine's cores; a case that several scenarios share, once."""
     _warm_l2_model()
     with _progress(quiet) as make:
-        cb = make(f"simulating {len(scenarios)} scenario{'s' if len(scenarios) > 1 else ''}",
+        cb = make(f"simulating {_n(len(scenarios), 'scenario')}",
                   sum(len(expand(scn)) for scn in scenarios))
         try:
             return run_scenarios(scenarios, progress=cb, workers=_cores())
@@ -131,7 +138,7 @@ def run_cmd(scenarios, out_dir, quiet, check):
         if not quiet:
             checks = check_claims(run, run.scenario.claims)
             claims = f", claims {sum(c.ok for c in checks)}/{len(checks)} match" if checks else ""
-            click.echo(f"{run.scenario.name}: {len(run.records)} cases, {len(paths)} files in "
+            click.echo(f"{run.scenario.name}: {_n(len(run.records), 'case')}, {_n(len(paths), 'file')} in "
                        f"{out_dir / run.scenario.name}{claims}")
     _claims_verdict(runs, check)
 
@@ -158,7 +165,7 @@ def plot_cmd(results_dir, quiet):
         except ScenarioError as exc:
             raise click.ClickException(str(exc)) from None
         if not quiet:
-            click.echo(f"{folder}: {len(paths) // 2} figures redrawn in {folder / 'figures'}")
+            click.echo(f"{folder}: {_n(len(paths) // 2, 'figure')} redrawn in {folder / 'figures'}")
 
 
 @click.command("report")
@@ -183,11 +190,10 @@ def report_cmd(scenarios, out_file, title, quiet, check, measure_cpu):
         page = render_report(runs, title=title, elapsed_s=time.perf_counter() - t0, cpu=cpu)
     except ScenarioError as exc:
         raise click.ClickException(str(exc)) from None
-    out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_text(page, encoding="utf-8")
     if not quiet:
         n = page.count('class="plotly-graph-div"')
-        click.echo(f"wrote {out_file} ({len(page) / 1e6:.1f} MB, {len(runs)} scenarios, {n} figures) in "
+        click.echo(f"wrote {out_file} ({len(page) / 1e6:.1f} MB, {_n(len(runs), 'scenario')}, {_n(n, 'figure')}) in "
                    f"{time.perf_counter() - t0:.1f} s")
     _claims_verdict(runs, check)
 

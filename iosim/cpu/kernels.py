@@ -72,11 +72,15 @@ def _exp2_row_f64(row, n, mx):
 @nb.njit(cache=True, fastmath=_FM)
 def _rowmax_f32(bits, n):
     """max of the float32 row whose bits are ``bits[:n]``, through integer keys: LLVM vectorizes integer max
-    reductions, not float ones."""
+    reductions, not float ones. NaN where the row holds a NaN (of either sign)."""
     key = np.int32(-2147483648)
+    mag = np.int32(0)
     for c in range(n):
         b = bits[c]
         key = max(key, b ^ ((b >> 31) & np.int32(0x7FFFFFFF)))  # monotone in the float's value
+        mag = max(mag, b & np.int32(0x7FFFFFFF))  # |x|'s bits: above +inf's only for a NaN
+    if mag > np.int32(0x7F800000):
+        return np.float32(np.nan)
     out = np.empty(1, dtype=np.int32)
     out[0] = key ^ ((key >> 31) & np.int32(0x7FFFFFFF))
     return out.view(np.float32)[0]
@@ -85,9 +89,11 @@ def _rowmax_f32(bits, n):
 @nb.njit(cache=True, fastmath=_FM)
 def _rowmax_f64(row, n):
     mx = -np.inf
+    nan = False
     for c in range(n):
         mx = max(mx, row[c])
-    return mx
+        nan |= row[c] != row[c]
+    return np.nan if nan else mx
 
 
 @nb.njit(cache=True, fastmath=_FM)
@@ -100,10 +106,13 @@ def online_softmax(S, Si, nr, nc, state, scratch):
     d = O.shape[1]
     for r in range(nr):
         row = S[r]
-        if S.itemsize == 4:
-            mx = max(m[r], _rowmax_f32(Si[r], nc))
-        else:
-            mx = max(m[r], _rowmax_f64(row, nc))
+        mx = _rowmax_f32(Si[r], nc) if S.itemsize == 4 else _rowmax_f64(row, nc)
+        if mx != mx or m[r] != m[r]:  # a NaN score: the row's softmax is NaN (max() would drop it)
+            m[r], l[r] = np.nan, np.nan
+            for c in range(nc):
+                row[c] = np.nan
+            continue
+        mx = max(m[r], mx)
         if mx == -np.inf:  # no key of this row seen so far: P = 0, nothing to rescale
             for c in range(nc):
                 row[c] = 0.0
@@ -201,7 +210,7 @@ def _q_block_forward(io, cfg, b, h, hk, i, buf):
         online_softmax(S, Si, nr, nc, (m, l, O), (e, ef))  # line 9
         _accumulate(S, v[b, c0:c0 + nc, hk, :], O, nr, nc, blas)  # line 10
     for r in range(nr):  # lines 12, 14
-        inv = 1.0 / l[r] if l[r] > 0.0 else 0.0
+        inv = 1.0 / l[r] if l[r] > 0.0 or l[r] != l[r] else 0.0  # l = 0: no key seen; l NaN: NaN
         for x in range(O.shape[1]):
             out[b, r0 + r, h, x] = O[r, x] * inv
 

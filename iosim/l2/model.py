@@ -163,10 +163,10 @@ def unsupported(schedule: str, pass_: str, problem: AttentionProblem, tiles: Til
         return f"schedule {schedule!r}: no launch geometry known to the L2 model"
     if schedule == "naive" and naive_tiles(problem, tiles) > MAX_NAIVE_TILES:
         return (f"naive: about {naive_tiles(problem, tiles):,} tiles of P at once in the L2 model (limit "
-                f"{MAX_NAIVE_TILES:,}); use larger tiles (--block-q/--block-kv: naive's own kernel takes 128)")
+                f"{MAX_NAIVE_TILES:,}); use larger tiles (block_q/block_kv: naive's own kernel takes 128)")
     if schedule == "flash1" and flash1_tiles(problem, tiles) > MAX_FLASH1_TILES:
         return (f"flash1: {flash1_tiles(problem, tiles):,} tiles at once in the L2 model (limit "
-                f"{MAX_FLASH1_TILES:,}); use larger tiles (--block-q/--block-kv) or fewer heads")
+                f"{MAX_FLASH1_TILES:,}); use larger tiles (block_q/block_kv) or fewer heads")
     return None
 
 

@@ -7,13 +7,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from .._resources import scenarios_dir
 from ..problem import AttentionProblem, ProblemError
 from ..profile import ProfileError, get_profile
 from ..timing import KernelError, kernel_for
+from ..yaml_io import read_data
 from .schema import SCHEMA_VERSION, Scenario, ScenarioError
 
 
@@ -74,10 +74,7 @@ def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such scenario file (built-in ones: {', '.join(builtin_names())})")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    data = read_data(path, ScenarioError)
     return scenario_from_dict(data, str(path), base_dir=path.parent)
 
 

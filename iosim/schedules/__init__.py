@@ -55,12 +55,14 @@ def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, b
     if s.make_tiles is not None:
         return s.make_tiles(problem, profile, block_q, block_kv, **options)
     if options:
-        raise ScheduleError(f"{schedule}: takes no {', '.join('--' + k for k in options)} "
-                            f"(only flash-decoding takes --splits, only block-sparse --density/--mask/--seed)")
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        raise ScheduleError(f"{schedule} takes no {', '.join(options)} (given {given}): only flash-decoding takes "
+                            "splits; only block-sparse density, mask and seed")
     if block_q is None and block_kv is None:
         return s.default_tiles(problem, profile)
     if schedule == "naive" and (block_q is None or block_kv is None):
-        raise ScheduleError("naive: give both --block-q and --block-kv to tile its GEMMs, or neither")
+        raise ScheduleError(f"naive: give both block_q and block_kv to tile its GEMMs, or neither (given "
+                            f"block_q={block_q!r}, block_kv={block_kv!r})")
     default = s.default_tiles(problem, profile)
     return Tiles(block_q if block_q is not None else default.block_q,
                  block_kv if block_kv is not None else default.block_kv)

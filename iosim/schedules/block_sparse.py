@@ -66,7 +66,8 @@ def _load_mask(path) -> np.ndarray:
     try:
         a = np.load(path, allow_pickle=False) if path.suffix == ".npy" else np.loadtxt(path, ndmin=2)
     except (OSError, ValueError) as err:
-        raise ScheduleError(f"--mask {path}: cannot read a block mask ({err}); expected .npy or text rows of 0/1") from None
+        raise ScheduleError(f"mask={str(path)!r}: cannot read a block mask ({err}); expected .npy or text rows of "
+                            "0/1") from None
     return np.asarray(a)
 
 
@@ -78,7 +79,7 @@ def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, densit
     sram_elements = base.sram_elements if base is not None and block_q is None and block_kv is None else None
     Tr, Tc = cdiv(p.seq_len, Br), cdiv(p.kv_len, Bc)
     if mask is not None and (density is not None or seed is not None):
-        raise ScheduleError("block-sparse: give --mask, or --density (with --seed), not both")
+        raise ScheduleError("block-sparse: give mask, or density (with seed), not both")
     if mask is not None:
         src = "array" if not isinstance(mask, str | Path) else str(mask)
         m = _load_mask(mask) if isinstance(mask, str | Path) else np.asarray(mask)

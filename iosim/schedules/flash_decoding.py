@@ -103,7 +103,7 @@ def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, splits
         sms = profile.sm_count.value
         if sms is None:
             raise ScheduleError(f"flash-decoding: profile {profile.name!r} has no sm_count to choose the splits "
-                                "from; give --splits")
+                                "from; give splits")
         splits = num_splits_heuristic(p.batch * p.kv_heads * cdiv(_rows(p), Br), int(sms), Tc)
     if not isinstance(splits, int) or isinstance(splits, bool) or splits < 1:
         raise ScheduleError(f"splits={splits!r}: expected a positive integer")

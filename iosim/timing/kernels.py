@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..profile import format_validation
+from ..yaml_io import read_data
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 DEFAULT_KERNEL = {"flash2": "iosim-flash2", "naive": "iosim-naive", "flash3": "fa3"}
@@ -82,10 +82,7 @@ def load_kernel(name_or_path: str | Path | KernelDesc) -> KernelDesc:
     path = Path(text) if text.endswith((".yaml", ".yml")) else KERNELS_DIR / f"{text}.yaml"
     if not path.is_file():
         raise KernelError(f"kernel {text!r}: no such built-in ({', '.join(builtin_kernel_names())}) or file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise KernelError(f"{path}: not valid YAML ({exc})") from None
+    data = read_data(path, KernelError)
     try:
         return KernelDesc.model_validate(data)
     except ValidationError as exc:
