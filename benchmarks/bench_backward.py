@@ -12,11 +12,13 @@ median of --reps calls after warm-up. Backends: iosim-flash2-bwd (atomic dQ), io
 sdpa-flash-bwd, sdpa-cudnn-bwd. TFLOP/s by the papers' convention: 2.5 x 4 N^2 d B H / t, halved when causal.
 Shape: B * N = 16384 tokens, heads = 2048 / d (as bench_attention.py).
 
---training: loss.backward() through the whole layer, forward included, for standard attention (torch's math path:
-S and P materialized, what the papers call standard), torch SDPA flash and cuDNN, and iosim (gpu.attention with
+--training: loss.backward() through the whole causal layer, forward included, for standard attention (torch-standard:
+S = scale Q K^T, mask, softmax, P V in bf16 with autograd, S and P materialized: the papers' baseline; torch-math:
+SDPA's math backend, which also upcasts to fp32), torch SDPA flash and cuDNN, and iosim-flash2 (gpu.attention with
 requires_grad: our forward, our backward). B * N = 16384 tokens (GPT-2 small: 12 heads, d = 64); prints each
-backend's ms and its speedup over standard attention, beside the simulated traffic ratio (iosim.simulate, flash2
-against naive, forward + backward, global bytes). Needs torch and CuPy on a CUDA GPU.
+backend's ms and its speedup over torch-standard, beside the simulated traffic ratio (iosim.simulate, naive against
+flash2, forward + backward, global bytes); --long-csv writes the rows the report's section "Training: forward +
+backward" reads. Our naive kernels have no backward, so standard attention is torch's. Needs torch and CuPy.
 """
 
 # ruff: noqa: B023  (each timing lambda is called at once, inside its loop iteration)
@@ -100,16 +102,35 @@ def _print_shape(rows: list[dict]) -> None:
           flush=True)
 
 
+TRAINING_COLUMNS = ("device", "date", "commit", "dtype", "head_dim", "seq_len", "batch", "heads", "causal", "backend",
+                    "ms", "speedup")
+
+
+def _standard(torch, causal: bool):
+    """Standard attention as the FlashAttention papers time it: S = scale Q K^T, mask, softmax, O = P V, in the
+    input dtype with autograd (S and P materialized in memory, read back by the backward)."""
+    def f(q, k, v):
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        s = (qt @ kt.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if causal:
+            n = s.shape[-1]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        return (torch.softmax(s, dim=-1) @ vt).transpose(1, 2)
+    return f
+
+
 def training_rows(torch, args) -> list[dict]:
-    """fwd + bwd of the attention layer, GPT-2 small shapes, every backend in one run."""
+    """fwd + bwd of the attention layer, GPT-2 small shapes (d = 64, 12 heads, B * N = 16384), causal, every
+    backend in one run; speedup = torch-standard's ms / the backend's."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from iosim import AttentionProblem, gpu, simulate
 
     rows, d, H, dt = [], 64, 12, torch.bfloat16
-    print(f"{'N':>6} {'B':>4} {'standard':>9} {'sdpa-flash':>11} {'sdpa-cudnn':>11} {'iosim':>9}   speedup over "
-          "standard (flash, cudnn, iosim)   simulated traffic ratio naive/flash2 (fwd+bwd, global)")
+    names = ("torch-standard", "torch-math", "sdpa-flash", "sdpa-cudnn", "iosim-flash2")
+    print(f"{'N':>6} {'B':>4} " + " ".join(f"{n:>15}" for n in names) + "   speedup over torch-standard"
+          "   simulated traffic naive/flash2 (fwd+bwd, global)")
     for N in args.n:
         B = max(1, 16384 // N)
         q, k, v, do = (torch.randn(B, N, H, d, device="cuda", dtype=dt) for _ in range(4))
@@ -127,21 +148,32 @@ def training_rows(torch, args) -> list[dict]:
                                                           is_causal=True).transpose(1, 2)
             return f
 
-        ms = {"standard": time_ms(lambda: step(sdpa(SDPBackend.MATH)), args.reps),
-              "sdpa-flash": time_ms(lambda: step(sdpa(SDPBackend.FLASH_ATTENTION)), args.reps),
-              "sdpa-cudnn": time_ms(lambda: step(sdpa(SDPBackend.CUDNN_ATTENTION)), args.reps),
-              "iosim": time_ms(lambda: step(lambda q, k, v: gpu.attention(q, k, v, causal=True)), args.reps)}
+        fns = {"torch-standard": _standard(torch, True), "torch-math": sdpa(SDPBackend.MATH),
+               "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+               "iosim-flash2": lambda q, k, v: gpu.attention(q, k, v, causal=True)}
+        ms = {name: time_ms(lambda: step(fn), args.reps) for name, fn in fns.items()}
         p = AttentionProblem(batch=B, heads=H, seq_len=N, head_dim=d, dtype="bf16", causal=True)
         sim = {s: sum(simulate(s, p, "h100-sxm5-80gb", pass_="both").traffic["global"].values())
                for s in ("naive", "flash2")}
-        ratio = sim["naive"] / sim["flash2"]
         for name, t in ms.items():
-            rows.append({"N": N, "batch": B, "backend": name, "ms": t, "speedup": ms["standard"] / t,
-                         "traffic_ratio": ratio})
-        print(f"{N:>6} {B:>4} {ms['standard']:>9.3f} {ms['sdpa-flash']:>11.3f} {ms['sdpa-cudnn']:>11.3f} "
-              f"{ms['iosim']:>9.3f}   {ms['standard'] / ms['sdpa-flash']:.2f}x {ms['standard'] / ms['sdpa-cudnn']:.2f}x "
-              f"{ms['standard'] / ms['iosim']:.2f}x   {ratio:.1f}x", flush=True)
+            rows.append({"dtype": "bf16", "d": d, "N": N, "batch": B, "heads": H, "causal": True, "backend": name,
+                         "ms": t, "speedup": ms["torch-standard"] / t})
+        print(f"{N:>6} {B:>4} " + " ".join(f"{ms[n]:>15.3f}" for n in names) + "   "
+              + " ".join(f"{ms['torch-standard'] / ms[n]:.2f}x" for n in names[1:])
+              + f"   {sim['naive'] / sim['flash2']:.1f}x", flush=True)
     return rows
+
+
+def _append(path: str, columns: tuple[str, ...], dev: str, commit: str, rows: list[dict], last: str) -> None:
+    new = not os.path.exists(path)
+    with open(path, "a") as f:
+        if new:
+            f.write(",".join(columns) + "\n")
+        for r in rows:
+            f.write(f"{dev},{datetime.date.today().isoformat()},{commit},{r['dtype']},{r['d']},{r['N']},"
+                    f"{r['batch']},{r['heads']},{str(r['causal']).lower()},{r['backend']},{r['ms']:.4f},"
+                    f"{r[last]:.{3 if last == 'speedup' else 1}f}\n")
+    print(f"appended to {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--training", action="store_true", help="fwd + bwd of the layer, GPT-2 small shapes")
-    ap.add_argument("--long-csv", help="append one row per (shape, backend) here (docs/benchmarks/<device>.csv)")
+    ap.add_argument("--long-csv", help="append one row per (shape, backend) here: docs/benchmarks/<profile>.csv, "
+                                       "or with --training docs/benchmarks/training-<profile>.csv")
     ap.add_argument("--commit", default="", help="the commit measured, for --long-csv")
     args = ap.parse_args(argv)
     args.causal = [c == "true" for c in args.causal]
@@ -162,20 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device {dev}, torch {torch.__version__}")
     if args.training:
         args.n = args.n or [512, 1024, 2048, 4096]
-        training_rows(torch, args)
+        rows = training_rows(torch, args)
+        if args.long_csv:
+            _append(args.long_csv, TRAINING_COLUMNS, dev, args.commit, rows, "speedup")
         return 0
     args.n = args.n or [1024, 2048, 4096, 8192, 16384]
     rows = backward_rows(torch, args)
     if args.long_csv:
-        new = not os.path.exists(args.long_csv)
-        with open(args.long_csv, "a") as f:
-            if new:
-                f.write(",".join(LONG_COLUMNS) + "\n")
-            for r in rows:
-                f.write(f"{dev},{datetime.date.today().isoformat()},{args.commit},{r['dtype']},{r['d']},{r['N']},"
-                        f"{r['batch']},{r['heads']},{str(r['causal']).lower()},{r['backend']},{r['ms']:.4f},"
-                        f"{r['tflops']:.1f}\n")
-        print(f"appended to {args.long_csv}")
+        _append(args.long_csv, LONG_COLUMNS, dev, args.commit, rows, "tflops")
     return 0
 
 

@@ -29,6 +29,7 @@ from iosim.gpu.inputs import (
     _check_scale,
     dtype_name,
     torch_of,
+    torch_stream,
     validate,
 )
 
@@ -283,6 +284,10 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
     if _wants_grad(q, k, v):
         return _differentiable(q, k, v, schedule, causal, scale, return_lse, deterministic,
                                (block_q, block_kv, out, lse_out, block_trace))
+    plain = schedule == "flash2" and out is None and lse_out is None and block_trace is None
+    key = _plan_key(q, k, v, causal, block_q, block_kv, scale) if plain else None
+    if key is not None and (done := _replay(key, q, k, v, return_lse)) is not None:
+        return done
     cp = require_cupy()
     a = validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out)
     if block_trace is not None and schedule != "flash2":
@@ -301,4 +306,69 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
             launches, tiles = _run_naive(c)
     _last = LaunchRecord(schedule, B, N, int(a.k.shape[1]), H, int(a.k.shape[2]), D, a.dtype, causal, tiles,
                          launches)
+    if key is not None:
+        _remember(key, c, _last, a.device)
     return (o_ret, lse_ret) if return_lse else o_ret
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# repeat calls on torch tensors: a flash2 call validated once is launched again from a plan, without the checks and
+# CuPy views that cost more host time than a small problem's kernel (benchmarks/bench_host.py)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    fn: Any  # the compiled kernel
+    launch: KernelLaunch
+    scalars: tuple  # N, N_kv, H, H_kv, scale * log2(e), as the kernel takes them
+    lse_shape: tuple[int, int, int]
+    device: int
+    record: LaunchRecord
+
+
+_plans: dict[tuple, _Plan] = {}
+_MAX_PLANS = 256
+
+
+def _plan_key(q: Any, k: Any, v: Any, causal, block_q, block_kv, scale) -> tuple | None:
+    """What makes two calls launch the same kernel the same way: torch tensors' shapes, dtypes, devices and the
+    options (None where q is not a torch tensor)."""
+    if torch_of(q) is None or torch_of(k) is None or torch_of(v) is None:
+        return None
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, block_q,
+            block_kv, scale)
+
+
+def _replay(key: tuple, q: Any, k: Any, v: Any, return_lse: bool) -> Any:
+    """The call launched from its plan, or None (no plan, or a tensor not contiguous, aligned or on the current
+    device: the checked path then decides)."""
+    global _last
+    plan = _plans.get(key)
+    if plan is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        return None
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    cp = require_cupy()
+    if any(p % 16 for p in ptrs) or cp.cuda.runtime.getDevice() != plan.device:
+        return None
+    torch = torch_of(q)
+    o = torch.empty_like(q)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
+    u, L = cp.uint64, plan.launch
+    with torch_stream(cp, torch, plan.device):
+        plan.fn(L.grid, L.block, (*map(u, ptrs), u(o.data_ptr()), u(lse.data_ptr()), *plan.scalars),
+                shared_mem=L.smem)
+    _last = plan.record
+    return (o, lse) if return_lse else o
+
+
+def _remember(key: tuple, c: _Call, record: LaunchRecord, device: int) -> None:
+    """Keep the plan of a checked flash2 call on torch tensors (the oldest plans go when there are too many)."""
+    if len(_plans) >= _MAX_PLANS:
+        _plans.clear()
+    B, N, H, D, Nk, Hk = c.sizes
+    L = record.launches[0]
+    inst = build.FlashInstance(D, record.tiles["block_q"], record.tiles["block_kv"], c.dtype, c.causal)
+    i32 = c.cp.int32
+    _plans[key] = _Plan(_kernel(c.cp, inst, L.smem), L, (i32(N), i32(Nk), i32(H), i32(Hk),
+                                                          c.cp.float32(c.scale * _LOG2E)),
+                        (B, H, N), device, record)

@@ -17,6 +17,9 @@ from .speedups import SECTION_ID as SPEEDUP_ID
 from .speedups import TITLE as SPEEDUP_TITLE
 from .speedups import GpuSpeedups, builtin_report, load_speedups, speedup_section
 from .tables import make_tables
+from .training import SECTION_ID as TRAINING_ID
+from .training import TITLE as TRAINING_TITLE
+from .training import training_section
 
 
 def _md(text: str) -> str:
@@ -66,7 +69,8 @@ def render_report(runs: list[ScenarioRun], title: str = "iosim report: attention
     """One self-contained HTML page: every scenario's text, claims, tables and figures; plotly's JavaScript
     is embedded once in the head (no CDN), so the file opens offline. The section "Measured speedups" follows the
     scenarios: from ``speedups``, or, where that is None and ``runs`` are the built-in scenarios, from the
-    committed records ([]: no section). With ``cpu`` (measured now or a committed record), the section
+    committed records ([]: no section), then the section "Training: forward + backward" from its committed
+    records (built-in scenarios only). With ``cpu`` (measured now or a committed record), the section
     "Attention on a CPU" comes last."""
     sections = [_section(run) for run in runs]
     toc = "".join(f'<li><a href="#{r.scenario.name}">{html.escape(r.scenario.title)}</a></li>' for r in runs)
@@ -75,6 +79,9 @@ def render_report(runs: list[ScenarioRun], title: str = "iosim report: attention
     if speedups:
         sections.append(speedup_section(speedups))
         toc += f'<li><a href="#{SPEEDUP_ID}">{SPEEDUP_TITLE}</a></li>'
+    if builtin_report(runs):
+        sections.append(training_section())
+        toc += f'<li><a href="#{TRAINING_ID}">{TRAINING_TITLE}</a></li>'
     if cpu is not None:
         sections.append(cpu_section(cpu))
         toc += f'<li><a href="#{SECTION_ID}">{TITLE}</a></li>'
