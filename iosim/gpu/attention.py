@@ -356,7 +356,7 @@ def _replay(key: tuple, q: Any, k: Any, v: Any, return_lse: bool) -> Any:
     u, L = cp.uint64, plan.launch
     with torch_stream(cp, torch, plan.device):
         plan.fn(L.grid, L.block, (*map(u, ptrs), u(o.data_ptr()), u(lse.data_ptr()), *plan.scalars),
-                shared_mem=L.smem)
+                shared_mem=L.smem_bytes)
     _last = plan.record
     return (o, lse) if return_lse else o
 
@@ -369,6 +369,6 @@ def _remember(key: tuple, c: _Call, record: LaunchRecord, device: int) -> None:
     L = record.launches[0]
     inst = build.FlashInstance(D, record.tiles["block_q"], record.tiles["block_kv"], c.dtype, c.causal)
     i32 = c.cp.int32
-    _plans[key] = _Plan(_kernel(c.cp, inst, L.smem), L, (i32(N), i32(Nk), i32(H), i32(Hk),
+    _plans[key] = _Plan(_kernel(c.cp, inst, L.smem_bytes), L, (i32(N), i32(Nk), i32(H), i32(Hk),
                                                           c.cp.float32(c.scale * _LOG2E)),
                         (B, H, N), device, record)
