@@ -325,8 +325,8 @@ def test_torch_input_errors_are_the_same_as_through_dlpack():
         gpu.attention(q.float(), q, q)
     with pytest.raises(gpu.AttentionInputError, match="q: tensor is on the CPU"):
         gpu.attention(q.cpu(), q, q)
-    with pytest.raises(gpu.AttentionTypeError, match="q: could not import Tensor through DLPack"):
-        gpu.attention(q.clone().requires_grad_(), q, q)
+    # a tensor that requires grad is no error since the backward pass exists: the call is differentiable
+    assert gpu.attention(q.clone().requires_grad_(), q, q).requires_grad
     with pytest.raises(gpu.AttentionInputError, match=r"out: \(1, 8, 2, 32\)"):
         gpu.attention(q, q, q, out=q[..., :32].contiguous())
 
