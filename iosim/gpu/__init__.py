@@ -6,7 +6,8 @@ Importing this package never imports CuPy; the functions import it when called a
 """
 
 from iosim.gpu._cupy import GPUUnavailableError
-from iosim.gpu.attention import KernelLaunch, LaunchRecord, attention, default_tiles, last_launch
+from iosim.gpu.api import attention
+from iosim.gpu.attention import KernelLaunch, LaunchRecord, default_tiles, last_launch
 from iosim.gpu.backward import attention_backward
 from iosim.gpu.flash3 import HopperRequiredError
 from iosim.gpu.inputs import SCHEDULES, AttentionInputError, AttentionTypeError, SharedMemoryError
