@@ -26,7 +26,8 @@ from .schedules import PASSES, ScheduleError, Tiles, check_fit, get_schedule, re
 from .schedules.backward import group_sum
 from .units import fmt_bytes
 
-OPTIONS = ("splits", "density", "mask", "seed")  # simulate's **options: flash-decoding's; block-sparse's
+OPTIONS = ("splits", "density", "mask", "seed", "gqa")  # simulate's **options: flash-decoding's; block-sparse's;
+# flash2 backward's
 MAX_HEAD_DIM = 256  # FlashAttention-2/3 and iosim.gpu take head_dim <= 256, a multiple of 8 (16-byte rows)
 
 Method = Literal["closed", "walk"]
@@ -39,8 +40,14 @@ def closed(schedule: str, problem: AttentionProblem, tiles: Tiles, pass_: str = 
     per_unit = s.closed_form(problem, tiles)
     for k in per_unit.kernels:  # closed forms also run on arrays (iosim.sweep); a scalar problem gets ints
         k.sram_peak = None if k.sram_peak is None else int(k.sram_peak)
-    n = s.units(problem)
-    return Counts([k.scaled(n) for k in per_unit.kernels] + (group_sum(problem) if pass_ == "backward" else []))
+    return _whole(s, problem, tiles, per_unit.kernels)
+
+
+def _whole(s, problem: AttentionProblem, tiles: Tiles, per_unit: list) -> Counts:
+    """One unit's kernels for every unit of the problem, and a backward pass's group reduction where it has one."""
+    n = s.units(problem, tiles)
+    reduce = group_sum(problem, s.unit_of(tiles)) if s.pass_ == "backward" else []
+    return Counts([k.scaled(n) for k in per_unit] + reduce)
 
 
 def walk(schedule: str, problem: AttentionProblem, tiles: Tiles, pass_: str = "forward") -> Counts:
@@ -49,8 +56,16 @@ def walk(schedule: str, problem: AttentionProblem, tiles: Tiles, pass_: str = "f
     s = get_schedule(schedule, pass_)
     x = Counter(problem)
     s.program(x, problem, tiles)
-    n = s.units(problem)
-    return Counts([k.scaled(n) for k in x.kernels] + (group_sum(problem) if pass_ == "backward" else []))
+    return _whole(s, problem, tiles, x.kernels)
+
+
+def options_for(schedule: str, pass_: str, passes: list[str], options: dict) -> dict:
+    """The options of one of ``passes``: all of them for a single pass; for both, those its record takes (flash2's
+    gqa goes to the backward alone) and those neither takes, for :func:`resolve_tiles` to refuse."""
+    if len(passes) == 1:
+        return options
+    takes = {ps: get_schedule(schedule, ps).options for ps in passes}
+    return {k: v for k, v in options.items() if k in takes[pass_] or not any(k in t for t in takes.values())}
 
 
 def predict_time(result: Result) -> TimeEstimate:
@@ -143,7 +158,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     ``pass_``: "forward" (default), "backward" (the backward pass, which consumes the forward's O and
     statistics) or "both" (forward kernels, then backward kernels). Each pass uses its own default tiles
     unless ``block_q``/``block_kv`` are given. ``options``: ``splits`` (flash-decoding), ``density``, ``mask``
-    (a file or an array), ``seed`` (block-sparse) go to the schedules that take them. ``l2=True`` takes ``hbm``
+    (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's backward pass: "expand", the default, as
+    FlashAttention-2; "grouped", as iosim's kernel: docs/schedules/backward.md) go to the schedules that take them. ``l2=True`` takes ``hbm``
     from the L2 model (:mod:`iosim.l2`; the CLI's default) where it applies; ``hbm_model`` says which view a
     result is. Legal but questionable input (:func:`questionable`: flash3 off Hopper, fp8
     backward, splits cut to the K/V blocks, head_dim off 8..256, a problem larger than the GPU's memory, to which
@@ -157,7 +173,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     unknown = [k for k in options if k not in OPTIONS]
     if unknown:
         raise TypeError(f"simulate() got an unexpected keyword argument {unknown[0]!r}; its options are splits "
-                        "(flash-decoding), density, mask and seed (block-sparse); tiles are block_q=, block_kv=")
+                        "(flash-decoding), density, mask and seed (block-sparse), gqa (flash2's backward pass); "
+                        "tiles are block_q=, block_kv=")
     prof = get_profile(profile)
     desc = timing.kernel_for(schedule, kernel) if kernel is not None and pass_ == "forward" else None
     if desc is not None and desc.tiles and block_q is None and block_kv is None:
@@ -172,7 +189,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     passes = ["forward", "backward"] if pass_ == "both" else [pass_]
     tiles_by_pass, kernels = {}, []
     for ps in passes:
-        tiles = resolve_tiles(schedule, problem, prof, block_q, block_kv, pass_=ps, **options)
+        tiles = resolve_tiles(schedule, problem, prof, block_q, block_kv, pass_=ps,
+                              **options_for(schedule, ps, passes, options))
         check_fit(get_schedule(schedule, ps), problem, tiles, prof)
         tiles_by_pass[ps] = tiles
         kernels += (closed if method == "closed" else walk)(schedule, problem, tiles, ps).kernels

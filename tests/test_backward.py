@@ -24,6 +24,7 @@ from iosim.blocks import cdiv
 from iosim.numeric import execute_backward, reference_backward
 from iosim.problem import STAT_BYTES
 from iosim.schedules import BACKWARD, Tiles
+from iosim.schedules.flash2_bwd import GroupedTiles
 from iosim.simulate import closed, walk
 
 BWD_HEAD_DIMS = (4, 8, 16, 32, 64)
@@ -194,3 +195,92 @@ def test_backward_gradients_do_not_depend_on_the_order_of_the_inner_loop(schedul
                          kv_order=lambda blocks: [blocks[i] for i in shuffle(len(blocks))])
     for x, y in zip(a, b, strict=True):
         assert np.abs(x - y).max() <= 1e-4 * max(1.0, np.abs(x).max())
+
+
+# -- grouped-query heads: FlashAttention-2's expanded copies (gqa="expand") or iosim's kernel (gqa="grouped") ------
+
+GROUPED = {"gqa": "grouped"}
+
+
+def _grouped(t: Tiles) -> GroupedTiles:
+    return GroupedTiles(t.block_q, t.block_kv)
+
+
+def _with_group(p: AttentionProblem, group: int) -> AttentionProblem:
+    return p.model_copy(update={"heads": p.kv_heads * group})
+
+
+@given(data=st.data())
+def test_grouped_backward_closed_form_equals_tile_walk(data):
+    p, t = data.draw(problems_and_tiles(max_len=200, head_dims=BWD_HEAD_DIMS, max_tile=64))
+    t = _grouped(t)
+    w, c = walk("flash2", p, t, "backward"), closed("flash2", p, t, "backward")
+    assert without_peak(w) == without_peak(c)
+    for kw, kc in zip(w.kernels, c.kernels, strict=True):
+        assert kw.sram_peak <= kc.sram_peak
+        if not p.causal and p.seq_len % t.block_q == 0 and p.kv_len % t.block_kv == 0:
+            assert kw.sram_peak == kc.sram_peak
+
+
+@given(case=problems_and_tiles(max_len=200, head_dims=BWD_HEAD_DIMS, max_tile=64))
+def test_grouped_equals_expand_without_grouped_query_heads(case):
+    p, t = case
+    p = _with_group(p, 1)
+    for count in (closed, walk):
+        assert count("flash2", p, _grouped(t), "backward") == count("flash2", p, t, "backward")
+
+
+@given(case=problems_and_tiles(max_len=200, head_dims=BWD_HEAD_DIMS, max_tile=64), group=st.integers(2, 4))
+def test_grouped_reads_K_and_V_once_per_kv_head_and_has_no_group_sum(case, group):
+    p, t = case
+    p = _with_group(p, group)
+    e, g = closed("flash2", p, t, "backward"), closed("flash2", p, _grouped(t), "backward")
+    assert [k.name for k in e.kernels] == [k.name for k in g.kernels] + ["bwd_dkdv_group_sum"]
+    (em, gm), kv = (e.kernels[1], g.kernels[1]), p.batch * p.kv_heads * p.kv_len * p.head_dim * p.elem_bytes
+    assert em.grid == group * gm.grid == p.batch * p.heads * cdiv(p.kv_len, t.block_kv)
+    for tensor in ("K", "V"):
+        assert em.global_read[tensor] == group * gm.global_read[tensor] == group * kv  # line 6: group times less
+        assert em.global_write["d" + tensor] == group * gm.global_write["d" + tensor] == group * kv  # line 18
+    for tensor in ("Q", "dO", "lse", "D", "dQacc"):  # every query head's rows are read as before
+        assert em.global_read[tensor] == gm.global_read[tensor]
+    assert em.flops == gm.flops and em.global_write["dQacc"] == gm.global_write["dQacc"]
+    for a, b in ((e.kernels[0], g.kernels[0]), (e.kernels[2], g.kernels[2])):  # preprocess, convert: per query head
+        assert a == b
+    # docs/schedules/backward.md: expand - grouped = B·N_kv·d·b·(6·heads - 2·kv_heads)
+    assert e.global_bytes - g.global_bytes == kv // p.kv_heads * (6 * p.heads - 2 * p.kv_heads)
+
+
+@given(case=problems_and_tiles(max_len=48, head_dims=BWD_HEAD_DIMS, max_tile=64),
+       fwd=st.tuples(st.integers(1, 32), st.integers(1, 32)), seed=st.integers(0, 2**32 - 1))
+def test_grouped_backward_numeric_execution_equals_float64_gradient(case, fwd, seed):
+    p, t = case
+    q, k, v, do = random_inputs(p, seed, grad=True)
+    got = execute_backward("flash2", p, q, k, v, do, _grouped(t), fwd_tiles=Tiles(*fwd))
+    want = reference_backward(p, q, k, v, do)
+    for name, x, ref, size in zip(("dQ", "dK", "dV"), got, want, _magnitudes(p, q, k, v, do), strict=True):
+        assert not np.isnan(x).any(), f"{name}: an element was never written (outputs start as NaN)"
+        err = np.linalg.norm(x - ref) / max(np.linalg.norm(ref), size, 1e-300)
+        assert err <= TOL[p.dtype], (name, err)
+
+
+def test_simulate_takes_gqa_for_the_backward_pass_and_says_so_in_the_json():
+    p = AttentionProblem(batch=2, seq_len=1000, head_dim=128, heads=8, kv_heads=2, causal=True)
+    expand, grouped = (simulate("flash2", p, pass_="backward", gqa=x) for x in ("expand", "grouped"))
+    assert expand.to_json() == simulate("flash2", p, pass_="backward").to_json()  # the default is FA2's design
+    assert "bwd_dkdv_group_sum" not in [k.name for k in grouped.counts.kernels]
+    assert grouped.to_json()["tiles_by_pass"]["backward"]["gqa"] == "grouped"
+    assert "gqa" not in expand.to_json()["tiles_by_pass"]["backward"]
+    both = simulate("flash2", p, pass_="both", gqa="grouped", method="walk")  # the forward takes no gqa: not given
+    assert both.counts.global_bytes == simulate("flash2", p).counts.global_bytes + grouped.counts.global_bytes
+
+
+@pytest.mark.parametrize("schedule,pass_,gqa,message", [
+    ("flash2", "forward", "grouped", r"^flash2 takes no gqa \(given gqa='grouped'\):.* gqa, 'expand' \(the default\) "
+                                     r"or 'grouped'"),
+    ("flash1", "backward", "grouped", r"^flash1 backward takes no gqa \(given gqa='grouped'\)"),
+    ("flash-decoding", "forward", "expand", r"^flash-decoding takes no gqa"),
+    ("flash2", "backward", "packed", r"^gqa='packed': expected 'expand' .* or 'grouped'"),
+])
+def test_gqa_elsewhere_or_with_another_value_is_an_error_naming_it_and_its_values(schedule, pass_, gqa, message):
+    with pytest.raises(ScheduleError, match=message):
+        simulate(schedule, AttentionProblem(seq_len=64, heads=4, kv_heads=2), pass_=pass_, gqa=gqa)

@@ -54,6 +54,20 @@ def test_simulate_prints_a_readable_table():
     assert "block_q=64, block_kv=32" in out.stdout and "global" in out.stdout and "lse" in out.stdout
 
 
+def test_simulate_gqa_grouped_counts_iosims_backward_kernel_and_refuses_the_forward():
+    args = ["simulate", "flash2", "--seq-len", "1000", "--heads", "8", "--kv-heads", "2", "--causal", "--json",
+            "--no-l2", "--pass", "backward"]
+    expand, grouped = run(*args), run(*args, "--gqa", "grouped")
+    assert expand.returncode == 0 and grouped.returncode == 0, expand.stderr + grouped.stderr
+    e, g = json.loads(expand.stdout), json.loads(grouped.stdout)
+    assert g["tiles_by_pass"]["backward"]["gqa"] == "grouped"
+    assert e["by_tensor"]["K"]["global_read_bytes"] == 4 * g["by_tensor"]["K"]["global_read_bytes"]  # group 4
+    assert [k["name"] for k in e["time"]["kernels"]][-1] == "bwd_dkdv_group_sum"
+    assert "bwd_dkdv_group_sum" not in [k["name"] for k in g["time"]["kernels"]]
+    out = run("simulate", "flash2", "--seq-len", "64", "--gqa", "grouped")
+    assert out.returncode == 2 and "flash2 takes no gqa" in out.stderr and "'grouped'" in out.stderr
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["simulate", "flash2", "--seq-len", "0"], "seq_len=0"),
     (["simulate", "flash2", "--seq-len", "64", "--heads", "3", "--kv-heads", "2"], "not divisible by kv_heads=2"),

@@ -88,6 +88,9 @@ def make_problem(batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype, causa
 @click.option("--mask", type=click.Path(exists=True, dir_okay=False), default=None,
               help="block-sparse: block mask file (.npy, or text: one row of 0/1 per Q block)")
 @click.option("--seed", type=int, default=None, help="block-sparse: seed of the drawn mask [default: 0]")
+@click.option("--gqa", type=click.Choice(["expand", "grouped"]), default=None,
+              help="flash2 --pass backward/both, grouped-query heads: expand (FlashAttention-2: dK, dV per query head, "
+                   "then a group-sum kernel) or grouped (iosim's kernel: K, V loaded once per kv head) [default: expand]")
 @click.option("--l2/--no-l2", "use_l2", default=True, show_default=True,
               help="hbm from the L2 model (LRU, L2 flushed before each kernel as Nsight Compute does); "
                    "--no-l2: hbm = global, the papers' two-level view")
@@ -100,7 +103,7 @@ def make_problem(batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype, causa
 @click.option("--warm", is_flag=True, help="time back-to-back calls on the same inputs (tensors that fit stay in L2)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
 def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, use_l2, as_json,
-                 l2_exact=False, kernel=None, warm=False, **problem_kw):
+                 l2_exact=False, kernel=None, warm=False, gqa=None, **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time.
 
     With a CPU profile (``iosim profiles list``, or a file with ``kind: cpu``), the boundaries are the CPU's
@@ -109,7 +112,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
     if profile is not None and is_cpu_profile(profile):
         gpu_only = {"--method walk": method != "closed", "--pass": pass_ != "forward", "--splits": splits,
                     "--density": density, "--mask": mask, "--seed": seed, "--l2-exact": l2_exact, "--kernel": kernel,
-                    "--warm": warm}
+                    "--warm": warm, "--gqa": gqa}
         given = [k for k, v in gpu_only.items() if v]
         if given:
             raise click.UsageError(f"{', '.join(given)}: not for a CPU profile ({profile}); the CPU model takes the "
@@ -119,7 +122,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
         return
     with compile_notice(), _l2_bar(use_l2) as bar:
         result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
-                          pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, l2=use_l2,
+                          pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, l2=use_l2,
                           l2_exact=l2_exact, l2_progress=bar, kernel=kernel, warm=warm)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))

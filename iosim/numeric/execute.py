@@ -86,6 +86,9 @@ def _execute_kv_heads(mod, p: AttentionProblem, q, k, v, tiles: Tiles, kv_order)
     return O, stats
 
 
+ROW_TENSORS = ("Q", "dO", "O", "dQ", "dQacc", "lse", "D", "m", "l")  # a query head's tensors along its rows
+
+
 def execute_backward(schedule: str, problem: AttentionProblem, q, k, v, do, tiles: Tiles | None = None, *,
                      fwd_tiles: Tiles | None = None, profile=None,
                      kv_order=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -94,8 +97,9 @@ def execute_backward(schedule: str, problem: AttentionProblem, q, k, v, do, tile
 
     Inputs (batch, seq, heads, head_dim) are rounded to the problem dtype first. Returns dQ (batch, seq_len,
     heads, d) and dK, dV (batch, kv_len, kv_heads, d) as float32 arrays holding dtype-rounded values. With
-    grouped-query heads each query head's dK, dV are summed over the group in fp32 and rounded once (the
-    group-sum kernel of ``iosim.schedules.backward``).
+    grouped-query heads and a backward program per query head, each query head's dK, dV are summed over the group
+    in fp32 and rounded once (the group-sum kernel of ``iosim.schedules.backward``); a program per kv head
+    (flash2's ``gqa="grouped"`` tiles) runs once on its group's rows and writes dK, dV summed itself.
     """
     p = problem
     _check_inputs(p, q, k, v)
@@ -107,24 +111,37 @@ def execute_backward(schedule: str, problem: AttentionProblem, q, k, v, do, tile
         fwd_tiles = fwd_tiles or resolve_tiles(schedule, p, prof)
         tiles = tiles or resolve_tiles(schedule, p, prof, pass_="backward")
     q, k, v, do = (round_to_dtype(a, p.dtype) for a in (q, k, v, do))
-    N, Nk, d = p.seq_len, p.kv_len, p.head_dim
+    N, Nk, d, G = p.seq_len, p.kv_len, p.head_dim, p.group
     dq = np.full((p.batch, N, p.heads, d), np.nan, F32)
-    dk_h = np.full((p.batch, Nk, p.heads, d), np.nan, F32)  # per query head, summed over the group below
-    dv_h = np.full((p.batch, Nk, p.heads, d), np.nan, F32)
+    dk, dv = (np.full((p.batch, Nk, p.kv_heads, d), np.nan, F32) for _ in range(2))
+    grouped = bwd.unit_of(tiles) == "kv_head"
     for b in range(p.batch):
-        for h in range(p.heads):
-            hk = h // p.group
-            g = {
-                "Q": q[b, :, h], "K": k[b, :, hk], "V": v[b, :, hk], "dO": do[b, :, h],
-                **{t: np.full((N, d), np.nan, F32) for t in ("O", "dQ", "dQacc")},
-                **{t: np.full((Nk, d), np.nan, F32) for t in ("dK", "dV")},
-                **{t: np.full((N, Nk), np.nan, F32) for t in ("S", "P", "dS", "dP")},
-                **{t: np.full(N, np.nan, F32) for t in ("m", "l", "lse", "D")},
-            }
-            fwd.program(NumericMachine(p, g, kv_order), p, fwd_tiles)
-            bwd.program(NumericMachine(p, g, kv_order), p, tiles)
-            dq[b, :, h], dk_h[b, :, h], dv_h[b, :, h] = g["dQ"], g["dK"], g["dV"]
-    shape = (p.batch, Nk, p.kv_heads, p.group, d)  # query head h = kv head h // group, member h % group
-    dk = round_to_dtype(dk_h.reshape(shape).sum(axis=3, dtype=F32), p.dtype)
-    dv = round_to_dtype(dv_h.reshape(shape).sum(axis=3, dtype=F32), p.dtype)
+        for hk in range(p.kv_heads):
+            heads = range(hk * G, (hk + 1) * G)
+            mems = [_head_memory(p, q[b, :, h], k[b, :, hk], v[b, :, hk], do[b, :, h]) for h in heads]
+            for g in mems:
+                fwd.program(NumericMachine(p, g, kv_order), p, fwd_tiles)
+            if grouped:  # one program for the kv head: its query heads' rows stacked, head g's at g·N
+                g = {**mems[0], **{t: np.concatenate([m[t] for m in mems]) for t in ROW_TENSORS}}
+                bwd.program(NumericMachine(p, g, kv_order), p, tiles)
+                dq[b, :, heads.start:heads.stop] = g["dQ"].reshape(G, N, d).transpose(1, 0, 2)
+                dk[b, :, hk], dv[b, :, hk] = g["dK"], g["dV"]  # summed over the group on chip, rounded once
+                continue
+            for h, g in zip(heads, mems, strict=True):
+                bwd.program(NumericMachine(p, g, kv_order), p, tiles)
+                dq[b, :, h] = g["dQ"]
+            for out, t in ((dk, "dK"), (dv, "dV")):  # the group-sum kernel: fp32 sum of the copies, rounded once
+                out[b, :, hk] = round_to_dtype(np.stack([m[t] for m in mems]).sum(axis=0, dtype=F32), p.dtype)
     return dq, dk, dv
+
+
+def _head_memory(p: AttentionProblem, q, k, v, do) -> dict[str, np.ndarray]:
+    """One query head's global memory: its inputs, and every output poisoned (NaN)."""
+    N, Nk, d = p.seq_len, p.kv_len, p.head_dim
+    return {
+        "Q": q, "K": k, "V": v, "dO": do,
+        **{t: np.full((N, d), np.nan, F32) for t in ("O", "dQ", "dQacc")},
+        **{t: np.full((Nk, d), np.nan, F32) for t in ("dK", "dV")},
+        **{t: np.full((N, Nk), np.nan, F32) for t in ("S", "P", "dS", "dP")},
+        **{t: np.full(N, np.nan, F32) for t in ("m", "l", "lse", "D")},
+    }

@@ -48,16 +48,18 @@ def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, b
                   pass_: str = "forward", **options) -> Tiles:
     """Explicit tiles if given (both, or one of them with the default for the other), else the default.
 
-    ``options`` (``splits``, ``density``, ``mask``, ``seed``; None = not given) go to schedules that take
+    ``options`` (``splits``, ``density``, ``mask``, ``seed``, ``gqa``; None = not given) go to schedules that take
     them (a record with ``make_tiles``); giving one to any other schedule is an error."""
     s = get_schedule(schedule, pass_)
     options = {k: v for k, v in options.items() if v is not None}
+    foreign = {k: v for k, v in options.items() if k not in s.options}
+    if foreign:
+        given = ", ".join(f"{k}={v!r}" for k, v in foreign.items())
+        raise ScheduleError(f"{s.label} takes no {', '.join(foreign)} (given {given}): only flash-decoding takes "
+                            "splits; only block-sparse density, mask and seed; only flash2's backward pass (pass "
+                            "backward or both) gqa, 'expand' (the default) or 'grouped'")
     if s.make_tiles is not None:
         return s.make_tiles(problem, profile, block_q, block_kv, **options)
-    if options:
-        given = ", ".join(f"{k}={v!r}" for k, v in options.items())
-        raise ScheduleError(f"{schedule} takes no {', '.join(options)} (given {given}): only flash-decoding takes "
-                            "splits; only block-sparse density, mask and seed")
     if block_q is None and block_kv is None:
         return s.default_tiles(problem, profile)
     if schedule == "naive" and (block_q is None or block_kv is None):

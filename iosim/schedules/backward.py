@@ -7,6 +7,9 @@ so it is counted here for the whole problem rather than inside a one-head progra
 
     reads  batch·heads·N_kv·d elements of dK and of dV    (every query head's copy)
     writes batch·kv_heads·N_kv·d elements of dK and of dV (the sums)
+
+A program whose unit is a whole kv head (flash2's ``gqa="grouped"``, iosim's own kernel) sums dK, dV over the
+group on chip and writes them once: no copies, so no reduction kernel.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from ..problem import AttentionProblem
 REDUCE_ROWS = 128  # rows of dK, dV one thread block of the reduction sums (sets its grid only)
 
 
-def group_sum(p: AttentionProblem) -> list[KernelCounts]:
-    """The dK/dV group reduction for the whole problem ([] without grouped-query heads)."""
-    if p.group == 1:
+def group_sum(p: AttentionProblem, unit: str = "head") -> list[KernelCounts]:
+    """The dK/dV group reduction for the whole problem after a backward program of ``unit`` ([] without
+    grouped-query heads, or when the unit is a kv head: its program wrote the sums)."""
+    if p.group == 1 or unit == "kv_head":
         return []
     b, d, Nk = p.elem_bytes, p.head_dim, p.kv_len
     copies, sums = p.batch * p.heads * Nk * d * b, p.batch * p.kv_heads * Nk * d * b

@@ -44,7 +44,9 @@ class Schedule:
     its group of query heads when ``unit == "kv_head"``) on an interpreter ``x``; ``closed_form(problem, tiles)``
     returns the same counts as a formula. ``working_set`` is the on-chip bytes one thread block allocates (None:
     untiled), of which ``shared_memory`` is in shared memory (None: all of it) and the rest in registers.
-    ``make_tiles`` builds tiles from the schedule's own ``options`` (flash-decoding's splits, block-sparse's mask).
+    ``make_tiles`` builds tiles from the schedule's own ``options`` (flash-decoding's splits, block-sparse's mask,
+    flash2 backward's gqa); ``tile_unit(tiles)``, where given, lets such an option choose the unit (gqa="grouped"
+    runs one program per kv head).
     ``time_model`` names the time model of the forward pass: "roofline", or "hopper" (FA3's pipeline).
     """
 
@@ -61,6 +63,7 @@ class Schedule:
     make_tiles: Callable | None = None
     options: tuple[str, ...] = ()
     time_model: str = "roofline"
+    tile_unit: Callable | None = None
 
     @property
     def label(self) -> str:
@@ -74,6 +77,11 @@ class Schedule:
         smem = total if self.shared_memory is None else self.shared_memory(problem, tiles)
         return int(smem), int(total - smem)
 
-    def units(self, problem) -> int:
+    def unit_of(self, tiles: Tiles | None = None) -> str:
+        """What one program run covers with ``tiles``: "head" (a query head) or "kv_head" (one with its group)."""
+        return self.unit if tiles is None or self.tile_unit is None else self.tile_unit(tiles)
+
+    def units(self, problem, tiles: Tiles | None = None) -> int:
         """How many times the one-unit program runs for the whole problem."""
-        return problem.batch * problem.kv_heads if self.unit == "kv_head" else problem.n_heads_total
+        kv_head = self.unit_of(tiles) == "kv_head"
+        return problem.batch * problem.kv_heads if kv_head else problem.n_heads_total
