@@ -2,8 +2,8 @@
 
     python benchmarks/ncu_backward.py [--ncu PATH] [--csv out.csv]      # on a GPU with ncu (about a minute)
 
-For each problem (ragged, causal both ways, kv_len != seq_len, d 64/128/256, fp16 and bf16; one query head per kv
-head: the schedule counts FlashAttention-2's grouped-query expansion, which our kernel does not do) it runs the
+For each problem (ragged, causal both ways, kv_len != seq_len, d 64/128/256, fp16 and bf16, grouped-query and
+multi-query heads, simulated with ``gqa="grouped"``: our kernel's design, iosim/schedules/flash2_bwd.py) it runs the
 forward outside the profiled range, then profiles one iosim.gpu.attention_backward call: the three kernels
 (preprocess, main, dQ conversion). Measured `global` = what the SASS global instructions move
 (smsp__sass_data_bytes_mem_global_op_*): reads = ld + ldgsts (cp.async) + red, writes = st + red, as the schedule
@@ -24,13 +24,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-PROBLEMS = [  # (batch, seq_len, kv_len, heads, head_dim, dtype, causal)
-    (1, 1000, 1000, 2, 128, "bf16", True),
-    (2, 4096, 4096, 8, 64, "bf16", False),
-    (1, 777, 1500, 4, 128, "fp16", True),
-    (1, 1500, 777, 4, 64, "fp16", True),
-    (1, 2048, 2048, 4, 256, "bf16", False),
-    (4, 513, 513, 16, 128, "bf16", False),
+PROBLEMS = [  # (batch, seq_len, kv_len, heads, kv_heads, head_dim, dtype, causal)
+    (1, 1000, 1000, 2, 2, 128, "bf16", True),
+    (2, 4096, 4096, 8, 8, 64, "bf16", False),
+    (1, 777, 1500, 4, 4, 128, "fp16", True),
+    (1, 1500, 777, 4, 4, 64, "fp16", True),
+    (1, 2048, 2048, 4, 4, 256, "bf16", False),
+    (4, 513, 513, 16, 16, 128, "bf16", False),
+    (2, 2048, 2048, 8, 2, 128, "bf16", True),
+    (1, 1000, 3000, 16, 1, 64, "fp16", False),
 ]
 METRICS = ("smsp__sass_data_bytes_mem_global_op_ld.sum", "smsp__sass_data_bytes_mem_global_op_ldgsts.sum",
            "smsp__sass_data_bytes_mem_global_op_st.sum", "smsp__sass_data_bytes_mem_global_op_red.sum",
@@ -38,8 +40,8 @@ METRICS = ("smsp__sass_data_bytes_mem_global_op_ld.sum", "smsp__sass_data_bytes_
            "gpu__time_duration.sum", "smsp__inst_executed_op_ldgsts.sum")
 
 
-def ldgsts_instructions(B, N, Nk, H, d, causal) -> int:
-    """The cp.async (LDGSTS) warp instructions flash_bwd_kernel issues (one query head per kv head): per K/V block
+def ldgsts_instructions(B, N, Nk, H, Hk, d, causal) -> int:
+    """The cp.async (LDGSTS) warp instructions flash_bwd_kernel issues (a block per K/V block of a kv head): per block
     K_j and V_j (Bc d / 8 16-byte chunks each, 32 a warp instruction); per visited Q block Q_i and dO_i likewise, and
     L_i and Delta_i (4 bytes a thread, threads 0-63: two warps, two instructions). Zero-filled rows of a ragged tile
     still issue (their lanes move 0 bytes), so this count is exact on every shape."""
@@ -48,7 +50,7 @@ def ldgsts_instructions(B, N, Nk, H, d, causal) -> int:
     Br, Bc = FLASH_BWD_TILES[d]
     Tr, Tc, offset = -(-N // Br), -(-Nk // Bc), Nk - N
     visits = sum(Tr - (max(0, (j * Bc - offset)) // Br if causal else 0) for j in range(Tc))
-    return B * H * (Tc * 2 * Bc * d // 256 + visits * (2 * Br * d // 256 + 4))
+    return B * Hk * (Tc * 2 * Bc * d // 256 + (H // Hk) * visits * (2 * Br * d // 256 + 4))
 
 
 def child() -> None:
@@ -60,9 +62,9 @@ def child() -> None:
 
     dts = {"fp16": cp.float16, "bf16": ml_dtypes.bfloat16}
     rng = cp.random.default_rng(0)
-    for B, N, Nk, H, d, dt, causal in PROBLEMS:
+    for B, N, Nk, H, Hk, d, dt, causal in PROBLEMS:
         q, do = (rng.standard_normal((B, N, H, d), dtype=cp.float32).astype(dts[dt]) for _ in range(2))
-        k, v = (rng.standard_normal((B, Nk, H, d), dtype=cp.float32).astype(dts[dt]) for _ in range(2))
+        k, v = (rng.standard_normal((B, Nk, Hk, d), dtype=cp.float32).astype(dts[dt]) for _ in range(2))
         o, lse = gpu.attention(q, k, v, causal=causal, return_lse=True)
         cp.cuda.Device().synchronize()
         cp.cuda.profiler.start()
@@ -99,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"metrics: {', '.join(metrics)}")
     print(f"{'problem':<40}{'kernel':<24}{'read meas':>13}{'read sim':>13}{'write meas':>13}{'write sim':>13}"
           f"{'dram r/w MB':>16}{'us':>8}  ldgsts instructions measured/expected")
-    for n, (B, N, Nk, H, d, dt, causal) in enumerate(PROBLEMS):
-        p = AttentionProblem(batch=B, heads=H, seq_len=N, kv_len=Nk, head_dim=d, dtype=dt, causal=causal)
+    for n, (B, N, Nk, H, Hk, d, dt, causal) in enumerate(PROBLEMS):
+        p = AttentionProblem(batch=B, heads=H, kv_heads=Hk, seq_len=N, kv_len=Nk, head_dim=d, dtype=dt, causal=causal)
         Br, Bc = FLASH_BWD_TILES[d]
-        sim = simulate("flash2", p, "h100-sxm5-80gb", pass_="backward", block_q=Br, block_kv=Bc).to_json()["kernels"]
+        sim = simulate("flash2", p, "h100-sxm5-80gb", pass_="backward", block_q=Br, block_kv=Bc,
+                       gqa="grouped").to_json()["kernels"]
         for k, s in zip(launches[3 * n: 3 * n + 3], sim, strict=True):
             m = {key: int(v or 0) for key, v in k["metrics"].items() if key.startswith(("smsp", "dram"))}
             red = m.get(METRICS[3], 0) + m.get(METRICS[4], 0)
@@ -110,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             wr = m.get(METRICS[2], 0) + red
             ok = rd == s["global_read_bytes"] and wr == s["global_write_bytes"]
             inst = int(k["metrics"].get("smsp__inst_executed_op_ldgsts.sum") or 0)
-            want = ldgsts_instructions(B, N, Nk, H, d, causal) if s["name"] == "flash2_bwd" else 0
+            want = ldgsts_instructions(B, N, Nk, H, Hk, d, causal) if s["name"] == "flash2_bwd" else 0
             bad_inst = inst != want
             bad += bad_inst or (wr != s["global_write_bytes"])
-            label = f"B{B} N{N} Nk{Nk} H{H} d{d} {dt}{' causal' if causal else ''}"
+            label = f"B{B} N{N} Nk{Nk} H{H}/{Hk} d{d} {dt}{' causal' if causal else ''}"
             dram = f"{m.get('dram__bytes_read.sum', 0) / 1e6:.1f}/{m.get('dram__bytes_write.sum', 0) / 1e6:.1f}"
             us = (k["metrics"].get("gpu__time_duration.sum") or 0) / 1e3
             print(f"{label:<40}{s['name']:<24}{rd:>13,}{s['global_read_bytes']:>13,}{wr:>13,}"
