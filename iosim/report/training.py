@@ -87,11 +87,11 @@ def training_section() -> tuple[str, int]:
             continue
         traffic = traffic_ratio(rows, profile)
         run = f"{rows[0]['device']}, run {rows[0]['commit']} of {rows[0]['date']}"
-        fig = training(rows, traffic, f"{name}: attention layer forward + backward, speedup over standard ({run})")
+        fig = training(rows, traffic, f"{name}: forward + backward of the attention layer")
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{SECTION_ID}-{name.lower()}",
                           config=PLOTLY_CONFIG)
-        parts.append(f"<figure>{div}<figcaption>{name}: measured speedups (solid), simulated bytes ratio (dotted), "
-                     "the seeds' 2-4× (shaded).</figcaption></figure>")
+        parts.append(f"<figure>{div}<figcaption>{name} ({html.escape(run)}): measured speedups over standard "
+                     "attention (solid), simulated bytes ratio (dotted), the seeds' 2-4× (shaded).</figcaption></figure>")
         parts.append(f"<details><summary>Table ({html.escape(run)})</summary><div class=wide>{_table(rows, traffic)}"
                      "</div></details>")
         n_fig += 1
