@@ -43,14 +43,14 @@ METRICS = ("smsp__sass_data_bytes_mem_global_op_ld.sum", "smsp__sass_data_bytes_
 def ldgsts_instructions(B, N, Nk, H, Hk, d, causal) -> int:
     """The cp.async (LDGSTS) warp instructions flash_bwd_kernel issues (a block per K/V block of a kv head): per block
     K_j and V_j (Bc d / 8 16-byte chunks each, 32 a warp instruction); per visited Q block Q_i and dO_i likewise, and
-    L_i and Delta_i (4 bytes a thread, threads 0-63: two warps, two instructions). Zero-filled rows of a ragged tile
-    still issue (their lanes move 0 bytes), so this count is exact on every shape."""
+    L_i and Delta_i (4 bytes a thread, threads 0 to Br - 1: Br / 32 warps, two instructions each). Zero-filled
+    rows of a ragged tile still issue (their lanes move 0 bytes), so this count is exact on every shape."""
     from iosim.launch import FLASH_BWD_TILES
 
     Br, Bc = FLASH_BWD_TILES[d]
     Tr, Tc, offset = -(-N // Br), -(-Nk // Bc), Nk - N
     visits = sum(Tr - (max(0, (j * Bc - offset)) // Br if causal else 0) for j in range(Tc))
-    return B * Hk * (Tc * 2 * Bc * d // 256 + (H // Hk) * visits * (2 * Br * d // 256 + 4))
+    return B * Hk * (Tc * 2 * Bc * d // 256 + (H // Hk) * visits * (2 * Br * d // 256 + 2 * Br // 32))
 
 
 def child() -> None:

@@ -292,10 +292,12 @@ FLASH_BWD_WARPS = 8  # flash_bwd_kernel: 8 warps, each a 32-row warp tile of eve
 FLASH_BWD_THREADS = 32 * FLASH_BWD_WARPS
 FLASH_BWD_DQ_THREADS = 128  # flash_bwd_dq_kernel (deterministic mode): 4 warps of 16 query rows
 FLASH_BWD_ROW_THREADS = 256  # preprocess and convert kernels: threads per block
-# (block_q, block_kv) of flash_bwd_kernel per head dim: Bc = 128 halves the Q_i, dO_i reloads and dQ reductions of
-# Bc = 64 (measured on the H100 at N = 8192: 0.82-0.87x torch's FA2 backward against 0.58-0.69x, docs/kernels.md);
-# no spills at d <= 128 (ptxas, nvcc 13.0, sm_80 and sm_90); d = 256 at Bc = 64 spills 32-40 B (stated, measured)
-FLASH_BWD_TILES: dict[int, tuple[int, int]] = {32: (64, 128), 64: (64, 128), 128: (64, 128), 256: (64, 64)}
+# (block_q, block_kv) of flash_bwd_kernel per head dim, from tile sweeps on the H100 at N = 8192 (docs/kernels.md):
+# Bc = 128 halves the Q_i, dO_i reloads and dQ reductions of Bc = 64 (d = 128: 0.86x torch's FA2 backward against
+# 0.60-0.69x); Br = 128 halves the blocks' iterations where its accumulators fit (d = 64: 0.85-0.88x against
+# 0.78-0.81x; at d = 128 it needs Bc = 64: 0.72-0.74x). No spills at d <= 128 (ptxas, nvcc 13.0, sm_80 and sm_90);
+# d = 256 at 64 x 64 spills 32-40 B (stated, measured)
+FLASH_BWD_TILES: dict[int, tuple[int, int]] = {32: (128, 128), 64: (128, 128), 128: (64, 128), 256: (64, 64)}
 # Bc of flash_bwd_dq_kernel (Br = 64): its dQ accumulator stays in registers beside S and dP
 FLASH_BWD_DQ_BLOCK_KV: dict[int, int] = {32: 64, 64: 64, 128: 32, 256: 32}
 

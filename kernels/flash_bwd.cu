@@ -30,13 +30,16 @@
 // (bottom-right aligned) get P = 0; Q blocks with no row seeing a key of block j are never loaded.
 //
 // Versions (device, bf16; full tables in docs/benchmarks.md):
-//   v1  first version: 8 warps, Br = 64, Bc = 128 (d = 64, 128) or 64 (d = 256), Q/dO double-buffered, two
+//   v1  first version: 8 warps, Br = 64, Bc = 128 (d = 32, 64) or 64 (d = 128, 256), Q/dO double-buffered, two
 //       barriers per Q block, dQ by red.global.add.v2.f32 from the mma fragments, dK/dV stored from fragments.
 //       Measured (H100, N = 8192, B*N = 16384, 2048 / d heads): 0.73-0.77x torch SDPA's FA2 backward at d = 64,
 //       0.60-0.63x at d = 128: warp tiles of 16 rows load 1.3-1.8 B fragments per mma (ldmatrix-bound), and
 //       Bc = 64 at d = 128 (v1 spilled at 128) reloads Q_i, dO_i and adds dQ twice as often as FA2's Bc = 128.
 //   v2  warp tiles of 32 rows (two m16 tiles per B fragment: 2-2.7 mma per ldmatrix), P^T packed to the input dtype
-//       in registers right after the exp (32 registers freed), so d = 128 runs Bc = 128.
+//       in registers right after the exp (32 registers freed), so d = 128 runs Bc = 128. Measured (H100 and H200,
+//       N = 2048-16384): 0.84-0.87x torch's FA2 backward at d = 128, 0.77-0.83x at d = 64.
+//   v3  Br = 128 where the accumulators fit (d <= 64: 255 registers, no spill), half the iterations per block.
+//       Measured (H100, N = 8192): d = 64 0.85-0.88x (was 0.78-0.81x), d = 32 0.83-0.87x (was 0.77-0.83x).
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -55,7 +58,7 @@ struct BwdLayout {
     static constexpr int MKV = 2, NKV = D / WNkv / 8;
     static constexpr int WMq = (D >= 64) ? Br / 32 : Br / 16, WNq = kBwdWarps / WMq;  // dQ_i (Br x D)
     static constexpr int MQ = Br / WMq / 16, NQ = D / WNq / 8;
-    static_assert(Br == 64 && (Bc == 64 || Bc == 128) && D % 32 == 0, "tile shape: Br = 64, Bc = 64 or 128");
+    static_assert((Br == 64 || Br == 128) && (Bc == 64 || Bc == 128) && D % 32 == 0, "tile shape: Br, Bc = 64 or 128");
     static_assert(WMs * WNs == kBwdWarps && WMkv * WNkv == kBwdWarps && WMq * WNq == kBwdWarps, "warp grid");
     static_assert(NS % 2 == 0 && NKV % 2 == 0 && NQ % 2 == 0, "B fragments come two n8 tiles at a time");
 };
