@@ -328,13 +328,14 @@ __global__ void __launch_bounds__(128)
         load_tile_async<Bc, D, kThreads>(sV, vg, kv_stride, kv_len, tid);
     }
     cp_async_commit();
-    float l2[2], dl[2];  // this thread's two rows: L log2e and Delta
+    float l2[2], dl[2];  // this thread's two rows: L log2e and Delta, read once per row (lane 4g) and shared
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
         const int row = m0 + warp * 16 + g + 8 * hr;
         const long long s = ((long long)b * heads + h) * seq_len + row;
-        l2[hr] = row < seq_len ? lse[s] * kLog2e : 0.f;
-        dl[hr] = row < seq_len ? delta[s] : 0.f;
+        const bool reads = t4 == 0 && row < seq_len;
+        l2[hr] = __shfl_sync(0xffffffffu, reads ? lse[s] * kLog2e : 0.f, lane & ~3);
+        dl[hr] = __shfl_sync(0xffffffffu, reads ? delta[s] : 0.f, lane & ~3);
     }
 
     float acc_dq[1][ND][4];
