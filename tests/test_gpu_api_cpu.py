@@ -285,3 +285,21 @@ def test_backward_shared_memory_fits_an_h100_block_at_every_shipped_tile():
         assert sum(terms.values()) == launch.flash_bwd_smem_bytes(d, bq, bkv) <= 227 * 1024
         assert terms["Q_i"] == 2 * bq * d * 2  # double-buffered
         assert launch.flash_bwd_dq_smem_bytes(d, launch.FLASH_BWD_DQ_BLOCK_KV[d]) <= 227 * 1024
+
+
+def test_backward_inputs_are_checked_naming_the_argument():
+    from iosim.gpu.backward import _check_like
+
+    def arr(shape=(1, 8, 2, 64), dtype="float16", contiguous=True, dev=0, ptr=0x1000):
+        return types.SimpleNamespace(shape=shape, dtype=np.dtype(dtype), flags=types.SimpleNamespace(
+            c_contiguous=contiguous), device=types.SimpleNamespace(id=dev), data=types.SimpleNamespace(ptr=ptr))
+
+    want = ((1, 8, 2, 64), "float16", 0)
+    _check_like(arr(), "o", *want)  # fine
+    for bad, match in ((arr(shape=(1, 8, 2, 32)), r"do: \(1, 8, 2, 32\) float16"),
+                       (arr(dtype="float32"), "do: .* float32 .*expected a contiguous"),
+                       (arr(contiguous=False), "contiguous=False"),
+                       (arr(dev=1), "do: on device 1; expected device 0"),
+                       (arr(ptr=0x1008), "do: data pointer 0x1008 is not 16-byte aligned")):
+        with pytest.raises(inputs.AttentionInputError, match=match):
+            _check_like(bad, "do", *want)

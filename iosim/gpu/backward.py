@@ -4,7 +4,8 @@
     >>> dq, dk, dv = gpu.attention_backward(q, k, v, o, do, lse, causal=True)
     >>> gpu.last_launch()                      # the backward's kernels, grids, shared memory, tiles
 
-Three kernels (Algorithm 2 of FlashAttention-2 as its kernels run it; counted by iosim/schedules/flash2_bwd.py):
+Three kernels (Algorithm 2 of FlashAttention-2 as its kernels run it; counted by iosim/schedules/flash2_bwd.py as
+``simulate("flash2", p, pass_="backward", gqa="grouped")`` at the tiles of :data:`iosim.launch.FLASH_BWD_TILES`):
 Delta = rowsum(dO ∘ O) with the fp32 dQ accumulator cleared; the K/V-outer main kernel (dK, dV in registers, summed
 over a grouped-query head's query heads; dQ added into the fp32 accumulator by L2 reductions); dQ converted to the
 input dtype. ``deterministic=True`` drops the reductions, whose order varies from run to run, for a Q-outer kernel
@@ -56,7 +57,8 @@ def _check_like(x: Any, name: str, shape: tuple[int, ...], dtype: str, device: i
 
 
 def _launch(c: Any, o: Any, do: Any, lse: Any, grads: tuple[Any, Any, Any], deterministic: bool):
-    """The backward's kernels on the checked call ``c`` (iosim.gpu.inputs.Checked); returns the launches."""
+    """Launch the backward's kernels for the checked call ``c`` (q, k, v, dtype, scale, causal); returns the launches
+    and the tiles, as :class:`iosim.gpu.LaunchRecord` holds them."""
     cp, i32 = c.cp, c.cp.int32
     B, N, H, D = (int(s) for s in c.q.shape)
     Nk, Hk = int(c.k.shape[1]), int(c.k.shape[2])
@@ -127,11 +129,12 @@ def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, *, cau
         else:
             if not isinstance(out, (tuple, list)) or len(out) != 3:
                 raise AttentionTypeError(f"out: got {type(out).__name__}; expected a tuple (dq, dk, dv)")
-            (dq_ret, dk_ret, dv_ret), (dq, dk, dv) = out, (_as_view(cp, x, n) for x, n in zip(out, ("dq", "dk", "dv")))
+            dq_ret, dk_ret, dv_ret = out
+            dq, dk, dv = (_as_view(cp, x, n) for x, n in zip(out, ("dq", "dk", "dv")))
             for name, x, like in (("dq", dq, a.q), ("dk", dk, a.k), ("dv", dv, a.v)):
                 _check_like(x, name, tuple(like.shape), a.dtype, a.device)
         c = _Call(cp, a.q, a.k, a.v, None, None, a.dtype, a.scale, causal)
         launches, tiles = _launch(c, o_, do_, lse_, (dq, dk, dv), deterministic)
-    _record(LaunchRecord("flash2_bwd" + ("_deterministic" if deterministic else ""), B, N,
-                                 int(a.k.shape[1]), H, int(a.k.shape[2]), D, a.dtype, causal, tiles, launches))
+    name = "flash2_bwd_deterministic" if deterministic else "flash2_bwd"
+    _record(LaunchRecord(name, B, N, int(a.k.shape[1]), H, int(a.k.shape[2]), D, a.dtype, causal, tiles, launches))
     return dq_ret, dk_ret, dv_ret
