@@ -1,6 +1,6 @@
 """The backward kernels' `global` bytes under Nsight Compute beside the flash2 backward schedule's counts, per kernel.
 
-    python benchmarks/ncu_backward.py [--ncu PATH] [--csv out.csv]      # on a GPU with ncu (about a minute)
+    python benchmarks/ncu_backward.py [--ncu PATH] [--csv out.csv] [--torch]   # on a GPU with ncu (about a minute)
 
 For each problem (ragged, causal both ways, kv_len != seq_len, d 64/128/256, fp16 and bf16, grouped-query and
 multi-query heads, simulated with ``gqa="grouped"``: our kernel's design, iosim/schedules/flash2_bwd.py) it runs the
@@ -73,14 +73,74 @@ def child() -> None:
         cp.cuda.profiler.stop()
 
 
+def child_torch() -> None:
+    """Run under ncu: torch SDPA's FA2 backward (its aten op) on each problem without grouped-query heads, a marker
+    kernel (iosim_marker, grid = problem index + 1) ahead of it inside the profiled range."""
+    import cupy as cp
+    import torch
+
+    from iosim._resources import kernels_dir
+
+    marker = cp.RawModule(code=(kernels_dir() / "probes.cu").read_text()).get_function("iosim_marker")
+    dummy = cp.zeros(1, dtype=cp.int32)
+    aten = torch.ops.aten
+    for idx, (B, N, Nk, H, Hk, d, dt, causal) in enumerate(PROBLEMS):
+        if H != Hk:
+            continue
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+        q, do = (torch.randn(B, H, N, d, device="cuda", dtype=dtype) for _ in range(2))
+        k, v = (torch.randn(B, H, Nk, d, device="cuda", dtype=dtype) for _ in range(2))
+        o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)
+        torch.cuda.synchronize()
+        cp.cuda.profiler.start()
+        marker((idx + 1,), (32,), (dummy,))
+        aten._scaled_dot_product_flash_attention_backward(do, q, k, v, o, lse, cq, ck, mq, mk, 0.0, causal, seed, off)
+        torch.cuda.synchronize()
+        cp.cuda.profiler.stop()
+
+
+def _measured(m: dict) -> tuple[int, int]:
+    """(global read, global write) bytes of one launch's metrics: ld + ldgsts + red, st + red."""
+    red = m.get(METRICS[3], 0) + m.get(METRICS[4], 0)
+    return m.get(METRICS[0], 0) + m.get(METRICS[1], 0) + red, m.get(METRICS[2], 0) + red
+
+
+def blind_torch(ncu: str, metrics: list[str]) -> None:
+    """torch's FA2 backward beside the flash2 backward schedule as FA2 runs it (gqa="expand", FA2's tiles): the
+    totals of its kernels, printed (a blind check: nothing of the schedule was fitted to these kernels)."""
+    from iosim import AttentionProblem, simulate
+    from iosim.measure.ncu import group_by_marker, parse_ncu_csv
+
+    cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--print-units", "base",
+           "--metrics", ",".join(metrics), sys.executable, str(Path(__file__).resolve()), "--child-torch"]
+    groups = group_by_marker(parse_ncu_csv(subprocess.run(cmd, capture_output=True, text=True).stdout))
+    print("\ntorch SDPA's FA2 backward (blind): kernels' global bytes against flash2 backward, gqa='expand', FA2 tiles")
+    for idx, launches in sorted(groups.items()):
+        B, N, Nk, H, _, d, dt, causal = PROBLEMS[idx]
+        p = AttentionProblem(batch=B, heads=H, seq_len=N, kv_len=Nk, head_dim=d, dtype=dt, causal=causal)
+        r = simulate("flash2", p, "h100-sxm5-80gb", pass_="backward")
+        rd, wr = (sum(x) for x in zip(*(_measured({k_: int(v or 0) for k_, v in k["metrics"].items()})
+                                        for k in launches)))
+        sim = r.traffic["global"]
+        names = ", ".join(k["kernel"].split("(")[0].split("<")[0].split("::")[-1][:40] for k in launches)
+        print(f"B{B} N{N} Nk{Nk} H{H} d{d} {dt}{' causal' if causal else ''}: read {rd:,} / {sim['read_bytes']:,} "
+              f"({rd / sim['read_bytes'] - 1:+.2%}), write {wr:,} / {sim['write_bytes']:,} "
+              f"({wr / sim['write_bytes'] - 1:+.2%}); tiles {r.tiles.block_q}x{r.tiles.block_kv}; kernels: {names}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-torch", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--torch", action="store_true", help="also torch's FA2 backward, a blind check (printed)")
     ap.add_argument("--ncu", default=None)
     ap.add_argument("--csv", default=None, help="write the table here")
     args = ap.parse_args(argv)
     if args.child:
         child()
+        return 0
+    if args.child_torch:
+        child_torch()
         return 0
     from iosim import AttentionProblem, simulate
     from iosim.launch import FLASH_BWD_TILES
@@ -108,9 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                        gqa="grouped").to_json()["kernels"]
         for k, s in zip(launches[3 * n: 3 * n + 3], sim, strict=True):
             m = {key: int(v or 0) for key, v in k["metrics"].items() if key.startswith(("smsp", "dram"))}
-            red = m.get(METRICS[3], 0) + m.get(METRICS[4], 0)
-            rd = m.get(METRICS[0], 0) + m.get(METRICS[1], 0) + red
-            wr = m.get(METRICS[2], 0) + red
+            rd, wr = _measured(m)
             ok = rd == s["global_read_bytes"] and wr == s["global_write_bytes"]
             inst = int(k["metrics"].get("smsp__inst_executed_op_ldgsts.sum") or 0)
             want = ldgsts_instructions(B, N, Nk, H, Hk, d, causal) if s["name"] == "flash2_bwd" else 0
@@ -129,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             f.write("problem,kernel,read_measured,read_simulated,write_measured,write_simulated,dram_mb,us,"
                     "ldgsts_inst_measured,ldgsts_inst_expected\n")
             f.writelines(",".join(map(str, r)) + "\n" for r in rows)
+    if args.torch:
+        blind_torch(ncu, metrics)
     print(f"{len(rows) - bad}/{len(rows)} kernels: writes equal the count and the cp.async instructions the "
           "expected number (the SASS byte counter of cp.async is printed, not judged: it varies from run to run)")
     return 1 if bad else 0
