@@ -4,7 +4,7 @@
 //   dQ, dK, dV of L with dO = dL/dO, for O = softmax(scale Q K^T) V. Grouped-query heads: dK, dV of a kv head are
 //   summed over its query heads inside one thread block (no expanded copies, no reduction kernel).
 //
-// Kernels, in launch order (the schedule iosim/schedules/flash2_bwd.py counts them):
+// Kernels, in launch order (iosim/schedules/flash2_bwd.py counts them, with gqa="grouped"):
 //   flash_bwd_preprocess_kernel  Alg. line 4: Delta = rowsum(dO o O) (B, H, N) fp32; clears the fp32 dQ accumulator
 //   flash_bwd_kernel             Alg. lines 5-18: one thread block per K/V block j of one (batch, kv head):
 //       load K_j, V_j once (line 6); for each query head of the group and each Q block i that sees a key of j:
@@ -20,10 +20,10 @@
 //   flash_bwd_dq_kernel          one thread block per Q block i (the forward's loop order): recomputes S, P, dP, dS
 //                                 for every K/V block it sees and writes dQ_i once; two GEMMs more per tile pair.
 //
-// Warps (8 in flash_bwd_kernel): the K/V block's Bc rows are split in 16-row stripes, one per warp along keys;
-// where Bc < 128 two warps share a stripe and split the query columns of S^T and the head dim of dK, dV. S^T and
-// dP^T are computed key-major so P^T and dS^T go to shared memory as the A operands of dV and dK; dQ's A operand is
-// dS^T read back transposed (ldmatrix.trans), its warps split Br rows x d.
+// Warps (8 in flash_bwd_kernel, BwdLayout): each GEMM's output tile is split over the warps in warp tiles of 32 rows
+// (S^T, dP^T: Bc x Br; dK, dV: Bc x d; dQ: Br x d). S^T and dP^T are computed key-major so P^T and dS^T go to shared
+// memory as the A operands of dV and dK; dQ's A operand is dS^T read back transposed (ldmatrix.trans). Tiles per
+// head dim: iosim/launch.py FLASH_BWD_TILES (128 x 128 at d <= 64, 64 x 128 at d = 128, 64 x 64 at d = 256).
 // Shared memory (term by term in iosim/launch.py, flash_bwd_smem_terms): K_j, V_j (Bc x d); Q_i, dO_i (Br x d, two
 // buffers each); P^T, dS^T (Bc x Br); L_i, Delta_i (Br fp32, two buffers each).
 // Masking as the forward: keys >= kv_len, query rows >= seq_len and, when causal, key j > i + (kv_len - seq_len)
