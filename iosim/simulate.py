@@ -149,7 +149,7 @@ def as_problem(problem: AttentionProblem | Mapping) -> AttentionProblem:
 
 def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | Profile | None = None, *,
              block_q: int | None = None, block_kv: int | None = None, method: Method = "closed",
-             pass_: Pass = "forward", l2: bool = False, l2_exact: bool = False, l2_progress=None,
+             pass_: Pass = "forward", l2: bool = True, l2_exact: bool = False, l2_progress=None,
              kernel: str | None = None, warm: bool = False, splits: int | None = None, density: float | None = None,
              mask=None, seed: int | None = None, gqa: Literal["expand", "grouped"] | None = None) -> Result:
     """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
@@ -160,8 +160,10 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     one it does not take raises ScheduleError; a misspelled one is Python's TypeError): ``splits``
     (flash-decoding), ``density``, ``mask`` (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's
     backward pass: "expand", the default, as FlashAttention-2; "grouped", as iosim's kernel:
-    docs/schedules/backward.md). ``l2=True`` takes ``hbm`` from the L2 model
-    (:mod:`iosim.l2`; the CLI's default) where it applies; ``hbm_model`` says which view a result is. Legal but questionable input (:func:`questionable`:
+    docs/schedules/backward.md). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
+    (:mod:`iosim.l2`) where it applies (the forward pass of naive, flash1, flash2, flash3); ``l2=False``
+    (``--no-l2``): ``hbm`` = ``global``, the papers' two-level view, without running the model (fast for huge
+    sweeps); ``hbm_model`` says which view a result is. Legal but questionable input (:func:`questionable`:
     flash3 off Hopper, fp8 backward, splits cut to the K/V blocks, head_dim off 8..256, a problem larger than the
     GPU's memory, to which the L2 model is not applied) runs and issues an :class:`~iosim.problem.InputWarning`
     that says why and what to change. ``l2_exact`` and ``l2_progress`` go to :func:`with_l2`. ``kernel``: whose launch and pipeline the time

@@ -1,12 +1,77 @@
-"""Issue 30 item 1, "one answer for one question": the API's signature names every option a schedule takes."""
+"""Issue 30 item 1, "one answer for one question": the Python API and the CLI give the same numbers by default,
+and the API's signature names every option a schedule takes."""
 
 from __future__ import annotations
 
 import inspect
+import json
 
 import pytest
+from helpers import run_cli
 
 from iosim import AttentionProblem, simulate
+from iosim.schedules import SCHEDULES
+
+# one small problem per schedule, in the shape it is meant for (flash-decoding: one query against a cache)
+PROBLEMS = {
+    "naive": dict(batch=1, heads=4, seq_len=1024, head_dim=64),
+    "flash1": dict(batch=1, heads=4, seq_len=1024, head_dim=64, causal=True),
+    "flash2": dict(batch=2, heads=8, kv_heads=2, seq_len=2048, head_dim=128, dtype="bf16"),
+    "flash3": dict(batch=1, heads=4, seq_len=2048, head_dim=128, causal=True),
+    "flash-decoding": dict(batch=4, heads=8, seq_len=1, kv_len=8192, head_dim=128),
+    "block-sparse": dict(batch=1, heads=2, seq_len=1024, head_dim=64),
+}
+
+
+def _flags(problem: dict) -> list[str]:
+    out = []
+    for k, v in problem.items():
+        flag = "--" + k.replace("_", "-")
+        out += [flag] if v is True else [flag, str(v)]
+    return out
+
+
+def _cli_json(schedule: str, problem: dict, capsys, *extra: str) -> dict:
+    code, out, err = run_cli(["simulate", schedule, *_flags(problem), "--json", *extra], capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_every_schedule_is_covered():
+    assert set(PROBLEMS) == set(SCHEDULES)
+
+
+@pytest.mark.parametrize("schedule", list(PROBLEMS))
+def test_python_and_cli_agree_byte_for_byte_by_default(schedule, capsys):
+    """The same call from Python and from ``iosim simulate --json``, both with their defaults: the same traffic at
+    every boundary (hbm included: both take it from the L2 model where it applies), the same view, the same time."""
+    j = _cli_json(schedule, PROBLEMS[schedule], capsys)
+    r = simulate(schedule, AttentionProblem(**PROBLEMS[schedule])).to_json()
+    assert r["traffic"] == j["traffic"]
+    assert r["kernels"] == j["kernels"]
+    assert r["hbm_model"] == j["hbm_model"]
+    assert r["time"]["predicted_s"] == j["time"]["predicted_s"]
+
+
+@pytest.mark.parametrize("schedule", ["naive", "flash1", "flash2", "flash3"])
+def test_the_default_is_the_l2_model_where_it_applies(schedule):
+    r = simulate(schedule, AttentionProblem(**PROBLEMS[schedule]))
+    assert r.hbm_model.startswith("l2-lru"), r.hbm_model
+    assert r.l2 is not None
+
+
+@pytest.mark.parametrize("schedule", list(PROBLEMS))
+def test_no_l2_agrees_too_and_gives_the_two_level_view(schedule, capsys):
+    j = _cli_json(schedule, PROBLEMS[schedule], capsys, "--no-l2")
+    r = simulate(schedule, AttentionProblem(**PROBLEMS[schedule]), l2=False).to_json()
+    assert r["traffic"] == j["traffic"] and r["hbm_model"] == j["hbm_model"]
+    assert r["traffic"]["hbm"] == r["traffic"]["global"] and r["hbm_model"].startswith("none")
+
+
+def test_the_backward_pass_says_why_it_has_no_l2_model_by_default():
+    r = simulate("flash2", AttentionProblem(seq_len=1024, heads=4), pass_="backward")
+    assert r.hbm_model.startswith("none: pass 'backward'") and r.traffic["hbm"] == r.traffic["global"]
+
 
 # -- the schedules' options are simulate's own keyword parameters ---------------------------------------------------
 
@@ -31,3 +96,14 @@ def test_options_reach_the_schedules_as_before():
     assert simulate("flash-decoding", p, splits=8, l2=False).tiles.splits == 8
     a, b = (simulate("block-sparse", AttentionProblem(seq_len=1024), density=0.25, seed=s) for s in (1, 2))
     assert a.tiles.mask != b.tiles.mask
+
+
+def test_every_built_in_scenario_states_which_hbm_view_it_uses():
+    """A scenario's default (no L2 model: sweeps stay fast) differs from simulate()'s, so each file says."""
+    from iosim._resources import scenarios_dir
+    from iosim.yaml_io import read_data
+
+    files = sorted(scenarios_dir().glob("*.yaml"))
+    assert files
+    for f in files:
+        assert isinstance(read_data(f).get("l2_model"), bool), f"{f.name} does not state l2_model"
