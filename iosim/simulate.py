@@ -169,7 +169,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     that says why and what to change. ``l2_exact`` and ``l2_progress`` go to :func:`with_l2`. ``kernel``: whose launch and pipeline the time
     model assumes (a built-in name of :mod:`iosim.timing.kernels` or a YAML file; default: the schedule's own
     kernel, e.g. iosim-flash2); its tiles are used where ``block_q``/``block_kv`` are not given. ``warm``: time of
-    back-to-back calls on the same inputs (tensors that fit in L2 stay there). ``problem`` may also be a dict of
+    back-to-back calls on the same inputs (tensors that fit in L2 stay there: the time prices no DRAM bytes,
+    ``Result.time_hbm``, while ``hbm`` stays the cold-L2 bytes). ``problem`` may also be a dict of
     AttentionProblem's fields (validated: ProblemError); anything else is a TypeError."""
     problem = as_problem(problem)
     options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa)

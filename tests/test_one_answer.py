@@ -98,6 +98,33 @@ def test_options_reach_the_schedules_as_before():
     assert a.tiles.mask != b.tiles.mask
 
 
+# -- warm calls: the DRAM bytes the time prices, beside the cold bytes -----------------------------------------------
+
+def test_warm_time_says_it_prices_no_dram_bytes_beside_the_cold_hbm_bytes():
+    p = AttentionProblem(seq_len=4096, heads=8, head_dim=128)  # 33.6 MB of Q, K, V, O: within 80% of the 50 MB L2
+    cold, warm = (simulate("flash2", p, warm=w).to_json() for w in (False, True))
+    assert warm["traffic"] == cold["traffic"] and warm["traffic"]["hbm"]["read_bytes"] > 0  # hbm: a cold L2
+    assert warm["time"]["warm"] is True and warm["time"]["hbm"] == {"read_bytes": 0, "write_bytes": 0}
+    assert cold["time"]["warm"] is False and cold["time"]["hbm"] == cold["traffic"]["hbm"]
+    assert warm["time"]["predicted_s"] < cold["time"]["predicted_s"]
+
+
+@pytest.mark.parametrize("schedule,problem", [
+    ("flash2", dict(seq_len=65536, heads=32)),  # 2.1 GB of inputs: they cannot stay in L2
+    ("flash1", dict(seq_len=4096, heads=8)),  # no kernel model: the peak roofline, on the cold bytes
+])
+def test_warm_time_prices_the_cold_bytes_where_the_inputs_do_not_stay_in_l2(schedule, problem):
+    j = simulate(schedule, AttentionProblem(**problem), warm=True).to_json()
+    assert j["time"]["warm"] is True and j["time"]["hbm"] == j["traffic"]["hbm"]
+
+
+def test_the_cli_says_what_warm_calls_price(capsys):
+    code, out, _ = run_cli(["simulate", "flash2", "--seq-len", "4096", "--heads", "8", "--warm"], capsys)
+    assert code == 0 and "warm calls: the inputs stay in L2: the time prices no DRAM bytes" in out
+    j = _cli_json("flash2", dict(seq_len=4096, heads=8), capsys, "--warm")
+    assert j["time"]["hbm"] == {"read_bytes": 0, "write_bytes": 0} and j["traffic"]["hbm"]["read_bytes"] > 0
+
+
 def test_every_built_in_scenario_states_which_hbm_view_it_uses():
     """A scenario's default (no L2 model: sweeps stay fast) differs from simulate()'s, so each file says."""
     from iosim._resources import scenarios_dir
