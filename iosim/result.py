@@ -59,6 +59,14 @@ class Result:
         }
 
     @property
+    def time_hbm(self) -> dict:
+        """The DRAM bytes the predicted time prices: ``traffic["hbm"]`` (a cold L2, as Nsight Compute measures),
+        or none where warm calls keep the inputs in L2 (``warm=True`` and a kernel model: :mod:`iosim.timing`)."""
+        if self.time.dram_free:
+            return {"read_bytes": 0, "write_bytes": 0}
+        return {"read_bytes": sum(self.hbm_read), "write_bytes": sum(self.hbm_write)}
+
+    @property
     def sram_peak_bytes(self) -> int | None:
         """On-chip bytes one thread block allocates (None for untiled naive: a library GEMM's business)."""
         if self.tiles.block_q is None:
@@ -98,6 +106,8 @@ class Result:
                 "bound": self.time.bound,
                 "kernel": self.time.kernel,
                 "calibration": self.time.calibration,
+                "warm": self.warm,
+                "hbm": self.time_hbm,
                 "arithmetic_intensity": flops["total"] / hbm_total if hbm_total else None,
                 "unmodeled": self.time.unmodeled,
                 "kernels": [

@@ -47,6 +47,7 @@ class TimeEstimate:
     roofline_s: float | None = None  # the ideal peak bound (this module's estimate), beside a kernel model's
     kernel: str = "roofline"  # whose launch and pipeline the estimate assumes (iosim.timing.kernels)
     calibration: str = "uncalibrated"  # the rates' origin: "measured on ..." or "uncalibrated" (datasheet peaks)
+    dram_free: bool = False  # warm calls whose inputs stay in L2: the estimate prices no DRAM bytes (iosim.timing)
 
     @property
     def predicted_s(self) -> float:

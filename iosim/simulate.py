@@ -22,12 +22,10 @@ from .problem import AttentionProblem, InputWarning
 from .profile import Profile, get_profile
 from .result import Result
 from .roofline import TimeEstimate
-from .schedules import PASSES, ScheduleError, Tiles, check_fit, get_schedule, resolve_tiles
+from .schedules import PASSES, ScheduleError, ScheduleOptions, Tiles, check_fit, get_schedule, resolve_tiles
 from .schedules.backward import group_sum
 from .units import fmt_bytes
 
-OPTIONS = ("splits", "density", "mask", "seed", "gqa")  # simulate's **options: flash-decoding's; block-sparse's;
-# flash2 backward's
 MAX_HEAD_DIM = 256  # FlashAttention-2/3 and iosim.gpu take head_dim <= 256, a multiple of 8 (16-byte rows)
 
 Method = Literal["closed", "walk"]
@@ -59,13 +57,13 @@ def walk(schedule: str, problem: AttentionProblem, tiles: Tiles, pass_: str = "f
     return _whole(s, problem, tiles, x.kernels)
 
 
-def options_for(schedule: str, pass_: str, passes: list[str], options: dict) -> dict:
+def options_for(schedule: str, pass_: str, passes: list[str], options: ScheduleOptions) -> ScheduleOptions:
     """The options of one of ``passes``: all of them for a single pass; for both, those its record takes (flash2's
     gqa goes to the backward alone) and those neither takes, for :func:`resolve_tiles` to refuse."""
     if len(passes) == 1:
         return options
     takes = {ps: get_schedule(schedule, ps).options for ps in passes}
-    return {k: v for k, v in options.items() if k in takes[pass_] or not any(k in t for t in takes.values())}
+    return options.only([k for k in options.given() if k in takes[pass_] or not any(k in t for t in takes.values())])
 
 
 def predict_time(result: Result) -> TimeEstimate:
@@ -151,30 +149,31 @@ def as_problem(problem: AttentionProblem | Mapping) -> AttentionProblem:
 
 def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | Profile | None = None, *,
              block_q: int | None = None, block_kv: int | None = None, method: Method = "closed",
-             pass_: Pass = "forward", l2: bool = False, l2_exact: bool = False, l2_progress=None,
-             kernel: str | None = None, warm: bool = False, **options) -> Result:
+             pass_: Pass = "forward", l2: bool = True, l2_exact: bool = False, l2_progress=None,
+             kernel: str | None = None, warm: bool = False, splits: int | None = None, density: float | None = None,
+             mask=None, seed: int | None = None, gqa: Literal["expand", "grouped"] | None = None) -> Result:
     """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
 
     ``pass_``: "forward" (default), "backward" (the backward pass, which consumes the forward's O and
     statistics) or "both" (forward kernels, then backward kernels). Each pass uses its own default tiles
-    unless ``block_q``/``block_kv`` are given. ``options``: ``splits`` (flash-decoding), ``density``, ``mask``
-    (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's backward pass: "expand", the default, as
-    FlashAttention-2; "grouped", as iosim's kernel: docs/schedules/backward.md) go to the schedules that take them. ``l2=True`` takes ``hbm``
-    from the L2 model (:mod:`iosim.l2`; the CLI's default) where it applies; ``hbm_model`` says which view a
-    result is. Legal but questionable input (:func:`questionable`: flash3 off Hopper, fp8
-    backward, splits cut to the K/V blocks, head_dim off 8..256, a problem larger than the GPU's memory, to which
-    the L2 model is not applied) runs and issues an :class:`~iosim.problem.InputWarning` that says why and what to
-    change. ``l2_exact`` and ``l2_progress`` go to :func:`with_l2`. ``kernel``: whose launch and pipeline the time
+    unless ``block_q``/``block_kv`` are given. The schedules' own options (None = not given; a schedule given
+    one it does not take raises ScheduleError; a misspelled one is Python's TypeError): ``splits``
+    (flash-decoding), ``density``, ``mask`` (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's
+    backward pass: "expand", the default, as FlashAttention-2; "grouped", as iosim's kernel:
+    docs/schedules/backward.md). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
+    (:mod:`iosim.l2`) where it applies (the forward pass of naive, flash1, flash2, flash3); ``l2=False``
+    (``--no-l2``): ``hbm`` = ``global``, the papers' two-level view, without running the model (fast for huge
+    sweeps); ``hbm_model`` says which view a result is. Legal but questionable input (:func:`questionable`:
+    flash3 off Hopper, fp8 backward, splits cut to the K/V blocks, head_dim off 8..256, a problem larger than the
+    GPU's memory, to which the L2 model is not applied) runs and issues an :class:`~iosim.problem.InputWarning`
+    that says why and what to change. ``l2_exact`` and ``l2_progress`` go to :func:`with_l2`. ``kernel``: whose launch and pipeline the time
     model assumes (a built-in name of :mod:`iosim.timing.kernels` or a YAML file; default: the schedule's own
     kernel, e.g. iosim-flash2); its tiles are used where ``block_q``/``block_kv`` are not given. ``warm``: time of
-    back-to-back calls on the same inputs (tensors that fit in L2 stay there). ``problem`` may also be a dict of
+    back-to-back calls on the same inputs (tensors that fit in L2 stay there: the time prices no DRAM bytes,
+    ``Result.time_hbm``, while ``hbm`` stays the cold-L2 bytes). ``problem`` may also be a dict of
     AttentionProblem's fields (validated: ProblemError); anything else is a TypeError."""
     problem = as_problem(problem)
-    unknown = [k for k in options if k not in OPTIONS]
-    if unknown:
-        raise TypeError(f"simulate() got an unexpected keyword argument {unknown[0]!r}; its options are splits "
-                        "(flash-decoding), density, mask and seed (block-sparse), gqa (flash2's backward pass); "
-                        "tiles are block_q=, block_kv=")
+    options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa)
     prof = get_profile(profile)
     desc = timing.kernel_for(schedule, kernel) if kernel is not None and pass_ == "forward" else None
     if desc is not None and desc.tiles and block_q is None and block_kv is None:
@@ -190,11 +189,11 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     tiles_by_pass, kernels = {}, []
     for ps in passes:
         tiles = resolve_tiles(schedule, problem, prof, block_q, block_kv, pass_=ps,
-                              **options_for(schedule, ps, passes, options))
+                              options=options_for(schedule, ps, passes, options))
         check_fit(get_schedule(schedule, ps), problem, tiles, prof)
         tiles_by_pass[ps] = tiles
         kernels += (closed if method == "closed" else walk)(schedule, problem, tiles, ps).kernels
-    for msg in questionable(schedule, problem, prof, pass_, tiles_by_pass[passes[0]], options.get("splits")):
+    for msg in questionable(schedule, problem, prof, pass_, tiles_by_pass[passes[0]], splits):
         warnings.warn(msg, InputWarning, stacklevel=2)
     counts = Counts(kernels)
     hbm_read = [k.global_read_bytes for k in counts.kernels]  # no L2 model: hbm = global

@@ -126,7 +126,7 @@ def test_simulate_takes_a_dict_of_problem_fields_and_validates_it():
     (dict(schedule="block-sparse", mask=np.ones((1, 1)), density=0.5), ScheduleError,
      r"^block-sparse: give mask, or density \(with seed\), not both"),
     (dict(schedule="flash2", tiles=(64, 64)), TypeError,
-     r"^simulate\(\) got an unexpected keyword argument 'tiles'.*block_q=, block_kv="),
+     r"^simulate\(\) got an unexpected keyword argument 'tiles'$"),
     (dict(schedule="flash2", foo=1), TypeError, r"^simulate\(\) got an unexpected keyword argument 'foo'"),
 ])
 def test_python_callers_read_python_parameter_names(call, error, message):

@@ -11,7 +11,7 @@ from iosim.roofline import predict, utilization
 
 def roof(schedule, problem, **kw):
     """The roofline of a simulation (hbm = global: no L2 model)."""
-    r = simulate(schedule, problem, **kw)
+    r = simulate(schedule, problem, l2=False, **kw)
     hbm = [a + b for a, b in zip(r.hbm_read, r.hbm_write, strict=True)]
     return r, predict(r.counts, hbm, problem.dtype, r.profile)
 

@@ -210,6 +210,11 @@ def render(r: Result) -> str:
         lines.append("  not in the roofline (unpublished in the profile): "
                      + ", ".join(f"{r} ({f})" for r, f in j["time"]["unmodeled"].items()))
     lines += _kernel_rows(j["time"]["kernels"])
+    if r.warm:
+        why = ("the inputs stay in L2: the time prices no DRAM bytes (hbm above: a cold L2)" if r.time.dram_free
+               else "the peak roofline has no warm model" if r.time.kernel == "roofline"
+               else "the inputs do not stay in L2")
+        lines.append(f"  warm calls: {why}" + ("" if r.time.dram_free else "; the time prices the hbm bytes above"))
     lines.append(f"(decimal units: 1 MB = 10^6 B; hbm model: {r.hbm_model})")
     return "\n".join(lines)
 

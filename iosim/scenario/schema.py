@@ -221,8 +221,9 @@ class Scenario(_Strict):
     pass_: Literal["forward", "backward", "both"] = Field("forward", alias="pass")
     problems: list[ProblemSweep] = Field(min_length=1)
     tiles: Literal["default"] | TilesSpec = "default"
-    l2_model: bool = Field(False, description="predict the hbm (DRAM) bytes with iosim's L2 model; "
-                           "otherwise hbm = global")
+    l2_model: bool = Field(False, description="predict the hbm (DRAM) bytes with iosim's L2 model (simulate()'s "
+                           "and iosim simulate's default); otherwise hbm = global, the two-level view, the scenario "
+                           "default (sweeps stay fast): the built-in scenarios state which they use")
     kernel: dict[str, str] = Field(default_factory=dict, description="the time model's kernel per schedule "
                                    "(iosim.timing: a built-in name or a YAML file), e.g. {flash2: fa2}; "
                                    "default: each schedule's own")

@@ -21,7 +21,7 @@ from . import (
     naive,
     naive_bwd,
 )
-from .base import Schedule, ScheduleError, Tiles
+from .base import Schedule, ScheduleError, ScheduleOptions, Tiles
 from .fit import check_fit, fits
 
 SCHEDULES: dict[str, Schedule] = {m.SCHEDULE.name: m.SCHEDULE for m in (naive, flash1, flash2, flash3,
@@ -45,13 +45,13 @@ def get_schedule(name: str, pass_: str = "forward") -> Schedule:
 
 
 def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, block_kv: int | None = None, *,
-                  pass_: str = "forward", **options) -> Tiles:
+                  pass_: str = "forward", options: ScheduleOptions | None = None) -> Tiles:
     """Explicit tiles if given (both, or one of them with the default for the other), else the default.
 
-    ``options`` (``splits``, ``density``, ``mask``, ``seed``, ``gqa``; None = not given) go to schedules that take
-    them (a record with ``make_tiles``); giving one to any other schedule is an error."""
+    ``options`` (:class:`ScheduleOptions`: ``splits``, ``density``, ``mask``, ``seed``, ``gqa``; None = not given)
+    go to schedules that take them (a record with ``make_tiles``); giving one to any other schedule is an error."""
     s = get_schedule(schedule, pass_)
-    options = {k: v for k, v in options.items() if v is not None}
+    options = (options or ScheduleOptions()).given()
     foreign = {k: v for k, v in options.items() if k not in s.options}
     if foreign:
         given = ", ".join(f"{k}={v!r}" for k, v in foreign.items())
@@ -70,5 +70,5 @@ def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, b
                  block_kv if block_kv is not None else default.block_kv)
 
 
-__all__ = ["BACKWARD", "PASSES", "SCHEDULES", "Schedule", "ScheduleError", "Tiles", "check_fit", "fits",
-           "get_schedule", "resolve_tiles"]
+__all__ = ["BACKWARD", "PASSES", "SCHEDULES", "Schedule", "ScheduleError", "ScheduleOptions", "Tiles", "check_fit",
+           "fits", "get_schedule", "resolve_tiles"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 class ScheduleError(ValueError):
@@ -34,6 +34,29 @@ class Tiles:
     def describe_options(self) -> dict:
         """The schedule's own options these tiles carry (splits, a block mask), for JSON and the CLI."""
         return {}
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduleOptions:
+    """The options some schedules' tiles take, None = not given: flash-decoding's ``splits`` (K/V splits);
+    block-sparse's ``density`` (fraction of non-zero blocks of a drawn mask), ``mask`` (a .npy or text file, or an
+    array: one row of 0/1 per Q block) and ``seed`` (of the drawn mask); flash2 backward's ``gqa`` ("expand", as
+    FlashAttention-2, or "grouped", as iosim's kernel). ``simulate`` takes them as its own keyword parameters;
+    a schedule given one it does not take refuses it (:func:`iosim.schedules.resolve_tiles`)."""
+
+    splits: int | None = None
+    density: float | None = None
+    mask: object = None
+    seed: int | None = None
+    gqa: str | None = None
+
+    def given(self) -> dict:
+        """The options given (not None), by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def only(self, names) -> ScheduleOptions:
+        """These options with all but ``names`` dropped."""
+        return ScheduleOptions(**{k: v for k, v in self.given().items() if k in names})
 
 
 @dataclass(frozen=True)

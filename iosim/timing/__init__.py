@@ -16,7 +16,8 @@ the profile's rates (:mod:`iosim.timing.rates`: measured by ``iosim calibrate ra
 * family ``naive`` (three kernels): :mod:`iosim.timing.naive`.
 
 ``warm=True`` models back-to-back calls on the same inputs: a problem whose tensors fit in L2 then moves no DRAM
-bytes. Schedules no kernel describes (flash1, block-sparse, the backward pass) keep the peak roofline.
+bytes (the estimate's ``dram_free`` says so; the cold bytes stay the result's ``hbm``). Schedules no kernel
+describes (flash1, block-sparse, the backward pass) keep the peak roofline, on the cold DRAM bytes.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline")
     r = rates(profile, problem.dtype)
     latency = r.dram_latency_s
-    if warm and _resident(problem, profile, counts):
+    dram_free = warm and _resident(problem, profile, counts)
+    if dram_free:
         hbm, latency = [(0.0, 0.0)] * len(hbm), r.l2_latency_s
     out = []
     if desc.family == "naive":
@@ -93,7 +95,7 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
         out.append(KernelTime(counts.kernels[0].name, counts.kernels[0].grid, parts.pop("utilization"),
                               _seconds(parts), t, parts["bound"]))
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
-                        calibration=r.calibration)
+                        calibration=r.calibration, dram_free=dram_free)
 
 
 def _grid(counts: Counts, name: str) -> int:
