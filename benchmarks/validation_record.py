@@ -102,7 +102,7 @@ def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
         (bq, bkv), variant = fa2_tiles(m.kernels[0]["kernel"]), "fa2"
     schedule = run.kind if run.kind in ("naive", "flash3") else "flash2"
     prof = get_profile(profile)
-    r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv)
+    r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv, l2=False)  # global here; hbm from simulate_l2 below
     regs = [k.get("registers_per_thread") for k in m.kernels]
     lm = launch_model(schedule, p, r.tiles, variant=variant, registers=regs)
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
