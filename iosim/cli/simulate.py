@@ -16,11 +16,11 @@ except ImportError:  # pragma: no cover (numba is a dependency; the L2 model has
 
 from ..cpu_model import simulate_cpu
 from ..cpu_profile import get_cpu_profile, is_cpu_profile
-from ..l2 import ProgressBar
 from ..problem import AttentionProblem
 from ..schedules import SCHEDULES
 from ..simulate import Result, simulate
 from ..units import fmt_bytes, fmt_rate, fmt_seconds
+from .progress import ProgressBar
 
 
 class WholeNumber(click.ParamType):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import ROOM_UNIT, _njit, _njit_inline
+from ._jit import _njit, _njit_inline
 from .steady import atom_unit, window
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -289,7 +289,3 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
     progress[0] = issued + win[7][2]
     return out_read, out_write, dirty_end, rnd, win[7][2]
 
-
-def room_units(factor: float) -> int:
-    """A room factor (L2 bytes one byte takes) in the loop's integer units of 1/ROOM_UNIT byte."""
-    return round(factor * ROOM_UNIT)

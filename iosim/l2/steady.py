@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import FOREIGN, _njit, _njit_inline
+from ._common import FOREIGN
+from ._jit import _njit, _njit_inline
 
 
 @_njit_inline
