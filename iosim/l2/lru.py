@@ -175,7 +175,10 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
            np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read),
            np.zeros(6, np.int64))
     period, progress = ctl[0], ctl[2]
-    live, rnd, share, issued, refill_rnd, hits, fetched, wrote = launched, 0, grid[5], 0, 0, 0, 0, 0
+    # the counters window() takes start as int64, not as the literal 0: numba would compile window() once for each
+    # type its arguments pass through (literal, then int64), three times, 12 of the first run's 20 s
+    zero = np.int64(0)
+    live, rnd, share, issued, refill_rnd, hits, fetched, wrote = launched, 0, grid[5], 0, zero, zero, zero, zero
     # the slots' arrays as locals (in place; the helpers change the same arrays)
     s_pos, s_end, s_qoff, s_kvoff, s_live, s_rate, s_credit = slots[0], slots[1], slots[2], slots[3], slots[4], \
         slots[6], slots[7]
@@ -185,7 +188,7 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
         if rnd % period == 0:
             rnd, used, head, tail = window(rnd, used, head, tail, refill_rnd, (hits, fetched, wrote), trace, slots,
                                            c, m, win, ctl)
-            hits = fetched = wrote = 0
+            hits = fetched = wrote = zero
             progress[0] = issued + win[7][2]
         for s in range(n_slots):
             if not s_live[s]:
