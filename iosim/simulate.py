@@ -117,7 +117,8 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
     Where the model does not apply (backward pass, a schedule without a known launch, a trace too long for the
     Python tracer) ``hbm`` stays equal to ``global`` and ``hbm_model`` says why (``strict``: raise instead).
     ``l2_exact``: walk every access (no heads extrapolated, no steady windows skipped: :mod:`iosim.l2`);
-    ``l2_progress``: a ``progress(done, total)`` callback for long runs (e.g. :class:`iosim.l2.ProgressBar`)."""
+    ``l2_progress``: a ``progress(done, total)`` callback for long runs (``iosim simulate``
+    passes :class:`iosim.cli.progress.ProgressBar`)."""
     too_big = exceeds_memory(result.problem, result.profile)  # the model simulates a launch that fits
     reason = too_big or unsupported(result.schedule, result.pass_, result.problem, result.tiles, result.counts)
     if reason:

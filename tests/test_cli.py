@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from iosim import AttentionProblem, ProblemError
+from iosim import AttentionProblem, ProblemError, simulate
 
 # time.bound (docs/json.md): the roofline's resources, or what limits a kernel in the time model
 TIME_BOUNDS = ("tensor", "exp", "fp32", "global", "hbm", "sequence", "smem", "softmax", "l2", "dram", "blocks", "load",
@@ -137,3 +137,16 @@ def test_simulate_lists_a_bad_profiles_errors_one_per_line_as_validate_does(tmp_
     assert lines[0] == f"iosim: error: {validate.stderr.strip().splitlines()[0]}"
     assert lines[1:] == validate.stderr.strip().splitlines()[1:]
     assert any("memory.0.dram.bandwidth.value: 0 is not a positive quantity" in line for line in lines)
+
+
+def test_progress_bar_is_silent_for_short_runs():
+    """The L2 model's bar (the CLI's, rich) draws nothing for a run shorter than its delay."""
+    import io
+
+    from iosim.cli.progress import ProgressBar
+
+    out = io.StringIO()
+    with ProgressBar(stream=out) as bar:
+        simulate("flash2", AttentionProblem(heads=4, seq_len=4096, head_dim=128), "h200-sxm-141gb", l2=True,
+                 l2_progress=bar)
+    assert out.getvalue() == ""

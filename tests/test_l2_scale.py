@@ -4,7 +4,6 @@ memory (naive's and flash1's programs and shortcuts: test_l2_programs.py)."""
 
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
 
@@ -147,13 +146,6 @@ def test_progress_reports_accesses_up_to_the_total():
     total = 8 * 64 * (2 * 256 + 3)
     assert seen[-1] == (total, total)
     assert all(0 <= d <= t == total for d, t in seen)
-
-
-def test_progress_bar_is_silent_for_short_runs():
-    out = io.StringIO()
-    with l2.ProgressBar(stream=out) as bar:
-        simulate("flash2", _p(heads=4, seq_len=4096, head_dim=128), H200, l2=True, l2_progress=bar)
-    assert out.getvalue() == ""
 
 
 def test_hbm_model_says_how_it_was_obtained():

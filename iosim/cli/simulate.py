@@ -16,11 +16,11 @@ except ImportError:  # pragma: no cover (numba is a dependency; the L2 model has
 
 from ..cpu_model import simulate_cpu
 from ..cpu_profile import get_cpu_profile, is_cpu_profile
-from ..l2 import ProgressBar
 from ..problem import AttentionProblem
 from ..schedules import SCHEDULES
 from ..simulate import Result, simulate
 from ..units import fmt_bytes, fmt_rate, fmt_seconds
+from .progress import ProgressBar
 
 
 class WholeNumber(click.ParamType):
@@ -133,7 +133,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
 @contextmanager
 def compile_notice():
     """While inside, the first numba compilation prints one line on stderr. numba caches what it compiles
-    (``cache=True`` in iosim/l2/_common.py), so this happens on the first run after an install, never again:
+    (``cache=True`` in iosim/l2/_jit.py), so this happens on the first run after an install, never again:
     with an empty NUMBA_CACHE_DIR, 6.6 s of compiling (5.9 s of it the L2 model's round loop, ``run_kernel``)
     then 0.5 s for the next run, on an idle 2-core machine; issue 20 saw ~30 s. Other commands may use it too."""
     if numba_event is None:

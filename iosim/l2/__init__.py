@@ -90,7 +90,6 @@ blocks other than by age on their SM.
 
 from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError
 from .model import MAX_NAIVE_TILES, KernelL2, L2Inputs, L2Result, head_slots, simulate_l2, unsupported
-from .progress import ProgressBar
 from .trace import KernelTrace, Tracer, trace_program
 
 __all__ = [
@@ -103,7 +102,6 @@ __all__ = [
     "L2Inputs",
     "L2ModelError",
     "L2Result",
-    "ProgressBar",
     "Tracer",
     "head_slots",
     "simulate_l2",

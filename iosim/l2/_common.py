@@ -1,21 +1,7 @@
-"""What every part of the L2 model shares: the numba decorator, tensor codes, the error type."""
+"""What every part of the L2 model shares: tensor codes, room units, the error type (the numba decorators are in
+:mod:`iosim.l2._jit`, imported by the compiled loop only)."""
 
 from __future__ import annotations
-
-try:  # numba is a runtime dependency; the pure-Python fallback is only for environments without it
-    import numba
-
-    _njit = numba.njit(cache=True, nogil=True)
-    # helpers of the hot loop: inlined into it, so their tuples of arrays are not passed by value per call
-    _njit_inline = numba.njit(cache=True, nogil=True, inline="always")
-except ImportError:  # pragma: no cover
-    numba = None
-
-    def _njit(f):
-        return f
-
-    _njit_inline = _njit
-
 
 # tensor codes used in traces
 TENSOR_CODES = {"Q": 0, "K": 1, "V": 2, "O": 3, "S": 4, "P": 5, "m": 6, "l": 7, "lse": 8, "foreign": 9}
@@ -27,3 +13,8 @@ KV_TENSORS = (TENSOR_CODES["K"], TENSOR_CODES["V"])  # indexed by the key/value 
 
 class L2ModelError(ValueError):
     """The L2 model cannot run as asked (missing profile field, unknown schedule geometry, ...)."""
+
+
+def room_units(factor: float) -> int:
+    """A room factor (L2 bytes one byte takes) in the loop's integer units of 1/ROOM_UNIT byte."""
+    return round(factor * ROOM_UNIT)

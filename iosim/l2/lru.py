@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import ROOM_UNIT, _njit, _njit_inline
-from .steady import atom_unit, window
+from ._common import FOREIGN
+from ._jit import _njit, _njit_inline
+from .steady import window
 
 # ------------------------------------------------------------------------------------------------------------------
 # the grid: which block runs in which slot, and when it takes a turn
@@ -108,17 +109,14 @@ def _start_grid(n_slots, grid, n_atoms):
 
 
 @_njit_inline
-def _takes_turn(s, slots, share):
-    """Whether the block in slot ``s`` makes an access this round: with issue share r, in a fraction r of the
-    rounds (every round in lockstep)."""
-    if share >= 1.0:
-        return True
-    credit = slots[7]
-    credit[s] += slots[6][s]
-    if credit[s] < 1.0 - 1e-9:
-        return False
-    credit[s] -= 1.0
-    return True
+def _turn(credit, rate):
+    """Whether a block with issue share ``rate`` and ``credit`` so far makes an access this round (in a fraction
+    ``rate`` of the rounds), and its new credit. Scalars in, scalars out: an array passed to a helper or taken
+    from a tuple in the loop costs two atomic reference counts per use, which were half the loop's time."""
+    credit += rate
+    if credit < 1.0 - 1e-9:
+        return False, credit
+    return True, credit - 1.0
 
 
 @_njit_inline
@@ -142,41 +140,19 @@ def _refill_slot(s, launched, live, grid, slots, n_atoms):
 # the cache: a byte-weighted LRU with room factors, and the round loop over it
 
 
-@_njit_inline
-def _evict(c, m, used, tail):
-    """Evict the least recent bytes until the room ``used`` fits the capacity; dirty bytes evicted reach DRAM.
-    Returns (used, tail); the list's head becomes -1 when ``tail`` does."""
-    res, cost, mask, dirty, prev, nxt, out_write = c[0], c[1], c[2], c[3], c[4], c[5], c[8]
-    cap_units = m[7]
-    while used > cap_units:
-        v = tail  # (v is the atom just touched only when it is larger than L2: its first bytes go)
-        cv = cost[v]
-        take = min(res[v], (used - cap_units + cv - 1) // cv)
-        res[v] -= take
-        used -= take * cv
-        if dirty[v]:
-            u, t = atom_unit(v, c, m)
-            out_write[u, t] += take
-        if res[v] == 0:
-            dirty[v] = False
-            mask[v] = 0
-            cost[v] = 0
-            tail = prev[v]
-            if tail >= 0:
-                nxt[tail] = -1
-            prev[v] = -1
-    return used, tail
-
-
 @_njit
 def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
     """Round-robin execution of the grid over the LRU, ``n_slots`` blocks resident at once. Returns (DRAM read and
     written by unit of heads and tensor, dirty bytes left at the end, rounds, accesses skipped); row ``n_units`` of
     the written bytes, tensor FOREIGN, counts the foreign dirty lines written back.
 
-    One function on purpose (~100 lines): numba keeps the list ends, the room used and the counters in registers
+    One function on purpose (~140 lines): numba keeps the list ends, the room used and the counters in registers
     here; with them in an array shared by helper functions, and the eviction check inside a helper, the model ran
-    13x slower (flash2, N = 16384, 32 heads, H200: 0.52 s against 0.04 s)."""
+    13x slower (flash2, N = 16384, 32 heads, H200: 0.52 s against 0.04 s). The eviction is written out here, and
+    the slots' arrays taken from their tuple once, before the loop: a tuple of arrays passed to a helper, or an
+    array taken from a tuple, in the loop costs an atomic reference count per array and use (NRT_incref /
+    NRT_decref were half the time under perf); written out, flash1 at N = 32768, 32 heads, H200 ran 1.3 s -> 0.4 s
+    and flash2 at N = 131072 on the H100 4.0 s -> 2.3 s (CPU time, the same bytes)."""
     acc_atom, acc_shape, acc_write, shapes, acc_step, acc_gidx, acc_glen, acc_reps = trace
     atom_bytes, atom_tensor, n_atoms, foreign = m[0], m[1], m[2], m[3]
     cost_private, cost_shared, cost_dirty, cap_units, dedupe = m[4], m[5], m[6], m[7], m[8]
@@ -199,26 +175,37 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
            np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read),
            np.zeros(6, np.int64))
     period, progress = ctl[0], ctl[2]
-    live, rnd, share, issued, refill_rnd, hits, fetched, wrote = launched, 0, grid[5], 0, 0, 0, 0, 0
+    # the counters window() takes start as int64, not as the literal 0: numba would compile window() once for each
+    # type its arguments pass through (literal, then int64), three times, 12 of the first run's 20 s
+    zero = np.int64(0)
+    live, rnd, share, issued, refill_rnd, hits, fetched, wrote = launched, 0, grid[5], 0, zero, zero, zero, zero
+    # the slots' arrays as locals (in place; the helpers change the same arrays)
+    s_pos, s_end, s_qoff, s_kvoff, s_live, s_rate, s_credit = slots[0], slots[1], slots[2], slots[3], slots[4], \
+        slots[6], slots[7]
+    s_half, s_rep, s_unit, s_done = slots[8], slots[9], slots[10], slots[11]
     while live > 0:
         rnd += 1
         if rnd % period == 0:
             rnd, used, head, tail = window(rnd, used, head, tail, refill_rnd, (hits, fetched, wrote), trace, slots,
                                            c, m, win, ctl)
-            hits = fetched = wrote = 0
+            hits = fetched = wrote = zero
             progress[0] = issued + win[7][2]
         for s in range(n_slots):
-            if not slots[4][s] or not _takes_turn(s, slots, share):
+            if not s_live[s]:
                 continue
-            pos = slots[0][s]
-            if pos < slots[1][s]:
-                k, q = acc_shape[pos], slots[9][s]
+            if share < 1.0:  # not in lockstep: the block takes a turn in a fraction of the rounds
+                go, s_credit[s] = _turn(s_credit[s], s_rate[s])
+                if not go:
+                    continue
+            pos = s_pos[s]
+            if pos < s_end[s]:
+                k, q = acc_shape[pos], s_rep[s]
                 nr, nc, stride = (1, 1, 1) if k == 0 else (shapes[k, 0], shapes[k, 1], shapes[k, 2])
-                a0, write, half, unit = acc_atom[pos] + q * acc_step[pos], acc_write[pos], slots[8][s], slots[10][s]
+                a0, write, half, unit = acc_atom[pos] + q * acc_step[pos], acc_write[pos], s_half[s], s_unit[s]
                 for ra in range(nr):
                     for ca in range(nc):
                         a = a0 + ra * stride + ca
-                        g = a + (slots[3][s] if kv_atom[a] else slots[2][s])
+                        g = a + (s_kvoff[s] if kv_atom[a] else s_qoff[s])
                         size, t, r = atom_bytes[a], atom_tensor[a], res[g]
                         mask[g] |= half
                         want = cost_shared if mask[g] == 3 else cost_private
@@ -263,23 +250,39 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
                             head = g
                             if tail < 0:
                                 tail = g
-                        if used > cap_units:
-                            used, tail = _evict(c, m, used, tail)
+                        if used > cap_units:  # evict the least recent bytes; dirty bytes evicted reach DRAM
+                            while used > cap_units:
+                                v = tail  # (the atom just touched only when it is larger than L2: its first bytes go)
+                                cv = cost[v]
+                                take = min(res[v], (used - cap_units + cv - 1) // cv)
+                                res[v] -= take
+                                used -= take * cv
+                                if dirty[v]:  # the bytes of the unit of heads that last touched it (atom_unit)
+                                    if v == foreign:
+                                        out_write[n_units, FOREIGN] += take
+                                    else:
+                                        out_write[owner[v], atom_tensor[v % n_atoms]] += take
+                                if res[v] == 0:
+                                    dirty[v], mask[v], cost[v] = False, 0, 0
+                                    tail = prev[v]
+                                    if tail >= 0:
+                                        nxt[tail] = -1
+                                    prev[v] = -1
                             if tail < 0:
                                 head = -1
                 issued += 1
-                slots[11][s] += 1
+                s_done[s] += 1
                 if acc_gidx[pos] == acc_glen[pos] - 1:  # the group's last record: again, or on
                     if q + 1 < acc_reps[pos]:
-                        slots[9][s] = q + 1
+                        s_rep[s] = q + 1
                         pos -= acc_glen[pos] - 1
                     else:
-                        slots[9][s] = 0
+                        s_rep[s] = 0
                         pos += 1
                 else:
                     pos += 1
-                slots[0][s] = pos
-            if pos >= slots[1][s]:
+                s_pos[s] = pos
+            if pos >= s_end[s]:
                 launched, live = _refill_slot(s, launched, live, grid, slots, n_atoms)
                 refill_rnd = rnd
     dirty_end = 0
@@ -289,7 +292,3 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
     progress[0] = issued + win[7][2]
     return out_read, out_write, dirty_end, rnd, win[7][2]
 
-
-def room_units(factor: float) -> int:
-    """A room factor (L2 bytes one byte takes) in the loop's integer units of 1/ROOM_UNIT byte."""
-    return round(factor * ROOM_UNIT)

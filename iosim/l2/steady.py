@@ -25,9 +25,8 @@ each skipped window, and blocks that drift (``block_share`` < 1) advance by thei
 
 from __future__ import annotations
 
-import numpy as np
-
-from ._common import FOREIGN, _njit, _njit_inline
+from ._common import FOREIGN
+from ._jit import _njit, _njit_inline
 
 
 @_njit_inline
@@ -67,17 +66,22 @@ def window(rnd, used, head, tail, refill_rnd, counts, trace, slots, c, m, win, c
     if st[1] > 0:  # replaying the last windows of a skip
         if rnd < st[1]:
             return rnd, used, head, tail
-        out_read[:, :] = restore  # the replay has ended: its reads were counted by the skip
         st[0], st[1] = 0, 0
-        done0[:] = done
-        r_snap[:, :] = out_read
+        for s in range(done.shape[0]):
+            done0[s] = done[s]
+        for u in range(out_read.shape[0]):
+            for t in range(out_read.shape[1]):
+                out_read[u, t] = r_snap[u, t] = restore[u, t]  # the replay has ended: the skip counted its reads
         return rnd, used, head, tail
-    d2[:] = d1
-    d1[:] = done - done0
-    done0[:] = done
-    rd2[:, :] = rd1
-    rd1[:, :] = out_read - r_snap
-    r_snap[:, :] = out_read
+    # the last two windows' advance and reads (loops written out: numba takes a second or two to compile each
+    # array expression, and this function is compiled on the first run after an install)
+    for s in range(done.shape[0]):
+        d2[s], d1[s], done0[s] = d1[s], done[s] - done0[s], done[s]
+    tot1 = tot2 = diff = 0
+    for u in range(out_read.shape[0]):
+        for t in range(out_read.shape[1]):
+            rd2[u, t], rd1[u, t], r_snap[u, t] = rd1[u, t], out_read[u, t] - r_snap[u, t], out_read[u, t]
+            tot1, tot2, diff = tot1 + rd1[u, t], tot2 + rd2[u, t], diff + abs(rd1[u, t] - rd2[u, t])
     st[0] += 1
     hits2, st[3] = st[3] + hits, hits
     room2, st[4] = st[4] + fetched, fetched
@@ -88,8 +92,7 @@ def window(rnd, used, head, tail, refill_rnd, counts, trace, slots, c, m, win, c
         for s in range(live.shape[0]):
             if live[s] and (d1[s] != period or d2[s] != period):
                 return rnd, used, head, tail
-    tot1, tot2 = rd1.sum(), rd2.sum()
-    if tot1 <= 0 or tot2 <= 0 or 100 * np.abs(rd1 - rd2).sum() > tot1 + tot2:
+    if tot1 <= 0 or tot2 <= 0 or 100 * diff > tot1 + tot2:
         return rnd, used, head, tail
     gidx, glen, reps = trace[5], trace[6], trace[7]
     kmax = 1 << 62
@@ -105,7 +108,9 @@ def window(rnd, used, head, tail, refill_rnd, counts, trace, slots, c, m, win, c
     j = (2 * m[7] + room2 - 1) // room2 + 1  # windows that fetch one L2 from empty, and one more
     if kmax - j < 3:
         return rnd, used, head, tail
-    restore[:, :] = out_read + (kmax * (rd1 + rd2)) // 2
+    for u in range(out_read.shape[0]):
+        for t in range(out_read.shape[1]):
+            restore[u, t] = out_read[u, t] + (kmax * (rd1[u, t] + rd2[u, t])) // 2
     used, head, tail = _flush(c, m)
     skipped = 0
     for s in range(live.shape[0]):
@@ -119,5 +124,6 @@ def window(rnd, used, head, tail, refill_rnd, counts, trace, slots, c, m, win, c
             skipped += adv
     rnd += (kmax - j) * period
     st[1], st[2] = rnd + j * period, st[2] + skipped
-    done0[:] = done
+    for s in range(done.shape[0]):
+        done0[s] = done[s]
     return rnd, used, head, tail

@@ -1,7 +1,8 @@
 """Walking the grid: the round loop over the first heads of a kernel's grid, and the other heads extrapolated.
 
 Part of the L2 model; the model as a whole is described in :mod:`iosim.l2`. The loop itself (:mod:`iosim.l2.lru`)
-runs in a thread while this one reports its progress.
+runs in a thread while this one reports its progress; it is imported on the first walk, so that ``import iosim``
+does not load numba.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import numpy as np
 
 from ..problem import AttentionProblem
 from ..profile import Profile
-from ._common import ROOM_UNIT, TENSOR_CODES, L2ModelError
-from .lru import room_units, run_kernel
+from ._common import ROOM_UNIT, TENSOR_CODES, L2ModelError, room_units
 from .program import LoopProgram
 
 HEAD_TOLERANCE = 0.005  # the middle heads' two halves agree this well: the heads are alike
@@ -77,6 +77,8 @@ class _Walk:
 
 def _call(args: tuple, counter: np.ndarray, total: int, progress: Callable[[int, int], None] | None) -> tuple:
     """Run the loop; with ``progress``, in a thread (numba releases the GIL) while this one reports its progress."""
+    from .lru import run_kernel  # numba, on the first walk only
+
     if progress is None:
         return run_kernel(*args)
     box: dict = {}

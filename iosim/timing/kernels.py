@@ -13,6 +13,7 @@ A user's own kernel is a YAML file with the same fields (``--kernel my-kernel.ya
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -79,7 +80,21 @@ def load_kernel(name_or_path: str | Path | KernelDesc) -> KernelDesc:
     if isinstance(name_or_path, KernelDesc):
         return name_or_path
     text = str(name_or_path)
-    path = Path(text) if text.endswith((".yaml", ".yml")) else KERNELS_DIR / f"{text}.yaml"
+    if text.endswith((".yaml", ".yml")):
+        return _read_kernel(Path(text), text)
+    if not (KERNELS_DIR / f"{text}.yaml").is_file():
+        raise KernelError(f"kernel {text!r}: no such built-in ({', '.join(builtin_kernel_names())}) or file")
+    return _builtin_kernel(text)
+
+
+@cache
+def _builtin_kernel(name: str) -> KernelDesc:
+    """A built-in description, read once a process (a report reads one for each of ~330 cases: 1.5 s of YAML);
+    the model is frozen, so the one copy is shared."""
+    return _read_kernel(KERNELS_DIR / f"{name}.yaml", name)
+
+
+def _read_kernel(path: Path, text: str) -> KernelDesc:
     if not path.is_file():
         raise KernelError(f"kernel {text!r}: no such built-in ({', '.join(builtin_kernel_names())}) or file")
     data = read_data(path, KernelError)

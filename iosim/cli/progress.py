@@ -1,6 +1,7 @@
 """A progress bar for long runs of the L2 model: a ``progress(done, total)`` callback for :func:`simulate_l2`.
 
-Part of the L2 model (:mod:`iosim.l2`). Nothing is shown unless a caller passes one (the CLI does, when stderr is a
+Part of the command line, not of the model: the model only calls the ``progress`` it is given, so that ``import
+iosim`` does not load rich. Nothing is shown unless a caller passes one (``iosim simulate`` does, when stderr is a
 terminal); it prints to stderr, and only once the run has taken ``delay`` seconds, so short runs stay silent.
 """
 
