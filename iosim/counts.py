@@ -1,6 +1,6 @@
 """What the counter and the closed forms produce: exact integer bytes and FLOPs, per kernel and in total.
 
-Boundaries (DESIGN.md section 3): ``global`` = every load and store the schedule issues (SM <-> L2, the
+Boundaries (docs/concepts.md, The three boundaries): ``global`` = every load and store the schedule issues (SM <-> L2, the
 papers' "HBM accesses"); ``hbm`` = what reaches DRAM (equal to ``global`` until an L2 model is applied);
 ``sram`` = bytes written into and read out of on-chip memory (shared memory / registers).
 """

@@ -44,7 +44,7 @@ from .roofline import KernelTime, TimeEstimate
 class HopperModel:
     tensor_efficiency: float = 798 / 989.4
     """Sustained / datasheet tensor-core rate. Source: a bf16 8192³ GEMM measured ~798 TFLOP/s on the H100 of
-    this project's GPU machine (../shared/research/kernels.md §0) against the datasheet's 989.4 TFLOP/s, which
+    this project's GPU machine (docs/kernels.md, the flash3 floor) against the datasheet's 989.4 TFLOP/s, which
     assumes the 1.98 GHz boost clock."""
     overlap: bool = True
     """True: FA3's pipeline (max of the parts); False: FA2-style, softmax and GEMMs in sequence."""

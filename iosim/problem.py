@@ -1,6 +1,6 @@
 """The attention problem: shapes, dtype, causality, scale.
 
-Conventions (DESIGN.md section 4): Q, K, V, O, S, P are stored in the problem dtype; softmax statistics
+Conventions (docs/concepts.md): Q, K, V, O, S, P are stored in the problem dtype; softmax statistics
 (m, l, logsumexp) in fp32. Causal masking is aligned to the bottom-right corner when seq_len != kv_len, as
 FlashAttention >= 2.1 does: query row i sees key j iff ``j <= i + (kv_len - seq_len)``. A query row that
 sees no key (possible when seq_len > kv_len) produces zeros.

@@ -1,7 +1,7 @@
 """Quantities as people write them ("80GB", "50MiB", "3.35 TB/s", "989 TFLOP/s") and as iosim prints them.
 
 Parsing accepts decimal prefixes (k, M, G, T, P = 10^3 ...) and binary ones (Ki, Mi, Gi, Ti = 2^10 ...).
-Printing always uses decimal units (1 MB = 10^6 B), as DESIGN.md section 4 says.
+Printing always uses decimal units (1 MB = 10^6 B), as docs/concepts.md (Conventions) says.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What the calibration measures: the probe list (as run 10 measured it for the built-in H200 profile) and the
-flash2 problems whose block timelines give ``sm.block_share``."""
+"""What the calibration measures: the probe list (as measured for the built-in H200 profile's L2 inputs,
+data/validation/h200-probes.tar.xz) and the flash2 problems whose block timelines give ``sm.block_share``."""
 
 from __future__ import annotations
 

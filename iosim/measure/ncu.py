@@ -1,7 +1,7 @@
 """Nsight Compute (``ncu``): which counters, finding the executable, and reading its CSV into bytes per boundary.
 
 ====================  ====================================================  ================================
-quantity              metric                                                boundary (DESIGN.md section 3)
+quantity              metric                                                boundary (docs/concepts.md)
 ====================  ====================================================  ================================
 DRAM bytes read       ``dram__bytes_read.sum``                              ``hbm`` read
 DRAM bytes written    ``dram__bytes_write.sum``                             ``hbm`` write

@@ -1,5 +1,5 @@
 """FlashAttention-1 backward: Algorithm 4 of Dao et al., "FlashAttention" (2022), without dropout, counted
-literally (line numbers as in ../shared/research/papers.md §2.5).
+literally (line numbers as the paper prints them, in its appendix).
 
     2   Bc = ceil(M / 4d), Br = min(ceil(M / 4d), d)
     5   initialize dQ = 0 (N×d), dK = 0, dV = 0 (N_kv×d) in HBM

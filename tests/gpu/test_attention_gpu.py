@@ -3,7 +3,7 @@
 Every case draws fresh random inputs, poisons the outputs (NaN) before the kernel runs, so an element the kernel
 never writes fails, and compares by relative Frobenius error ||out - ref|| / ||ref||.
 
-Tolerances (METHOD.md; never widened to pass): fp16 1e-3 (unit roundoff 2^-11 = 4.9e-4: the output and P are
+Tolerances (set from the rounding the kernels do; never widened to pass): fp16 1e-3 (unit roundoff 2^-11 = 4.9e-4: the output and P are
 rounded once each), bf16 1e-2 (unit roundoff 2^-8 = 3.9e-3). The naive schedule stores S and P in the input dtype
 (Algorithm 0); it is compared with a float64 reference of that same algorithm (S and P rounded to the dtype).
 """
