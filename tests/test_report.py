@@ -284,3 +284,15 @@ def test_the_decoding_measured_scenario_finds_every_case_in_the_committed_time_r
     page = (tmp_path / "d.html").read_text()
     table = page.split("Predicted against measured", 1)[1].split("</table>", 1)[0]
     assert table.count("<td>fa2</td>") == 10  # 5 cache lengths × H100 and H200, each matched to a measured row
+
+
+def test_long_tables_are_folded_behind_their_title_and_short_ones_shown():
+    from iosim.report.page import FOLD_ROWS, _table_html
+
+    def table(rows: int) -> str:
+        return "<table><tr><th>N</th></tr>" + "".join(f"<tr><td>{i}</td></tr>" for i in range(rows)) + "</table>"
+
+    short = _table_html("Short", None, table(FOLD_ROWS))
+    assert short.startswith("<h3>Short</h3>") and "<details>" not in short
+    long_ = _table_html("Long", "a caption", table(FOLD_ROWS + 1))
+    assert long_.startswith("<details><summary><b>Long</b> (13 rows)</summary>") and "a caption" in long_

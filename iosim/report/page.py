@@ -105,18 +105,26 @@ read out of on-chip memory. Counts are exact integers for the whole problem (all
 """
 
 
+FOLD_ROWS = 12  # a table with more rows than this is folded behind its title (a click opens it)
+
+
+def _table_html(t_title: str, caption: str | None, t_html: str) -> str:
+    """One table in a box that scrolls sideways on its own; folded behind a summary when it is long."""
+    rows = max(0, t_html.count("<tr") - 1)
+    body = f"<div class=wide>{t_html}</div>" + (f"<p class=meta>{_inline(caption)}</p>" if caption else "")
+    if rows > FOLD_ROWS:
+        return f"<details><summary><b>{html.escape(t_title)}</b> ({rows} rows)</summary>{body}</details>"
+    return f"<h3>{html.escape(t_title)}</h3>{body}"
+
+
 def _section(run: ScenarioRun) -> tuple[str, int]:
-    """One scenario's section (text, tables, figures) and the number of figures in it. Tables sit in a box
-    that scrolls sideways on its own, so that a wide table never makes the page scroll."""
+    """One scenario's section and its number of figures: the text, then the figures, then the tables (long ones
+    folded behind their title, so a section reads like a paper's: figure first, the data one click away)."""
     scn = run.scenario
     parts = [f'<section id="{scn.name}"><h2>{html.escape(scn.title)}</h2>', _md(scn.description)]
     profiles = ", ".join(p.get("display_name", n) for n, p in run.profiles.items())
     parts.append(f'<p class=meta>Scenario <code>{scn.name}</code> · {len(run.records)} simulated cases · '
                  f'profiles: {html.escape(profiles)} · schedules: {", ".join(scn.schedules)}</p>')
-    for t_title, caption, t_html in make_tables(run):
-        parts.append(f"<h3>{html.escape(t_title)}</h3><div class=wide>{t_html}</div>")
-        if caption:
-            parts.append(f"<p class=meta>{_inline(caption)}</p>")
     n_fig = 0
     for fo in make_figures(run):
         if fo.fig is None:
@@ -127,5 +135,6 @@ def _section(run: ScenarioRun) -> tuple[str, int]:
         cap = _inline(fo.spec.caption) + (f" {html.escape(fo.note)}" if fo.note else "")
         parts.append(f"<figure>{div}<figcaption>{cap}</figcaption></figure>")
         n_fig += 1
+    parts += [_table_html(t_title, caption, t_html) for t_title, caption, t_html in make_tables(run)]
     parts.append("</section>")
     return "\n".join(parts), n_fig
