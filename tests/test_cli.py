@@ -139,14 +139,17 @@ def test_simulate_lists_a_bad_profiles_errors_one_per_line_as_validate_does(tmp_
     assert any("memory.0.dram.bandwidth.value: 0 is not a positive quantity" in line for line in lines)
 
 
-def test_progress_bar_is_silent_for_short_runs():
-    """The L2 model's bar (the CLI's, rich) draws nothing for a run shorter than its delay."""
+def test_progress_bar_is_silent_before_its_delay_and_draws_after_it():
+    """The L2 model's bar (the CLI's, rich) draws nothing while a run is shorter than its delay, and draws once the
+    delay has passed. The delays are set so that the outcome depends on no clock: a run never lasts 10^9 s, and
+    every run has lasted at least 0 s (a cold numba cache made the old 1.5 s version fail)."""
     import io
 
     from iosim.cli.progress import ProgressBar
 
-    out = io.StringIO()
-    with ProgressBar(stream=out) as bar:
-        simulate("flash2", AttentionProblem(heads=4, seq_len=4096, head_dim=128), "h200-sxm-141gb", l2=True,
-                 l2_progress=bar)
-    assert out.getvalue() == ""
+    p = AttentionProblem(heads=4, seq_len=4096, head_dim=128)
+    for delay, drawn in ((1e9, False), (0.0, True)):
+        out = io.StringIO()
+        with ProgressBar(stream=out, delay=delay) as bar:
+            simulate("flash2", p, "h200-sxm-141gb", l2=True, l2_progress=bar)
+        assert (out.getvalue() != "") == drawn, (delay, out.getvalue()[:80])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_attention_gpu import DTYPES, _cp, check, rand_inputs, reference, run
+from test_attention_gpu import DTYPES, _cp, check, rand_inputs, reference, run, seeded_rng
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +46,7 @@ SHAPES = [  # (batch, seq_len, kv_len, heads, kv_heads)
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_flash3_equals_float64_reference(shape, causal, D, dtype):
-    rng = np.random.default_rng()
+    rng = seeded_rng()
     B, N, Nk, H, Hk = shape
     host, dev = rand_inputs(rng, B, N, Nk, H, Hk, D, dtype)
     o, lse = run(*dev, dtype, causal=causal, schedule="flash3")
@@ -57,7 +57,7 @@ def test_flash3_equals_float64_reference(shape, causal, D, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_flash3_large_scores_stay_finite(dtype):
     """Scores of several hundred (amp 4, d=128): the online softmax must rescale, never overflow."""
-    rng = np.random.default_rng()
+    rng = seeded_rng()
     host, dev = rand_inputs(rng, 1, 700, 900, 2, 1, 128, dtype, amp=4.0)
     for causal in (False, True):
         o, lse = run(*dev, dtype, causal=causal, schedule="flash3")
@@ -67,7 +67,7 @@ def test_flash3_large_scores_stay_finite(dtype):
 @needs_hopper
 def test_flash3_agrees_with_flash2():
     """Same inputs through both kernels: within the bf16 bound of each other (both are within it of float64)."""
-    rng = np.random.default_rng()
+    rng = seeded_rng()
     _, dev = rand_inputs(rng, 2, 1000, 1200, 8, 2, 128, "bfloat16")
     o3, _ = run(*dev, "bfloat16", causal=True, schedule="flash3")
     o2, _ = run(*dev, "bfloat16", causal=True, schedule="flash2")
@@ -78,7 +78,7 @@ def test_flash3_agrees_with_flash2():
 def test_flash3_last_launch_describes_it():
     from iosim import gpu, launch
 
-    rng = np.random.default_rng()
+    rng = seeded_rng()
     _, dev = rand_inputs(rng, 2, 300, 200, 4, 2, 128, "float16")
     run(*dev, "float16", causal=True, schedule="flash3")
     rec = gpu.last_launch()
@@ -99,7 +99,7 @@ def test_flash3_last_launch_describes_it():
 def test_flash3_rejects_what_it_does_not_compile():
     from iosim import gpu
 
-    rng = np.random.default_rng()
+    rng = seeded_rng()
     _, (q, k, v) = rand_inputs(rng, 1, 64, 64, 2, 2, 32, "float16")
     with pytest.raises(gpu.AttentionInputError, match="head_dim=32 is not supported by schedule='flash3'"):
         gpu.attention(q, k, v, schedule="flash3")
@@ -112,7 +112,7 @@ def test_flash3_rejects_what_it_does_not_compile():
 def test_flash3_says_clearly_it_needs_hopper():
     from iosim import gpu
 
-    rng = np.random.default_rng()
+    rng = seeded_rng()
     _, (q, k, v) = rand_inputs(rng, 1, 64, 64, 2, 2, 128, "float16")
     with pytest.raises(gpu.HopperRequiredError, match="needs a Hopper GPU"):
         gpu.attention(q, k, v, schedule="flash3")
@@ -131,7 +131,7 @@ def test_flash3_causal_with_the_host_tile_schedule(shape, dtype):
     G = min(launch.flash3_tiles(B, N, H), sms)
     if sms == 132:
         assert flash3.tile_schedule(B, N, Nk, H, 128, 128, True, G) is not None
-    rng = np.random.default_rng()
+    rng = seeded_rng()
     host, dev = rand_inputs(rng, B, N, Nk, H, Hk, 128, dtype)
     o, lse = run(*dev, dtype, causal=True, schedule="flash3")
     check(o, lse, *reference(*host, True), dtype, f"flash3 scheduled {shape}")
