@@ -62,6 +62,7 @@ def _backward(ctx, do, _dlse):
     dq, dk, dv = attention_backward_op(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
     return dq, dk, dv, None, None, None, None
 
+
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
