@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from iosim.gpu.attention import attention as _forward
-from iosim.gpu.inputs import SCHEDULES, AttentionInputError, AttentionTypeError, _check_scale, torch_of
+from iosim.gpu.inputs import AttentionInputError, AttentionTypeError, check_options, check_scale, torch_of
 
 
 def _wants_grad(q: Any, k: Any, v: Any) -> bool:
@@ -19,15 +19,12 @@ def _differentiable(q, k, v, schedule, causal, scale, return_lse, deterministic,
     if any(x is not None for x in unsupported):
         raise AttentionInputError("block_q, block_kv, out, lse_out, block_trace: not taken by a differentiable call "
                                   "(torch tensors that require grad); expected None")
-    if schedule not in SCHEDULES:
-        raise AttentionInputError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
-    if not isinstance(causal, bool):
-        raise AttentionTypeError(f"causal={causal!r}: expected True or False")
+    check_options(schedule, causal)
     if deterministic is not None and not isinstance(deterministic, bool):
         raise AttentionTypeError(f"deterministic={deterministic!r}: expected True, False or None")
     from iosim.gpu import autograd  # registers the torch custom ops: only once a differentiable call arrives
 
-    scale = _check_scale(scale, int(q.shape[-1]))
+    scale = check_scale(scale, int(q.shape[-1]))
     return autograd.differentiable_attention(q, k, v, schedule=schedule, causal=causal, scale=scale,
                                              return_lse=return_lse, deterministic=deterministic)
 

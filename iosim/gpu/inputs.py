@@ -194,7 +194,15 @@ def _check_dtypes(q, k, v) -> str:
     return dt
 
 
-def _check_scale(scale, head_dim: int) -> float:
+def check_options(schedule: Any, causal: Any) -> None:
+    """A schedule the library runs and a causal flag that is a bool (every call, differentiable or not)."""
+    if schedule not in SCHEDULES:
+        raise AttentionInputError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
+    if not isinstance(causal, bool):
+        raise AttentionTypeError(f"causal={causal!r}: expected True or False")
+
+
+def check_scale(scale, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     try:
@@ -282,10 +290,7 @@ def _output_view(cp: Any, x: Any) -> Any:
 
 def validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out) -> Checked:
     """Every argument of :func:`iosim.gpu.attention` checked; returns CuPy views of them and how to make outputs."""
-    if schedule not in SCHEDULES:
-        raise AttentionInputError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
-    if not isinstance(causal, bool):
-        raise AttentionTypeError(f"causal={causal!r}: expected True or False")
+    check_options(schedule, causal)
     torch, torch_dtype = torch_of(q), getattr(q, "dtype", None)
     q, k, v = _as_cupy(cp, q, "q"), _as_cupy(cp, k, "k"), _as_cupy(cp, v, "v")
     _check_array(q, "q", "(batch, seq_len, heads, head_dim)")
@@ -296,7 +301,7 @@ def validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_o
     devs = {x.device.id for x in (q, k, v)}
     if len(devs) != 1:
         raise AttentionInputError(f"q, k, v are on devices {sorted(devs)}; expected all on one device")
-    scale = _check_scale(scale, int(q.shape[3]))
+    scale = check_scale(scale, int(q.shape[3]))
     _check_tiles(schedule, int(q.shape[3]), block_q, block_kv)
     out, lse_out = _output_view(cp, out), _output_view(cp, lse_out)
     device = devs.pop()
