@@ -67,6 +67,18 @@ class ReadWrite(_Strict):
     write: SourcedBandwidth
 
 
+class ReduceRates(_Strict):
+    f32: SourcedBandwidth = Field(description="red.global.add.f32 (FlashAttention-2's atomicAdd): fp32 bytes added "
+                                  "per second")
+    f32x2: SourcedBandwidth = Field(description="red.global.add.v2.f32 (kernels/flash_bwd.cu): fp32 bytes added per "
+                                    "second")
+
+
+class L2Rates(ReadWrite):
+    reduce: ReduceRates | None = Field(default=None, description="fp32 reductions into L2 (the backward's dQ "
+                                       "accumulator); absent in files calibrated before it was measured")
+
+
 class DramRates(ReadWrite):
     read_write: SourcedBandwidth = Field(description="bytes read + bytes written per second, copying one buffer "
                                          "to another")
@@ -109,7 +121,7 @@ class Calibration(_Strict):
     exp: ExpRates
     fp32: Fp32Rates
     smem: SmemRates
-    l2: ReadWrite
+    l2: L2Rates
     dram: DramRates
     launch: LaunchCosts
     latency: MemoryLatency | None = Field(default=None, description="memory latency of one dependent load; absent "

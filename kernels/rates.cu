@@ -16,6 +16,9 @@
 //                                          stamps[4 x gridDim + block id]: bytes per clock64 cycle of each SM
 //   rates_read / rates_write (reps passes over n float4) and rates_copy: global memory, grid-stride, 4 x 16 B per
 //                                          thread per trip, through L2 only (.cg)
+//   rates_reduce(a, n, reps, width)        fp32 reductions into L2 (red.global.add.f32, or .v2.f32 when width = 2:
+//                                          the backward's dQ accumulator), reps passes over n floats, grid-stride,
+//                                          every address distinct within a pass
 //   rates_empty, rates_spin(ns)            launch costs; rates_spin holds the stream for ns nanoseconds
 //   rates_chase_link(buf, lines, head)     turns a random cycle of line indices (one 8-byte word per 128-byte line)
 //                                          into pointers, head[0] = line 0's address
@@ -261,6 +264,18 @@ extern "C" __global__ void rates_copy(const float4* __restrict__ src, float4* __
         for (int k = 0; k < 4; ++k)
             if (i + k * stride < n) __stcg(dst + i + k * stride, x[k]);
     }
+}
+
+extern "C" __global__ void rates_reduce(float* __restrict__ a, long long n, int reps, int width) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    for (int r = 0; r < reps; ++r)
+        for (long long i = t; i * width < n; i += stride) {
+            if (width == 2)
+                red_add_f32x2(a + 2 * i, 1.f, 1.f);
+            else
+                asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(a + i), "f"(1.f) : "memory");
+        }
 }
 
 extern "C" __global__ void rates_empty() {}

@@ -209,6 +209,22 @@ def _memory(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
                             f"copying {16 * half / 1e6:.1f} MB to another buffer {how}"), "")
 
 
+def _reduce(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """fp32 reductions into L2 (the backward's dQ accumulator): bytes of fp32 addends per second, red.global.add.f32
+    (FlashAttention-2's atomicAdd) and red.global.add.v2.f32 (kernels/flash_bwd.cu)."""
+    reduce = b.fn("rates_reduce")
+    n = max(1024, b.l2_bytes // 16)  # floats: a quarter of L2, resident
+    buf = cp.zeros(n, cp.float32)
+    for width, name, what in ((1, "f32", "red.global.add.f32"), (2, "f32x2", "red.global.add.v2.f32")):
+        def make(r, width=width):
+            return lambda: reduce((4 * b.sms,), (256,), (buf, cp.int64(n), cp.int32(r), cp.int32(width)))
+        iters, t = b.sized(make, iters=8)
+        report(Measured(("l2", "reduce", name), 4 * n * iters / t, "B/s",
+                        f"{what} of 1.0 into a {4 * n / 1e6:.1f} MB fp32 buffer (L2/4) resident in L2, every address "
+                        "once a pass, many passes per launch (4 blocks of 256 threads per SM, grid-stride): fp32 "
+                        "bytes added per second"), "")
+
+
 def _launch(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """Launch interval (queued, and from the host) and the cost of each further thread block."""
     empty, spin = b.fn("rates_empty"), b.fn("rates_spin")
@@ -300,7 +316,7 @@ def measure_rates(repeats: int = 15, echo: Callable[[str], None] = print, dev: d
             echo(f"{label:<28}{fmt_value(m)!s:>16}  {_per_clk(m, b.sms, clock[0] if clock else None):<22}  "
                  f"{'; '.join(x for x in (expect, note) if x)}")
 
-        for part in (_compute, _memory, chase_latency, _launch):
+        for part in (_compute, _memory, _reduce, chase_latency, _launch):
             part(b, cp, report)
             cp.cuda.runtime.deviceSynchronize()
     except RatesError:

@@ -28,6 +28,7 @@ class Rates:
     smem: float = math.inf  # shared memory bytes/s (ldmatrix)
     l2: float = math.inf  # L2 -> SM bytes/s
     l2_write: float = math.inf  # SM -> L2 bytes/s (stores)
+    l2_reduce: dict[int, float] = field(default_factory=dict)  # lanes per red (1: .f32, 2: .v2.f32) -> fp32 bytes/s
     dram_read: float = math.inf
     dram_write: float = math.inf
     dram_copy: float = math.nan  # bytes read + bytes written per second, copying (nan: not measured)
@@ -113,6 +114,7 @@ def rates(profile: Profile, dtype: str) -> Rates:
         smem=float(cal.smem.ldmatrix.value),
         l2=float(cal.l2.read.value),
         l2_write=float(cal.l2.write.value),
+        l2_reduce=_reduce(cal),
         dram_read=float(cal.dram.read.value),
         dram_write=float(cal.dram.write.value),
         dram_copy=float(cal.dram.read_write.value),
@@ -124,6 +126,12 @@ def rates(profile: Profile, dtype: str) -> Rates:
         dram_latency_s=_latency(cal, "dram"),
         calibration=profile.calibration_label(),
     )
+
+
+def _reduce(cal) -> dict[int, float]:
+    """fp32 bytes per second that reductions into L2 reach, by lanes per instruction (calibration.l2.reduce)."""
+    red = getattr(cal.l2, "reduce", None)
+    return {} if red is None else {1: float(red.f32.value), 2: float(red.f32x2.value)}
 
 
 def _latency(cal, level: str) -> float:
