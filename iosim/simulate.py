@@ -174,14 +174,16 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     ``Result.time_hbm``, while ``hbm`` stays the cold-L2 bytes). ``problem`` may also be a dict of
     AttentionProblem's fields (validated: ProblemError); anything else is a TypeError."""
     problem = as_problem(problem)
-    options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa)
+    if pass_ not in PASSES:
+        raise ScheduleError(f"pass={pass_!r}: expected one of {', '.join(PASSES)}")
     prof = get_profile(profile)
-    desc = timing.kernel_for(schedule, kernel) if kernel is not None and pass_ == "forward" else None
+    desc = timing.kernel_for(schedule, kernel, pass_) if kernel is not None else None
     if desc is not None and desc.tiles and block_q is None and block_kv is None:
         tc = desc.tiles_for(problem.head_dim)
         block_q, block_kv = tc.block_q, tc.block_kv
-    if pass_ not in PASSES:
-        raise ScheduleError(f"pass={pass_!r}: expected one of {', '.join(PASSES)}")
+    if desc is not None and desc.pass_ == "backward" and gqa is None and problem.heads != problem.kv_heads:
+        gqa = desc.gqa  # the kernel's design of grouped-query heads, counted as it runs
+    options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa)
     if method not in ("closed", "walk"):
         raise ScheduleError(f"method={method!r}: expected 'closed' or 'walk'")
     if not isinstance(l2, bool):  # l2="no" is a true value: never read a string as a switch

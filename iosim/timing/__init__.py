@@ -26,12 +26,19 @@ from dataclasses import replace
 
 from .. import hopper, roofline
 from ..counts import Counts
-from ..problem import AttentionProblem
+from ..problem import STAT_BYTES, AttentionProblem
 from ..profile import Profile
 from ..roofline import KernelTime, TimeEstimate
 from ..schedules import Tiles
-from . import decode, fa2, naive, overlap
-from .kernels import DEFAULT_KERNEL, KernelDesc, KernelError, builtin_kernel_names, load_kernel
+from . import decode, fa2, fa2_bwd, naive, overlap
+from .kernels import (
+    DEFAULT_BACKWARD_KERNEL,
+    DEFAULT_KERNEL,
+    KernelDesc,
+    KernelError,
+    builtin_kernel_names,
+    load_kernel,
+)
 from .rates import Rates, rates
 
 FAMILY_SCHEDULES = {"fa2": ("flash2",), "fa3": ("flash3",), "naive": ("naive",)}
@@ -41,21 +48,28 @@ __all__ = ["DEFAULT_KERNEL", "KernelDesc", "KernelError", "Rates", "builtin_kern
            "load_kernel", "predict", "rates"]
 
 
-def kernel_for(schedule: str, kernel: str | KernelDesc | None) -> KernelDesc | None:
-    """The description ``kernel`` names (checked against the schedule), or the schedule's default; None: none."""
+def kernel_for(schedule: str, kernel: str | KernelDesc | None, pass_: str = "forward") -> KernelDesc | None:
+    """The description ``kernel`` names (checked against the schedule and the pass), or the schedule's default
+    for the pass; None: none (the pass "both" times each pass's default kernels)."""
     if kernel is None:
-        name = DEFAULT_KERNEL.get(schedule)
-        return load_kernel(name) if name else None
+        name = (DEFAULT_BACKWARD_KERNEL if pass_ == "backward" else DEFAULT_KERNEL).get(schedule)
+        return load_kernel(name) if name and pass_ != "both" else None
     desc = load_kernel(kernel)
     if schedule not in FAMILY_SCHEDULES[desc.family]:
         raise KernelError(f"kernel {desc.name!r} (family {desc.family}) runs the schedules "
                           f"{', '.join(FAMILY_SCHEDULES[desc.family])}, not {schedule!r}")
+    if desc.pass_ != pass_:
+        raise KernelError(f"kernel {desc.name!r} describes the {desc.pass_} pass, not the {pass_} pass; "
+                          f"built-ins: {', '.join(builtin_kernel_names())}")
     return desc
 
 
-def _resident(p: AttentionProblem, profile: Profile, counts: Counts) -> bool:
+def _resident(p: AttentionProblem, profile: Profile, counts: Counts, pass_: str) -> bool:
     cap = profile.l2.capacity.value
-    extra = sum(k.global_write_bytes for k in counts.kernels[:-1])  # S and P of the naive path
+    if pass_ == "backward":  # Q, K, V, O and their gradients, the fp32 dQ accumulator, L and D
+        extra = p.tensor_bytes + p.batch * p.heads * p.seq_len * (4 * p.head_dim + 2 * STAT_BYTES)
+    else:
+        extra = sum(k.global_write_bytes for k in counts.kernels[:-1])  # S and P of the naive path
     return bool(cap) and p.tensor_bytes + extra <= L2_RESIDENT_SHARE * cap
 
 
@@ -64,18 +78,20 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
             warm: bool = False) -> TimeEstimate:
     """Predicted time of ``schedule`` as ``kernel`` runs it; ``hbm[k]`` = (DRAM read, DRAM write) bytes of kernel k."""
     roof = roofline.predict(counts, [r + w for r, w in hbm], problem.dtype, profile)
-    desc = kernel_for(schedule, kernel) if pass_ == "forward" else None
+    desc = kernel_for(schedule, kernel, pass_)
     if desc is not None and kernel is None and desc.tiles and not any(d >= problem.head_dim for d in desc.tiles):
         desc = None  # the schedule's own kernel has no instantiation for this head_dim: the roofline stands
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline")
     r = rates(profile, problem.dtype)
     latency = r.dram_latency_s
-    dram_free = warm and _resident(problem, profile, counts)
+    dram_free = warm and _resident(problem, profile, counts, pass_)
     if dram_free:
         hbm, latency = [(0.0, 0.0)] * len(hbm), r.l2_latency_s
     out = []
-    if desc.family == "naive":
+    if desc.pass_ == "backward":
+        out = _backward_times(problem, tiles, counts, hbm, profile, desc, r, latency)
+    elif desc.family == "naive":
         for name, t, parts in naive.kernel_times(problem, tiles, counts.kernels, profile, r, hbm, latency):
             out.append(KernelTime(name, _grid(counts, name), 1.0, _seconds(parts), t, parts["bound"]))
     elif desc.family == "fa3":
@@ -96,6 +112,20 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
                               _seconds(parts), t, parts["bound"]))
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
                         calibration=r.calibration, dram_free=dram_free)
+
+
+def _backward_times(problem: AttentionProblem, tiles: Tiles, counts: Counts, hbm: list[tuple[float, float]],
+                    profile: Profile, desc: KernelDesc, r: Rates, latency: float) -> list[KernelTime]:
+    """The backward's kernels: the main K/V-outer kernel (its family's step model), the row kernels streaming."""
+    out = []
+    for i, (kc, dram) in enumerate(zip(counts.kernels, hbm, strict=True)):
+        if kc.name.endswith("_bwd"):
+            tc = fa2.tiles_of(desc, problem.head_dim, tiles.block_q, tiles.block_kv)
+            t, parts = fa2_bwd.main_kernel_time(problem, desc, tc, profile, r, dram, latency)
+        else:
+            t, parts = fa2_bwd.row_kernel_time((kc.global_read_bytes, kc.global_write_bytes), dram, r, i == 0)
+        out.append(KernelTime(kc.name, kc.grid, parts.pop("utilization"), _seconds(parts), t, parts["bound"]))
+    return out
 
 
 def _grid(counts: Counts, name: str) -> int:

@@ -24,6 +24,8 @@ from ..yaml_io import read_data
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 DEFAULT_KERNEL = {"flash2": "iosim-flash2", "naive": "iosim-naive", "flash3": "fa3"}
+# the backward's: FlashAttention-2's kernel, whose tiles and design are the flash2 backward schedule's defaults
+DEFAULT_BACKWARD_KERNEL = {"flash2": "fa2-bwd"}
 
 
 class KernelError(ValueError):
@@ -43,6 +45,11 @@ class TileConfig(_Strict):
         "(Q, K, V tiles once: FlashAttention-2's Kernel_traits)")
     q_in_registers: bool = Field(default=False, description="Q's fragments held in registers (not re-read from "
                                  "shared memory at every K/V step)")
+    warp_grid: tuple[int, int, int] | None = Field(
+        default=None, description="backward (fa2 family): warps along Br of S and dP, along Bc of dK and dV, along "
+        "Br of dQ (FlashAttention-2's AtomLayoutMSdP, AtomLayoutNdKV, AtomLayoutMdQ)")
+    dq_reduce_lanes: Literal[1, 2] | None = Field(
+        default=None, description="backward: fp32 lanes per reduction instruction of dQ (1: atomicAdd, 2: .v2)")
 
 
 class SplitKV(_Strict):
@@ -51,11 +58,18 @@ class SplitKV(_Strict):
 
 
 class KernelDesc(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
     family: Literal["fa2", "fa3", "naive"] = Field(
         description="fa2: mma.sync, a warp's GEMMs and softmax in sequence, overlapped across warps; fa3: wgmma "
         "ping-pong, softmax under the GEMM, persistent grid; naive: three kernels (GEMM, softmax, GEMM)")
     source: str = Field(min_length=1, description="where the tiles and pipeline come from")
+    pass_: Literal["forward", "backward"] = Field(default="forward", alias="pass",
+                                                  description="the pass whose kernels it describes")
+    gqa: Literal["expand", "grouped"] = Field(
+        default="expand", description="backward, grouped-query heads: a block per query head, dK and dV summed "
+        "after ('expand', FlashAttention-2), or a block per kv head summing its group ('grouped', iosim's kernel)")
     warps: int = Field(ge=1, le=32, description="warps per thread block")
     launch_order: Literal["in-order", "causal-longest-first", "persistent"] = "in-order"
     tiles: dict[int, TileConfig] = Field(default_factory=dict, description="head_dim -> tiles")
