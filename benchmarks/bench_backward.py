@@ -9,8 +9,9 @@ Backward: every backend gets the same q, k, v, O, lse, dO (torch's (B, H, N, d) 
 (B, N, H, d) tensors); each backend's backward alone is timed (torch's through its aten backward op, called directly,
 so no autograd bookkeeping is timed; ours through iosim.gpu.attention_backward), CUDA events on a busy stream, the
 median of --reps calls after warm-up. Backends: iosim-flash2-bwd (atomic dQ), iosim-flash2-bwd-det (deterministic),
-sdpa-flash-bwd, sdpa-cudnn-bwd. TFLOP/s by the papers' convention: 2.5 x 4 N^2 d B H / t, halved when causal.
-Shape: B * N = 16384 tokens, heads = 2048 / d (as bench_attention.py).
+sdpa-flash-bwd, sdpa-cudnn-bwd, torch-standard-bwd (standard attention's backward through autograd, S and P kept
+in memory by its forward; shapes whose P exceeds 8 GiB are skipped). TFLOP/s by the papers' convention:
+2.5 x 4 N^2 d B H / t, halved when causal. Shape: B * N = 16384 tokens, heads = 2048 / d (as bench_attention.py).
 
 --training: loss.backward() through the whole causal layer, forward included, for standard attention (torch-standard:
 S = scale Q K^T, mask, softmax, P V in bf16 with autograd, S and P materialized: the papers' baseline; torch-math:
@@ -83,12 +84,25 @@ def backward_rows(torch, args) -> list[dict]:
                             calls[name] = _torch_backward(torch, backend, q, k, v, do, causal, scale)
                         except RuntimeError as exc:  # a backend that does not take the shape: say so, go on
                             print(f"  {name}: not run ({str(exc).splitlines()[0][:90]})", file=sys.stderr)
+                    if B * H * N * N * 2 <= STANDARD_BYTES_MAX:
+                        calls["torch-standard-bwd"] = _standard_backward(torch, q, k, v, do, causal)
                     for name, fn in calls.items():
                         ms = time_ms(fn, args.reps)
                         rows.append({"dtype": dt_name, "d": d, "N": N, "batch": B, "heads": H, "causal": causal,
                                      "backend": name, "ms": ms, "tflops": flops / ms / 1e9})
                     _print_shape(rows[-len(calls):])
     return rows
+
+
+STANDARD_BYTES_MAX = 8 << 30  # P (and its gradient, and dS) of standard attention's backward, each
+
+
+def _standard_backward(torch, q, k, v, do, causal):
+    """A zero-argument call of standard attention's backward alone: the graph (S and P in memory, as the papers'
+    baseline keeps them) built once, its backward run again each call (autograd.grad, graph retained)."""
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = _standard(torch, causal)(*leaves)
+    return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
 
 def _print_shape(rows: list[dict]) -> None:

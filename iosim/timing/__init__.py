@@ -30,7 +30,7 @@ from ..problem import STAT_BYTES, AttentionProblem
 from ..profile import Profile
 from ..roofline import KernelTime, TimeEstimate
 from ..schedules import Tiles
-from . import decode, fa2, fa2_bwd, naive, overlap
+from . import decode, fa2, fa2_bwd, fa3_bwd, naive, overlap
 from .kernels import (
     DEFAULT_BACKWARD_KERNEL,
     DEFAULT_KERNEL,
@@ -42,6 +42,7 @@ from .kernels import (
 from .rates import Rates, rates
 
 FAMILY_SCHEDULES = {"fa2": ("flash2",), "fa3": ("flash3",), "naive": ("naive",)}
+BACKWARD_SCHEDULES = {"fa2": ("flash2",), "fa3": ("flash2", "flash3")}  # a Hopper backward runs flash2's program
 L2_RESIDENT_SHARE = 0.8  # a warm problem stays in L2 when its tensors take at most this share of it
 
 __all__ = ["DEFAULT_KERNEL", "KernelDesc", "KernelError", "Rates", "builtin_kernel_names", "kernel_for",
@@ -55,9 +56,10 @@ def kernel_for(schedule: str, kernel: str | KernelDesc | None, pass_: str = "for
         name = (DEFAULT_BACKWARD_KERNEL if pass_ == "backward" else DEFAULT_KERNEL).get(schedule)
         return load_kernel(name) if name and pass_ != "both" else None
     desc = load_kernel(kernel)
-    if schedule not in FAMILY_SCHEDULES[desc.family]:
-        raise KernelError(f"kernel {desc.name!r} (family {desc.family}) runs the schedules "
-                          f"{', '.join(FAMILY_SCHEDULES[desc.family])}, not {schedule!r}")
+    runs = (BACKWARD_SCHEDULES if desc.pass_ == "backward" else FAMILY_SCHEDULES).get(desc.family, ())
+    if schedule not in runs:
+        raise KernelError(f"kernel {desc.name!r} (family {desc.family}, {desc.pass_} pass) runs the schedules "
+                          f"{', '.join(runs) or 'none'}, not {schedule!r}")
     if desc.pass_ != pass_:
         raise KernelError(f"kernel {desc.name!r} describes the {desc.pass_} pass, not the {pass_} pass; "
                           f"built-ins: {', '.join(builtin_kernel_names())}")
@@ -121,7 +123,10 @@ def _backward_times(problem: AttentionProblem, tiles: Tiles, counts: Counts, hbm
     for i, (kc, dram) in enumerate(zip(counts.kernels, hbm, strict=True)):
         if kc.name.endswith("_bwd"):
             tc = fa2.tiles_of(desc, problem.head_dim, tiles.block_q, tiles.block_kv)
-            t, parts = fa2_bwd.main_kernel_time(problem, desc, tc, profile, r, dram, latency)
+            if desc.family == "fa3":
+                t, parts = fa3_bwd.main_kernel_time(problem, desc, tc, r, dram, latency)
+            else:
+                t, parts = fa2_bwd.main_kernel_time(problem, desc, tc, profile, r, dram, latency)
         else:
             t, parts = fa2_bwd.row_kernel_time((kc.global_read_bytes, kc.global_write_bytes), dram, r, i == 0)
         out.append(KernelTime(kc.name, kc.grid, parts.pop("utilization"), _seconds(parts), t, parts["bound"]))

@@ -1,0 +1,62 @@
+"""Time of a FlashAttention-3-class backward on Hopper (wgmma, TMA, warp specialization, a persistent grid).
+
+FlashAttention-3's backward (Shah et al. 2024, §3 and its appendix) and cuDNN's run the K/V-outer loop as
+FlashAttention-2's does (iosim/timing/fa2_bwd.py): one work tile per K/V block of Bc keys of one head, a **step**
+per Q block of Br queries it visits: five GEMMs (S = QKᵀ, dP = dO Vᵀ, dV += Pᵀ dO, dK += dSᵀ Q, dQ = dS K) on wgmma,
+Br·Bc exp2 and SCORE_OPS fp32 operations per score, a producer warp's TMA loads of Q_i, dO_i, L_i, D_i, and dQ_i
+added in fp32 to the global accumulator. Two consumer warpgroups share the SM's tensor cores: while one computes its
+P and dS, the other's GEMMs run, so a step costs the longer of its GEMMs and its elementwise work plus
+OVERLAP_LOSS of the shorter (the forward's ping-pong, :mod:`iosim.hopper`), or its traffic with L2 (loads, and the
+reductions at the calibrated ``l2.reduce`` rate), whichever is longer:
+
+    T_step = max( max(t_gemm, t_elem) + OVERLAP_LOSS·min(t_gemm, t_elem), t_load + t_reduce )
+
+Work tiles (prologue K_j, V_j + n_j·T_step + epilogue dK_j, dV_j) are placed on one persistent block per SM,
+longest first; the kernel takes the longer of that and its DRAM bytes over DRAM bandwidth, plus a launch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..hopper import schedule_time
+from ..problem import STAT_BYTES, AttentionProblem
+from . import overlap
+from .fa2_bwd import ACC_BYTES, GEMMS, SCORE_OPS, block_steps
+from .kernels import KernelDesc, TileConfig
+from .rates import Rates
+
+
+def step_parts(p: AttentionProblem, tc: TileConfig, r: Rates) -> dict[str, float]:
+    """Seconds of one step's GEMMs, elementwise work, loads and dQ reductions at one SM's rates, and the step."""
+    Br, Bc, d, e = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes
+    per_sm = r.sms
+    gemm = GEMMS * 2 * Br * Bc * d / (r.wgmma / per_sm)
+    elem = Br * Bc / (r.ex2 / per_sm) + SCORE_OPS * Br * Bc / (r.alu / per_sm)
+    load = (2 * Br * d * e + 2 * Br * STAT_BYTES) / (r.l2 / per_sm)
+    red_rate = r.l2_reduce.get(tc.dq_reduce_lanes or 2, r.l2_write)
+    reduce = Br * d * ACC_BYTES / (red_rate / per_sm)
+    hidden = max(gemm, elem) + overlap.OVERLAP_LOSS * min(gemm, elem)
+    return {"step_gemm": gemm, "step_elementwise": elem, "step_load": load, "step_reduce": reduce,
+            "step": max(hidden, load + reduce)}
+
+
+def main_kernel_time(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: Rates,
+                     dram: tuple[float, float], latency: float) -> tuple[float, dict]:
+    grouped = desc.gqa == "grouped"
+    heads = p.batch * (p.kv_heads if grouped else p.heads)
+    parts = step_parts(p, tc, r)
+    kv_bytes = 2 * tc.block_kv * p.head_dim * p.elem_bytes
+    steps = block_steps(p, tc, grouped)
+    per_tile = kv_bytes / (r.l2 / r.sms) + steps * parts["step"] + kv_bytes / (r.l2_write / r.sms)
+    blocks = schedule_time(np.asarray(per_tile, dtype=float), heads, r.sms) + r.block_s + 2 * latency
+    memory = r.dram_s(*dram)
+    total = max(blocks, memory) + r.next_launch_s() + latency
+    busy = float(per_tile.sum()) * heads / (r.sms * blocks) if blocks else 1.0
+    if memory > blocks:
+        bound = "dram"
+    elif parts["step"] > parts["step_gemm"] + overlap.OVERLAP_LOSS * parts["step_elementwise"] + 1e-15:
+        bound = "l2" if parts["step_load"] + parts["step_reduce"] >= parts["step_elementwise"] else "elementwise"
+    else:
+        bound = "tensor"
+    return total, {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, **parts, "bound": bound}
