@@ -151,8 +151,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     cp_async_commit();
 
     // Alg. line 9 for iteration `it` (query head h, Q block i) into buffer `buf`: one cp.async group
-    auto load_q_block = [&](int it, int buf) {
-        const int h = hk * group + it / n_i, m0 = (i_min + it % n_i) * Br;
+    auto load_q_block = [&](int h, int m0, int buf) {
         const long long q_off = ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
         load_tile_async<Br, D, kBwdThreads>(sQ + buf * Br * D, q + q_off, q_stride, seq_len - m0, tid);
         load_tile_async<Br, D, kBwdThreads>(sdO + buf * Br * D, dout + q_off, q_stride, seq_len - m0, tid);
@@ -164,7 +163,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         }
         cp_async_commit();
     };
-    if (n_iter > 0) load_q_block(0, 0);
+    // the current iteration's query head and first row, and the next one's (counters: no division in the loop)
+    int h = hk * group, m0 = i_min * Br;
+    int h_next = h + (n_i == 1), m0_next = n_i == 1 ? m0 : m0 + Br;
+    if (n_iter > 0) load_q_block(h, m0, 0);
 
     float acc_dk[L::MKV][L::NKV][4], acc_dv[L::MKV][L::NKV][4];  // Alg. line 7
     zero(acc_dk);
@@ -174,8 +176,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const int buf = it & 1;
         cp_async_wait<0>();  // this Q block (and, the first time, K_j and V_j) has landed
         __syncthreads();     // ... for every warp, and every warp is done with the previous block's buffers
-        if (it + 1 < n_iter) load_q_block(it + 1, buf ^ 1);
-        const int h = hk * group + it / n_i, m0 = (i_min + it % n_i) * Br;
+        if (it + 1 < n_iter) load_q_block(h_next, m0_next, buf ^ 1);
         const T* sQb = sQ + buf * Br * D;
         const T* sdOb = sdO + buf * Br * D;
         const float* sLb = sL + buf * Br;
@@ -190,7 +191,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         {
             float acc_s[L::MS][L::NS][4];
             zero(acc_s);
-            warp_mma<L::MS, L::NS, D / 16, false, false, D, D>(acc_s, sK, sm * 32, 0, sQb, sn * kCols, 0, lane);
+            warp_mma_pf<L::MS, L::NS, D / 16, false, false, D, D>(acc_s, sK, sm * 32, 0, sQb, sn * kCols, 0, lane);
 #pragma unroll
             for (int nt = 0; nt < L::NS; ++nt) {
                 const int col = sn * kCols + nt * 8 + 2 * t4;  // this thread's two query columns: col, col + 1
@@ -219,11 +220,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         {
             float acc_dp[L::MS][L::NS][4];
             zero(acc_dp);
-            warp_mma<L::MS, L::NS, D / 16, false, false, D, D>(acc_dp, sV, sm * 32, 0, sdOb, sn * kCols, 0, lane);
+            warp_mma_pf<L::MS, L::NS, D / 16, false, false, D, D>(acc_dp, sV, sm * 32, 0, sdOb, sn * kCols, 0, lane);
 #pragma unroll
             for (int nt = 0; nt < L::NS; ++nt) {
                 const int col = sn * kCols + nt * 8 + 2 * t4;
-                const float dl[2] = {sDb[col], sDb[col + 1]};
+                const float dl[2] = {sDb[col] * scale, sDb[col + 1] * scale};
 #pragma unroll
                 for (int mi = 0; mi < L::MS; ++mi) {
                     float p[4];
@@ -231,9 +232,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                     unpack2<T>(p_pk[mi][nt][1], p[2], p[3]);
                     const int r = sm * 32 + mi * 16 + g, c = (sn * kCols + nt * 8) / 8;
                     *reinterpret_cast<unsigned*>(sdS + swz<Br>(r, c) + 2 * t4) =
-                        pack2<T>(p[0] * (acc_dp[mi][nt][0] - dl[0]), p[1] * (acc_dp[mi][nt][1] - dl[1]));
+                        pack2<T>(p[0] * fmaf(acc_dp[mi][nt][0], scale, -dl[0]),
+                                 p[1] * fmaf(acc_dp[mi][nt][1], scale, -dl[1]));
                     *reinterpret_cast<unsigned*>(sdS + swz<Br>(r + 8, c) + 2 * t4) =
-                        pack2<T>(p[2] * (acc_dp[mi][nt][2] - dl[0]), p[3] * (acc_dp[mi][nt][3] - dl[1]));
+                        pack2<T>(p[2] * fmaf(acc_dp[mi][nt][2], scale, -dl[0]),
+                                 p[3] * fmaf(acc_dp[mi][nt][3], scale, -dl[1]));
                 }
             }
         }
@@ -241,15 +244,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
         // Alg. lines 12, 16: dV_j += P^T dO_i, dK_j += dS^T Q_i (this warp: 32 keys x D / WNkv)
         constexpr int kDCols = D / L::WNkv;
-        warp_mma<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dv, sP, kvm * 32, 0, sdOb, kvn * kDCols, 0, lane);
-        warp_mma<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dk, sdS, kvm * 32, 0, sQb, kvn * kDCols, 0, lane);
+        warp_mma_pf<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dv, sP, kvm * 32, 0, sdOb, kvn * kDCols, 0, lane);
+        warp_mma_pf<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dk, sdS, kvm * 32, 0, sQb, kvn * kDCols, 0, lane);
 
         // Alg. line 15: dQacc_i += scale dS K_j, dS read back transposed (this warp: 16 MQ rows x D / WNq)
         if (dq_accum != nullptr) {
             float acc_dq[L::MQ][L::NQ][4];
             zero(acc_dq);
             constexpr int kQCols = D / L::WNq;
-            warp_mma<L::MQ, L::NQ, Bc / 16, true, true, Br, D>(acc_dq, sdS, qm * 16 * L::MQ, 0, sK, qn * kQCols, 0,
+            warp_mma_pf<L::MQ, L::NQ, Bc / 16, true, true, Br, D>(acc_dq, sdS, qm * 16 * L::MQ, 0, sK, qn * kQCols, 0,
                                                                  lane);
             float* dqg = dq_accum + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
 #pragma unroll
@@ -261,9 +264,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
                         for (int nt = 0; nt < L::NQ; ++nt)
                             red_add_f32x2(dqg + row * q_stride + qn * kQCols + nt * 8 + 2 * t4,
-                                          acc_dq[mi][nt][2 * hr] * scale, acc_dq[mi][nt][2 * hr + 1] * scale);
+                                          acc_dq[mi][nt][2 * hr], acc_dq[mi][nt][2 * hr + 1]);
                     }
                 }
+        }
+        h = h_next;
+        m0 = m0_next;
+        m0_next += Br;
+        if (m0_next >= (i_min + n_i) * Br) {
+            m0_next = i_min * Br;
+            ++h_next;
         }
     }
     cp_async_wait<0>();  // no copy may still be in flight into shared memory when the block exits
@@ -281,7 +291,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                 for (int nt = 0; nt < L::NKV; ++nt) {
                     const long long off = row * kv_stride + kvn * (D / L::WNkv) + nt * 8 + 2 * t4;
                     *reinterpret_cast<unsigned*>(dkg + off) =
-                        pack2<T>(acc_dk[mi][nt][2 * hr] * scale, acc_dk[mi][nt][2 * hr + 1] * scale);
+                        pack2<T>(acc_dk[mi][nt][2 * hr], acc_dk[mi][nt][2 * hr + 1]);
                     *reinterpret_cast<unsigned*>(dvg + off) =
                         pack2<T>(acc_dv[mi][nt][2 * hr], acc_dv[mi][nt][2 * hr + 1]);
                 }
