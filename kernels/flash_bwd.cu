@@ -11,10 +11,11 @@
 //         load Q_i, dO_i, L_i, Delta_i (line 9; cp.async, the next block's in flight while this one is used)
 //         S^T = K_j Q_i^T,  P^T = exp(scale S^T - L_i)                  (lines 10-11, recomputed, masked, in the
 //                                                                       input dtype from here on, as dV's operand)
-//         dP^T = V_j dO_i^T, dS^T = P^T o (dP^T - Delta_i)              (lines 13-14)
+//         dP^T = V_j dO_i^T, dS^T = scale P^T o (dP^T - Delta_i)        (lines 13-14; dS^T kept times scale,
+//                                                                       which dK and dQ both take, at no cost)
 //         dV_j += P^T dO_i,  dK_j += dS^T Q_i                           (lines 12, 16; fp32 registers)
-//         dQacc_i += scale dS_ij K_j                                    (line 15: fp32 reductions in L2, red.add)
-//       dK_j (times scale), dV_j written once (line 18)
+//         dQacc_i += dS_ij K_j                                          (line 15: fp32 reductions in L2, red.add)
+//       dK_j, dV_j written once (line 18)
 //   flash_bwd_convert_dq_kernel  dQ = dQacc in the problem dtype
 // Deterministic mode (no atomics, so bit-identical runs): flash_bwd_kernel without line 15, then
 //   flash_bwd_dq_kernel          one thread block per Q block i (the forward's loop order): recomputes S, P, dP, dS
@@ -40,6 +41,13 @@
 //       N = 2048-16384): 0.84-0.87x torch's FA2 backward at d = 128, 0.77-0.83x at d = 64.
 //   v3  Br = 128 where the accumulators fit (d <= 64: 255 registers, no spill), half the iterations per block.
 //       Measured (H100, N = 8192): d = 64 0.85-0.88x (was 0.78-0.81x), d = 32 0.83-0.87x (was 0.77-0.83x).
+//   v4  fewer instructions, same tiles, same global and shared-memory traffic: ldmatrix addresses computed once per
+//       GEMM (tile.cuh warp_mma_pf: XOR patterns + immediates; v3 spent 3-4 instructions per ldmatrix), no division
+//       in the loop, dS^T stored times scale (no dQ multiplies). Nsight Compute (H100, bf16, B = 4, N = 4096, main
+//       kernel): d = 128 1.58e9 -> 1.16e9 instructions, 5.19 -> 4.80-4.85 ms (FA2's 4.39-4.44 ms); d = 64
+//       1.74e9 -> 1.46e9 instructions but 5.64 -> 5.64-5.68 ms (FA2 4.76 ms: ours stalls more per instruction on
+//       mio_throttle, long_scoreboard and barrier). bench_backward.py (H100, N = 2048-16384): d = 128 0.90-0.93x
+//       non-causal, 0.88-0.91x causal (was 0.83-0.87x); d = 64 0.82-0.87x non-causal, 0.89-0.90x causal (unchanged).
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -96,7 +104,7 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// dQ = dQacc in the problem dtype: 8 elements per thread (the scale was applied with each reduction).
+// dQ = dQacc in the problem dtype: 8 elements per thread (the scale came with dS^T, in every reduction).
 template <typename T>
 __global__ void __launch_bounds__(256)
     flash_bwd_convert_dq_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq, long long chunks) {
@@ -216,7 +224,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             }
         }
 
-        // Alg. lines 13-14: dP^T = V_j dO_i^T, dS^T = P^T o (dP^T - Delta), to shared memory (dK's and dQ's A operand)
+        // Alg. lines 13-14: dP^T = V_j dO_i^T, dS^T = scale P^T o (dP^T - Delta) (the softmax scale that dK and dQ
+        // both carry, folded into the subtraction: fmaf(dP, scale, -scale Delta)), to shared memory (dK's and dQ's A
+        // operand)
         {
             float acc_dp[L::MS][L::NS][4];
             zero(acc_dp);
@@ -247,7 +257,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         warp_mma_pf<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dv, sP, kvm * 32, 0, sdOb, kvn * kDCols, 0, lane);
         warp_mma_pf<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dk, sdS, kvm * 32, 0, sQb, kvn * kDCols, 0, lane);
 
-        // Alg. line 15: dQacc_i += scale dS K_j, dS read back transposed (this warp: 16 MQ rows x D / WNq)
+        // Alg. line 15: dQacc_i += dS K_j (dS carries the scale), dS read back transposed (this warp: 16 MQ rows x
+        // D / WNq)
         if (dq_accum != nullptr) {
             float acc_dq[L::MQ][L::NQ][4];
             zero(acc_dq);
@@ -278,7 +289,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     cp_async_wait<0>();  // no copy may still be in flight into shared memory when the block exits
 
-    // Alg. line 18: dK_j = scale dS^T Q (scale applied here), dV_j, written once in the problem dtype
+    // Alg. line 18: dK_j = dS^T Q (dS carries the scale), dV_j, written once in the problem dtype
     T* dkg = dk + kv_off;
     T* dvg = dv + kv_off;
 #pragma unroll
