@@ -38,9 +38,8 @@ template <> __device__ __forceinline__ void unpack2<__half>(unsigned v, float& l
     hi = f.y;
 }
 template <> __device__ __forceinline__ void unpack2<__nv_bfloat16>(unsigned v, float& lo, float& hi) {
-    const float2 f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
-    lo = f.x;
-    hi = f.y;
+    lo = __uint_as_float(v << 16);  // bf16 is the top half of an fp32: exact, one instruction each
+    hi = __uint_as_float(v & 0xffff0000u);
 }
 
 template <typename T> __device__ __forceinline__ float to_float(T x);

@@ -11,10 +11,11 @@
 //         load Q_i, dO_i, L_i, Delta_i (line 9; cp.async, the next block's in flight while this one is used)
 //         S^T = K_j Q_i^T,  P^T = exp(scale S^T - L_i)                  (lines 10-11, recomputed, masked, in the
 //                                                                       input dtype from here on, as dV's operand)
-//         dP^T = V_j dO_i^T, dS^T = P^T o (dP^T - Delta_i)              (lines 13-14)
+//         dP^T = V_j dO_i^T, dS^T = scale P^T o (dP^T - Delta_i)        (lines 13-14; dS^T kept times scale,
+//                                                                       which dK and dQ both take, at no cost)
 //         dV_j += P^T dO_i,  dK_j += dS^T Q_i                           (lines 12, 16; fp32 registers)
-//         dQacc_i += scale dS_ij K_j                                    (line 15: fp32 reductions in L2, red.add)
-//       dK_j (times scale), dV_j written once (line 18)
+//         dQacc_i += dS_ij K_j                                          (line 15: fp32 reductions in L2, red.add)
+//       dK_j, dV_j written once (line 18)
 //   flash_bwd_convert_dq_kernel  dQ = dQacc in the problem dtype
 // Deterministic mode (no atomics, so bit-identical runs): flash_bwd_kernel without line 15, then
 //   flash_bwd_dq_kernel          one thread block per Q block i (the forward's loop order): recomputes S, P, dP, dS
@@ -40,6 +41,13 @@
 //       N = 2048-16384): 0.84-0.87x torch's FA2 backward at d = 128, 0.77-0.83x at d = 64.
 //   v3  Br = 128 where the accumulators fit (d <= 64: 255 registers, no spill), half the iterations per block.
 //       Measured (H100, N = 8192): d = 64 0.85-0.88x (was 0.78-0.81x), d = 32 0.83-0.87x (was 0.77-0.83x).
+//   v4  fewer instructions, same tiles, same global and shared-memory traffic: ldmatrix addresses computed once per
+//       GEMM (tile.cuh warp_mma_pf: XOR patterns + immediates; v3 spent 3-4 instructions per ldmatrix), no division
+//       in the loop, dS^T stored times scale (no dQ multiplies). Nsight Compute (H100, bf16, B = 4, N = 4096, main
+//       kernel): d = 128 1.58e9 -> 1.16e9 instructions, 5.19 -> 4.80-4.85 ms (FA2's 4.39-4.44 ms); d = 64
+//       1.74e9 -> 1.46e9 instructions but 5.64 -> 5.64-5.68 ms (FA2 4.76 ms: ours stalls more per instruction on
+//       mio_throttle, long_scoreboard and barrier). bench_backward.py (H100, N = 2048-16384): d = 128 0.90-0.93x
+//       non-causal, 0.88-0.91x causal (was 0.83-0.87x); d = 64 0.82-0.87x non-causal, 0.89-0.90x causal (unchanged).
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -96,7 +104,7 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// dQ = dQacc in the problem dtype: 8 elements per thread (the scale was applied with each reduction).
+// dQ = dQacc in the problem dtype: 8 elements per thread (the scale came with dS^T, in every reduction).
 template <typename T>
 __global__ void __launch_bounds__(256)
     flash_bwd_convert_dq_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq, long long chunks) {
@@ -151,8 +159,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     cp_async_commit();
 
     // Alg. line 9 for iteration `it` (query head h, Q block i) into buffer `buf`: one cp.async group
-    auto load_q_block = [&](int it, int buf) {
-        const int h = hk * group + it / n_i, m0 = (i_min + it % n_i) * Br;
+    auto load_q_block = [&](int h, int m0, int buf) {
         const long long q_off = ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
         load_tile_async<Br, D, kBwdThreads>(sQ + buf * Br * D, q + q_off, q_stride, seq_len - m0, tid);
         load_tile_async<Br, D, kBwdThreads>(sdO + buf * Br * D, dout + q_off, q_stride, seq_len - m0, tid);
@@ -164,7 +171,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         }
         cp_async_commit();
     };
-    if (n_iter > 0) load_q_block(0, 0);
+    // the current iteration's query head and first row, and the next one's (counters: no division in the loop)
+    int h = hk * group, m0 = i_min * Br;
+    int h_next = h + (n_i == 1), m0_next = n_i == 1 ? m0 : m0 + Br;
+    if (n_iter > 0) load_q_block(h, m0, 0);
 
     float acc_dk[L::MKV][L::NKV][4], acc_dv[L::MKV][L::NKV][4];  // Alg. line 7
     zero(acc_dk);
@@ -174,8 +184,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const int buf = it & 1;
         cp_async_wait<0>();  // this Q block (and, the first time, K_j and V_j) has landed
         __syncthreads();     // ... for every warp, and every warp is done with the previous block's buffers
-        if (it + 1 < n_iter) load_q_block(it + 1, buf ^ 1);
-        const int h = hk * group + it / n_i, m0 = (i_min + it % n_i) * Br;
+        if (it + 1 < n_iter) load_q_block(h_next, m0_next, buf ^ 1);
         const T* sQb = sQ + buf * Br * D;
         const T* sdOb = sdO + buf * Br * D;
         const float* sLb = sL + buf * Br;
@@ -190,7 +199,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         {
             float acc_s[L::MS][L::NS][4];
             zero(acc_s);
-            warp_mma<L::MS, L::NS, D / 16, false, false, D, D>(acc_s, sK, sm * 32, 0, sQb, sn * kCols, 0, lane);
+            warp_mma_pf<L::MS, L::NS, D / 16, false, false, D, D>(acc_s, sK, sm * 32, 0, sQb, sn * kCols, 0, lane);
 #pragma unroll
             for (int nt = 0; nt < L::NS; ++nt) {
                 const int col = sn * kCols + nt * 8 + 2 * t4;  // this thread's two query columns: col, col + 1
@@ -215,15 +224,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             }
         }
 
-        // Alg. lines 13-14: dP^T = V_j dO_i^T, dS^T = P^T o (dP^T - Delta), to shared memory (dK's and dQ's A operand)
+        // Alg. lines 13-14: dP^T = V_j dO_i^T, dS^T = scale P^T o (dP^T - Delta) (the softmax scale that dK and dQ
+        // both carry, folded into the subtraction: fmaf(dP, scale, -scale Delta)), to shared memory (dK's and dQ's A
+        // operand)
         {
             float acc_dp[L::MS][L::NS][4];
             zero(acc_dp);
-            warp_mma<L::MS, L::NS, D / 16, false, false, D, D>(acc_dp, sV, sm * 32, 0, sdOb, sn * kCols, 0, lane);
+            warp_mma_pf<L::MS, L::NS, D / 16, false, false, D, D>(acc_dp, sV, sm * 32, 0, sdOb, sn * kCols, 0, lane);
 #pragma unroll
             for (int nt = 0; nt < L::NS; ++nt) {
                 const int col = sn * kCols + nt * 8 + 2 * t4;
-                const float dl[2] = {sDb[col], sDb[col + 1]};
+                const float dl[2] = {sDb[col] * scale, sDb[col + 1] * scale};
 #pragma unroll
                 for (int mi = 0; mi < L::MS; ++mi) {
                     float p[4];
@@ -231,9 +242,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                     unpack2<T>(p_pk[mi][nt][1], p[2], p[3]);
                     const int r = sm * 32 + mi * 16 + g, c = (sn * kCols + nt * 8) / 8;
                     *reinterpret_cast<unsigned*>(sdS + swz<Br>(r, c) + 2 * t4) =
-                        pack2<T>(p[0] * (acc_dp[mi][nt][0] - dl[0]), p[1] * (acc_dp[mi][nt][1] - dl[1]));
+                        pack2<T>(p[0] * fmaf(acc_dp[mi][nt][0], scale, -dl[0]),
+                                 p[1] * fmaf(acc_dp[mi][nt][1], scale, -dl[1]));
                     *reinterpret_cast<unsigned*>(sdS + swz<Br>(r + 8, c) + 2 * t4) =
-                        pack2<T>(p[2] * (acc_dp[mi][nt][2] - dl[0]), p[3] * (acc_dp[mi][nt][3] - dl[1]));
+                        pack2<T>(p[2] * fmaf(acc_dp[mi][nt][2], scale, -dl[0]),
+                                 p[3] * fmaf(acc_dp[mi][nt][3], scale, -dl[1]));
                 }
             }
         }
@@ -241,15 +254,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
         // Alg. lines 12, 16: dV_j += P^T dO_i, dK_j += dS^T Q_i (this warp: 32 keys x D / WNkv)
         constexpr int kDCols = D / L::WNkv;
-        warp_mma<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dv, sP, kvm * 32, 0, sdOb, kvn * kDCols, 0, lane);
-        warp_mma<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dk, sdS, kvm * 32, 0, sQb, kvn * kDCols, 0, lane);
+        warp_mma_pf<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dv, sP, kvm * 32, 0, sdOb, kvn * kDCols, 0, lane);
+        warp_mma_pf<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dk, sdS, kvm * 32, 0, sQb, kvn * kDCols, 0, lane);
 
-        // Alg. line 15: dQacc_i += scale dS K_j, dS read back transposed (this warp: 16 MQ rows x D / WNq)
+        // Alg. line 15: dQacc_i += dS K_j (dS carries the scale), dS read back transposed (this warp: 16 MQ rows x
+        // D / WNq)
         if (dq_accum != nullptr) {
             float acc_dq[L::MQ][L::NQ][4];
             zero(acc_dq);
             constexpr int kQCols = D / L::WNq;
-            warp_mma<L::MQ, L::NQ, Bc / 16, true, true, Br, D>(acc_dq, sdS, qm * 16 * L::MQ, 0, sK, qn * kQCols, 0,
+            warp_mma_pf<L::MQ, L::NQ, Bc / 16, true, true, Br, D>(acc_dq, sdS, qm * 16 * L::MQ, 0, sK, qn * kQCols, 0,
                                                                  lane);
             float* dqg = dq_accum + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
 #pragma unroll
@@ -261,14 +275,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
                         for (int nt = 0; nt < L::NQ; ++nt)
                             red_add_f32x2(dqg + row * q_stride + qn * kQCols + nt * 8 + 2 * t4,
-                                          acc_dq[mi][nt][2 * hr] * scale, acc_dq[mi][nt][2 * hr + 1] * scale);
+                                          acc_dq[mi][nt][2 * hr], acc_dq[mi][nt][2 * hr + 1]);
                     }
                 }
+        }
+        h = h_next;
+        m0 = m0_next;
+        m0_next += Br;
+        if (m0_next >= (i_min + n_i) * Br) {
+            m0_next = i_min * Br;
+            ++h_next;
         }
     }
     cp_async_wait<0>();  // no copy may still be in flight into shared memory when the block exits
 
-    // Alg. line 18: dK_j = scale dS^T Q (scale applied here), dV_j, written once in the problem dtype
+    // Alg. line 18: dK_j = dS^T Q (dS carries the scale), dV_j, written once in the problem dtype
     T* dkg = dk + kv_off;
     T* dvg = dv + kv_off;
 #pragma unroll
@@ -281,7 +302,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                 for (int nt = 0; nt < L::NKV; ++nt) {
                     const long long off = row * kv_stride + kvn * (D / L::WNkv) + nt * 8 + 2 * t4;
                     *reinterpret_cast<unsigned*>(dkg + off) =
-                        pack2<T>(acc_dk[mi][nt][2 * hr] * scale, acc_dk[mi][nt][2 * hr + 1] * scale);
+                        pack2<T>(acc_dk[mi][nt][2 * hr], acc_dk[mi][nt][2 * hr + 1]);
                     *reinterpret_cast<unsigned*>(dvg + off) =
                         pack2<T>(acc_dv[mi][nt][2 * hr], acc_dv[mi][nt][2 * hr + 1]);
                 }
