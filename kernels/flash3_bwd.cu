@@ -339,17 +339,17 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
         wgmma_commit();
         if (with_dq) {
-            // dS^T to shared memory: row = key (within the block), column = query; 128B swizzle of 16 B chunks
+            // dS^T to shared memory from its A fragments: row = key (within the block), column = query; 128B
+            // swizzle of 16 B chunks. Fragment e of k16 step kk: row +8 if e is odd, columns 16 kk + 8 (e / 2).
             const unsigned ds_buf = sdS + (v & 1) * kDSBytes;
 #pragma unroll
-            for (int nt = 0; nt < Br / 8; ++nt)
+            for (int kk = 0; kk < KP; ++kk)
 #pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    const int r = cw * 64 + warp * 16 + g + 8 * hr;
+                for (int e = 0; e < 4; ++e) {
+                    const int r = cw * 64 + warp * 16 + g + 8 * (e & 1), nt = 2 * kk + (e >> 1);
                     const unsigned addr = ds_buf + (nt / 8) * Bc * kRowBytes + r * kRowBytes +
-                                          ((((nt % 8) ^ (r & 7))) << 4) + t4 * 4;
-                    const unsigned val = pack2<T>(acc_dp[nt * 4 + 2 * hr], acc_dp[nt * 4 + 2 * hr + 1]);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(val) : "memory");
+                                          (((nt % 8) ^ (r & 7)) << 4) + t4 * 4;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[kk][e]) : "memory");
                 }
             fence_async_smem();
             named_sync(1, 256);  // both warpgroups' keys of dS^T are in place

@@ -76,8 +76,8 @@ def test_flash3_backward_deterministic_mode_gives_identical_bits():
 
     cp = _cp()
     rng = cp.random.default_rng(11)
-    q, do = (rng.standard_normal((2, 333, 8, 128), dtype=cp.float32).astype(cp.bfloat16) for _ in range(2))
-    k, v = (rng.standard_normal((2, 333, 2, 128), dtype=cp.float32).astype(cp.bfloat16) for _ in range(2))
+    q, do = (rng.standard_normal((2, 333, 8, 128), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+    k, v = (rng.standard_normal((2, 333, 2, 128), dtype=cp.float32).astype(cp.float16) for _ in range(2))
     o, lse = gpu.attention(q, k, v, causal=True, return_lse=True, schedule="flash3")
     a = gpu.attention_backward(q, k, v, o, do, lse, causal=True, deterministic=True, schedule="flash3")
     b = gpu.attention_backward(q, k, v, o, do, lse, causal=True, deterministic=True, schedule="flash3")
@@ -108,7 +108,7 @@ def test_flash3_backward_refuses_head_dim_256_with_the_numbers():
     from iosim import gpu
 
     cp = _cp()
-    q = cp.ones((1, 64, 2, 256), dtype=cp.bfloat16)
+    q = cp.ones((1, 64, 2, 256), dtype=cp.float16)
     o, lse = gpu.attention(q, q, q, return_lse=True, schedule="flash3")
     with pytest.raises(gpu.AttentionInputError, match=r"head_dim=256 is not supported .* 256 registers a thread"):
         gpu.attention_backward(q, q, q, o, q, lse, schedule="flash3")
