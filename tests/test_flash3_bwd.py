@@ -15,8 +15,7 @@ from helpers import problems_and_tiles
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iosim import AttentionProblem, simulate
-from iosim import launch
+from iosim import AttentionProblem, launch, simulate
 from iosim._resources import kernels_dir
 from iosim.blocks import cdiv
 from iosim.gpu import build, flash3
