@@ -368,6 +368,7 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
             for (int mt = 0; mt < MQ; ++mt) fence_regs(acc_dq[mt]);
             fence_regs(acc_dv);
             fence_regs(acc_dk);
+            __syncwarp();  // every lane's reads of L_i, D_i happen before lane 0 releases the stage
             if (lane == 0) mbar_arrive(empty(s));
             if (v > 0) named_sync(3, 256 + 32);  // the dQ writer has read the previous partial
 #pragma unroll
@@ -386,6 +387,7 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
             wgmma_wait<0>();
             fence_regs(acc_dv);
             fence_regs(acc_dk);
+            __syncwarp();  // every lane's reads of L_i, D_i happen before lane 0 releases the stage
             if (lane == 0) mbar_arrive(empty(s));
         }
     }
