@@ -9,9 +9,10 @@ Backward: every backend gets the same q, k, v, O, lse, dO (torch's (B, H, N, d) 
 (B, N, H, d) tensors); each backend's backward alone is timed (torch's through its aten backward op, called directly,
 so no autograd bookkeeping is timed; ours through iosim.gpu.attention_backward), CUDA events on a busy stream, the
 median of --reps calls after warm-up. Backends: iosim-flash2-bwd (atomic dQ), iosim-flash2-bwd-det (deterministic),
-sdpa-flash-bwd, sdpa-cudnn-bwd, torch-standard-bwd (standard attention's backward through autograd, S and P kept
-in memory by its forward; shapes whose P exceeds 8 GiB are skipped). TFLOP/s by the papers' convention:
-2.5 x 4 N^2 d B H / t, halved when causal. Shape: B * N = 16384 tokens, heads = 2048 / d (as bench_attention.py).
+iosim-flash3-bwd (kernels/flash3_bwd.cu, the FlashAttention-3 design; on sm_90 only), sdpa-flash-bwd, sdpa-cudnn-bwd,
+torch-standard-bwd (standard attention's backward through autograd, S and P kept in memory by its forward; shapes
+whose P exceeds 8 GiB are skipped). TFLOP/s by the papers' convention: 2.5 x 4 N^2 d B H / t, halved when causal.
+Shape: B * N = 16384 tokens, heads = 2048 / d (as bench_attention.py).
 
 --training: loss.backward() through the whole causal layer, forward included, for standard attention (torch-standard:
 S = scale Q K^T, mask, softmax, P V in bf16 with autograd, S and P materialized: the papers' baseline; torch-math:
@@ -79,6 +80,9 @@ def backward_rows(torch, args) -> list[dict]:
                         "iosim-flash2-bwd-det": lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=causal,
                                                                                deterministic=True),
                     }
+                    if torch.cuda.get_device_capability() == (9, 0):  # the FA3 design: sm_90 only
+                        calls["iosim-flash3-bwd"] = lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=causal,
+                                                                                   schedule="flash3")
                     for name, backend in (("sdpa-flash-bwd", "flash"), ("sdpa-cudnn-bwd", "cudnn")):
                         try:
                             calls[name] = _torch_backward(torch, backend, q, k, v, do, causal, scale)
@@ -111,7 +115,12 @@ def _print_shape(rows: list[dict]) -> None:
     ours = by["iosim-flash2-bwd"]["ms"]
     ratios = "  ".join(f"{b.removeprefix('sdpa-')}/ours {by[b]['ms'] / ours:.2f}x" for b in by
                        if b.startswith("sdpa"))
-    cells = "  ".join(f"{b.removeprefix('iosim-flash2-').removeprefix('sdpa-')} {r['tflops']:6.1f}" for b, r in by.items())
+    if "iosim-flash3-bwd" in by:  # flash3's speed over each torch backend (> 1: flash3 is faster)
+        f3 = by["iosim-flash3-bwd"]["ms"]
+        ratios += "  |" + "".join(f"  f3 vs {b.removeprefix('sdpa-')} {by[b]['ms'] / f3:.2f}x" for b in by
+                                  if b.startswith("sdpa"))
+    cells = "  ".join(f"{b.removeprefix('iosim-').removeprefix('flash2-').removeprefix('sdpa-')} {r['tflops']:6.1f}"
+                      for b, r in by.items())
     print(f"{r0['dtype']} d={r0['d']:<3} N={r0['N']:<6} causal={r0['causal']!s:<5} TFLOP/s: {cells}  | {ratios}",
           flush=True)
 

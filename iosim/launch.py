@@ -323,3 +323,32 @@ def flash_bwd_smem_bytes(head_dim: int, block_q: int, block_kv: int, itemsize: i
 def flash_bwd_dq_smem_bytes(head_dim: int, block_kv: int, itemsize: int = 2) -> int:
     """flash_bwd_dq_kernel: Q_i and dO_i (64 x d), and two buffers each of K_j and V_j (Bc x d)."""
     return (2 * 64 + 4 * block_kv) * head_dim * itemsize
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# FlashAttention-3-design backward (kernels/flash3_bwd.cu): sm_90a only; mirrors the constexprs at its top.
+
+FLASH3_BWD_THREADS = 384  # warpgroup 0: producer warp (TMA) + dQ writer warp (bulk reduce-add); 1, 2: consumers
+FLASH3_BWD_REGISTERS = {"producer": 24, "consumer": 240}  # setmaxnreg: 128 x 24 + 256 x 240 = 64,512
+# (block_q, block_kv) per head dim: block_kv = 2 consumer warpgroups x 64 keys (wgmma's M); block_q = wgmma's N of
+# S^T, dP^T. d = 256 is not offered: dK + dV accumulators of 64 keys x 256 are 256 fp32 registers a consumer thread
+FLASH3_BWD_TILES: dict[int, tuple[int, int]] = {64: (64, 128), 128: (64, 128)}
+FLASH3_BWD_DQ_PAD = 8  # fp32 padding of a dQ staging row (bank conflicts of the accumulator stores)
+
+
+def flash3_bwd_smem_terms(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2) -> dict[str, int]:
+    """Dynamic shared memory of one flash3_bwd_kernel thread block, term by term, in bytes."""
+    d, Br, Bc = head_dim, block_q, block_kv
+    return {
+        "K_j, V_j": 2 * Bc * d * itemsize,  # resident for the whole loop, 128B-swizzled panels
+        "Q_i, dO_i": 2 * 2 * Br * d * itemsize,  # a 2-stage TMA ring each
+        "dS^T": 2 * Bc * Br * itemsize,  # two buffers: the A operand of dQ = dS K
+        "dQ staging": Br * (d + FLASH3_BWD_DQ_PAD) * 4,  # fp32, the source of the bulk reduce-adds
+        "L_i, Delta_i": 2 * 2 * Br * 4,  # fp32, two stages
+        "barriers": 128,
+        "align": 1024,
+    }
+
+
+def flash3_bwd_smem_bytes(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2) -> int:
+    return sum(flash3_bwd_smem_terms(head_dim, block_q, block_kv, itemsize).values())

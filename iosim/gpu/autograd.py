@@ -6,6 +6,7 @@ as any torch function:
 
     >>> o = gpu.attention(q, k, v, causal=True)          # q, k, v: CUDA tensors with requires_grad=True
     >>> o.sum().backward()                               # q.grad, k.grad, v.grad from kernels/flash_bwd.cu
+                                                         # (schedule="flash3": kernels/flash3_bwd.cu)
 
 The forward saves O and lse (as FlashAttention does), never S or P. This module imports torch, so it is imported
 only when a torch tensor arrives.
@@ -37,29 +38,32 @@ def _(q, k, v, schedule, causal, scale, deterministic):
 
 @torch.library.custom_op("iosim::attention_backward", mutates_args=(), device_types="cuda")
 def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                          lse: torch.Tensor, causal: bool, scale: float,
-                          deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV of iosim.gpu.attention_backward."""
+                          lse: torch.Tensor, causal: bool, scale: float, deterministic: bool,
+                          schedule: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of iosim.gpu.attention_backward; ``schedule``: the backward's ("flash3" after a flash3 forward,
+    else "flash2")."""
     return attention_backward(q.detach(), k.detach(), v.detach(), o, do, lse, causal=causal, scale=scale,
-                              deterministic=deterministic)
+                              deterministic=deterministic, schedule=schedule)
 
 
 @attention_backward_op.register_fake
-def _(do, q, k, v, o, lse, causal, scale, deterministic):
+def _(do, q, k, v, o, lse, causal, scale, deterministic, schedule):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, _, causal, scale, deterministic = inputs
+    q, k, v, schedule, causal, scale, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+    ctx.schedule = "flash3" if schedule == "flash3" else "flash2"  # naive's backward is flash2's
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = attention_backward_op(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
+    dq, dk, dv = attention_backward_op(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic,
+                                       ctx.schedule)
     return dq, dk, dv, None, None, None, None
 
 

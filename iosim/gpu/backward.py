@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from iosim import launch
-from iosim.gpu import build
+from iosim.gpu import build, flash3_bwd
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.attention import KernelLaunch, LaunchRecord, _Call, _kernel, _record, _smem_limit
 from iosim.gpu.inputs import (
@@ -56,39 +56,46 @@ def _check_like(x: Any, name: str, shape: tuple[int, ...], dtype: str, device: i
         raise AttentionInputError(f"{name}: data pointer {x.data.ptr:#x} is not 16-byte aligned")
 
 
-def _launch(c: Any, o: Any, do: Any, lse: Any, grads: tuple[Any, Any, Any], deterministic: bool):
-    """Launch the backward's kernels for the checked call ``c`` (q, k, v, dtype, scale, causal); returns the launches
-    and the tiles, as :class:`iosim.gpu.LaunchRecord` holds them."""
+def _flash2_main(c: Any, do: Any, lse: Any, delta: Any, acc: Any, dk: Any, dv: Any, limit: int):
+    """(instance, grid, block, shared memory, arguments, tiles) of flash_bwd_kernel (mma.sync, any sm_80+)."""
     cp, i32 = c.cp, c.cp.int32
     B, N, H, D = (int(s) for s in c.q.shape)
     Nk, Hk = int(c.k.shape[1]), int(c.k.shape[2])
-    dq, dk, dv = grads
     Br, Bc = launch.FLASH_BWD_TILES[D]
-    itemsize, limit = build.ITEMSIZE[c.dtype], _smem_limit(cp)
+    itemsize = build.ITEMSIZE[c.dtype]
     smem = launch.flash_bwd_smem_bytes(D, Br, Bc, itemsize)
     if smem > limit:
         raise SharedMemoryError(f"flash2 backward at head_dim={D}: needs {smem} B of shared memory per block "
                                 f"({launch.flash_bwd_smem_terms(D, Br, Bc, itemsize)}); this device allows {limit} B")
-    causal, scale = c.causal, c.scale
+    args = (c.q, c.k, c.v, do, lse, delta, acc if acc is not None else cp.uint64(0), dk, dv, i32(N), i32(Nk), i32(H),
+            i32(Hk), cp.float32(c.scale), cp.float32(c.scale * _LOG2E))
+    inst = build.FlashBwdInstance("main", c.dtype, D, Br, Bc, c.causal)
+    return inst, (-(-Nk // Bc), Hk, B), (launch.FLASH_BWD_THREADS, 1, 1), smem, args, {"block_q": Br, "block_kv": Bc}
+
+
+def _launch(c: Any, o: Any, do: Any, lse: Any, grads: tuple[Any, Any, Any], deterministic: bool, schedule: str):
+    """Launch the backward's kernels for the checked call ``c`` (q, k, v, dtype, scale, causal): preprocess, the
+    schedule's main kernel, then the dQ conversion (or the deterministic dQ kernel); returns the launches and the
+    tiles, as :class:`iosim.gpu.LaunchRecord` holds them."""
+    cp, i32 = c.cp, c.cp.int32
+    B, N, H, D = (int(s) for s in c.q.shape)
+    dq, dk, dv = grads
     delta = cp.empty((B, H, N), dtype=cp.float32)
     acc = None if deterministic else cp.empty((B, N, H, D), dtype=cp.float32)
-    null = cp.uint64(0)
+    main = flash3_bwd.main_kernel if schedule == "flash3" else _flash2_main
+    minst, mgrid, mblock, smem, margs, tiles = main(c, do, lse, delta, acc, dk, dv, _smem_limit(cp))
     rows, T = B * N * H, launch.FLASH_BWD_ROW_THREADS
-    insts = [build.FlashBwdInstance("preprocess", c.dtype, D),
-             build.FlashBwdInstance("main", c.dtype, D, Br, Bc, causal)]
-    grids = [(-(-rows * D // 8 // T), 1, 1), (-(-Nk // Bc), Hk, B)]
-    blocks, smems = [(T, 1, 1), (launch.FLASH_BWD_THREADS, 1, 1)], [0, smem]
-    args = [(o, do, delta, acc if acc is not None else null, i32(N), i32(H), cp.int64(rows)),
-            (c.q, c.k, c.v, do, lse, delta, acc if acc is not None else null, dk, dv, i32(N), i32(Nk), i32(H),
-             i32(Hk), cp.float32(scale), cp.float32(scale * _LOG2E))]
+    insts = [build.FlashBwdInstance("preprocess", c.dtype, D), minst]
+    grids, blocks, smems = [(-(-rows * D // 8 // T), 1, 1), mgrid], [(T, 1, 1), mblock], [0, smem]
+    args = [(o, do, delta, acc if acc is not None else cp.uint64(0), i32(N), i32(H), cp.int64(rows)), margs]
     if deterministic:
         bkv = launch.FLASH_BWD_DQ_BLOCK_KV[D]
-        insts.append(build.FlashBwdInstance("dq", c.dtype, D, 64, bkv, causal))
+        insts.append(build.FlashBwdInstance("dq", c.dtype, D, 64, bkv, c.causal))
         grids.append((-(-N // 64), H, B))
         blocks.append((launch.FLASH_BWD_DQ_THREADS, 1, 1))
-        smems.append(launch.flash_bwd_dq_smem_bytes(D, bkv, itemsize))
-        args.append((c.q, c.k, c.v, do, lse, delta, dq, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(scale),
-                     cp.float32(scale * _LOG2E)))
+        smems.append(launch.flash_bwd_dq_smem_bytes(D, bkv, build.ITEMSIZE[c.dtype]))
+        args.append((c.q, c.k, c.v, do, lse, delta, dq, i32(N), i32(int(c.k.shape[1])), i32(H),
+                     i32(int(c.k.shape[2])), cp.float32(c.scale), cp.float32(c.scale * _LOG2E)))
     else:
         chunks = rows * D // 8
         insts.append(build.FlashBwdInstance("convert", c.dtype))
@@ -99,25 +106,29 @@ def _launch(c: Any, o: Any, do: Any, lse: Any, grads: tuple[Any, Any, Any], dete
     for inst, grid, block, m, a in zip(insts, grids, blocks, smems, args, strict=True):
         _kernel(cp, inst, m)(grid, block, a, shared_mem=m)
     return tuple(KernelLaunch(i.name_expression, g, b, m)
-                 for i, g, b, m in zip(insts, grids, blocks, smems, strict=True)), {"block_q": Br, "block_kv": Bc}
+                 for i, g, b, m in zip(insts, grids, blocks, smems, strict=True)), tiles
 
 
 def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, *, causal: bool = False,
                        scale: float | None = None, deterministic: bool = False,
-                       out: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
+                       out: tuple[Any, Any, Any] | None = None, schedule: str = "flash2") -> tuple[Any, Any, Any]:
     """(dQ, dK, dV) of attention given dO = dL/dO, with iosim's FlashAttention-2 backward kernels.
 
     q, k, v: as :func:`iosim.gpu.attention` took them; o, lse: what it returned (``return_lse=True``; any forward
     schedule); do: like o. causal and scale: as in the forward. deterministic: no atomic reductions (a second,
     Q-outer kernel computes dQ), so repeated calls give identical bits. dK and dV of a grouped-query kv head are
-    the sums over its query heads. out: optional preallocated (dq, dk, dv), CuPy arrays or CUDA torch tensors like
+    the sums over its query heads. schedule: "flash2" (kernels/flash_bwd.cu, mma.sync) or "flash3" (the
+    FlashAttention-3 design, kernels/flash3_bwd.cu: TMA, wgmma, warp specialization, dQ by TMA bulk reduce-adds;
+    Hopper (sm_90) only, head_dim 64 or 128; raises :class:`iosim.gpu.HopperRequiredError` elsewhere). out: optional preallocated (dq, dk, dv), CuPy arrays or CUDA torch tensors like
     q, k, v (every element is overwritten; returned as given). Returns arrays like q, k, v (torch tensors where q
     is one; the kernels run on torch's current stream).
     """
     cp = require_cupy()
     if not isinstance(deterministic, bool):
         raise AttentionTypeError(f"deterministic={deterministic!r}: expected True or False")
-    a = validate(cp, q, k, v, "flash2", causal, None, None, scale, None, None)
+    if schedule not in ("flash2", "flash3"):
+        raise AttentionInputError(f"schedule={schedule!r}: the backward runs 'flash2' or 'flash3'")
+    a = validate(cp, q, k, v, schedule, causal, None, None, scale, None, None)
     B, N, H, D = (int(s) for s in a.q.shape)
     o_, do_, lse_ = _as_view(cp, o, "o"), _as_view(cp, do, "do"), _as_view(cp, lse, "lse")
     for name, x in (("o", o_), ("do", do_)):
@@ -134,7 +145,7 @@ def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, *, cau
             for name, x, like in (("dq", dq, a.q), ("dk", dk, a.k), ("dv", dv, a.v)):
                 _check_like(x, name, tuple(like.shape), a.dtype, a.device)
         c = _Call(cp, a.q, a.k, a.v, None, None, a.dtype, a.scale, causal)
-        launches, tiles = _launch(c, o_, do_, lse_, (dq, dk, dv), deterministic)
-    name = "flash2_bwd_deterministic" if deterministic else "flash2_bwd"
+        launches, tiles = _launch(c, o_, do_, lse_, (dq, dk, dv), deterministic, schedule)
+    name = f"{schedule}_bwd" + ("_deterministic" if deterministic else "")
     _record(LaunchRecord(name, B, N, int(a.k.shape[1]), H, int(a.k.shape[2]), D, a.dtype, causal, tiles, launches))
     return dq_ret, dk_ret, dv_ret

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from iosim.launch import (
+    FLASH3_BWD_TILES,
     FLASH3_TILES,
     FLASH_BWD_DQ_BLOCK_KV,
     FLASH_BWD_TILES,
@@ -274,6 +275,50 @@ def flash3_instances() -> list[Flash3Instance]:
         for dt in CUDA_TYPES
         for c in (False, True)
     ]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# FlashAttention-3-design backward (kernels/flash3_bwd.cu): sm_90a only; tiles in iosim.launch.FLASH3_BWD_TILES.
+# Its preprocess and dQ conversion (and deterministic dQ) kernels are flash_bwd.cu's (FlashBwdInstance).
+
+FLASH3_BWD_SOURCE = "flash3_bwd.cu"
+FLASH3_BWD_KERNEL = "iosim::flash3_bwd_kernel"
+
+
+@dataclass(frozen=True)
+class Flash3BwdInstance:
+    """One template instantiation of flash3_bwd_kernel<D, Br, T, Causal> (Bc is fixed at 128)."""
+
+    head_dim: int
+    block_q: int
+    dtype: str
+    causal: bool
+
+    @property
+    def name_expression(self) -> str:
+        t = CUDA_TYPES[self.dtype]
+        return f"{FLASH3_BWD_KERNEL}<{self.head_dim}, {self.block_q}, {t}, {'true' if self.causal else 'false'}>"
+
+    @property
+    def explicit_instantiation(self) -> str:
+        t = CUDA_TYPES[self.dtype]
+        m = "const __grid_constant__ iosim::TmaMapB"
+        return (f"template __global__ void {self.name_expression}({m}, {m}, {m}, {m}, const float*, const float*, "
+                f"float*, {t}*, {t}*, int, int, int, int, float, float);")
+
+    @property
+    def source(self) -> str:
+        return FLASH3_BWD_SOURCE
+
+    @property
+    def nvrtc_extra(self) -> tuple[str, ...]:
+        return (f"-arch=sm_{FLASH3_ARCH}",)
+
+
+def flash3_bwd_instances() -> list[Flash3BwdInstance]:
+    """Every flash3 backward instantiation the library can launch."""
+    return [Flash3BwdInstance(d, bq, dt, c) for d, (bq, _) in FLASH3_BWD_TILES.items() for dt in CUDA_TYPES
+            for c in (False, True)]
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ NVRTC (see ``build.nvrtc_options``) plus ``-Xptxas -v``, and prints registers, s
 0 when everything compiled and no head-dim 64 or 128 flash configuration spills; 1 otherwise; 2 if nvcc is missing.
 One flash instantiation per architecture is also built with -DIOSIM_BLOCK_TRACE (the block-timeline variant), and
 the L2 calibration probes of ``kernels/probes.cu`` (plain C, no templates) are built as they are. Where sm_90 is checked,
-every flash3 instantiation (``kernels/flash3_fwd.cu``, wgmma and TMA) is built for sm_90a, and none may spill. The rate
+every flash3 instantiation (``kernels/flash3_fwd.cu`` and the backward ``kernels/flash3_bwd.cu``, wgmma and TMA)
+is built for sm_90a, and none may spill. The rate
 calibration kernels (``kernels/rates.cu``, one translation unit of all of them) are built for every architecture, and
 with their wgmma kernels for sm_90a; none may spill. A unit of several kernels reports the most registers, stack and
 spills of any.
@@ -31,12 +32,14 @@ from iosim.gpu.build import (
     COMPILE_ARCHS,
     FLASH3_ARCH,
     RATES_WGMMA_DEFINE,
+    Flash3BwdInstance,
     Flash3Instance,
     FlashBwdInstance,
     FlashInstance,
     NaiveInstance,
     RatesSource,
     all_instances,
+    flash3_bwd_instances,
     flash3_instances,
     nvcc_options,
 )
@@ -99,7 +102,7 @@ def _compile(
         log=log if proc.returncode else "",
         must_not_spill=(isinstance(inst, FlashInstance) and inst.head_dim in NO_SPILL_HEAD_DIMS)
         or (isinstance(inst, FlashBwdInstance) and inst.kind == "main" and inst.head_dim in NO_SPILL_HEAD_DIMS)
-        or isinstance(inst, (Flash3Instance, RatesSource)),
+        or isinstance(inst, (Flash3Instance, Flash3BwdInstance, RatesSource)),
     )
     if regs := _RE_REGS.findall(log):  # one report per kernel of the unit: the largest of each
         res.registers = max(int(r) for r in regs)
@@ -128,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     jobs += [(traced, arch, (TRACE_DEFINE,)) for arch in archs]
     jobs += [(src, arch, ()) for arch in archs for src in (*PLAIN_SOURCES, RatesSource())]
     if 90 in archs:  # flash3 and the wgmma rate kernels exist for the arch-specific Hopper target only
-        jobs += [(inst, FLASH3_ARCH, ()) for inst in flash3_instances()]
+        jobs += [(inst, FLASH3_ARCH, ()) for inst in (*flash3_instances(), *flash3_bwd_instances())]
         jobs += [(RatesSource(wgmma=True), FLASH3_ARCH, (RATES_WGMMA_DEFINE,))]
-    n3 = sum(isinstance(j[0], Flash3Instance) or j[1] == FLASH3_ARCH for j in jobs)
+    n3 = sum(j[1] == FLASH3_ARCH for j in jobs)
     print(
         f"compile_check: {len(jobs)} instantiations ({(len(jobs) - n3) // len(archs)} x sm_{', sm_'.join(map(str, archs))}"
         f"{f' + {n3} x sm_{FLASH3_ARCH} (flash3, rates wgmma)' if n3 else ''}) with {nvcc}, {args.jobs} jobs; kernels from {kernels_dir()}",
@@ -161,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"compile_check: {len(results) - len(failed)}/{len(results)} compiled; "
         f"{len(spilled)} forbidden spills (flash2 forward and backward main kernel at head dims {NO_SPILL_HEAD_DIMS}, "
-        "every flash3, rates.cu)"
+        "every flash3 forward and backward, rates.cu)"
     )
     return 1 if failed or spilled else 0
 

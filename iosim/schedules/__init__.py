@@ -3,7 +3,7 @@
 Each module reads like its paper's algorithm and ends with its registry record, a :class:`Schedule`: the tile
 program of one head, the closed form proven equal to it, the default tiles and the on-chip working set that the
 one tile-fit rule (:mod:`iosim.schedules.fit`) checks. Backward passes live in their own modules (``naive_bwd``,
-``flash1_bwd``, ``flash2_bwd``, ``block_sparse_bwd``), registered in ``BACKWARD`` under the name of the forward
+``flash1_bwd``, ``flash2_bwd``, ``flash3_bwd``, ``block_sparse_bwd``), registered in ``BACKWARD`` under the name of the forward
 schedule whose outputs they consume.
 """
 
@@ -17,6 +17,7 @@ from . import (
     flash2,
     flash2_bwd,
     flash3,
+    flash3_bwd,
     flash_decoding,
     naive,
     naive_bwd,
@@ -27,7 +28,7 @@ from .fit import check_fit, fits
 SCHEDULES: dict[str, Schedule] = {m.SCHEDULE.name: m.SCHEDULE for m in (naive, flash1, flash2, flash3,
                                                                        flash_decoding, block_sparse)}
 BACKWARD: dict[str, Schedule] = {m.SCHEDULE.name: m.SCHEDULE for m in (naive_bwd, flash1_bwd, flash2_bwd,
-                                                                      block_sparse_bwd)}
+                                                                      flash3_bwd, block_sparse_bwd)}
 PASSES = ("forward", "backward", "both")
 
 

@@ -110,8 +110,9 @@ def _visiting(i_range, j, Br, Bc, N, Nk, causal):
     return [i for i in i_range if j < n_kv_blocks_visible(i, Br, Bc, N, Nk, causal)]
 
 
-def program(x, p: AttentionProblem, t: Tiles) -> None:
-    """One query head, or (gqa="grouped") one kv head with its group of query heads."""
+def program(x, p: AttentionProblem, t: Tiles, main_kernel: str = "flash2_bwd") -> None:
+    """One query head, or (gqa="grouped") one kv head with its group of query heads. ``main_kernel``: the name of
+    the K/V-outer kernel (flash3's backward moves the same tiles in a kernel of its own)."""
     N, Nk = p.seq_len, p.kv_len
     Br, Bc = t.block_q, t.block_kv
     Tr, Tc, G = cdiv(N, Br), cdiv(Nk, Bc), _heads(p, t)
@@ -126,7 +127,7 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
                     x.store("D", q, x.rowdot(dO_i, O_i))  # D_i = rowsum(dO_i ∘ O_i)
                     x.fill("dQacc", q, 0.0)  # line 3: dQ = 0, here the fp32 accumulator
 
-    with x.kernel("flash2_bwd", grid=Tc):  # line 5: one thread block per K/V block
+    with x.kernel(main_kernel, grid=Tc):  # line 5: one thread block per K/V block
         for j in range(Tc):
             with x.thread_block():
                 k = block_rows(j, Bc, Nk)
@@ -178,7 +179,7 @@ def working_set(p: AttentionProblem, t: Tiles) -> int:
     return shared_memory(p, t) + 2 * bc * d * 4 + 2 * br * bc * 4 + br * d * 4
 
 
-def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
+def closed_form(p: AttentionProblem, t: Tiles, main_kernel: str = "flash2_bwd") -> Counts:
     """Counts for one head over the visited pairs: rv = Σ br_i, cv = Σ bc_j, A = Σ br_i·bc_j (no causal:
     rv = Tc·N, cv = Tr·N_kv, A = N·N_kv). Grouped (one kv head): the G = group query heads' rows R = G·N, and
     every per-pair term G times (rv, cv, A over the group); K, V, dK, dV still once."""
@@ -196,7 +197,7 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k1.sram_write = k1.sram_read = R * (2 * d * b + 4)
     k1.sram_peak = 2 * br * d * b + br * 4
 
-    k2 = KernelCounts("flash2_bwd", grid=Tc)
+    k2 = KernelCounts(main_kernel, grid=Tc)
     k2.global_read.update(K=Nk * d * b, V=Nk * d * b,  # line 6
                           Q=rv * d * b, dO=rv * d * b, lse=rv * s, D=rv * s,  # line 9
                           dQacc=rv * d * 4)  # line 15, the atomic's read
