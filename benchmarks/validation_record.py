@@ -2,13 +2,24 @@
 
     python benchmarks/validation_record.py                 # re-judge the committed data (any CPU, about a minute)
     python benchmarks/validation_record.py --measure       # on a GPU with ncu: measure the sweep first (~10 min)
+    python benchmarks/validation_record.py --measure --part backward --device h100   # the backward sweep only
+    python benchmarks/validation_record.py --dry-run --part backward                 # its problems simulated (CPU)
 
 Without ``--measure`` it reads data/validation/<device>-sweep.tar.xz (iosim.measure records: every launch of every
 problem), simulates each problem with the current model on the built-in profile (``global`` from the schedule's
 counts, ``hbm`` from the L2 model with the launch's measured tiles and registers), writes the record CSV, judges it
 (iosim.validation), prints the table and the outliers, rewrites the table between the ``record`` markers of
 docs/validation.md and writes docs/validation/<device>-parity.html. With ``--measure`` it first runs the sweep
-(each problem ``--repeat`` times, the list over again each time) through iosim.measure and archives the records.
+(each problem ``--repeat`` times, the list over again each time) through iosim.measure and archives the records;
+``--part backward`` measures the backward sweep (:func:`backward_sweep`) into <device>-backward.tar.xz instead.
+``--dry-run`` measures nothing: it simulates every problem of the part's sweep as its records would be (the tiles
+the kernels would report), so that a typo fails on a CPU, not on the GPU.
+
+The backward rows (kernels ``*-bwd``): ``global`` = the SASS global instructions' bytes (reads: ld + ldgsts + red +
+atom; writes: st + red + atom: a reduction in L2 is a read and a write of what it updates, as the schedule counts
+it), exact for our kernels; ``hbm`` from the L2 model's backward programs (iosim/l2/backward.py). sdpa-flash-bwd
+(torch SDPA's FA2 backward) is simulated blind as flash2 backward, gqa="expand", at the tiles its kernel name
+gives; sdpa-cudnn-bwd is measured only (its kernels' tiles and dQ reduction are not public: no schedule models it).
 """
 
 from __future__ import annotations
@@ -26,11 +37,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from iosim.l2 import simulate_l2
-from iosim.launch import launch_model, resident_blocks
+from iosim.launch import FLASH_BWD_TILES, launch_model, resident_blocks
 from iosim.measure import Attention, Options, measure
 from iosim.measure.records import Measured, merge_repeats, read_records
 from iosim.problem import AttentionProblem
 from iosim.profile import get_profile
+from iosim.schedules.flash2_bwd import FA2_BWD_TILES
 from iosim.simulate import simulate
 from iosim.validation import Check, judge_all, outliers, summary_table, write_checks
 
@@ -38,8 +50,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data/validation"
 DOCS = ROOT / "docs/validation"
 PROFILE = {"h200": "h200-sxm-141gb", "h100": "h100-sxm5-80gb"}  # device -> the profile its record is simulated on
-ARCHIVES = ("sweep", "flash3", "flash2")  # data/validation/<device>-<part>.tar.xz that hold attention kernels; a part
+ARCHIVES = ("sweep", "flash3", "flash2", "backward")  # data/validation/<device>-<part>.tar.xz that hold attention kernels; a part
 # named after a kind replaces the earlier parts' problems of that kind (flash2 on the H100: three launches each)
+BACKWARD = ("flash2-bwd", "sdpa-flash-bwd", "sdpa-cudnn-bwd")  # iosim.measure.BACKWARD_KINDS
 MARK = "<!-- record:{device} {edge} (benchmarks/validation_record.py rewrites this part) -->"
 
 
@@ -78,6 +91,71 @@ def sweep() -> list[Attention]:
     return r
 
 
+def backward_sweep() -> list[Attention]:
+    """The backward record's problems: our kernels (ragged, causal with kv_len above and below seq_len, d 64, 128,
+    256, fp16 and bf16, GQA 4:1, MQA, 1K to 32K tokens, 2 to 32 heads), torch SDPA's FA2 backward (the blind check;
+    kv_len = seq_len where causal: SDPA aligns its causal mask top-left, FA2 bottom-right) and cuDNN's (measured)."""
+    F, S, C = "flash2-bwd", "sdpa-flash-bwd", "sdpa-cudnn-bwd"
+    r = [Attention(F, seq_len=1000, heads=2, dtype="bf16", causal=True),
+         Attention(F, seq_len=4096, heads=8, batch=2, head_dim=64, dtype="bf16"),
+         Attention(F, seq_len=777, kv_len=1500, heads=4, causal=True),
+         Attention(F, seq_len=1500, kv_len=777, heads=4, head_dim=64, causal=True),
+         Attention(F, seq_len=2048, heads=4, head_dim=256, dtype="bf16"),
+         Attention(F, seq_len=2048, heads=8, kv_heads=2, batch=2, dtype="bf16", causal=True),
+         Attention(F, seq_len=1000, kv_len=3000, heads=16, kv_heads=1, head_dim=64),
+         Attention(F, seq_len=8192, heads=16, dtype="bf16", causal=True),
+         Attention(F, seq_len=16384, heads=8),
+         Attention(F, seq_len=32768, heads=2, head_dim=64, dtype="bf16", causal=True),
+         Attention(F, seq_len=4096, heads=32),
+         Attention(F, seq_len=16384, heads=32, kv_heads=8, dtype="bf16", causal=True),
+         Attention(F, seq_len=8192, heads=8, head_dim=256)]
+    r += [Attention(S, seq_len=4096, heads=32), Attention(S, seq_len=4096, heads=32, head_dim=64, dtype="bf16",
+                                                           causal=True),
+          Attention(S, seq_len=16384, heads=8, dtype="bf16"), Attention(S, seq_len=1000, kv_len=1500, heads=4,
+                                                                         head_dim=64),
+          Attention(S, seq_len=2048, heads=8, kv_heads=2, batch=2, dtype="bf16", causal=True),
+          Attention(S, seq_len=8192, heads=8, head_dim=256, dtype="bf16")]
+    r += [Attention(C, seq_len=4096, heads=32, dtype="bf16"), Attention(C, seq_len=4096, heads=32, dtype="bf16",
+                                                                         causal=True),
+          Attention(C, seq_len=16384, heads=8, dtype="bf16")]
+    return r
+
+
+def fa2_bwd_tiles(names: list[str], head_dim: int) -> tuple[int, int]:
+    """(Br, Bc) of FlashAttention-2's backward from its kernel names (Flash_bwd_kernel_traits<d, Br, Bc, ...>), or
+    FA2's table (FA2_BWD_TILES) where no name has them."""
+    for name in names:
+        m = re.search(r"Flash_bwd_kernel_traits<\d+, (\d+), (\d+),", name)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return next(FA2_BWD_TILES[k] for k in sorted(FA2_BWD_TILES) if head_dim <= k)
+
+
+def simulate_backward(m: Measured, profile: str) -> tuple[str, object, object, tuple[int, int]] | None:
+    """(variant, simulate's result, the L2 model's, tiles) of a measured backward problem; None where it is not
+    modeled (cuDNN's)."""
+    run = m.run
+    if run.kind == "sdpa-cudnn-bwd":
+        return None
+    p = AttentionProblem.make(batch=run.batch, heads=run.heads, kv_heads=run.kv_heads, seq_len=run.seq_len,
+                              kv_len=run.kv_len, head_dim=run.head_dim, dtype=run.dtype, causal=run.causal)
+    if run.kind == "flash2-bwd":
+        (bq, bkv), gqa, variant = (m.launch["tiles"]["block_q"], m.launch["tiles"]["block_kv"]), "grouped", "iosim"
+    else:
+        (bq, bkv), gqa, variant = fa2_bwd_tiles([k["kernel"] for k in m.kernels], run.head_dim), "expand", "fa2"
+    prof = get_profile(profile)
+    r = simulate("flash2", p, prof, pass_="backward", block_q=bq, block_kv=bkv, gqa=gqa, l2=False)
+    lm = launch_model("flash2", p, r.tiles, variant=variant, pass_="backward")
+    # the measured registers of the first three kernels (preprocess, main, dQ conversion: both designs' order)
+    regs = [k.registers for k in lm.kernels]
+    for i, k in enumerate(m.kernels[:3]):
+        regs[i] = k.get("registers_per_thread") or regs[i]
+    lm = launch_model("flash2", p, r.tiles, variant=variant, registers=regs, pass_="backward")
+    resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
+    l2 = simulate_l2("flash2", p, r.tiles, prof, variant=variant, resident=resident, pass_="backward")
+    return variant, r, l2, (bq, bkv)
+
+
 def fa2_tiles(name: str) -> tuple[int, int]:
     """(Br, Bc) from FlashAttention-2's kernel name: Flash_fwd_kernel_traits<d, Br, Bc, warps, ...>."""
     m = re.search(r"Flash_fwd_kernel_traits<\d+, (\d+), (\d+),", name)
@@ -89,8 +167,11 @@ def fa2_tiles(name: str) -> tuple[int, int]:
 def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
     """The four checks (global, hbm x read, write) of one measured problem; None where the model has no kernel."""
     run = m.run
-    if m.error or run.kind not in ("flash2", "flash3", "naive", "sdpa-flash") or not m.kernels:
+    if m.error or run.kind not in ("flash2", "flash3", "naive", "sdpa-flash", *BACKWARD) or not m.kernels:
         return None
+    if run.kind in BACKWARD:
+        got = simulate_backward(m, profile)
+        return None if got is None else _checks(m, profile, got[1], got[2], got[3])
     p = AttentionProblem.make(batch=run.batch, heads=run.heads, kv_heads=run.kv_heads, seq_len=run.seq_len,
                               kv_len=run.kv_len, head_dim=run.head_dim, dtype=run.dtype, causal=run.causal)
     if run.kind in ("flash2", "flash3"):
@@ -107,12 +188,21 @@ def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
     lm = launch_model(schedule, p, r.tiles, variant=variant, registers=regs)
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
     l2 = simulate_l2(schedule, p, r.tiles, prof, variant=variant, resident=resident)
-    meas = m.measured
-    # flash3 loads Q, K, V by TMA (its own tile schedule, a few kB, by plain loads, is not the schedule's)
+    return _checks(m, profile, r, l2, (bq, bkv))
+
+
+def _checks(m: Measured, profile: str, r, l2, tiles: tuple[int, int]) -> list[Check]:
+    """The four checks of one measured problem from simulate's result ``r`` (global) and the L2 model's (hbm)."""
+    run, meas = m.run, m.measured
+    bq, bkv = tiles
+    # flash3 loads Q, K, V by TMA (its own tile schedule, a few kB, by plain loads, is not the schedule's); a
+    # reduction in L2 (red, atom: the backward's dQ) is a read and a write of what it updates
+    red = (meas.get("sass_global_red_bytes") or 0) + (meas.get("sass_global_atom_bytes") or 0)
     loads = meas.get("tma_global_ld_bytes") if run.kind == "flash3" else \
-        (meas.get("sass_global_ld_bytes") or 0) + (meas.get("sass_global_ldgsts_bytes") or 0)
+        (meas.get("sass_global_ld_bytes") or 0) + (meas.get("sass_global_ldgsts_bytes") or 0) + red
+    stores = meas.get("sass_global_st_bytes")
     measured = {("global", "read"): loads,
-                ("global", "write"): meas.get("sass_global_st_bytes"),
+                ("global", "write"): stores + red if isinstance(stores, int) else stores,
                 ("hbm", "read"): meas["dram_read_bytes"], ("hbm", "write"): meas["dram_write_bytes"]}
     simulated = {("global", "read"): r.counts.global_read_bytes, ("global", "write"): r.counts.global_write_bytes,
                  ("hbm", "read"): l2.read_bytes, ("hbm", "write"): l2.write_bytes}
@@ -141,7 +231,8 @@ def parity_figure(checks: list[Check], path: Path, device: str) -> None:
     """Simulated against measured bytes, log-log, one panel per boundary and direction, y = x dotted."""
     panels = [("global", "read"), ("global", "write"), ("hbm", "read"), ("hbm", "write")]
     fig = make_subplots(rows=2, cols=2, subplot_titles=[f"{b} {d} (bytes)" for b, d in panels])
-    colors = {"flash2": "#1f77b4", "flash3": "#9467bd", "naive": "#d62728", "sdpa-flash": "#2ca02c"}
+    colors = {"flash2": "#1f77b4", "flash3": "#9467bd", "naive": "#d62728", "sdpa-flash": "#2ca02c",
+              "flash2-bwd": "#17becf", "sdpa-flash-bwd": "#bcbd22"}
     for i, (b, d) in enumerate(panels):
         at = {"row": i // 2 + 1, "col": i % 2 + 1}
         sel = [c for c in checks if (c.boundary, c.direction) == (b, d)]
@@ -175,7 +266,7 @@ def _commit() -> str:
 def measure_sweep(device: str, repeat: int, kinds: list[str] | None = None, part: str = "sweep") -> None:
     """Run the sweep (its problems of ``kinds``, or all) ``repeat`` times over through iosim.measure; archive the
     record as <device>-<part>.tar.xz."""
-    problems = [a for a in sweep() if not kinds or a.kind in kinds]
+    problems = [a for a in (backward_sweep() if part == "backward" else sweep()) if not kinds or a.kind in kinds]
     with tempfile.TemporaryDirectory() as tmp:
         rec = measure(problems * repeat, Options(workdir=tmp, keep_csv=f"{tmp}/ncu_sweep.csv")).to_json()
         rec["repeat"], rec["commit"] = repeat, _commit()
@@ -187,15 +278,57 @@ def measure_sweep(device: str, repeat: int, kinds: list[str] | None = None, part
           f"{DATA / 'manifest.json'}")
 
 
+def dry_run(part: str, profile: str, repeat: int) -> None:
+    """Simulate every problem of the part's sweep as its record would be (no measurement: the tiles our kernels
+    would report, FA2's table for torch's), printing the simulated bytes and what ncu will profile."""
+    import time
+
+    problems = backward_sweep() if part == "backward" else sweep()
+    launches = 0
+    for run in problems:
+        t0 = time.perf_counter()
+        if run.kind not in BACKWARD:
+            print(f"{run.kind}: the forward record's problem (not dry-run here)")
+            continue
+        launch = {"tiles": dict(zip(("block_q", "block_kv"), FLASH_BWD_TILES[run.head_dim]))}
+        got = simulate_backward(Measured(run, {}, {}, launch=launch), profile)
+        kernels = 3 + (run.kind != "flash2-bwd" and run.heads != run.kv_heads) * 2  # torch sums dK, dV apart
+        launches += kernels + 2  # and the run's two markers
+        if got is None:
+            print(f"{run}: measured only")
+            continue
+        _, r, l2, tiles = got
+        g = r.traffic["global"]
+        print(f"{run.kind} B{run.batch} N{run.seq_len} Nk{run.kv_len} H{run.heads}/{run.kv_heads} d{run.head_dim} "
+              f"{run.dtype}{' causal' if run.causal else ''} {tiles[0]}x{tiles[1]}: global {g['read_bytes']:,}/"
+              f"{g['write_bytes']:,} hbm {l2.read_bytes:,}/{l2.write_bytes:,} ({time.perf_counter() - t0:.1f} s)")
+    print(f"{len(problems)} problems x {repeat} launches: about {launches * repeat} kernels profiled per ncu pass")
+
+
+def measured_only(measured: dict) -> None:
+    """Print the problems measured but not modeled (cuDNN's backward): DRAM bytes and time, kernels."""
+    for m in measured.get("sdpa-cudnn-bwd", []):
+        r, x = m.run, m.measured
+        names = ", ".join(k["kernel"].split("(")[0][:60] for k in m.kernels)
+        print(f"  measured only: {r.kind} N={r.seq_len} H={r.heads}/{r.kv_heads} d={r.head_dim} {r.dtype}"
+              f"{' causal' if r.causal else ''}: DRAM {x.get('dram_read_bytes')} / {x.get('dram_write_bytes')} B, "
+              f"{m.time_ms} ms; {names}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="h200", choices=sorted(PROFILE))
     ap.add_argument("--measure", action="store_true", help="measure the sweep on this GPU first (ncu)")
     ap.add_argument("--repeat", type=int, default=3, help="launches of each problem with --measure (default 3)")
     ap.add_argument("--kinds", nargs="*", help="with --measure: only these kernels (flash2 naive sdpa-flash ...)")
-    ap.add_argument("--part", default="sweep", help="with --measure: the archive's part name (default sweep)")
+    ap.add_argument("--part", default="sweep", help="with --measure: the archive's part name (default sweep); "
+                    "backward: the backward sweep, into <device>-backward.tar.xz")
+    ap.add_argument("--dry-run", action="store_true", help="simulate the part's sweep as recorded; measure nothing")
     ap.add_argument("--no-figure", action="store_true", help="skip the parity figure (needs plotly)")
     args = ap.parse_args(argv)
+    if args.dry_run:
+        dry_run(args.part, PROFILE[args.device], args.repeat)
+        return
     if args.measure:
         measure_sweep(args.device, args.repeat, args.kinds, args.part)
     profile = PROFILE[args.device]
@@ -223,6 +356,7 @@ def main(argv: list[str] | None = None) -> None:
         err = "n/a" if v.error is None else f"{v.error:+.1%}"
         print(f"  {c.label} {c.boundary} {c.direction}: simulated {c.simulated:,} measured {c.measured:,} ({err})"
               f"{' passed by ' + v.by if v.passed else ''}{' [lower bound]' if v.lower_bound else ''}")
+    measured_only(measured)
     rewrite_doc(args.device, table, meta)
     if not args.no_figure:
         parity_figure(checks, DOCS / f"{args.device}-parity.html", args.device)

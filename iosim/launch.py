@@ -181,10 +181,15 @@ def _registers(registers: int | list[int] | None, i: int, default: int) -> int:
 
 
 def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, variant: str = "iosim",
-                 registers: int | list[int] | None = None) -> LaunchModel:
+                 registers: int | list[int] | None = None, pass_: str = "forward") -> LaunchModel:
     """The launch of ``schedule`` as iosim's kernels do it (``variant="iosim"``), or as FlashAttention-2 does it
     (``variant="fa2"``: grid (num_m_blocks, batch, heads), K/V loop in reverse, m blocks forward).
-    ``registers`` overrides the registers per thread (one number, or one per kernel)."""
+    ``registers`` overrides the registers per thread (one number, or one per kernel). ``pass_="backward"``: flash2's
+    backward kernels (:func:`flash_bwd_launch`)."""
+    if pass_ == "backward":
+        if schedule != "flash2":
+            raise LaunchError(f"no backward launch geometry known for schedule {schedule!r}")
+        return flash_bwd_launch(problem, tiles, variant, registers)
     d, e = problem.head_dim, problem.elem_bytes
     if schedule == "flash2" and variant == "fa2":
         smem = tiles.block_q * d * e + 2 * tiles.block_kv * d * e  # Flash_fwd_kernel_traits: sQ + sK + sV
@@ -323,6 +328,44 @@ def flash_bwd_smem_bytes(head_dim: int, block_q: int, block_kv: int, itemsize: i
 def flash_bwd_dq_smem_bytes(head_dim: int, block_kv: int, itemsize: int = 2) -> int:
     """flash_bwd_dq_kernel: Q_i and dO_i (64 x d), and two buffers each of K_j and V_j (Bc x d)."""
     return (2 * 64 + 4 * block_kv) * head_dim * itemsize
+
+
+# registers per thread of the backward's row kernels (preprocess, dQ conversion, group sum): not measured; at most
+# 32 so that registers never limit their residency below the threads' (2048 a SM), which they do not in the kernels
+# (a few fp32 values a thread)
+FLASH_BWD_ROW_REGISTERS = 32
+# the main kernel's registers where none are given: the cap of __launch_bounds__(256, 1) (ours; FA2's 8-warp traits
+# likewise), one block an SM; shared memory (over 160 KB at the tiles of FLASH_BWD_TILES) allows one block anyway
+FLASH_BWD_REGISTERS = 255
+
+
+def flash_bwd_launch(problem: AttentionProblem, tiles: Tiles, variant: str = "iosim",
+                     registers: int | list[int] | None = None) -> LaunchModel:
+    """flash2's backward kernels as launched, each a program block of the L2 model (:mod:`iosim.l2.backward`):
+    the preprocess and the dQ conversion one block of ``block_q`` rows (iosim's: d / 8 threads a row, 8 elements a
+    thread; FA2's: 256 threads), the main kernel one block per K/V block. ``variant="iosim"`` (gqa="grouped",
+    kernels/flash_bwd.cu): main grid (Tc, kv heads, batch), each block's Q blocks first to last. ``"fa2"``
+    (gqa="expand", FlashAttention-2's flash_bwd_launch_template.h): grids (blocks, batch, heads), each block's Q
+    blocks last to first; a group sum of dK, dV after it where heads are grouped (torch sums the copies)."""
+    d, e, Br, Bc = problem.head_dim, problem.elem_bytes, tiles.block_q, tiles.block_kv
+    main_smem = flash_bwd_smem_bytes(d, Br, Bc, e)  # FA2's carve-up differs in detail, not in its one block a SM
+    row_threads = max(32, Br * d // 8) if variant == "iosim" else FLASH_BWD_ROW_THREADS
+    threads = [row_threads, FLASH_BWD_THREADS, row_threads]
+    smem = [0, main_smem, 0]
+    regs = [FLASH_BWD_ROW_REGISTERS, FLASH_BWD_REGISTERS, FLASH_BWD_ROW_REGISTERS]
+    if variant == "fa2" and problem.group > 1:  # torch's sum of the expanded dK, dV over the group
+        threads.append(FLASH_BWD_ROW_THREADS)
+        smem.append(0)
+        regs.append(FLASH_BWD_ROW_REGISTERS)
+    kernels = tuple(KernelLaunchModel(threads[i], smem[i], _registers(registers, i, regs[i]))
+                    for i in range(len(threads)))
+    if variant == "iosim":
+        return LaunchModel(kernels, note="iosim flash2 backward: preprocess and dQ conversion over rows, main grid "
+                                         "(Tc, kv heads, batch), Q blocks first to last")
+    if variant != "fa2":
+        raise LaunchError(f"variant={variant!r}: expected 'iosim' or 'fa2'")
+    return LaunchModel(kernels, head_order="head_major", kv_order="reverse",
+                       note="FA2 backward: grids (blocks, batch, heads), Q blocks visited last to first")
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -114,8 +114,10 @@ def questionable(schedule: str, problem: AttentionProblem, profile: Profile, pas
 def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_progress=None) -> Result:
     """A copy of ``result`` whose ``hbm`` bytes (and time) come from the L2 model (:mod:`iosim.l2`).
 
-    Where the model does not apply (backward pass, a schedule without a known launch, a trace too long for the
-    Python tracer) ``hbm`` stays equal to ``global`` and ``hbm_model`` says why (``strict``: raise instead).
+    Where the model does not apply (the backward pass of a schedule other than flash2, a schedule without a known
+    launch, a trace too long for the Python tracer) ``hbm`` stays equal to ``global`` and ``hbm_model`` says why
+    (``strict``: raise instead). Each pass runs on its own tiles and launch: the backward's is iosim's kernel for
+    ``gqa="grouped"``, FlashAttention-2's for ``"expand"`` (:func:`iosim.l2.model.own_variant`).
     ``l2_exact``: walk every access (no heads extrapolated, no steady windows skipped: :mod:`iosim.l2`);
     ``l2_progress``: a ``progress(done, total)`` callback for long runs (``iosim simulate``
     passes :class:`iosim.cli.progress.ProgressBar`)."""
@@ -125,8 +127,13 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
         if strict:
             raise L2ModelError(reason)
         return replace(result, hbm_model=f"none: {reason}; hbm = global (two-level view)")
-    l2 = simulate_l2(result.schedule, result.problem, result.tiles, result.profile, exact=l2_exact,
-                     progress=l2_progress)
+    passes = ["forward", "backward"] if result.pass_ == "both" else [result.pass_]
+    runs = [simulate_l2(result.schedule, result.problem, result.tiles_by_pass.get(ps, result.tiles), result.profile,
+                        exact=l2_exact, progress=l2_progress, pass_=ps) for ps in passes]
+    l2 = runs[0] if len(runs) == 1 else replace(
+        runs[0], kernels=[k for r in runs for k in r.kernels], seconds=sum(r.seconds for r in runs),
+        launch=replace(runs[0].launch, kernels=tuple(k for r in runs for k in r.launch.kernels),
+                       note="; ".join(r.launch.note for r in runs)))
     if len(l2.kernels) != len(result.counts.kernels):
         raise L2ModelError(f"{result.schedule}: the L2 model saw {len(l2.kernels)} kernels, the counts "
                            f"{len(result.counts.kernels)}")
@@ -162,7 +169,7 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     (flash-decoding), ``density``, ``mask`` (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's
     backward pass: "expand", the default, as FlashAttention-2; "grouped", as iosim's kernel:
     docs/schedules/backward.md). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
-    (:mod:`iosim.l2`) where it applies (the forward pass of naive, flash1, flash2, flash3); ``l2=False``
+    (:mod:`iosim.l2`) where it applies (the forward pass of naive, flash1, flash2, flash3; flash2's backward); ``l2=False``
     (``--no-l2``): ``hbm`` = ``global``, the papers' two-level view, without running the model (fast for huge
     sweeps); ``hbm_model`` says which view a result is. Legal but questionable input (:func:`questionable`:
     flash3 off Hopper, fp8 backward, splits cut to the K/V blocks, head_dim off 8..256, a problem larger than the

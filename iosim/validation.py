@@ -9,9 +9,11 @@ repeated launch's measured bytes. It passes when
   bound: min x (1 - bound) <= simulated <= max x (1 + bound).
 
 Compulsory bytes: Q, K, V read once, O written once, and the softmax statistics (one fp32 per query row) of the
-flash kernels. Where a head's K and V together do not fit in L2 (long grids: the blocks of one head drift apart
-and re-read K/V lines L2 has dropped), the model's DRAM reads are a lower bound, not an estimate: those checks are
-judged the same way and marked ``lower_bound``.
+flash kernels. A backward pass (kernels named ``*-bwd``): Q, K, V, O, dO and the statistics read once, dQ, dK, dV
+written once, Delta (one fp32 per query row) and the fp32 dQ accumulator once each. Where a head's K and V together
+do not fit in L2 (long grids: the blocks of one head drift apart and re-read K/V lines L2 has dropped; in a backward
+pass, a query head's Q, dO, statistics and accumulator, the data its K/V blocks share), the model's DRAM reads are a
+lower bound, not an estimate: those checks are judged the same way and marked ``lower_bound``.
 
     >>> from iosim.validation import load_record, judge_all, summary_table
     >>> print(summary_table(judge_all(load_record("h200"))))
@@ -30,6 +32,7 @@ from .profile import get_profile
 BOUND = {"read": 0.05, "write": 0.10}  # relative bound on hbm reads and writes
 FLOOR = 0.01  # of the kernel's compulsory bytes: the absolute floor, for near-zero writes
 STATS_KERNELS = ("flash2", "flash3", "sdpa-flash", "sdpa-cudnn")  # write the softmax statistics (fp32 per row)
+BACKWARD_SUFFIX = "-bwd"  # a backward pass's kernels: flash2-bwd, sdpa-flash-bwd, sdpa-cudnn-bwd
 ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1}
 FIELDS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
           "causal", "block_q", "block_kv", "boundary", "direction", "simulated_bytes", "measured_bytes",
@@ -71,12 +74,20 @@ class Check:
                 + (f" B={self.batch}" if self.batch != 1 else ""))
 
     @property
+    def backward(self) -> bool:
+        return self.kernel.endswith(BACKWARD_SUFFIX)
+
+    @property
     def compulsory(self) -> int:
-        """Q, K, V read once; O (and the flash kernels' statistics) written once (B)."""
+        """Q, K, V read once; O (and the flash kernels' statistics) written once (B). A backward pass: Q, K, V, O,
+        dO, the statistics read, dQ, dK, dV written, Delta and the fp32 dQ accumulator, each once."""
         e = ELEM_BYTES[self.dtype]
-        q = o = self.batch * self.heads * self.seq_len * self.head_dim * e
+        rows = self.batch * self.heads * self.seq_len
+        q = o = rows * self.head_dim * e
         kv = 2 * self.batch * self.kv_heads * self.kv_len * self.head_dim * e
-        stats = self.batch * self.heads * self.seq_len * 4 if self.kernel in STATS_KERNELS else 0
+        if self.backward:  # Q, O, dO, dQ; K, V, dK, dV; lse, Delta; dQacc
+            return 4 * q + 2 * kv + 2 * rows * 4 + rows * self.head_dim * 4
+        stats = rows * 4 if self.kernel in STATS_KERNELS else 0
         return q + kv + o + stats
 
 
@@ -93,11 +104,15 @@ class Verdict:
 
 
 def lower_bound(check: Check) -> bool:
-    """True where the model's DRAM reads are a lower bound: one head's K and V do not fit in L2."""
+    """True where the model's DRAM reads are a lower bound: one head's K and V do not fit in L2 (a backward pass:
+    one query head's Q, dO, lse, Delta and fp32 dQ accumulator, what its K/V blocks share)."""
     if check.boundary != "hbm" or check.direction != "read":
         return False
-    kv_head = 2 * check.kv_len * check.head_dim * ELEM_BYTES[check.dtype]
-    return kv_head >= int(get_profile(check.profile).require("l2.capacity"))
+    d, e = check.head_dim, ELEM_BYTES[check.dtype]
+    # our backward kernel's block visits every query head of its kv head's group in turn: the group's rows
+    group = check.heads // check.kv_heads if check.kernel == "flash2-bwd" else 1
+    shared = check.seq_len * (2 * d * e + 2 * 4 + d * 4) * group if check.backward else 2 * check.kv_len * d * e
+    return shared >= int(get_profile(check.profile).require("l2.capacity"))
 
 
 def judge(check: Check) -> Verdict:

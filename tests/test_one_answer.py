@@ -68,8 +68,10 @@ def test_no_l2_agrees_too_and_gives_the_two_level_view(schedule, capsys):
     assert r["traffic"]["hbm"] == r["traffic"]["global"] and r["hbm_model"].startswith("none")
 
 
-def test_the_backward_pass_says_why_it_has_no_l2_model_by_default():
+def test_the_backward_pass_has_the_l2_model_for_flash2_and_says_why_not_elsewhere():
     r = simulate("flash2", AttentionProblem(seq_len=1024, heads=4), pass_="backward")
+    assert r.hbm_model.startswith("l2-lru") and r.l2 is not None and len(r.l2.kernels) == len(r.counts.kernels)
+    r = simulate("naive", AttentionProblem(seq_len=1024, heads=4), pass_="backward")
     assert r.hbm_model.startswith("none: pass 'backward'") and r.traffic["hbm"] == r.traffic["global"]
 
 

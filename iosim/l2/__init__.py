@@ -15,7 +15,9 @@ How the access stream is made (one module each)
    store as ``(tensor, rows, cols, write)`` per thread block). The model builds each schedule's program directly
    instead, its loops kept compact (the tests prove each, expanded, equal to the tracer's), because a Python walk
    of a 131072-token head takes minutes: flash2's K/V loop as one repeated group (:mod:`iosim.l2.program`);
-   naive's kernels as rows of alike blocks, flash1's passes as groups (:mod:`iosim.l2.programs`). The tracer
+   naive's kernels as rows of alike blocks, flash1's passes as groups (:mod:`iosim.l2.programs`); flash2's
+   backward kernels, each K/V block's loop over Q blocks as one group (:mod:`iosim.l2.backward`, which also says
+   how DRAM sees the fp32 dQ reductions: a read of the line where L2 lacks it, then a dirty line). The tracer
    itself runs only for traces given to :func:`simulate_l2` (the calibration probes) and in the tests.
 2. ``atoms``: each tensor's accesses within one kernel are cut into *atoms*, rectangles between consecutive tile
    edges. Every access is a whole number of atoms; a line belongs to exactly one atom.

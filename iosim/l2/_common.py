@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
-# tensor codes used in traces
-TENSOR_CODES = {"Q": 0, "K": 1, "V": 2, "O": 3, "S": 4, "P": 5, "m": 6, "l": 7, "lse": 8, "foreign": 9}
+# tensor codes used in traces; the backward pass's from 10 on (dK, dV: a query head's copies where the design
+# expands them, so they are not K/V-side)
+TENSOR_CODES = {"Q": 0, "K": 1, "V": 2, "O": 3, "S": 4, "P": 5, "m": 6, "l": 7, "lse": 8, "foreign": 9,
+                "dO": 10, "D": 11, "dQacc": 12, "dQ": 13, "dK": 14, "dV": 15}
 FOREIGN = TENSOR_CODES["foreign"]  # dirty lines in L2 before the kernel starts (not the kernel's data)
 ROOM_UNIT = 64  # the L2 model counts room in 1/64 byte (room factors are multiples of 1/64)
 TENSOR_NAMES = {v: k for k, v in TENSOR_CODES.items()}

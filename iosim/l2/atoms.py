@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..counts import FP32_TENSORS, ROW_TENSORS
 from ..problem import STAT_BYTES, AttentionProblem
 from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError
 from .trace import KernelTrace
@@ -61,12 +62,12 @@ def atomize(kt: KernelTrace, p: AttentionProblem) -> Atoms:
         else:
             cb = np.array([0, 1], np.int64)
             ca0, ca1 = np.zeros(len(sel), np.int64), np.ones(len(sel), np.int64)
-            width = np.array([1 if name in ("m", "l", "lse") else p.head_dim])
+            width = np.array([1 if name in ROW_TENSORS else p.head_dim])
         ra0, ra1 = rlut[r0], rlut[r1]
         nr, nc = len(rb) - 1, len(cb) - 1
         acc_atom[sel] = nxt + ra0 * nc + ca0
         nr_all[sel], nc_all[sel], stride_all[sel] = ra1 - ra0, ca1 - ca0, nc
-        elem = STAT_BYTES if name in ("m", "l", "lse") else p.elem_bytes
+        elem = STAT_BYTES if name in FP32_TENSORS else p.elem_bytes
         bytes_parts.append((np.diff(rb)[:, None] * width[None, :] * elem).reshape(-1).astype(np.int64))
         kv_parts.append(np.full(nr * nc, t in KV_TENSORS))
         t_parts.append(np.full(nr * nc, t, dtype=np.int64))
@@ -104,10 +105,9 @@ def _access_bytes(kt: KernelTrace, p: AttentionProblem) -> np.ndarray:
         name = TENSOR_NAMES[int(t)]
         if name in ("S", "P"):
             nbytes[sel] = rows[sel] * (kt.c1[sel] - kt.c0[sel]) * p.elem_bytes
-        elif name in ("m", "l", "lse"):
-            nbytes[sel] = rows[sel] * STAT_BYTES
         else:
-            nbytes[sel] = rows[sel] * p.head_dim * p.elem_bytes
+            width = 1 if name in ROW_TENSORS else p.head_dim
+            nbytes[sel] = rows[sel] * width * (STAT_BYTES if name in FP32_TENSORS else p.elem_bytes)
     return nbytes
 
 

@@ -17,7 +17,9 @@ from ..launch import LaunchModel, launch_model, resident_blocks
 from ..problem import AttentionProblem
 from ..profile import Profile, get_profile
 from ..schedules import Tiles
+from ..schedules.flash2_bwd import gqa_of
 from ._common import TENSOR_NAMES, L2ModelError
+from .backward import flash2_bwd_programs
 from .passes import walk_passes
 from .program import LoopProgram, flash2_program, from_trace
 from .programs import flash1_program, naive_programs
@@ -157,8 +159,8 @@ def flash1_tiles(problem: AttentionProblem, tiles: Tiles) -> int:
 
 def unsupported(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, counts: Counts) -> str | None:
     """Why the L2 model cannot take this simulation (None if it can)."""
-    if pass_ != "forward":
-        return f"pass {pass_!r}: the L2 model knows the forward kernels' launches only"
+    if pass_ != "forward" and schedule != "flash2":
+        return f"pass {pass_!r}: the L2 model knows the backward kernels of flash2 only, not {schedule!r}'s"
     if schedule not in ("naive", "flash1", "flash2", "flash3"):
         return f"schedule {schedule!r}: no launch geometry known to the L2 model"
     if schedule == "naive" and naive_tiles(problem, tiles) > MAX_NAIVE_TILES:
@@ -197,14 +199,36 @@ def _programs(schedule: str, problem: AttentionProblem, tiles: Tiles, lm: Launch
     raise L2ModelError(f"schedule {schedule!r}: no program known to the L2 model")
 
 
+def unit_slots(problem: AttentionProblem, head_order: str, unit: str = "head") -> tuple[np.ndarray, np.ndarray]:
+    """Query-side and kv-side slot of each of the grid's heads in launch order: query heads (:func:`head_slots`), or
+    kv heads (a backward program whose unit is a kv head with its group: both slots the kv head's)."""
+    if unit == "head":
+        return head_slots(problem, head_order)
+    B, Hk = problem.batch, problem.kv_heads
+    if head_order == "batch_major":
+        b, h = np.divmod(np.arange(B * Hk, dtype=np.int64), Hk)
+    else:
+        h, b = np.divmod(np.arange(B * Hk, dtype=np.int64), B)
+    s = b * Hk + h
+    return s, s.copy()
+
+
+def own_variant(pass_: str, tiles: Tiles) -> str:
+    """The launch a pass's kernels run by default: iosim's, but FlashAttention-2's for the backward's
+    ``gqa="expand"`` (its design; iosim's kernel is ``"grouped"``)."""
+    return "fa2" if pass_ == "backward" and gqa_of(tiles) == "expand" else "iosim"
+
+
 def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: str | Profile | None = None,
-                inputs: L2Inputs = PROFILE_INPUTS, *, resident: int | list[int] | None = None, variant: str = "iosim",
-                traces: list[KernelTrace] | None = None, dedupe: bool = True, exact: bool = False,
-                progress: Callable[[int, int], None] | None = None, budget: int = WALK_BUDGET) -> L2Result:
+                inputs: L2Inputs = PROFILE_INPUTS, *, resident: int | list[int] | None = None,
+                variant: str | None = None, traces: list[KernelTrace] | None = None, dedupe: bool = True,
+                exact: bool = False, progress: Callable[[int, int], None] | None = None, budget: int = WALK_BUDGET,
+                pass_: str = "forward") -> L2Result:
     """DRAM read/write bytes of every kernel of ``schedule`` under the L2 model (see :mod:`iosim.l2`).
 
     ``inputs`` overrides the profile's L2 inputs; ``resident`` the number of program blocks running at once (one
-    number, or one per kernel); ``variant``: ``"iosim"`` (our kernels' launch) or ``"fa2"`` (FlashAttention-2's);
+    number, or one per kernel); ``variant``: ``"iosim"`` (our kernels' launch) or ``"fa2"`` (FlashAttention-2's;
+    None: :func:`own_variant`); ``pass_``: ``"forward"`` or ``"backward"`` (flash2's: :mod:`iosim.l2.backward`);
     ``traces``: the access streams to run instead of the schedule's (the calibration probes); ``dedupe=False``
     runs the exact trace (see the module docstring). A kernel of more than ``budget`` tile accesses (all heads) is
     approximated (heads extrapolated, steady windows skipped; the module docstring says how) unless ``exact``.
@@ -212,41 +236,61 @@ def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile:
     t0 = time.perf_counter()
     prof = get_profile(profile)
     x = inputs.resolved(prof)
-    lm = launch_model(schedule, problem, tiles, variant=variant)
+    variant = variant or own_variant(pass_, tiles)
+    lm = launch_model(schedule, problem, tiles, variant=variant, pass_=pass_)
     residency = [_residency(prof, klm, resident, ki) for ki, klm in enumerate(lm.kernels)]
     sms = int(prof.require("sm_count"))
     l2_bytes = int(x.capacity / min(x.room))  # the most bytes L2 holds
     recycle = None if exact else [(r, l2_bytes, sms, x.block_share, problem.n_heads_total) for r, _ in residency]
-    programs = _programs(schedule, problem, tiles, lm, traces, recycle)
-    head_q, head_kv = head_slots(problem, lm.head_order)
-    H = len(head_q)
-    period = head_period(problem, lm.head_order) if traces is None else H
+    if pass_ == "backward" and traces is None:
+        if schedule != "flash2":
+            raise L2ModelError(unsupported(schedule, pass_, problem, tiles, Counts([])))
+        programs = flash2_bwd_programs(problem, tiles, lm.kv_order)
+    else:
+        programs = _programs(schedule, problem, tiles, lm, traces, recycle)
+    walk = (x, sms, l2_bytes, dedupe, exact, budget, progress)
     out = []
     for ki, prog in enumerate(programs):
-        r, limits = residency[ki]
-        nb = prog.n_blocks
-        r = int(min(r, nb * H)) if nb else 1
-        k = KernelL2(prog.name, nb * H, r, limits, 0, 0, 0, global_read=prog.global_read * H,
-                     global_write=prog.global_write * H, heads_walked=H, heads=H)
-        if nb:
-            grid = (lm.kernels[ki].block_order == "reverse", head_q, head_kv, sms, x.block_share)
-            approximate = not exact and prog.accesses * H > budget
-
-            def walk(pr, approximate=approximate, r=r, grid=grid):
-                return walk_kernel(pr, x, r, grid, dedupe, period, approximate, progress)
-
-            short = None
-            if approximate and schedule == "flash1":  # the passes that stream: counted from their tiles
-                short = walk_passes(prog, walk, H, r, l2_bytes)
-                what = "(flash1's passes that stream) counted from their tiles"
-            elif approximate and schedule == "naive":  # rows alike: the first walked, the others extrapolated
-                short = walk_rows(prog, walk, r, l2_bytes, problem.seq_len, H)
-                what = "(naive's rows past the first) extrapolated from them"
-            rd_t, wr_t, w, k.heads_walked = short or walk(prog)
-            k.skipped_what = what if short else k.skipped_what
-            k.dram_read, k.dram_write, k.dirty_at_end = int(rd_t.sum()), int(wr_t.sum()), w.dirty
-            k.read_by_tensor = {TENSOR_NAMES[i]: int(v) for i, v in enumerate(rd_t) if v}
-            k.write_by_tensor = {TENSOR_NAMES[i]: int(v) for i, v in enumerate(wr_t) if v}
-            k.rounds, k.skipped, k.accesses = w.rounds, w.skipped, w.accesses
-        out.append(k)
+        head_q, head_kv = unit_slots(problem, lm.head_order, prog.unit)
+        period = len(head_q)
+        if traces is None:
+            period = head_period(problem, lm.head_order) if prog.unit == "head" else 1
+        out.append(_kernel_l2(schedule, problem, prog, residency[ki], lm.kernels[ki], (head_q, head_kv, period),
+                              walk))
     return L2Result(schedule, prof.name, x, out, lm, dedupe, time.perf_counter() - t0, exact)
+
+
+def _kernel_l2(schedule: str, problem: AttentionProblem, prog: LoopProgram, residency: tuple, klm, heads: tuple,
+               walk_args: tuple) -> KernelL2:
+    """One kernel's DRAM bytes: its program walked over the grid's heads ``heads`` = (query-side slots, kv-side
+    slots, period of the pattern of shared K/V)."""
+    x, sms, l2_bytes, dedupe, exact, budget, progress = walk_args
+    head_q, head_kv, period = heads
+    H = len(head_q)
+    r, limits = residency
+    nb = prog.n_blocks
+    r = int(min(r, nb * H)) if nb else 1
+    k = KernelL2(prog.name, nb * H, r, limits, 0, 0, 0, global_read=prog.global_read * H,
+                 global_write=prog.global_write * H, heads_walked=H, heads=H)
+    if not nb:
+        return k
+    grid = (klm.block_order == "reverse", head_q, head_kv, sms, x.block_share)
+    approximate = not exact and prog.accesses * H > budget
+
+    def walk(pr):
+        return walk_kernel(pr, x, r, grid, dedupe, period, approximate, progress)
+
+    short = None
+    if approximate and schedule == "flash1":  # the passes that stream: counted from their tiles
+        short = walk_passes(prog, walk, H, r, l2_bytes)
+        what = "(flash1's passes that stream) counted from their tiles"
+    elif approximate and schedule == "naive":  # rows alike: the first walked, the others extrapolated
+        short = walk_rows(prog, walk, r, l2_bytes, problem.seq_len, H)
+        what = "(naive's rows past the first) extrapolated from them"
+    rd_t, wr_t, w, k.heads_walked = short or walk(prog)
+    k.skipped_what = what if short else k.skipped_what
+    k.dram_read, k.dram_write, k.dirty_at_end = int(rd_t.sum()), int(wr_t.sum()), w.dirty
+    k.read_by_tensor = {TENSOR_NAMES[i]: int(v) for i, v in enumerate(rd_t) if v}
+    k.write_by_tensor = {TENSOR_NAMES[i]: int(v) for i, v in enumerate(wr_t) if v}
+    k.rounds, k.skipped, k.accesses = w.rounds, w.skipped, w.accesses
+    return k

@@ -53,6 +53,7 @@ class LoopProgram:
     row_wrap: int = 0
     full_rows: int = 1  # a row from this one on is the last, partial row
     row_height: int = 0  # query rows of a full row (0: no rows)
+    unit: str = "head"  # what one of the grid's heads is: a query head, or a kv head (:mod:`iosim.l2.backward`)
 
     def __post_init__(self):
         if not self.templates:

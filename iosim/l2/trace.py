@@ -71,6 +71,13 @@ class Tracer(Counter):
         self._rec(tensor, rows, None, True)
         return super().fill(tensor, rows, value)
 
+    def atomic_add(self, tensor, rows, tile):
+        # a reduction in L2 (red.global.add): the L2 reads the rows' lines (from DRAM where it does not hold them),
+        # adds, and holds them dirty: a read, then a write
+        self._rec(tensor, rows, None, False)
+        self._rec(tensor, rows, None, True)
+        return super().atomic_add(tensor, rows, tile)
+
 
 @dataclass
 class KernelTrace:
@@ -108,9 +115,10 @@ def _from_lists(name: str, blocks: list[list[tuple]]) -> KernelTrace:
 
 
 def trace_program(
-    schedule: str, problem: AttentionProblem, tiles: Tiles, kv_order: str = "forward"
+    schedule: str, problem: AttentionProblem, tiles: Tiles, kv_order: str = "forward", pass_: str = "forward"
 ) -> list[KernelTrace]:
-    """Run the schedule's tile program for one head through the :class:`Tracer`."""
+    """Run the schedule's tile program of ``pass_`` for one head (the backward's unit: :mod:`iosim.l2.backward`)
+    through the :class:`Tracer`; ``kv_order`` orders its inner loop (the backward's: over Q blocks)."""
     x = Tracer(problem, kv_order)
-    get_schedule(schedule).program(x, problem, tiles)
+    get_schedule(schedule, pass_).program(x, problem, tiles)
     return [_from_lists(k.name, blocks) for k, blocks in zip(x.kernels, x.traces, strict=True)]

@@ -25,6 +25,7 @@ from .ncu import (
 )
 from .runs import (
     ATTENTION_KINDS,
+    BACKWARD_KINDS,
     PROBE_KINDS,
     Attention,
     MeasureError,
@@ -38,6 +39,7 @@ from .worker import device_identity
 
 __all__ = [
     "ATTENTION_KINDS",
+    "BACKWARD_KINDS",
     "CORE_METRICS",
     "DRAM_METRICS",
     "OPTIONAL_METRICS",

@@ -43,6 +43,8 @@ OPTIONAL_METRICS = (  # used where ``ncu --query-metrics`` lists them
     "smsp__sass_data_bytes_mem_global_op_ld.sum",  # what the global load and store instructions move: `global`
     "smsp__sass_data_bytes_mem_global_op_ldgsts.sum",
     "smsp__sass_data_bytes_mem_global_op_st.sum",
+    "smsp__sass_data_bytes_mem_global_op_red.sum",  # reductions in L2 (the backward's dQ): a read and a write each
+    "smsp__sass_data_bytes_mem_global_op_atom.sum",
     "l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum",  # TMA loads (flash3): its `global` reads
     "lrc__t_sectors.sum",  # the L2 request coalescer (Hopper) merges identical reads of different SMs
     "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
@@ -57,7 +59,10 @@ OPTIONAL_METRICS = (  # used where ``ncu --query-metrics`` lists them
     "launch__block_size",
 )
 DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")  # the one-pass profile
-KERNEL_REGEX = r"iosim_|flash_fwd|flash3_|naive_|sdpa|fprop|fmha"  # ours, the marker, torch's backends
+# ours, the markers, torch's backends; the backward's: ours and FA2's flash_bwd_*, cuDNN's bprop, and the reduction
+# kernel torch sums FA2's expanded dK, dV with (grouped-query heads)
+KERNEL_REGEX = r"iosim_|flash_fwd|flash_bwd|flash3_|naive_|sdpa|fprop|bprop|fmha|reduce_kernel"
+END_MARKER_Z = 2  # an iosim_marker launched with gridDim.z = 2 ends its run's range (its grid.x: the run index + 1)
 
 _SUMMARY = {  # record key: (metric, scale)
     "dram_read_bytes": ("dram__bytes_read.sum", 1),
@@ -70,6 +75,8 @@ _SUMMARY = {  # record key: (metric, scale)
     "sass_global_ld_bytes": ("smsp__sass_data_bytes_mem_global_op_ld.sum", 1),
     "sass_global_ldgsts_bytes": ("smsp__sass_data_bytes_mem_global_op_ldgsts.sum", 1),
     "sass_global_st_bytes": ("smsp__sass_data_bytes_mem_global_op_st.sum", 1),
+    "sass_global_red_bytes": ("smsp__sass_data_bytes_mem_global_op_red.sum", 1),
+    "sass_global_atom_bytes": ("smsp__sass_data_bytes_mem_global_op_atom.sum", 1),
     # what TMA loads (cp.async.bulk.tensor) bring from L2 into shared memory: flash3's `global` reads, in whole boxes
     "tma_global_ld_bytes": ("l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum", 1),
     "lrc_sectors": ("lrc__t_sectors.sum", 1),
@@ -158,11 +165,16 @@ def summarize(launch: dict) -> dict:
 
 
 def group_by_marker(launches: list[dict]) -> dict[int, list[dict]]:
-    """Launches after each ``iosim_marker`` (grid = run index + 1) up to the next marker."""
+    """Launches after each ``iosim_marker`` (grid = run index + 1) up to the next marker, or up to an end marker
+    (gridDim.z = :data:`END_MARKER_Z`: what follows it, the next run's preparation, belongs to no run)."""
     out: dict[int, list[dict]] = {}
     cur = None
     for k in launches:
         if "iosim_marker" in k["kernel"]:
+            dims = [int(x) for x in re.findall(r"\d+", k["grid"] or "")]
+            if len(dims) == 3 and dims[2] == END_MARKER_Z:
+                cur = None
+                continue
             cur = grid_count(k["grid"]) - 1
             out.setdefault(cur, [])
         elif cur is not None:

@@ -2,6 +2,7 @@
 
     Attention("flash2", seq_len=4096, heads=32)           # our schedules: flash2, naive (and flash3 where built)
     Attention("sdpa-flash", seq_len=4096, heads=32)       # torch SDPA's backends: sdpa-flash, sdpa-cudnn
+    Attention("flash2-bwd", seq_len=4096, heads=32)       # backward passes: flash2-bwd, sdpa-flash-bwd, sdpa-cudnn-bwd
     ReadProbe(64 << 20)                                   # calibration: a buffer read twice (l2probe)
     WriteProbe(8 << 20, read_bytes=32 << 20, shared=True) # calibration: written, then other data read (l2write)
 
@@ -15,7 +16,10 @@ from dataclasses import asdict, dataclass, fields
 
 OUR_KERNELS = ("flash2", "naive", "flash3")  # iosim.gpu.attention's schedules
 TORCH_KERNELS = ("sdpa-flash", "sdpa-cudnn")  # torch.nn.functional.scaled_dot_product_attention backends
-ATTENTION_KINDS = OUR_KERNELS + TORCH_KERNELS
+# backward passes, the forward run outside the profiled range: iosim.gpu.attention_backward (flash2's kernels, the
+# design gqa="grouped"), and torch SDPA's flash and cuDNN backends' backward (torch.autograd.grad of the SDPA call)
+BACKWARD_KINDS = ("flash2-bwd", "sdpa-flash-bwd", "sdpa-cudnn-bwd")
+ATTENTION_KINDS = OUR_KERNELS + TORCH_KERNELS + BACKWARD_KINDS
 PROBE_KINDS = ("l2probe", "l2write")
 
 
@@ -25,8 +29,9 @@ class MeasureError(RuntimeError):
 
 @dataclass(frozen=True)
 class Attention:
-    """One attention forward call: ``kind`` one of :data:`ATTENTION_KINDS`; Q (batch, seq_len, heads, head_dim),
-    K and V (batch, kv_len, kv_heads, head_dim); ``block_q``/``block_kv`` (flash2 only) pick the tiles."""
+    """One attention call: ``kind`` one of :data:`ATTENTION_KINDS` (a forward call, or the backward call of
+    :data:`BACKWARD_KINDS`, its forward made beforehand, outside the profiled range); Q (batch, seq_len, heads,
+    head_dim), K and V (batch, kv_len, kv_heads, head_dim); ``block_q``/``block_kv`` (flash2 only) pick the tiles."""
 
     kind: str
     seq_len: int = 1024

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .. import gpu
 from .._resources import kernels_dir
-from .runs import Attention, MeasureError, ReadProbe, Run, WriteProbe, from_dict, to_dict
+from .ncu import END_MARKER_Z
+from .runs import BACKWARD_KINDS, Attention, MeasureError, ReadProbe, Run, WriteProbe, from_dict, to_dict
 
 PROBE_SOURCE = "probes.cu"
 READ_PROBE_PASSES = 2  # l2probe reads its buffer twice
@@ -104,20 +105,45 @@ def prepare_attention(run: Attention, torch):
     q = torch.randn(run.batch, run.seq_len, run.heads, run.head_dim, device="cuda", dtype=dt, generator=g)
     k = torch.randn(run.batch, run.kv_len, run.kv_heads, run.head_dim, device="cuda", dtype=dt, generator=g)
     v = torch.randn(run.batch, run.kv_len, run.kv_heads, run.head_dim, device="cuda", dtype=dt, generator=g)
+    if run.kind in BACKWARD_KINDS:
+        return _prepare_backward(run, torch, (q, k, v), g)
     if run.kind in ("flash2", "naive", "flash3"):
         kw = {"block_q": run.block_q, "block_kv": run.block_kv} if run.kind == "flash2" else {}
         return lambda: gpu.attention(q, k, v, schedule=run.kind, causal=run.causal, **kw)
+    sdpa = _sdpa(run, torch, q, k, v)
+    return lambda: sdpa()[0]
+
+
+def _sdpa(run: Attention, torch, q, k, v):
+    """A call of torch SDPA's backend for ``run`` (flash or cuDNN) on (B, H, N, d) views of q, k, v (no copy)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = SDPBackend.FLASH_ATTENTION if run.kind == "sdpa-flash" else SDPBackend.CUDNN_ATTENTION
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, d) views, no copy
+    backend = SDPBackend.FLASH_ATTENTION if run.kind.startswith("sdpa-flash") else SDPBackend.CUDNN_ATTENTION
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     gqa = run.heads != run.kv_heads
 
     def call():
         with sdpa_kernel(backend):
-            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=run.causal, enable_gqa=gqa)
+            return (torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=run.causal,
+                                                                     enable_gqa=gqa),)
 
     return call
+
+
+def _prepare_backward(run: Attention, torch, qkv: tuple, g):
+    """The backward call of ``run``, its forward made here (before the run's marker: outside its range). flash2-bwd:
+    iosim.gpu.attention_backward on the forward's O and lse; the torch kinds: torch.autograd.grad of the SDPA call's
+    output (the graph kept, so the call repeats)."""
+    q, k, v = qkv
+    if run.kind == "flash2-bwd":
+        o, lse = gpu.attention(q, k, v, causal=run.causal, return_lse=True)
+        do = torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=g)
+        return lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=run.causal)
+    leaves = tuple(x.requires_grad_() for x in qkv)
+    (out,) = _sdpa(run, torch, *leaves)()
+    do = torch.randn_like(out)  # out's strides: SDPA takes dO as it laid out O
+    torch.cuda.synchronize()
+    return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
 
 def _prepare(run: Run, probes: Probes, torch):
@@ -130,7 +156,7 @@ def _prepare(run: Run, probes: Probes, torch):
 
 def _launch_record(run: Run) -> dict | None:
     """Our kernels' launch (tiles, per-kernel threads, shared memory) as iosim.gpu last made it."""
-    if not (isinstance(run, Attention) and run.kind in ("flash2", "naive", "flash3")):
+    if not (isinstance(run, Attention) and run.kind in ("flash2", "naive", "flash3", "flash2-bwd")):
         return None
     lr = gpu.last_launch()
     return {"tiles": lr.tiles, "kernels": [asdict(k) for k in lr.launches]}
@@ -155,8 +181,10 @@ def run_spec(spec: dict) -> dict:
             fn, info = _prepare(run, probes, torch)
             rec.update(info)
             if mode == "profile":
+                cp.cuda.Device().synchronize()  # the preparation (a backward run's forward) is done
                 probes.marker((idx + 1,), (32,), (dummy,))
                 fn()
+                probes.marker((idx + 1, 1, END_MARKER_Z), (32,), (dummy,))  # the next run's preparation: no run's
                 cp.cuda.Device().synchronize()
             else:
                 rec["time_ms"] = event_median_ms(fn, cp, reps, warmup)
