@@ -8,8 +8,10 @@
 iosim.gpu.attention_backward), ``iosim-flash3-bwd`` (the Hopper backward, where this checkout has it), ``fa2-bwd``
 (torch SDPA's flash backend's backward, its aten op called directly) and ``cudnn-bwd`` (its cuDNN backend's), as
 time_record.py times the forward: the median of ``--reps`` CUDA-event intervals of warm calls on the same inputs,
-the stream kept busy ahead. Each kernel's launches (name, grid, block, registers, shared memory; torch.profiler) are
-recorded beside its time, and how long each timed run lasted (the GPU lowers its clock under long tensor load).
+the stream kept busy ahead. Each row names the commit it was measured at; ``--only K... --merge JSON`` measures some
+kernels again and keeps the other rows of an earlier record. Each kernel's launches (name, grid, block, registers,
+shared memory; torch.profiler) are recorded beside its time, and how long each timed run lasted (the GPU lowers its
+clock under long tensor load).
 Writes ``data/validation/<device>-time-backward.json``; time_record.py judges it beside the forward record.
 """
 
@@ -66,7 +68,7 @@ def _callables(s: Shape, tensors) -> dict:
             calls[name] = exc
     return calls
 
-def measure(device: str, reps: int) -> dict:
+def measure(device: str, reps: int, only: list[str] | None = None) -> dict:
     import subprocess
 
     import torch
@@ -79,6 +81,8 @@ def measure(device: str, reps: int) -> dict:
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[s.dtype]
         tensors = _gqa_inputs(torch, s, dt)
         for name, fn in _callables(s, tensors).items():
+            if only and name not in only:
+                continue
             launch, seconds = [], 0.0
             if isinstance(fn, Exception):
                 ms, launch = None, [{"error": f"{type(fn).__name__}: {fn}"[:300]}]
@@ -91,7 +95,7 @@ def measure(device: str, reps: int) -> dict:
                 except Exception as exc:  # a backend that refuses a shape: recorded, not fatal
                     ms, launch = None, [{"error": f"{type(exc).__name__}: {exc}"[:300]}]
             rows.append({**asdict(s), "kernel": name, "measured_ms": ms, "run_s": round(seconds, 3),
-                         "launches": launch})
+                         "commit": os.environ.get("IOSIM_COMMIT", "unknown"), "launches": launch})
             print(f"[{i + 1}/{len(shapes)}] {s.key:<34} {name:<17} "
                   f"{'refused' if ms is None else f'{ms:10.4f} ms'}", flush=True)
         del tensors
@@ -120,12 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=sorted(PROFILE), required=True)
     ap.add_argument("--measure", action="store_true", help="measure the sweep on this GPU")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--only", nargs="*", choices=KERNELS,
+                    help="measure these kernels only; their rows replace theirs in the existing JSON (--merge)")
+    ap.add_argument("--merge", type=Path, default=None, help="with --only: the JSON whose other rows are kept")
     ap.add_argument("--out", type=Path, default=None, help="folder for the JSON (default data/validation)")
     args = ap.parse_args(argv)
     if not args.measure:
         ap.error("without --measure, run benchmarks/time_record.py --device DEVICE: it judges both records")
     raw = (args.out or ROOT / "data/validation") / f"{args.device}-time-backward.json"
-    data = measure(args.device, args.reps)
+    data = measure(args.device, args.reps, args.only)
+    if args.only and args.merge:
+        kept = [r for r in json.loads(args.merge.read_text())["rows"] if r["kernel"] not in args.only]
+        data["rows"] = kept + data["rows"]
     raw.parent.mkdir(parents=True, exist_ok=True)
     raw.write_text(json.dumps(data, indent=1))
     print(f"wrote {raw}")
