@@ -202,7 +202,7 @@ def _checks(m: Measured, profile: str, r, l2, tiles: tuple[int, int]) -> list[Ch
         (meas.get("sass_global_ld_bytes") or 0) + (meas.get("sass_global_ldgsts_bytes") or 0) + red
     stores = meas.get("sass_global_st_bytes")
     measured = {("global", "read"): loads,
-                ("global", "write"): stores + red if isinstance(stores, int) else stores,
+                ("global", "write"): None if stores is None else stores + red,
                 ("hbm", "read"): meas["dram_read_bytes"], ("hbm", "write"): meas["dram_write_bytes"]}
     simulated = {("global", "read"): r.counts.global_read_bytes, ("global", "write"): r.counts.global_write_bytes,
                  ("hbm", "read"): l2.read_bytes, ("hbm", "write"): l2.write_bytes}
