@@ -37,7 +37,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from iosim.l2 import simulate_l2
-from iosim.launch import FLASH_BWD_TILES, launch_model, resident_blocks
+from iosim.launch import launch_model, resident_blocks
+from iosim.launch_backward import FLASH_BWD_TILES, backward_launch_model
 from iosim.measure import Attention, Options, measure
 from iosim.measure.records import Measured, merge_repeats, read_records
 from iosim.problem import AttentionProblem
@@ -145,12 +146,12 @@ def simulate_backward(m: Measured, profile: str) -> tuple[str, object, object, t
         (bq, bkv), gqa, variant = fa2_bwd_tiles([k["kernel"] for k in m.kernels], run.head_dim), "expand", "fa2"
     prof = get_profile(profile)
     r = simulate("flash2", p, prof, pass_="backward", block_q=bq, block_kv=bkv, gqa=gqa, l2=False)
-    lm = launch_model("flash2", p, r.tiles, variant=variant, pass_="backward")
+    lm = backward_launch_model("flash2", p, r.tiles, variant=variant)
     # the measured registers of the first three kernels (preprocess, main, dQ conversion: both designs' order)
     regs = [k.registers for k in lm.kernels]
     for i, k in enumerate(m.kernels[:3]):
         regs[i] = k.get("registers_per_thread") or regs[i]
-    lm = launch_model("flash2", p, r.tiles, variant=variant, registers=regs, pass_="backward")
+    lm = backward_launch_model("flash2", p, r.tiles, variant=variant, registers=regs)
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
     l2 = simulate_l2("flash2", p, r.tiles, prof, variant=variant, resident=resident, pass_="backward")
     return variant, r, l2, (bq, bkv)

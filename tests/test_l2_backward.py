@@ -94,4 +94,18 @@ def test_simulate_backward_and_both_take_hbm_from_the_l2_model():
 
 def test_backward_of_other_schedules_says_why_not():
     r = simulate("naive", AttentionProblem.make(seq_len=256, head_dim=64), H100, pass_="backward")
-    assert r.hbm_model.startswith("none:") and "flash2 only" in r.hbm_model
+    assert r.hbm_model.startswith("none:") and "flash2 and flash3 only" in r.hbm_model
+
+
+def test_flash3_backward_moves_flash2_grouped_traffic_through_its_own_launch():
+    """kernels/flash3_bwd.cu reads and writes what flash2's grouped design does (iosim/schedules/flash3_bwd.py);
+    its launch (384 threads, its shared memory) goes to the L2 model, and the main kernel keeps its name."""
+    p = AttentionProblem.make(batch=2, heads=8, kv_heads=2, seq_len=1000, head_dim=128, causal=True)
+    f3 = simulate("flash3", p, H100, pass_="backward")
+    f2 = simulate("flash2", p, H100, pass_="backward", gqa="grouped", block_q=64, block_kv=128)
+    assert [k.name for k in f3.l2.kernels] == ["flash2_bwd_preprocess", "flash3_bwd", "flash2_bwd_convert_dq"]
+    assert f3.l2.launch.kernels[1].threads == 384 and f2.l2.launch.kernels[1].threads == 256
+    assert f3.traffic["global"] == f2.traffic["global"]
+    e, d = p.elem_bytes, p.head_dim
+    once = 2 * p.batch * (p.heads * p.seq_len + p.kv_heads * p.kv_len) * d * e  # Q, dO, K, V, each read once at least
+    assert sum(f3.hbm_read) >= once

@@ -14,10 +14,11 @@ import numpy as np
 from ..blocks import cdiv
 from ..counts import Counts
 from ..launch import LaunchModel, launch_model, resident_blocks
+from ..launch_backward import backward_launch_model
 from ..problem import AttentionProblem
 from ..profile import Profile, get_profile
 from ..schedules import Tiles
-from ..schedules.flash2_bwd import gqa_of
+from ..schedules.flash2_bwd import GroupedTiles, gqa_of
 from ._common import TENSOR_NAMES, L2ModelError
 from .backward import flash2_bwd_programs
 from .passes import walk_passes
@@ -159,8 +160,8 @@ def flash1_tiles(problem: AttentionProblem, tiles: Tiles) -> int:
 
 def unsupported(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, counts: Counts) -> str | None:
     """Why the L2 model cannot take this simulation (None if it can)."""
-    if pass_ != "forward" and schedule != "flash2":
-        return f"pass {pass_!r}: the L2 model knows the backward kernels of flash2 only, not {schedule!r}'s"
+    if pass_ != "forward" and schedule not in ("flash2", "flash3"):
+        return f"pass {pass_!r}: the L2 model knows the backward kernels of flash2 and flash3 only, not {schedule!r}'s"
     if schedule not in ("naive", "flash1", "flash2", "flash3"):
         return f"schedule {schedule!r}: no launch geometry known to the L2 model"
     if schedule == "naive" and naive_tiles(problem, tiles) > MAX_NAIVE_TILES:
@@ -213,6 +214,11 @@ def unit_slots(problem: AttentionProblem, head_order: str, unit: str = "head") -
     return s, s.copy()
 
 
+def _bwd_tiles(schedule: str, tiles: Tiles) -> Tiles:
+    """flash3's backward moves flash2's tiles in the grouped design (iosim/schedules/flash3_bwd.py)."""
+    return GroupedTiles(tiles.block_q, tiles.block_kv) if schedule == "flash3" else tiles
+
+
 def own_variant(pass_: str, tiles: Tiles) -> str:
     """The launch a pass's kernels run by default: iosim's, but FlashAttention-2's for the backward's
     ``gqa="expand"`` (its design; iosim's kernel is ``"grouped"``)."""
@@ -236,16 +242,19 @@ def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile:
     t0 = time.perf_counter()
     prof = get_profile(profile)
     x = inputs.resolved(prof)
-    variant = variant or own_variant(pass_, tiles)
-    lm = launch_model(schedule, problem, tiles, variant=variant, pass_=pass_)
+    variant = variant or own_variant(pass_, _bwd_tiles(schedule, tiles))
+    lm = (backward_launch_model(schedule, problem, tiles, variant=variant) if pass_ == "backward" else
+          launch_model(schedule, problem, tiles, variant=variant))
     residency = [_residency(prof, klm, resident, ki) for ki, klm in enumerate(lm.kernels)]
     sms = int(prof.require("sm_count"))
     l2_bytes = int(x.capacity / min(x.room))  # the most bytes L2 holds
     recycle = None if exact else [(r, l2_bytes, sms, x.block_share, problem.n_heads_total) for r, _ in residency]
     if pass_ == "backward" and traces is None:
-        if schedule != "flash2":
+        if schedule not in ("flash2", "flash3"):
             raise L2ModelError(unsupported(schedule, pass_, problem, tiles, Counts([])))
-        programs = flash2_bwd_programs(problem, tiles, lm.kv_order)
+        programs = flash2_bwd_programs(problem, _bwd_tiles(schedule, tiles), lm.kv_order)
+        if schedule == "flash3":  # flash2's grouped traffic, as the flash3 backward schedule counts it
+            programs[1] = replace(programs[1], name="flash3_bwd")
     else:
         programs = _programs(schedule, problem, tiles, lm, traces, recycle)
     walk = (x, sms, l2_bytes, dedupe, exact, budget, progress)
