@@ -19,9 +19,10 @@ from iosim.simulate import predict_time, simulate
 from iosim.timing import load_kernel, overlap
 
 SCHEDULE = {"iosim-flash2": "flash2", "iosim-naive": "naive", "fa2": "flash2", "cudnn": "flash3",
-            "iosim-flash2-bwd": "flash2", "fa2-bwd": "flash2", "cudnn-bwd": "flash2"}
+            "iosim-flash2-bwd": "flash2", "fa2-bwd": "flash2", "cudnn-bwd": "flash2", "iosim-flash3-bwd": "flash3"}
 BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.05, 0.15), "cudnn": (0.10, 0.25),
-          "iosim-flash2-bwd": (0.05, 0.15), "fa2-bwd": (0.05, 0.15), "cudnn-bwd": (0.05, 0.15)}  # issue 26's
+          "iosim-flash2-bwd": (0.05, 0.15), "fa2-bwd": (0.05, 0.15), "cudnn-bwd": (0.05, 0.15),
+          "iosim-flash3-bwd": (0.05, 0.15)}  # the backward's: issue 26's
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
            "causal", "block_q", "block_kv", "predicted_s", "measured_s")
 

@@ -10,7 +10,7 @@ from iosim.timing import KernelError, kernel_for, load_kernel, rates
 from iosim.timing.fa2_bwd import block_steps, smem_step_bytes, step
 
 H100 = "h100-sxm5-80gb"
-BACKWARD = ("iosim-flash2-bwd", "fa2-bwd", "cudnn-bwd")
+BACKWARD = ("iosim-flash2-bwd", "fa2-bwd", "cudnn-bwd", "iosim-flash3-bwd")
 
 
 def test_backward_descriptions_name_their_pass_and_forward_ones_refuse_the_backward():
@@ -58,7 +58,8 @@ def test_steps_per_kv_block_count_causal_visits_and_the_group_of_a_grouped_kerne
 def test_simulate_times_each_backward_kernel_with_the_description_named():
     p = AttentionProblem(batch=2, heads=16, seq_len=2048, head_dim=128, dtype="bf16", causal=True)
     for name in BACKWARD:
-        r = simulate("flash2", p, H100, pass_="backward", kernel=name, warm=True)
+        schedule = "flash3" if name == "iosim-flash3-bwd" else "flash2"
+        r = simulate(schedule, p, H100, pass_="backward", kernel=name, warm=True)
         assert r.time.kernel == name and len(r.time.kernels) == 3
         assert r.time.predicted_s == pytest.approx(sum(k.predicted_s for k in r.time.kernels))
         assert all(math.isfinite(k.predicted_s) and k.predicted_s > 0 for k in r.time.kernels)

@@ -25,7 +25,7 @@ from ..yaml_io import read_data
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 DEFAULT_KERNEL = {"flash2": "iosim-flash2", "naive": "iosim-naive", "flash3": "fa3"}
 # the backward's: FlashAttention-2's kernel, whose tiles and design are the flash2 backward schedule's defaults
-DEFAULT_BACKWARD_KERNEL = {"flash2": "fa2-bwd"}
+DEFAULT_BACKWARD_KERNEL = {"flash2": "fa2-bwd", "flash3": "iosim-flash3-bwd"}
 
 
 class KernelError(ValueError):
