@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         mbar_init(kv_full, 1);
         for (int s = 0; s < 2; ++s) {
             mbar_init(full(s), 1 + 32);  // the TMA issue (arrive + expect_tx) and the 32 lanes' lse/Delta stores
-            mbar_init(empty(s), 8);      // one arrive per consumer warp
+            mbar_init(empty(s), 256);    // every consumer thread arrives after its own reads of the stage
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_async_smem();
@@ -371,8 +371,9 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
             for (int mt = 0; mt < MQ; ++mt) fence_regs(acc_dq[mt]);
             fence_regs(acc_dv);
             fence_regs(acc_dk);
-            __syncwarp();  // every lane's reads of L_i, D_i happen before lane 0 releases the stage
-            if (lane == 0) mbar_arrive(empty(s));
+            // each thread releases the stage after its own reads of L_i, D_i (an mbarrier arrive releases the
+            // arriving thread's prior accesses only)
+            mbar_arrive(empty(s));
             if (v > 0) named_sync(3, 256 + 32);  // the dQ writer has read the previous partial
 #pragma unroll
             for (int mt = 0; mt < MQ; ++mt)
@@ -390,8 +391,9 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
             wgmma_wait<0>();
             fence_regs(acc_dv);
             fence_regs(acc_dk);
-            __syncwarp();  // every lane's reads of L_i, D_i happen before lane 0 releases the stage
-            if (lane == 0) mbar_arrive(empty(s));
+            // each thread releases the stage after its own reads of L_i, D_i (an mbarrier arrive releases the
+            // arriving thread's prior accesses only)
+            mbar_arrive(empty(s));
         }
     }
 
