@@ -331,8 +331,10 @@ def flash_bwd_dq_smem_bytes(head_dim: int, block_kv: int, itemsize: int = 2) -> 
 FLASH3_BWD_THREADS = 384  # warpgroup 0: producer warp (TMA) + dQ writer warp (bulk reduce-add); 1, 2: consumers
 FLASH3_BWD_REGISTERS = {"producer": 24, "consumer": 240}  # setmaxnreg: 128 x 24 + 256 x 240 = 64,512
 # (block_q, block_kv) per head dim: block_kv = 2 consumer warpgroups x 64 keys (wgmma's M); block_q = wgmma's N of
-# S^T, dP^T. d = 256 is not offered: dK + dV accumulators of 64 keys x 256 are 256 fp32 registers a consumer thread
-FLASH3_BWD_TILES: dict[int, tuple[int, int]] = {64: (64, 128), 128: (64, 128)}
+# S^T, dP^T (FlashAttention-3's hopper/ tiles: 128 x 128 at d = 64, 64 x 128 at d = 128; at block_q = 128 each
+# warpgroup computes 64 rows of dQ_i, else half its columns). d = 256 is not offered: dK + dV accumulators of 64 keys
+# x 256 are 256 fp32 registers a consumer thread
+FLASH3_BWD_TILES: dict[int, tuple[int, int]] = {64: (128, 128), 128: (64, 128)}
 FLASH3_BWD_DQ_PAD = 8  # fp32 padding of a dQ staging row (bank conflicts of the accumulator stores)
 
 

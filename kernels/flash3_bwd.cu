@@ -154,8 +154,9 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
     constexpr int SR = Br / 2;                                   // fp32 registers of S^T (64 x Br) per thread
     constexpr int KR = D / 2;                                    // of dK or dV (64 x D)
     constexpr int KP = Br / 16;                                  // k16 steps of dV, dK (A fragments of P^T, dS^T)
-    constexpr int MQ = Br / 64;                                  // m64 tiles of dQ_i
-    constexpr int NQ = D / 2;                                    // dQ columns per consumer warpgroup
+    // dQ_i (Br x D) split between the consumer warpgroups: by rows (64 each) at Br = 128, else by columns
+    constexpr bool kDqSplitRows = Br == 128;
+    constexpr int NQ = kDqSplitRows ? D : D / 2;                 // dQ columns per consumer warpgroup (wgmma N)
     static_assert(D % kF3bPanel == 0 && (Br == 64 || Br == 128), "tile shape");
 
     extern __shared__ unsigned char smem_raw[];
@@ -176,8 +177,8 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
     float* sdQp = reinterpret_cast<float*>(smem_raw + (sdQ - smem_u32(smem_raw)));
 
     const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31;
-    const int n0 = blockIdx.x * Bc, hk = blockIdx.y, b = blockIdx.z;
     const int group = heads / kv_heads;
+    const int n0 = blockIdx.x * Bc, hk = blockIdx.y, b = blockIdx.z;
     const int offset = kv_len - seq_len;
     const int Tr = (seq_len + Br - 1) / Br;
     const int m_begin = f3b_first_q_block(n0, offset, Br, Causal);
@@ -274,7 +275,7 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         return smem_desc(t + mt * Bc * kRowBytes + kk * 16 * kRowBytes, Bc * kRowBytes, 1024);
     };
     auto k_desc_n = [&](int kk) {
-        const int c = cw * NQ;  // first column
+        const int c = kDqSplitRows ? 0 : cw * NQ;  // first column
         return smem_desc(sK + (c / kF3bPanel) * Bc * kRowBytes + (c % kF3bPanel) * 2 + kk * 16 * kRowBytes,
                          Bc * kRowBytes, 1024);
     };
@@ -330,7 +331,8 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         unsigned p_frag[KP][4], ds_frag[KP][4];
         to_frags<T, KP>(acc_s, p_frag);
         to_frags<T, KP>(acc_dp, ds_frag);
-        // dV += P^T dO, dK += dS^T Q (A from registers)
+        // FlashAttention-3's order: dV += P^T dO; (dS^T to shared memory, both warpgroups synchronize) dQ_i = dS K;
+        // dK += dS^T Q. dQ completes before dK, so the dQ epilogue (shared-memory stores) runs under the dK GEMM.
         fence_regs(acc_dv);
         fence_regs(acc_dk);
         fence_regs(p_frag);
@@ -338,8 +340,6 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dv, p_frag[kk], q_desc_n(sdO + s * kQBytes, kk), 1);
-#pragma unroll
-        for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
         wgmma_commit();
         if (with_dq) {
             // dS^T to shared memory from its A fragments: row = key (within the block), column = query; 128B
@@ -356,45 +356,44 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
                 }
             fence_async_smem();
             named_sync(1, 256);  // both warpgroups' keys of dS^T are in place
-            float acc_dq[MQ][NQ / 2];
-#pragma unroll
-            for (int mt = 0; mt < MQ; ++mt) fence_regs(acc_dq[mt]);
+            float acc_dq[NQ / 2];
+            fence_regs(acc_dq);
             wgmma_fence();
 #pragma unroll
-            for (int mt = 0; mt < MQ; ++mt)
-#pragma unroll
-                for (int kk = 0; kk < Bc / 16; ++kk)
-                    wgmma_ss_tt<NQ, T>(acc_dq[mt], ds_desc_t(ds_buf, mt, kk), k_desc_n(kk), kk > 0);
+            for (int kk = 0; kk < Bc / 16; ++kk)
+                wgmma_ss_tt<NQ, T>(acc_dq, ds_desc_t(ds_buf, kDqSplitRows ? cw : 0, kk), k_desc_n(kk), kk > 0);
             wgmma_commit();
-            wgmma_wait<0>();
 #pragma unroll
-            for (int mt = 0; mt < MQ; ++mt) fence_regs(acc_dq[mt]);
-            fence_regs(acc_dv);
-            fence_regs(acc_dk);
-            // each thread releases the stage after its own reads of L_i, D_i (an mbarrier arrive releases the
-            // arriving thread's prior accesses only)
-            mbar_arrive(empty(s));
+            for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
+            wgmma_commit();
+            wgmma_wait<1>();  // dV and dQ_i done; dK still running
+            fence_regs(acc_dq);
             if (v > 0) named_sync(3, 256 + 32);  // the dQ writer has read the previous partial
+            const int r0 = kDqSplitRows ? cw * 64 : 0, c0 = kDqSplitRows ? 0 : cw * NQ;
 #pragma unroll
-            for (int mt = 0; mt < MQ; ++mt)
+            for (int nd = 0; nd < NQ / 8; ++nd)
 #pragma unroll
-                for (int nd = 0; nd < NQ / 8; ++nd)
-#pragma unroll
-                    for (int hr = 0; hr < 2; ++hr) {
-                        const int r = mt * 64 + warp * 16 + g + 8 * hr;
-                        *reinterpret_cast<float2*>(sdQp + r * kDqRow + cw * NQ + nd * 8 + 2 * t4) =
-                            make_float2(acc_dq[mt][nd * 4 + 2 * hr] * scale, acc_dq[mt][nd * 4 + 2 * hr + 1] * scale);
-                    }
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int r = r0 + warp * 16 + g + 8 * hr;
+                    *reinterpret_cast<float2*>(sdQp + r * kDqRow + c0 + nd * 8 + 2 * t4) =
+                        make_float2(acc_dq[nd * 4 + 2 * hr] * scale, acc_dq[nd * 4 + 2 * hr + 1] * scale);
+                }
             fence_async_smem();
             named_arrive(2, 256 + 32);
         } else {
-            wgmma_wait<0>();
-            fence_regs(acc_dv);
-            fence_regs(acc_dk);
-            // each thread releases the stage after its own reads of L_i, D_i (an mbarrier arrive releases the
-            // arriving thread's prior accesses only)
-            mbar_arrive(empty(s));
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
+            wgmma_commit();
         }
+        wgmma_wait<0>();
+        fence_regs(acc_dv);
+        fence_regs(acc_dk);
+        fence_regs(p_frag);
+        fence_regs(ds_frag);
+        // each thread releases the stage after its own reads of L_i, D_i (generic loads) and its wgmmas' reads of
+        // Q_i, dO_i: an mbarrier arrive releases the arriving thread's prior accesses only
+        mbar_arrive(empty(s));
     }
 
     // dK (times scale), dV, written once
