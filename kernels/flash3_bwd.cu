@@ -178,7 +178,28 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
 
     const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31;
     const int group = heads / kv_heads;
-    const int n0 = blockIdx.x * Bc, hk = blockIdx.y, b = blockIdx.z;
+    const int Tc = (kv_len + Bc - 1) / Bc;
+    int jb, hb;  // K/V block, kv head + kv_heads * batch of this thread block (1-D grid of Tc x kv_heads x batch)
+    if (Causal) {
+        // longest first (FlashAttention-3's LPT order): block j sees the most Q blocks at j = 0, so j is the slow
+        // index; within sections of `sw` kv heads whose Q, dO and dQacc fit ~40 MB of L2, so the blocks running
+        // together share their heads' rows in L2
+        const long long head_bytes = (long long)group * seq_len * D * (2 * (int)sizeof(T) + 4);
+        const long long fit = (40ll << 20) / (head_bytes > 0 ? head_bytes : 1);
+        const int n_hb = (int)gridDim.x / Tc;  // kv_heads x batch
+        int sw = 1;                            // a power of 2, or every head in one section
+        if (fit >= n_hb) sw = n_hb;
+        else
+            while (2ll * sw <= fit) sw *= 2;
+        const int idx = blockIdx.x, section = idx / (sw * Tc), within = idx % (sw * Tc);
+        const int width = (section + 1) * sw <= n_hb ? sw : n_hb - section * sw;  // the last section may be narrower
+        jb = within / width;
+        hb = section * sw + within % width;
+    } else {
+        jb = blockIdx.x % Tc;  // consecutive blocks: one head's K/V blocks (its Q, dO, dQacc rows shared in L2)
+        hb = blockIdx.x / Tc;
+    }
+    const int n0 = jb * Bc, hk = hb % kv_heads, b = hb / kv_heads;
     const int offset = kv_len - seq_len;
     const int Tr = (seq_len + Br - 1) / Br;
     const int m_begin = f3b_first_q_block(n0, offset, Br, Causal);
