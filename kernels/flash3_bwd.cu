@@ -156,6 +156,9 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
     constexpr int KP = Br / 16;                                  // k16 steps of dV, dK (A fragments of P^T, dS^T)
     // dQ_i (Br x D) split between the consumer warpgroups: by rows (64 each) at Br = 128, else by columns
     constexpr bool kDqSplitRows = Br == 128;
+    // GEMM order of a visit: FlashAttention-3's (dV; dQ; dK, the dQ epilogue under dK) at Br = 128; at Br = 64 v1's
+    // (dV and dK together before the dS^T barrier, then dQ), measured faster there (docs/kernels.md, v2)
+    constexpr bool kDqUnderDk = Br == 128;
     constexpr int NQ = kDqSplitRows ? D : D / 2;                 // dQ columns per consumer warpgroup (wgmma N)
     static_assert(D % kF3bPanel == 0 && (Br == 64 || Br == 128), "tile shape");
 
@@ -352,8 +355,9 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         unsigned p_frag[KP][4], ds_frag[KP][4];
         to_frags<T, KP>(acc_s, p_frag);
         to_frags<T, KP>(acc_dp, ds_frag);
-        // FlashAttention-3's order: dV += P^T dO; (dS^T to shared memory, both warpgroups synchronize) dQ_i = dS K;
-        // dK += dS^T Q. dQ completes before dK, so the dQ epilogue (shared-memory stores) runs under the dK GEMM.
+        // kDqUnderDk (FlashAttention-3's order): dV += P^T dO; (dS^T to shared memory, both warpgroups synchronize)
+        // dQ_i = dS K; dK += dS^T Q: dQ completes before dK, so the dQ epilogue (shared-memory stores) runs under the
+        // dK GEMM. Else dV and dK are issued together before the dS^T barrier, then dQ.
         fence_regs(acc_dv);
         fence_regs(acc_dk);
         fence_regs(p_frag);
@@ -361,6 +365,9 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dv, p_frag[kk], q_desc_n(sdO + s * kQBytes, kk), 1);
+        if (!kDqUnderDk)
+#pragma unroll
+            for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
         wgmma_commit();
         if (with_dq) {
             // dS^T to shared memory from its A fragments: row = key (within the block), column = query; 128B
@@ -384,10 +391,14 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
             for (int kk = 0; kk < Bc / 16; ++kk)
                 wgmma_ss_tt<NQ, T>(acc_dq, ds_desc_t(ds_buf, kDqSplitRows ? cw : 0, kk), k_desc_n(kk), kk > 0);
             wgmma_commit();
+            if (kDqUnderDk) {
 #pragma unroll
-            for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
-            wgmma_commit();
-            wgmma_wait<1>();  // dV and dQ_i done; dK still running
+                for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
+                wgmma_commit();
+                wgmma_wait<1>();  // dV and dQ_i done; dK still running
+            } else {
+                wgmma_wait<0>();
+            }
             fence_regs(acc_dq);
             if (v > 0) named_sync(3, 256 + 32);  // the dQ writer has read the previous partial
             const int r0 = kDqSplitRows ? cw * 64 : 0, c0 = kDqSplitRows ? 0 : cw * NQ;
@@ -401,7 +412,7 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
                 }
             fence_async_smem();
             named_arrive(2, 256 + 32);
-        } else {
+        } else if (kDqUnderDk) {
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
