@@ -7,7 +7,8 @@
 //   dK, dV (like K, V) and add scale * dS K into dQacc (B, N, H, d) fp32 (flash_bwd.cu's convert kernel then
 //   writes dQ in the input dtype). Grouped-query: dK, dV of a kv head summed over its query heads in registers.
 //
-// One thread block per (K/V block of Bc = 128 rows, kv head, batch); 3 warpgroups (384 threads):
+// One thread block per (K/V block of Bc = 128 rows, kv head, batch), a 1-D grid (causal: longest blocks first);
+// 3 warpgroups (384 threads):
 //   warpgroup 0, producer (setmaxnreg 24):
 //     warp 0: K_j, V_j once by TMA; then per visit (query head of the group x Q block i that sees a key of j) Q_i
 //             and dO_i by TMA into a 2-stage ring, lse_i * log2e and Delta_i by plain loads (ragged rows and the
@@ -38,6 +39,13 @@
 //       Measured (H100, bf16, N = 4096 / 8192, same run as torch): d = 128 444 / 467 TFLOP/s (0.80x / 0.86x cuDNN's
 //       backward, 1.46x / 1.51x torch's FA2), causal 369 / 411 (0.79x / 0.78x cuDNN); d = 64 256 / 264 (0.57x /
 //       0.63x cuDNN, 0.91x FA2). Br = 128 at d = 64 was 5-6% faster but spills 8-56 B: not shipped.
+//   v2  every consumer thread arrives on the stage's empty mbarrier (racecheck's 147520 WAR hazards on the lse ring
+//       -> 0); d = 64: Br = 128 (FA3's tile), dQ_i split by rows between the warpgroups (m64n64), FA3's GEMM order
+//       (dV; dQ; dK, the dQ epilogue under dK), 0 spills; d = 128 keeps v1's order (measured faster there); causal:
+//       1-D grid, longest K/V blocks first in L2-sized sections of kv heads (FA3's LPT). Measured (H100, bf16,
+//       N = 4096 / 8192, same run as torch): d = 128 442.0 / 453.8 TFLOP/s (0.80x / 0.90x cuDNN, 1.46x / 1.47x FA2),
+//       causal 388.8 / 432.4 (0.83x / 0.83x); d = 64 266.5 / 273.6 (0.60x / 0.64x cuDNN, 0.95x FA2), causal
+//       231.6 / 250.6 (0.61x / 0.61x).
 #include "common.cuh"
 #include "flash3_wgmma.cuh"
 #include "flash3_bwd_wgmma.cuh"
