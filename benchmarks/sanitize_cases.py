@@ -7,7 +7,8 @@
 Ragged tiles (N, N_kv not multiples of any tile), causal with N > N_kv and N < N_kv, grouped-query heads, every
 flash2 tile of head dims 64 and 128 (and the default tile of 32 and 256), both dtypes, the naive path and the
 flash2 backward (atomic and deterministic, every head dim); with
-``--schedule flash3``, the same shapes through the flash3 kernel (every head dim it has) instead.
+``--schedule flash3``, the same shapes through the flash3 kernel (every head dim it has) instead, and its backward
+(kernels/flash3_bwd.cu, atomic and deterministic).
 Run it once without the sanitizer first so CuPy's kernel cache holds the cubins (NVRTC under the sanitizer is slow).
 """
 
@@ -31,6 +32,27 @@ def flash3_cases(cp, rng, dtypes) -> int:
                     o, _ = gpu.attention(q, k, v, schedule="flash3", causal=causal, return_lse=True)
                     assert not bool(cp.isnan(o.astype(cp.float32)).any()), (d, causal, N, Nk)
                     n += 1
+    return n
+
+
+def flash3_backward_cases(cp, rng, dtypes) -> int:
+    """The flash3 backward (kernels/flash3_bwd.cu, both modes) on ragged, causal both ways and grouped-query shapes,
+    every head dim it has (Hopper only)."""
+    from iosim import gpu, launch
+
+    n = 0
+    for dtype in dtypes:
+        for d in launch.FLASH3_BWD_TILES:
+            for causal in (False, True):
+                for N, Nk in ((130, 97), (37, 150), (200, 260)):
+                    q, do = (rng.standard_normal((1, N, 4, d), dtype=cp.float32).astype(dtype) for _ in range(2))
+                    k, v = (rng.standard_normal((1, Nk, 2, d), dtype=cp.float32).astype(dtype) for _ in range(2))
+                    o, lse = gpu.attention(q, k, v, causal=causal, return_lse=True, schedule="flash3")
+                    for det in (False, True):
+                        grads = gpu.attention_backward(q, k, v, o, do, lse, causal=causal, deterministic=det,
+                                                       schedule="flash3")
+                        assert not any(bool(cp.isnan(g.astype(cp.float32)).any()) for g in grads), (d, causal, N)
+                        n += 1
     return n
 
 
@@ -69,9 +91,11 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = cp.random.default_rng(0)
     if args.schedule == "flash3":
-        n = flash3_cases(cp, rng, (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)))
+        dtypes = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+        n = flash3_cases(cp, rng, dtypes)
+        nb = flash3_backward_cases(cp, rng, dtypes)
         cp.cuda.runtime.deviceSynchronize()
-        print(f"sanitize_cases: {n} flash3 launches ran")
+        print(f"sanitize_cases: {n} flash3 launches and {nb} flash3 backward calls ran")
         return 0
     dtypes = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
     if args.schedule == "backward":

@@ -105,8 +105,10 @@ def flash_bwd_launch(problem: AttentionProblem, tiles: Tiles, variant: str = "io
 FLASH3_BWD_THREADS = 384  # warpgroup 0: producer warp (TMA) + dQ writer warp (bulk reduce-add); 1, 2: consumers
 FLASH3_BWD_REGISTERS = {"producer": 24, "consumer": 240}  # setmaxnreg: 128 x 24 + 256 x 240 = 64,512
 # (block_q, block_kv) per head dim: block_kv = 2 consumer warpgroups x 64 keys (wgmma's M); block_q = wgmma's N of
-# S^T, dP^T. d = 256 is not offered: dK + dV accumulators of 64 keys x 256 are 256 fp32 registers a consumer thread
-FLASH3_BWD_TILES: dict[int, tuple[int, int]] = {64: (64, 128), 128: (64, 128)}
+# S^T, dP^T (FlashAttention-3's hopper/ tiles: 128 x 128 at d = 64, 64 x 128 at d = 128; at block_q = 128 each
+# warpgroup computes 64 rows of dQ_i, else half its columns). d = 256 is not offered: dK + dV accumulators of 64 keys
+# x 256 are 256 fp32 registers a consumer thread
+FLASH3_BWD_TILES: dict[int, tuple[int, int]] = {64: (128, 128), 128: (64, 128)}
 FLASH3_BWD_DQ_PAD = 8  # fp32 padding of a dQ staging row (bank conflicts of the accumulator stores)
 
 
@@ -130,8 +132,10 @@ def flash3_bwd_smem_bytes(head_dim: int, block_q: int, block_kv: int, itemsize: 
 
 def flash3_bwd_launch(problem: AttentionProblem, tiles: Tiles, registers: int | list[int] | None = None) -> LaunchModel:
     """kernels/flash3_bwd.cu's launch: flash2's preprocess and dQ conversion (iosim's rows), then the main kernel of
-    384 threads, grid (Tc, kv heads, batch) as iosim's flash2 backward, each block's Q blocks first to last; 168
-    registers a thread (setmaxnreg 24 / 240 over its three warpgroups), one block an SM by its shared memory."""
+    384 threads, each block's Q blocks first to last; 168 registers a thread (setmaxnreg 24 / 240 over its three
+    warpgroups), one block an SM by its shared memory. Its 1-D grid runs a head's K/V blocks in turn (iosim's flash2
+    order, as modeled); causal grids run the longest K/V blocks first in sections of heads, which this launch does not
+    describe (the L2 model walks them in head order)."""
     iosim = flash_bwd_launch(problem, tiles, "iosim", registers)
     per_thread = (FLASH3_BWD_REGISTERS["producer"] + 2 * FLASH3_BWD_REGISTERS["consumer"]) // 3
     main = KernelLaunchModel(FLASH3_BWD_THREADS, flash3_bwd_smem_bytes(problem.head_dim, tiles.block_q,
@@ -139,4 +143,5 @@ def flash3_bwd_launch(problem: AttentionProblem, tiles: Tiles, registers: int | 
                              _registers(registers, 1, per_thread))
     kernels = (iosim.kernels[0], main, iosim.kernels[2])
     return LaunchModel(kernels, note="iosim flash3 backward: preprocess and dQ conversion over rows, main grid "
-                                     "(Tc, kv heads, batch) of 384 threads, Q blocks first to last")
+                                     "of 384 threads a head's K/V blocks in turn (causal: modeled in head order), Q "
+                                     "blocks first to last")

@@ -7,7 +7,8 @@
 //   dK, dV (like K, V) and add scale * dS K into dQacc (B, N, H, d) fp32 (flash_bwd.cu's convert kernel then
 //   writes dQ in the input dtype). Grouped-query: dK, dV of a kv head summed over its query heads in registers.
 //
-// One thread block per (K/V block of Bc = 128 rows, kv head, batch); 3 warpgroups (384 threads):
+// One thread block per (K/V block of Bc = 128 rows, kv head, batch), a 1-D grid (causal: longest blocks first);
+// 3 warpgroups (384 threads):
 //   warpgroup 0, producer (setmaxnreg 24):
 //     warp 0: K_j, V_j once by TMA; then per visit (query head of the group x Q block i that sees a key of j) Q_i
 //             and dO_i by TMA into a 2-stage ring, lse_i * log2e and Delta_i by plain loads (ragged rows and the
@@ -38,6 +39,13 @@
 //       Measured (H100, bf16, N = 4096 / 8192, same run as torch): d = 128 444 / 467 TFLOP/s (0.80x / 0.86x cuDNN's
 //       backward, 1.46x / 1.51x torch's FA2), causal 369 / 411 (0.79x / 0.78x cuDNN); d = 64 256 / 264 (0.57x /
 //       0.63x cuDNN, 0.91x FA2). Br = 128 at d = 64 was 5-6% faster but spills 8-56 B: not shipped.
+//   v2  every consumer thread arrives on the stage's empty mbarrier (racecheck's 147520 WAR hazards on the lse ring
+//       -> 0); d = 64: Br = 128 (FA3's tile), dQ_i split by rows between the warpgroups (m64n64), FA3's GEMM order
+//       (dV; dQ; dK, the dQ epilogue under dK), 0 spills; d = 128 keeps v1's order (measured faster there); causal:
+//       1-D grid, longest K/V blocks first in L2-sized sections of kv heads (FA3's LPT). Measured (H100, bf16,
+//       N = 4096 / 8192, same run as torch): d = 128 442.0 / 453.8 TFLOP/s (0.80x / 0.90x cuDNN, 1.46x / 1.47x FA2),
+//       causal 388.8 / 432.4 (0.83x / 0.83x); d = 64 266.5 / 273.6 (0.60x / 0.64x cuDNN, 0.95x FA2), causal
+//       231.6 / 250.6 (0.61x / 0.61x).
 #include "common.cuh"
 #include "flash3_wgmma.cuh"
 #include "flash3_bwd_wgmma.cuh"
@@ -154,8 +162,12 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
     constexpr int SR = Br / 2;                                   // fp32 registers of S^T (64 x Br) per thread
     constexpr int KR = D / 2;                                    // of dK or dV (64 x D)
     constexpr int KP = Br / 16;                                  // k16 steps of dV, dK (A fragments of P^T, dS^T)
-    constexpr int MQ = Br / 64;                                  // m64 tiles of dQ_i
-    constexpr int NQ = D / 2;                                    // dQ columns per consumer warpgroup
+    // dQ_i (Br x D) split between the consumer warpgroups: by rows (64 each) at Br = 128, else by columns
+    constexpr bool kDqSplitRows = Br == 128;
+    // GEMM order of a visit: FlashAttention-3's (dV; dQ; dK, the dQ epilogue under dK) at Br = 128; at Br = 64 v1's
+    // (dV and dK together before the dS^T barrier, then dQ), measured faster there (docs/kernels.md, v2)
+    constexpr bool kDqUnderDk = Br == 128;
+    constexpr int NQ = kDqSplitRows ? D : D / 2;                 // dQ columns per consumer warpgroup (wgmma N)
     static_assert(D % kF3bPanel == 0 && (Br == 64 || Br == 128), "tile shape");
 
     extern __shared__ unsigned char smem_raw[];
@@ -176,8 +188,29 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
     float* sdQp = reinterpret_cast<float*>(smem_raw + (sdQ - smem_u32(smem_raw)));
 
     const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31;
-    const int n0 = blockIdx.x * Bc, hk = blockIdx.y, b = blockIdx.z;
     const int group = heads / kv_heads;
+    const int Tc = (kv_len + Bc - 1) / Bc;
+    int jb, hb;  // K/V block, kv head + kv_heads * batch of this thread block (1-D grid of Tc x kv_heads x batch)
+    if (Causal) {
+        // longest first (FlashAttention-3's LPT order): block j sees the most Q blocks at j = 0, so j is the slow
+        // index; within sections of `sw` kv heads whose Q, dO and dQacc fit ~40 MB of L2, so the blocks running
+        // together share their heads' rows in L2
+        const long long head_bytes = (long long)group * seq_len * D * (2 * (int)sizeof(T) + 4);
+        const long long fit = (40ll << 20) / (head_bytes > 0 ? head_bytes : 1);
+        const int n_hb = (int)gridDim.x / Tc;  // kv_heads x batch
+        int sw = 1;                            // a power of 2, or every head in one section
+        if (fit >= n_hb) sw = n_hb;
+        else
+            while (2ll * sw <= fit) sw *= 2;
+        const int idx = blockIdx.x, section = idx / (sw * Tc), within = idx % (sw * Tc);
+        const int width = (section + 1) * sw <= n_hb ? sw : n_hb - section * sw;  // the last section may be narrower
+        jb = within / width;
+        hb = section * sw + within % width;
+    } else {
+        jb = blockIdx.x % Tc;  // consecutive blocks: one head's K/V blocks (its Q, dO, dQacc rows shared in L2)
+        hb = blockIdx.x / Tc;
+    }
+    const int n0 = jb * Bc, hk = hb % kv_heads, b = hb / kv_heads;
     const int offset = kv_len - seq_len;
     const int Tr = (seq_len + Br - 1) / Br;
     const int m_begin = f3b_first_q_block(n0, offset, Br, Causal);
@@ -189,7 +222,7 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         mbar_init(kv_full, 1);
         for (int s = 0; s < 2; ++s) {
             mbar_init(full(s), 1 + 32);  // the TMA issue (arrive + expect_tx) and the 32 lanes' lse/Delta stores
-            mbar_init(empty(s), 8);      // one arrive per consumer warp
+            mbar_init(empty(s), 256);    // every consumer thread arrives after its own reads of the stage
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_async_smem();
@@ -274,7 +307,7 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         return smem_desc(t + mt * Bc * kRowBytes + kk * 16 * kRowBytes, Bc * kRowBytes, 1024);
     };
     auto k_desc_n = [&](int kk) {
-        const int c = cw * NQ;  // first column
+        const int c = kDqSplitRows ? 0 : cw * NQ;  // first column
         return smem_desc(sK + (c / kF3bPanel) * Bc * kRowBytes + (c % kF3bPanel) * 2 + kk * 16 * kRowBytes,
                          Bc * kRowBytes, 1024);
     };
@@ -330,7 +363,9 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         unsigned p_frag[KP][4], ds_frag[KP][4];
         to_frags<T, KP>(acc_s, p_frag);
         to_frags<T, KP>(acc_dp, ds_frag);
-        // dV += P^T dO, dK += dS^T Q (A from registers)
+        // kDqUnderDk (FlashAttention-3's order): dV += P^T dO; (dS^T to shared memory, both warpgroups synchronize)
+        // dQ_i = dS K; dK += dS^T Q: dQ completes before dK, so the dQ epilogue (shared-memory stores) runs under the
+        // dK GEMM. Else dV and dK are issued together before the dS^T barrier, then dQ.
         fence_regs(acc_dv);
         fence_regs(acc_dk);
         fence_regs(p_frag);
@@ -338,8 +373,9 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dv, p_frag[kk], q_desc_n(sdO + s * kQBytes, kk), 1);
+        if (!kDqUnderDk)
 #pragma unroll
-        for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
+            for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
         wgmma_commit();
         if (with_dq) {
             // dS^T to shared memory from its A fragments: row = key (within the block), column = query; 128B
@@ -356,43 +392,48 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
                 }
             fence_async_smem();
             named_sync(1, 256);  // both warpgroups' keys of dS^T are in place
-            float acc_dq[MQ][NQ / 2];
-#pragma unroll
-            for (int mt = 0; mt < MQ; ++mt) fence_regs(acc_dq[mt]);
+            float acc_dq[NQ / 2];
+            fence_regs(acc_dq);
             wgmma_fence();
 #pragma unroll
-            for (int mt = 0; mt < MQ; ++mt)
-#pragma unroll
-                for (int kk = 0; kk < Bc / 16; ++kk)
-                    wgmma_ss_tt<NQ, T>(acc_dq[mt], ds_desc_t(ds_buf, mt, kk), k_desc_n(kk), kk > 0);
+            for (int kk = 0; kk < Bc / 16; ++kk)
+                wgmma_ss_tt<NQ, T>(acc_dq, ds_desc_t(ds_buf, kDqSplitRows ? cw : 0, kk), k_desc_n(kk), kk > 0);
             wgmma_commit();
-            wgmma_wait<0>();
+            if (kDqUnderDk) {
 #pragma unroll
-            for (int mt = 0; mt < MQ; ++mt) fence_regs(acc_dq[mt]);
-            fence_regs(acc_dv);
-            fence_regs(acc_dk);
-            __syncwarp();  // every lane's reads of L_i, D_i happen before lane 0 releases the stage
-            if (lane == 0) mbar_arrive(empty(s));
+                for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
+                wgmma_commit();
+                wgmma_wait<1>();  // dV and dQ_i done; dK still running
+            } else {
+                wgmma_wait<0>();
+            }
+            fence_regs(acc_dq);
             if (v > 0) named_sync(3, 256 + 32);  // the dQ writer has read the previous partial
+            const int r0 = kDqSplitRows ? cw * 64 : 0, c0 = kDqSplitRows ? 0 : cw * NQ;
 #pragma unroll
-            for (int mt = 0; mt < MQ; ++mt)
+            for (int nd = 0; nd < NQ / 8; ++nd)
 #pragma unroll
-                for (int nd = 0; nd < NQ / 8; ++nd)
-#pragma unroll
-                    for (int hr = 0; hr < 2; ++hr) {
-                        const int r = mt * 64 + warp * 16 + g + 8 * hr;
-                        *reinterpret_cast<float2*>(sdQp + r * kDqRow + cw * NQ + nd * 8 + 2 * t4) =
-                            make_float2(acc_dq[mt][nd * 4 + 2 * hr] * scale, acc_dq[mt][nd * 4 + 2 * hr + 1] * scale);
-                    }
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int r = r0 + warp * 16 + g + 8 * hr;
+                    *reinterpret_cast<float2*>(sdQp + r * kDqRow + c0 + nd * 8 + 2 * t4) =
+                        make_float2(acc_dq[nd * 4 + 2 * hr] * scale, acc_dq[nd * 4 + 2 * hr + 1] * scale);
+                }
             fence_async_smem();
             named_arrive(2, 256 + 32);
-        } else {
-            wgmma_wait<0>();
-            fence_regs(acc_dv);
-            fence_regs(acc_dk);
-            __syncwarp();  // every lane's reads of L_i, D_i happen before lane 0 releases the stage
-            if (lane == 0) mbar_arrive(empty(s));
+        } else if (kDqUnderDk) {
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_dk, ds_frag[kk], q_desc_n(sQ + s * kQBytes, kk), 1);
+            wgmma_commit();
         }
+        wgmma_wait<0>();
+        fence_regs(acc_dv);
+        fence_regs(acc_dk);
+        fence_regs(p_frag);
+        fence_regs(ds_frag);
+        // each thread releases the stage after its own reads of L_i, D_i (generic loads) and its wgmmas' reads of
+        // Q_i, dO_i: an mbarrier arrive releases the arriving thread's prior accesses only
+        mbar_arrive(empty(s));
     }
 
     // dK (times scale), dV, written once

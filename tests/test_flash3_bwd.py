@@ -65,7 +65,7 @@ def test_flash3_backward_is_registered_under_the_forward_it_follows_and_runs_bot
 @pytest.mark.parametrize("d", sorted(launch_backward.FLASH3_BWD_TILES))
 def test_the_schedule_tiles_and_shared_memory_are_the_kernels(d):
     Br, Bc = launch_backward.FLASH3_BWD_TILES[d]
-    assert (Br, Bc) == flash3_bwd.TILES and launch_backward.FLASH3_BWD_DQ_PAD == flash3_bwd.DQ_PAD
+    assert (Br, Bc) == flash3_bwd.TILES_BY_HEAD_DIM[d] and launch_backward.FLASH3_BWD_DQ_PAD == flash3_bwd.DQ_PAD
     p = AttentionProblem(seq_len=4096, head_dim=d, dtype="bf16")
     terms = launch_backward.flash3_bwd_smem_terms(d, Br, Bc)
     t = simulate("flash3", p, pass_="backward").tiles
@@ -79,11 +79,13 @@ def test_every_flash3_backward_tile_has_an_instantiation_and_its_wgmma_shapes():
     insts = build.flash3_bwd_instances()
     assert len(insts) == len(launch_backward.FLASH3_BWD_TILES) * len(build.CUDA_TYPES) * 2
     src = (kernels_dir() / "flash3_bwd.cu").read_text()
-    assert f"kF3bBc = {launch_backward.FLASH3_BWD_TILES[128][1]};" in src and f"kF3bDqPad = {launch_backward.FLASH3_BWD_DQ_PAD};" in src
+    assert f"kF3bBc = {launch_backward.FLASH3_BWD_TILES[128][1]};" in src
+    assert f"kF3bDqPad = {launch_backward.FLASH3_BWD_DQ_PAD};" in src
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32 {launch_backward.FLASH3_BWD_REGISTERS['producer']};", src)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32 {launch_backward.FLASH3_BWD_REGISTERS['consumer']};", src)
     for d, (bq, _) in launch_backward.FLASH3_BWD_TILES.items():
-        assert bq in flash3.WGMMA_SS_N and d in flash3.WGMMA_RS_N and d // 2 in flash3.WGMMA_SS_TT_N
+        nq = d if bq == 128 else d // 2  # dQ_i's columns per consumer warpgroup: split by rows at Br = 128
+        assert bq in flash3.WGMMA_SS_N and d in flash3.WGMMA_RS_N and nq in flash3.WGMMA_SS_TT_N
     inst = insts[0]
     assert inst.nvrtc_extra == ("-arch=sm_90a",) and inst.explicit_instantiation.count("iosim::TmaMapB") == 4
 

@@ -49,5 +49,5 @@ def main_kernel(c: Any, do: Any, lse: Any, delta: Any, acc: Any, dk: Any, dv: An
     inst = build.Flash3BwdInstance(D, Br, c.dtype, c.causal)
     args = (*maps, lse, delta, acc if acc is not None else cp.uint64(0), dk, dv, i32(N), i32(Nk), i32(H), i32(Hk),
             cp.float32(c.scale), cp.float32(c.scale * _LOG2E))
-    grid = (-(-Nk // Bc), Hk, B)
+    grid = (-(-Nk // Bc) * Hk * B, 1, 1)  # 1-D: the kernel orders the blocks (causal: longest first)
     return inst, grid, (launch_backward.FLASH3_BWD_THREADS, 1, 1), smem, args, {"block_q": Br, "block_kv": Bc}

@@ -12,7 +12,8 @@ reductions at the calibrated ``l2.reduce`` rate), whichever is longer:
     T_step = max( max(t_gemm, t_elem) + OVERLAP_LOSS·min(t_gemm, t_elem), t_load + t_reduce )
 
 Work tiles (prologue K_j, V_j + n_j·T_step + epilogue dK_j, dV_j) are placed on one persistent block per SM,
-longest first (cuDNN's), or launched as a grid of one block per tile, one resident per SM (iosim's flash3_bwd); the kernel takes the longer of that and its DRAM bytes over DRAM bandwidth, plus a launch.
+longest first (cuDNN's), or launched as a grid of one block per tile, one resident per SM (iosim's flash3_bwd,
+whose causal grid runs the longest K/V blocks first: placed as the persistent one's); the kernel takes the longer of that and its DRAM bytes over DRAM bandwidth, plus a launch.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def main_kernel_time(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: R
     kv_bytes = 2 * tc.block_kv * p.head_dim * p.elem_bytes
     steps = block_steps(p, tc, grouped)
     per_tile = kv_bytes / (r.l2 / r.sms) + steps * parts["step"] + kv_bytes / (r.l2_write / r.sms)
-    if desc.launch_order == "persistent":  # one block an SM takes the work tiles, longest first
+    longest_first = desc.launch_order == "causal-longest-first" and p.causal
+    if desc.launch_order == "persistent" or longest_first:  # work tiles longest first (a grid in that order too)
         blocks = schedule_time(np.asarray(per_tile, dtype=float), heads, r.sms) + r.block_s + 2 * latency
     else:  # a thread block per work tile, one resident an SM (its shared memory), in grid order
         blocks = place(np.tile(per_tile + r.block_s + 2 * latency, heads), r.sms)
