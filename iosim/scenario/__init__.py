@@ -22,7 +22,6 @@ from .loading import (
     builtin_names,
     builtin_paths,
     default_scenarios,
-    format_errors,
     load_scenario,
     resolve_scenario_arg,
     scenario_from_dict,
@@ -44,6 +43,6 @@ __all__ = [
     "BOUNDARIES", "RECORD_FIELDS", "SCHEMA_VERSION", "Case", "CaseResult", "Claim", "ClaimCheck", "FigureSpec",
     "ProblemSweep", "Reference", "Scenario", "ScenarioError", "ScenarioRun", "TableSpec", "TilesSpec",
     "builtin_names", "builtin_paths", "check_claims", "claim_value", "compulsory_bytes", "default_scenarios",
-    "expand", "format_errors", "format_sig", "load_scenario", "profile_summary", "resolve_scenario_arg",
+    "expand", "format_sig", "load_scenario", "profile_summary", "resolve_scenario_arg",
     "round_sig", "run_case", "run_scenario", "run_scenarios", "scenario_from_dict", "select", "tiles_from_sram",
 ]
