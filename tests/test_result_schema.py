@@ -12,6 +12,8 @@ from helpers import run_cli
 
 from iosim import AttentionProblem, simulate
 from iosim.cli.schema import SCHEMAS, schema_text
+from iosim.cpu_model import CpuResultJSON, simulate_cpu
+from iosim.cpu_profile import get_cpu_profile
 from iosim.report import load_run
 from iosim.result import ResultJSON
 from iosim.scenario import SavedRun, ScenarioError
@@ -56,6 +58,13 @@ def test_a_result_reads_back_into_its_model_unchanged(schedule, problem, options
     p = AttentionProblem(**{"seq_len": 512, "heads": 4, "head_dim": 64, **problem})
     written = json.dumps(simulate(schedule, p, **options).to_json(), indent=2)
     assert json.dumps(ResultJSON.model_validate_json(written).to_json(), indent=2) == written
+
+
+@pytest.mark.parametrize("schedule", ["naive", "flash2"])
+def test_a_cpu_result_reads_back_into_its_model_unchanged(schedule):
+    p = AttentionProblem(seq_len=1000, kv_len=300, head_dim=64, causal=True)
+    written = simulate_cpu(schedule, p, get_cpu_profile("amd-epyc-9654")).to_json()
+    assert json.dumps(CpuResultJSON.model_validate_json(written).model_dump(), indent=2) == written
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """``iosim schema``: the JSON Schema of what iosim writes, generated from the typed models that write it.
 
 The committed copies in ``docs/schema/`` are this command's output (a test keeps them equal):
-``iosim schema result > docs/schema/result.schema.json`` and ``iosim schema results > docs/schema/results.schema.json``.
+``iosim schema NAME > docs/schema/NAME.schema.json`` for NAME in result, results, cpu-result.
 """
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import json
 
 import click
 
+from ..cpu_model import CpuResultJSON
 from ..result import ResultJSON
 from ..scenario import SavedRun
 
 SCHEMAS = {
     "result": (ResultJSON, "one simulation: iosim simulate --json, Result.to_json()"),
     "results": (SavedRun, "the results.json that iosim run writes and iosim plot reads"),
+    "cpu-result": (CpuResultJSON, "one CPU simulation: iosim simulate --json --profile <a CPU profile>"),
 }
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -29,6 +31,7 @@ def schema_text(name: str) -> str:
 @click.command("schema")
 @click.argument("name", type=click.Choice(list(SCHEMAS)), default="result")
 def schema_cmd(name):
-    """Print the JSON Schema of NAME: 'result' (one simulation, iosim simulate --json) or 'results' (the
-    results.json of iosim run). Committed as docs/schema/NAME.schema.json."""
+    """Print the JSON Schema of NAME: 'result' (one simulation, iosim simulate --json), 'results' (the
+    results.json of iosim run) or 'cpu-result' (iosim simulate --json on a CPU profile). Committed as
+    docs/schema/NAME.schema.json."""
     click.echo(schema_text(name), nl=False)
