@@ -95,9 +95,7 @@ def load_run(folder: Path) -> ScenarioRun:
     if len(saved.results) != len(saved.records):
         raise ScenarioError(f"{path}: {len(saved.records)} records but {len(saved.results)} results: one result "
                             "per record (null where the case could not run); write it again with 'iosim run'")
-    scn = saved.scenario
-    scn._where = str(path)
-    run = ScenarioRun(scn, profiles={k: v.model_dump() for k, v in saved.profiles.items()})
+    run = ScenarioRun(saved.scenario, profiles={k: v.model_dump() for k, v in saved.profiles.items()})
     for rec, res in zip(saved.records, saved.results, strict=True):
         run.cases.append(CaseResult(None, rec.model_dump(by_alias=True), None if res is None else res.to_json()))
     return run
