@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from .cpu_profile import CpuProfile
 from .problem import AttentionProblem
@@ -66,6 +69,36 @@ class CpuTime:
     first_call_s: float | None = None
 
 
+class _Contract(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CpuTilesJSON(_Contract):
+    block_q: int | None
+    block_kv: int | None
+
+
+class CpuTimeJSON(_Contract):
+    predicted_s: float | None = Field(description="null where the profile has no measured rates")
+    bound_s: float = Field(description="ideal roofline: max(FLOPs / peak, DRAM bytes / DRAM bandwidth)")
+    terms: dict[str, float] = Field(description="seconds per term of predicted_s")
+    first_call_s: float | None = Field(description="a first call's time, naive's S first touched cold")
+
+
+class CpuResultJSON(_Contract):
+    """One CPU simulation as ``iosim simulate --json`` prints it (docs/cpu.md; ``iosim schema cpu-result``)."""
+
+    schedule: str
+    device: Literal["cpu"] = "cpu"
+    profile: str
+    problem: AttentionProblem
+    tiles: CpuTilesJSON
+    traffic: dict[str, int] = Field(description="bytes per boundary (dram, l3, l2), reads + writes")
+    flops: dict[str, int] = Field(description="matmul (executed) and exp")
+    footprint: int = Field(description="peak bytes allocated besides Q, K, V, O")
+    time: CpuTimeJSON
+
+
 @dataclass(frozen=True)
 class CpuResult:
     schedule: str
@@ -78,11 +111,14 @@ class CpuResult:
     time: CpuTime
 
     def to_json(self) -> str:
-        d = {"schedule": self.schedule, "device": "cpu", "profile": self.profile,
-             "problem": self.problem.model_dump(), "tiles": {"block_q": self.tiles.block_q,
-                                                             "block_kv": self.tiles.block_kv},
-             "traffic": self.traffic, "flops": self.flops, "footprint": self.footprint, "time": asdict(self.time)}
-        return json.dumps(d, indent=2)
+        """``iosim simulate --json`` with a CPU profile: :class:`CpuResultJSON` as text."""
+        return json.dumps(self.to_model().model_dump(), indent=2)
+
+    def to_model(self) -> CpuResultJSON:
+        return CpuResultJSON(schedule=self.schedule, profile=self.profile, problem=self.problem,
+                             tiles=CpuTilesJSON(block_q=self.tiles.block_q, block_kv=self.tiles.block_kv),
+                             traffic=self.traffic, flops=self.flops, footprint=self.footprint,
+                             time=CpuTimeJSON(**asdict(self.time)))
 
     def describe(self) -> str:
         lines = [f"{self.schedule} on {self.profile}: {self.problem.describe()}  (1 MB = 10^6 B)"]

@@ -16,11 +16,11 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .profile import ProfileError, format_validation, read_profile_data
+from .profile import ProfileError, read_profile_data
 from .sourced import SourcedBandwidth, SourcedBytes, SourcedCount, SourcedFlops, SourcedHz, SourcedOps
-from .yaml_io import DataFileError, read_data
+from .yaml_io import DataFileError, read_data, validated
 
 CPU_PROFILES_DIR = Path(__file__).resolve().parent / "profiles" / "cpu"
 _LEVELS = ["l1d", "l2", "l3"]
@@ -124,12 +124,7 @@ class CpuProfile(_Strict):
 
 
 def cpu_profile_from_dict(data: dict, where: str = "<dict>") -> CpuProfile:
-    if not isinstance(data, dict):
-        raise ProfileError(f"{where}: a CPU profile must be a mapping, got {type(data).__name__}")
-    try:
-        return CpuProfile.model_validate(data)
-    except ValidationError as err:
-        raise ProfileError(format_validation(err, where, "CPU profile")) from None
+    return validated(CpuProfile, data, where, ProfileError, "CPU profile")
 
 
 def load_cpu_profile_file(path: str | Path) -> CpuProfile:

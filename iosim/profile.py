@@ -11,7 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from .calibration import Calibration
 from .sourced import (
@@ -25,7 +25,7 @@ from .sourced import (
     SourcedRatio,
     _Strict,
 )
-from .yaml_io import read_data
+from .yaml_io import read_data, validated
 
 SCHEMA_VERSION = 1
 DEFAULT_PROFILE = "h100-sxm5-80gb"
@@ -224,29 +224,8 @@ class Profile(_Strict):
 # -- loading ---------------------------------------------------------------------------------------------
 
 
-def format_validation(err: ValidationError, where: str, kind: str = "profile") -> str:
-    """One line per bad field: its path, the value given, what is wrong (pydantic's words, or ours)."""
-    lines = [f"{where}: invalid {kind}"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (remove it or check its spelling)"
-        elif e["type"] == "missing":
-            msg = "required field is missing"
-        elif "input" in e and not isinstance(e["input"], (dict, list)) and repr(e["input"]) not in msg:
-            msg = f"{e['input']!r}: {msg}"  # the value given, where the message does not already say it
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
-
-
 def profile_from_dict(data: dict, where: str = "<dict>") -> Profile:
-    if not isinstance(data, dict):
-        raise ProfileError(f"{where}: a profile must be a mapping, got {type(data).__name__}")
-    try:
-        return Profile.model_validate(data)
-    except ValidationError as err:
-        raise ProfileError(format_validation(err, where)) from None
+    return validated(Profile, data, where, ProfileError, "profile")
 
 
 def read_profile_data(path: str | Path, kind: str = "profile"):

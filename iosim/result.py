@@ -1,12 +1,17 @@
 """The result of a simulation and its public JSON contract (docs/json.md).
 
 Bytes and FLOPs are exact integers for the whole problem; ``traffic`` names the three boundaries (``global``,
-``hbm``, ``sram``) as everywhere in iosim.
+``hbm``, ``sram``) as everywhere in iosim. :class:`ResultJSON` is the contract as a typed model: ``Result.to_json()``
+is its ``model_dump``, ``iosim run`` saves one per case in ``results.json`` and ``iosim plot`` validates them on
+reading; its JSON Schema is ``docs/schema/result.schema.json`` (``iosim schema result``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ._version import __version__
 from .counts import TENSORS, Counts
@@ -74,61 +79,170 @@ class Result:
         return self.counts.sram_peak
 
     def to_json(self) -> dict:
-        """The public JSON contract (docs/json.md). Bytes and FLOPs are integers for the whole problem."""
+        """The public JSON contract (docs/json.md) as a dict. Bytes and FLOPs are integers for the whole problem."""
+        return self.to_model().to_json()
+
+    def to_model(self) -> ResultJSON:
+        """The public JSON contract as its typed model (:class:`ResultJSON`)."""
         c, p = self.counts, self.problem
         reads, writes = c.global_read, c.global_write
         flops = {k: int(c.flops[k]) for k in ("matmul", "exp", "other")}
-        flops["total"] = sum(flops.values())
+        total_flops = sum(flops.values())
         hbm_total = sum(self.hbm_read) + sum(self.hbm_write)
-        return {
-            "iosim_version": __version__,
-            "schedule": self.schedule,
-            "profile": self.profile.name,
-            "problem": p.model_dump(),
-            "tiles": {"block_q": self.tiles.block_q, "block_kv": self.tiles.block_kv,
-                      "sram_elements": self.tiles.sram_elements},
-            "traffic": self.traffic,
-            "hbm_model": self.hbm_model,
-            "by_tensor": {
-                t: {"global_read_bytes": int(reads[t]), "global_write_bytes": int(writes[t])}
-                for t in TENSORS if reads[t] or writes[t]
-            },
-            "flops": flops,
-            "conventional_flops": p.conventional_flops() * CONVENTIONAL_PASS_FACTOR[self.pass_] // 2,
-            "sram_peak_bytes": self.sram_peak_bytes,
-            "sram_shared_bytes": self.on_chip[0] if self.on_chip else None,
-            "sram_register_bytes": self.on_chip[1] if self.on_chip else None,
-            "sram_budget_bytes": self.sram_budget,
-            "register_budget_bytes": self.profile.registers.per_sm.value,
-            "time": {
-                "predicted_s": self.time.predicted_s,
-                "roofline_s": self.time.roofline_s,
-                "bound": self.time.bound,
-                "kernel": self.time.kernel,
-                "calibration": self.time.calibration,
-                "warm": self.warm,
-                "hbm": self.time_hbm,
-                "arithmetic_intensity": flops["total"] / hbm_total if hbm_total else None,
-                "unmodeled": self.time.unmodeled,
-                "kernels": [
-                    {"name": k.name, "grid": k.grid, "utilization": k.utilization,
-                     "predicted_s": k.predicted_s, "bound": k.bound, "resource_s": k.resources}
-                    for k in self.time.kernels
-                ],
-            },
-            "kernels": [
-                {"name": k.name, "grid": k.grid,
-                 "global_read_bytes": k.global_read_bytes, "global_write_bytes": k.global_write_bytes,
-                 "hbm_read_bytes": hr, "hbm_write_bytes": hw,
-                 "sram_read_bytes": k.sram_read, "sram_write_bytes": k.sram_write,
-                 "flops": {f: int(k.flops[f]) for f in ("matmul", "exp", "other")}}
-                for k, hr, hw in zip(c.kernels, self.hbm_read, self.hbm_write, strict=True)
-            ],
-            "method": self.method,
-            "pass": self.pass_,
-            "tiles_by_pass": {
-                ps: {"block_q": t.block_q, "block_kv": t.block_kv, "sram_elements": t.sram_elements,
-                     **t.describe_options()}
-                for ps, t in (self.tiles_by_pass or {self.pass_: self.tiles}).items()
-            },
-        }
+        on_chip = self.on_chip
+        t = self.time
+        return ResultJSON(
+            iosim_version=__version__, schedule=self.schedule, profile=self.profile.name, problem=p,
+            tiles=_tiles_json(self.tiles), traffic=Traffic.model_validate(self.traffic),
+            hbm_model=self.hbm_model,
+            by_tensor={tn: TensorBytes(global_read_bytes=int(reads[tn]), global_write_bytes=int(writes[tn]))
+                       for tn in TENSORS if reads[tn] or writes[tn]},
+            flops=FlopsWithTotal(**flops, total=total_flops),
+            conventional_flops=p.conventional_flops() * CONVENTIONAL_PASS_FACTOR[self.pass_] // 2,
+            sram_peak_bytes=self.sram_peak_bytes,
+            sram_shared_bytes=on_chip[0] if on_chip else None,
+            sram_register_bytes=on_chip[1] if on_chip else None,
+            sram_budget_bytes=self.sram_budget, register_budget_bytes=self.profile.registers.per_sm.value,
+            time=TimeJSON(
+                predicted_s=t.predicted_s, roofline_s=t.roofline_s, bound=t.bound, kernel=t.kernel,
+                calibration=t.calibration, warm=self.warm, hbm=ByteCount(**self.time_hbm),
+                arithmetic_intensity=total_flops / hbm_total if hbm_total else None, unmodeled=t.unmodeled,
+                kernels=[KernelTimeJSON(name=k.name, grid=k.grid, utilization=k.utilization,
+                                        predicted_s=k.predicted_s, bound=k.bound, resource_s=k.resources)
+                         for k in t.kernels]),
+            kernels=[KernelCountsJSON(name=k.name, grid=k.grid, global_read_bytes=k.global_read_bytes,
+                                      global_write_bytes=k.global_write_bytes, hbm_read_bytes=hr,
+                                      hbm_write_bytes=hw, sram_read_bytes=k.sram_read,
+                                      sram_write_bytes=k.sram_write,
+                                      flops=Flops(**{f: int(k.flops[f]) for f in ("matmul", "exp", "other")}))
+                     for k, hr, hw in zip(c.kernels, self.hbm_read, self.hbm_write, strict=True)],
+            method=self.method, pass_=self.pass_,
+            tiles_by_pass={ps: PassTilesJSON(**_tiles_json(tl).model_dump(), **tl.describe_options())
+                           for ps, tl in (self.tiles_by_pass or {self.pass_: self.tiles}).items()},
+        )
+
+
+def _tiles_json(t: Tiles) -> TilesJSON:
+    return TilesJSON(block_q=t.block_q, block_kv=t.block_kv, sram_elements=t.sram_elements)
+
+
+# -- the JSON contract as a typed model ---------------------------------------------------------------------
+
+
+class _Contract(BaseModel):
+    """Fields in the order the JSON writes them; unknown keys are an error (a misspelled key is not data)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ByteCount(_Contract):
+    read_bytes: int
+    write_bytes: int
+
+
+class Traffic(_Contract):
+    """Bytes at each boundary: ``global`` (SM <-> L2), ``hbm`` (L2 <-> DRAM), ``sram`` (on chip)."""
+
+    global_: ByteCount = Field(alias="global")
+    hbm: ByteCount
+    sram: ByteCount
+
+
+class TensorBytes(_Contract):
+    global_read_bytes: int
+    global_write_bytes: int
+
+
+class Flops(_Contract):
+    matmul: int
+    exp: int
+    other: int
+
+
+class FlopsWithTotal(Flops):
+    total: int
+
+
+class TilesJSON(_Contract):
+    block_q: int | None = Field(description="Br; null for untiled naive")
+    block_kv: int | None = Field(description="Bc; null for untiled naive")
+    sram_elements: int | None = Field(description="M (elements) where the tiles were derived from it")
+
+
+class PassTilesJSON(TilesJSON):
+    """A pass's tiles with the schedule's own options; an option the schedule does not take is left out."""
+
+    splits: int | None = Field(None, description="flash-decoding: K/V splits")
+    density: float | None = Field(None, description="block-sparse: fraction of non-zero blocks")
+    mask: str | None = Field(None, description="block-sparse: where the block mask came from")
+    gqa: Literal["expand", "grouped"] | None = Field(None, description="flash2 backward: grouped-query design")
+
+    @model_serializer(mode="wrap")
+    def _options_given(self, handler):
+        data = handler(self)
+        return {k: v for k, v in data.items() if k in TilesJSON.model_fields or k in self.model_fields_set}
+
+
+class KernelTimeJSON(_Contract):
+    name: str
+    grid: int
+    utilization: float = Field(description="fraction of the chip its waves keep busy")
+    predicted_s: float
+    bound: str
+    resource_s: dict[str, float] = Field(description="time per resource at full-chip rate, seconds")
+
+
+class TimeJSON(_Contract):
+    predicted_s: float
+    roofline_s: float | None
+    bound: str
+    kernel: str
+    calibration: str
+    warm: bool
+    hbm: ByteCount = Field(description="the DRAM bytes predicted_s prices")
+    arithmetic_intensity: float | None = Field(description="total FLOPs per traffic.hbm byte")
+    unmodeled: dict[str, str]
+    kernels: list[KernelTimeJSON]
+
+
+class KernelCountsJSON(_Contract):
+    name: str
+    grid: int
+    global_read_bytes: int
+    global_write_bytes: int
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+    sram_read_bytes: int
+    sram_write_bytes: int
+    flops: Flops
+
+
+class ResultJSON(_Contract):
+    """One simulation as JSON (docs/json.md): ``iosim simulate --json``, ``Result.to_json()``, and each entry of
+    ``results`` in an ``iosim run`` folder's results.json. Write it with :meth:`to_json` (the key order and
+    values of the contract)."""
+
+    iosim_version: str
+    schedule: str
+    profile: str
+    problem: AttentionProblem
+    tiles: TilesJSON
+    traffic: Traffic
+    hbm_model: str
+    by_tensor: dict[str, TensorBytes] = Field(description=f"per tensor ({', '.join(TENSORS)}) it touches")
+    flops: FlopsWithTotal
+    conventional_flops: int
+    sram_peak_bytes: int | None
+    sram_shared_bytes: int | None
+    sram_register_bytes: int | None
+    sram_budget_bytes: int
+    register_budget_bytes: int | None
+    time: TimeJSON
+    kernels: list[KernelCountsJSON]
+    method: Literal["closed", "walk"]
+    pass_: Literal["forward", "backward", "both"] = Field(alias="pass")
+    tiles_by_pass: dict[str, PassTilesJSON]
+
+    def to_json(self) -> dict:
+        """The contract as a dict of plain values (``json.dumps`` writes it)."""
+        return self.model_dump(by_alias=True)

@@ -136,7 +136,7 @@ def test_simulate_lists_a_bad_profiles_errors_one_per_line_as_validate_does(tmp_
     assert len(lines) == 4  # the file, then sm_count missing, bandwidth 0, sm_cuont unknown
     assert lines[0] == f"iosim: error: {validate.stderr.strip().splitlines()[0]}"
     assert lines[1:] == validate.stderr.strip().splitlines()[1:]
-    assert any("memory.0.dram.bandwidth.value: 0 is not a positive quantity" in line for line in lines)
+    assert any("memory[0].dram.bandwidth.value: 0 is not a positive quantity" in line for line in lines)
 
 
 def test_progress_bar_is_silent_before_its_delay_and_draws_after_it():

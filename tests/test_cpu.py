@@ -19,6 +19,16 @@ from iosim.cpu.compare import measure_pair
 EPS32 = float(np.finfo(np.float32).eps)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _compiled():
+    """numba compiles the kernels on their first call (15 s on a busy 2-core machine): here, once, not inside an
+    example, which CI's hypothesis profile times against a deadline (tests/conftest.py)."""
+    for dtype in (np.float32, np.float64):
+        q = np.ones((1, 2, 1, 8), dtype)
+        cpu.attention(q, q, q, causal=True, block_q=1, block_kv=1)
+        kernels.flash2_forward(q, q, q, np.empty_like(q), 1, 1, 0.5, True, False)
+
+
 def reference(q, k, v, causal, scale=None):
     """softmax(scale Q Kᵀ) V in float64, bottom-right causal, rows that see no key = 0."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))

@@ -254,7 +254,7 @@ def test_byte_sizes_round_trip_for_every_prefix(n, prefix):
             lambda d: d["compute"]["tensor"].__setitem__("fp4", {"value": 1, "source": "x"}),
             "compute.tensor.fp4",
         ),
-        (lambda d: d["memory"][1].__setitem__("associativity", 16), "memory.1.l2.associativity"),
+        (lambda d: d["memory"][1].__setitem__("associativity", 16), "memory[1].l2.associativity"),
         (lambda d: d["sm_count"].__setitem__("sourse", "typo"), "sm_count.sourse"),
     ],
 )
@@ -274,7 +274,7 @@ def test_unknown_keys_in_a_file_are_rejected_with_the_file_and_the_field(tmp_pat
     data["memory"][2]["per_warp"] = {"value": "1KiB", "source": "x"}
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ProfileError, match=r"memory\.2\.smem\.per_warp: unknown key") as err:
+    with pytest.raises(ProfileError, match=r"memory\[2\]\.smem\.per_warp: unknown key") as err:
         load_profile_file(path)
     assert str(path) in str(err.value)
 
@@ -296,7 +296,7 @@ def test_a_missing_memory_level_is_rejected():
 def test_a_number_without_a_source_is_rejected():
     data = _h100_dict()
     del data["memory"][0]["bandwidth"]["source"]
-    with pytest.raises(ProfileError, match=r"memory\.0\.dram\.bandwidth\.source: required field is missing"):
+    with pytest.raises(ProfileError, match=r"memory\[0\]\.dram\.bandwidth\.source: required field is missing"):
         profile_from_dict(data)
     data = _h100_dict()
     data["clock"]["source"] = ""
@@ -308,7 +308,7 @@ def test_shared_memory_per_block_above_per_sm_is_rejected_naming_both():
     """Issue 30 item 13: one thread block cannot use more shared memory than its SM has."""
     data = _h100_dict()
     data["memory"][2]["per_block"]["value"] = "300KiB"
-    with pytest.raises(ProfileError, match=r"memory\.2\.smem: per_block = 307,200 B is more than per_sm = "
+    with pytest.raises(ProfileError, match=r"memory\[2\]\.smem: per_block = 307,200 B is more than per_sm = "
                                            r"233,472 B"):
         profile_from_dict(data)
     data["memory"][2]["per_block"]["value"] = "228KiB"  # equal is fine
@@ -317,14 +317,14 @@ def test_shared_memory_per_block_above_per_sm_is_rejected_naming_both():
 def test_a_malformed_quantity_is_rejected_with_the_field_and_the_text():
     data = _h100_dict()
     data["memory"][0]["capacity"]["value"] = "80 GBB"
-    with pytest.raises(ProfileError, match=r"memory\.0\.dram\.capacity\.value: .*'80 GBB'"):
+    with pytest.raises(ProfileError, match=r"memory\[0\]\.dram\.capacity\.value: .*'80 GBB'"):
         profile_from_dict(data)
 
 
 def test_a_fractional_byte_count_is_rejected():
     data = _h100_dict()
     data["memory"][2]["per_sm"]["value"] = "0.5B"
-    with pytest.raises(ProfileError, match=r"memory\.2\.smem\.per_sm\.value: .*whole number of bytes"):
+    with pytest.raises(ProfileError, match=r"memory\[2\]\.smem\.per_sm\.value: .*whole number of bytes"):
         profile_from_dict(data)
 
 
@@ -530,12 +530,12 @@ def test_the_python_example_in_docs_builds_a_profile():
 @pytest.mark.parametrize(
     ("path", "value", "location"),
     [
-        (("memory", 0, "bandwidth"), 0, r"memory\.0\.dram\.bandwidth\.value: 0 is not a positive quantity"),
-        (("memory", 0, "bandwidth"), "0 TB/s", r"memory\.0\.dram\.bandwidth\.value: '0 TB/s' is not a positive"),
-        (("memory", 1, "capacity"), "0MiB", r"memory\.1\.l2\.capacity\.value: '0MiB' is not a positive"),
+        (("memory", 0, "bandwidth"), 0, r"memory\[0\]\.dram\.bandwidth\.value: 0 is not a positive quantity"),
+        (("memory", 0, "bandwidth"), "0 TB/s", r"memory\[0\]\.dram\.bandwidth\.value: '0 TB/s' is not a positive"),
+        (("memory", 1, "capacity"), "0MiB", r"memory\[1\]\.l2\.capacity\.value: '0MiB' is not a positive"),
         (("compute", "fp32"), 0.0, r"compute\.fp32\.value: 0\.0 is not a positive quantity in flop/s"),
         (("clock",), "0 GHz", r"clock\.value: '0 GHz' is not a positive"),
-        (("memory", 0, "bandwidth"), -1, r"memory\.0\.dram\.bandwidth\.value: .*non-negative"),
+        (("memory", 0, "bandwidth"), -1, r"memory\[0\]\.dram\.bandwidth\.value: .*non-negative"),
     ],
 )
 def test_a_zero_or_negative_rate_or_size_is_rejected_naming_the_field(path, value, location):

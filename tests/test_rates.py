@@ -100,7 +100,7 @@ def test_a_profile_dump_validates_again():
     ("change", "field", "words"),
     [
         (lambda c: c["mma_sync"]["bf16"]["throughput"]["value"].update({0: "1 TFLOP/s"}),
-         "calibration.mma_sync.bf16.throughput.value.0.[key]", "greater than or equal to 1"),
+         "calibration.mma_sync.bf16.throughput.value[0] (key)", "greater than or equal to 1"),
         (lambda c: c["dram"]["read"].update(value="-3 TB/s"), "calibration.dram.read.value", "-3 TB/s"),
         (lambda c: c["launch"]["interval"].update(value="2 parsecs"), "calibration.launch.interval.value", "2 parsecs"),
         (lambda c: c["launch"]["per_block"].update(value=0), "calibration.launch.per_block.value", "positive"),

@@ -68,3 +68,22 @@ def test_the_cli_says_so_in_one_line(tmp_path):
                           str(path)], capture_output=True, text=True, timeout=300, env={**os.environ})
     assert out.returncode == 2 and "Traceback" not in out.stderr and "RecursionError" not in out.stderr
     assert "nested more than 100 levels deep" in out.stderr
+
+
+KINDS = {"profile": "profile", "cpu profile": "CPU profile", "kernel": "kernel description", "scenario": "scenario"}
+
+
+@pytest.mark.parametrize("name,load,real,error", LOADERS, ids=IDS)
+def test_every_file_kind_words_a_bad_field_the_same_way(tmp_path, name, load, real, error):
+    """One helper (yaml_io.validated) validates all four kinds of file: the file and its kind, then one line per
+    bad field, naming its path and the keys accepted beside an unknown one."""
+    path = tmp_path / "typo.yaml"
+    path.write_text(real.read_text().rstrip("\n") + "\ncolour: green\n")
+    with pytest.raises(error) as info:
+        load(str(path))
+    head, *fields = str(info.value).splitlines()
+    assert head == f"{path}: invalid {KINDS[name]}"
+    assert fields[0].startswith("  colour: unknown key: remove it or check its spelling (accepted: ")
+    path.write_text("- a list\n- not a mapping\n")
+    with pytest.raises(error, match=rf"typo\.yaml: a {KINDS[name]} must be a mapping of fields, got list"):
+        load(str(path))

@@ -12,12 +12,13 @@ from .._version import __version__
 from ..scenario import (
     RECORD_FIELDS,
     CaseResult,
-    Scenario,
+    ClaimOutcome,
+    SavedRun,
     ScenarioError,
     ScenarioRun,
     check_claims,
-    scenario_from_dict,
 )
+from ..yaml_io import read_data, validated
 from .figures import PLOTLY_CONFIG, make_figures
 
 
@@ -31,18 +32,13 @@ def write_results(run: ScenarioRun, folder: Path) -> list[Path]:
     """results.json (everything), results.csv (one row per case), traffic.csv and by_tensor.csv (tidy)."""
     folder.mkdir(parents=True, exist_ok=True)
     scn = run.scenario
-    payload = {
-        "iosim_version": __version__,
-        "scenario": scn.model_dump(by_alias=True, mode="json"),
-        "scenario_file": scn.where,
-        "profiles": run.profiles,
-        "claims": [{"label": c.claim.label, "expect": c.claim.expect, "shown": c.shown, "value": c.value,
-                    "ok": c.ok, "error": c.error} for c in check_claims(run, scn.claims)],
-        "records": run.records,
-        "results": [c.result for c in run.cases],
-    }
+    saved = SavedRun(
+        iosim_version=__version__, scenario=scn, scenario_file=scn.where, profiles=run.profiles,
+        claims=[ClaimOutcome(label=c.claim.label, expect=c.claim.expect, shown=c.shown, value=c.value, ok=c.ok,
+                             error=c.error) for c in check_claims(run, scn.claims)],
+        records=run.records, results=[c.result for c in run.cases])
     out = [folder / "results.json", folder / "results.csv", folder / "traffic.csv", folder / "by_tensor.csv"]
-    out[0].write_text(json.dumps(payload, indent=1))
+    out[0].write_text(json.dumps(saved.to_json(), indent=1))
     with open(out[1], "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=RECORD_FIELDS, extrasaction="ignore")
         w.writeheader()
@@ -88,27 +84,21 @@ def write_run(run: ScenarioRun, out_dir: Path) -> list[Path]:
 
 
 def load_run(folder: Path) -> ScenarioRun:
-    """A run saved by ``write_results``: the scenario, the records and the profile rates (no simulation)."""
+    """A run saved by ``write_results``: the scenario, the records and the profile rates (no simulation),
+    validated against :class:`~iosim.scenario.SavedRun`; a bad file is a ScenarioError naming it and each bad
+    field (``records[3].seq_len: ...``)."""
     path = Path(folder) / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder}: no results.json here; write results with 'iosim run SCENARIO -o DIR'")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid JSON ({exc}); run the scenario again") from None
-    scn = _scenario_without_checks(data["scenario"], str(path))
-    run = ScenarioRun(scn, profiles=data.get("profiles", {}))
-    for rec, res in zip(data["records"], data.get("results", [None] * len(data["records"]))):
-        run.cases.append(CaseResult(None, rec, res))
+    data = read_data(path, ScenarioError)
+    saved = validated(SavedRun, data, str(path), ScenarioError, "results file")
+    if len(saved.results) != len(saved.records):
+        raise ScenarioError(f"{path}: {len(saved.records)} records but {len(saved.results)} results: one result "
+                            "per record (null where the case could not run); write it again with 'iosim run'")
+    run = ScenarioRun(saved.scenario, profiles={k: v.model_dump() for k, v in saved.profiles.items()})
+    for rec, res in zip(saved.records, saved.results, strict=True):
+        run.cases.append(CaseResult(None, rec.model_dump(by_alias=True), None if res is None else res.to_json()))
     return run
-
-
-def _scenario_without_checks(data: dict, where: str) -> Scenario:
-    """The saved scenario, validated, but without looking profile files up again (they may have moved)."""
-    try:
-        return Scenario.model_validate(data)
-    except Exception:
-        return scenario_from_dict(data, where)
 
 
 def saved_runs(folder: Path) -> list[Path]:

@@ -12,6 +12,7 @@ from ..result import Result
 from ..schedules import ScheduleError, get_schedule, resolve_tiles
 from ..simulate import simulate
 from ..timing import KernelError
+from .saved import RECORD_FIELDS
 from .schema import Scenario
 
 BOUNDARIES = ("global", "hbm", "sram")
@@ -113,17 +114,6 @@ def run_case(case: Case, allow_overfill: bool = False, pass_: str = "forward", l
     rec.update(fits=fits, note=note, sram_elements=M if M is not None else r.tiles.sram_elements,
                hbm_model="l2" if l2_model else "none", **{"pass": pass_})
     return CaseResult(case, rec, r.to_json())
-
-
-RECORD_FIELDS = [
-    "case", "profile", "schedule", "pass", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
-    "causal", "block_q", "block_kv", "sram_elements", "fits", "hbm_model",
-    "global_read_bytes", "global_write_bytes", "global_bytes", "hbm_read_bytes", "hbm_write_bytes", "hbm_bytes",
-    "sram_read_bytes", "sram_write_bytes", "sram_bytes", "compulsory_bytes", "global_over_compulsory",
-    "hbm_over_compulsory", "matrix_bytes", "linear_bytes",
-    "flops_matmul", "flops_exp", "flops_other", "flops_total", "conventional_flops", "predicted_s", "bound",
-    "time_kernel", "time_calibration", "roofline_s", "arithmetic_intensity", "attained_flops_per_s", "sram_peak_bytes", "note", "error",
-]
 
 
 def _record(case: Case, p: AttentionProblem, r: Result | None, profile: Profile) -> dict:

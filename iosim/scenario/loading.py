@@ -3,70 +3,15 @@ dotted path (``problems[0].seq_len``) and the fix; the built-in scenarios found 
 
 from __future__ import annotations
 
-import typing
 from pathlib import Path
 from typing import Any
-
-from pydantic import BaseModel, ValidationError
 
 from .._resources import scenarios_dir
 from ..problem import AttentionProblem, ProblemError
 from ..profile import ProfileError, get_profile
 from ..timing import KernelError, kernel_for
-from ..yaml_io import read_data
+from ..yaml_io import read_data, validated
 from .schema import SCHEMA_VERSION, Scenario, ScenarioError
-
-
-def _loc(parts) -> str:
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        else:
-            out += ("." if out else "") + str(p)
-    return out or "(top level)"
-
-
-def _model_at(loc) -> type[BaseModel] | None:
-    """The model class whose field is at ``loc[:-1]``, to list the keys it accepts."""
-    model: Any = Scenario
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
-            return None
-        model = _unwrap_model(model.model_fields[part].annotation)
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def _unwrap_model(tp):
-    for arg in (tp, *typing.get_args(tp)):
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-        for sub in typing.get_args(arg):
-            if isinstance(sub, type) and issubclass(sub, BaseModel):
-                return sub
-    return None
-
-
-def format_errors(err: ValidationError, where: str) -> str:
-    lines = [f"{where}: invalid scenario"]
-    for e in err.errors():
-        if e["type"] == "literal_error" and isinstance(e.get("input"), dict):
-            continue  # the other member of a union (tiles: 'default' or a mapping) says what is wrong
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "int"))))
-        path = _loc(loc)
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            model = _model_at(loc)
-            known = ", ".join(f.alias or k for k, f in model.model_fields.items()) if model else ""
-            msg = "unknown key: remove it or check its spelling" + (f" (accepted: {known})" if known else "")
-        elif e["type"] == "missing":
-            msg = "required field is missing: add it"
-        elif e["type"] == "literal_error":
-            msg = f"got {e.get('input')!r}: {msg}"
-        lines.append(f"  {path}: {msg}")
-    return "\n".join(lines)
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -87,10 +32,7 @@ def scenario_from_dict(data: Any, where: str = "<dict>", base_dir: Path | None =
     if data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise ScenarioError(f"{where}: schema_version: got {data['schema_version']!r}; this iosim reads "
                             f"schema_version {SCHEMA_VERSION}")
-    try:
-        scn = Scenario.model_validate(data)
-    except ValidationError as err:
-        raise ScenarioError(format_errors(err, where)) from None
+    scn = validated(Scenario, data, where, ScenarioError, "scenario")
     # profiles: built-in names or files relative to the scenario file
     resolved = []
     for i, name in enumerate(scn.profiles):

@@ -17,10 +17,9 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..profile import format_validation
-from ..yaml_io import read_data
+from ..yaml_io import read_data, validated
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 DEFAULT_KERNEL = {"flash2": "iosim-flash2", "naive": "iosim-naive", "flash3": "fa3"}
@@ -111,8 +110,4 @@ def _builtin_kernel(name: str) -> KernelDesc:
 def _read_kernel(path: Path, text: str) -> KernelDesc:
     if not path.is_file():
         raise KernelError(f"kernel {text!r}: no such built-in ({', '.join(builtin_kernel_names())}) or file")
-    data = read_data(path, KernelError)
-    try:
-        return KernelDesc.model_validate(data)
-    except ValidationError as exc:
-        raise KernelError(format_validation(exc, str(path), "kernel description")) from None
+    return validated(KernelDesc, read_data(path, KernelError), str(path), KernelError, "kernel description")
