@@ -37,8 +37,6 @@ class MmaSyncRates(_Strict):
 class WgmmaRates(_Strict):
     """wgmma m64nNk16, A and B from shared memory, fp32 accumulate, by warpgroups per SM (one block per SM)."""
 
-    n64: SourcedFlopsTable | None = Field(default=None, description="N = 64 (the backward's S and dP at Br = 64); "
-                                          "absent in files calibrated before it was measured")
     n128: SourcedFlopsTable
     n256: SourcedFlopsTable
 

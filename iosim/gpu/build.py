@@ -319,7 +319,7 @@ def flash3_bwd_instances() -> list[Flash3BwdInstance]:
 
 RATES_SOURCE = "rates.cu"
 RATES_WGMMA_DEFINE = "-DIOSIM_RATES_WGMMA"
-RATES_WGMMA_N = (64, 128, 256)  # wgmma m64nNk16
+RATES_WGMMA_N = (128, 256)  # wgmma m64nNk16
 RATES_WARPGROUPS = (1, 2, 3)  # warpgroups per block (one block per SM)
 
 

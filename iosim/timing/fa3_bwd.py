@@ -3,7 +3,6 @@
 FlashAttention-3's backward (Shah et al. 2024, §3 and its appendix) and cuDNN's run the K/V-outer loop as
 FlashAttention-2's does (iosim/timing/fa2_bwd.py): one work tile per K/V block of Bc keys of one head, a **step**
 per Q block of Br queries it visits: five GEMMs (S = QKᵀ, dP = dO Vᵀ, dV += Pᵀ dO, dK += dSᵀ Q, dQ = dS K) on wgmma,
-each at the calibrated rate of its instruction's N (``wgmma.n64/n128/n256``),
 Br·Bc exp2 and SCORE_OPS fp32 operations per score, a producer warp's TMA loads of Q_i, dO_i, L_i, D_i, and dQ_i
 added in fp32 to the global accumulator. Two consumer warpgroups share the SM's tensor cores: while one computes its
 P and dS, the other's GEMMs run, so a step costs the longer of its GEMMs and its elementwise work plus
@@ -25,25 +24,16 @@ from ..hopper import schedule_time
 from ..problem import STAT_BYTES, AttentionProblem
 from . import overlap
 from .fa2 import place
-from .fa2_bwd import ACC_BYTES, SCORE_OPS, block_steps
+from .fa2_bwd import ACC_BYTES, GEMMS, SCORE_OPS, block_steps
 from .kernels import KernelDesc, TileConfig
 from .rates import Rates
-
-
-def gemm_seconds(Br: int, Bc: int, d: int, r: Rates) -> float:
-    """One step's five GEMMs on one SM, each at the measured rate of its wgmma's N (a consumer warpgroup owns 64 of
-    the Bc keys, wgmma's M): S and dP N = Br; dV and dK N = d; dQ N = d where Br = 128 (a warpgroup computes 64 rows of
-    dQ_i), d / 2 where Br = 64 (half its columns)."""
-    flops = 2 * Br * Bc * d
-    dq_n = d if Br >= 128 else d // 2
-    return (2 * flops / r.wgmma_at(Br) + 2 * flops / r.wgmma_at(d) + flops / r.wgmma_at(dq_n)) * r.sms
 
 
 def step_parts(p: AttentionProblem, tc: TileConfig, r: Rates) -> dict[str, float]:
     """Seconds of one step's GEMMs, elementwise work, loads and dQ reductions at one SM's rates, and the step."""
     Br, Bc, d, e = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes
     per_sm = r.sms
-    gemm = gemm_seconds(Br, Bc, d, r)
+    gemm = GEMMS * 2 * Br * Bc * d / (r.wgmma / per_sm)
     elem = Br * Bc / (r.ex2 / per_sm) + SCORE_OPS * Br * Bc / (r.alu / per_sm)
     load = (2 * Br * d * e + 2 * Br * STAT_BYTES) / (r.l2 / per_sm)
     red_rate = r.l2_reduce.get(tc.dq_reduce_lanes or 2, r.l2_write)

@@ -23,7 +23,6 @@ class Rates:
     mma: float  # mma.sync FLOP/s at full issue, this dtype (fp32 problems: plain fp32)
     mma_by_warps: dict[int, float] = field(default_factory=dict)  # warps per SM -> mma.sync FLOP/s
     wgmma: float = math.nan  # Hopper warpgroup MMA FLOP/s (nan: not measured, not Hopper)
-    wgmma_by_n: dict[int, float] = field(default_factory=dict)  # wgmma's N -> FLOP/s (the best over warpgroups)
     ex2: float = math.nan  # exp2 results/s (special-function unit)
     alu: float = math.nan  # fp32 lane operations/s (an FMA is one operation here)
     smem: float = math.inf  # shared memory bytes/s (ldmatrix)
@@ -52,11 +51,6 @@ class Rates:
             if warps_per_sm <= w1:
                 return r0 + (r1 - r0) * (warps_per_sm - w0) / (w1 - w0)
         return pts[-1][1]
-
-    def wgmma_at(self, n: int) -> float:
-        """wgmma FLOP/s of an m64nNk16 instruction: the measured N at or above ``n`` (the nearest), else ``wgmma``."""
-        at = [v for k, v in sorted(self.wgmma_by_n.items()) if k >= n]
-        return at[0] if at else self.wgmma
 
     def first_launch_s(self) -> float:
         """The fixed cost of a call's first kernel: the launch interval, and what a call of a tiny kernel measures
@@ -107,17 +101,14 @@ def rates(profile: Profile, dtype: str) -> Rates:
         return base
     key = "bf16" if dtype == "bf16" else "fp16"
     table = {int(w): float(v) for w, v in getattr(cal.mma_sync, key).throughput.value.items()} if dtype != "fp32" else {}
-    wgmma, by_n = base.wgmma, {}
+    wgmma = base.wgmma
     if cal.wgmma is not None and dtype != "fp32":
         wgmma = max(getattr(cal.wgmma, key).n128.value.values())  # FA3's GEMMs: N = Bc or d = 128
-        by_n = {n: max(t.value.values()) for n in (64, 128, 256)
-                if (t := getattr(getattr(cal.wgmma, key), f"n{n}", None)) is not None}
     return Rates(
         sms=base.sms,
         mma=max(table.values()) if table else base.mma,
         mma_by_warps=table,
         wgmma=wgmma,
-        wgmma_by_n=by_n,
         ex2=float(cal.exp.throughput.value),
         alu=float(cal.fp32.fma.value) / 2,
         smem=float(cal.smem.ldmatrix.value),
