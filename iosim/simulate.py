@@ -188,7 +188,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     if desc is not None and desc.tiles and block_q is None and block_kv is None:
         tc = desc.tiles_for(problem.head_dim)
         block_q, block_kv = tc.block_q, tc.block_kv
-    if desc is not None and desc.pass_ == "backward" and gqa is None and problem.heads != problem.kv_heads:
+    if (desc is not None and desc.pass_ == "backward" and gqa is None and problem.heads != problem.kv_heads
+            and "gqa" in get_schedule(schedule, "backward").options):
         gqa = desc.gqa  # the kernel's design of grouped-query heads, counted as it runs
     options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa)
     if method not in ("closed", "walk"):
