@@ -75,3 +75,11 @@ def test_a_grouped_kernel_brings_its_design_to_the_count():
                        block_q=ours.tiles.block_q, block_kv=ours.tiles.block_kv)
     assert ours.traffic == grouped.traffic
     assert [k.name for k in ours.counts.kernels] == ["flash2_bwd_preprocess", "flash2_bwd", "flash2_bwd_convert_dq"]
+
+
+def test_a_kernel_whose_schedule_takes_no_gqa_option_times_grouped_heads():
+    """flash3's backward is grouped by construction (no gqa option): its kernel must not hand it one."""
+    p = AttentionProblem(heads=8, kv_heads=2, seq_len=1024, head_dim=128, dtype="bf16")
+    r = simulate("flash3", p, H100, pass_="backward", kernel="iosim-flash3-bwd", l2=False)
+    assert r.time.kernel == "iosim-flash3-bwd" and r.time.predicted_s > 0
+
