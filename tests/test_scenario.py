@@ -220,7 +220,7 @@ def test_a_kernel_for_a_schedule_the_scenario_lacks_or_of_another_family_is_reje
     base = {"schema_version": 1, "name": "k", "title": "k", "schedules": ["flash2"], "problems": [{"seq_len": 128}]}
     with pytest.raises(ScenarioError, match="kernel: 'naive' is not one of this scenario's schedules"):
         scenario_from_dict({**base, "kernel": {"naive": "iosim-naive"}})
-    with pytest.raises(ScenarioError, match=r"kernel.flash2: kernel 'iosim-naive' \(family naive\)"):
+    with pytest.raises(ScenarioError, match=r"kernel.flash2: kernel 'iosim-naive' \(family naive, forward pass\)"):
         scenario_from_dict({**base, "kernel": {"flash2": "iosim-naive"}})
 
 

@@ -84,18 +84,30 @@ def _tma_box_padding(c: V.Check) -> int:
     return c.batch * (c.heads * pad_q * row + c.heads * visits * 2 * pad_kv * row)
 
 
+def _ragged(c) -> bool:
+    return bool(c.seq_len % c.block_q or c.kv_len % c.block_kv)
+
+
 @pytest.mark.parametrize("device", ["h200", "h100"])
 def test_the_committed_records_are_found_and_global_is_exact(device):
-    """Every `global` check equals the measured bytes, but flash3's reads on a ragged edge, which exceed the
-    schedule by exactly the out-of-bounds rows of its whole TMA boxes."""
+    """Every `global` check of our kernels equals the measured bytes, but flash3's reads on a ragged edge, which
+    exceed the schedule by exactly the out-of-bounds rows of its whole TMA boxes, and the backward's reads on ragged
+    tiles, where ncu's cp.async byte counter reads up to 0.01% high and differs between two runs of one problem
+    (docs/validation.md). torch's FA2 backward (sdpa-flash-bwd) is a blind check, judged in the record, not here."""
     assert device in V.devices()
     checks = V.load_record(device)
     for c in checks:
-        if c.boundary == "global" and not (c.kernel == "flash3" and c.direction == "read"):
-            assert c.simulated == c.measured, c.label
-        elif c.boundary == "global":
+        if c.boundary != "global" or c.kernel == "sdpa-flash-bwd":
+            continue
+        if c.kernel == "flash3" and c.direction == "read":
             assert c.measured - c.simulated == _tma_box_padding(c), c.label
+        elif c.kernel == "flash2-bwd" and c.direction == "read" and _ragged(c):
+            assert 0 <= c.measured - c.simulated <= c.simulated // 10_000, c.label
+        else:
+            assert c.simulated == c.measured, c.label
+    assert any(c.kernel == "flash2-bwd" and c.boundary == "global" and not _ragged(c) for c in checks)
     assert any(c.kernel == "flash3" and c.seq_len % c.block_q for c in checks)  # the ragged class is there
-    assert all(len(c.launches) == 3 for c in checks if c.boundary == "hbm")
+    # the forward sweep was launched three times over, the backward part twice (data/validation/manifest.json)
+    assert all(len(c.launches) == (2 if c.kernel.endswith("-bwd") else 3) for c in checks if c.boundary == "hbm")
     with pytest.raises(V.RecordError, match="no validation record"):
         V.load_record("no-such-gpu")
