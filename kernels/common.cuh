@@ -104,19 +104,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
 
 // *p += a, *(p + 1) += b in global memory, done by the L2 (no value returned); p 8-byte aligned. Hopper has a
 // two-element reduction instruction; earlier GPUs issue two.
-// sm_90: 4 consecutive fp32 (16-byte aligned) added in one instruction
-__device__ __forceinline__ void red_add_f32x4(float* p, float a, float b, float c, float d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
-                 : "memory");
-#else
-    atomicAdd(p, a);
-    atomicAdd(p + 1, b);
-    atomicAdd(p + 2, c);
-    atomicAdd(p + 3, d);
-#endif
-}
-
 __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");

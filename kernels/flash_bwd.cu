@@ -51,19 +51,6 @@
 #include "common.cuh"
 #include "tile.cuh"
 
-#ifndef IOSIM_BWD_DQ_ORDER
-#define IOSIM_BWD_DQ_ORDER 0
-#endif
-#ifndef IOSIM_BWD_DQ_ORDER_D64
-#define IOSIM_BWD_DQ_ORDER_D64 0
-#endif
-#ifndef IOSIM_BWD_DQ_DEFER
-#define IOSIM_BWD_DQ_DEFER 0
-#endif
-#ifndef IOSIM_BWD_DQ_V4
-#define IOSIM_BWD_DQ_V4 0
-#endif
-
 namespace iosim {
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -142,9 +129,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                      float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv, int seq_len, int kv_len,
                      int heads, int kv_heads, float scale, float scale_log2) {
     using L = BwdLayout<D, Br, Bc>;
-    // where dQ's GEMM and reductions sit among the dV and dK GEMMs: 0 after both, 1 between, 2 before both
-    constexpr int kDqOrder = (D <= 64) ? IOSIM_BWD_DQ_ORDER_D64 : IOSIM_BWD_DQ_ORDER;
-    constexpr bool kDefer = IOSIM_BWD_DQ_DEFER && D <= 64;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T* sK = reinterpret_cast<T*>(smem_raw);  // Bc x D
     T* sV = sK + Bc * D;                     // Bc x D
@@ -196,25 +180,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     zero(acc_dk);
     zero(acc_dv);
 
-    // IOSIM_BWD_DQ_DEFER (d <= 64 only; d = 128 would spill): dQ of iteration it - 1, reduced into L2 under iteration it's S^T GEMM
-    float dq_pend[L::MQ][L::NQ][4];
-    float* dq_pend_ptr = nullptr;
-    int dq_pend_rows = 0;
-    auto dq_flush = [&]() {
-        constexpr int kQCols = D / L::WNq;
-#pragma unroll
-        for (int mi = 0; mi < L::MQ; ++mi)
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                const int row = qm * 16 * L::MQ + mi * 16 + g + 8 * hr;
-                if (row < dq_pend_rows) {
-#pragma unroll
-                    for (int nt = 0; nt < L::NQ; ++nt)
-                        red_add_f32x2(dq_pend_ptr + row * q_stride + qn * kQCols + nt * 8 + 2 * t4,
-                                      dq_pend[mi][nt][2 * hr], dq_pend[mi][nt][2 * hr + 1]);
-                }
-            }
-    };
     for (int it = 0; it < n_iter; ++it) {
         const int buf = it & 1;
         cp_async_wait<0>();  // this Q block (and, the first time, K_j and V_j) has landed
@@ -235,8 +200,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             float acc_s[L::MS][L::NS][4];
             zero(acc_s);
             warp_mma_pf<L::MS, L::NS, D / 16, false, false, D, D>(acc_s, sK, sm * 32, 0, sQb, sn * kCols, 0, lane);
-            if constexpr (kDefer)
-                if (dq_pend_ptr != nullptr) dq_flush();
 #pragma unroll
             for (int nt = 0; nt < L::NS; ++nt) {
                 const int col = sn * kCols + nt * 8 + 2 * t4;  // this thread's two query columns: col, col + 1
@@ -289,44 +252,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         }
         __syncthreads();  // P^T and dS^T complete
 
+        // Alg. lines 12, 16: dV_j += P^T dO_i, dK_j += dS^T Q_i (this warp: 32 keys x D / WNkv)
+        constexpr int kDCols = D / L::WNkv;
+        warp_mma_pf<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dv, sP, kvm * 32, 0, sdOb, kvn * kDCols, 0, lane);
+        warp_mma_pf<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dk, sdS, kvm * 32, 0, sQb, kvn * kDCols, 0, lane);
+
         // Alg. line 15: dQacc_i += dS K_j (dS carries the scale), dS read back transposed (this warp: 16 MQ rows x
         // D / WNq)
-        auto dq_step = [&]() {
-            if (dq_accum == nullptr) return;
+        if (dq_accum != nullptr) {
             float acc_dq[L::MQ][L::NQ][4];
             zero(acc_dq);
             constexpr int kQCols = D / L::WNq;
             warp_mma_pf<L::MQ, L::NQ, Bc / 16, true, true, Br, D>(acc_dq, sdS, qm * 16 * L::MQ, 0, sK, qn * kQCols, 0,
                                                                  lane);
             float* dqg = dq_accum + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
-            if constexpr (kDefer) {
-#pragma unroll
-                for (int mi = 0; mi < L::MQ; ++mi)
-#pragma unroll
-                    for (int nt = 0; nt < L::NQ; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) dq_pend[mi][nt][e] = acc_dq[mi][nt][e];
-                dq_pend_ptr = dqg;
-                dq_pend_rows = seq_len - m0;
-                return;
-            }
-#if IOSIM_BWD_DQ_V4 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            // lanes t4 and t4 ^ 1 trade a row half: the even one adds row g, the odd one row g + 8, 4 columns each
-            const bool odd = t4 & 1;
-#pragma unroll
-            for (int mi = 0; mi < L::MQ; ++mi) {
-                const int row = qm * 16 * L::MQ + mi * 16 + g + (odd ? 8 : 0);
-#pragma unroll
-                for (int nt = 0; nt < L::NQ; ++nt) {
-                    float* a = acc_dq[mi][nt];
-                    const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
-                    const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
-                    if (m0 + row < seq_len)
-                        red_add_f32x4(dqg + row * q_stride + qn * kQCols + nt * 8 + 2 * (t4 & 2),
-                                      odd ? r0 : a[0], odd ? r1 : a[1], odd ? a[2] : r0, odd ? a[3] : r1);
-                }
-            }
-#else
 #pragma unroll
             for (int mi = 0; mi < L::MQ; ++mi)
 #pragma unroll
@@ -339,17 +278,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                           acc_dq[mi][nt][2 * hr], acc_dq[mi][nt][2 * hr + 1]);
                     }
                 }
-#endif
-        };
-
-        // Alg. lines 12, 16: dV_j += P^T dO_i, dK_j += dS^T Q_i (this warp: 32 keys x D / WNkv); dQ's GEMM and
-        // reductions go where kDqOrder says
-        constexpr int kDCols = D / L::WNkv;
-        if constexpr (kDqOrder == 2) dq_step();
-        warp_mma_pf<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dv, sP, kvm * 32, 0, sdOb, kvn * kDCols, 0, lane);
-        if constexpr (kDqOrder == 1) dq_step();
-        warp_mma_pf<L::MKV, L::NKV, Br / 16, false, true, Br, D>(acc_dk, sdS, kvm * 32, 0, sQb, kvn * kDCols, 0, lane);
-        if constexpr (kDqOrder == 0) dq_step();
+        }
         h = h_next;
         m0 = m0_next;
         m0_next += Br;
@@ -358,8 +287,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             ++h_next;
         }
     }
-    if constexpr (kDefer)
-        if (dq_pend_ptr != nullptr) dq_flush();
     cp_async_wait<0>();  // no copy may still be in flight into shared memory when the block exits
 
     // Alg. line 18: dK_j = dS^T Q (dS carries the scale), dV_j, written once in the problem dtype
