@@ -144,15 +144,37 @@ def _launches(fn) -> list[dict]:
     return out
 
 
-def measure(device: str, reps: int, only: list[str] | None) -> dict:
+def device_header(device: str, reps: int) -> dict:
+    """What a record says of its measurement: GPU 0's name, the driver, torch, the commit measured, the reps."""
     import subprocess
 
     import torch
 
-    torch.manual_seed(0)
-    props = torch.cuda.get_device_properties(0)
     driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                             capture_output=True, text=True).stdout.strip()
+    return {"device": torch.cuda.get_device_properties(0).name, "device_key": device, "driver": driver,
+            "torch": torch.__version__, "commit": os.environ.get("IOSIM_COMMIT", "unknown"), "reps": reps}
+
+
+def time_call(fn, reps: int, launches: bool) -> tuple[float | None, list[dict], float]:
+    """(median ms, the call's launches where asked, seconds the timing ran) of one call; a backend that refuses the
+    shape is recorded (ms None, the error as its launch), not fatal."""
+    import time
+
+    try:
+        t0 = time.perf_counter()
+        ms = time_ms(fn, reps)
+        seconds = time.perf_counter() - t0
+        return ms, (_launches(fn) if launches else []), seconds
+    except Exception as exc:
+        return None, [{"error": f"{type(exc).__name__}: {exc}"[:300]}], 0.0
+
+
+def measure(device: str, reps: int, only: list[str] | None) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    header = device_header(device, reps)
     rows, shapes = [], sweep()
     for i, s in enumerate(shapes):
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[s.dtype]
@@ -164,18 +186,13 @@ def measure(device: str, reps: int, only: list[str] | None) -> dict:
         for name, fn in _callables(s, tensors).items():
             if only and name not in only:
                 continue
-            try:
-                ms = time_ms(fn, reps)
-                launch = _launches(fn) if name in ("fa2", "cudnn") else []
-            except Exception as exc:  # a backend that refuses a shape: recorded, not fatal
-                ms, launch = None, [{"error": f"{type(exc).__name__}: {exc}"[:300]}]
+            ms, launch, _ = time_call(fn, reps, launches=name in ("fa2", "cudnn"))
             rows.append({**asdict(s), "kernel": name, "measured_ms": ms, "launches": launch})
             print(f"[{i + 1}/{len(shapes)}] {s.key:<34} {name:<15} "
                   f"{'refused' if ms is None else f'{ms:10.4f} ms'}", flush=True)
         del tensors
         torch.cuda.empty_cache()
-    return {"device": props.name, "device_key": device, "driver": driver, "torch": torch.__version__,
-            "commit": os.environ.get("IOSIM_COMMIT", "unknown"), "reps": reps, "rows": rows}
+    return {**header, "rows": rows}
 
 
 def append_throughput(data: dict, path: Path) -> None:

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 from bench_backward import _inputs, _torch_backward  # beside this file
-from cuda_events import time_ms
-from time_record import PROFILE, Shape, _launches
+from time_record import PROFILE, Shape, device_header, time_call
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ("iosim-flash2-bwd", "iosim-flash3-bwd", "fa2-bwd", "cudnn-bwd")
@@ -69,13 +66,9 @@ def _callables(s: Shape, tensors) -> dict:
     return calls
 
 def measure(device: str, reps: int, only: list[str] | None = None) -> dict:
-    import subprocess
-
     import torch
 
-    props = torch.cuda.get_device_properties(0)
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.strip()
+    header = device_header(device, reps)
     rows, shapes = [], sweep()
     for i, s in enumerate(shapes):
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[s.dtype]
@@ -83,25 +76,18 @@ def measure(device: str, reps: int, only: list[str] | None = None) -> dict:
         for name, fn in _callables(s, tensors).items():
             if only and name not in only:
                 continue
-            launch, seconds = [], 0.0
-            if isinstance(fn, Exception):
-                ms, launch = None, [{"error": f"{type(fn).__name__}: {fn}"[:300]}]
+            if isinstance(fn, Exception):  # refused before any timing
+                ms, launch, seconds = None, [{"error": f"{type(fn).__name__}: {fn}"[:300]}], 0.0
             else:
-                try:
-                    t0 = time.perf_counter()
-                    ms = time_ms(fn, reps)
-                    seconds = time.perf_counter() - t0
-                    launch = _launches(fn)
-                except Exception as exc:  # a backend that refuses a shape: recorded, not fatal
-                    ms, launch = None, [{"error": f"{type(exc).__name__}: {exc}"[:300]}]
+                ms, launch, seconds = time_call(fn, reps, launches=True)
             rows.append({**asdict(s), "kernel": name, "measured_ms": ms, "run_s": round(seconds, 3),
-                         "commit": os.environ.get("IOSIM_COMMIT", "unknown"), "launches": launch})
+                         "commit": header["commit"], "launches": launch})
             print(f"[{i + 1}/{len(shapes)}] {s.key:<34} {name:<17} "
                   f"{'refused' if ms is None else f'{ms:10.4f} ms'}", flush=True)
         del tensors
         torch.cuda.empty_cache()
-    return {"device": props.name, "device_key": device, "driver": driver, "torch": torch.__version__,
-            "commit": os.environ.get("IOSIM_COMMIT", "unknown"), "reps": reps, "rows": rows}
+    return {**header, "rows": rows}
+
 
 def _gqa_inputs(torch, s: Shape, dt):
     """Q, K, V, O, lse, dO of one shape (our forward's O and lse); K and V with the shape's kv heads and kv_len."""
