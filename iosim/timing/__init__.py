@@ -13,11 +13,14 @@ the profile's rates (:mod:`iosim.timing.rates`: measured by ``iosim calibrate ra
   :mod:`iosim.timing.decode`;
 * family ``fa3`` (wgmma ping-pong; fa3, cudnn): FlashAttention-3's pipeline, :mod:`iosim.hopper`, at the measured
   wgmma rate;
-* family ``naive`` (three kernels): :mod:`iosim.timing.naive`.
+* family ``naive`` (three kernels): :mod:`iosim.timing.naive`;
+* the backward pass (descriptions with ``pass: backward``: iosim-flash2-bwd, fa2-bwd, cudnn-bwd, iosim-flash3-bwd):
+  the row kernels stream, the main kernel's step is :mod:`iosim.timing.fa2_bwd`'s or :mod:`iosim.timing.fa3_bwd`'s.
 
 ``warm=True`` models back-to-back calls on the same inputs: a problem whose tensors fit in L2 then moves no DRAM
 bytes (the estimate's ``dram_free`` says so; the cold bytes stay the result's ``hbm``). Schedules no kernel
-describes (flash1, block-sparse, the backward pass) keep the peak roofline, on the cold DRAM bytes.
+describes (flash1, block-sparse, naive's and flash1's backward, ``pass_="both"``) keep the peak roofline, on the cold
+DRAM bytes.
 """
 
 from __future__ import annotations
