@@ -12,7 +12,8 @@ the best rate per dtype last.
 from __future__ import annotations
 
 import argparse
-import statistics
+
+from iosim.measure.events import ISOLATED, time_ms, torch_clock
 
 
 def main() -> None:
@@ -38,17 +39,8 @@ def main() -> None:
             err = ((c[rows].double() - ref).abs().max() / ref.abs().max()).item()
             if not err < {"fp16": 2e-3, "bf16": 2e-2}[name]:
                 raise SystemExit(f"{name} n={n}: C differs from the float64 product by {err:.3g} (relative)")
-            for _ in range(5):
-                torch.matmul(x, y, out=c)
-            times = []
-            for _ in range(a.reps):
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                torch.matmul(x, y, out=c)
-                e1.record()
-                e1.synchronize()
-                times.append(e0.elapsed_time(e1) / 1e3)
-            t = statistics.median(times)
+            # the ISOLATED view: each call waits for the one before (as this script always timed a GEMM)
+            t = time_ms(lambda x=x, y=y, c=c: torch.matmul(x, y, out=c), a.reps, 5, ISOLATED, torch_clock(torch)) / 1e3
             rate = 2 * n**3 / t / 1e12
             best[name] = max(best.get(name, 0.0), rate)
             print(f"{name} n={n}: {t * 1e3:.3f} ms median of {a.reps}, {rate:.1f} TFLOP/s (max error {err:.1e})")

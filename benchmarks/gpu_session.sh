@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: GPU tests, compute-sanitizer, benchmark. Logs go to $OUT (the device tool's
 # folder that comes back), the short summary to stdout last.
-#   usage (repository root, wheels from ../shared/device/wheels.sh carried as .whl):
+#   usage (repository root; the wheels the steps import (the gpu extra, torch, pytest) in .whl/, carried with the call):
 #     bash benchmarks/gpu_session.sh [tests] [sanitize] [bench] [bench-quick] [tiles] [record] [calibrate]
 #   record: the validation sweep (docs/validation.md), its archive copied to $OUT; calibrate: the L2 probes and
 #   block timelines (iosim calibrate ... --measure).

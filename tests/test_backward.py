@@ -41,7 +41,7 @@ def test_standard_backward_moves_exactly_b_times_7N2_plus_8Nd_bytes_per_head(N, 
     r = simulate("naive", p, pass_="backward")
     b = p.elem_bytes
     assert r.counts.global_bytes == b * (7 * N * N + 8 * N * d) * 6
-    # papers.md §2.4, per line: reads 5N² + 5Nd, writes 2N² + 3Nd
+    # per line: reads 5N² + 5Nd, writes 2N² + 3Nd
     assert r.counts.global_read_bytes == b * (5 * N * N + 5 * N * d) * 6
     assert r.counts.global_write_bytes == b * (2 * N * N + 3 * N * d) * 6
     NN, Nd = N * N * b * 6, N * d * b * 6
@@ -54,7 +54,7 @@ def test_standard_forward_plus_backward_is_12Nd_plus_11N2_elements_and_25_2_GB_a
     p = AttentionProblem(seq_len=1024, head_dim=64, heads=16, batch=64, dtype="fp16")
     r = simulate("naive", p, "a100-sxm4-40gb", pass_="both")
     N, d = 1024, 64
-    assert r.counts.global_bytes == 2 * (12 * N * d + 11 * N * N) * 1024 == 25_232_932_864  # papers.md §1.1: 25.2 GB
+    assert r.counts.global_bytes == 2 * (12 * N * d + 11 * N * N) * 1024 == 25_232_932_864  # 25.2 GB
     assert [k.name for k in r.counts.kernels][:3] == ["naive_scores", "naive_softmax", "naive_pv"]
 
 
@@ -71,7 +71,7 @@ def test_flash1_backward_matches_algorithm_4_line_by_line(N, d, Br, Bc, dt):
     assert c.global_read_bytes == 2 * N * d * b + Tc * (4 * N * d * b + 2 * N * s)
     # line 5: dQ, dK, dV = 0; line 21: dQ_i every (i, j); line 24: dK_j, dV_j once
     assert c.global_write_bytes == 3 * N * d * b + Tc * N * d * b + 2 * N * d * b
-    # papers.md §2.5: HBM_FA1_bwd = 4Nd + Tc·N·(5d + 2) elements (+3Nd init), here in bytes with fp32 l, m
+    # HBM_FA1_bwd = 4Nd + Tc·N·(5d + 2) elements (+3Nd init), here in bytes with fp32 l, m
     assert c.global_bytes == b * (4 * N * d + 5 * Tc * N * d) + s * 2 * Tc * N + 3 * N * d * b
 
 

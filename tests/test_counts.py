@@ -48,7 +48,7 @@ def test_naive_counts_b_times_4Nd_plus_4N2_per_head():
         assert r.counts.global_bytes == b * (4 * N * d + 4 * N * N) * 6
 
 
-# -- FlashAttention-1, Algorithm 1, line by line (papers.md §2.3) ---------------------------------------
+# -- FlashAttention-1, Algorithm 1, line by line ---------------------------------------------------
 
 
 @pytest.mark.parametrize("N,d,Br,Bc,dt", [(4096, 128, 128, 192, "fp16"), (1024, 64, 64, 256, "bf16"),
@@ -61,7 +61,7 @@ def test_flash1_matches_algorithm_1_line_by_line(N, d, Br, Bc, dt):
     assert c.global_read_bytes == 2 * N * d * b + Tc * (2 * N * d * b + 2 * N * s)
     # line 2: O, l, m initialized; lines 12-13: O_i, l_i, m_i written for every (i, j)
     assert c.global_write_bytes == (N * d * b + 2 * N * s) + Tc * (N * d * b + 2 * N * s)
-    # papers.md: HBM_FA1_fwd = 2Nd + Tc·N·(3d + 4) elements (+ Nd + 2N with the init), here in bytes
+    # HBM_FA1_fwd = 2Nd + Tc·N·(3d + 4) elements (+ Nd + 2N with the init), here in bytes
     assert c.global_bytes == b * (2 * N * d + 3 * Tc * N * d) + s * 4 * Tc * N + N * d * b + 2 * N * s
     assert dict(c.global_read) == {"K": N * d * b, "V": N * d * b, "Q": Tc * N * d * b, "O": Tc * N * d * b,
                                    "l": Tc * N * s, "m": Tc * N * s}
@@ -98,7 +98,7 @@ def test_causal_flash1_reads_Q_O_l_m_once_per_tile_that_holds_a_visible_key(N, N
     assert c.global_read["K"] == Nk * 8 * 2  # line 6: once
 
 
-# -- FlashAttention-2, Algorithm 1 (papers.md §2.7) -----------------------------------------------------
+# -- FlashAttention-2, Algorithm 1 -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("N,Nk,d,Br,Bc", [(4096, 4096, 128, 128, 64), (1000, 777, 64, 128, 128),
@@ -110,7 +110,7 @@ def test_flash2_matches_algorithm_1_line_by_line(N, Nk, d, Br, Bc):
     # line 4: Q_i once; line 7: K_j, V_j for every (i, j) -> Tr passes; lines 14-15: O once, L (fp32) once
     assert dict(c.global_read) == {"Q": 2 * N * d * b, "K": 2 * Tr * Nk * d * b, "V": 2 * Tr * Nk * d * b}
     assert dict(c.global_write) == {"O": 2 * N * d * b, "lse": 2 * N * 4}
-    # papers.md: HBM_FA2_fwd = 2Nd + 2Tr·Nd + N (N = Nk), in bytes with an fp32 L
+    # HBM_FA2_fwd = 2Nd + 2Tr·Nd + N (N = Nk), in bytes with an fp32 L
     if N == Nk:
         assert c.global_bytes == 2 * (b * (2 * N * d + 2 * Tr * N * d) + 4 * N)
 

@@ -18,7 +18,7 @@ from iosim.simulate import closed, walk
 
 H100 = get_profile("h100-sxm5-80gb")
 SEQ = (512, 1024, 2048, 4096, 8192, 16384)
-# FA3 paper Figure 5, FP16 forward TFLOP/s on H100 SXM5, read off assets/flash3_fp16_fwd.png (papers.md §4, F):
+# FA3 paper Figure 5, FP16 forward TFLOP/s on H100 SXM5, read off assets/flash3_fp16_fwd.png (tag F):
 # (head_dim, causal) -> FA3 at seqlen 512 .. 16k; batch = 16k / seqlen, heads = 2048 / head_dim
 FA3_FIG5 = {(64, False): (333, 392, 460, 476, 496, 497), (64, True): (197, 265, 371, 420, 460, 473),
             (128, False): (467, 565, 625, 638, 646, 648), (128, True): (292, 423, 521, 579, 602, 616),

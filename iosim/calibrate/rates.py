@@ -24,6 +24,7 @@ from iosim._version import __version__
 from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, chase_latency, fmt_value
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.build import RATES_WARPGROUPS, RATES_WGMMA_N, rates_mma_names, rates_wgmma_names
+from iosim.measure.events import BUSY, cupy_clock, time_ms
 from iosim.profile import (
     PROFILES_DIR,
     Profile,
@@ -264,17 +265,14 @@ def _calls(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     buf = cp.ones(8 * n, cp.float32)
     src, dst = buf[: 4 * n], buf[4 * n :]
 
+    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
+
     def call(kernels: int) -> float:
-        starts = [cp.cuda.Event() for _ in range(CALLS)]
-        ends = [cp.cuda.Event() for _ in range(CALLS)]
-        spin((1,), (32,), (cp.int64(10_000_000),))
-        for s, e in zip(starts, ends):
-            s.record()
+        def one() -> None:
             for _ in range(kernels):
                 copy((4 * b.sms,), (256,), (src, dst, cp.int64(n)))
-            e.record()
-        ends[-1].synchronize()
-        return float(np.median([cp.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)])) * 1e-3
+
+        return time_ms(one, CALLS, warmup=0, view=BUSY, clock=clock) * 1e-3
 
     call(1)  # warm: the buffers in L2
     t1 = float(np.median([call(1) for _ in range(b.repeats)]))

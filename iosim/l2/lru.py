@@ -1,31 +1,11 @@
 """The round loop of the L2 model: the grid's thread blocks take turns issuing tile accesses into a byte-weighted LRU.
 
 Part of the L2 model; the model as a whole is described in :mod:`iosim.l2`. Everything here is compiled by numba
-and works on plain arrays, grouped into tuples by role:
-
-* ``trace`` = (atom, shape, write, shapes, step, gidx, glen, reps): one head's program as records, each its first
-  atom and the shape of the rectangle of atoms it covers; a record is the ``gidx``-th of a group of ``glen`` records
-  run ``reps`` times, its atom moving by ``step`` each time (:mod:`iosim.l2.program`);
-* ``grid`` = (ptr, layout, head_q, head_kv, n_sms, share, unit_q): records ``ptr[t]:ptr[t+1]`` belong to template
-  block ``t``; ``layout`` = (blocks per head, reversed, templates, row stride, row wrap, full rows, K/V stride): block
-  ``b`` of a head is template block ``b mod templates`` of row ``b div templates``, its Q-side atoms moved by ``row
-  stride`` per row; with a row wrap, the rows of all heads in turn share that many rows of atoms (a last, partial
-  row has template blocks of its own: :class:`iosim.l2.program.LoopProgram`), else each head's atoms are moved by
-  the atoms of a head; K/V atoms are moved by ``K/V stride`` per K/V head; the grid launches heads in the order of
-  ``head_q``/``head_kv`` (their Q-side and K/V-side slots), the blocks of a head in order (or reversed); ``share``
-  is the block drift (1: lockstep);
-* ``slots`` = (pos, end, qoff, kvoff, live, age, rate, credit, half, rep, unit, done): the blocks resident at once,
-  one per slot; slot s is on SM s mod ``n_sms``, ``half`` is the L2 partition near that SM (1 or 2), ``rep`` the
-  repetition of the group the block is in, ``unit`` the unit of heads it belongs to, ``done`` its accesses so far;
-* the cache ``c`` = (res, cost, mask, dirty, prev, nxt, last_round, out_read, out_write, owner): per atom (all
-  heads) its resident bytes, room per byte, the partitions that read it, dirty or not, its neighbours in the recency
-  list and the round it was last touched; DRAM bytes by unit of heads and tensor; the unit of heads of the block
-  that last touched each atom (its write-backs are that unit's);
-* the model ``m`` = (atom_bytes, atom_tensor, n_atoms, foreign, cost_private, cost_shared, cost_dirty, capacity
-  in room units, dedupe, atom_kv, unit_q, unit_kv): ``unit_q``/``unit_kv`` give the unit of heads of each Q-side
-  and K/V-side slot (the DRAM bytes are kept per unit, so that :mod:`iosim.l2.model` can extrapolate over heads);
-* ``ctl`` = (window, skip, progress): every ``window`` rounds :func:`iosim.l2.steady.window` takes stock (and with
-  ``skip`` skips the steady part of long K/V loops); ``progress[0]`` holds the accesses made or skipped so far.
+and works on plain arrays, grouped by role into the named tuples of :mod:`iosim.l2.state`: the head's program
+(``trace``: :class:`~iosim.l2.state.Trace`), the launch (``grid``: :class:`~iosim.l2.state.Grid`), the resident
+blocks (``slots``: :class:`~iosim.l2.state.Slots`), the cache (``c``: :class:`~iosim.l2.state.Cache`), what the loop
+knows of atoms and L2 (``m``: :class:`~iosim.l2.state.Model`) and the stock-taking's control (``ctl``:
+:class:`~iosim.l2.state.Control`).
 """
 
 from __future__ import annotations
@@ -34,6 +14,19 @@ import numpy as np
 
 from ._common import FOREIGN
 from ._jit import _njit, _njit_inline
+from .state import (
+    BLOCKS,
+    FULL_ROWS,
+    KV_STRIDE,
+    REVERSED,
+    ROW_STRIDE,
+    ROW_WRAP,
+    SKIPPED,
+    TEMPLATES,
+    Cache,
+    Slots,
+    Window,
+)
 from .steady import window
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -43,31 +36,31 @@ from .steady import window
 @_njit_inline
 def _launch_block(launched, s, grid, slots, n_atoms):
     """Put the grid's block number ``launched`` (in launch order) into slot ``s``."""
-    ptr, layout, head_q, head_kv = grid[0], grid[1], grid[2], grid[3]
-    nb, tmpl, wrap, full = layout[0], layout[2], layout[4], layout[5]
+    ptr, layout, head_q, head_kv = grid.ptr, grid.layout, grid.head_q, grid.head_kv
+    nb, tmpl, wrap, full = layout[BLOCKS], layout[TEMPLATES], layout[ROW_WRAP], layout[FULL_ROWS]
     h = launched // nb
-    b = nb - 1 - launched % nb if layout[1] else launched % nb
+    b = nb - 1 - launched % nb if layout[REVERSED] else launched % nb
     t, row = b % tmpl, b // tmpl
     if row >= full:  # the last, partial row: its own template blocks, their atoms as they are
         t += tmpl
-        slots[2][s] = 0 if wrap > 0 else head_q[h] * n_atoms
+        slots.qoff[s] = 0 if wrap > 0 else head_q[h] * n_atoms
     elif wrap > 0:  # the rows of every head in turn share ``wrap`` rows of atoms
-        slots[2][s] = ((h * full + row) % wrap) * layout[3]
+        slots.qoff[s] = ((h * full + row) % wrap) * layout[ROW_STRIDE]
     else:
-        slots[2][s] = head_q[h] * n_atoms + row * layout[3]
-    slots[0][s] = ptr[t]
-    slots[1][s] = ptr[t + 1]
-    slots[3][s] = head_kv[h] * layout[6]
-    slots[5][s] = launched
-    slots[9][s] = 0
-    slots[10][s] = grid[6][head_q[h]]
+        slots.qoff[s] = head_q[h] * n_atoms + row * layout[ROW_STRIDE]
+    slots.pos[s] = ptr[t]
+    slots.end[s] = ptr[t + 1]
+    slots.kvoff[s] = head_kv[h] * layout[KV_STRIDE]
+    slots.age[s] = launched
+    slots.rep[s] = 0
+    slots.unit[s] = grid.unit_q[head_q[h]]
 
 
 @_njit_inline
 def _set_sm_rates(sm, slots, n_sms, share):
     """Issue shares of the blocks on SM ``sm`` (slots sm, sm + n_sms, ...): the k-th oldest gets a share
     proportional to ``share ** k``; shares sum to one access per round (a lone block runs at the SM's full rate)."""
-    live, age, rate = slots[4], slots[5], slots[6]
+    live, age, rate = slots.live, slots.age, slots.rate
     n_slots = live.shape[0]
     total, w = 0.0, 1.0
     for s in range(sm, n_slots, n_sms):
@@ -87,20 +80,21 @@ def _set_sm_rates(sm, slots, n_sms, share):
 def _start_grid(n_slots, grid, n_atoms):
     """The slots at the kernel's start, holding the first ``n_slots`` blocks in launch order. Returns
     (slots, launched)."""
-    n_sms, share = grid[4], grid[5]
-    total_blocks = grid[1][0] * grid[2].shape[0]
+    n_sms, share = grid.n_sms, grid.share
+    total_blocks = grid.layout[BLOCKS] * grid.head_q.shape[0]
     half = np.zeros(n_slots, np.int8)
     for s in range(n_slots):
         half[s] = 1 if 2 * (s % n_sms) < n_sms else 2  # the lower half of SM numbers near one partition
-    slots = (np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64),
-             np.zeros(n_slots, np.int64), np.zeros(n_slots, np.bool_), np.arange(n_slots).astype(np.int64),
-             np.ones(n_slots, np.float64), np.zeros(n_slots, np.float64), half, np.zeros(n_slots, np.int64),
-             np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64))
+    slots = Slots(pos=np.zeros(n_slots, np.int64), end=np.zeros(n_slots, np.int64), qoff=np.zeros(n_slots, np.int64),
+                  kvoff=np.zeros(n_slots, np.int64), live=np.zeros(n_slots, np.bool_),
+                  age=np.arange(n_slots).astype(np.int64), rate=np.ones(n_slots, np.float64),
+                  credit=np.zeros(n_slots, np.float64), half=half, rep=np.zeros(n_slots, np.int64),
+                  unit=np.zeros(n_slots, np.int64), done=np.zeros(n_slots, np.int64))
     launched = 0
     for s in range(n_slots):
         if launched < total_blocks:
             _launch_block(launched, s, grid, slots, n_atoms)
-            slots[4][s] = True
+            slots.live[s] = True
             launched += 1
     if share < 1.0:
         for sm in range(min(n_sms, n_slots)):
@@ -123,13 +117,13 @@ def _turn(credit, rate):
 def _refill_slot(s, launched, live, grid, slots, n_atoms):
     """The block in slot ``s`` has finished: launch the grid's next block there, or retire the slot; the shares
     of that SM's blocks change. Returns the new (``launched``, ``live``)."""
-    n_sms, share = grid[4], grid[5]
-    if launched < grid[1][0] * grid[2].shape[0]:
+    n_sms, share = grid.n_sms, grid.share
+    if launched < grid.layout[BLOCKS] * grid.head_q.shape[0]:
         _launch_block(launched, s, grid, slots, n_atoms)
-        slots[7][s] = 0.0
+        slots.credit[s] = 0.0
         launched += 1
     else:
-        slots[4][s] = False
+        slots.live[s] = False
         live -= 1
     if share < 1.0:
         _set_sm_rates(s % n_sms, slots, n_sms, share)
@@ -153,17 +147,19 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
     array taken from a tuple, in the loop costs an atomic reference count per array and use (NRT_incref /
     NRT_decref were half the time under perf); written out, flash1 at N = 32768, 32 heads, H200 ran 1.3 s -> 0.4 s
     and flash2 at N = 131072 on the H100 4.0 s -> 2.3 s (CPU time, the same bytes)."""
-    acc_atom, acc_shape, acc_write, shapes, acc_step, acc_gidx, acc_glen, acc_reps = trace
-    atom_bytes, atom_tensor, n_atoms, foreign = m[0], m[1], m[2], m[3]
-    cost_private, cost_shared, cost_dirty, cap_units, dedupe = m[4], m[5], m[6], m[7], m[8]
-    n_units = max(m[10].max(), m[11].max()) + 1
+    acc_atom, acc_shape, acc_write, shapes, acc_step = trace.atom, trace.shape, trace.write, trace.shapes, trace.step
+    acc_gidx, acc_glen, acc_reps = trace.gidx, trace.glen, trace.reps
+    atom_bytes, atom_tensor, n_atoms, foreign = m.atom_bytes, m.atom_tensor, m.n_atoms, m.foreign
+    cost_private, cost_shared, cost_dirty, cap_units, dedupe = m.cost_private, m.cost_shared, m.cost_dirty, \
+        m.capacity, m.dedupe
+    n_units = max(m.unit_q.max(), m.unit_kv.max()) + 1
     G = foreign + 1  # every head's atoms, and the foreign dirty lines present at the start
     res, cost = np.zeros(G, np.int64), np.zeros(G, np.int64)
     mask, dirty = np.zeros(G, np.int8), np.zeros(G, np.bool_)
     prev, nxt, last_round = np.full(G, -1, np.int64), np.full(G, -1, np.int64), np.full(G, -1, np.int64)
     out_read, out_write = np.zeros((n_units + 1, n_tensors), np.int64), np.zeros((n_units + 1, n_tensors), np.int64)
     owner = np.zeros(G, np.int64)
-    c = (res, cost, mask, dirty, prev, nxt, last_round, out_read, out_write, owner)
+    c = Cache(res, cost, mask, dirty, prev, nxt, last_round, out_read, out_write, owner)
     head = tail = -1  # most and least recent
     used = 0  # room in units of 1/ROOM_UNIT byte
     if init_dirty > 0:
@@ -171,25 +167,25 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
         head = tail = foreign
         used = init_dirty * cost_dirty
     slots, launched = _start_grid(n_slots, grid, n_atoms)
-    win = (np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64),
-           np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read), np.zeros_like(out_read),
-           np.zeros(6, np.int64))
-    period, progress = ctl[0], ctl[2]
+    win = Window(done0=np.zeros(n_slots, np.int64), d1=np.zeros(n_slots, np.int64), d2=np.zeros(n_slots, np.int64),
+                 r_snap=np.zeros_like(out_read), rd1=np.zeros_like(out_read), rd2=np.zeros_like(out_read),
+                 restore=np.zeros_like(out_read), stats=np.zeros(6, np.int64))
+    period, progress = ctl.window, ctl.progress
     # the counters window() takes start as int64, not as the literal 0: numba would compile window() once for each
     # type its arguments pass through (literal, then int64), three times, 12 of the first run's 20 s
     zero = np.int64(0)
-    live, rnd, share, issued, refill_rnd, hits, fetched, wrote = launched, 0, grid[5], 0, zero, zero, zero, zero
+    live, rnd, share, issued, refill_rnd, hits, fetched, wrote = launched, 0, grid.share, 0, zero, zero, zero, zero
     # the slots' arrays as locals (in place; the helpers change the same arrays)
-    s_pos, s_end, s_qoff, s_kvoff, s_live, s_rate, s_credit = slots[0], slots[1], slots[2], slots[3], slots[4], \
-        slots[6], slots[7]
-    s_half, s_rep, s_unit, s_done = slots[8], slots[9], slots[10], slots[11]
+    s_pos, s_end, s_qoff, s_kvoff, s_live = slots.pos, slots.end, slots.qoff, slots.kvoff, slots.live
+    s_rate, s_credit, s_half, s_rep, s_unit, s_done = slots.rate, slots.credit, slots.half, slots.rep, slots.unit, \
+        slots.done
     while live > 0:
         rnd += 1
         if rnd % period == 0:
             rnd, used, head, tail = window(rnd, used, head, tail, refill_rnd, (hits, fetched, wrote), trace, slots,
                                            c, m, win, ctl)
             hits = fetched = wrote = zero
-            progress[0] = issued + win[7][2]
+            progress[0] = issued + win.stats[SKIPPED]
         for s in range(n_slots):
             if not s_live[s]:
                 continue
@@ -289,6 +285,6 @@ def run_kernel(trace, kv_atom, grid, m, n_slots, init_dirty, n_tensors, ctl):
     for g in range(foreign):
         if dirty[g]:
             dirty_end += res[g]
-    progress[0] = issued + win[7][2]
-    return out_read, out_write, dirty_end, rnd, win[7][2]
+    progress[0] = issued + win.stats[SKIPPED]
+    return out_read, out_write, dirty_end, rnd, win.stats[SKIPPED]
 

@@ -27,21 +27,22 @@ from __future__ import annotations
 
 from ._common import FOREIGN
 from ._jit import _njit, _njit_inline
+from .state import LAST_HITS, LAST_ROOM, LAST_WROTE, REPLAY_END, SKIPPED, WINDOWS
 
 
 @_njit_inline
 def atom_unit(g, c, m):
-    """(unit of heads, tensor) of global atom ``g``: the unit of the block that last touched it (``c[9]``); the
-    foreign dirty lines are unit ``n_units``, FOREIGN."""
-    if g == m[3]:
-        return max(m[10].max(), m[11].max()) + 1, FOREIGN
-    return c[9][g], m[1][g % m[2]]
+    """(unit of heads, tensor) of global atom ``g``: the unit of the block that last touched it (``c.owner``);
+    the foreign dirty lines are unit ``n_units``, FOREIGN."""
+    if g == m.foreign:
+        return max(m.unit_q.max(), m.unit_kv.max()) + 1, FOREIGN
+    return c.owner[g], m.atom_tensor[g % m.n_atoms]
 
 
 @_njit
 def _flush(c, m):
     """Empty the cache; dirty bytes are written back. Returns the new (used, head, tail)."""
-    res, cost, mask, dirty, prev, nxt, out_write = c[0], c[1], c[2], c[3], c[4], c[5], c[8]
+    res, cost, mask, dirty, prev, nxt, out_write = c.res, c.cost, c.mask, c.dirty, c.prev, c.nxt, c.out_write
     for g in range(res.shape[0]):
         if res[g] > 0:
             if dirty[g]:
@@ -54,19 +55,18 @@ def _flush(c, m):
 @_njit
 def window(rnd, used, head, tail, refill_rnd, counts, trace, slots, c, m, win, ctl):
     """Take stock at round ``rnd`` (a multiple of the window); skip ahead when the loop is steady (see above).
-    ``win`` = (done at the window's start, advance in the last two windows, reads at the window's start, reads in
-    the last two windows, reads to restore when the replay ends, (windows counted, replay end, skipped, and hits,
-    room fetched and writes in the last window)); ``counts`` = (hits: reads in this window that found data fetched
+    ``win``: :class:`~iosim.l2.state.Window`; ``counts`` = (hits: reads in this window that found data fetched
     in an earlier round, fetched: the L2 room (units of 1/ROOM_UNIT byte) its misses took, writes it made).
     Returns the new (rnd, used, head, tail)."""
-    done0, d1, d2, r_snap, rd1, rd2, restore, st = win
+    done0, d1, d2, r_snap, rd1, rd2, restore, st = win.done0, win.d1, win.d2, win.r_snap, win.rd1, win.rd2, \
+        win.restore, win.stats
     hits, fetched, wrote = counts
-    period, skip = ctl[0], ctl[1]
-    out_read, live, done = c[7], slots[4], slots[11]
-    if st[1] > 0:  # replaying the last windows of a skip
-        if rnd < st[1]:
+    period, skip = ctl.window, ctl.skip
+    out_read, live, done = c.out_read, slots.live, slots.done
+    if st[REPLAY_END] > 0:  # replaying the last windows of a skip
+        if rnd < st[REPLAY_END]:
             return rnd, used, head, tail
-        st[0], st[1] = 0, 0
+        st[WINDOWS], st[REPLAY_END] = 0, 0
         for s in range(done.shape[0]):
             done0[s] = done[s]
         for u in range(out_read.shape[0]):
@@ -82,11 +82,11 @@ def window(rnd, used, head, tail, refill_rnd, counts, trace, slots, c, m, win, c
         for t in range(out_read.shape[1]):
             rd2[u, t], rd1[u, t], r_snap[u, t] = rd1[u, t], out_read[u, t] - r_snap[u, t], out_read[u, t]
             tot1, tot2, diff = tot1 + rd1[u, t], tot2 + rd2[u, t], diff + abs(rd1[u, t] - rd2[u, t])
-    st[0] += 1
-    hits2, st[3] = st[3] + hits, hits
-    room2, st[4] = st[4] + fetched, fetched
-    wrote2, st[5] = st[5] + wrote, wrote
-    if not skip or st[0] < 2 or refill_rnd > rnd - 2 * period or wrote2 > 0 or room2 <= 0:
+    st[WINDOWS] += 1
+    hits2, st[LAST_HITS] = st[LAST_HITS] + hits, hits
+    room2, st[LAST_ROOM] = st[LAST_ROOM] + fetched, fetched
+    wrote2, st[LAST_WROTE] = st[LAST_WROTE] + wrote, wrote
+    if not skip or st[WINDOWS] < 2 or refill_rnd > rnd - 2 * period or wrote2 > 0 or room2 <= 0:
         return rnd, used, head, tail
     if hits2 > 0:  # reuse between blocks holds only while none drifts from another: every block ran every round
         for s in range(live.shape[0]):
@@ -94,18 +94,18 @@ def window(rnd, used, head, tail, refill_rnd, counts, trace, slots, c, m, win, c
                 return rnd, used, head, tail
     if tot1 <= 0 or tot2 <= 0 or 100 * diff > tot1 + tot2:
         return rnd, used, head, tail
-    gidx, glen, reps = trace[5], trace[6], trace[7]
+    gidx, glen, reps = trace.gidx, trace.glen, trace.reps
     kmax = 1 << 62
     for s in range(live.shape[0]):
         if not live[s]:
             continue
-        pos = slots[0][s]
+        pos = slots.pos[s]
         two = d1[s] + d2[s]  # twice the mean advance
         if reps[pos] <= 1 or abs(d1[s] - d2[s]) > 1 or two <= 0:
             return rnd, used, head, tail
-        left = reps[pos] * glen[pos] - 1 - (slots[9][s] * glen[pos] + gidx[pos]) - two  # a window to spare
+        left = reps[pos] * glen[pos] - 1 - (slots.rep[s] * glen[pos] + gidx[pos]) - two  # a window to spare
         kmax = min(kmax, max(0, 2 * left // two))
-    j = (2 * m[7] + room2 - 1) // room2 + 1  # windows that fetch one L2 from empty, and one more
+    j = (2 * m.capacity + room2 - 1) // room2 + 1  # windows that fetch one L2 from empty, and one more
     if kmax - j < 3:
         return rnd, used, head, tail
     for u in range(out_read.shape[0]):
@@ -115,15 +115,15 @@ def window(rnd, used, head, tail, refill_rnd, counts, trace, slots, c, m, win, c
     skipped = 0
     for s in range(live.shape[0]):
         if live[s]:
-            pos, L = slots[0][s], glen[slots[0][s]]
+            pos, L = slots.pos[s], glen[slots.pos[s]]
             adv = ((kmax - j) * (d1[s] + d2[s])) // 2
-            e = slots[9][s] * L + gidx[pos] + adv
-            slots[0][s] = pos - gidx[pos] + e % L
-            slots[9][s] = e // L
+            e = slots.rep[s] * L + gidx[pos] + adv
+            slots.pos[s] = pos - gidx[pos] + e % L
+            slots.rep[s] = e // L
             done[s] += adv
             skipped += adv
     rnd += (kmax - j) * period
-    st[1], st[2] = rnd + j * period, st[2] + skipped
+    st[REPLAY_END], st[SKIPPED] = rnd + j * period, st[SKIPPED] + skipped
     for s in range(done.shape[0]):
         done0[s] = done[s]
     return rnd, used, head, tail

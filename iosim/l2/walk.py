@@ -17,6 +17,7 @@ from ..problem import AttentionProblem
 from ..profile import Profile
 from ._common import ROOM_UNIT, TENSOR_CODES, L2ModelError, room_units
 from .program import LoopProgram
+from .state import Control, Grid, Model, Trace
 
 HEAD_TOLERANCE = 0.005  # the middle heads' two halves agree this well: the heads are alike
 WINDOW = 256  # rounds between the loop's stock-takings (steady.window)
@@ -114,12 +115,13 @@ def _walk(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: boo
     unit_q[hq], unit_kv[hk] = units, units
     n_atoms, (q_stride, kv_stride) = len(prog.atom_bytes), prog.strides
     foreign = max(int(hq.max()) * q_stride, int(hk.max()) * kv_stride) + n_atoms  # the atoms of all heads
-    m = (prog.atom_bytes, prog.atom_tensor, n_atoms, foreign, *(room_units(f) for f in x.room),
-         ROOM_UNIT * x.capacity, dedupe, prog.atom_kv, unit_q, unit_kv)
-    trace = (prog.atom, prog.shape, prog.write, prog.shapes, prog.step, prog.gidx, prog.glen, prog.reps)
+    private, shared, dirty = (room_units(f) for f in x.room)
+    m = Model(prog.atom_bytes, prog.atom_tensor, n_atoms, foreign, private, shared, dirty, ROOM_UNIT * x.capacity,
+              dedupe, prog.atom_kv, unit_q, unit_kv)
+    trace = Trace(prog.atom, prog.shape, prog.write, prog.shapes, prog.step, prog.gidx, prog.glen, prog.reps)
     counter = np.zeros(1, np.int64)
-    args = (trace, prog.atom_kv, (prog.ptr, layout, hq, hk, sms, share, unit_q), m, min(n_slots, prog.n_blocks * heads),
-            x.dirty_at_start, len(TENSOR_CODES), (WINDOW, skip, counter))
+    args = (trace, prog.atom_kv, Grid(prog.ptr, layout, hq, hk, sms, share, unit_q), m,
+            min(n_slots, prog.n_blocks * heads), x.dirty_at_start, len(TENSOR_CODES), Control(WINDOW, skip, counter))
     total = prog.accesses * heads
     rd, wr, dirty, rounds, skipped = _call(args, counter, total, progress)
     return _Walk(rd, wr, int(dirty), int(rounds), int(skipped), total)

@@ -10,34 +10,19 @@ SPEC holds ``mode`` ("profile": each run launched once after its marker kernel; 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from .. import gpu
 from .._resources import kernels_dir
+from .events import ISOLATED, cupy_clock, time_ms
 from .ncu import END_MARKER_Z
 from .runs import BACKWARD_KINDS, Attention, MeasureError, ReadProbe, Run, WriteProbe, from_dict, to_dict
 
 PROBE_SOURCE = "probes.cu"
 READ_PROBE_PASSES = 2  # l2probe reads its buffer twice
 WRITE_PROBE_THREADS = 256  # l2write: one block of 256 threads per SM (its grid barrier needs all co-resident)
-
-
-def event_median_ms(fn, cp, reps: int, warmup: int = 0) -> float:
-    """Median CUDA-event time of ``fn()`` over ``reps`` calls after ``warmup`` untimed ones, in ms."""
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(a, b))
-    return statistics.median(ts)
 
 
 def device_identity(p: dict) -> dict:
@@ -187,7 +172,7 @@ def run_spec(spec: dict) -> dict:
                 probes.marker((idx + 1, 1, END_MARKER_Z), (32,), (dummy,))  # the next run's preparation: no run's
                 cp.cuda.Device().synchronize()
             else:
-                rec["time_ms"] = event_median_ms(fn, cp, reps, warmup)
+                rec["time_ms"] = time_ms(fn, reps, warmup, ISOLATED, cupy_clock(cp))
             launch = _launch_record(run)
             if launch:
                 rec["launch"] = launch

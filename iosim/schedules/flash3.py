@@ -31,10 +31,10 @@ from .fit import shrink_to_fit
 NAME = "flash3"
 SUMMARY = "FlashAttention-3: FA2's traffic per tile, Hopper pipeline (TMA producer, ping-pong consumers) in the time"
 STATS = ("lse",)
-STAGES = 2  # K/V pipeline depth (hopper/flash_fwd_launch_template.h: kStages = 2)
+STAGES = 2  # K/V pipeline depth (flash-attention's hopper/flash_fwd_launch_template.h: kStages = 2)
 
-# FA3's forward tiles (kBlockM, kBlockN) for fp16/bf16 by head dim, non-causal / causal (research/kernels.md §3.2,
-# from hopper/tile_size.h). The smallest head dim >= d is used.
+# FA3's forward tiles (kBlockM, kBlockN) for fp16/bf16 by head dim, non-causal / causal (from
+# Dao-AILab/flash-attention's hopper/tile_size.h). The smallest head dim >= d is used.
 FA3_TILES = {64: ((192, 192), (192, 128)), 96: ((192, 144), (192, 144)), 128: ((128, 176), (128, 128)),
              192: ((128, 112), (128, 112)), 256: ((128, 80), (128, 80))}
 FA3_TILES_FP8 = {128: ((128, 224), (128, 224))}  # fp8 e4m3, d <= 128 (same source); larger d: the table above
