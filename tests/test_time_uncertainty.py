@@ -69,6 +69,11 @@ def test_a_recorded_kernel_carries_its_band_and_an_unrecorded_one_says_so():
         assert (v.low_s, v.group) == (None, uncertainty.NO_RECORD)
 
 
+def test_a_profile_on_datasheet_rates_gets_no_band():
+    u = simulate("flash2", AttentionProblem(seq_len=4096, head_dim=128), "a100-sxm4-80gb").time.uncertainty
+    assert (u.low_s, u.group) == (None, uncertainty.UNCALIBRATED)
+
+
 def test_a_users_description_under_a_builtin_name_gets_no_band(tmp_path):
     from iosim.timing import load_kernel
     text = load_kernel("iosim-flash2").model_dump_json(by_alias=True)
@@ -100,4 +105,30 @@ def test_the_cli_shows_the_band_in_the_predicted_time_line(capsys):
     line = next(x for x in out.splitlines() if x.startswith("predicted time:"))
     assert "10th-90th percentile" in line and "fa2, causal" in line and "h100-sxm5-80gb record" in line
     _, out, _ = run_cli(["simulate", "flash1", "--seq-len", "4096", "--head-dim", "128"], capsys)
-    assert "no time record to band it" in next(x for x in out.splitlines() if x.startswith("predicted time:"))
+    assert "no band: no record" in next(x for x in out.splitlines() if x.startswith("predicted time:"))
+
+
+def test_the_time_vs_n_figure_shades_each_recorded_kernels_band():
+    from iosim import plots
+    from iosim.scenario import run_scenario, scenario_from_dict
+    recs = run_scenario(scenario_from_dict({
+        "schema_version": 1, "name": "t", "title": "t", "schedules": ["flash1", "flash2"],
+        "profiles": ["h100-sxm5-80gb", "a100-sxm4-80gb"],
+        "problems": [{"seq_len": [1024, 4096], "head_dim": 64, "causal": True}]})).records
+    fig = plots.time_vs_n(recs)
+    names = [t.name for t in fig.data]
+    # flash2 on the calibrated H100 has a record: its upper edge, then its lower edge filled up to it; flash1 (the
+    # peak roofline) and the A100 (datasheet rates) have none
+    bands = [n for n in names if ": band " in n]
+    assert bands == ["h100-sxm5-80gb, flash2: band high", "h100-sxm5-80gb, flash2: band low"], names
+    low = next(t for t in fig.data if t.name.endswith("band low"))
+    line = next(t for t in fig.data if t.name == "h100-sxm5-80gb, flash2")
+    h100 = [r for r in recs if r["schedule"] == "flash2" and r["profile"] == "h100-sxm5-80gb"]
+    want = [uncertainty.band("iosim-flash2", "h100-sxm5-80gb", AttentionProblem(seq_len=r["seq_len"], head_dim=64,
+                                                                                causal=True), r["predicted_s"])
+            for r in h100]
+    assert low.fill == "tonexty" and list(low.y) == pytest.approx([u.low_s for u in want])
+    assert "band:" in line.text[0] and "iosim-flash2, causal" in line.text[0]
+    assert "10th-90th percentile" in fig.layout.title.text
+    # divided by a schedule's time, the figure is a ratio: no band
+    assert not any(": band " in t.name for t in plots.time_vs_n(recs, relative_to="flash1").data)

@@ -222,11 +222,11 @@ def render(r: Result) -> str:
 
 def _band(u: dict | None) -> str:
     """The records' band around the predicted time, e.g. " (band 38.94 us to 47.54 us: 10th-90th percentile of
-    measured ÷ predicted over 16 rows of fa2, causal, h100-sxm5-80gb record)", or that no record bands it."""
+    measured ÷ predicted over 16 rows of fa2, causal, h100-sxm5-80gb record)", or why there is none."""
     if not u:
         return ""
     if u["low_s"] is None:
-        return " (no time record to band it)"
+        return f" (no band: {u['group']})"
     pooled = u["device"].startswith("pooled")
     src = f"records {u['device']}" if pooled else f"{u['device']} record"
     return (f" (band {fmt_seconds(u['low_s'])} to {fmt_seconds(u['high_s'])}: 10th-90th percentile of measured ÷ "

@@ -85,7 +85,7 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
         desc = None  # the schedule's own kernel has no instantiation for this head_dim: the roofline stands
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline",
-                       uncertainty=_band("roofline", profile, problem, roof.predicted_s))
+                       uncertainty=_band("roofline", profile, problem, roof.predicted_s, True))
     r = rates(profile, problem.dtype)
     latency = r.dram_latency_s
     dram_free = warm and _resident(problem, profile, counts, pass_)
@@ -113,7 +113,8 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
             t, parts = decode.kernel_time(problem, desc, profile, r, rd, wr, latency)
         out.append(KernelTime(counts.kernels[0].name, counts.kernels[0].grid, parts.pop("utilization"),
                               _seconds(parts), t, parts["bound"]))
-    band = _band(desc.name if _is_builtin(desc) else "", profile, problem, sum(k.predicted_s for k in out))
+    band = _band(desc.name if _is_builtin(desc) else "", profile, problem, sum(k.predicted_s for k in out),
+                 r.calibration != "uncalibrated")
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
                         calibration=r.calibration, dram_free=dram_free, uncertainty=band)
 
@@ -123,10 +124,11 @@ def _is_builtin(desc: KernelDesc) -> bool:
     return desc.name in builtin_kernel_names() and desc == load_kernel(desc.name)
 
 
-def _band(kernel: str, profile: Profile, problem: AttentionProblem, predicted_s: float) -> uncertainty.Uncertainty:
+def _band(kernel: str, profile: Profile, problem: AttentionProblem, predicted_s: float,
+          calibrated: bool) -> uncertainty.Uncertainty:
     """The records' band around ``predicted_s`` (:mod:`iosim.timing.uncertainty`); "no record" for a kernel the
-    records do not time."""
-    return uncertainty.band(kernel, profile.name, problem, predicted_s)
+    records do not time, or rates that were not measured."""
+    return uncertainty.band(kernel, profile.name, problem, predicted_s, calibrated=calibrated)
 
 
 def _backward_times(problem: AttentionProblem, tiles: Tiles, counts: Counts, hbm: list[tuple[float, float]],

@@ -13,7 +13,8 @@ Grid size was looked at too: the records hold 2 rows per kernel under one wave a
 the decode rows), too few for a band of their own. A prediction's band is its time times the 10th and 90th
 percentiles of measured ÷ predicted in its group (linear interpolation between order statistics, numpy's default),
 from the records of the device whose profile it runs on, or from all devices' rows pooled for a profile with no
-record. A regime with fewer than :data:`MIN_ROWS` rows falls back to the kernel's rows in every regime; a kernel
+record (a profile on datasheet rates, uncalibrated, gets no band: the records' residuals are those of measured
+rates). A regime with fewer than :data:`MIN_ROWS` rows falls back to the kernel's rows in every regime; a kernel
 with no rows (fa3, a user's description, the peak roofline) says "no record".
 
 Limits: these residuals are in-sample (the forward's one fitted constant, ``OVERLAP_LOSS``, was fitted on the
@@ -37,8 +38,9 @@ DECODE_MAX_ROWS = 64  # a forward with at most this many query rows against a lo
 POOLED = "pooled"
 ALL = "all regimes"
 NO_RECORD = "no record"
+UNCALIBRATED = "no record for datasheet rates"
 
-__all__ = ["ALL", "NO_RECORD", "POOLED", "band", "groups", "quantile", "regime", "table"]
+__all__ = ["ALL", "NO_RECORD", "POOLED", "UNCALIBRATED", "band", "groups", "quantile", "regime", "table"]
 
 
 def regime(kernel: str, seq_len: int, kv_len: int, causal: bool) -> str:
@@ -80,9 +82,13 @@ def _profiles(folder: str | None) -> list[str]:
     return sorted({s for s, _, _ in groups(folder)} - {POOLED})
 
 
-def band(kernel: str, profile: str, problem, predicted_s: float, folder: str | None = None) -> Uncertainty:
+def band(kernel: str, profile: str, problem, predicted_s: float, folder: str | None = None,
+         calibrated: bool = True) -> Uncertainty:
     """The band of ``predicted_s`` for ``kernel`` on ``profile`` (a name) and ``problem`` (seq_len, kv_len,
-    causal): that profile's record if it has one, else all records pooled; the regime's rows, else the kernel's."""
+    causal): that profile's record if it has one, else all records pooled; the regime's rows, else the kernel's.
+    A prediction on datasheet rates (``calibrated`` False) gets none: the records' residuals are of measured rates."""
+    if not calibrated:
+        return Uncertainty(None, None, UNCALIBRATED, 0, "")
     g = groups(folder)
     recorded = _profiles(folder)
     scope = profile if profile in recorded else POOLED
