@@ -109,7 +109,8 @@ class Result:
                 arithmetic_intensity=total_flops / hbm_total if hbm_total else None, unmodeled=t.unmodeled,
                 kernels=[KernelTimeJSON(name=k.name, grid=k.grid, utilization=k.utilization,
                                         predicted_s=k.predicted_s, bound=k.bound, resource_s=k.resources)
-                         for k in t.kernels]),
+                         for k in t.kernels],
+                uncertainty=UncertaintyJSON(**vars(t.uncertainty)) if t.uncertainty else None),
             kernels=[KernelCountsJSON(name=k.name, grid=k.grid, global_read_bytes=k.global_read_bytes,
                                       global_write_bytes=k.global_write_bytes, hbm_read_bytes=hr,
                                       hbm_write_bytes=hw, sram_read_bytes=k.sram_read,
@@ -192,6 +193,19 @@ class KernelTimeJSON(_Contract):
     resource_s: dict[str, float] = Field(description="time per resource at full-chip rate, seconds")
 
 
+class UncertaintyJSON(_Contract):
+    """The band of measured time around ``predicted_s`` on recorded kernels like this one (docs/timing.md)."""
+
+    low_s: float | None = Field(description="predicted_s times the 10th percentile of measured ÷ predicted in the "
+                                "group; null: no record")
+    high_s: float | None = Field(description="predicted_s times the 90th percentile; null: no record")
+    group: str = Field(description="'<kernel>, <regime>' (decode, causal, non-causal), '<kernel>, all regimes' "
+                       "(too few rows in the regime) or 'no record'")
+    rows: int = Field(description="time-record rows in the group")
+    device: str = Field(description="the record's profile, 'pooled: <profiles>' for a profile with no record of "
+                        "its own, or empty (no record)")
+
+
 class TimeJSON(_Contract):
     predicted_s: float
     roofline_s: float | None
@@ -203,6 +217,9 @@ class TimeJSON(_Contract):
     arithmetic_intensity: float | None = Field(description="total FLOPs per traffic.hbm byte")
     unmodeled: dict[str, str]
     kernels: list[KernelTimeJSON]
+    uncertainty: UncertaintyJSON | None = Field(
+        None, description="the time records' band around predicted_s (iosim.timing.uncertainty); absent from "
+        "results saved before it")
 
 
 class KernelCountsJSON(_Contract):

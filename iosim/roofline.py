@@ -40,6 +40,19 @@ class KernelTime:
     bound: str
 
 
+@dataclass(frozen=True)
+class Uncertainty:
+    """How far the time model missed on recorded kernels like this one (:mod:`iosim.timing.uncertainty`): the
+    prediction times the 10th and 90th percentiles of measured ÷ predicted over the ``rows`` rows of ``group``
+    in the time records of ``device``; ``low_s``/``high_s`` None and ``group`` "no record" where none apply."""
+
+    low_s: float | None
+    high_s: float | None
+    group: str  # "<kernel>, <regime>", "<kernel>, all regimes" (too few rows in the regime) or "no record"
+    rows: int
+    device: str  # the record's profile, "pooled: <profiles>" (the profile has no record of its own), or ""
+
+
 @dataclass
 class TimeEstimate:
     kernels: list[KernelTime]
@@ -48,6 +61,7 @@ class TimeEstimate:
     kernel: str = "roofline"  # whose launch and pipeline the estimate assumes (iosim.timing.kernels)
     calibration: str = "uncalibrated"  # the rates' origin: "measured on ..." or "uncalibrated" (datasheet peaks)
     dram_free: bool = False  # warm calls whose inputs stay in L2: the estimate prices no DRAM bytes (iosim.timing)
+    uncertainty: Uncertainty | None = None  # the records' band around predicted_s (iosim.timing.uncertainty)
 
     @property
     def predicted_s(self) -> float:

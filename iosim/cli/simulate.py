@@ -200,7 +200,8 @@ def render(r: Result) -> str:
         + (f"{j['sram_peak_bytes']:,} B = shared memory {j['sram_shared_bytes']:,} of {j['sram_budget_bytes']:,} B"
            f" + registers {j['sram_register_bytes']:,} of {j['register_budget_bytes'] or 0:,} B"
            if j["sram_peak_bytes"] is not None else "n/a (untiled)"),
-        f"predicted time: {fmt_seconds(j['time']['predicted_s'])}, bound by {j['time']['bound']}"
+        f"predicted time: {fmt_seconds(j['time']['predicted_s'])}{_band(j['time'].get('uncertainty'))}, "
+        f"bound by {j['time']['bound']}"
         + (f", arithmetic intensity {j['time']['arithmetic_intensity']:.1f} FLOP/B (hbm)"
            if j["time"]["arithmetic_intensity"] else ""),
         f"  kernel {j['time']['kernel']}, rates {j['time']['calibration']}; peak roofline "
@@ -217,6 +218,19 @@ def render(r: Result) -> str:
         lines.append(f"  warm calls: {why}" + ("" if r.time.dram_free else "; the time prices the hbm bytes above"))
     lines.append(f"(decimal units: 1 MB = 10^6 B; hbm model: {r.hbm_model})")
     return "\n".join(lines)
+
+
+def _band(u: dict | None) -> str:
+    """The records' band around the predicted time, e.g. " (band 38.94 us to 47.54 us: 10th-90th percentile of
+    measured ÷ predicted over 16 rows of fa2, causal, h100-sxm5-80gb record)", or why there is none."""
+    if not u:
+        return ""
+    if u["low_s"] is None:
+        return f" (no band: {u['group']})"
+    pooled = u["device"].startswith("pooled")
+    src = f"records {u['device']}" if pooled else f"{u['device']} record"
+    return (f" (band {fmt_seconds(u['low_s'])} to {fmt_seconds(u['high_s'])}: 10th-90th percentile of measured ÷ "
+            f"predicted over {u['rows']} rows of {u['group']}, {src})")
 
 
 def _kernel_rows(kernels: list[dict]) -> list[str]:

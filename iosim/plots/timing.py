@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import re
 import textwrap
+from types import SimpleNamespace
 
 import plotly.graph_objects as go
 
+from ..timing import uncertainty
 from ..units import fmt_seconds
 from .records import bytes_hover, case_key, hover, label, length_axis, profile_symbols, series
 from .style import color, layout
@@ -16,6 +18,8 @@ from .style import color, layout
 PEAK = "peak roofline, uncalibrated"
 UNCALIBRATED = "datasheet rates, uncalibrated"
 NOT_RECORDED = "time model not recorded in these results (saved by an older iosim)"
+BAND_NOTE = ("shaded: the time records' 10th-90th percentile of measured ÷ predicted for the kernel and regime "
+             "(docs/timing.md)")
 
 
 def calibrated_on(calibration: str | None) -> str:
@@ -84,12 +88,12 @@ def time_vs_n(records: list[dict], title: str = "Predicted time vs sequence leng
               relative_to: str | None = None) -> go.Figure:
     """Predicted time (iosim's kernel time model, or the peak roofline where a schedule has no kernel model: the
     subtitle says which, and on what the rates were measured) against N, log-log, one line per schedule and
-    profile; with ``relative_to`` (a schedule), each time divided by that schedule's time on the same problem and
-    profile."""
+    profile, shaded by the time records' band where its kernel has one (:func:`record_band`); with ``relative_to``
+    (a schedule), each time divided by that schedule's time on the same problem and profile (no band)."""
     fig = go.Figure()
     symbols = profile_symbols(records)
     xf, xtitle = length_axis(records)
-    base = {}
+    base, shade = {}, []  # each series' bands, drawn after the lines (the lines' traces keep their order)
     if relative_to:
         base = {case_key(r): r["predicted_s"] for r in records if r["schedule"] == relative_to}
     for ident, rows in series(records, xf):
@@ -98,23 +102,59 @@ def time_vs_n(records: list[dict], title: str = "Predicted time vs sequence leng
             continue
         sched = rows[0]["schedule"]
         ys = [r["predicted_s"] / base[case_key(r)] if relative_to else r["predicted_s"] for r in rows]
+        bands = [None if relative_to else record_band(r) for r in rows]
+        shade.append((rows, bands, label(ident, schedule=sched), color(sched)))
         fig.add_trace(go.Scatter(
-            x=[r[xf] for r in rows], y=ys, name=label(ident, schedule=sched),
+            x=[r[xf] for r in rows], y=ys, name=label(ident, schedule=sched), legendgroup=label(ident, schedule=sched),
             mode="lines+markers", line={"color": color(sched), "dash": _dash(sched, ident, relative_to)},
             marker={"symbol": symbols[rows[0]["profile"]], "size": 7},
             text=[hover(r, [f"predicted: {fmt_seconds(r['predicted_s'])} ({r['predicted_s']:.6g} s), "
                              f"bound by {r['bound']}", time_hover(r)]
                          + ([f"{y:.3g}× the time of {relative_to}"] if relative_to else [])
+                         + ([band_hover(b)] if b else [])
                          + [f"global: {bytes_hover(r['global_bytes'])}, hbm: {bytes_hover(r['hbm_bytes'])}",
-                            f"FLOPs: {r['flops_total']:,}"]) for r, y in zip(rows, ys)],
+                            f"FLOPs: {r['flops_total']:,}"]) for r, y, b in zip(rows, ys, bands, strict=True)],
             hovertemplate="%{text}<extra></extra>"))
+    banded = sum(_add_band(fig, rows, bands, xf, name, c) for rows, bands, name, c in shade)
     if not relative_to:
+        title += f"<br><sup>{BAND_NOTE}</sup>" if banded else ""
         layout(fig, title, xtitle, "predicted time (s)", units={"yaxis": "s"})
         return with_time_source(fig, title, records)
     if "÷" not in title:  # a title that says time over an axis that is a ratio: say so under it
         title += f"<br><sup>y: each schedule's predicted time ÷ {relative_to}'s on the same problem</sup>"
     layout(fig, title, xtitle, f"time ÷ {relative_to}'s (1 = as fast)", log_y=False)
     return with_time_source(fig, title, records)
+
+
+def record_band(r: dict) -> uncertainty.Uncertainty | None:
+    """A case's band from the time records (:mod:`iosim.timing.uncertainty`), None where its kernel has none."""
+    kernel = r.get("time_kernel")
+    if not kernel or kernel == "roofline" or not r.get("predicted_s"):
+        return None
+    shape = SimpleNamespace(seq_len=r["seq_len"], kv_len=r.get("kv_len") or r["seq_len"], causal=bool(r["causal"]))
+    cal = r.get("time_calibration") not in (None, "uncalibrated")
+    u = uncertainty.band(kernel, r["profile"], shape, r["predicted_s"], calibrated=cal)
+    return u if u.low_s is not None else None
+
+
+def band_hover(u: uncertainty.Uncertainty) -> str:
+    return (f"band: {fmt_seconds(u.low_s)} to {fmt_seconds(u.high_s)} (10th-90th percentile of measured ÷ "
+            f"predicted over {u.rows} rows of {u.group}, {u.device})")
+
+
+def _add_band(fig: go.Figure, rows: list[dict], bands: list, xf: str, name: str, line_color: str) -> int:
+    """Two traces under a series: its band's upper edge, then its lower edge filled up to it; 0 where no row of
+    the series has a band, else 1."""
+    pts = [(r[xf], b) for r, b in zip(rows, bands, strict=True) if b is not None]
+    if not pts:
+        return 0
+    text = [band_hover(b) for _, b in pts]
+    for edge, fill in (("high_s", None), ("low_s", "tonexty")):
+        fig.add_trace(go.Scatter(
+            x=[x for x, _ in pts], y=[getattr(b, edge) for _, b in pts], name=f"{name}: band {edge[:-2]}",
+            mode="lines", line={"width": 0, "color": line_color}, fill=fill, opacity=0.18, showlegend=False,
+            legendgroup=name, text=text, hoverinfo="skip"))
+    return 1
 
 
 def _dash(schedule: str, ident: dict, relative_to: str | None) -> str:

@@ -33,7 +33,7 @@ from ..problem import STAT_BYTES, AttentionProblem
 from ..profile import Profile
 from ..roofline import KernelTime, TimeEstimate
 from ..schedules import Tiles
-from . import decode, fa2, fa2_bwd, fa3_bwd, naive, overlap
+from . import decode, fa2, fa2_bwd, fa3_bwd, naive, overlap, uncertainty
 from .kernels import (
     DEFAULT_BACKWARD_KERNEL,
     DEFAULT_KERNEL,
@@ -87,7 +87,8 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
     if desc is not None and kernel is None and desc.tiles and not any(d >= problem.head_dim for d in desc.tiles):
         desc = None  # the schedule's own kernel has no instantiation for this head_dim: the roofline stands
     if desc is None:
-        return replace(roof, roofline_s=roof.predicted_s, kernel="roofline")
+        return replace(roof, roofline_s=roof.predicted_s, kernel="roofline",
+                       uncertainty=_band("roofline", profile, problem, roof.predicted_s, True))
     r = rates(profile, problem.dtype)
     latency = r.dram_latency_s
     dram_free = warm and _resident(problem, profile, counts, pass_)
@@ -115,8 +116,22 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
             t, parts = decode.kernel_time(problem, desc, profile, r, rd, wr, latency)
         out.append(KernelTime(counts.kernels[0].name, counts.kernels[0].grid, parts.pop("utilization"),
                               _seconds(parts), t, parts["bound"]))
+    band = _band(desc.name if _is_builtin(desc) else "", profile, problem, sum(k.predicted_s for k in out),
+                 r.calibration != "uncalibrated")
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
-                        calibration=r.calibration, dram_free=dram_free)
+                        calibration=r.calibration, dram_free=dram_free, uncertainty=band)
+
+
+def _is_builtin(desc: KernelDesc) -> bool:
+    """A built-in description (the records time the built-ins: a user's file of the same name is not one)."""
+    return desc.name in builtin_kernel_names() and desc == load_kernel(desc.name)
+
+
+def _band(kernel: str, profile: Profile, problem: AttentionProblem, predicted_s: float,
+          calibrated: bool) -> uncertainty.Uncertainty:
+    """The records' band around ``predicted_s`` (:mod:`iosim.timing.uncertainty`); "no record" for a kernel the
+    records do not time, or rates that were not measured."""
+    return uncertainty.band(kernel, profile.name, problem, predicted_s, calibrated=calibrated)
 
 
 def _backward_times(problem: AttentionProblem, tiles: Tiles, counts: Counts, hbm: list[tuple[float, float]],
