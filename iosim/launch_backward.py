@@ -102,7 +102,7 @@ def flash_bwd_launch(problem: AttentionProblem, tiles: Tiles, variant: str = "io
 # ------------------------------------------------------------------------------------------------------------------
 # FlashAttention-3-design backward (kernels/flash3_bwd.cu): sm_90a only; mirrors the constexprs at its top.
 
-FLASH3_BWD_THREADS = 384  # warpgroup 0: producer warp (TMA) + dQ writer warp (bulk reduce-add); 1, 2: consumers
+FLASH3_BWD_THREADS = 384  # warpgroup 0: producer warp (TMA) + 3 dQ writer warps (bulk reduce-add); 1, 2: consumers
 FLASH3_BWD_REGISTERS = {"producer": 24, "consumer": 240}  # setmaxnreg: 128 x 24 + 256 x 240 = 64,512
 # (block_q, block_kv) per head dim: block_kv = 2 consumer warpgroups x 64 keys (wgmma's M); block_q = wgmma's N of
 # S^T, dP^T (FlashAttention-3's hopper/ tiles: 128 x 128 at d = 64, 64 x 128 at d = 128; at block_q = 128 each

@@ -13,8 +13,9 @@
 //     warp 0: K_j, V_j once by TMA; then per visit (query head of the group x Q block i that sees a key of j) Q_i
 //             and dO_i by TMA into a 2-stage ring, lse_i * log2e and Delta_i by plain loads (ragged rows and the
 //             lse of a row that sees no key become +inf, so P = 0), all completing on the stage's "full" mbarrier.
-//     warp 1: the dQ writer: per visit, waits for the consumers' dQ_i partial in shared memory and adds each row
-//             to dQacc with cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 (rows >= N skipped).
+//     warps 1-3: the dQ writers: per visit, wait for the consumers' dQ_i partial in shared memory and add each row
+//             to dQacc with cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 (rows >= N skipped); warp w
+//             takes rows w - 1, w + 2, .. (a warp issues its reduce-adds one lane at a time).
 //   warpgroups 1, 2, consumers (setmaxnreg 240), each owning 64 of the Bc keys (wgmma's M), per visit:
 //     S^T  = K_j Q_i^T                      wgmma m64 n=Br k16, A = K (shared, K-major), B = Q (shared, K-major)
 //     dP^T = V_j dO_i^T                     likewise
@@ -46,6 +47,13 @@
 //       N = 4096 / 8192, same run as torch): d = 128 442.0 / 453.8 TFLOP/s (0.80x / 0.90x cuDNN, 1.46x / 1.47x FA2),
 //       causal 388.8 / 432.4 (0.83x / 0.83x); d = 64 266.5 / 273.6 (0.60x / 0.64x cuDNN, 0.95x FA2), causal
 //       231.6 / 250.6 (0.61x / 0.61x).
+//   v3  three dQ writer warps (warps 1-3 of the producer warpgroup; 2 and 3 were idle) instead of one: ncu showed the
+//       consumers waiting for the writer to have read the previous dQ partial (named barrier 3) in 40% of all warp
+//       samples at d = 64 and 15% at d = 128; the writer issues its Br bulk reduce-adds one lane at a time.
+//       Measured (H100, bf16, N = 4096 / 8192, same run as torch): d = 128 524.7 / 519.3 TFLOP/s (0.94x / 0.89x
+//       cuDNN, 1.79x / 1.74x FA2), causal 460.2 / 520.9 (0.98x / 0.99x); d = 64 453.8 / 455.6 (1.00x / 1.03x cuDNN,
+//       1.62x / 1.58x FA2), causal 297.4 / 328.8 (0.79x / 0.78x). Against v2 in the same call: +13-21% at d = 128,
+//       +27-75% at d = 64 (docs/kernels.md, v3).
 #include "common.cuh"
 #include "flash3_wgmma.cuh"
 #include "flash3_bwd_wgmma.cuh"
@@ -56,6 +64,13 @@ constexpr int kF3bThreads = 384;  // iosim/launch_backward.py FLASH3_BWD_THREADS
 constexpr int kF3bPanel = 64;     // elements per 128-byte row of a swizzled panel
 constexpr int kF3bBc = 128;       // FLASH3_BWD_TILES (iosim/launch_backward.py): 2 consumer warpgroups x 64 keys
 constexpr int kF3bDqPad = 8;      // fp32 padding of a dQ staging row (32 B)
+// dQ writer warps of the producer warpgroup (warps 1 .. kF3bWriters); v2 had 1 (IOSIM_F3B_WRITERS=1 builds it again:
+// a measurement switch; 2 was measured between, docs/kernels.md v3)
+#ifndef IOSIM_F3B_WRITERS
+#define IOSIM_F3B_WRITERS 3
+#endif
+constexpr int kF3bWriters = IOSIM_F3B_WRITERS;
+static_assert(kF3bWriters >= 1 && kF3bWriters <= 3, "warps 1 to 3 of the producer warpgroup");
 constexpr float kF3bLog2e = 1.4426950408889634f;
 
 struct alignas(64) TmaMapB {
@@ -267,11 +282,14 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
                 }
                 mbar_arrive(full(s));
             }
-        } else if (warp == 1 && with_dq) {  // ------------------------------------------------- dQ writer
+        } else if (warp >= 1 && warp <= kF3bWriters && with_dq) {  // ----------------------------- dQ writers
+            // kF3bWriters warps, warp w rows w - 1, w - 1 + kF3bWriters, ..: a warp issues its bulk reduce-adds one
+            // lane at a time (uniform operands), so more warps drain the partial sooner
             for (int v = 0; v < n_visits; ++v) {
                 const int h = hk * group + v / per_head, m0 = (m_begin + v % per_head) * Br;
-                named_sync(2, 256 + 32);  // the consumers' dQ_i partial is in sdQ
-                for (int r = lane; r < Br; r += 32) {
+                named_sync(2, 256 + 32 * kF3bWriters);  // the consumers' dQ_i partial is in sdQ
+#pragma unroll 1
+                for (int r = (warp - 1) + kF3bWriters * lane; r < Br; r += 32 * kF3bWriters) {
                     const int row = m0 + r;
                     if (row < seq_len)
                         bulk_reduce_add_f32(dq_accum + (((long long)b * seq_len + row) * heads + h) * D,
@@ -279,7 +297,7 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
                 }
                 bulk_commit();
                 bulk_wait_read();  // sdQ may be overwritten
-                if (v + 1 < n_visits) named_arrive(3, 256 + 32);
+                if (v + 1 < n_visits) named_arrive(3, 256 + 32 * kF3bWriters);
             }
             bulk_wait_all();
         }
@@ -408,7 +426,7 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
                 wgmma_wait<0>();
             }
             fence_regs(acc_dq);
-            if (v > 0) named_sync(3, 256 + 32);  // the dQ writer has read the previous partial
+            if (v > 0) named_sync(3, 256 + 32 * kF3bWriters);  // the dQ writers have read the previous partial
             const int r0 = kDqSplitRows ? cw * 64 : 0, c0 = kDqSplitRows ? 0 : cw * NQ;
 #pragma unroll
             for (int nd = 0; nd < NQ / 8; ++nd)
@@ -419,7 +437,7 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
                         make_float2(acc_dq[nd * 4 + 2 * hr] * scale, acc_dq[nd * 4 + 2 * hr + 1] * scale);
                 }
             fence_async_smem();
-            named_arrive(2, 256 + 32);
+            named_arrive(2, 256 + 32 * kF3bWriters);
         } else if (kDqUnderDk) {
             wgmma_fence();
 #pragma unroll

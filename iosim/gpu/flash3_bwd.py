@@ -4,8 +4,8 @@ kernel (Delta = rowsum(dO o O), fp32 dQ accumulator cleared) and its dQ conversi
 Q-outer dQ kernel: the main kernel then adds nothing into dQ, so no order-dependent additions remain).
 
 One thread block per (K/V block of Bc = 128 keys, kv head, batch): a producer warp loads K_j, V_j once and Q_i, dO_i
-per visit by TMA; a second warp adds each visit's fp32 dQ_i partial into the accumulator with TMA bulk reduce-adds;
-two consumer warpgroups run the wgmma GEMMs. Counted by ``simulate("flash3", p, pass_="backward")``.
+per visit by TMA; three more warps add each visit's fp32 dQ_i partial into the accumulator with TMA bulk
+reduce-adds; two consumer warpgroups run the wgmma GEMMs. Counted by ``simulate("flash3", p, pass_="backward")``.
 """
 
 from __future__ import annotations
