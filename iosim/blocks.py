@@ -1,4 +1,4 @@
-"""Tile geometry: which rows a block holds, and which K/V blocks a Q block visits.
+"""Tile geometry: which rows a block holds, which K/V blocks a Q block visits, and how thread blocks fill the SMs.
 
 One question per function, like FlashAttention's ``BlockInfo.get_n_block_min_max``. Ragged last tiles hold
 their real rows only (no padding). Everything here works on Python ints and, where noted, on NumPy arrays
@@ -7,6 +7,7 @@ their real rows only (no padding). Everything here works on Python ints and, whe
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,3 +112,30 @@ def _visit_sums_scalar(N: int, Nk: int, Br: int, Bc: int, causal: bool) -> Visit
         kv_blocks=int(n.max()) if Tr else 0,
         q_rows=int(br[n > 0].sum()),
     )
+
+
+def assign(costs, slots: int) -> tuple[list[list[int]], list]:
+    """List scheduling, the one placement of thread blocks used everywhere (the time models' grids, the flash3 host
+    scheduler): work items in the order given, each to the slot that frees first (the lowest-numbered on a tie).
+    Returns each slot's items and each slot's load."""
+    per_slot: list[list[int]] = [[] for _ in range(slots)]
+    heap = [(0, x) for x in range(slots)]
+    for i, c in enumerate(costs):
+        load, x = heapq.heappop(heap)
+        per_slot[x].append(i)
+        heapq.heappush(heap, (load + c, x))
+    loads = [0] * slots
+    for load, x in heap:
+        loads[x] = load
+    return per_slot, loads
+
+
+def makespan(durations: np.ndarray, slots: int, longest_first: bool = False) -> float:
+    """When the last of ``durations`` (thread blocks in launch order, or longest first: a persistent scheduler's LPT)
+    ends on ``slots`` slots under :func:`assign`."""
+    d = np.sort(durations)[::-1] if longest_first else np.asarray(durations)
+    if len(d) <= slots:
+        return float(d.max()) if len(d) else 0.0
+    if np.all(d == d[0]):  # equal work: whole waves
+        return float(cdiv(len(d), slots) * d[0])
+    return float(max(assign(d.tolist(), slots)[1]))

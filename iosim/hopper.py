@@ -27,13 +27,12 @@ peak, a parameter of this model with its source (below), not a property of the c
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import cdiv, n_kv_blocks_visible
+from .blocks import cdiv, makespan, n_kv_blocks_visible
 from .counts import Counts
 from .problem import STAT_BYTES, AttentionProblem
 from .profile import Profile
@@ -109,19 +108,6 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile,
     return t, sums
 
 
-def schedule_time(per_block: np.ndarray, copies: int, sms: int) -> float:
-    """Longest-processing-time-first placement of ``copies`` × ``per_block`` thread blocks on ``sms`` SMs."""
-    jobs = np.sort(np.tile(per_block, copies))[::-1]
-    if len(jobs) <= sms:
-        return float(jobs[0]) if len(jobs) else 0.0
-    if np.all(jobs == jobs[0]):  # equal work: whole waves
-        return float(cdiv(len(jobs), sms) * jobs[0])
-    loads = [0.0] * sms
-    for job in jobs:
-        heapq.heapreplace(loads, loads[0] + float(job))
-    return max(loads)
-
-
 def predict(counts: Counts, problem: AttentionProblem, tiles, profile: Profile,
             model: HopperModel = HopperModel()) -> TimeEstimate:
     """A TimeEstimate with one kernel, flash3_fwd, in the shape the roofline returns."""
@@ -130,7 +116,7 @@ def predict(counts: Counts, problem: AttentionProblem, tiles, profile: Profile,
     r = _rates(profile, p.dtype, model)
     sms = r["sms"]
     heads = p.n_heads_total
-    pipeline = schedule_time(per_block, heads, sms)
+    pipeline = makespan(np.tile(per_block, heads), sms, longest_first=True)  # FA3's persistent scheduler
     (k,) = counts.kernels
     b, d = p.elem_bytes, p.head_dim
     compulsory = heads * (2 * p.seq_len * d * b + p.seq_len * STAT_BYTES) + p.batch * p.kv_heads * 2 * p.kv_len * d * b

@@ -16,12 +16,12 @@ any machine.
 from __future__ import annotations
 
 import ctypes
-import heapq
 from typing import Any
 
 import numpy as np
 
 from iosim import launch
+from iosim.blocks import assign
 
 # CUtensorMapDataType / CUtensorMapSwizzle / CUtensorMapL2promotion values (cuda.h, CUDA 12.0+)
 _TMA_DTYPE = {"float16": 6, "bfloat16": 9}
@@ -144,13 +144,8 @@ def tile_schedule(batch: int, seq_len: int, kv_len: int, heads: int, block_q: in
             t = r * blocks + (blocks - 1 - x if r & 1 else x)
             if t < T:
                 snake_load[x] += cost[t % Tr]
-    per_block: list[list[int]] = [[] for _ in range(blocks)]
-    heap = [(0, x) for x in range(blocks)]
-    for t in range(T):
-        load, x = heapq.heappop(heap)
-        per_block[x].append(t)
-        heapq.heappush(heap, (load + cost[t % Tr], x))
-    if max(load for load, _ in heap) * SCHEDULE_MIN_GAIN > max(snake_load):
+    per_block, loads = assign((cost[t % Tr] for t in range(T)), blocks)
+    if max(loads) * SCHEDULE_MIN_GAIN > max(snake_load):
         return None
     offsets = [0]
     for tiles in per_block:

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from ..blocks import cdiv
+from ..blocks import cdiv, makespan
 from ..problem import AttentionProblem
 from ..profile import Profile
 from . import fa2
@@ -75,7 +75,7 @@ def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rate
     per_split = cdiv(n_blocks, splits)
     per_sm_l2 = r.l2 / r.sms
     t_block = k * sk.block_q * d * e / per_sm_l2 + r.block_s + 2 * latency + per_split * st.step_s  # causal: ignored
-    blocks = fa2.place(np.full(grid, t_block), r.sms * k)
+    blocks = makespan(np.full(grid, t_block), r.sms * k)
     main = max(blocks, r.dram_s(dram_read, dram_write)) + r.first_launch_s() + latency
     combine = 0.0
     if splits > 1:  # partial O (fp32) and lse of every split read once, O written once

@@ -22,13 +22,12 @@ out of the placement), and the kernel takes the longer of that and its DRAM byte
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import cdiv, n_kv_blocks_visible
+from ..blocks import cdiv, makespan, n_kv_blocks_visible
 from ..launch import flash_smem_bytes, resident_blocks
 from ..problem import AttentionProblem
 from ..profile import Profile
@@ -98,18 +97,6 @@ def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r
     return prologue + n * t_step + epilogue
 
 
-def place(durations: np.ndarray, slots: int) -> float:
-    """Makespan of thread blocks (in launch order) on ``slots`` slots, each block taking the first free slot."""
-    if len(durations) <= slots:
-        return float(durations.max()) if len(durations) else 0.0
-    if np.all(durations == durations[0]):
-        return float(cdiv(len(durations), slots) * durations[0])
-    free = [0.0] * slots
-    for t in durations:
-        heapq.heapreplace(free, free[0] + float(t))
-    return max(free)
-
-
 def launch_order(per_head: np.ndarray, copies: int, desc: KernelDesc, causal: bool) -> np.ndarray:
     if causal and desc.launch_order == "causal-longest-first":
         per_head = per_head[::-1]
@@ -138,7 +125,7 @@ def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rate
         k = max(1, math.ceil(grid / r.sms))
     per_head = block_times(p, desc, tc, k, r, latency)
     order = launch_order(per_head, heads, desc, p.causal)
-    blocks = place(order, r.sms * k)
+    blocks = makespan(order, r.sms * k)
     memory = r.dram_s(dram_read, dram_write)
     total = max(blocks, memory) + r.first_launch_s() + latency  # the last stores drain
     sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r)

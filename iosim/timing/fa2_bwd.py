@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import cdiv
+from ..blocks import cdiv, makespan
 from ..problem import STAT_BYTES, AttentionProblem
 from ..profile import Profile
 from . import overlap
-from .fa2 import SUBPARTITIONS, place, residency
+from .fa2 import SUBPARTITIONS, residency
 from .kernels import KernelDesc, TileConfig
 from .rates import Rates
 
@@ -119,7 +119,7 @@ def main_kernel_time(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, prof
     prologue = k * kv_bytes / (r.l2 / r.sms) + r.block_s + 2 * latency
     epilogue = k * kv_bytes / (r.l2_write / r.sms)
     durations = np.tile(prologue + steps * st.step_s + epilogue, heads)
-    blocks = place(durations, r.sms * k)
+    blocks = makespan(durations, r.sms * k)
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.next_launch_s() + latency
     busy = float(durations.sum()) / (r.sms * k * blocks) if blocks else 1.0

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..hopper import schedule_time
+from ..blocks import makespan
 from ..problem import STAT_BYTES, AttentionProblem
 from . import overlap
-from .fa2 import place
 from .fa2_bwd import ACC_BYTES, GEMMS, SCORE_OPS, block_steps
 from .kernels import KernelDesc, TileConfig
 from .rates import Rates
@@ -53,9 +52,9 @@ def main_kernel_time(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: R
     per_tile = kv_bytes / (r.l2 / r.sms) + steps * parts["step"] + kv_bytes / (r.l2_write / r.sms)
     longest_first = desc.launch_order == "causal-longest-first" and p.causal
     if desc.launch_order == "persistent" or longest_first:  # work tiles longest first (a grid in that order too)
-        blocks = schedule_time(np.asarray(per_tile, dtype=float), heads, r.sms) + r.block_s + 2 * latency
+        blocks = makespan(np.tile(per_tile, heads), r.sms, longest_first=True) + r.block_s + 2 * latency
     else:  # a thread block per work tile, one resident an SM (its shared memory), in grid order
-        blocks = place(np.tile(per_tile + r.block_s + 2 * latency, heads), r.sms)
+        blocks = makespan(np.tile(per_tile + r.block_s + 2 * latency, heads), r.sms)
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.next_launch_s() + latency
     busy = float(per_tile.sum()) * heads / (r.sms * blocks) if blocks else 1.0
