@@ -13,7 +13,8 @@ reductions at the calibrated ``l2.reduce`` rate), whichever is longer:
 
 Work tiles (prologue K_j, V_j + n_j·T_step + epilogue dK_j, dV_j) are placed on one persistent block per SM,
 longest first (cuDNN's), or launched as a grid of one block per tile, one resident per SM (iosim's flash3_bwd,
-whose causal grid runs the longest K/V blocks first: placed as the persistent one's); the kernel takes the longer of that and its DRAM bytes over DRAM bandwidth, plus a launch.
+whose causal grid runs the longest K/V blocks first: placed as the persistent one's); the kernel takes the longer of
+that and its DRAM bytes over DRAM bandwidth, plus a launch.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ def step_parts(p: AttentionProblem, tc: TileConfig, r: Rates) -> dict[str, float
     load = (2 * Br * d * e + 2 * Br * STAT_BYTES) / (r.l2 / per_sm)
     red_rate = r.l2_reduce.get(tc.dq_reduce_lanes or 2, r.l2_write)
     reduce = Br * d * ACC_BYTES / (red_rate / per_sm)
-    hidden = max(gemm, elem) + overlap.OVERLAP_LOSS * min(gemm, elem)
-    return {"step_gemm": gemm, "step_elementwise": elem, "step_load": load, "step_reduce": reduce,
-            "step": max(hidden, load + reduce)}
+    compute = max(gemm, elem) + overlap.OVERLAP_LOSS * min(gemm, elem)
+    return {"step_gemm": gemm, "step_elementwise": elem, "step_compute": compute, "step_load": load,
+            "step_reduce": reduce, "step": max(compute, load + reduce)}
 
 
 def main_kernel_time(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: Rates,
@@ -60,8 +61,8 @@ def main_kernel_time(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: R
     busy = float(per_tile.sum()) * heads / (r.sms * blocks) if blocks else 1.0
     if memory > blocks:
         bound = "dram"
-    elif parts["step"] > parts["step_gemm"] + overlap.OVERLAP_LOSS * parts["step_elementwise"] + 1e-15:
-        bound = "l2" if parts["step_load"] + parts["step_reduce"] >= parts["step_elementwise"] else "elementwise"
+    elif parts["step_load"] + parts["step_reduce"] > parts["step_compute"]:
+        bound = "l2"
     else:
-        bound = "tensor"
+        bound = "tensor" if parts["step_gemm"] >= parts["step_elementwise"] else "elementwise"
     return total, {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, **parts, "bound": bound}
