@@ -57,6 +57,7 @@
 #include "common.cuh"
 #include "flash3_wgmma.cuh"
 #include "flash3_bwd_wgmma.cuh"
+#include "hopper.cuh"
 
 namespace iosim {
 
@@ -73,38 +74,8 @@ constexpr int kF3bWriters = IOSIM_F3B_WRITERS;
 static_assert(kF3bWriters >= 1 && kF3bWriters <= 3, "warps 1 to 3 of the producer warpgroup");
 constexpr float kF3bLog2e = 1.4426950408889634f;
 
-struct alignas(64) TmaMapB {
-    unsigned long long opaque[16];
-};
-
 namespace f3b {
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMapB* map, unsigned bar, int c0, int c1, int c2,
-                                            int c3) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-        "[%6];\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-        : "memory");
-}
+using namespace iosim;  // the shared Hopper primitives (hopper.cuh) as f3b::
 // add `bytes` fp32 of shared memory at src into global memory at dst (TMA bulk reduction, completes on bulk_group)
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
@@ -116,32 +87,6 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // generic-proxy writes to shared memory made visible to the async proxy (wgmma operands, bulk copies)
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-template <int R> __device__ __forceinline__ void fence_regs(float (&r)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int R> __device__ __forceinline__ void fence_regs(unsigned (&r)[R][4]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
-}
-// wgmma shared-memory descriptor, 128-byte swizzle
-__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo_bytes, unsigned sbo_bytes) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo_bytes >> 4) << 16) |
-           ((unsigned long long)(sbo_bytes >> 4) << 32) | (1ull << 62);
-}
 // accumulator (rows of M x 16 columns, fp32) -> wgmma A fragment in the input dtype (flash3_fwd.cu convert_p)
 template <typename T, int KP>
 __device__ __forceinline__ void to_frags(const float* acc, unsigned (&f)[KP][4]) {
@@ -163,8 +108,8 @@ __device__ __forceinline__ int f3b_first_q_block(int n0, int offset, int Br, boo
 
 template <int D, int Br, typename T, bool Causal>
 __global__ void __launch_bounds__(kF3bThreads, 1)
-    flash3_bwd_kernel(const __grid_constant__ TmaMapB tm_q, const __grid_constant__ TmaMapB tm_k,
-                      const __grid_constant__ TmaMapB tm_v, const __grid_constant__ TmaMapB tm_do,
+    flash3_bwd_kernel(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
+                      const __grid_constant__ TmaMap tm_v, const __grid_constant__ TmaMap tm_do,
                       const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ dq_accum,
                       T* __restrict__ dk, T* __restrict__ dv, int seq_len, int kv_len, int heads, int kv_heads,
                       float scale, float scale_log2) {

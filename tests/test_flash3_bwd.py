@@ -87,7 +87,7 @@ def test_every_flash3_backward_tile_has_an_instantiation_and_its_wgmma_shapes():
         nq = d if bq == 128 else d // 2  # dQ_i's columns per consumer warpgroup: split by rows at Br = 128
         assert bq in flash3.WGMMA_SS_N and d in flash3.WGMMA_RS_N and nq in flash3.WGMMA_SS_TT_N
     inst = insts[0]
-    assert inst.nvrtc_extra == ("-arch=sm_90a",) and inst.explicit_instantiation.count("iosim::TmaMapB") == 4
+    assert inst.nvrtc_extra == ("-arch=sm_90a",) and inst.explicit_instantiation.count("iosim::TmaMap") == 4
 
 
 def test_bwd_wgmma_header_is_what_its_generator_writes():

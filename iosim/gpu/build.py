@@ -294,7 +294,7 @@ class Flash3BwdInstance:
     @property
     def explicit_instantiation(self) -> str:
         t = CUDA_TYPES[self.dtype]
-        m = "const __grid_constant__ iosim::TmaMapB"
+        m = "const __grid_constant__ iosim::TmaMap"
         return (f"template __global__ void {self.name_expression}({m}, {m}, {m}, {m}, const float*, const float*, "
                 f"float*, {t}*, {t}*, int, int, int, int, float, float);")
 
