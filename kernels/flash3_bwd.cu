@@ -54,6 +54,9 @@
 //       cuDNN, 1.79x / 1.74x FA2), causal 460.2 / 520.9 (0.98x / 0.99x); d = 64 453.8 / 455.6 (1.00x / 1.03x cuDNN,
 //       1.62x / 1.58x FA2), causal 297.4 / 328.8 (0.79x / 0.78x). Against v2 in the same call: +13-21% at d = 128,
 //       +27-75% at d = 64 (docs/kernels.md, v3).
+//   v4  the causal mask in a pass of its own, run by the visits that need it (the diagonal, keys past kv_len): in
+//       the exp loop its index arithmetic cost every visit at d = 64. Measured (H100, bf16, N = 4096 / 8192, same
+//       call as v3): causal d = 64 397-401 / 444-452 TFLOP/s (+34-37%, 1.05-1.07x cuDNN); the rest +0-1%.
 #include "common.cuh"
 #include "flash3_wgmma.cuh"
 #include "flash3_bwd_wgmma.cuh"
@@ -300,19 +303,23 @@ __global__ void __launch_bounds__(kF3bThreads, 1)
         // P^T = exp2(S^T scale log2e - lse log2e), masked
         const float* Ls = sLp + s * Br;
         const float* Ds = sDlp + s * Br;
-        const bool need_mask = (n0 + Bc > kv_len) || (Causal && n0 + Bc - 1 > m0 + offset);
 #pragma unroll
         for (int nt = 0; nt < Br / 8; ++nt) {
             const float2 l2 = *reinterpret_cast<const float2*>(Ls + nt * 8 + 2 * t4);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float p = exp2_approx(fmaf(acc_s[nt * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-                if (need_mask) {
+            for (int e = 0; e < 4; ++e)
+                acc_s[nt * 4 + e] = exp2_approx(fmaf(acc_s[nt * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+        }
+        // the mask in a pass of its own, taken by the visits that need it only (the diagonal, the last keys): inside
+        // the exp loop its index arithmetic cost every visit at d = 64 (docs/kernels.md, v4)
+        if ((n0 + Bc > kv_len) || (Causal && n0 + Bc - 1 > m0 + offset)) {
+#pragma unroll
+            for (int nt = 0; nt < Br / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
                     const int key = key0 + 8 * (e >> 1), col = m0 + nt * 8 + 2 * t4 + (e & 1);
-                    if (key >= kv_len || (Causal && key > col + offset)) p = 0.f;
+                    if (key >= kv_len || (Causal && key > col + offset)) acc_s[nt * 4 + e] = 0.f;
                 }
-                acc_s[nt * 4 + e] = p;
-            }
         }
         wgmma_wait<0>();
         fence_regs(acc_dp);
