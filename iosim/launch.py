@@ -67,7 +67,9 @@ def flash_smem_bytes(head_dim: int, block_q: int, block_kv: int, itemsize: int =
 
 
 # registers per thread of iosim's flash2 kernel (launch__registers_per_thread, read by ncu on the H200, kernel v3)
-FLASH2_REGISTERS = {(128, 128, 32): 255, (128, 64, 64): 249, (64, 128, 64): 238}
+FLASH2_REGISTERS = {(128, 128, 32): 255, (128, 64, 64): 249, (64, 128, 64): 238,
+                    # the other instantiations (ptxas, nvcc 13, sm_90, the larger of causal and not; 2026-11-26)
+                    (64, 64, 128): 182, (64, 64, 64): 138, (32, 128, 64): 166, (32, 64, 64): 99, (256, 64, 32): 253}
 FLASH2_REGISTERS_DEFAULT = 255  # unknown instantiation: assume the register cap of __launch_bounds__(128)
 
 # ------------------------------------------------------------------------------------------------------------------

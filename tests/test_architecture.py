@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("launch geometry", ["iosim.launch", "iosim.launch_backward"]),
     ("cache model", ["iosim.l2", "iosim.l2.*", "iosim.cpu_model"]),
     ("time", ["iosim.roofline", "iosim.hopper", "iosim.timing", "iosim.timing.*"]),
-    ("simulate", ["iosim.result", "iosim.simulate", "iosim.sweep", "iosim.validation"]),
+    ("simulate", ["iosim.result", "iosim.simulate", "iosim.sweep", "iosim.tune", "iosim.validation"]),
     ("presentation", ["iosim.scenario", "iosim.scenario.*", "iosim.plots", "iosim.plots.*", "iosim.report",
                       "iosim.report.*"]),
     ("api", ["iosim"]),

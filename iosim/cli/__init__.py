@@ -25,7 +25,7 @@ USER_ERRORS = (ProblemError, ProfileError, ScheduleError, UnitError, CpuModelErr
 COMMANDS = {
     "simulate": ("simulate", "simulate_cmd"), "profiles": ("profiles", "profiles"), "run": ("report", "run_cmd"),
     "plot": ("report", "plot_cmd"), "report": ("report", "report_cmd"), "measure": ("measure", "measure_cmd"),
-    "calibrate": ("calibrate", "calibrate"), "schema": ("schema", "schema_cmd"),
+    "calibrate": ("calibrate", "calibrate"), "schema": ("schema", "schema_cmd"), "tune": ("tune", "tune_cmd"),
 }
 
 

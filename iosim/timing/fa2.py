@@ -104,13 +104,12 @@ def launch_order(per_head: np.ndarray, copies: int, desc: KernelDesc, causal: bo
 
 
 def tiles_of(desc: KernelDesc, head_dim: int, block_q: int | None, block_kv: int | None) -> TileConfig:
-    """The description's tiles for ``head_dim``, or the tiles the simulation ran with (their registers and shared
-    memory as the description gives them)."""
+    """The description's tiles for ``head_dim``, or the tiles the simulation ran with (their registers from the
+    description's ``others`` where it lists them, else the default's; shared memory as the description says)."""
     tc = desc.tiles_for(head_dim)
     if block_q is None or (block_q, block_kv) == (tc.block_q, tc.block_kv):
         return tc
-    return tc.model_copy(update={"block_q": block_q, "block_kv": block_kv,
-                                 "q_in_registers": block_q // desc.warps <= 16})
+    return tc.with_tiles(block_q, block_kv).model_copy(update={"q_in_registers": block_q // desc.warps <= 16})
 
 
 def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rates,

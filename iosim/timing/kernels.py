@@ -35,6 +35,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class OtherTiles(_Strict):
+    block_q: int = Field(ge=1, description="Br")
+    block_kv: int = Field(ge=1, description="Bc")
+    registers: int | None = Field(default=None, ge=1, le=255, description="registers per thread (ptxas)")
+
+
 class TileConfig(_Strict):
     block_q: int = Field(ge=1, description="Br: query rows per thread block")
     block_kv: int = Field(ge=1, description="Bc: key/value rows per step")
@@ -49,6 +55,17 @@ class TileConfig(_Strict):
         "Br of dQ (FlashAttention-2's AtomLayoutMSdP, AtomLayoutNdKV, AtomLayoutMdQ)")
     dq_reduce_lanes: Literal[1, 2] | None = Field(
         default=None, description="backward: fp32 lanes per reduction instruction of dQ (1: atomicAdd, 2: .v2)")
+    others: tuple[OtherTiles, ...] = Field(
+        default=(), description="the kernel's other compiled tiles at this head dim, each with its registers (what "
+        "`iosim tune` ranks; the rest of this entry applies to them too)")
+
+    def with_tiles(self, block_q: int, block_kv: int) -> TileConfig:
+        """This entry at other tiles: the registers of the instantiation where ``others`` lists it."""
+        if (block_q, block_kv) == (self.block_q, self.block_kv):
+            return self
+        regs = next((o.registers for o in self.others if (o.block_q, o.block_kv) == (block_q, block_kv)),
+                    self.registers)
+        return self.model_copy(update={"block_q": block_q, "block_kv": block_kv, "registers": regs, "others": ()})
 
 
 class SplitKV(_Strict):
