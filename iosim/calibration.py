@@ -102,6 +102,30 @@ class MemoryLatency(_Strict):
     dram: SourcedSeconds = Field(description="a load that misses L2 (random lines of a 1 GiB buffer, each once)")
 
 
+class SourcedWatts(_Strict):
+    value: float | None = Field(gt=0, description="watts")
+    source: str = Field(min_length=1)
+
+
+class SourcedJoules(_Strict):
+    value: float | None = Field(gt=0, description="joules per unit of work (the field says which unit)")
+    source: str = Field(min_length=1)
+
+
+class PowerCalibration(_Strict):
+    """Board power (NVML) and the energy of each unit of work beyond the base power (iosim/calibrate/power.py)."""
+
+    limit: SourcedWatts = Field(description="the board's enforced power limit")
+    idle: SourcedWatts = Field(description="no kernel running")
+    base: SourcedWatts = Field(description="every SM spinning on a timer: what a kernel's duration costs")
+    mma_sync: SourcedJoules = Field(description="per tensor-core FLOP of mma.sync (bf16)")
+    wgmma: SourcedJoules | None = Field(None, description="per tensor-core FLOP of wgmma (bf16); Hopper only")
+    exp: SourcedJoules = Field(description="per ex2.approx")
+    fp32: SourcedJoules = Field(description="per fp32 FLOP (an FMA is 2)")
+    l2: SourcedJoules = Field(description="per byte of L2 traffic that hits")
+    dram: SourcedJoules = Field(description="per byte of DRAM traffic, its passage through L2 included")
+
+
 class MeasuredOn(_Strict):
     device: str = Field(min_length=1)
     driver: str = Field(min_length=1)
@@ -126,3 +150,5 @@ class Calibration(_Strict):
     launch: LaunchCosts
     latency: MemoryLatency | None = Field(default=None, description="memory latency of one dependent load; absent "
                                           "in files calibrated before it was measured (iosim calibrate rates writes it)")
+    power: PowerCalibration | None = Field(default=None, description="board power and energy per unit of work "
+                                           "(NVML); absent where NVML's binding was missing or in older files")

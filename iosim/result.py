@@ -110,7 +110,7 @@ class Result:
                 kernels=[KernelTimeJSON(name=k.name, grid=k.grid, utilization=k.utilization,
                                         predicted_s=k.predicted_s, bound=k.bound, resource_s=k.resources)
                          for k in t.kernels],
-                uncertainty=UncertaintyJSON(**vars(t.uncertainty)) if t.uncertainty else None),
+                uncertainty=UncertaintyJSON(**vars(t.uncertainty)) if t.uncertainty else None, energy_j=t.energy_j),
             kernels=[KernelCountsJSON(name=k.name, grid=k.grid, global_read_bytes=k.global_read_bytes,
                                       global_write_bytes=k.global_write_bytes, hbm_read_bytes=hr,
                                       hbm_write_bytes=hw, sram_read_bytes=k.sram_read,
@@ -217,6 +217,9 @@ class TimeJSON(_Contract):
     arithmetic_intensity: float | None = Field(description="total FLOPs per traffic.hbm byte")
     unmodeled: dict[str, str]
     kernels: list[KernelTimeJSON]
+    energy_j: float | None = Field(
+        None, description="joules of one call (iosim.timing.energy), from the profile's calibration.power; null "
+        "where the profile has none")
     uncertainty: UncertaintyJSON | None = Field(
         None, description="the time records' band around predicted_s (iosim.timing.uncertainty); absent from "
         "results saved before it")

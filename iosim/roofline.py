@@ -62,6 +62,7 @@ class TimeEstimate:
     calibration: str = "uncalibrated"  # the rates' origin: "measured on ..." or "uncalibrated" (datasheet peaks)
     dram_free: bool = False  # warm calls whose inputs stay in L2: the estimate prices no DRAM bytes (iosim.timing)
     uncertainty: Uncertainty | None = None  # the records' band around predicted_s (iosim.timing.uncertainty)
+    energy_j: float | None = None  # joules of one call, where the profile has a power calibration (timing.energy)
 
     @property
     def predicted_s(self) -> float:

@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from iosim._version import __version__
+from iosim.calibrate.power import power_part
 from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, chase_latency, fmt_value
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.build import RATES_WARPGROUPS, RATES_WGMMA_N, rates_mma_names, rates_wgmma_names
@@ -68,6 +69,14 @@ def calibration_section(measured: list[Measured], on: dict, hopper: bool) -> dic
     if missing:
         raise RatesError(f"the measurement lacks {', '.join('.'.join(p) for p in sorted(missing))}")
     out: dict = {"measured_on": on}
+    nest(out, measured, on)
+    if not hopper:
+        out["wgmma"] = None
+    return out
+
+
+def nest(out: dict, measured: list[Measured], on: dict) -> dict:
+    """Each measured value into ``out`` at its path, with its source."""
     prefix = f"measured on {on['device']}, {on['date']}, iosim calibrate rates: "
     for m in measured:
         path = list(m.path)
@@ -80,8 +89,6 @@ def calibration_section(measured: list[Measured], on: dict, hopper: bool) -> dic
         else:
             node.setdefault("value", {})[key] = fmt_value(m)
         node["source"] = prefix + m.method
-    if not hopper:
-        out["wgmma"] = None
     return out
 
 
@@ -101,6 +108,16 @@ def write_calibrated(base: str, section: dict, path: str | Path) -> Profile:
     profile = profile_from_dict(parse_data(text, where, is_json=path.suffix == ".json", error=RatesError), where)
     path.write_text(text)
     return profile
+
+
+def with_power(base: str, measured: list[Measured], on: dict) -> dict:
+    """The base profile's calibration section with the power section of ``measured`` put in (``--power-only``)."""
+    src = PROFILES_DIR / f"{base}.yaml" if base in builtin_profile_names() else Path(base)
+    section = read_profile_data(src).get("calibration")
+    if not section:
+        raise RatesError(f"--power-only: profile {base} has no calibration section to add the power section to; "
+                         "run iosim calibrate rates without it")
+    return {**section, "power": nest({}, measured, on)["power"]}
 
 
 def guess_profile(device: str) -> str:
@@ -285,7 +302,7 @@ def _calls(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
 
 
 def _per_clk(m: Measured, sms: int, clock: float | None) -> str:
-    if clock is None or m.unit in ("s", "cycles", "Hz"):
+    if clock is None or m.unit in ("s", "cycles", "Hz", "W") or m.unit.startswith("J/"):
         if clock is not None and m.path[0] == "latency":  # memory latency: the same in SM cycles
             return f"{m.value * clock:.0f} cycles"
         return ""
@@ -314,7 +331,7 @@ def measure_rates(repeats: int = 15, echo: Callable[[str], None] = print, dev: d
             echo(f"{label:<28}{fmt_value(m)!s:>16}  {_per_clk(m, b.sms, clock[0] if clock else None):<22}  "
                  f"{'; '.join(x for x in (expect, note) if x)}")
 
-        for part in (_compute, _memory, _reduce, chase_latency, _launch):
+        for part in (_compute, _memory, _reduce, chase_latency, _launch, power_part):
             part(b, cp, report)
             cp.cuda.runtime.deviceSynchronize()
     except RatesError:

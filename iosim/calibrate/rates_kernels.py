@@ -49,7 +49,7 @@ class Measured:
 
     path: tuple
     value: float
-    unit: str  # "FLOP/s", "op/s", "B/s", "Hz", "cycles", "s"
+    unit: str  # "FLOP/s", "op/s", "B/s", "Hz", "cycles", "s", "W", "J/FLOP", "J/op", "J/B"
     method: str  # how, for the source: "measured on <device>, <date>, iosim calibrate rates: <method>"
 
 
@@ -57,6 +57,10 @@ def fmt_value(m: Measured):
     """The value as the profile writes it: '612.3 TFLOP/s', '3.012 TB/s', '2.31 us', cycles as a number."""
     if m.unit == "cycles":
         return round(m.value, 2)
+    if m.unit == "W":
+        return round(m.value, 1)
+    if m.unit.startswith("J/"):
+        return float(f"{m.value:.4g}")
     return fmt_seconds(m.value) if m.unit == "s" else fmt_rate(m.value, m.unit)
 
 

@@ -17,6 +17,7 @@ from ..calibrate import (
     fit_room,
     probe_cases,
 )
+from ..calibrate.power import measure_power_only
 from ..calibrate.rates import (
     RatesError,
     calibration_section,
@@ -24,6 +25,7 @@ from ..calibrate.rates import (
     guess_profile,
     measure_rates,
     measured_on,
+    with_power,
     write_calibrated,
 )
 from ..gpu import GPUUnavailableError
@@ -115,18 +117,26 @@ def block_share_cmd(timelines, do_measure):
               help="base profile, a built-in name or a file  [default: the built-in named like this GPU]")
 @click.option("--repeats", type=click.IntRange(10, 1000), default=15, show_default=True,
               help="timed launches per quantity (their median is kept)")
-def rates_cmd(output, base, repeats):
-    """Measure what code reaches on this GPU (mma.sync, wgmma, exp, fp32, shared memory, L2, DRAM, launch costs)
-    with small kernels of our own, and write a copy of the base profile with them as its calibration section."""
+@click.option("--power-only", is_flag=True,
+              help="measure the power section only (NVML) and put it into the base profile's calibration section")
+def rates_cmd(output, base, repeats, power_only):
+    """Measure what code reaches on this GPU (mma.sync, wgmma, exp, fp32, shared memory, L2, DRAM, launch costs,
+    power and energy per unit of work) with small kernels of our own, and write a copy of the base profile with
+    them as its calibration section."""
     try:
         dev = device_facts(require_cupy())
         base = base or guess_profile(dev["device"])
         get_profile(base)  # a bad --profile fails before any GPU work
         out = output or f"{Path(base).stem}-calibrated.yaml"
         click.echo(f"base profile {base}; writing {out}")
-        measured = measure_rates(repeats, click.echo, dev)
-        cmd = f"iosim calibrate rates -o {out} --profile {base}" + (f" --repeats {repeats}" if repeats != 15 else "")
-        profile = write_calibrated(base, calibration_section(measured, measured_on(dev, cmd), dev["hopper"]), out)
+        cmd = (f"iosim calibrate rates -o {out} --profile {base}" + (f" --repeats {repeats}" if repeats != 15 else "")
+               + (" --power-only" if power_only else ""))
+        if power_only:
+            section = with_power(base, measure_power_only(repeats, click.echo), measured_on(dev, cmd))
+        else:
+            measured = measure_rates(repeats, click.echo, dev)
+            section = calibration_section(measured, measured_on(dev, cmd), dev["hopper"])
+        profile = write_calibrated(base, section, out)
     except (GPUUnavailableError, RatesError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {out}: {profile.name}, {profile.calibration_label()}")

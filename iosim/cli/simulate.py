@@ -207,6 +207,10 @@ def render(r: Result) -> str:
         f"  kernel {j['time']['kernel']}, rates {j['time']['calibration']}; peak roofline "
         f"{fmt_seconds(j['time']['roofline_s'])}",
     ]
+    if j["time"].get("energy_j") is not None:
+        e = j["time"]["energy_j"]
+        lines.append(f"predicted energy: {e:.4g} J a call ({e / j['time']['predicted_s']:.0f} W on average; "
+                     "calibration.power)")
     if j["time"]["unmodeled"]:
         lines.append("  not in the roofline (unpublished in the profile): "
                      + ", ".join(f"{r} ({f})" for r, f in j["time"]["unmodeled"].items()))

@@ -33,7 +33,7 @@ from ..problem import STAT_BYTES, AttentionProblem
 from ..profile import Profile
 from ..roofline import KernelTime, TimeEstimate
 from ..schedules import Tiles
-from . import decode, fa2, fa2_bwd, fa3_bwd, naive, overlap, uncertainty
+from . import decode, energy, fa2, fa2_bwd, fa3_bwd, naive, overlap, uncertainty
 from .kernels import (
     DEFAULT_BACKWARD_KERNEL,
     DEFAULT_KERNEL,
@@ -88,7 +88,8 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
         desc = None  # the schedule's own kernel has no instantiation for this head_dim: the roofline stands
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline",
-                       uncertainty=_band("roofline", profile, problem, roof.predicted_s, True))
+                       uncertainty=_band("roofline", profile, problem, roof.predicted_s, True),
+                       energy_j=_energy(counts, hbm, roof.predicted_s, problem, None, profile))
     r = rates(profile, problem.dtype)
     latency = r.dram_latency_s
     dram_free = warm and _resident(problem, profile, counts, pass_)
@@ -118,8 +119,17 @@ def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, 
                               _seconds(parts), t, parts["bound"]))
     band = _band(desc.name if _is_builtin(desc) else "", profile, problem, sum(k.predicted_s for k in out),
                  r.calibration != "uncalibrated")
+    total = sum(k.predicted_s for k in out)
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
-                        calibration=r.calibration, dram_free=dram_free, uncertainty=band)
+                        calibration=r.calibration, dram_free=dram_free, uncertainty=band,
+                        energy_j=_energy(counts, hbm, total, problem, desc.family, profile))
+
+
+def _energy(counts: Counts, hbm: list[tuple[float, float]], seconds: float, problem: AttentionProblem,
+            family: str | None, profile: Profile) -> float | None:
+    cal = profile.calibration
+    return energy.energy_j(counts, sum(r + w for r, w in hbm), seconds, problem.dtype, family,
+                           cal.power if cal is not None else None)
 
 
 def _is_builtin(desc: KernelDesc) -> bool:
