@@ -23,6 +23,9 @@ def test_the_description_lists_the_tiles_and_registers_the_kernel_is_compiled_wi
     assert sorted((bq, bkv) for bq, bkv, _ in listed) == sorted(launch.FLASH_TILES[d])
     for bq, bkv, regs in listed[1:]:
         assert regs == launch.FLASH2_REGISTERS[(d, bq, bkv)]
+    # flash_fwd.cu's kQInRegs: one 16-row stripe a warp (Br = 64 over 4 warps) and d <= 128
+    for o in (tc, *tc.others):
+        assert o.q_in_registers == (o.block_q == 64 and d <= 128)
 
 
 def test_a_listed_tile_is_timed_with_its_own_registers():

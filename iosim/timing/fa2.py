@@ -109,7 +109,9 @@ def tiles_of(desc: KernelDesc, head_dim: int, block_q: int | None, block_kv: int
     tc = desc.tiles_for(head_dim)
     if block_q is None or (block_q, block_kv) == (tc.block_q, tc.block_kv):
         return tc
-    return tc.with_tiles(block_q, block_kv).model_copy(update={"q_in_registers": block_q // desc.warps <= 16})
+    listed = any((o.block_q, o.block_kv) == (block_q, block_kv) and o.q_in_registers is not None for o in tc.others)
+    out = tc.with_tiles(block_q, block_kv)
+    return out if listed else out.model_copy(update={"q_in_registers": block_q // desc.warps <= 16})
 
 
 def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rates,

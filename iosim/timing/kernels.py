@@ -39,6 +39,8 @@ class OtherTiles(_Strict):
     block_q: int = Field(ge=1, description="Br")
     block_kv: int = Field(ge=1, description="Bc")
     registers: int | None = Field(default=None, ge=1, le=255, description="registers per thread (ptxas)")
+    q_in_registers: bool | None = Field(default=None, description="as the kernel decides at these tiles (None: a "
+                                        "warp's rows <= 16, FlashAttention-2's rule)")
 
 
 class TileConfig(_Strict):
@@ -63,9 +65,13 @@ class TileConfig(_Strict):
         """This entry at other tiles: the registers of the instantiation where ``others`` lists it."""
         if (block_q, block_kv) == (self.block_q, self.block_kv):
             return self
-        regs = next((o.registers for o in self.others if (o.block_q, o.block_kv) == (block_q, block_kv)),
-                    self.registers)
-        return self.model_copy(update={"block_q": block_q, "block_kv": block_kv, "registers": regs, "others": ()})
+        other = next((o for o in self.others if (o.block_q, o.block_kv) == (block_q, block_kv)), None)
+        update = {"block_q": block_q, "block_kv": block_kv, "others": ()}
+        if other is not None:
+            update |= {"registers": other.registers or self.registers}
+            if other.q_in_registers is not None:
+                update["q_in_registers"] = other.q_in_registers
+        return self.model_copy(update=update)
 
 
 class SplitKV(_Strict):
