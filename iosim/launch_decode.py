@@ -12,15 +12,16 @@ The split heuristic (:func:`decode_split`), the rule a time model should reprodu
 2. Decode is DRAM-bound: every K/V byte is read once and a block does M FLOPs per byte. DRAM stays busy as long as
    enough bytes are in flight, and one resident wave of blocks has several times what it needs
    (:func:`decode_bytes_in_flight`), so the goal is one wave: the keys of all sequences
-   (kv_heads · row_blocks · Σ n_b) are cut into chunks such that the blocks fill ``SPLIT_FILL`` (80%) of the slots,
-   as FlashAttention-2's ``num_splits_heuristic`` deems a grid full. A grid that fills them unsplit stays unsplit:
-   more splits would only add partial-output traffic.
-3. A chunk holds at least ``MIN_SPLIT_TOKENS`` keys (256): a block's fixed cost (its Q load, the ring's first
-   DRAM latency, the warps' merge, the partial write; about 2 us) stays under ~15% of its streaming time at its
-   share of the bandwidth (d = 128: 256 keys = 128 KB, ~11 us at 3 TB/s over 264 blocks).
-4. Splits = ceil(longest / chunk), at most ``MAX_SPLITS``; the chunk is then evened out over the longest sequence
-   (a multiple of 16 keys), so its splits are equal. Shorter sequences use their first ceil(n_b / chunk) splits;
-   the other blocks exit at once. One split: the kernel writes O itself and the combine kernel does not run.
+   (kv_heads · row_blocks · Σ n_b) are cut into chunks of ceil(work / target) keys, target = ``SPLIT_FILL`` (80%)
+   of the slots, what FlashAttention-2's ``num_splits_heuristic`` deems a full grid: splits = ceil(longest /
+   chunk). With equal lengths a grid that fills the slots unsplit stays unsplit (more splits would only add
+   partial-output traffic); with ragged ones a long sequence is split even then, so it does not straggle.
+3. A split holds at least ``MIN_SPLIT_TOKENS`` keys (256): splits <= longest // 256. A block's fixed cost (its Q
+   load, the ring's first DRAM latency, the warps' merge, the partial write; about 2 us) then stays under ~15% of
+   its streaming time at its share of the bandwidth (d = 128: 256 keys = 128 KB, ~11 us at 3 TB/s over 264 blocks).
+4. At most ``MAX_SPLITS``. The chunk is then evened out over the longest sequence (a multiple of 16 keys), so its
+   splits are equal. Shorter sequences use their first ceil(n_b / chunk) splits; the other blocks exit at once.
+   One split: the kernel writes O itself and the combine kernel does not run.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def decode_split(kv_lens: Sequence[int], blocks_per_seq: int, slots: int, splits
         return SplitChoice(1, DECODE_TILE)
     if splits is None:
         target = max(1, math.floor(SPLIT_FILL * slots))  # blocks that count as a full grid
-        chunk = max(MIN_SPLIT_TOKENS, cdiv(blocks_per_seq * sum(lens), target))
-        splits = min(MAX_SPLITS, cdiv(longest, chunk))
+        chunk = cdiv(blocks_per_seq * sum(lens), target)  # keys per block that spread the work over the target
+        splits = min(MAX_SPLITS, cdiv(longest, chunk), max(1, longest // MIN_SPLIT_TOKENS))
     splits = min(splits, cdiv(longest, DECODE_TILE))
     chunk = cdiv(cdiv(longest, splits), DECODE_TILE) * DECODE_TILE  # even splits of whole tiles
     return SplitChoice(cdiv(longest, chunk), chunk)
