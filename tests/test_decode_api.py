@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -291,3 +292,108 @@ def test_decode_without_cupy_raises_gpu_unavailable_in_one_line(monkeypatch):
         with pytest.raises(GPUUnavailableError) as info:
             call()
         assert "\n" not in str(info.value) and "CuPy" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# plan and launch on a stand-in for CuPy (NumPy arrays; the kernels record their arguments): the order and values
+# of what reaches the kernels. tests/gpu/test_decode_gpu.py runs them.
+
+
+class _DevArray(np.ndarray):
+    """A NumPy array with what the checks read of a cupy.ndarray: data.ptr and device.id."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+    @property
+    def device(self):
+        return types.SimpleNamespace(id=0)
+
+
+def _dev(x, dtype=None):
+    return np.ascontiguousarray(np.asarray(x, dtype=dtype)).view(_DevArray)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    from iosim.gpu import flash_decode
+
+    class Device:
+        compute_capability = "90"
+
+        def __init__(self, dev=0):
+            self.attributes = {"MultiProcessorCount": 132, "MaxSharedMemoryPerMultiprocessor": 233472}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    cp = types.ModuleType("cupy")
+    cp.ndarray, cp.asarray, cp.int32, cp.float32, cp.uint64, cp.dtype = _DevArray, _dev, np.int32, np.float32, \
+        np.uint64, np.dtype
+    cp.empty = lambda shape, dtype=None: _dev(np.empty(shape, dtype=dtype))
+    stream = types.SimpleNamespace(synchronize=lambda: None)
+    cp.cuda = types.SimpleNamespace(Device=Device, get_current_stream=lambda: stream,
+                                    runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0))
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    calls = []
+
+    def kernel(cp_, inst, smem, trace=False):
+        def fn(grid, block, args, shared_mem=0):
+            calls.append(types.SimpleNamespace(inst=inst, grid=grid, block=block, args=args, smem=shared_mem))
+        fn.num_regs = 160
+        return fn
+
+    monkeypatch.setattr(flash_decode, "_kernel", kernel)
+    monkeypatch.setattr(flash_decode, "_smem_limit", lambda cp_: 232448)
+    return calls
+
+
+def test_a_paged_plan_launches_the_split_then_the_combine_kernel_with_the_checked_arguments(fake_cupy):
+    from iosim import gpu
+
+    q = _dev(np.zeros((3, 4, 16, 128), np.float16))  # 16 heads on 2 kv heads, 4 tokens: 32 rows, 2 stripes
+    k = _dev(np.zeros((40, 64, 2, 128), np.float16))  # 40 pages of 64
+    table = np.arange(30).reshape(3, 10) + 5
+    table[1, 1:] = -1  # past sequence 1's only page: never read
+    plan = gpu.plan_decode(q, k, k, seqlens_k=[600, 1, 0], block_table=table, splits=3)
+    assert plan.split == geo.SplitChoice(3, 208)  # 600 keys: ceil(200 / 16) * 16 = 208
+    o, lse = plan.run(q, k, k)
+    assert o.shape == q.shape and o.dtype == np.float16 and lse.shape == (3, 16, 4) and lse.dtype == np.float32
+    split, combine = fake_cupy
+    assert split.inst == DecodeInstance("split", 128, "float16", 2)
+    assert (split.grid, split.block, split.smem) == ((1, 3, 6), (128, 1, 1), geo.decode_smem_bytes(128, 2))
+    a = split.args
+    assert a[0] is q and a[1] is k and a[2] is k and a[3] is o and a[4] is lse
+    assert a[5].shape == (192, 3, 128) and a[5].dtype == np.float32 and a[6].shape == (192, 3)  # partials
+    assert a[7].tolist() == [600, 1, 0] and a[7].dtype == np.int32
+    assert a[8].dtype == np.int32 and a[8].tolist()[1] == [15] + [0] * 9  # unread entries zeroed
+    # q_len, heads, kv_heads, page_size, table stride, chunk, splits, scale * log2(e)
+    assert [int(x) for x in a[9:16]] == [4, 16, 2, 64, 10, 208, 3]
+    assert float(a[16]) == pytest.approx(1.4426950408889634 / 128 ** 0.5, rel=1e-6)
+    assert combine.inst == DecodeInstance("combine", 128, "float16") and combine.grid == (48, 1, 1)
+    c = combine.args
+    assert c[0] is a[5] and c[1] is a[6] and c[2] is a[7] and c[3] is o and c[4] is lse
+    assert [int(x) for x in c[5:]] == [192, 4, 16, 208, 3]  # rows, q_len, heads, chunk, splits
+
+
+def test_a_contiguous_cache_is_one_page_per_sequence_and_one_split_needs_no_combine(fake_cupy):
+    from iosim import gpu
+
+    q = _dev(np.zeros((2, 1, 8, 64), np.float16))
+    k = _dev(np.zeros((2, 300, 8, 64), np.float16))
+    o = _dev(np.full(q.shape, np.nan, np.float16))
+    got = gpu.decode(q, k, k, splits=1, scale=0.25, out=(o, None))
+    assert got.o is o and got.lse.shape == (2, 8, 1)
+    (split,) = fake_cupy
+    a = split.args
+    assert a[5] == 0 and a[6] == 0 and a[8] == 0  # null partials and block table
+    assert [int(x) for x in a[9:16]] == [1, 8, 8, 300, 1, 304, 1]  # page_size = max_len, chunk: 300 in tiles
+    assert float(a[16]) == pytest.approx(0.25 * 1.4426950408889634, rel=1e-6)
+    with pytest.raises(AttentionInputError, match=r"out: o \(2, 1, 8, 64\) float32"):
+        gpu.decode(q, k, k, out=(_dev(np.zeros(q.shape, np.float32)), None))
+    with pytest.raises(AttentionInputError, match="expected the plan's"):
+        gpu.plan_decode(q, k, k).run(_dev(np.zeros((2, 1, 16, 64), np.float16)), k, k)

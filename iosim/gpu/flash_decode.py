@@ -176,8 +176,9 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
             terms = ", ".join(f"{n} {b} B" for n, b in geo.decode_smem_terms(s.head_dim, s.stripes, itemsize).items())
             raise SharedMemoryError(f"decode at head_dim={s.head_dim}: needs {smem} B of shared memory per block "
                                     f"({terms}); this device allows {_smem_limit(cp)} B")
-        per_sm = geo.decode_blocks_per_sm(smem, geo.DECODE_REGISTERS[(s.head_dim, s.stripes)],
-                                          int(attrs["MaxSharedMemoryPerMultiprocessor"]),
+        fn = _kernel(cp, DecodeInstance("split", s.head_dim, s.dtype, s.stripes), smem)  # compiled (cached) now
+        regs = int(getattr(fn, "num_regs", 0) or geo.DECODE_REGISTERS[(s.head_dim, s.stripes)])
+        per_sm = geo.decode_blocks_per_sm(smem, regs, int(attrs["MaxSharedMemoryPerMultiprocessor"]),
                                           int(attrs.get("MaxRegistersPerMultiprocessor", 65536)))
         slots = int(attrs["MultiProcessorCount"]) * max(1, per_sm)
         row_blocks = geo.decode_row_blocks(s.rows, s.head_dim)
