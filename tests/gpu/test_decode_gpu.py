@@ -33,10 +33,11 @@ def _poison_partials(monkeypatch):
     monkeypatch.setattr(flash_decode, "POISON_PARTIALS", True)
 
 
-def make_case(rng, lens, q_len, heads, kv_heads, d, dtype, layout, amp=1.0):
+def make_case(rng, lens, q_len, heads, d, dtype, layout, amp=1.0):
     """Host values (q, per-sequence K and V, all rounded to the dtype) and the device arguments of decode():
-    q, k_cache, v_cache, seqlens_k (CuPy int32) and block_table (CuPy int32 or None)."""
-    cp, dt = _cp(), _np_dtype(dtype)
+    q, k_cache, v_cache, seqlens_k (CuPy int32) and block_table (CuPy int32 or None); heads = (query heads,
+    kv heads)."""
+    (heads, kv_heads), cp, dt = heads, _cp(), _np_dtype(dtype)
     B = len(lens)
     q = (rng.standard_normal((B, q_len, heads, d)) * amp).astype(np.float32).astype(dt)
     ks = [(rng.standard_normal((n, kv_heads, d)) * amp).astype(np.float32).astype(dt) for n in lens]
@@ -136,7 +137,7 @@ def test_decode_equals_float64_reference(dtype, d, q_len, gqa, layout):
     rng = seeded_rng()
     H, Hk = GQA[gqa]
     lens = ragged_lengths(rng)
-    host, dev = make_case(rng, lens, q_len, H, Hk, d, dtype, layout)
+    host, dev = make_case(rng, lens, q_len, (H, Hk), d, dtype, layout)
     o, lse = run(dev)
     check(o, lse, *reference(*host), dtype, f"{layout} {gqa} q_len={q_len} d={d} lens={lens}")
 
@@ -149,7 +150,7 @@ def test_forced_splits_give_the_same_result(dtype, layout, splits):
 
     rng = seeded_rng()
     lens = [1, 501, 3001]
-    host, dev = make_case(rng, lens, 4, 16, 2, 128, dtype, layout)
+    host, dev = make_case(rng, lens, 4, (16, 2), 128, dtype, layout)
     o, lse = run(dev, splits=splits)
     check(o, lse, *reference(*host), dtype, f"splits={splits}")
     plan = gpu.plan_decode(dev["q"], dev["k"], dev["v"], seqlens_k=dev["lens"], block_table=dev["table"],
@@ -165,7 +166,7 @@ def test_the_heuristic_splits_a_long_sequence_and_agrees(dtype):
     from iosim import gpu
 
     rng = seeded_rng()
-    host, dev = make_case(rng, [20000], 1, 32, 4, 128, dtype, "page64")
+    host, dev = make_case(rng, [20000], 1, (32, 4), 128, dtype, "page64")
     plan = gpu.plan_decode(dev["q"], dev["k"], dev["v"], seqlens_k=dev["lens"], block_table=dev["table"])
     assert plan.splits > 1 and plan.split.chunk >= 256
     o, lse = run(dev)
@@ -176,7 +177,7 @@ def test_the_heuristic_splits_a_long_sequence_and_agrees(dtype):
 def test_sequences_of_no_keys_give_zero_and_minus_inf(layout):
     rng = seeded_rng()
     lens = [0, 37, 0]
-    host, dev = make_case(rng, lens, 2, 8, 2, 64, "float16", layout)
+    host, dev = make_case(rng, lens, 2, (8, 2), 64, "float16", layout)
     for splits in (None, 1, 3):
         o, lse = run(dev, splits=splits)
         ref_o, ref_lse = reference(*host)
@@ -189,7 +190,7 @@ def test_sequences_of_no_keys_give_zero_and_minus_inf(layout):
 def test_large_logits(dtype, splits):
     # inputs scaled by 30: logits ~ 1e3, where an exp without the running max overflows; the splits' lse merge too
     rng = seeded_rng()
-    host, dev = make_case(rng, [700, 1300], 2, 8, 2, 128, dtype, "page64", amp=30.0)
+    host, dev = make_case(rng, [700, 1300], 2, (8, 2), 128, dtype, "page64", amp=30.0)
     ref_o, ref_lse = reference(*host)
     assert np.abs(ref_lse[np.isfinite(ref_lse)]).max() > 500
     o, lse = run(dev, splits=splits)
@@ -198,7 +199,7 @@ def test_large_logits(dtype, splits):
 
 def test_scale_is_applied():
     rng = seeded_rng()
-    host, dev = make_case(rng, [300, 77], 1, 8, 8, 64, "float16", "contiguous")
+    host, dev = make_case(rng, [300, 77], 1, (8, 8), 64, "float16", "contiguous")
     o, lse = run(dev, scale=0.05)
     check(o, lse, *reference(*host, scale=0.05), "float16", "scale=0.05")
 
@@ -208,7 +209,7 @@ def test_a_plan_runs_again_on_new_values_of_the_same_layout():
 
     cp = _cp()
     rng = seeded_rng()
-    host1, dev1 = make_case(rng, [100, 900], 1, 16, 2, 128, "bfloat16", "page16")
+    host1, dev1 = make_case(rng, [100, 900], 1, (16, 2), 128, "bfloat16", "page16")
     plan = gpu.plan_decode(dev1["q"], dev1["k"], dev1["v"], seqlens_k=dev1["lens"], block_table=dev1["table"])
     for _ in range(2):
         o, lse = plan.run(dev1["q"], dev1["k"], dev1["v"])  # outputs allocated: CuPy in, CuPy out
@@ -231,7 +232,7 @@ def test_out_pair_must_fit():
 
     cp = _cp()
     rng = seeded_rng()
-    _, dev = make_case(rng, [40], 1, 4, 4, 64, "float16", "contiguous")
+    _, dev = make_case(rng, [40], 1, (4, 4), 64, "float16", "contiguous")
     with pytest.raises(gpu.AttentionInputError, match=r"out: lse \(1, 1, 4\) float32"):
         gpu.decode(dev["q"], dev["k"], dev["v"], out=(None, cp.zeros((1, 1, 4), cp.float32)))
     with pytest.raises(gpu.AttentionInputError, match="out: o"):
@@ -243,7 +244,7 @@ def test_device_arrays_are_checked_like_host_ones():
 
     cp = _cp()
     rng = seeded_rng()
-    _, dev = make_case(rng, [40, 70], 1, 8, 2, 64, "float16", "page16")
+    _, dev = make_case(rng, [40, 70], 1, (8, 2), 64, "float16", "page16")
     bad = dev["table"].copy()
     bad[1, 0] = 10_000
     with pytest.raises(gpu.AttentionInputError, match=r"block_table\[1, 0\] = 10000; expected a page of k_cache"):
