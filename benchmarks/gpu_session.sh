@@ -2,7 +2,8 @@
 # One call on the lent GPU machine: GPU tests, compute-sanitizer, benchmark. Logs go to $OUT (the device tool's
 # folder that comes back), the short summary to stdout last.
 #   usage (repository root; the wheels the steps import (the gpu extra, torch, pytest) in .whl/, carried with the call):
-#     bash benchmarks/gpu_session.sh [tests] [sanitize] [bench] [bench-quick] [tiles] [record] [calibrate]
+#     bash benchmarks/gpu_session.sh [tests] [sanitize] [bench] [bench-quick] [tiles] [record] [calibrate] [decode]
+#   decode: Flash-Decoding's GPU tests, its sanitizer cases (memcheck, racecheck, synccheck) and bench_decode.py --check.
 #   record: the validation sweep (docs/validation.md), its archive copied to $OUT; calibrate: the L2 probes and
 #   block timelines (iosim calibrate ... --measure).
 set -uo pipefail
@@ -48,6 +49,17 @@ for s in $steps; do
     calibrate)
       python3 -m iosim calibrate l2 --measure --json "$OUT/probes.json" 2>&1 | tee "$OUT/calibrate.log" | tail -8
       python3 -m iosim calibrate block-share --measure 2>&1 | tee -a "$OUT/calibrate.log" | tail -7 ;;
+    decode)
+      python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py tests/test_decode_api.py -rfE 2>&1 \
+        | tee "$OUT/decode_tests.log" | tail -15
+      summary+=("decode tests: $(tail -1 "$OUT/decode_tests.log")")
+      python3 benchmarks/sanitize_decode.py > /dev/null 2>&1  # warm CuPy's kernel cache outside the sanitizer
+      for tool in memcheck racecheck synccheck; do
+        compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/sanitize_decode.py > "$OUT/san_decode_$tool.log" 2>&1
+        summary+=("decode $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize_decode' "$OUT/san_decode_$tool.log" | tr '\n' ' ')")
+      done
+      python3 benchmarks/bench_decode.py --check --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log" | tail -42
+      summary+=("bench_decode: rc=${PIPESTATUS[0]}") ;;
     tiles)
       python3 benchmarks/bench_attention.py --no-peers --d 64 128 --n 4096 --dtype bf16 \
         --tiles 128x32 64x64 128x64 64x128 --csv "$OUT/tiles.csv" 2>&1 | tee "$OUT/tiles.log" | tail -14 ;;

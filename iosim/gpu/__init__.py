@@ -1,5 +1,6 @@
 """iosim's real kernels on an NVIDIA GPU through CuPy: FlashAttention-2 forward and backward, the naive three-kernel
-path, and a FlashAttention-3-style forward for Hopper (schedule="flash3"); differentiable on torch tensors.
+path, and a FlashAttention-3-style forward for Hopper (schedule="flash3"); differentiable on torch tensors. Flash-Decoding
+over a contiguous or paged KV cache (:func:`decode`).
 
 Importing this package never imports CuPy; the functions import it when called and raise
 :class:`GPUUnavailableError` (one line) where CuPy or a GPU is missing.
@@ -10,6 +11,7 @@ from iosim.gpu.api import attention
 from iosim.gpu.attention import KernelLaunch, LaunchRecord, default_tiles, last_launch
 from iosim.gpu.backward import attention_backward
 from iosim.gpu.flash3 import HopperRequiredError
+from iosim.gpu.flash_decode import Decoded, DecodePlan, decode, plan_decode
 from iosim.gpu.inputs import SCHEDULES, AttentionInputError, AttentionTypeError, SharedMemoryError
 from iosim.launch import FLASH3_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
 from iosim.launch_backward import FLASH_BWD_TILES
@@ -22,6 +24,8 @@ __all__ = [
     "SCHEDULES",
     "AttentionInputError",
     "AttentionTypeError",
+    "DecodePlan",
+    "Decoded",
     "GPUUnavailableError",
     "HopperRequiredError",
     "KernelLaunch",
@@ -29,7 +33,9 @@ __all__ = [
     "SharedMemoryError",
     "attention",
     "attention_backward",
+    "decode",
     "default_tiles",
     "flash_smem_bytes",
     "last_launch",
+    "plan_decode",
 ]

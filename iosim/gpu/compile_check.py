@@ -9,7 +9,8 @@ NVRTC (see ``build.nvrtc_options``) plus ``-Xptxas -v``, and prints registers, s
 One flash instantiation per architecture is also built with -DIOSIM_BLOCK_TRACE (the block-timeline variant), and
 the L2 calibration probes of ``kernels/probes.cu`` (plain C, no templates) are built as they are. Where sm_90 is checked,
 every flash3 instantiation (``kernels/flash3_fwd.cu`` and the backward ``kernels/flash3_bwd.cu``, wgmma and TMA)
-is built for sm_90a, and none may spill. The rate
+is built for sm_90a, and none may spill. Every Flash-Decoding instantiation (``kernels/flash_decode.cu``, split and
+combine kernels) is built for every architecture, and none may spill. The rate
 calibration kernels (``kernels/rates.cu``, one translation unit of all of them) are built for every architecture, and
 with their wgmma kernels for sm_90a; none may spill. A unit of several kernels reports the most registers, stack and
 spills of any.
@@ -43,6 +44,7 @@ from iosim.gpu.build import (
     flash3_instances,
     nvcc_options,
 )
+from iosim.gpu.build_decode import DecodeInstance, decode_instances
 
 NO_SPILL_HEAD_DIMS = (64, 128)  # a spill in these flash configurations fails the check
 
@@ -86,7 +88,8 @@ PLAIN_SOURCES = (PlainSource("probes.cu"),)
 
 
 def _compile(
-    inst: FlashInstance | Flash3Instance | FlashBwdInstance | NaiveInstance | PlainSource | RatesSource, arch: int | str, nvcc: str, workdir: Path, defines: tuple[str, ...] = ()
+    inst: FlashInstance | Flash3Instance | FlashBwdInstance | NaiveInstance | PlainSource | RatesSource | DecodeInstance,
+    arch: int | str, nvcc: str, workdir: Path, defines: tuple[str, ...] = ()
 ) -> Result:
     kdir = kernels_dir()
     safe = re.sub(r"[^A-Za-z0-9]+", "_", inst.name_expression + "".join(defines)).strip("_")
@@ -102,7 +105,7 @@ def _compile(
         log=log if proc.returncode else "",
         must_not_spill=(isinstance(inst, FlashInstance) and inst.head_dim in NO_SPILL_HEAD_DIMS)
         or (isinstance(inst, FlashBwdInstance) and inst.kind == "main" and inst.head_dim in NO_SPILL_HEAD_DIMS)
-        or isinstance(inst, (Flash3Instance, Flash3BwdInstance, RatesSource)),
+        or isinstance(inst, (Flash3Instance, Flash3BwdInstance, RatesSource, DecodeInstance)),
     )
     if regs := _RE_REGS.findall(log):  # one report per kernel of the unit: the largest of each
         res.registers = max(int(r) for r in regs)
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             f"compile_check: nvcc not found (--nvcc {args.nvcc!r}); install the CUDA toolkit", file=sys.stderr
         )
         return 2
-    jobs = [(inst, arch, ()) for arch in archs for inst in all_instances()]
+    jobs = [(inst, arch, ()) for arch in archs for inst in (*all_instances(), *decode_instances())]
     traced = next(i for i in all_instances() if isinstance(i, FlashInstance) and i.head_dim == 128)
     jobs += [(traced, arch, (TRACE_DEFINE,)) for arch in archs]
     jobs += [(src, arch, ()) for arch in archs for src in (*PLAIN_SOURCES, RatesSource())]
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"compile_check: {len(results) - len(failed)}/{len(results)} compiled; "
         f"{len(spilled)} forbidden spills (flash2 forward and backward main kernel at head dims {NO_SPILL_HEAD_DIMS}, "
-        "every flash3 forward and backward, rates.cu)"
+        "every flash3 forward and backward, rates.cu, flash_decode.cu)"
     )
     return 1 if failed or spilled else 0
 

@@ -1,0 +1,158 @@
+"""The arguments of :func:`iosim.gpu.decode`, checked where they enter, on shapes, dtype names and host copies of the
+integer arrays: no CuPy, so the CPU tests run every check. Each error names the argument, the value and what was
+expected (:class:`~iosim.gpu.inputs.AttentionInputError` for values, :class:`~iosim.gpu.inputs.AttentionTypeError`
+for types and dtypes).
+
+Layouts: q (batch, q_len, heads, head_dim); a contiguous cache k, v (batch, max_len, kv_heads, head_dim); a paged
+cache k, v (num_pages, page_size, kv_heads, head_dim) with block_table (batch, max_pages); seqlens_k (batch,).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from iosim import launch_decode as geo
+from iosim.gpu.build import CUDA_TYPES
+from iosim.gpu.inputs import AttentionInputError, AttentionTypeError, torch_of
+
+GRID_Z_MAX = 65535  # CUDA's grid.z limit: batch * kv_heads blocks along it
+
+
+@dataclass(frozen=True)
+class DecodeShapes:
+    """The sizes of one decode call, checked. ``capacity``: keys a sequence may hold (max_len, or max_pages ·
+    page_size); ``page_size`` is max_len for a contiguous cache, whose "page" b is sequence b."""
+
+    batch: int
+    q_len: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    paged: bool
+    page_size: int
+    num_pages: int
+    max_pages: int  # the block table's row stride (1 for a contiguous cache)
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def rows(self) -> int:
+        """M: packed query rows of one kv head (its G query heads x the q_len tokens)."""
+        return self.group * self.q_len
+
+    @property
+    def capacity(self) -> int:
+        return self.max_pages * self.page_size
+
+    @property
+    def stripes(self) -> int:
+        return geo.decode_stripes(self.rows, self.head_dim)
+
+
+def _shape4(shape: Any, name: str, dims: str) -> tuple[int, int, int, int]:
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 4:
+        raise AttentionInputError(f"{name}: shape {shape} has {len(shape)} dims; expected 4 dims {dims}")
+    if any(s < 1 for s in shape):
+        raise AttentionInputError(f"{name}: shape {shape} has an empty dimension; expected all >= 1")
+    return shape  # type: ignore[return-value]
+
+
+def check_shapes(q_shape: Any, k_shape: Any, v_shape: Any, dtypes: tuple[str, str, str],
+                 table_shape: Any = None) -> DecodeShapes:
+    """q, k, v (and the block table's shape where the cache is paged) against each other and what the kernel
+    takes; ``dtypes``: the dtype names of q, k, v ('float16', 'bfloat16')."""
+    paged = table_shape is not None
+    kv_dims = "(num_pages, page_size, kv_heads, head_dim)" if paged else "(batch, max_len, kv_heads, head_dim)"
+    B, L, H, D = _shape4(q_shape, "q", "(batch, q_len, heads, head_dim)")
+    n0, n1, Hk, Dk = _shape4(k_shape, "k_cache", kv_dims)
+    if tuple(int(s) for s in v_shape) != (n0, n1, Hk, Dk):
+        raise AttentionInputError(f"v_cache: shape {tuple(v_shape)} differs from k_cache's {(n0, n1, Hk, Dk)}; "
+                                  "expected equal")
+    if dtypes[0] not in CUDA_TYPES:
+        raise AttentionTypeError(f"q: dtype {dtypes[0]} is not supported; expected float16 or bfloat16")
+    for name, dt in (("k_cache", dtypes[1]), ("v_cache", dtypes[2])):
+        if dt != dtypes[0]:
+            raise AttentionTypeError(f"{name}: dtype {dt} differs from q's {dtypes[0]}; expected the same dtype")
+    if not 1 <= L <= geo.MAX_QUERY_TOKENS:
+        raise AttentionInputError(f"q: q_len={L} new tokens per sequence; expected 1 to {geo.MAX_QUERY_TOKENS} "
+                                  "(longer chunks are prefill: iosim.gpu.attention)")
+    if D not in geo.DECODE_HEAD_DIMS:
+        raise AttentionInputError(f"q: head_dim={D} is not supported by decode; expected one of "
+                                  f"{list(geo.DECODE_HEAD_DIMS)}")
+    if Dk != D:
+        raise AttentionInputError(f"k_cache: head_dim {Dk} differs from q's head_dim {D}; expected equal")
+    if H % Hk:
+        raise AttentionInputError(f"k_cache: kv_heads={Hk} does not divide q's heads={H}; expected heads to be a "
+                                  "multiple of kv_heads")
+    if B * Hk > GRID_Z_MAX:
+        raise AttentionInputError(f"q: batch * kv_heads = {B} * {Hk}; expected at most {GRID_Z_MAX} (CUDA grid)")
+    if not paged:
+        if n0 != B:
+            raise AttentionInputError(f"k_cache: batch {n0} differs from q's batch {B}; expected equal (a "
+                                      "contiguous cache is (batch, max_len, kv_heads, head_dim); a paged one needs "
+                                      "block_table)")
+        return DecodeShapes(B, L, H, Hk, D, dtypes[0], False, n1, B, 1)
+    if n1 % geo.DECODE_TILE:
+        raise AttentionInputError(f"k_cache: page_size={n1} tokens; expected a multiple of {geo.DECODE_TILE} (a tile "
+                                  f"of {geo.DECODE_TILE} keys never crosses a page), e.g. 16, 64 or 256")
+    table_shape = tuple(int(s) for s in table_shape)
+    if len(table_shape) != 2 or table_shape[0] != B or table_shape[1] < 1:
+        raise AttentionInputError(f"block_table: shape {table_shape}; expected (batch, max_pages) = ({B}, >= 1)")
+    return DecodeShapes(B, L, H, Hk, D, dtypes[0], True, n1, n0, table_shape[1])
+
+
+def host_ints(x: Any, name: str) -> np.ndarray:
+    """A host int64 copy of an integer array given as a list, NumPy, CuPy (``.get()``) or torch tensor; one small
+    device-to-host copy where it is on the GPU."""
+    torch = torch_of(x)
+    if torch is not None:
+        x = x.detach().cpu().numpy()
+    elif hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):  # CuPy
+        x = x.get()
+    try:
+        a = np.asarray(x)
+    except Exception as exc:
+        raise AttentionTypeError(f"{name}: could not read {type(x).__name__} as an integer array ({exc})") from None
+    if a.dtype == object or not (np.issubdtype(a.dtype, np.integer) or (a.size == 0 and a.dtype == np.float64)):
+        raise AttentionTypeError(f"{name}: dtype {a.dtype}; expected an integer array (int32)")
+    return a.astype(np.int64)
+
+
+def check_seqlens(seqlens: np.ndarray | None, s: DecodeShapes) -> np.ndarray:
+    """Keys per sequence, (batch,) int32: each 0 to the cache's capacity (a length of 0 gives O = 0, lse = -inf).
+    None: every sequence fills a contiguous cache (max_len)."""
+    if seqlens is None:
+        if s.paged:
+            raise AttentionInputError("seqlens_k: None; expected the keys of each sequence, (batch,) int32, with "
+                                      "a block_table")
+        return np.full(s.batch, s.capacity, dtype=np.int32)
+    if seqlens.shape != (s.batch,):
+        raise AttentionInputError(f"seqlens_k: shape {seqlens.shape}; expected ({s.batch},), one length per sequence")
+    bad = np.flatnonzero((seqlens < 0) | (seqlens > s.capacity))
+    if bad.size:
+        i = int(bad[0])
+        where = f"max_pages * page_size = {s.max_pages} * {s.page_size}" if s.paged else "max_len"
+        raise AttentionInputError(f"seqlens_k[{i}] = {int(seqlens[i])}; expected 0 to {s.capacity} (the cache "
+                                  f"holds {where} keys per sequence)")
+    return seqlens.astype(np.int32)
+
+
+def check_block_table(table: np.ndarray, seqlens: np.ndarray, s: DecodeShapes) -> np.ndarray:
+    """Each sequence's pages, (batch, max_pages) int32: the first ceil(n_b / page_size) entries of row b must name
+    pages of the cache (0 to num_pages - 1, any order, shared or not); the rest are never read."""
+    used = -(-seqlens.astype(np.int64) // s.page_size)  # pages each sequence reads
+    live = np.arange(s.max_pages)[None, :] < used[:, None]
+    bad = np.argwhere(live & ((table < 0) | (table >= s.num_pages)))
+    if bad.size:
+        b, p = (int(x) for x in bad[0])
+        raise AttentionInputError(f"block_table[{b}, {p}] = {int(table[b, p])}; expected a page of k_cache, 0 to "
+                                  f"{s.num_pages - 1} (sequence {b} holds {int(seqlens[b])} keys in {int(used[b])} "
+                                  f"pages of {s.page_size})")
+    return np.ascontiguousarray(np.where(live, table, 0), dtype=np.int32)

@@ -1,0 +1,222 @@
+"""Flash-Decoding on the GPU with iosim's kernels (``kernels/flash_decode.cu``): 1 to 16 new tokens per sequence
+against a contiguous or paged KV cache, per-sequence lengths, grouped-query heads packed so each K/V byte is read
+once per kv head, the keys split across thread blocks and merged by their log-sum-exp.
+
+    >>> from iosim import gpu
+    >>> o, lse = gpu.decode(q, k_cache, v_cache, seqlens_k=lens)                    # contiguous (B, N_max, H_kv, d)
+    >>> o, lse = gpu.decode(q, k_pages, v_pages, seqlens_k=lens, block_table=bt)    # paged (pages, page, H_kv, d)
+    >>> plan = gpu.plan_decode(q, k_pages, v_pages, seqlens_k=lens, block_table=bt)  # check and upload once ...
+    >>> o, lse = plan.run(q, k_pages, v_pages)                                       # ... run many times (layers)
+
+A plan holds the checked lengths and block table on the device and the split choice; building one reads the
+lengths and table on the host (one small synchronizing copy where they are on the GPU). ``run`` checks only shapes,
+dtypes and layout and never synchronizes. Geometry and the split heuristic: :mod:`iosim.launch_decode`; the
+argument checks: :mod:`iosim.gpu.decode_inputs`.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from iosim import launch_decode as geo
+from iosim.gpu import build
+from iosim.gpu._cupy import GPUUnavailableError, require_cupy
+from iosim.gpu.attention import KernelLaunch, _kernel, _smem_limit
+from iosim.gpu.build_decode import DecodeInstance
+from iosim.gpu.decode_inputs import DecodeShapes, check_block_table, check_seqlens, check_shapes, host_ints
+from iosim.gpu.inputs import (
+    AttentionInputError,
+    AttentionTypeError,
+    SharedMemoryError,
+    _as_cupy,
+    _check_array,
+    check_scale,
+    dtype_name,
+    torch_of,
+    torch_stream,
+    torch_view,
+)
+
+_LOG2E = 1.4426950408889634
+# Tests set this to fill the split kernel's partial outputs with NaN before each launch, so a partial the combine
+# kernel reads but no block wrote fails the comparison instead of passing on stale memory.
+POISON_PARTIALS = False
+
+
+class Decoded(NamedTuple):
+    """What :func:`decode` returns: O like q (batch, q_len, heads, head_dim) and lse (batch, heads, q_len) fp32,
+    natural log (-inf, with O = 0, for a row that sees no key)."""
+
+    o: Any
+    lse: Any
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """One batch layout, checked and on the device: run it on any q, k, v of these shapes (every layer of a model)."""
+
+    shapes: DecodeShapes
+    split: geo.SplitChoice
+    scale: float
+    kv_lens: tuple[int, ...]  # host copy of seqlens_k
+    seqlens: Any  # CuPy int32 (batch,)
+    table: Any  # CuPy int32 (batch, max_pages), or None for a contiguous cache
+    launches: tuple[KernelLaunch, ...]  # the split kernel, then the combine kernel where splits > 1
+    device: int
+
+    @property
+    def splits(self) -> int:
+        return self.split.splits
+
+    def run(self, q: Any, k_cache: Any, v_cache: Any, out: tuple[Any, Any] | None = None) -> Decoded:
+        """O and lse for q against the cache; ``out``: an optional (o, lse) pair of preallocated outputs (either
+        may be None), CuPy arrays or CUDA torch tensors, every element overwritten and returned as given. torch in,
+        torch out: the kernels then run on torch's current stream."""
+        cp = require_cupy()
+        qc, kc, vc = (_as_cupy(cp, x, n) for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
+        self._check_same(qc, kc, vc)
+        torch = torch_of(q)
+        s = self.shapes
+        with cp.cuda.Device(self.device), (torch_stream(cp, torch, self.device) if torch else nullcontext()):
+            o_ret, o = _output(cp, torch, out[0] if out else None, (s.batch, s.q_len, s.heads, s.head_dim),
+                               (qc.dtype, q.dtype if torch else None), "o", self.device)
+            lse_ret, lse = _output(cp, torch, out[1] if out else None, (s.batch, s.heads, s.q_len),
+                                   (cp.float32, torch.float32 if torch else None), "lse", self.device)
+            self._launch(cp, qc, kc, vc, o, lse)
+        return Decoded(o_ret, lse_ret)
+
+    def _check_same(self, q: Any, k: Any, v: Any) -> None:
+        for x, name, dims in ((q, "q", "(batch, q_len, heads, head_dim)"), (k, "k_cache", "4 dims"),
+                              (v, "v_cache", "4 dims")):
+            _check_array(x, name, dims)
+        s = self.shapes
+        want = check_shapes(q.shape, k.shape, v.shape, tuple(dtype_name(x.dtype) for x in (q, k, v)),
+                            (s.batch, s.max_pages) if s.paged else None)
+        if want != s:
+            raise AttentionInputError(f"q, k_cache: shapes {tuple(q.shape)}, {tuple(k.shape)}, {want.dtype}, give "
+                                      f"{want}; expected the plan's {s} (plan_decode again for another layout)")
+        devs = {x.device.id for x in (q, k, v)}
+        if devs != {self.device}:
+            raise AttentionInputError(f"q, k_cache, v_cache are on devices {sorted(devs)}; expected device "
+                                      f"{self.device}, the plan's")
+
+    def _launch(self, cp: Any, q: Any, k: Any, v: Any, o: Any, lse: Any) -> None:
+        s, sp, i32 = self.shapes, self.split, cp.int32
+        main = self.launches[0]
+        o_part = lse_part = cp.uint64(0)  # null pointers: one split writes O and lse itself
+        if sp.splits > 1:
+            o_part = cp.empty((s.batch * s.q_len * s.heads, sp.splits, s.head_dim), dtype=cp.float32)
+            lse_part = cp.empty((s.batch * s.q_len * s.heads, sp.splits), dtype=cp.float32)
+            if POISON_PARTIALS:
+                o_part.fill(float("nan"))
+                lse_part.fill(float("nan"))
+        table = self.table if self.table is not None else cp.uint64(0)
+        fn = _kernel(cp, DecodeInstance("split", s.head_dim, s.dtype, s.stripes), main.smem_bytes)
+        fn(main.grid, main.block, (q, k, v, o, lse, o_part, lse_part, self.seqlens, table, i32(s.q_len),
+                                   i32(s.heads), i32(s.kv_heads), i32(s.page_size), i32(s.max_pages),
+                                   i32(sp.chunk), i32(sp.splits), cp.float32(self.scale * _LOG2E)),
+           shared_mem=main.smem_bytes)
+        if sp.splits > 1:
+            comb = self.launches[1]
+            fn = _kernel(cp, DecodeInstance("combine", s.head_dim, s.dtype), 0)
+            fn(comb.grid, comb.block, (o_part, lse_part, self.seqlens, o, lse, i32(s.batch * s.q_len * s.heads),
+                                       i32(s.q_len), i32(s.heads), i32(sp.chunk), i32(sp.splits)))
+
+
+def _output(cp: Any, torch: Any, given: Any, shape: tuple[int, ...], dtypes: tuple[Any, Any], name: str,
+            device: int) -> tuple[Any, Any]:
+    """(what the caller gets, the CuPy array the kernel writes): ``given`` checked, or a new array of ``dtypes`` =
+    (CuPy dtype, torch dtype): a torch tensor where the call is on torch tensors."""
+    if given is None:
+        if torch is not None:
+            t = torch.empty(shape, dtype=dtypes[1], device=device)
+            return t, torch_view(cp, t)
+        x = cp.empty(shape, dtype=dtypes[0])
+        return x, x
+    view = given if isinstance(given, cp.ndarray) else torch_view(cp, given)
+    if view is None:
+        raise AttentionTypeError(f"out: {name} is a {type(given).__name__}; expected a CuPy array or a CUDA torch "
+                                 "tensor that does not require grad")
+    want = dtype_name(cp.dtype(dtypes[0]))
+    if (tuple(view.shape) != shape or dtype_name(view.dtype) != want or not view.flags.c_contiguous
+            or view.device.id != device):
+        raise AttentionInputError(f"out: {name} {tuple(view.shape)} {dtype_name(view.dtype)} (contiguous="
+                                  f"{view.flags.c_contiguous}, device {view.device.id}); expected a contiguous "
+                                  f"{shape} {want} array on device {device}")
+    return given, view
+
+
+def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, block_table: Any = None,
+                scale: float | None = None, splits: int | None = None) -> DecodePlan:
+    """Check a decode call's layout and lengths, choose the splits, upload the lengths and block table: the
+    arguments of :func:`decode` without the output."""
+    cp = require_cupy()
+    qc, kc, vc = (_as_cupy(cp, x, n) for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
+    table_host = host_ints(block_table, "block_table") if block_table is not None else None
+    s = check_shapes(qc.shape, kc.shape, vc.shape, tuple(dtype_name(x.dtype) for x in (qc, kc, vc)),
+                     table_host.shape if table_host is not None else None)
+    lens = check_seqlens(host_ints(seqlens_k, "seqlens_k") if seqlens_k is not None else None, s)
+    table_host = check_block_table(table_host, lens, s) if s.paged else None
+    scale = check_scale(scale, s.head_dim)
+    devs = {x.device.id for x in (qc, kc, vc)}
+    if len(devs) != 1:
+        raise AttentionInputError(f"q, k_cache, v_cache are on devices {sorted(devs)}; expected all on one device")
+    device = devs.pop()
+    with cp.cuda.Device(device):
+        attrs = cp.cuda.Device(device).attributes
+        cc = int(cp.cuda.Device(device).compute_capability)
+        if cc < 80:
+            raise GPUUnavailableError(f"iosim.gpu.decode needs compute capability 8.0 or newer (cp.async, bf16 "
+                                      f"mma.sync); device {device} is {cc / 10:.1f}")
+        itemsize = build.ITEMSIZE[s.dtype]
+        smem = geo.decode_smem_bytes(s.head_dim, s.stripes, itemsize)
+        if smem > _smem_limit(cp):
+            terms = ", ".join(f"{n} {b} B" for n, b in geo.decode_smem_terms(s.head_dim, s.stripes, itemsize).items())
+            raise SharedMemoryError(f"decode at head_dim={s.head_dim}: needs {smem} B of shared memory per block "
+                                    f"({terms}); this device allows {_smem_limit(cp)} B")
+        fn = _kernel(cp, DecodeInstance("split", s.head_dim, s.dtype, s.stripes), smem)  # compiled (cached) now
+        regs = int(getattr(fn, "num_regs", 0) or geo.DECODE_REGISTERS[(s.head_dim, s.stripes)])
+        per_sm = geo.decode_blocks_per_sm(smem, regs, int(attrs["MaxSharedMemoryPerMultiprocessor"]),
+                                          int(attrs.get("MaxRegistersPerMultiprocessor", 65536)))
+        slots = int(attrs["MultiProcessorCount"]) * max(1, per_sm)
+        row_blocks = geo.decode_row_blocks(s.rows, s.head_dim)
+        try:
+            split = geo.decode_split(lens, s.kv_heads * row_blocks, slots, splits)
+        except geo.DecodeGeometryError as exc:
+            raise AttentionInputError(str(exc)) from None
+        seqlens = cp.asarray(lens)
+        table = cp.asarray(table_host) if table_host is not None else None
+        cp.cuda.get_current_stream().synchronize()  # the uploads are done before a run on another stream reads them
+    launches = [KernelLaunch(DecodeInstance("split", s.head_dim, s.dtype, s.stripes).name_expression,
+                             geo.decode_grid(s.batch, s.kv_heads, s.rows, s.head_dim, split.splits),
+                             (geo.DECODE_THREADS, 1, 1), smem)]
+    if split.splits > 1:
+        launches.append(KernelLaunch(DecodeInstance("combine", s.head_dim, s.dtype).name_expression,
+                                     geo.combine_grid(s.batch, s.q_len, s.heads), (geo.DECODE_THREADS, 1, 1), 0))
+    return DecodePlan(s, split, scale, tuple(int(n) for n in lens), seqlens, table, tuple(launches), device)
+
+
+def decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, block_table: Any = None,
+           scale: float | None = None, splits: int | None = None, out: tuple[Any, Any] | None = None) -> Decoded:
+    """Attention of 1 to 16 new tokens per sequence against a KV cache, on the GPU with iosim's Flash-Decoding
+    kernels; returns ``Decoded(o, lse)``.
+
+    q: (batch, q_len, heads, head_dim), q_len 1 to 16, head_dim 64, 128 or 256, float16 or bfloat16. Query token i
+    of sequence b is at position n_b - q_len + i and sees keys 0 .. n_b - q_len + i (bottom-right causal): the
+    cache already holds the new tokens' keys and values.
+    k_cache, v_cache: contiguous (batch, max_len, kv_heads, head_dim), or paged (num_pages, page_size, kv_heads,
+    head_dim) with ``block_table``; heads a multiple of kv_heads (query head h reads kv head h // (heads // kv_heads)).
+    seqlens_k: keys per sequence (batch,), integers 0 to the cache's capacity; a list, NumPy, CuPy or torch array.
+    None with a contiguous cache: every sequence is max_len long.
+    block_table: (batch, max_pages) integers: token t of sequence b is slot t % page_size of page
+    block_table[b, t // page_size]; pages in any order; page_size a multiple of 16; entries past a sequence's last
+    page are never read.
+    scale: default 1/sqrt(head_dim). splits: force the number of K/V splits (1 to 128; default: the heuristic of
+    :func:`iosim.launch_decode.decode_split`). out: an optional (o, lse) pair of preallocated outputs.
+    CuPy arrays or CUDA torch tensors (torch in, torch out, on torch's current stream). Each call checks the lengths
+    and table on the host; to run one layout many times, :func:`plan_decode` once and ``plan.run`` each time.
+    """
+    plan = plan_decode(q, k_cache, v_cache, seqlens_k=seqlens_k, block_table=block_table, scale=scale, splits=splits)
+    return plan.run(q, k_cache, v_cache, out)

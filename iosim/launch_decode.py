@@ -1,0 +1,161 @@
+"""Launch geometry of iosim's Flash-Decoding kernel (``kernels/flash_decode.cu``): rows per block, the K/V ring, shared
+memory, blocks per SM, bytes in flight, and the split heuristic, as plain data and arithmetic.
+
+:mod:`iosim.gpu.flash_decode` launches the kernel from these numbers; a time model can read the same ones (no CuPy
+here). Names follow the math: ``rows`` = M = G·L packed query rows of one kv head (G = heads / kv_heads query heads,
+L = new tokens per sequence), ``chunk`` = keys per split, ``d`` = head dim.
+
+The split heuristic (:func:`decode_split`), the rule a time model should reproduce:
+
+1. A launch has ``units`` = batch · kv_heads · row_blocks thread blocks before splitting; the GPU holds ``slots`` =
+   SMs · (blocks per SM) of them at once (:func:`decode_blocks_per_sm`: shared memory, registers, threads).
+2. Decode is DRAM-bound: every K/V byte is read once and a block does M FLOPs per byte. DRAM stays busy as long as
+   enough bytes are in flight, and one resident wave of blocks has several times what it needs
+   (:func:`decode_bytes_in_flight`), so the goal is one wave: the keys of all sequences
+   (kv_heads · row_blocks · Σ n_b) are cut into chunks of ceil(work / target) keys, target = ``SPLIT_FILL`` (80%)
+   of the slots, what FlashAttention-2's ``num_splits_heuristic`` deems a full grid: splits = ceil(longest /
+   chunk). With equal lengths a grid that fills the slots unsplit stays unsplit (more splits would only add
+   partial-output traffic); with ragged ones a long sequence is split even then, so it does not straggle.
+3. A split holds at least ``MIN_SPLIT_TOKENS`` keys (256): splits <= longest // 256. A block's fixed cost (its Q
+   load, the ring's first DRAM latency, the warps' merge, the partial write; about 2 us) then stays under ~15% of
+   its streaming time at its share of the bandwidth (d = 128: 256 keys = 128 KB, ~11 us at 3 TB/s over 264 blocks).
+4. At most ``MAX_SPLITS``. The chunk is then evened out over the longest sequence (a multiple of 16 keys), so its
+   splits are equal. Shorter sequences use their first ceil(n_b / chunk) splits; the other blocks exit at once.
+   One split: the kernel writes O itself and the combine kernel does not run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .blocks import cdiv
+
+DECODE_WARPS = 4  # warps per block; they split the keys of a split (each its own tiles, ring and softmax state)
+DECODE_THREADS = 32 * DECODE_WARPS
+DECODE_TILE = 16  # keys per warp tile: a page size must be a multiple of it, so no tile crosses a page
+DECODE_HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
+MAX_QUERY_TOKENS = 16  # new tokens per sequence (speculative decoding, small chunks)
+STRIPE_ROWS = 16  # mma.sync m16n8k16: rows of one stripe
+
+SPLIT_FILL = 0.8  # fraction of the resident slots a grid must fill to count as full (FlashAttention-2's 80%)
+MIN_SPLIT_TOKENS = 256  # keys per split at least: the block's fixed cost against its streaming time
+MAX_SPLITS = 128  # splits at most (FlashAttention-2's cap): bounds the partial outputs
+
+# registers per thread (ptxas, nvcc 13.0, sm_90 and sm_80 alike, fp16 and bf16 alike): (d, stripes) -> registers;
+# python -m iosim.gpu.compile_check prints them. The combine kernel: 32-42.
+DECODE_REGISTERS: dict[tuple[int, int], int] = {(64, 1): 114, (64, 2): 151, (128, 1): 160, (128, 2): 224,
+                                                (256, 1): 202}
+DECODE_STRIPES: tuple[tuple[int, int], ...] = tuple(DECODE_REGISTERS)  # the (d, stripes) the library compiles
+
+
+class DecodeGeometryError(ValueError):
+    """A decode shape the kernel does not take (head dim, query tokens), or a split count out of range."""
+
+
+def decode_stages(head_dim: int) -> int:
+    """Depth of each warp's K/V ring (mirrors decode_stages() in kernels/flash_decode.cu): tiles of 16 keys in
+    flight per warp while it computes one are ``stages - 1``; d = 256 keeps 2 so a block fits an A100's 163 KB."""
+    return 2 if head_dim >= 256 else 3 if head_dim >= 128 else 4
+
+
+def decode_stripes(rows: int, head_dim: int) -> int:
+    """16-row stripes per block: 2 where more than 16 rows (G·L) and d <= 128 (O stays in registers), else 1."""
+    return 2 if rows > STRIPE_ROWS and head_dim <= 128 else 1
+
+
+def decode_row_blocks(rows: int, head_dim: int) -> int:
+    """Blocks along the packed rows (grid.x): each re-reads the kv head's K/V, mostly from L2 (launched side by
+    side); 1 up to 32 rows at d <= 128, 16 at d = 256."""
+    return cdiv(rows, STRIPE_ROWS * decode_stripes(rows, head_dim))
+
+
+def decode_smem_terms(head_dim: int, stripes: int, itemsize: int = 2) -> dict[str, int]:
+    """Dynamic shared memory of one split-kernel block, term by term, in bytes. The warps' merge area (fp32 O, m and
+    l of every warp, :func:`decode_merge_bytes`) reuses the ring once the loop is done."""
+    d = head_dim
+    return {
+        # Q_i: 16·stripes packed rows x d, loaded once; every warp reads all of it
+        "Q_i": STRIPE_ROWS * stripes * d * itemsize,
+        # each warp's ring of decode_stages(d) slots of one K tile and one V tile (16 keys x d)
+        "K_j, V_j": DECODE_WARPS * decode_stages(d) * 2 * DECODE_TILE * d * itemsize,
+    }
+
+
+def decode_smem_bytes(head_dim: int, stripes: int, itemsize: int = 2) -> int:
+    return sum(decode_smem_terms(head_dim, stripes, itemsize).values())
+
+
+def decode_merge_bytes(head_dim: int, stripes: int) -> int:
+    """The merge area over the ring: each warp's O (rows x (d + 8) fp32, padded against bank conflicts), m and l."""
+    return DECODE_WARPS * STRIPE_ROWS * stripes * (head_dim + 8 + 2) * 4
+
+
+def decode_blocks_per_sm(smem_bytes: int, registers: int, smem_per_sm: int, regs_per_sm: int = 65536,
+                         threads_per_sm: int = 2048, max_blocks: int = 32, reserved_per_block: int = 1024) -> int:
+    """Split-kernel blocks one SM holds at once: the tightest of shared memory (each block also costs the
+    runtime's reserved 1 KB), registers (allocated per warp in units of 256) and threads."""
+    regs_per_warp = cdiv(registers * 32, 256) * 256
+    by_regs = regs_per_sm // (regs_per_warp * DECODE_WARPS)
+    by_smem = smem_per_sm // (smem_bytes + reserved_per_block)
+    return max(0, min(by_regs, by_smem, threads_per_sm // DECODE_THREADS, max_blocks))
+
+
+def decode_bytes_in_flight(head_dim: int, blocks_per_sm: int, itemsize: int = 2) -> int:
+    """K/V bytes one SM keeps requested from memory in the loop's steady state: each warp has ``stages - 1`` tiles in
+    flight while it computes one. Little's law wants bandwidth x latency / SMs: at 3.07 TB/s (the H100's measured
+    DRAM read) and ~800 ns under load, 18.6 KB; the H200 (4.48 TB/s) 27 KB."""
+    tile = 2 * DECODE_TILE * head_dim * itemsize
+    return blocks_per_sm * DECODE_WARPS * (decode_stages(head_dim) - 1) * tile
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    """How the keys of each sequence are cut: ``splits`` (grid.y) splits of ``chunk`` keys (a multiple of 16)."""
+
+    splits: int
+    chunk: int
+
+    def splits_of(self, kv_len: int) -> int:
+        """Splits a sequence of ``kv_len`` keys writes (the rest of grid.y exits at once)."""
+        return cdiv(kv_len, self.chunk)
+
+
+def decode_split(kv_lens: Sequence[int], blocks_per_seq: int, slots: int, splits: int | None = None) -> SplitChoice:
+    """The split heuristic (module docstring) for sequences of ``kv_lens`` keys, ``blocks_per_seq`` = kv_heads ·
+    row_blocks blocks per sequence and split, ``slots`` = blocks the GPU holds at once; ``splits`` forces the count
+    (1 to MAX_SPLITS; fewer where the longest sequence has fewer tiles of 16 keys)."""
+    lens = [int(n) for n in kv_lens]
+    longest = max(lens, default=0)
+    if splits is not None and not (isinstance(splits, int) and not isinstance(splits, bool)
+                                   and 1 <= splits <= MAX_SPLITS):
+        raise DecodeGeometryError(f"splits={splits!r}: expected None or an integer from 1 to {MAX_SPLITS}")
+    if longest <= 0:
+        return SplitChoice(1, DECODE_TILE)
+    if splits is None:
+        target = max(1, math.floor(SPLIT_FILL * slots))  # blocks that count as a full grid
+        chunk = cdiv(blocks_per_seq * sum(lens), target)  # keys per block that spread the work over the target
+        splits = min(MAX_SPLITS, cdiv(longest, chunk), max(1, longest // MIN_SPLIT_TOKENS))
+    splits = min(splits, cdiv(longest, DECODE_TILE))
+    chunk = cdiv(cdiv(longest, splits), DECODE_TILE) * DECODE_TILE  # even splits of whole tiles
+    return SplitChoice(cdiv(longest, chunk), chunk)
+
+
+def decode_grid(batch: int, kv_heads: int, rows: int, head_dim: int, splits: int) -> tuple[int, int, int]:
+    """The split kernel's grid: (row blocks, splits, batch · kv_heads); row blocks vary fastest, so the blocks that
+    share one kv head's K/V run side by side."""
+    return decode_row_blocks(rows, head_dim), splits, batch * kv_heads
+
+
+def combine_grid(batch: int, q_len: int, heads: int) -> tuple[int, int, int]:
+    """The combine kernel's grid: one warp per output row (b, token, head), DECODE_WARPS rows per block."""
+    return cdiv(batch * q_len * heads, DECODE_WARPS), 1, 1
+
+
+def decode_partial_bytes(q_len: int, heads: int, head_dim: int, split: SplitChoice, kv_lens: Sequence[int]) -> int:
+    """fp32 partial O and lse the split kernel writes (and the combine kernel reads) where splits > 1, else 0."""
+    if split.splits == 1:
+        return 0
+    written = sum(split.splits_of(int(n)) for n in kv_lens)  # splits that hold keys, over the batch
+    return written * q_len * heads * (head_dim + 1) * 4

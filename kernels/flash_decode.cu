@@ -1,0 +1,414 @@
+// flash_decode.cu: Flash-Decoding (Dao, Haziza, Massa, Sizov 2023; FlashAttention-2 §3.2) on tensor cores, for a
+// KV cache that is contiguous or paged.
+//
+//   For each sequence b: 1 <= L <= 16 new query tokens q (B, L, H, d) against the first n_b = seqlens_k[b] keys of
+//   its cache; query token i is at position n_b - L + i and sees key j iff j <= n_b - L + i (bottom-right causal).
+//   O (B, L, H, d) like q; lse (B, H, L) fp32, natural log (-inf, with O = 0, for a row that sees no key).
+//   K and V: contiguous (B, N_max, H_kv, d), or paged (num_pages, page_size, H_kv, d) with block_table (B, max_pages)
+//   int32: token t of sequence b is slot t % page_size of page block_table[b][t / page_size] (pages in any order).
+//
+// Schedule (kernel 1, flash_decode_kernel; grid = (row blocks, splits, B * H_kv), 4 warps):
+//   grouped-query packing: the G = H / H_kv query heads of one kv head and the L tokens are the rows of one Q
+//   tile (row r = i * G + g: token i, head g of the group), so K and V are read once per kv head, not once per
+//   query head; rows run in stripes of 16 (mma.sync m16n8k16's M), MT stripes per block (1, or 2 where G * L > 16
+//   and d <= 128); more rows take more row blocks (grid.x), launched side by side so their K/V reads meet in L2.
+//   split-KV: split s covers keys [s * chunk, (s + 1) * chunk) of its sequence (chunk: a multiple of 16 chosen on
+//   the host, iosim/launch_decode.py); a split past n_b exits at once.
+//   inside a block the 4 warps split the keys, not the rows: warp w takes the 16-key tiles w, w + 4, w + 8, ... of
+//   the split, each warp with its own ring of Stages cp.async buffers (16-byte copies, rows past n_b zero-filled),
+//   its own running (m, l, O) and no block-wide barrier in the loop (cp.async.wait_group + __syncwarp per tile).
+//   A 16-key tile never crosses a page: page sizes are multiples of 16 (checked on the host). The physical page of
+//   the next tile is read one tile ahead, so the block-table load never stalls a copy.
+//   per tile: S = Q K^T (16 x 16 per stripe), online softmax in exp2 (FlashAttention-2 lines 8-10), O += P V with P
+//   rounded to the input dtype; keys past n_b and above the causal diagonal get -inf (one comparison: j > limit).
+//   epilogue: the 4 warps' (m, l, O) meet in shared memory (over the K/V ring) and merge by the log-sum-exp rule;
+//   one split: O in the input dtype and lse; several: O_s / l_s in fp32 and lse_s, per split.
+// Kernel 2, flash_decode_combine_kernel (only when splits > 1; one warp per output row (b, i, h)):
+//   m = max_s lse_s; O = sum_s e^(lse_s - m) O_s / sum_s e^(lse_s - m); lse = m + ln sum_s e^(lse_s - m).
+//
+// Why mma.sync and not CUDA cores: per key the block does 4 * M * d FLOPs (M = G * L rows) for 4 * d bytes of K and V,
+// M FLOP/B. At G * L >= 8 that is >= 24 TFLOP/s at 3 TB/s: a third of the H100's fp32 FMA issue rate before the
+// bf16 -> fp32 conversions and shared-memory operand reads, while mma.sync (rows padded to 16) needs under 10% of its
+// rate at any M <= 16. The floor and the bytes in flight: docs/kernels.md, "flash_decode.cu".
+//
+// Versions:
+//   v1  this one (measurement: docs/kernels.md).
+#include "common.cuh"
+#include "tile.cuh"
+
+namespace iosim {
+
+constexpr int kDecodeWarps = 4;  // warps per block; they split the keys of a split
+constexpr int kDecodeTile = 16;  // keys per warp tile (mma n16); page sizes are multiples of it
+// depth of each warp's K/V ring; mirrored by iosim/launch_decode.py decode_stages() for the shared-memory budget
+__host__ __device__ constexpr int decode_stages(int D) { return D >= 256 ? 2 : (D >= 128 ? 3 : 4); }
+// fp32 row stride of a warp's O in the merge area: 8 floats of padding, so the float2 stores of a quad's 8 rows
+// fall on distinct banks two wavefronts at a time
+__host__ __device__ constexpr int decode_merge_stride(int D) { return D + 8; }
+
+template <int D, int MT, typename T>
+__global__ void __launch_bounds__(128)
+    flash_decode_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+                        float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part,
+                        const int* __restrict__ seqlens_k, const int* __restrict__ block_table, int q_len, int heads,
+                        int kv_heads, int page_size, int table_stride, int chunk, int n_splits, float scale_log2) {
+    constexpr int kThreads = 32 * kDecodeWarps;
+    constexpr int Br = 16 * MT;             // rows of Q per block
+    constexpr int Stages = decode_stages(D);
+    constexpr int C = D / 8;                // 16-byte chunks per row
+    constexpr int KD = D / 16;              // k16 steps of Q K^T
+    constexpr int ND = D / 8;               // n8 tiles of O per stripe
+    constexpr int kSlot = 2 * kDecodeTile * D;  // elements of one ring slot: K tile then V tile
+    constexpr bool kQInRegs = (MT == 1 && D <= 128);
+    constexpr int kMS = decode_merge_stride(D);
+    static_assert(D % 64 == 0 && (MT == 1 || MT == 2), "head dim 64, 128 or 256; 1 or 2 row stripes");
+    static_assert(kDecodeWarps * Br * (kMS + 2) * 4 <= kDecodeWarps * Stages * kSlot * (int)sizeof(T),
+                  "the merge area must fit over the K/V ring");
+    IOSIM_TRACE_BLOCK();
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw);  // Br x D
+    T* sRing = sQ + Br * D;                  // warps x Stages x (K 16 x D, V 16 x D)
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;  // mma fragment coordinates: row group, thread in group
+    const int rb = blockIdx.x, split = blockIdx.y;
+    const int b = blockIdx.z / kv_heads, hk = blockIdx.z % kv_heads;
+    const int group = heads / kv_heads;
+    const int rows = group * q_len;          // M: packed rows of this kv head
+    const int r0 = rb * Br;
+    const int rows_here = min(Br, rows - r0);
+    const int seqlen = seqlens_k[b];
+    const int key_begin = split * chunk;
+    const int key_end = min(seqlen, key_begin + chunk);
+
+    // output row of packed row rr: (b, token rr / G, head hk * G + rr % G) of O (B, L, H, d)
+    auto out_row = [&](int rr) { return ((long long)b * q_len + rr / group) * heads + hk * group + rr % group; };
+    auto lse_index = [&](int rr) {
+        return ((long long)b * heads + hk * group + rr % group) * q_len + rr / group;
+    };
+
+    if (key_begin >= key_end) {  // no key in this split: only a lone split (n_b = 0) has anything to write
+        if (n_splits == 1) {
+            for (int idx = tid; idx < rows_here * C; idx += kThreads) {
+                *reinterpret_cast<uint4*>(o + out_row(r0 + idx / C) * D + (idx % C) * 8) = make_uint4(0, 0, 0, 0);
+            }
+            for (int r = tid; r < rows_here; r += kThreads) lse[lse_index(r0 + r)] = -INFINITY;
+        }
+        return;
+    }
+
+    // Q_i into shared memory, rows past M zero-filled (group 0 of every thread)
+    for (int idx = tid; idx < Br * C; idx += kThreads) {
+        const int r = idx / C, c = idx % C;
+        const bool ok = r < rows_here;
+        cp_async_16(smem_u32(sQ + swz<D>(r, c)), q + out_row(r0 + (ok ? r : 0)) * D + c * 8, ok ? 16 : 0);
+    }
+    cp_async_commit();
+
+    // this warp's tiles: w, w + 4, ... of the split's ceil((key_end - key_begin) / 16)
+    const int n_tiles = (key_end - key_begin + kDecodeTile - 1) / kDecodeTile;
+    const int n_w = n_tiles > warp ? (n_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+    const long long kv_stride = (long long)kv_heads * D;  // elements between consecutive tokens of one kv head
+    T* ring = sRing + warp * Stages * kSlot;
+    auto tile_token = [&](int i) { return key_begin + (warp + kDecodeWarps * i) * kDecodeTile; };
+    auto page_of = [&](int i) -> long long {  // physical page of tile i (contiguous cache: the sequence's own)
+        if (block_table == nullptr) return b;
+        return i < n_w ? __ldg(block_table + (long long)b * table_stride + tile_token(i) / page_size) : 0;
+    };
+    // K_j, V_j (16 x D each) of tile i into ring slot `slot`; rows at or past n_b are zero-filled, never read
+    auto load_tile = [&](int i, long long page, int slot) {
+        const int tok = tile_token(i);
+        const long long row0 = (page * page_size + tok % page_size) * kv_heads + hk;  // first token's row
+        const T* kg = k + row0 * D;
+        const T* vg = v + row0 * D;
+        T* sK = ring + slot * kSlot;
+        T* sV = sK + kDecodeTile * D;
+        const int valid = seqlen - tok;
+#pragma unroll
+        for (int it = 0; it < kDecodeTile * C / 32; ++it) {
+            const int idx = it * 32 + lane;
+            const int r = idx / C, c = idx % C;
+            const bool ok = r < valid;
+            const long long off = (ok ? r : 0) * kv_stride + c * 8;
+            cp_async_16(smem_u32(sK + swz<D>(r, c)), kg + off, ok ? 16 : 0);
+            cp_async_16(smem_u32(sV + swz<D>(r, c)), vg + off, ok ? 16 : 0);
+        }
+    };
+
+    // prologue: tiles 0 .. Stages-2 (one group each, maybe empty); the page of the next one read ahead
+    long long next_page = page_of(0);
+#pragma unroll
+    for (int s = 0; s < Stages - 1; ++s) {
+        if (s < n_w) {
+            const long long page = next_page;
+            next_page = page_of(s + 1);
+            load_tile(s, page, s);
+        }
+        cp_async_commit();
+    }
+    cp_async_wait<Stages - 1>();  // this thread's part of Q has landed
+    __syncthreads();              // and every thread's
+
+    // rows of this thread (stripe mt, half hr: row g or g + 8) and the last key each sees
+    int limit[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int rr = r0 + mt * 16 + g + 8 * hr;
+            limit[mt][hr] = rr < rows ? seqlen - q_len + rr / group : seqlen - 1;  // padding rows: any real key
+        }
+    const int mask_from = seqlen - q_len;  // tiles whose last key is past this hold a masked key for some row
+
+    const int a_row = lane & 15, a_chunk = lane >> 4;                              // A (Q): rows, k chunk
+    const int b_row = (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;  // B (K): n rows, k chunk
+    const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_chunk = lane >> 4;  // B (V, trans): k rows, n chunk
+    unsigned q_frag[kQInRegs ? KD : 1][4];
+    if constexpr (kQInRegs) {
+#pragma unroll
+        for (int ks = 0; ks < KD; ++ks)
+            ldmatrix_x4(q_frag[ks][0], q_frag[ks][1], q_frag[ks][2], q_frag[ks][3],
+                        smem_u32(sQ + swz<D>(a_row, ks * 2 + a_chunk)));
+    }
+
+    float acc_o[MT][ND][4];
+    float m_i[MT][2], l_i[MT][2];  // running row max (raw score units) and this thread's partial row sum
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][nd][e] = 0.f;
+        m_i[mt][0] = m_i[mt][1] = -INFINITY;
+        l_i[mt][0] = l_i[mt][1] = 0.f;
+    }
+
+    int stage = 0, fill = Stages - 1;  // ring slots of tile j and of tile j + Stages - 1
+    for (int j = 0; j < n_w; ++j) {
+        cp_async_wait<Stages - 2>();  // tile j has landed (this lane's copies) ...
+        __syncwarp();                 // ... every lane's; and every lane is done with tile j - 1 (slot `fill`)
+        const int jn = j + Stages - 1;
+        if (jn < n_w) {
+            const long long page = next_page;
+            next_page = page_of(jn + 1);
+            load_tile(jn, page, fill);
+        }
+        cp_async_commit();  // one group per iteration, so the wait count stays exact
+        const T* sK = ring + stage * kSlot;
+        const T* sV = sK + kDecodeTile * D;
+        stage = stage + 1 == Stages ? 0 : stage + 1;
+        fill = fill + 1 == Stages ? 0 : fill + 1;
+
+        // S = Q K_j^T: MT stripes of 16 rows x 16 keys
+        float acc_s[MT][2][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_s[mt][0][e] = acc_s[mt][1][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KD; ++ks) {
+            unsigned b0, b1, b2, b3;  // keys 0-7 (b0, b1) and 8-15 (b2, b3)
+            ldmatrix_x4(b0, b1, b2, b3, smem_u32(sK + swz<D>(b_row, ks * 2 + b_chunk)));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                unsigned a[4];
+                if constexpr (kQInRegs) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[e] = q_frag[ks][e];
+                } else {
+                    ldmatrix_x4(a[0], a[1], a[2], a[3], smem_u32(sQ + swz<D>(mt * 16 + a_row, ks * 2 + a_chunk)));
+                }
+                mma_16816<T>(acc_s[mt][0], a, b0, b1);
+                mma_16816<T>(acc_s[mt][1], a, b2, b3);
+            }
+        }
+
+        // keys past n_b and above the diagonal: -inf (col > limit covers both: every row's limit is < n_b)
+        const int n0 = tile_token(j);
+        if (n0 + kDecodeTile - 1 > mask_from) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (n0 + nt * 8 + 2 * t4 + (e & 1) > limit[mt][e >> 1]) acc_s[mt][nt][e] = -INFINITY;
+        }
+
+        // online softmax in fp32 (FlashAttention-2 lines 9-10), rescale O
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                float mx = fmaxf(m_i[mt][hr], fmaxf(fmaxf(acc_s[mt][0][2 * hr], acc_s[mt][0][2 * hr + 1]),
+                                                    fmaxf(acc_s[mt][1][2 * hr], acc_s[mt][1][2 * hr + 1])));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;  // no key yet: no NaN
+                const float corr = exp2_approx(m_i[mt][hr] * scale_log2 - m_scaled);
+                m_i[mt][hr] = mx;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+                        const float p = exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -m_scaled));
+                        acc_s[mt][nt][e] = p;
+                        rs += p;
+                    }
+                l_i[mt][hr] = l_i[mt][hr] * corr + rs;
+#pragma unroll
+                for (int nd = 0; nd < ND; ++nd) {
+                    acc_o[mt][nd][2 * hr] *= corr;
+                    acc_o[mt][nd][2 * hr + 1] *= corr;
+                }
+            }
+
+        // O += P V_j: P (16 x 16 keys, the A operand) rounded to the input dtype, V read with ldmatrix.trans
+        unsigned pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            pa[mt][0] = pack2<T>(acc_s[mt][0][0], acc_s[mt][0][1]);
+            pa[mt][1] = pack2<T>(acc_s[mt][0][2], acc_s[mt][0][3]);
+            pa[mt][2] = pack2<T>(acc_s[mt][1][0], acc_s[mt][1][1]);
+            pa[mt][3] = pack2<T>(acc_s[mt][1][2], acc_s[mt][1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            unsigned b0, b1, b2, b3;  // (b0, b1): d-tile 2 dp; (b2, b3): d-tile 2 dp + 1
+            ldmatrix_x4_trans(b0, b1, b2, b3, smem_u32(sV + swz<D>(v_row, dp * 2 + v_chunk)));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816<T>(acc_o[mt][2 * dp], pa[mt], b0, b1);
+                mma_16816<T>(acc_o[mt][2 * dp + 1], pa[mt], b2, b3);
+            }
+        }
+    }
+    cp_async_wait<0>();  // nothing may still be landing in the ring ...
+    __syncthreads();     // ... and every warp is done reading it: the merge area goes over it
+
+    // the warps' (m, l, O) into shared memory: O [warp][row][kMS] fp32, then m [warp][row], l [warp][row]
+    float* sO = reinterpret_cast<float*>(sRing);
+    float* sM = sO + kDecodeWarps * Br * kMS;
+    float* sL = sM + kDecodeWarps * Br;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            float l = l_i[mt][hr];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int row = warp * Br + mt * 16 + g + 8 * hr;
+            if (t4 == 0) {
+                sM[row] = m_i[mt][hr];
+                sL[row] = l;
+            }
+#pragma unroll
+            for (int nd = 0; nd < ND; ++nd)
+                *reinterpret_cast<float2*>(sO + row * kMS + nd * 8 + 2 * t4) =
+                    make_float2(acc_o[mt][nd][2 * hr], acc_o[mt][nd][2 * hr + 1]);
+        }
+    __syncthreads();
+
+    // merge by the log-sum-exp rule, 4 columns a thread, and write O and lse (one split) or this split's O_s, lse_s
+    for (int idx = tid; idx < rows_here * (D / 4); idx += kThreads) {
+        const int r = idx / (D / 4), c4 = idx % (D / 4);
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, sM[w * Br + r]);
+        const float m_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
+        float l = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < kDecodeWarps; ++w) {
+            const float f = exp2_approx(sM[w * Br + r] * scale_log2 - m_scaled);  // a warp with no key: 0
+            const float4 x = *reinterpret_cast<const float4*>(sO + (w * Br + r) * kMS + 4 * c4);
+            l += f * sL[w * Br + r];
+            acc.x += f * x.x;
+            acc.y += f * x.y;
+            acc.z += f * x.z;
+            acc.w += f * x.w;
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float row_lse = l > 0.f ? (m_scaled + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+        const long long orow = out_row(r0 + r);
+        if (n_splits == 1) {
+            *reinterpret_cast<uint2*>(o + orow * D + 4 * c4) =
+                make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
+            if (c4 == 0) lse[lse_index(r0 + r)] = row_lse;
+        } else {
+            *reinterpret_cast<float4*>(o_part + (orow * n_splits + split) * D + 4 * c4) =
+                make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+            if (c4 == 0) lse_part[orow * n_splits + split] = row_lse;
+        }
+    }
+}
+
+// Kernel 2: merge the splits of each output row (b, i, h), one warp a row, D / 32 columns a lane.
+// o_part (B * L * H, n_splits, D) fp32 and lse_part (B * L * H, n_splits) as kernel 1 wrote them; a sequence of n_b
+// keys has ceil(n_b / chunk) splits written (none when n_b = 0: O = 0, lse = -inf).
+template <int D, typename T>
+__global__ void __launch_bounds__(128)
+    flash_decode_combine_kernel(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                                const int* __restrict__ seqlens_k, T* __restrict__ o, float* __restrict__ lse,
+                                int n_rows, int q_len, int heads, int chunk, int n_splits) {
+    constexpr int V = D / 32;  // columns per lane: 2, 4 or 8
+    static_assert(V == 2 || V == 4 || V == 8, "head dim 64, 128 or 256");
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (row >= n_rows) return;
+    const int b = (int)(row / ((long long)q_len * heads));
+    const int i = (int)((row / heads) % q_len), h = (int)(row % heads);
+    const int seqlen = seqlens_k[b];
+    const int ns = min(n_splits, (seqlen + chunk - 1) / chunk);
+    const float* lp = lse_part + row * n_splits;
+    const float* op = o_part + row * n_splits * D + lane * V;
+
+    float mx = -INFINITY;
+    for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, lp[s]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+
+    float acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = 0.f;
+    float l = 0.f;
+    if (mx != -INFINITY) {
+        constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll 2  // (4 spilled 4 B at d = 256 on sm_80, nvcc 13.0)
+        for (int s = 0; s < ns; ++s) {
+            const float f = exp2_approx((lp[s] - mx) * kLog2e);  // a split where the row saw no key: 0
+            l += f;
+            if constexpr (V == 2) {
+                const float2 x = *reinterpret_cast<const float2*>(op + (long long)s * D);
+                acc[0] += f * x.x;
+                acc[1] += f * x.y;
+            } else {
+#pragma unroll
+                for (int e = 0; e < V; e += 4) {
+                    const float4 x = *reinterpret_cast<const float4*>(op + (long long)s * D + e);
+                    acc[e] += f * x.x;
+                    acc[e + 1] += f * x.y;
+                    acc[e + 2] += f * x.z;
+                    acc[e + 3] += f * x.w;
+                }
+            }
+        }
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    unsigned packed[V / 2];
+#pragma unroll
+    for (int e = 0; e < V / 2; ++e) packed[e] = pack2<T>(acc[2 * e] * inv, acc[2 * e + 1] * inv);
+    T* orow = o + row * D + lane * V;
+    if constexpr (V == 2) {
+        *reinterpret_cast<unsigned*>(orow) = packed[0];
+    } else if constexpr (V == 4) {
+        *reinterpret_cast<uint2*>(orow) = make_uint2(packed[0], packed[1]);
+    } else {
+        *reinterpret_cast<uint4*>(orow) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+    if (lane == 0) lse[((long long)b * heads + h) * q_len + i] = l > 0.f ? mx + __logf(l) : -INFINITY;
+}
+
+}  // namespace iosim
