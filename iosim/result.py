@@ -218,8 +218,8 @@ class TimeJSON(_Contract):
     unmodeled: dict[str, str]
     kernels: list[KernelTimeJSON]
     energy_j: float | None = Field(
-        None, description="joules of one call (iosim.timing.energy), from the profile's calibration.power; null "
-        "where the profile has none")
+        None, description="joules of one call (iosim.timing.energy), from the profile's calibration.power: a lower "
+        "bound (the work units it prices; docs/timing.md); null where the profile has none")
     uncertainty: UncertaintyJSON | None = Field(
         None, description="the time records' band around predicted_s (iosim.timing.uncertainty); absent from "
         "results saved before it")
