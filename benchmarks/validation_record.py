@@ -36,13 +36,13 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from iosim.hardware.gpu import get_profile
 from iosim.l2 import simulate_l2
 from iosim.launch import launch_model, resident_blocks
 from iosim.launch_backward import FLASH_BWD_TILES, backward_launch_model
 from iosim.measure import Attention, Options, measure
 from iosim.measure.records import Measured, merge_repeats, read_records
 from iosim.problem import AttentionProblem
-from iosim.profile import get_profile
 from iosim.schedules.flash2_bwd import FA2_BWD_TILES
 from iosim.simulate import simulate
 from iosim.validation import Check, judge_all, outliers, summary_table, write_checks

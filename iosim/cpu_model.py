@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .cpu_profile import CpuProfile
+from .hardware.cpu import CpuProfile
 from .problem import AttentionProblem
 from .schedules import Tiles
 from .units import fmt_bytes, fmt_seconds

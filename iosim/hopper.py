@@ -34,8 +34,8 @@ import numpy as np
 
 from .blocks import cdiv, makespan, n_kv_blocks_visible
 from .counts import Counts
+from .hardware.gpu import Profile
 from .problem import STAT_BYTES, AttentionProblem
-from .profile import Profile
 from .roofline import KernelTime, TimeEstimate
 
 

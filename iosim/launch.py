@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .blocks import cdiv
+from .hardware.gpu import Profile
 from .problem import AttentionProblem
-from .profile import Profile
 from .schedules import Tiles
 from .schedules.flash1 import shared_memory as flash1_shared_memory
 

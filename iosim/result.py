@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ._version import __version__
 from .counts import TENSORS, Counts
+from .hardware.gpu import Profile
 from .l2 import L2Result
 from .problem import AttentionProblem
-from .profile import Profile
 from .roofline import TimeEstimate
 from .schedules import Tiles, get_schedule
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .counts import Counts
-from .profile import Profile, ProfileError
+from .hardware.gpu import Profile, ProfileError
 
 RESOURCES = ("tensor", "exp", "fp32", "global", "hbm")
 

@@ -16,10 +16,10 @@ from typing import Literal
 from . import timing
 from .blocks import cdiv
 from .counts import Counts
+from .hardware.gpu import Profile, get_profile
 from .l2 import L2ModelError, simulate_l2, unsupported
 from .machine import Counter
 from .problem import AttentionProblem, InputWarning
-from .profile import Profile, get_profile
 from .result import Result
 from .roofline import TimeEstimate
 from .schedules import PASSES, ScheduleError, ScheduleOptions, Tiles, check_fit, get_schedule, resolve_tiles

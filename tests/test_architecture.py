@@ -14,9 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "iosim"
 
 # lowest first; a module may import its own layer and the layers above it in this list, never one below
 LAYERS: list[tuple[str, list[str]]] = [
-    ("foundation", ["iosim._version", "iosim._resources", "iosim.units", "iosim.problem", "iosim.sourced",
-                    "iosim.calibration", "iosim.profile", "iosim.cpu_profile", "iosim.blocks", "iosim.counts",
-                    "iosim.yaml_io"]),
+    ("foundation", ["iosim._version", "iosim._resources", "iosim.units", "iosim.problem", "iosim.hardware",
+                    "iosim.hardware.*", "iosim.blocks", "iosim.counts", "iosim.yaml_io"]),
     ("schedules", ["iosim.schedules", "iosim.schedules.*"]),
     ("interpreters", ["iosim.machine", "iosim.numeric", "iosim.numeric.*", "iosim.l2._common", "iosim.l2.trace"]),
     ("launch geometry", ["iosim.launch", "iosim.launch_backward"]),

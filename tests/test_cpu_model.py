@@ -18,7 +18,7 @@ from iosim.cpu_model import (
     default_tiles,
     simulate_cpu,
 )
-from iosim.cpu_profile import (
+from iosim.hardware.cpu import (
     builtin_cpu_profile_names,
     cpu_profile_from_dict,
     get_cpu_profile,

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from l2_reference import reference_lines
 
 from iosim import l2
+from iosim.hardware.gpu import get_profile
 from iosim.launch import (
     NAIVE_REGISTERS,
     NAIVE_SOFTMAX_REGISTERS,
@@ -17,7 +18,6 @@ from iosim.launch import (
     resident_blocks,
 )
 from iosim.problem import AttentionProblem
-from iosim.profile import get_profile
 from iosim.schedules import Tiles
 from iosim.simulate import simulate
 

@@ -11,8 +11,8 @@ import warnings
 import click
 
 from ..cpu_model import CpuModelError
+from ..hardware.gpu import ProfileError
 from ..problem import InputWarning, ProblemError
-from ..profile import ProfileError
 from ..schedules import ScheduleError
 from ..timing import KernelError
 from ..units import UnitError

@@ -15,7 +15,7 @@ except ImportError:  # pragma: no cover (numba is a dependency; the L2 model has
     numba_event = None
 
 from ..cpu_model import simulate_cpu
-from ..cpu_profile import get_cpu_profile, is_cpu_profile
+from ..hardware.cpu import get_cpu_profile, is_cpu_profile
 from ..problem import AttentionProblem
 from ..schedules import SCHEDULES
 from ..simulate import Result, simulate

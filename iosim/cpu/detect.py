@@ -31,7 +31,7 @@ import numpy as np
 from iosim.cpu import host, kernels
 from iosim.cpu._blas import BLAS, set_num_threads_local
 from iosim.cpu_model import default_tiles
-from iosim.cpu_profile import CpuProfile, cpu_profile_from_dict
+from iosim.hardware.cpu import CpuProfile, cpu_profile_from_dict
 
 HEAD_DIMS = (64, 128)
 _MB = 1 << 20

@@ -13,10 +13,10 @@ import numpy as np
 
 from ..blocks import cdiv
 from ..counts import Counts
+from ..hardware.gpu import Profile, get_profile
 from ..launch import LaunchModel, launch_model, resident_blocks
 from ..launch_backward import backward_launch_model
 from ..problem import AttentionProblem
-from ..profile import Profile, get_profile
 from ..schedules import Tiles
 from ..schedules.flash2_bwd import GroupedTiles, gqa_of
 from ._common import TENSOR_NAMES, L2ModelError

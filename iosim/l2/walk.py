@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..hardware.gpu import Profile
 from ..problem import AttentionProblem
-from ..profile import Profile
 from ._common import ROOM_UNIT, TENSOR_CODES, L2ModelError, room_units
 from .program import LoopProgram
 from .state import Control, Grid, Model, Trace

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..hardware.gpu import get_profile
 from ..problem import AttentionProblem
-from ..profile import get_profile
 from ..schedules import Tiles, get_schedule, resolve_tiles
 from .machine import F32, NumericMachine, round_to_dtype
 

@@ -29,8 +29,8 @@ from dataclasses import replace
 
 from .. import hopper, roofline
 from ..counts import Counts
+from ..hardware.gpu import Profile
 from ..problem import STAT_BYTES, AttentionProblem
-from ..profile import Profile
 from ..roofline import KernelTime, TimeEstimate
 from ..schedules import Tiles
 from . import decode, fa2, fa2_bwd, fa3_bwd, naive, overlap, uncertainty

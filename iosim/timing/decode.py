@@ -17,8 +17,8 @@ import math
 import numpy as np
 
 from ..blocks import cdiv, makespan
+from ..hardware.gpu import Profile
 from ..problem import AttentionProblem
-from ..profile import Profile
 from . import fa2
 from .kernels import KernelDesc, TileConfig
 from .rates import Rates

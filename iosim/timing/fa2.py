@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import cdiv, makespan, n_kv_blocks_visible
+from ..hardware.gpu import Profile
 from ..launch import flash_smem_bytes, resident_blocks
 from ..problem import AttentionProblem
-from ..profile import Profile
 from . import overlap
 from .kernels import KernelDesc, TileConfig
 from .rates import Rates

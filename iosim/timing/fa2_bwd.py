@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import cdiv, makespan
+from ..hardware.gpu import Profile
 from ..problem import STAT_BYTES, AttentionProblem
-from ..profile import Profile
 from . import overlap
 from .fa2 import SUBPARTITIONS, residency
 from .kernels import KernelDesc, TileConfig

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from ..blocks import cdiv
 from ..counts import KernelCounts
+from ..hardware.gpu import Profile
 from ..launch import NAIVE_TILES, launch_model, naive_softmax_rows_per_block, resident_blocks
 from ..problem import AttentionProblem
-from ..profile import Profile
 from ..schedules import Tiles
 from . import overlap
 from .rates import Rates
