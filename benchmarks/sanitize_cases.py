@@ -38,11 +38,11 @@ def flash3_cases(cp, rng, dtypes) -> int:
 def flash3_backward_cases(cp, rng, dtypes) -> int:
     """The flash3 backward (kernels/flash3_bwd.cu, both modes) on ragged, causal both ways and grouped-query shapes,
     every head dim it has (Hopper only)."""
-    from iosim import gpu, launch_backward
+    from iosim import gpu, launch
 
     n = 0
     for dtype in dtypes:
-        for d in launch_backward.FLASH3_BWD_TILES:
+        for d in launch.FLASH3_BWD_TILES:
             for causal in (False, True):
                 for N, Nk in ((130, 97), (37, 150), (200, 260)):
                     q, do = (rng.standard_normal((1, N, 4, d), dtype=cp.float32).astype(dtype) for _ in range(2))

@@ -38,8 +38,7 @@ from plotly.subplots import make_subplots
 
 from iosim.hardware.gpu import get_profile
 from iosim.l2 import simulate_l2
-from iosim.launch import launch_model, resident_blocks
-from iosim.launch_backward import FLASH_BWD_TILES, backward_launch_model
+from iosim.launch import FLASH_BWD_TILES, backward_launch_model, launch_model, resident_blocks
 from iosim.measure import Attention, Options, measure
 from iosim.measure.records import Measured, merge_repeats, read_records
 from iosim.problem import AttentionProblem

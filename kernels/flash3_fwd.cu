@@ -17,7 +17,7 @@
 // issued together and the softmax of S_{j+1} runs while P_j V_j is still on the tensor cores; between the two
 // warpgroups, two named barriers pass a turn back and forth (ping-pong), so one warpgroup issues its GEMMs while
 // the other does its softmax.
-// Shared memory (terms in iosim/launch.py flash3_smem_terms): Q (Br x d) + K, V (Stages x Bc x d each), stored
+// Shared memory (terms in iosim/launch/forward.py flash3_smem_terms): Q (Br x d) + K, V (Stages x Bc x d each), stored
 // as d/64 column panels of rows x 128 B in TMA's 128-byte swizzle, which is wgmma's 128B-swizzle layout.
 // Masking: keys >= kv_len (the TMA box past the tensor's end reads zeros) and, when causal, keys j > i + (kv_len - N)
 // (bottom-right aligned) get -inf; K/V tiles entirely above the diagonal are never loaded.
@@ -45,7 +45,7 @@ namespace iosim {
 #ifndef IOSIM_F3_STAGES
 #define IOSIM_F3_STAGES 2
 #endif
-constexpr int kF3Stages = IOSIM_F3_STAGES;  // iosim/launch.py FLASH3_STAGES
+constexpr int kF3Stages = IOSIM_F3_STAGES;  // iosim/launch/forward.py FLASH3_STAGES
 constexpr int kF3Threads = 384;  // FLASH3_THREADS: producer warpgroup + 2 consumer warpgroups
 constexpr int kF3Panel = 64;   // FLASH3_SWIZZLE_ELEMS: elements per 128-byte row of a swizzled panel
 

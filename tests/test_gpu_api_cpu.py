@@ -12,7 +12,7 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 
-from iosim import launch, launch_backward
+from iosim import launch
 from iosim.gpu import build, inputs
 
 
@@ -270,8 +270,8 @@ def test_a_torch_call_runs_on_torchs_current_stream(monkeypatch):
 def test_backward_instantiations_cover_every_head_dim_dtype_and_mask():
     insts = build.flash_bwd_instances()
     # per dtype: one dQ conversion; per head dim: the preprocessing, and the main and dQ kernels causal or not
-    assert len(insts) == len(set(insts)) == 2 * (1 + 5 * len(launch_backward.FLASH_BWD_TILES))
-    assert set(launch_backward.FLASH_BWD_TILES) == set(launch.HEAD_DIMS)
+    assert len(insts) == len(set(insts)) == 2 * (1 + 5 * len(launch.FLASH_BWD_TILES))
+    assert set(launch.FLASH_BWD_TILES) == set(launch.HEAD_DIMS)
     main = build.FlashBwdInstance("main", "bfloat16", 128, 64, 128, True)
     assert main.name_expression == "iosim::flash_bwd_kernel<128, 64, 128, __nv_bfloat16, true>"
     assert main.explicit_instantiation.startswith("template __global__ void " + main.name_expression + "(")
@@ -280,11 +280,11 @@ def test_backward_instantiations_cover_every_head_dim_dtype_and_mask():
 
 
 def test_backward_shared_memory_fits_an_h100_block_at_every_shipped_tile():
-    for d, (bq, bkv) in launch_backward.FLASH_BWD_TILES.items():
-        terms = launch_backward.flash_bwd_smem_terms(d, bq, bkv)
-        assert sum(terms.values()) == launch_backward.flash_bwd_smem_bytes(d, bq, bkv) <= 227 * 1024
+    for d, (bq, bkv) in launch.FLASH_BWD_TILES.items():
+        terms = launch.flash_bwd_smem_terms(d, bq, bkv)
+        assert sum(terms.values()) == launch.flash_bwd_smem_bytes(d, bq, bkv) <= 227 * 1024
         assert terms["Q_i"] == 2 * bq * d * 2  # double-buffered
-        assert launch_backward.flash_bwd_dq_smem_bytes(d, launch_backward.FLASH_BWD_DQ_BLOCK_KV[d]) <= 227 * 1024
+        assert launch.flash_bwd_dq_smem_bytes(d, launch.FLASH_BWD_DQ_BLOCK_KV[d]) <= 227 * 1024
 
 
 def test_backward_inputs_are_checked_naming_the_argument():

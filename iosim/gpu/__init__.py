@@ -11,8 +11,7 @@ from iosim.gpu.attention import KernelLaunch, LaunchRecord, default_tiles, last_
 from iosim.gpu.backward import attention_backward
 from iosim.gpu.flash3 import HopperRequiredError
 from iosim.gpu.inputs import SCHEDULES, AttentionInputError, AttentionTypeError, SharedMemoryError
-from iosim.launch import FLASH3_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
-from iosim.launch_backward import FLASH_BWD_TILES
+from iosim.launch import FLASH3_TILES, FLASH_BWD_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
 
 __all__ = [
     "FLASH3_TILES",

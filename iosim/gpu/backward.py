@@ -5,19 +5,19 @@
     >>> gpu.last_launch()                      # the backward's kernels, grids, shared memory, tiles
 
 Three kernels (Algorithm 2 of FlashAttention-2 as its kernels run it; counted by iosim/schedules/flash2_bwd.py as
-``simulate("flash2", p, pass_="backward", gqa="grouped")`` at the tiles of :data:`iosim.launch_backward.FLASH_BWD_TILES`):
+``simulate("flash2", p, pass_="backward", gqa="grouped")`` at the tiles of :data:`iosim.launch.FLASH_BWD_TILES`):
 Delta = rowsum(dO ∘ O) with the fp32 dQ accumulator cleared; the K/V-outer main kernel (dK, dV in registers, summed
 over a grouped-query head's query heads; dQ added into the fp32 accumulator by L2 reductions); dQ converted to the
 input dtype. ``deterministic=True`` drops the reductions, whose order varies from run to run, for a Q-outer kernel
 that recomputes S, P, dP and dS and writes dQ once: bit-identical results, two more GEMMs per (Q, K/V) block pair.
-Launch geometry and the shared-memory budget are in :mod:`iosim.launch_backward` (``FLASH_BWD_*``).
+Launch geometry and the shared-memory budget are in :mod:`iosim.launch.backward` (``FLASH_BWD_*``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from iosim import launch_backward
+from iosim import launch
 from iosim.gpu import build, flash3_bwd
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.attention import KernelLaunch, LaunchRecord, _Call, _kernel, _record, _smem_limit
@@ -61,16 +61,16 @@ def _flash2_main(c: Any, do: Any, lse: Any, delta: Any, acc: Any, dk: Any, dv: A
     cp, i32 = c.cp, c.cp.int32
     B, N, H, D = (int(s) for s in c.q.shape)
     Nk, Hk = int(c.k.shape[1]), int(c.k.shape[2])
-    Br, Bc = launch_backward.FLASH_BWD_TILES[D]
+    Br, Bc = launch.FLASH_BWD_TILES[D]
     itemsize = build.ITEMSIZE[c.dtype]
-    smem = launch_backward.flash_bwd_smem_bytes(D, Br, Bc, itemsize)
+    smem = launch.flash_bwd_smem_bytes(D, Br, Bc, itemsize)
     if smem > limit:
         raise SharedMemoryError(f"flash2 backward at head_dim={D}: needs {smem} B of shared memory per block "
-                                f"({launch_backward.flash_bwd_smem_terms(D, Br, Bc, itemsize)}); this device allows {limit} B")
+                                f"({launch.flash_bwd_smem_terms(D, Br, Bc, itemsize)}); this device allows {limit} B")
     args = (c.q, c.k, c.v, do, lse, delta, acc if acc is not None else cp.uint64(0), dk, dv, i32(N), i32(Nk), i32(H),
             i32(Hk), cp.float32(c.scale), cp.float32(c.scale * _LOG2E))
     inst = build.FlashBwdInstance("main", c.dtype, D, Br, Bc, c.causal)
-    return inst, (-(-Nk // Bc), Hk, B), (launch_backward.FLASH_BWD_THREADS, 1, 1), smem, args, {"block_q": Br, "block_kv": Bc}
+    return inst, (-(-Nk // Bc), Hk, B), (launch.FLASH_BWD_THREADS, 1, 1), smem, args, {"block_q": Br, "block_kv": Bc}
 
 
 def _launch(c: Any, o: Any, do: Any, lse: Any, grads: tuple[Any, Any, Any], deterministic: bool, schedule: str):
@@ -84,16 +84,16 @@ def _launch(c: Any, o: Any, do: Any, lse: Any, grads: tuple[Any, Any, Any], dete
     acc = None if deterministic else cp.empty((B, N, H, D), dtype=cp.float32)
     main = flash3_bwd.main_kernel if schedule == "flash3" else _flash2_main
     minst, mgrid, mblock, smem, margs, tiles = main(c, do, lse, delta, acc, dk, dv, _smem_limit(cp))
-    rows, T = B * N * H, launch_backward.FLASH_BWD_ROW_THREADS
+    rows, T = B * N * H, launch.FLASH_BWD_ROW_THREADS
     insts = [build.FlashBwdInstance("preprocess", c.dtype, D), minst]
     grids, blocks, smems = [(-(-rows * D // 8 // T), 1, 1), mgrid], [(T, 1, 1), mblock], [0, smem]
     args = [(o, do, delta, acc if acc is not None else cp.uint64(0), i32(N), i32(H), cp.int64(rows)), margs]
     if deterministic:
-        bkv = launch_backward.FLASH_BWD_DQ_BLOCK_KV[D]
+        bkv = launch.FLASH_BWD_DQ_BLOCK_KV[D]
         insts.append(build.FlashBwdInstance("dq", c.dtype, D, 64, bkv, c.causal))
         grids.append((-(-N // 64), H, B))
-        blocks.append((launch_backward.FLASH_BWD_DQ_THREADS, 1, 1))
-        smems.append(launch_backward.flash_bwd_dq_smem_bytes(D, bkv, build.ITEMSIZE[c.dtype]))
+        blocks.append((launch.FLASH_BWD_DQ_THREADS, 1, 1))
+        smems.append(launch.flash_bwd_dq_smem_bytes(D, bkv, build.ITEMSIZE[c.dtype]))
         args.append((c.q, c.k, c.v, do, lse, delta, dq, i32(N), i32(int(c.k.shape[1])), i32(H),
                      i32(int(c.k.shape[2])), cp.float32(c.scale), cp.float32(c.scale * _LOG2E)))
     else:

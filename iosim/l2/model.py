@@ -14,8 +14,7 @@ import numpy as np
 from ..blocks import cdiv
 from ..counts import Counts
 from ..hardware.gpu import Profile, get_profile
-from ..launch import LaunchModel, launch_model, resident_blocks
-from ..launch_backward import backward_launch_model
+from ..launch import LaunchModel, backward_launch_model, launch_model, resident_blocks
 from ..problem import AttentionProblem
 from ..schedules import Tiles
 from ..schedules.flash2_bwd import GroupedTiles, gqa_of

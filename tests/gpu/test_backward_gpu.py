@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_attention_gpu import _cp, _np_dtype
 
-from iosim.launch_backward import FLASH_BWD_TILES
+from iosim.launch import FLASH_BWD_TILES
 
 pytestmark = pytest.mark.gpu
 

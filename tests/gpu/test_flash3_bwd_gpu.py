@@ -18,7 +18,7 @@ from test_attention_gpu import _cp, _np_dtype
 from test_backward_gpu import TOL, _rel, _seed, _torch, _torch_case, _torch_reference, reference_grads
 from test_flash3_gpu import HOPPER, needs_hopper
 
-from iosim.launch_backward import FLASH3_BWD_TILES
+from iosim.launch import FLASH3_BWD_TILES
 
 pytestmark = pytest.mark.gpu
 
