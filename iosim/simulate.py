@@ -18,12 +18,12 @@ from .blocks import cdiv
 from .counts import Counts
 from .hardware.gpu import Profile, get_profile
 from .l2 import L2ModelError, simulate_l2, unsupported
-from .machine import Counter
 from .problem import AttentionProblem, InputWarning
 from .result import Result
 from .roofline import TimeEstimate
 from .schedules import PASSES, ScheduleError, ScheduleOptions, Tiles, check_fit, get_schedule, resolve_tiles
 from .schedules.backward import group_sum
+from .schedules.machine import Counter
 from .units import fmt_bytes
 
 MAX_HEAD_DIM = 256  # FlashAttention-2/3 and iosim.gpu take head_dim <= 256, a multiple of 8 (16-byte rows)

@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["iosim._version", "iosim._resources", "iosim.units", "iosim.problem", "iosim.hardware",
                     "iosim.hardware.*", "iosim.blocks", "iosim.counts", "iosim.yaml_io"]),
     ("schedules", ["iosim.schedules", "iosim.schedules.*"]),
-    ("interpreters", ["iosim.machine", "iosim.numeric", "iosim.numeric.*", "iosim.l2._common", "iosim.l2.trace"]),
+    ("interpreters", ["iosim.numeric", "iosim.numeric.*", "iosim.l2._common", "iosim.l2.trace"]),
     ("launch geometry", ["iosim.launch", "iosim.launch.*"]),
     ("cache model", ["iosim.l2", "iosim.l2.*", "iosim.cpu_model"]),
     ("time", ["iosim.roofline", "iosim.hopper", "iosim.timing", "iosim.timing.*"]),
