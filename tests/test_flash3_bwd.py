@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from iosim import AttentionProblem, launch, simulate
 from iosim._resources import kernels_dir
 from iosim.blocks import cdiv
-from iosim.gpu import build, flash3
+from iosim.gpu import build, flash3_host
 from iosim.schedules import BACKWARD, flash3_bwd
 from iosim.schedules.flash2_bwd import GroupedTiles
 from iosim.simulate import closed, walk
@@ -85,10 +85,10 @@ def test_every_flash3_backward_tile_has_an_instantiation_and_its_wgmma_shapes():
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32 {launch.FLASH3_BWD_REGISTERS['consumer']};", src)
     for d, (bq, _) in launch.FLASH3_BWD_TILES.items():
         nq = d if bq == 128 else d // 2  # dQ_i's columns per consumer warpgroup: split by rows at Br = 128
-        assert bq in flash3.WGMMA_SS_N and d in flash3.WGMMA_RS_N and nq in flash3.WGMMA_SS_TT_N
+        assert bq in flash3_host.WGMMA_SS_N and d in flash3_host.WGMMA_RS_N and nq in flash3_host.WGMMA_SS_TT_N
     inst = insts[0]
     assert inst.nvrtc_extra == ("-arch=sm_90a",) and inst.explicit_instantiation.count("iosim::TmaMap") == 4
 
 
 def test_bwd_wgmma_header_is_what_its_generator_writes():
-    assert (kernels_dir() / "flash3_bwd_wgmma.cuh").read_text() == flash3.bwd_wgmma_header()
+    assert (kernels_dir() / "flash3_bwd_wgmma.cuh").read_text() == flash3_host.bwd_wgmma_header()

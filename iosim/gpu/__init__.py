@@ -9,7 +9,7 @@ from iosim.gpu._cupy import GPUUnavailableError
 from iosim.gpu.api import attention
 from iosim.gpu.attention import KernelLaunch, LaunchRecord, default_tiles, last_launch
 from iosim.gpu.backward import attention_backward
-from iosim.gpu.flash3 import HopperRequiredError
+from iosim.gpu.flash3_host import HopperRequiredError
 from iosim.gpu.inputs import SCHEDULES, AttentionInputError, AttentionTypeError, SharedMemoryError
 from iosim.launch import FLASH3_TILES, FLASH_BWD_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
 

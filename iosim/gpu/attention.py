@@ -19,7 +19,7 @@ from typing import Any
 
 from iosim import launch
 from iosim._resources import kernels_dir
-from iosim.gpu import build, flash3
+from iosim.gpu import build, flash3_host
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.inputs import (
     SharedMemoryError,
@@ -159,12 +159,12 @@ class _Call:
 
 def _run_flash3(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
     cp, (_, _, _, D, _, _) = c.cp, c.sizes
-    flash3.require_hopper(cp)
+    flash3_host.require_hopper(cp)
     block_q, block_kv = launch.FLASH3_TILES[D]
     smem = launch.flash3_smem_bytes(D, block_q, block_kv, build.ITEMSIZE[c.dtype])
     c.need_lse()
     inst = build.Flash3Instance(D, block_kv, c.dtype, c.causal)
-    grid, block = flash3.launch_kernel(cp, _kernel(cp, inst, smem), c.q, c.k, c.v, c.o, c.lse, causal=c.causal,
+    grid, block = flash3_host.launch_kernel(cp, _kernel(cp, inst, smem), c.q, c.k, c.v, c.o, c.lse, causal=c.causal,
                                        scale_log2=c.scale * _LOG2E, dtype=c.dtype, block_q=block_q,
                                        block_kv=block_kv, smem=smem)
     return (KernelLaunch(inst.name_expression, grid, block, smem),), \

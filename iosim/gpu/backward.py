@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from iosim import launch
-from iosim.gpu import build, flash3_bwd
+from iosim.gpu import build, flash3_bwd_host
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.attention import KernelLaunch, LaunchRecord, _Call, _kernel, _record, _smem_limit
 from iosim.gpu.inputs import (
@@ -82,7 +82,7 @@ def _launch(c: Any, o: Any, do: Any, lse: Any, grads: tuple[Any, Any, Any], dete
     dq, dk, dv = grads
     delta = cp.empty((B, H, N), dtype=cp.float32)
     acc = None if deterministic else cp.empty((B, N, H, D), dtype=cp.float32)
-    main = flash3_bwd.main_kernel if schedule == "flash3" else _flash2_main
+    main = flash3_bwd_host.main_kernel if schedule == "flash3" else _flash2_main
     minst, mgrid, mblock, smem, margs, tiles = main(c, do, lse, delta, acc, dk, dv, _smem_limit(cp))
     rows, T = B * N * H, launch.FLASH_BWD_ROW_THREADS
     insts = [build.FlashBwdInstance("preprocess", c.dtype, D), minst]

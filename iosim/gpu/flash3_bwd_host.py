@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from iosim import launch
-from iosim.gpu import build, flash3
+from iosim.gpu import build, flash3_host
 from iosim.gpu.inputs import AttentionInputError, SharedMemoryError
 
 _LOG2E = 1.4426950408889634
@@ -34,7 +34,7 @@ def main_kernel(c: Any, do: Any, lse: Any, delta: Any, acc: Any, dk: Any, dv: An
     """(instance, grid, block, shared memory, arguments, tiles) of flash3_bwd_kernel for the checked call ``c``;
     ``acc`` None: deterministic mode (no dQ GEMM, no reduce-adds)."""
     cp, i32 = c.cp, c.cp.int32
-    flash3.require_hopper(cp)
+    flash3_host.require_hopper(cp)
     B, N, H, D = (int(s) for s in c.q.shape)
     Nk, Hk = int(c.k.shape[1]), int(c.k.shape[2])
     Br, Bc = check_head_dim(D)
@@ -42,10 +42,10 @@ def main_kernel(c: Any, do: Any, lse: Any, delta: Any, acc: Any, dk: Any, dv: An
     if smem > limit:
         raise SharedMemoryError(f"flash3 backward at head_dim={D}: needs {smem} B of shared memory per block "
                                 f"({launch.flash3_bwd_smem_terms(D, Br, Bc)}); this device allows {limit} B")
-    maps = (flash3.tensor_map("q", c.q.data.ptr, c.dtype, B, N, H, D, Br),
-            flash3.tensor_map("k", c.k.data.ptr, c.dtype, B, Nk, Hk, D, Bc),
-            flash3.tensor_map("v", c.v.data.ptr, c.dtype, B, Nk, Hk, D, Bc),
-            flash3.tensor_map("do", do.data.ptr, c.dtype, B, N, H, D, Br))
+    maps = (flash3_host.tensor_map("q", c.q.data.ptr, c.dtype, B, N, H, D, Br),
+            flash3_host.tensor_map("k", c.k.data.ptr, c.dtype, B, Nk, Hk, D, Bc),
+            flash3_host.tensor_map("v", c.v.data.ptr, c.dtype, B, Nk, Hk, D, Bc),
+            flash3_host.tensor_map("do", do.data.ptr, c.dtype, B, N, H, D, Br))
     inst = build.Flash3BwdInstance(D, Br, c.dtype, c.causal)
     args = (*maps, lse, delta, acc if acc is not None else cp.uint64(0), dk, dv, i32(N), i32(Nk), i32(H), i32(Hk),
             cp.float32(c.scale), cp.float32(c.scale * _LOG2E))
