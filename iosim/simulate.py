@@ -20,7 +20,6 @@ from .hardware.gpu import Profile, get_profile
 from .l2 import L2ModelError, simulate_l2, unsupported
 from .problem import AttentionProblem, InputWarning
 from .result import Result
-from .roofline import TimeEstimate
 from .schedules import PASSES, ScheduleError, ScheduleOptions, Tiles, check_fit, get_schedule, resolve_tiles
 from .schedules.backward import group_sum
 from .schedules.machine import Counter
@@ -66,12 +65,12 @@ def options_for(schedule: str, pass_: str, passes: list[str], options: ScheduleO
     return options.only([k for k in options.given() if k in takes[pass_] or not any(k in t for t in takes.values())])
 
 
-def predict_time(result: Result) -> TimeEstimate:
+def predict_time(result: Result) -> timing.TimeEstimate:
     """The time model (:mod:`iosim.timing`) of ``result``'s kernel on its DRAM bytes; the roofline where no kernel
     description applies."""
     hbm = list(zip(result.hbm_read, result.hbm_write, strict=True))
-    return timing.predict(result.schedule, result.pass_, result.problem, result.tiles, result.counts, hbm,
-                          result.profile, result.kernel, warm=result.warm)
+    work = timing.Workload(result.schedule, result.pass_, result.problem, result.tiles, result.counts, hbm)
+    return timing.predict(work, result.profile, result.kernel, warm=result.warm)
 
 
 def exceeds_memory(problem: AttentionProblem, profile: Profile) -> str | None:

@@ -14,11 +14,11 @@ try:  # numba compiles the L2 model on the first run after an install; say so in
 except ImportError:  # pragma: no cover (numba is a dependency; the L2 model has a pure-Python fallback)
     numba_event = None
 
-from ..cpu_model import simulate_cpu
 from ..hardware.cpu import get_cpu_profile, is_cpu_profile
 from ..problem import AttentionProblem
 from ..schedules import SCHEDULES
 from ..simulate import Result, simulate
+from ..simulate_cpu import simulate_cpu
 from ..units import fmt_bytes, fmt_rate, fmt_seconds
 from .progress import ProgressBar
 
