@@ -184,7 +184,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, schedule: str = "
     if schedule == "naive":
         _naive(q, k, v, out, scale, causal)
     else:
-        kernels.flash2_forward(q, k, v, out, tiles.block_q, tiles.block_kv, scale, causal, _blas.BLAS)
+        kernels.flash2_forward(q, k, v, out, kernels.Tiling(tiles.block_q, tiles.block_kv, scale, causal, _blas.BLAS))
     _last = Run(schedule, (B, N, Nk, H, Hk, D), in_dtype.name, np.dtype(cdt).name, causal, tiles,
                 _blas.describe())
     return out if out.dtype == in_dtype else out.astype(in_dtype)
