@@ -17,7 +17,7 @@ from . import timing
 from .blocks import cdiv
 from .counts import Counts
 from .hardware.gpu import Profile, get_profile
-from .l2 import L2ModelError, simulate_l2, unsupported
+from .l2 import L2ModelError, WalkOptions, simulate_l2, unsupported
 from .problem import AttentionProblem, InputWarning
 from .result import Result
 from .schedules import PASSES, ScheduleError, ScheduleOptions, Tiles, check_fit, get_schedule, resolve_tiles
@@ -127,8 +127,9 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
             raise L2ModelError(reason)
         return replace(result, hbm_model=f"none: {reason}; hbm = global (two-level view)")
     passes = ["forward", "backward"] if result.pass_ == "both" else [result.pass_]
+    walk = WalkOptions(exact=l2_exact, progress=l2_progress)
     runs = [simulate_l2(result.schedule, result.problem, result.tiles_by_pass.get(ps, result.tiles), result.profile,
-                        exact=l2_exact, progress=l2_progress, pass_=ps) for ps in passes]
+                        pass_=ps, walk=walk) for ps in passes]
     l2 = runs[0] if len(runs) == 1 else replace(
         runs[0], kernels=[k for r in runs for k in r.kernels], seconds=sum(r.seconds for r in runs),
         launch=replace(runs[0].launch, kernels=tuple(k for r in runs for k in r.launch.kernels),
