@@ -124,7 +124,7 @@ def _walk(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: boo
               dedupe, prog.atom_kv, unit_q, unit_kv)
     trace = Trace(prog.atom, prog.shape, prog.write, prog.shapes, prog.step, prog.gidx, prog.glen, prog.reps)
     counter = np.zeros(1, np.int64)
-    args = (trace, prog.atom_kv, Grid(prog.ptr, layout, hq, hk, sms, share, unit_q), m,
+    args = (trace, Grid(prog.ptr, layout, hq, hk, sms, share, unit_q), m,
             min(n_slots, prog.n_blocks * heads), x.dirty_at_start, len(TENSOR_CODES), Control(WINDOW, skip, counter))
     total = prog.accesses * heads
     rd, wr, dirty, rounds, skipped = _call(args, counter, total, progress)
