@@ -235,7 +235,7 @@ def test_torch_view_leaves_to_dlpack_what_it_does_not_take(monkeypatch):
 def test_validate_checks_torch_views_as_before_and_outputs_are_torch(monkeypatch):
     torch, cp = _fakes(monkeypatch)
     q, k = _FakeTensor((1, 8, 4, 64), dev=0), _FakeTensor((1, 16, 2, 64), dev=0)
-    a = inputs.validate(cp, q, k, k, "flash2", False, None, None, None, None, None)
+    a = inputs.validate(cp, q, k, k, "flash2", False, None)
     assert a.torch is torch and a.torch_dtype == "float16" and a.device == 0 and a.dtype == "float16"
     assert a.q.data.mem.owner is q and a.out is None and a.scale == pytest.approx(1 / 8)
     ret, view = a.empty((1, 4, 8), lse=True)
@@ -244,16 +244,18 @@ def test_validate_checks_torch_views_as_before_and_outputs_are_torch(monkeypatch
     # the same checks, the same words: a transposed k, a q of another dtype, an out of the wrong shape
     kt = _FakeTensor((1, 16, 2, 64), stride=(2048, 64, 1024, 1), dev=0)
     with pytest.raises(inputs.AttentionInputError, match=r"k: strides \(4096, 128, 2048, 2\) are not C-contiguous"):
-        inputs.validate(cp, q, kt, k, "flash2", False, None, None, None, None, None)
+        inputs.validate(cp, q, kt, k, "flash2", False, None)
     with pytest.raises(inputs.AttentionTypeError, match="q: dtype float32 is not supported"):
         q32 = _FakeTensor((1, 8, 4, 64), "float32", dev=0)
-        inputs.validate(cp, q32, k, k, "flash2", False, None, None, None, None, None)
+        inputs.validate(cp, q32, k, k, "flash2", False, None)
     out = _FakeTensor((1, 8, 4, 32), dev=0)
     with pytest.raises(inputs.AttentionInputError, match=r"out: \(1, 8, 4, 32\) float16"):
-        inputs.validate(cp, q, k, k, "flash2", False, None, None, None, out, None)
+        inputs.validate(cp, q, k, k, "flash2", False, None, inputs.AttentionOptions(out=out))
     with pytest.raises(inputs.AttentionTypeError, match="out: got _FakeTensor; expected a CuPy array or a CUDA torch"):
-        inputs.validate(cp, q, k, k, "flash2", False, None, None, None, _FakeTensor((1, 8, 4, 64), grad=True), None)
-    good = inputs.validate(cp, q, k, k, "flash2", False, None, None, None, _FakeTensor((1, 8, 4, 64), dev=0), None)
+        inputs.validate(cp, q, k, k, "flash2", False, None,
+                        inputs.AttentionOptions(out=_FakeTensor((1, 8, 4, 64), grad=True)))
+    given = inputs.AttentionOptions(out=_FakeTensor((1, 8, 4, 64), dev=0))
+    good = inputs.validate(cp, q, k, k, "flash2", False, None, given)
     assert good.out.shape == (1, 8, 4, 64)
 
 
@@ -263,7 +265,7 @@ def test_a_torch_call_runs_on_torchs_current_stream(monkeypatch):
     torch.stream_ptr = 0xABC
     s = inputs.torch_stream(cp, torch, 1)
     assert (s.ptr, s.device_id) == (0xABC, 1) and inputs.torch_stream(cp, torch, 1) is s  # cached
-    a = inputs.validate(cp, *[_FakeTensor((1, 8, 2, 64), dev=0)] * 3, "flash2", False, None, None, None, None, None)
+    a = inputs.validate(cp, *[_FakeTensor((1, 8, 2, 64), dev=0)] * 3, "flash2", False, None)
     assert a.stream().ptr == 0xABC
 
 

@@ -10,7 +10,14 @@ from iosim.gpu.api import attention
 from iosim.gpu.attention import KernelLaunch, LaunchRecord, default_tiles, last_launch
 from iosim.gpu.backward import attention_backward
 from iosim.gpu.flash3_host import HopperRequiredError
-from iosim.gpu.inputs import SCHEDULES, AttentionInputError, AttentionTypeError, SharedMemoryError
+from iosim.gpu.inputs import (
+    SCHEDULES,
+    AttentionInputError,
+    AttentionOptions,
+    AttentionTypeError,
+    BackwardOptions,
+    SharedMemoryError,
+)
 from iosim.launch import FLASH3_TILES, FLASH_BWD_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
 
 __all__ = [
@@ -20,7 +27,9 @@ __all__ = [
     "NAIVE_TILES",
     "SCHEDULES",
     "AttentionInputError",
+    "AttentionOptions",
     "AttentionTypeError",
+    "BackwardOptions",
     "GPUUnavailableError",
     "HopperRequiredError",
     "KernelLaunch",

@@ -2,14 +2,17 @@
 
     >>> o, lse = gpu.attention(q, k, v, causal=True, return_lse=True)
     >>> dq, dk, dv = gpu.attention_backward(q, k, v, o, do, lse, causal=True)
+    >>> opts = gpu.BackwardOptions(schedule="flash3", deterministic=True)  # Hopper's kernel, no atomic dQ
+    >>> dq, dk, dv = gpu.attention_backward(q, k, v, o, do, lse, causal=True, options=opts)
     >>> gpu.last_launch()                      # the backward's kernels, grids, shared memory, tiles
 
 Three kernels (Algorithm 2 of FlashAttention-2 as its kernels run it; counted by iosim/schedules/flash2_bwd.py as
 ``simulate("flash2", p, pass_="backward", gqa="grouped")`` at the tiles of :data:`iosim.launch.FLASH_BWD_TILES`):
 Delta = rowsum(dO ∘ O) with the fp32 dQ accumulator cleared; the K/V-outer main kernel (dK, dV in registers, summed
 over a grouped-query head's query heads; dQ added into the fp32 accumulator by L2 reductions); dQ converted to the
-input dtype. ``deterministic=True`` drops the reductions, whose order varies from run to run, for a Q-outer kernel
-that recomputes S, P, dP and dS and writes dQ once: bit-identical results, two more GEMMs per (Q, K/V) block pair.
+input dtype. ``BackwardOptions(deterministic=True)`` drops the reductions, whose order varies from run to run, for a
+Q-outer kernel that recomputes S, P, dP and dS and writes dQ once: bit-identical results, two more GEMMs per (Q, K/V)
+block pair.
 Launch geometry and the shared-memory budget are in :mod:`iosim.launch.backward` (``FLASH_BWD_*``).
 """
 
@@ -24,8 +27,10 @@ from iosim.gpu.attention import KernelLaunch, LaunchRecord, _Call, _kernel, _rec
 from iosim.gpu.inputs import (
     AttentionInputError,
     AttentionTypeError,
+    BackwardOptions,
     SharedMemoryError,
     dtype_name,
+    options_of,
     torch_of,
     torch_view,
     validate,
@@ -110,25 +115,26 @@ def _launch(c: Any, o: Any, do: Any, lse: Any, grads: tuple[Any, Any, Any], dete
 
 
 def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, *, causal: bool = False,
-                       scale: float | None = None, deterministic: bool = False,
-                       out: tuple[Any, Any, Any] | None = None, schedule: str = "flash2") -> tuple[Any, Any, Any]:
-    """(dQ, dK, dV) of attention given dO = dL/dO, with iosim's FlashAttention-2 backward kernels.
+                       options: BackwardOptions | None = None) -> tuple[Any, Any, Any]:
+    """(dQ, dK, dV) of attention given dO = dL/dO, with iosim's backward kernels.
 
     q, k, v: as :func:`iosim.gpu.attention` took them; o, lse: what it returned (``return_lse=True``; any forward
-    schedule); do: like o. causal and scale: as in the forward. deterministic: no atomic reductions (a second,
-    Q-outer kernel computes dQ), so repeated calls give identical bits. dK and dV of a grouped-query kv head are
-    the sums over its query heads. schedule: "flash2" (kernels/flash_bwd.cu, mma.sync) or "flash3" (the
-    FlashAttention-3 design, kernels/flash3_bwd.cu: TMA, wgmma, warp specialization, dQ by TMA bulk reduce-adds;
-    Hopper (sm_90) only, head_dim 64 or 128; raises :class:`iosim.gpu.HopperRequiredError` elsewhere). out: optional preallocated (dq, dk, dv), CuPy arrays or CUDA torch tensors like
-    q, k, v (every element is overwritten; returned as given). Returns arrays like q, k, v (torch tensors where q
-    is one; the kernels run on torch's current stream).
+    schedule); do: like o. causal: as in the forward. dK and dV of a grouped-query kv head are the sums over its
+    query heads. options: :class:`iosim.gpu.BackwardOptions`: the ``schedule`` ("flash2", kernels/flash_bwd.cu,
+    mma.sync, the default; or "flash3", the FlashAttention-3 design, kernels/flash3_bwd.cu: TMA, wgmma, warp
+    specialization, dQ by TMA bulk reduce-adds; Hopper (sm_90) only, head_dim 64 or 128, raising
+    :class:`iosim.gpu.HopperRequiredError` elsewhere), the forward's ``scale``, ``deterministic`` (no atomic
+    reductions: repeated calls give identical bits) and preallocated ``out`` = (dq, dk, dv). Returns arrays like q,
+    k, v (torch tensors where q is one; the kernels run on torch's current stream).
     """
     cp = require_cupy()
+    opts = options_of(options, BackwardOptions)
+    schedule, deterministic, out = opts.schedule, opts.deterministic, opts.out
     if not isinstance(deterministic, bool):
         raise AttentionTypeError(f"deterministic={deterministic!r}: expected True or False")
     if schedule not in ("flash2", "flash3"):
         raise AttentionInputError(f"schedule={schedule!r}: the backward runs 'flash2' or 'flash3'")
-    a = validate(cp, q, k, v, schedule, causal, None, None, scale, None, None)
+    a = validate(cp, q, k, v, schedule, causal, opts.scale)
     B, N, H, D = (int(s) for s in a.q.shape)
     o_, do_, lse_ = _as_view(cp, o, "o"), _as_view(cp, do, "do"), _as_view(cp, lse, "lse")
     for name, x in (("o", o_), ("do", do_)):

@@ -105,7 +105,7 @@ def test_flash3_rejects_what_it_does_not_compile():
         gpu.attention(q, k, v, schedule="flash3")
     _, (q, k, v) = rand_inputs(rng, 1, 64, 64, 2, 2, 128, "float16")
     with pytest.raises(gpu.AttentionInputError, match="one tile per head dim"):
-        gpu.attention(q, k, v, schedule="flash3", block_q=64, block_kv=64)
+        gpu.attention(q, k, v, schedule="flash3", options=gpu.AttentionOptions(block_q=64, block_kv=64))
 
 
 @pytest.mark.skipif(HOPPER, reason="checks the error on a non-Hopper GPU")
