@@ -259,7 +259,7 @@ def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile:
             out[1] = replace(out[1], name="flash3_bwd")
         return out
 
-    return _run(schedule, problem, lm, programs, (profile, inputs, walk), traced=False)
+    return _run(schedule, problem, lm, programs, profile, inputs, walk, traced=False)
 
 
 def simulate_traces(traces: list[KernelTrace], problem: AttentionProblem, tiles: Tiles,
@@ -268,16 +268,15 @@ def simulate_traces(traces: list[KernelTrace], problem: AttentionProblem, tiles:
     """DRAM bytes of access streams given in place of a schedule's (the calibration probes: :mod:`iosim.l2.probes`),
     each one kernel launched as flash2's forward with ``tiles`` is (its residency unless ``inputs`` gives one)."""
     lm = launch_model("flash2", problem, tiles)
-    return _run("flash2", problem, lm, lambda _: [from_trace(kt, problem) for kt in traces], (profile, inputs, walk),
+    return _run("flash2", problem, lm, lambda _: [from_trace(kt, problem) for kt in traces], profile, inputs, walk,
                 traced=True)
 
 
-def _run(schedule: str, problem: AttentionProblem, lm: LaunchModel, programs: Callable, model: tuple,
-         traced: bool) -> L2Result:
-    """Walk each kernel's program (``programs(recycle)``) over the launch ``lm``; ``model`` = (profile, L2 inputs,
-    walk options)."""
+def _run(schedule: str, problem: AttentionProblem, lm: LaunchModel, programs: Callable, profile: str | Profile | None,
+         inputs: L2Inputs, walk: WalkOptions, traced: bool) -> L2Result:
+    """Walk each kernel's program (``programs(recycle)``: the recycling of :func:`_programs`) over the launch ``lm``
+    (``traced``: programs of access streams given, each head its own pattern)."""
     t0 = time.perf_counter()
-    profile, inputs, walk = model
     prof = get_profile(profile)
     x = inputs.resolved(prof)
     residency = [_residency(prof, klm, x.resident, ki) for ki, klm in enumerate(lm.kernels)]
