@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         ours_ms = time_ms(
                             lambda: gpu.attention(
-                                qc, kc, vc, causal=causal, block_q=bq, block_kv=bkv, out=out
+                                qc, kc, vc, causal=causal,
+                                options=gpu.AttentionOptions(block_q=bq, block_kv=bkv, out=out)
                             ),
                             args.reps,
                             args.warmup,
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                             row["extra_tiles"] = True
                         if with_flash3 and tiles is None and d in gpu.FLASH3_TILES:
                             f3_ms = time_ms(
-                                lambda: gpu.attention(qc, kc, vc, schedule="flash3", causal=causal, out=out),
+                                lambda: gpu.attention(qc, kc, vc, schedule="flash3", causal=causal,
+                                                      options=gpu.AttentionOptions(out=out)),
                                 args.reps,
                                 args.warmup,
                                 busy=False,

@@ -77,12 +77,12 @@ def backward_rows(torch, args) -> list[dict]:
                     flops = 2.5 * 4 * N * N * d * B * H / (2 if causal else 1)
                     calls = {
                         "iosim-flash2-bwd": lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=causal),
-                        "iosim-flash2-bwd-det": lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=causal,
-                                                                               deterministic=True),
+                        "iosim-flash2-bwd-det": lambda: gpu.attention_backward(
+                            q, k, v, o, do, lse, causal=causal, options=gpu.BackwardOptions(deterministic=True)),
                     }
                     if torch.cuda.get_device_capability() == (9, 0):  # the FA3 design: sm_90 only
-                        calls["iosim-flash3-bwd"] = lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=causal,
-                                                                                   schedule="flash3")
+                        calls["iosim-flash3-bwd"] = lambda: gpu.attention_backward(
+                            q, k, v, o, do, lse, causal=causal, options=gpu.BackwardOptions(schedule="flash3"))
                     for name, backend in (("sdpa-flash-bwd", "flash"), ("sdpa-cudnn-bwd", "cudnn")):
                         try:
                             calls[name] = _torch_backward(torch, backend, q, k, v, do, causal, scale)

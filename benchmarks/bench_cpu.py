@@ -43,7 +43,7 @@ from iosim.cpu import _blas
 from iosim.cpu.compare import SEEDS_CLAIM, ratio_rows, rows_as_dicts, scenario_data
 from iosim.cpu.detect import detect_profile
 from iosim.cpu.host import model_name, usable_cpus
-from iosim.cpu_profile import get_cpu_profile
+from iosim.hardware.cpu import get_cpu_profile
 
 
 def first_call_seconds() -> float:

@@ -70,7 +70,7 @@ def _case(q, k, v, causal: bool, reps: int) -> dict:
     out = torch.full_like(q, float("nan"))  # poisoned: a kernel that skips a row shows as NaN
 
     def ours():
-        return gpu.attention(q, k, v, schedule="naive", causal=causal, out=out)
+        return gpu.attention(q, k, v, schedule="naive", causal=causal, options=gpu.AttentionOptions(out=out))
 
     ours()
     torch.cuda.synchronize()

@@ -37,15 +37,15 @@ def shape_rows(torch, args):
                 ref, ms = None, {}
                 for c in ranked:
                     out = torch.full_like(q, float("nan"))
-                    gpu.attention(q, k, v, causal=causal, block_q=c.block_q, block_kv=c.block_kv, out=out)
+                    opts = gpu.AttentionOptions(block_q=c.block_q, block_kv=c.block_kv, out=out)
+                    gpu.attention(q, k, v, causal=causal, options=opts)
                     ref = out if ref is None else ref
                     err = float((out.float() - ref.float()).abs().max())
                     if not err < 1e-2:
                         sys.exit(f"d={d} N={N} tiles {c.block_q}x{c.block_kv}: output differs from the first tile's "
                                  f"by {err}")
-                    ms[(c.block_q, c.block_kv)] = time_ms(
-                        lambda: gpu.attention(q, k, v, causal=causal, block_q=c.block_q, block_kv=c.block_kv,
-                                              out=out), args.reps)
+                    ms[(c.block_q, c.block_kv)] = time_ms(lambda: gpu.attention(q, k, v, causal=causal, options=opts),
+                                                          args.reps)
                 first = (ranked[0].block_q, ranked[0].block_kv)
                 best = min(ms, key=ms.get)
                 yield {"head_dim": d, "causal": causal, "batch": B, "seq_len": N, "heads": H,

@@ -45,7 +45,7 @@ def ldgsts_instructions(B, N, Nk, H, Hk, d, causal) -> int:
     K_j and V_j (Bc d / 8 16-byte chunks each, 32 a warp instruction); per visited Q block Q_i and dO_i likewise, and
     L_i and Delta_i (4 bytes a thread, threads 0 to Br - 1: Br / 32 warps, two instructions each). Zero-filled
     rows of a ragged tile still issue (their lanes move 0 bytes), so this count is exact on every shape."""
-    from iosim.launch_backward import FLASH_BWD_TILES
+    from iosim.launch import FLASH_BWD_TILES
 
     Br, Bc = FLASH_BWD_TILES[d]
     Tr, Tc, offset = -(-N // Br), -(-Nk // Bc), Nk - N
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         child_torch()
         return 0
     from iosim import AttentionProblem, simulate
-    from iosim.launch_backward import FLASH_BWD_TILES
+    from iosim.launch import FLASH_BWD_TILES
     from iosim.measure.ncu import available_metrics, find_ncu, parse_ncu_csv
 
     ncu = find_ncu(args.ncu)

@@ -38,19 +38,19 @@ def flash3_cases(cp, rng, dtypes) -> int:
 def flash3_backward_cases(cp, rng, dtypes) -> int:
     """The flash3 backward (kernels/flash3_bwd.cu, both modes) on ragged, causal both ways and grouped-query shapes,
     every head dim it has (Hopper only)."""
-    from iosim import gpu, launch_backward
+    from iosim import gpu, launch
 
     n = 0
     for dtype in dtypes:
-        for d in launch_backward.FLASH3_BWD_TILES:
+        for d in launch.FLASH3_BWD_TILES:
             for causal in (False, True):
                 for N, Nk in ((130, 97), (37, 150), (200, 260)):
                     q, do = (rng.standard_normal((1, N, 4, d), dtype=cp.float32).astype(dtype) for _ in range(2))
                     k, v = (rng.standard_normal((1, Nk, 2, d), dtype=cp.float32).astype(dtype) for _ in range(2))
                     o, lse = gpu.attention(q, k, v, causal=causal, return_lse=True, schedule="flash3")
                     for det in (False, True):
-                        grads = gpu.attention_backward(q, k, v, o, do, lse, causal=causal, deterministic=det,
-                                                       schedule="flash3")
+                        opts = gpu.BackwardOptions(schedule="flash3", deterministic=det)
+                        grads = gpu.attention_backward(q, k, v, o, do, lse, causal=causal, options=opts)
                         assert not any(bool(cp.isnan(g.astype(cp.float32)).any()) for g in grads), (d, causal, N)
                         n += 1
     return n
@@ -69,7 +69,8 @@ def backward_cases(cp, rng, dtypes) -> int:
                     k, v = (rng.standard_normal((1, Nk, 2, d), dtype=cp.float32).astype(dtype) for _ in range(2))
                     o, lse = gpu.attention(q, k, v, causal=causal, return_lse=True)
                     for det in (False, True):
-                        grads = gpu.attention_backward(q, k, v, o, do, lse, causal=causal, deterministic=det)
+                        grads = gpu.attention_backward(q, k, v, o, do, lse, causal=causal,
+                                                       options=gpu.BackwardOptions(deterministic=det))
                         assert not any(bool(cp.isnan(g.astype(cp.float32)).any()) for g in grads), (d, causal, N)
                         n += 1
     return n
@@ -112,9 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                         q = rng.standard_normal((1, N, 4, d), dtype=cp.float32).astype(dtype)
                         k = rng.standard_normal((1, Nk, 2, d), dtype=cp.float32).astype(dtype)
                         v = rng.standard_normal((1, Nk, 2, d), dtype=cp.float32).astype(dtype)
-                        o, _ = gpu.attention(
-                            q, k, v, causal=causal, block_q=bq, block_kv=bkv, return_lse=True
-                        )
+                        o, _ = gpu.attention(q, k, v, causal=causal, return_lse=True,
+                                             options=gpu.AttentionOptions(block_q=bq, block_kv=bkv))
                         assert not bool(cp.isnan(o.astype(cp.float32)).any()), (d, bq, bkv, causal, N, Nk)
                         n += 1
         for d in (64, 128):

@@ -51,9 +51,9 @@ def _callables(s: Shape, tensors) -> dict:
     q, k, v, o, lse, do = tensors
     calls = {"iosim-flash2-bwd": lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=s.causal)}
     try:  # the Hopper backward (sm_90a; head_dim <= 128): a refusal is recorded
-        gpu.attention_backward(q, k, v, o, do, lse, causal=s.causal, schedule="flash3")
+        gpu.attention_backward(q, k, v, o, do, lse, causal=s.causal, options=gpu.BackwardOptions(schedule="flash3"))
         calls["iosim-flash3-bwd"] = lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=s.causal,
-                                                                   schedule="flash3")
+                                                                   options=gpu.BackwardOptions(schedule="flash3"))
     except Exception as exc:
         calls["iosim-flash3-bwd"] = exc
     import torch

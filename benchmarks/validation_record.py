@@ -36,13 +36,12 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from iosim.l2 import simulate_l2
-from iosim.launch import launch_model, resident_blocks
-from iosim.launch_backward import FLASH_BWD_TILES, backward_launch_model
+from iosim.hardware.gpu import get_profile
+from iosim.l2 import L2Inputs, simulate_l2
+from iosim.launch import FLASH_BWD_TILES, backward_launch_model, launch_model, resident_blocks
 from iosim.measure import Attention, Options, measure
 from iosim.measure.records import Measured, merge_repeats, read_records
 from iosim.problem import AttentionProblem
-from iosim.profile import get_profile
 from iosim.schedules.flash2_bwd import FA2_BWD_TILES
 from iosim.simulate import simulate
 from iosim.validation import Check, judge_all, outliers, summary_table, write_checks
@@ -153,7 +152,7 @@ def simulate_backward(m: Measured, profile: str) -> tuple[str, object, object, t
         regs[i] = k.get("registers_per_thread") or regs[i]
     lm = backward_launch_model("flash2", p, r.tiles, variant=variant, registers=regs)
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
-    l2 = simulate_l2("flash2", p, r.tiles, prof, variant=variant, resident=resident, pass_="backward")
+    l2 = simulate_l2("flash2", p, r.tiles, prof, L2Inputs(resident=resident), pass_="backward", variant=variant)
     return variant, r, l2, (bq, bkv)
 
 
@@ -188,7 +187,7 @@ def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
     regs = [k.get("registers_per_thread") for k in m.kernels]
     lm = launch_model(schedule, p, r.tiles, variant=variant, registers=regs)
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
-    l2 = simulate_l2(schedule, p, r.tiles, prof, variant=variant, resident=resident)
+    l2 = simulate_l2(schedule, p, r.tiles, prof, L2Inputs(resident=resident), variant=variant)
     return _checks(m, profile, r, l2, (bq, bkv))
 
 

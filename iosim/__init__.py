@@ -4,8 +4,8 @@
 """
 
 from ._version import __version__
+from .hardware.gpu import Profile, ProfileError, get_profile
 from .problem import AttentionProblem, ProblemError
-from .profile import Profile, ProfileError, get_profile
 from .schedules import SCHEDULES, ScheduleError, Tiles
 from .simulate import Result, simulate
 

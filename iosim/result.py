@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ._version import __version__
 from .counts import TENSORS, Counts
+from .hardware.gpu import Profile
 from .l2 import L2Result
 from .problem import AttentionProblem
-from .profile import Profile
-from .roofline import TimeEstimate
 from .schedules import Tiles, get_schedule
+from .timing.estimate import TimeEstimate
 
 # the field's throughput convention (FA2/FA3 benchmarks): backward = 2.5 x forward; as twice the factor
 CONVENTIONAL_PASS_FACTOR = {"forward": 2, "backward": 5, "both": 7}

@@ -16,14 +16,13 @@ from typing import Literal
 from . import timing
 from .blocks import cdiv
 from .counts import Counts
-from .l2 import L2ModelError, simulate_l2, unsupported
-from .machine import Counter
+from .hardware.gpu import Profile, get_profile
+from .l2 import L2ModelError, WalkOptions, simulate_l2, unsupported
 from .problem import AttentionProblem, InputWarning
-from .profile import Profile, get_profile
 from .result import Result
-from .roofline import TimeEstimate
 from .schedules import PASSES, ScheduleError, ScheduleOptions, Tiles, check_fit, get_schedule, resolve_tiles
 from .schedules.backward import group_sum
+from .schedules.machine import Counter
 from .units import fmt_bytes
 
 MAX_HEAD_DIM = 256  # FlashAttention-2/3 and iosim.gpu take head_dim <= 256, a multiple of 8 (16-byte rows)
@@ -66,12 +65,12 @@ def options_for(schedule: str, pass_: str, passes: list[str], options: ScheduleO
     return options.only([k for k in options.given() if k in takes[pass_] or not any(k in t for t in takes.values())])
 
 
-def predict_time(result: Result) -> TimeEstimate:
+def predict_time(result: Result) -> timing.TimeEstimate:
     """The time model (:mod:`iosim.timing`) of ``result``'s kernel on its DRAM bytes; the roofline where no kernel
     description applies."""
     hbm = list(zip(result.hbm_read, result.hbm_write, strict=True))
-    return timing.predict(result.schedule, result.pass_, result.problem, result.tiles, result.counts, hbm,
-                          result.profile, result.kernel, warm=result.warm)
+    work = timing.Workload(result.schedule, result.pass_, result.problem, result.tiles, result.counts, hbm)
+    return timing.predict(work, result.profile, result.kernel, warm=result.warm)
 
 
 def exceeds_memory(problem: AttentionProblem, profile: Profile) -> str | None:
@@ -128,8 +127,9 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
             raise L2ModelError(reason)
         return replace(result, hbm_model=f"none: {reason}; hbm = global (two-level view)")
     passes = ["forward", "backward"] if result.pass_ == "both" else [result.pass_]
+    walk = WalkOptions(exact=l2_exact, progress=l2_progress)
     runs = [simulate_l2(result.schedule, result.problem, result.tiles_by_pass.get(ps, result.tiles), result.profile,
-                        exact=l2_exact, progress=l2_progress, pass_=ps) for ps in passes]
+                        pass_=ps, walk=walk) for ps in passes]
     l2 = runs[0] if len(runs) == 1 else replace(
         runs[0], kernels=[k for r in runs for k in r.kernels], seconds=sum(r.seconds for r in runs),
         launch=replace(runs[0].launch, kernels=tuple(k for r in runs for k in r.launch.kernels),

@@ -1,7 +1,7 @@
 """Closed forms over whole sweeps at once: every shape parameter may be a NumPy array (they broadcast).
 
-    >>> cols = sweep("flash2", seq_len=np.geomspace(128, 2**20, 14).astype(int), head_dim=128,
-    ...              heads=32, block_q=128, block_kv=64)
+    >>> cols = sweep("flash2", dict(seq_len=np.geomspace(128, 2**20, 14).astype(int), head_dim=128, heads=32),
+    ...              block_q=128, block_kv=64)
     >>> cols["global_read_bytes"]          # one integer per sequence length
 
 The closed forms are the very functions ``simulate`` uses (``iosim/schedules/*.py``), evaluated on arrays;
@@ -15,6 +15,7 @@ value comes back as an object array of exact Python ints (flash2 at N = 8,388,60
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,20 +53,26 @@ class TileArrays:
     sram_elements: None = None
 
 
-def sweep(schedule: str, *, seq_len, kv_len=None, head_dim=128, batch=1, heads=1, dtype: str = "fp16",
-          causal: bool = False, block_q=None, block_kv=None) -> dict[str, np.ndarray]:
+SIZES = {"seq_len": None, "kv_len": None, "head_dim": 128, "batch": 1, "heads": 1}  # None: required / = seq_len
+SHARED = {"dtype": "fp16", "causal": False}  # one value for the whole sweep
+
+
+def sweep(schedule: str, problem: Mapping, *, block_q=None, block_kv=None) -> dict[str, np.ndarray]:
     """Totals over all heads for every point of the broadcast parameters, as a dict of integer arrays.
 
-    Tiled schedules need ``block_q`` and ``block_kv`` (ints or arrays); the fit check is not applied here
-    (use :func:`iosim.simulate.check_fit` or ``simulate`` for single points).
+    ``problem``: AttentionProblem's fields by name, as ``simulate`` takes them in a dict, whose sizes may be arrays
+    (they broadcast): ``seq_len`` (required), ``kv_len`` (default: seq_len), ``head_dim`` (128), ``batch`` (1),
+    ``heads`` (1); ``dtype`` ("fp16") and ``causal`` (False) are one value for the whole sweep. Tiled schedules
+    need ``block_q`` and ``block_kv`` (ints or arrays); the fit check is not applied here (use
+    :func:`iosim.schedules.check_fit` or ``simulate`` for single points).
     """
     mod = get_schedule(schedule)
+    seq_len, kv_len, head_dim, batch, heads, dtype, causal = _fields(problem)
     if dtype not in ELEMENT_BYTES:
         raise ScheduleError(f"dtype={dtype!r}: expected one of {', '.join(ELEMENT_BYTES)}")
     if not isinstance(causal, (bool, np.bool_)):  # causal="no" is a true value: never read truthiness
         raise ScheduleError(f"causal={causal!r}: expected True or False (a bool, one for the whole sweep)")
     causal = bool(causal)
-    kv_len = seq_len if kv_len is None else kv_len
     names = ("batch", "heads", "seq_len", "kv_len", "head_dim")
     arrays = np.broadcast_arrays(*(_exact(name, x) for name, x in zip(names, (batch, heads, seq_len, kv_len,
                                                                              head_dim), strict=True)))
@@ -103,6 +110,23 @@ def sweep(schedule: str, *, seq_len, kv_len=None, head_dim=128, batch=1, heads=1
         if k.sram_peak is not None:
             out["sram_peak_bytes"] = np.maximum(out["sram_peak_bytes"], k.sram_peak)
     return {key: _narrowed(np.broadcast_to(v, shape)) for key, v in out.items()}
+
+
+def _fields(problem: Mapping) -> tuple:
+    """``problem``'s sizes, dtype and causal, with the defaults of the fields not given."""
+    if not isinstance(problem, Mapping):
+        raise TypeError(f"problem: expected a dict of AttentionProblem's fields (sizes may be arrays), got "
+                        f"{type(problem).__name__}; e.g. sweep('flash2', dict(seq_len=[1024, 4096]), ...)")
+    unknown = sorted(set(problem) - set(SIZES) - set(SHARED))
+    if unknown:
+        raise ScheduleError(f"{', '.join(map(repr, unknown))}: not a field a sweep takes; expected "
+                            f"{', '.join((*SIZES, *SHARED))}")
+    if "seq_len" not in problem:
+        raise ScheduleError("seq_len: required (an int or an array of ints)")
+    given = {**SIZES, **SHARED, **problem}
+    if given["kv_len"] is None:
+        given["kv_len"] = given["seq_len"]
+    return tuple(given[name] for name in (*SIZES, *SHARED))
 
 
 def _exact(name: str, x) -> np.ndarray:

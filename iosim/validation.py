@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._resources import data_dir
-from .profile import get_profile
+from .hardware.gpu import get_profile
 
 BOUND = {"read": 0.05, "write": 0.10}  # relative bound on hbm reads and writes
 FLOOR = 0.01  # of the kernel's compulsory bytes: the absolute floor, for near-zero writes

@@ -29,7 +29,7 @@
 // flash_bwd_dq_kernel writes dQ afterwards (no order-dependent additions, bit-identical runs).
 // Masking as the forward: keys >= kv_len, query rows >= seq_len and, when causal, key j > i + (kv_len - seq_len)
 // (bottom-right aligned) get P = 0; Q blocks with no row seeing a key of block j are never loaded.
-// Shared memory (iosim/launch_backward.py flash3_bwd_smem_terms): K, V (Bc x d), Q, dO (2 stages x Br x d), in d/64 panels
+// Shared memory (iosim/launch/backward.py flash3_bwd_smem_terms): K, V (Bc x d), Q, dO (2 stages x Br x d), in d/64 panels
 // of rows x 128 B, 128B swizzle (TMA's = wgmma's); dS^T (2 x Bc x Br, same swizzle); dQ staging (Br x (d + 8)
 // fp32, rows padded 32 B against bank conflicts); lse, Delta (2 x Br fp32 each); mbarriers.
 //
@@ -64,9 +64,9 @@
 
 namespace iosim {
 
-constexpr int kF3bThreads = 384;  // iosim/launch_backward.py FLASH3_BWD_THREADS
+constexpr int kF3bThreads = 384;  // iosim/launch/backward.py FLASH3_BWD_THREADS
 constexpr int kF3bPanel = 64;     // elements per 128-byte row of a swizzled panel
-constexpr int kF3bBc = 128;       // FLASH3_BWD_TILES (iosim/launch_backward.py): 2 consumer warpgroups x 64 keys
+constexpr int kF3bBc = 128;       // FLASH3_BWD_TILES (iosim/launch/backward.py): 2 consumer warpgroups x 64 keys
 constexpr int kF3bDqPad = 8;      // fp32 padding of a dQ staging row (32 B)
 // dQ writer warps of the producer warpgroup (warps 1 .. kF3bWriters); v2 had 1 (IOSIM_F3B_WRITERS=1 builds it again:
 // a measurement switch; 2 was measured between, docs/kernels.md v3)

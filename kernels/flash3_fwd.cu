@@ -17,7 +17,7 @@
 // issued together and the softmax of S_{j+1} runs while P_j V_j is still on the tensor cores; between the two
 // warpgroups, two named barriers pass a turn back and forth (ping-pong), so one warpgroup issues its GEMMs while
 // the other does its softmax.
-// Shared memory (terms in iosim/launch.py flash3_smem_terms): Q (Br x d) + K, V (Stages x Bc x d each), stored
+// Shared memory (terms in iosim/launch/forward.py flash3_smem_terms): Q (Br x d) + K, V (Stages x Bc x d each), stored
 // as d/64 column panels of rows x 128 B in TMA's 128-byte swizzle, which is wgmma's 128B-swizzle layout.
 // Masking: keys >= kv_len (the TMA box past the tensor's end reads zeros) and, when causal, keys j > i + (kv_len - N)
 // (bottom-right aligned) get -inf; K/V tiles entirely above the diagonal are never loaded.
@@ -45,7 +45,7 @@ namespace iosim {
 #ifndef IOSIM_F3_STAGES
 #define IOSIM_F3_STAGES 2
 #endif
-constexpr int kF3Stages = IOSIM_F3_STAGES;  // iosim/launch.py FLASH3_STAGES
+constexpr int kF3Stages = IOSIM_F3_STAGES;  // iosim/launch/forward.py FLASH3_STAGES
 constexpr int kF3Threads = 384;  // FLASH3_THREADS: producer warpgroup + 2 consumer warpgroups
 constexpr int kF3Panel = 64;   // FLASH3_SWIZZLE_ELEMS: elements per 128-byte row of a swizzled panel
 
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
     // Round r gives block x tile r * gridDim.x + x, in reverse on odd rounds (a snake): causal tiles shrink along
     // the list, so a heavy tile in one round is paired with a light one in the next and the blocks' sums of work
     // even out (a plain stride left some blocks with 3x the work of others at N = 16384, v2).
-    // Causal calls may instead bring a schedule computed on the host (iosim/gpu/flash3.py tile_schedule: greedy,
+    // Causal calls may instead bring a schedule computed on the host (iosim/gpu/flash3_host.py tile_schedule: greedy,
     // each tile to the block that frees first; CSR: gridDim.x + 1 offsets, then the tiles).
     // tile_at(i): this block's i-th tile; -1 past its last, -2 for a snake slot past the end of the list.
     auto tile_at = [&](int i) -> int {

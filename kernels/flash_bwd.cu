@@ -24,8 +24,8 @@
 // Warps (8 in flash_bwd_kernel, BwdLayout): each GEMM's output tile is split over the warps in warp tiles of 32 rows
 // (S^T, dP^T: Bc x Br; dK, dV: Bc x d; dQ: Br x d). S^T and dP^T are computed key-major so P^T and dS^T go to shared
 // memory as the A operands of dV and dK; dQ's A operand is dS^T read back transposed (ldmatrix.trans). Tiles per
-// head dim: iosim/launch_backward.py FLASH_BWD_TILES (128 x 128 at d <= 64, 64 x 128 at d = 128, 64 x 64 at d = 256).
-// Shared memory (term by term in iosim/launch_backward.py, flash_bwd_smem_terms): K_j, V_j (Bc x d); Q_i, dO_i (Br x d, two
+// head dim: iosim/launch/backward.py FLASH_BWD_TILES (128 x 128 at d <= 64, 64 x 128 at d = 128, 64 x 64 at d = 256).
+// Shared memory (term by term in iosim/launch/backward.py, flash_bwd_smem_terms): K_j, V_j (Bc x d); Q_i, dO_i (Br x d, two
 // buffers each); P^T, dS^T (Bc x Br); L_i, Delta_i (Br fp32, two buffers each).
 // Masking as the forward: keys >= kv_len, query rows >= seq_len and, when causal, key j > i + (kv_len - seq_len)
 // (bottom-right aligned) get P = 0; Q blocks with no row seeing a key of block j are never loaded.

@@ -7,7 +7,7 @@
 //   (3) naive_pv_kernel:      O = P V                      read P once, V once per 128 query rows; write O (B, N, H, d)
 // Q, O (B, N, H, d); K, V (B, N_kv, H_kv, d); query head h reads kv head h / (H / H_kv).
 // Both GEMMs run on tensor cores (mma.sync m16n8k16, fp32 accumulators; operands through cp.async and ldmatrix, as in
-// flash_fwd.cu). The tile sizes below are mirrored in iosim/launch.py (NAIVE_TILES, naive_*_smem_bytes).
+// flash_fwd.cu). The tile sizes below are mirrored in iosim/launch/forward.py (NAIVE_TILES, naive_*_smem_bytes).
 //
 // Versions:
 //   v1  tiled FMA GEMMs (64x64 output tile, k-step 16, 256 threads, 4x4 outputs per thread), one block per row
@@ -33,10 +33,10 @@ constexpr int kNaiveThreads = 256;  // 8 warps: 4 along the rows (32 each) x 2 a
 constexpr int kSoftmaxThreads = 256;
 constexpr int kSoftmaxChunks = 8;  // 16-byte chunks of a row per thread in the register path: rows <= 8*8*256 keys
 // blocks per SM the softmax is built for: a thread holding at most 4 chunks fits 64 registers, so 4 blocks (32 warps)
-// keep twice the loads in flight of 2; 8 chunks need 2 (iosim/launch.py naive_softmax_chunks picks the instantiation)
+// keep twice the loads in flight of 2; 8 chunks need 2 (iosim/launch/forward.py naive_softmax_chunks picks the instantiation)
 __host__ __device__ constexpr int naive_softmax_min_blocks(int chunks) { return chunks <= 4 ? 4 : 2; }
 
-// depth of naive_pv's cp.async ring (P and V tiles); mirrored by iosim/launch.py naive_pv_stages()
+// depth of naive_pv's cp.async ring (P and V tiles); mirrored by iosim/launch/forward.py naive_pv_stages()
 __host__ __device__ constexpr int naive_pv_stages(int D) { return D >= 256 ? 2 : 3; }
 
 namespace naive_detail {
@@ -178,7 +178,7 @@ __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
 // of the head dims, so the first half's mma run while the second lands), S_ij = Q_i K_j^T on tensor cores (warp
 // (wm, wn) owns rows 32 wm .. +32 and columns 64 wn .. +64), then S_ij * scale, masked, rounded to T, staged in shared
 // memory over Q_i and K_j, and written with 16-byte stores (2-byte stores where a row of S is not 16-byte aligned).
-// Dynamic shared memory: max((128 + 128) * D, 128 * 128) elements of T (iosim/launch.py naive_qk_smem_bytes).
+// Dynamic shared memory: max((128 + 128) * D, 128 * 128) elements of T (iosim/launch/forward.py naive_qk_smem_bytes).
 template <int D, typename T, bool Causal>
 __global__ void __launch_bounds__(kNaiveThreads, 2)
     naive_qk_kernel(const T* __restrict__ q, const T* __restrict__ k, T* __restrict__ s, int seq_len, int kv_len,
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kNaiveThreads, 2)
 }
 
 // (2) P[row, :] = softmax(S[row, :]) for the B*H*N rows; lse (may be null): natural-log logsumexp per row.
-// row_threads > 0 (iosim/launch.py naive_softmax_row_threads: kv_len a multiple of 8 and at most
+// row_threads > 0 (iosim/launch/forward.py naive_softmax_row_threads: kv_len a multiple of 8 and at most
 // 8 * kSoftmaxChunks * row_threads): each row is held in registers by row_threads threads (a power of two, 32 to 256;
 // kSoftmaxThreads / row_threads rows per block), one 16-byte chunk of the row per thread and step, so S is read by
 // one pass of 16-byte loads and P written by one pass of 16-byte stores; grid ceil(rows * row_threads / 256).

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from iosim.hardware.gpu import get_profile
 from iosim.l2 import TENSOR_NAMES, head_slots, trace_program
 from iosim.launch import launch_model, resident_blocks
 from iosim.problem import STAT_BYTES, AttentionProblem
-from iosim.profile import get_profile
 
 REGION = 1 << 40  # each tensor's address range
 

@@ -126,7 +126,7 @@ def test_backward_numeric_execution_equals_float64_gradient(schedule, case, fwd,
     ft = Tiles(*fwd) if schedule != "naive" else Tiles(None, None)
     t = t if schedule != "naive" else Tiles(None, None)
     q, k, v, do = random_inputs(p, seed, grad=True)
-    got = execute_backward(schedule, p, q, k, v, do, t, fwd_tiles=ft)
+    got = execute_backward(schedule, p, q, k, v, do, {"forward": ft, "backward": t})
     want = reference_backward(p, q, k, v, do)
     for name, x, ref, size in zip(("dQ", "dK", "dV"), got, want, _magnitudes(p, q, k, v, do), strict=True):
         assert not np.isnan(x).any(), f"{name}: an element was never written (outputs start as NaN)"
@@ -190,8 +190,8 @@ def test_backward_gradients_do_not_depend_on_the_order_of_the_inner_loop(schedul
     p = p.model_copy(update={"dtype": "fp32"})
     q, k, v, do = random_inputs(p, seed, grad=True)
     shuffle = np.random.default_rng(order_seed).permutation
-    a = execute_backward(schedule, p, q, k, v, do, t, fwd_tiles=t)
-    b = execute_backward(schedule, p, q, k, v, do, t, fwd_tiles=t,
+    a = execute_backward(schedule, p, q, k, v, do, t)
+    b = execute_backward(schedule, p, q, k, v, do, t,
                          kv_order=lambda blocks: [blocks[i] for i in shuffle(len(blocks))])
     for x, y in zip(a, b, strict=True):
         assert np.abs(x - y).max() <= 1e-4 * max(1.0, np.abs(x).max())
@@ -255,7 +255,7 @@ def test_grouped_reads_K_and_V_once_per_kv_head_and_has_no_group_sum(case, group
 def test_grouped_backward_numeric_execution_equals_float64_gradient(case, fwd, seed):
     p, t = case
     q, k, v, do = random_inputs(p, seed, grad=True)
-    got = execute_backward("flash2", p, q, k, v, do, _grouped(t), fwd_tiles=Tiles(*fwd))
+    got = execute_backward("flash2", p, q, k, v, do, {"forward": Tiles(*fwd), "backward": _grouped(t)})
     want = reference_backward(p, q, k, v, do)
     for name, x, ref, size in zip(("dQ", "dK", "dV"), got, want, _magnitudes(p, q, k, v, do), strict=True):
         assert not np.isnan(x).any(), f"{name}: an element was never written (outputs start as NaN)"

@@ -137,7 +137,7 @@ def test_block_sparse_backward_gradients_equal_float64_over_the_masks_blocks(cas
     p, t = case
     p = p.model_copy(update={"dtype": "fp32"})
     q, k, v, do = random_inputs(p, seed, grad=True)
-    got = execute_backward("block-sparse", p, q, k, v, do, t, fwd_tiles=t)
+    got = execute_backward("block-sparse", p, q, k, v, do, t)
     want = reference_backward(p, q, k, v, do, block_mask(t), t.block_q, t.block_kv)
     for x, ref in zip(got, want, strict=True):
         assert not np.isnan(x).any()

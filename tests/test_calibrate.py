@@ -22,10 +22,10 @@ from iosim.calibrate import (
     probe_cases,
 )
 from iosim.cli import cli
+from iosim.hardware.gpu import get_profile
 from iosim.l2 import L2Inputs
 from iosim.l2.probes import CHUNK, probe_trace, simulate_probe
 from iosim.measure.records import merge_repeats, read_records
-from iosim.profile import get_profile
 
 MiB = 1 << 20
 C = 8 * MiB  # a small L2 for the hand-derived cases

@@ -9,9 +9,9 @@ from click.testing import CliRunner
 from helpers import run_cli
 
 from iosim.cli import cli
-from iosim.cpu_model import simulate_cpu
-from iosim.cpu_profile import builtin_cpu_profile_names, get_cpu_profile
+from iosim.hardware.cpu import builtin_cpu_profile_names, get_cpu_profile
 from iosim.problem import AttentionProblem
+from iosim.simulate_cpu import simulate_cpu
 
 CPU = builtin_cpu_profile_names()[0]
 

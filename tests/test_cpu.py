@@ -26,7 +26,7 @@ def _compiled():
     for dtype in (np.float32, np.float64):
         q = np.ones((1, 2, 1, 8), dtype)
         cpu.attention(q, q, q, causal=True, block_q=1, block_kv=1)
-        kernels.flash2_forward(q, q, q, np.empty_like(q), 1, 1, 0.5, True, False)
+        kernels.flash2_forward(q, q, q, np.empty_like(q), kernels.Tiling(1, 1, 0.5, True, False))
 
 
 def reference(q, k, v, causal, scale=None):
@@ -75,7 +75,7 @@ def test_tiled_fp32_equals_float64_reference_within_fp32_bounds(case):
 def test_tiled_loop_gemms_equal_reference_without_blas(case):
     q, k, v, causal, Br, Bc = case
     o = np.empty_like(q)
-    kernels.flash2_forward(q, k, v, o, Br, Bc, 1 / math.sqrt(q.shape[3]), causal, False)
+    kernels.flash2_forward(q, k, v, o, kernels.Tiling(Br, Bc, 1 / math.sqrt(q.shape[3]), causal, False))
     assert np.abs(o - reference(q, k, v, causal)).max() <= fp32_bound(v, k.shape[1], q.shape[3])
 
 
@@ -120,7 +120,7 @@ def test_nan_in_the_inputs_gives_nan_where_naive_does(dtype, tensor, nan, blas):
     for causal in (False, True):
         naive = cpu.attention(q, k, v, causal=causal, schedule="naive")
         tiled = np.empty_like(q)
-        kernels.flash2_forward(q, k, v, tiled, 16, 8, 0.25, causal, blas)
+        kernels.flash2_forward(q, k, v, tiled, kernels.Tiling(16, 8, 0.25, causal, blas))
         if tensor == "v":
             seeing = slice(25, None) if causal else slice(None)
             assert np.isnan(tiled[0, seeing, 0, 3]).all() and np.isnan(naive[0, seeing, 0, 3]).all()

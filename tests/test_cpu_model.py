@@ -11,20 +11,20 @@ from hypothesis import strategies as st
 from iosim import AttentionProblem, ProfileError
 from iosim.cpu.detect import detect_profile
 from iosim.cpu.host import host_caches
-from iosim.cpu_model import (
-    NAIVE_PASSES,
-    CpuModelError,
-    _visits,
-    default_tiles,
-    simulate_cpu,
-)
-from iosim.cpu_profile import (
+from iosim.hardware.cpu import (
     builtin_cpu_profile_names,
     cpu_profile_from_dict,
     get_cpu_profile,
     is_cpu_profile,
 )
 from iosim.schedules import Tiles
+from iosim.simulate_cpu import (
+    NAIVE_PASSES,
+    CpuModelError,
+    _visits,
+    default_tiles,
+    simulate_cpu,
+)
 
 
 def _numbers(obj, path=""):

@@ -1,4 +1,4 @@
-"""What can be checked about Flash-Decoding without a GPU: the split heuristic (iosim.launch_decode), the launch
+"""What can be checked about Flash-Decoding without a GPU: the split heuristic (iosim.launch.decode), the launch
 geometry against the kernel's constants, the list of instantiations the compile check builds, and every argument
 check of iosim.gpu.decode (iosim.gpu.decode_inputs). tests/gpu/test_decode_gpu.py runs the kernels."""
 
@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iosim import launch_decode as geo
 from iosim._resources import kernels_dir
 from iosim.gpu import AttentionInputError, AttentionTypeError, GPUUnavailableError
 from iosim.gpu import decode_inputs as di
 from iosim.gpu.build_decode import DecodeInstance, decode_instances
+from iosim.launch import decode as geo
 
 H100_SMEM_PER_SM = 228 * 1024  # Hopper Tuning Guide
 A100_SMEM_PER_BLOCK = 163 * 1024
@@ -123,7 +123,7 @@ def _kernel_source() -> str:
 def test_stages_and_tile_mirror_the_kernel_constants():
     src = _kernel_source()
     m = re.search(r"decode_stages\(int D\) \{ return D >= 256 \? (\d) : \(D >= 128 \? (\d) : (\d)\); \}", src)
-    assert m, "decode_stages() in flash_decode.cu changed: update iosim.launch_decode.decode_stages"
+    assert m, "decode_stages() in flash_decode.cu changed: update iosim.launch.decode.decode_stages"
     assert (geo.decode_stages(256), geo.decode_stages(128), geo.decode_stages(64)) == tuple(int(x) for x in m.groups())
     assert f"constexpr int kDecodeTile = {geo.DECODE_TILE};" in src
     assert f"constexpr int kDecodeWarps = {geo.DECODE_WARPS};" in src

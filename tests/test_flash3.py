@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from iosim import AttentionProblem, get_profile, simulate
-from iosim.hopper import HopperModel, block_times, predict
 from iosim.schedules import Tiles
 from iosim.schedules import flash3 as fa3
 from iosim.simulate import closed, walk
+from iosim.timing.fa3 import HopperModel, block_times, kernel_time
 
 H100 = get_profile("h100-sxm5-80gb")
 SEQ = (512, 1024, 2048, 4096, 8192, 16384)
@@ -63,7 +63,7 @@ def test_the_pipeline_overlaps_what_fa2_style_sums_and_never_beats_its_slowest_p
     r = simulate("flash3", p, H100)
     res = r.time.kernels[0].resources
     assert r.time.predicted_s >= max(res["tensor"], res["softmax"], res["load"], res["global"], res["hbm"])
-    serial = predict(r.counts, p, r.tiles, H100, HopperModel(overlap=False)).predicted_s
+    serial = kernel_time(r.counts.kernels[0], p, r.tiles, H100, HopperModel(overlap=False)).predicted_s
     assert serial > r.time.predicted_s
     # Table 2 (V): 661 TFLOP/s with the pipeline, 582 without GEMM-softmax pipelining: the model's ratio is larger
     assert round(p.conventional_flops() / 3.538e-3 / 1e12) == 661  # the paper's FLOP convention: 2.3386 TFLOP
@@ -125,7 +125,7 @@ def test_fp8_flash3_moves_one_byte_elements_at_twice_the_tensor_rate_and_stays_e
 
 def test_the_hopper_model_runs_on_a_profile_without_an_l2_bandwidth_and_says_so():
     """The H200's profile publishes no L2 bandwidth: the flash3 time leaves the loads out and names the field,
-    as the roofline does, instead of failing (it did: ProfileError from iosim.hopper)."""
+    as the roofline does, instead of failing (it did: a ProfileError from the Hopper model, iosim.hopper then)."""
     from iosim import AttentionProblem, simulate
 
     r = simulate("flash3", AttentionProblem(seq_len=4096, heads=32), "h200-sxm-141gb")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from iosim import launch
 from iosim._resources import kernels_dir
-from iosim.gpu import build, flash3
+from iosim.gpu import build, flash3_host
 
 
 def test_every_flash3_tile_has_an_instantiation_per_dtype_and_mask():
@@ -35,11 +35,11 @@ def test_flash3_explicit_instantiation_names_the_kernel():
 
 def test_the_wgmma_shapes_cover_every_tile():
     for d, (_, bkv) in launch.FLASH3_TILES.items():
-        assert bkv in flash3.WGMMA_SS_N and d in flash3.WGMMA_RS_N
+        assert bkv in flash3_host.WGMMA_SS_N and d in flash3_host.WGMMA_RS_N
 
 
 def test_wgmma_header_is_what_its_generator_writes():
-    assert (kernels_dir() / "flash3_wgmma.cuh").read_text() == flash3.wgmma_header()
+    assert (kernels_dir() / "flash3_wgmma.cuh").read_text() == flash3_host.wgmma_header()
 
 
 def test_flash3_smem_fits_a_hopper_block():
@@ -61,24 +61,24 @@ def _loads(sched, blocks, cost):
 
 def test_causal_schedule_covers_every_tile_once_and_evens_out_the_blocks():
     B, N, H, G = 1, 16384, 16, 132  # Tr = 128 tiles a head against 132 blocks: the snake leaves 1.53x there
-    sched = flash3.tile_schedule(B, N, N, H, 128, 128, True, G)
+    sched = flash3_host.tile_schedule(B, N, N, H, 128, 128, True, G)
     assert sched is not None and len(sched) == G + 1 + 128 * H
     assert sorted(sched[G + 1:]) == list(range(128 * H)) and sched[0] == 0 and sched[G] == 128 * H
 
     def cost(t):
-        return flash3.kv_blocks(127 - t % 128, N, N, 128, 128, True) + 1
+        return flash3_host.kv_blocks(127 - t % 128, N, N, 128, 128, True) + 1
 
     loads = _loads(sched, G, cost)
     assert max(loads) / (sum(loads) / G) < 1.02
 
 
 def test_non_causal_and_balanced_shapes_keep_the_kernels_own_order():
-    assert flash3.tile_schedule(4, 4096, 4096, 16, 128, 128, False, 132) is None
-    assert flash3.tile_schedule(16, 1024, 1024, 16, 128, 128, True, 132) is None  # the snake is as good here
+    assert flash3_host.tile_schedule(4, 4096, 4096, 16, 128, 128, False, 132) is None
+    assert flash3_host.tile_schedule(16, 1024, 1024, 16, 128, 128, True, 132) is None  # the snake is as good here
 
 
 def test_kv_blocks_skips_tiles_right_of_the_diagonal_bottom_right_aligned():
-    assert flash3.kv_blocks(0, 256, 256, 128, 128, True) == 1
-    assert flash3.kv_blocks(1, 256, 256, 128, 128, True) == 2
-    assert flash3.kv_blocks(0, 300, 100, 128, 128, True) == 0  # rows 0..127 see keys j <= i - 200: none
-    assert flash3.kv_blocks(0, 100, 1000, 128, 128, False) == 8
+    assert flash3_host.kv_blocks(0, 256, 256, 128, 128, True) == 1
+    assert flash3_host.kv_blocks(1, 256, 256, 128, 128, True) == 2
+    assert flash3_host.kv_blocks(0, 300, 100, 128, 128, True) == 0  # rows 0..127 see keys j <= i - 200: none
+    assert flash3_host.kv_blocks(0, 100, 1000, 128, 128, False) == 8

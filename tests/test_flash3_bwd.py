@@ -3,7 +3,7 @@
 The schedule's tile walk equals its closed form and its numeric execution equals a float64 gradient through the
 parametrized tests of test_backward.py (they run every schedule in ``BACKWARD``); here: the counts are flash2's
 grouped design with the main kernel renamed, the per-tensor closed forms of the kernel's loads and reduce-adds, and
-the schedule's tiles and shared memory are the kernel's (iosim/launch_backward.py).
+the schedule's tiles and shared memory are the kernel's (iosim/launch/backward.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from helpers import problems_and_tiles
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iosim import AttentionProblem, launch_backward, simulate
+from iosim import AttentionProblem, launch, simulate
 from iosim._resources import kernels_dir
 from iosim.blocks import cdiv
-from iosim.gpu import build, flash3
+from iosim.gpu import build, flash3_host
 from iosim.schedules import BACKWARD, flash3_bwd
 from iosim.schedules.flash2_bwd import GroupedTiles
 from iosim.simulate import closed, walk
@@ -41,7 +41,7 @@ def test_flash3_backward_counts_k_v_once_q_do_per_visit_and_each_reduce_add_as_a
     p = AttentionProblem(batch=B, heads=H, kv_heads=Hk, seq_len=N, kv_len=Nk, head_dim=d, dtype="bf16")
     r = simulate("flash3", p, pass_="backward")
     Br, Bc = r.tiles.block_q, r.tiles.block_kv
-    assert (Br, Bc) == launch_backward.FLASH3_BWD_TILES[d]
+    assert (Br, Bc) == launch.FLASH3_BWD_TILES[d]
     main = r.counts.kernels[1]
     Tc = cdiv(Nk, Bc)
     visits = B * H * Tc * N  # rows of Q_i (and dO_i, L_i, D_i, dQacc) the K/V blocks visit (no mask)
@@ -62,33 +62,33 @@ def test_flash3_backward_is_registered_under_the_forward_it_follows_and_runs_bot
     assert both.counts.global_bytes == fwd.counts.global_bytes + bwd.counts.global_bytes
 
 
-@pytest.mark.parametrize("d", sorted(launch_backward.FLASH3_BWD_TILES))
+@pytest.mark.parametrize("d", sorted(launch.FLASH3_BWD_TILES))
 def test_the_schedule_tiles_and_shared_memory_are_the_kernels(d):
-    Br, Bc = launch_backward.FLASH3_BWD_TILES[d]
-    assert (Br, Bc) == flash3_bwd.TILES_BY_HEAD_DIM[d] and launch_backward.FLASH3_BWD_DQ_PAD == flash3_bwd.DQ_PAD
+    Br, Bc = launch.FLASH3_BWD_TILES[d]
+    assert (Br, Bc) == flash3_bwd.TILES_BY_HEAD_DIM[d] and launch.FLASH3_BWD_DQ_PAD == flash3_bwd.DQ_PAD
     p = AttentionProblem(seq_len=4096, head_dim=d, dtype="bf16")
-    terms = launch_backward.flash3_bwd_smem_terms(d, Br, Bc)
+    terms = launch.flash3_bwd_smem_terms(d, Br, Bc)
     t = simulate("flash3", p, pass_="backward").tiles
     assert flash3_bwd.shared_memory(p, t) == sum(terms.values()) - terms["barriers"] - terms["align"]
-    assert launch_backward.flash3_bwd_smem_bytes(d, Br, Bc) <= 227 * 1024  # sm_90 opt-in limit per block
-    r = launch_backward.FLASH3_BWD_REGISTERS
+    assert launch.flash3_bwd_smem_bytes(d, Br, Bc) <= 227 * 1024  # sm_90 opt-in limit per block
+    r = launch.FLASH3_BWD_REGISTERS
     assert 128 * r["producer"] + 256 * r["consumer"] <= 65536
 
 
 def test_every_flash3_backward_tile_has_an_instantiation_and_its_wgmma_shapes():
     insts = build.flash3_bwd_instances()
-    assert len(insts) == len(launch_backward.FLASH3_BWD_TILES) * len(build.CUDA_TYPES) * 2
+    assert len(insts) == len(launch.FLASH3_BWD_TILES) * len(build.CUDA_TYPES) * 2
     src = (kernels_dir() / "flash3_bwd.cu").read_text()
-    assert f"kF3bBc = {launch_backward.FLASH3_BWD_TILES[128][1]};" in src
-    assert f"kF3bDqPad = {launch_backward.FLASH3_BWD_DQ_PAD};" in src
-    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32 {launch_backward.FLASH3_BWD_REGISTERS['producer']};", src)
-    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32 {launch_backward.FLASH3_BWD_REGISTERS['consumer']};", src)
-    for d, (bq, _) in launch_backward.FLASH3_BWD_TILES.items():
+    assert f"kF3bBc = {launch.FLASH3_BWD_TILES[128][1]};" in src
+    assert f"kF3bDqPad = {launch.FLASH3_BWD_DQ_PAD};" in src
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32 {launch.FLASH3_BWD_REGISTERS['producer']};", src)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32 {launch.FLASH3_BWD_REGISTERS['consumer']};", src)
+    for d, (bq, _) in launch.FLASH3_BWD_TILES.items():
         nq = d if bq == 128 else d // 2  # dQ_i's columns per consumer warpgroup: split by rows at Br = 128
-        assert bq in flash3.WGMMA_SS_N and d in flash3.WGMMA_RS_N and nq in flash3.WGMMA_SS_TT_N
+        assert bq in flash3_host.WGMMA_SS_N and d in flash3_host.WGMMA_RS_N and nq in flash3_host.WGMMA_SS_TT_N
     inst = insts[0]
     assert inst.nvrtc_extra == ("-arch=sm_90a",) and inst.explicit_instantiation.count("iosim::TmaMap") == 4
 
 
 def test_bwd_wgmma_header_is_what_its_generator_writes():
-    assert (kernels_dir() / "flash3_bwd_wgmma.cuh").read_text() == flash3.bwd_wgmma_header()
+    assert (kernels_dir() / "flash3_bwd_wgmma.cuh").read_text() == flash3_host.bwd_wgmma_header()

@@ -12,7 +12,7 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 
-from iosim import launch, launch_backward
+from iosim import launch
 from iosim.gpu import build, inputs
 
 
@@ -235,7 +235,7 @@ def test_torch_view_leaves_to_dlpack_what_it_does_not_take(monkeypatch):
 def test_validate_checks_torch_views_as_before_and_outputs_are_torch(monkeypatch):
     torch, cp = _fakes(monkeypatch)
     q, k = _FakeTensor((1, 8, 4, 64), dev=0), _FakeTensor((1, 16, 2, 64), dev=0)
-    a = inputs.validate(cp, q, k, k, "flash2", False, None, None, None, None, None)
+    a = inputs.validate(cp, q, k, k, "flash2", False, None)
     assert a.torch is torch and a.torch_dtype == "float16" and a.device == 0 and a.dtype == "float16"
     assert a.q.data.mem.owner is q and a.out is None and a.scale == pytest.approx(1 / 8)
     ret, view = a.empty((1, 4, 8), lse=True)
@@ -244,16 +244,18 @@ def test_validate_checks_torch_views_as_before_and_outputs_are_torch(monkeypatch
     # the same checks, the same words: a transposed k, a q of another dtype, an out of the wrong shape
     kt = _FakeTensor((1, 16, 2, 64), stride=(2048, 64, 1024, 1), dev=0)
     with pytest.raises(inputs.AttentionInputError, match=r"k: strides \(4096, 128, 2048, 2\) are not C-contiguous"):
-        inputs.validate(cp, q, kt, k, "flash2", False, None, None, None, None, None)
+        inputs.validate(cp, q, kt, k, "flash2", False, None)
     with pytest.raises(inputs.AttentionTypeError, match="q: dtype float32 is not supported"):
         q32 = _FakeTensor((1, 8, 4, 64), "float32", dev=0)
-        inputs.validate(cp, q32, k, k, "flash2", False, None, None, None, None, None)
+        inputs.validate(cp, q32, k, k, "flash2", False, None)
     out = _FakeTensor((1, 8, 4, 32), dev=0)
     with pytest.raises(inputs.AttentionInputError, match=r"out: \(1, 8, 4, 32\) float16"):
-        inputs.validate(cp, q, k, k, "flash2", False, None, None, None, out, None)
+        inputs.validate(cp, q, k, k, "flash2", False, None, inputs.AttentionOptions(out=out))
     with pytest.raises(inputs.AttentionTypeError, match="out: got _FakeTensor; expected a CuPy array or a CUDA torch"):
-        inputs.validate(cp, q, k, k, "flash2", False, None, None, None, _FakeTensor((1, 8, 4, 64), grad=True), None)
-    good = inputs.validate(cp, q, k, k, "flash2", False, None, None, None, _FakeTensor((1, 8, 4, 64), dev=0), None)
+        inputs.validate(cp, q, k, k, "flash2", False, None,
+                        inputs.AttentionOptions(out=_FakeTensor((1, 8, 4, 64), grad=True)))
+    given = inputs.AttentionOptions(out=_FakeTensor((1, 8, 4, 64), dev=0))
+    good = inputs.validate(cp, q, k, k, "flash2", False, None, given)
     assert good.out.shape == (1, 8, 4, 64)
 
 
@@ -263,15 +265,15 @@ def test_a_torch_call_runs_on_torchs_current_stream(monkeypatch):
     torch.stream_ptr = 0xABC
     s = inputs.torch_stream(cp, torch, 1)
     assert (s.ptr, s.device_id) == (0xABC, 1) and inputs.torch_stream(cp, torch, 1) is s  # cached
-    a = inputs.validate(cp, *[_FakeTensor((1, 8, 2, 64), dev=0)] * 3, "flash2", False, None, None, None, None, None)
+    a = inputs.validate(cp, *[_FakeTensor((1, 8, 2, 64), dev=0)] * 3, "flash2", False, None)
     assert a.stream().ptr == 0xABC
 
 
 def test_backward_instantiations_cover_every_head_dim_dtype_and_mask():
     insts = build.flash_bwd_instances()
     # per dtype: one dQ conversion; per head dim: the preprocessing, and the main and dQ kernels causal or not
-    assert len(insts) == len(set(insts)) == 2 * (1 + 5 * len(launch_backward.FLASH_BWD_TILES))
-    assert set(launch_backward.FLASH_BWD_TILES) == set(launch.HEAD_DIMS)
+    assert len(insts) == len(set(insts)) == 2 * (1 + 5 * len(launch.FLASH_BWD_TILES))
+    assert set(launch.FLASH_BWD_TILES) == set(launch.HEAD_DIMS)
     main = build.FlashBwdInstance("main", "bfloat16", 128, 64, 128, True)
     assert main.name_expression == "iosim::flash_bwd_kernel<128, 64, 128, __nv_bfloat16, true>"
     assert main.explicit_instantiation.startswith("template __global__ void " + main.name_expression + "(")
@@ -280,11 +282,11 @@ def test_backward_instantiations_cover_every_head_dim_dtype_and_mask():
 
 
 def test_backward_shared_memory_fits_an_h100_block_at_every_shipped_tile():
-    for d, (bq, bkv) in launch_backward.FLASH_BWD_TILES.items():
-        terms = launch_backward.flash_bwd_smem_terms(d, bq, bkv)
-        assert sum(terms.values()) == launch_backward.flash_bwd_smem_bytes(d, bq, bkv) <= 227 * 1024
+    for d, (bq, bkv) in launch.FLASH_BWD_TILES.items():
+        terms = launch.flash_bwd_smem_terms(d, bq, bkv)
+        assert sum(terms.values()) == launch.flash_bwd_smem_bytes(d, bq, bkv) <= 227 * 1024
         assert terms["Q_i"] == 2 * bq * d * 2  # double-buffered
-        assert launch_backward.flash_bwd_dq_smem_bytes(d, launch_backward.FLASH_BWD_DQ_BLOCK_KV[d]) <= 227 * 1024
+        assert launch.flash_bwd_dq_smem_bytes(d, launch.FLASH_BWD_DQ_BLOCK_KV[d]) <= 227 * 1024
 
 
 def test_backward_inputs_are_checked_naming_the_argument():

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from l2_reference import reference_lines
 
 from iosim import l2
+from iosim.hardware.gpu import get_profile
 from iosim.launch import (
     NAIVE_REGISTERS,
     NAIVE_SOFTMAX_REGISTERS,
@@ -17,7 +18,6 @@ from iosim.launch import (
     resident_blocks,
 )
 from iosim.problem import AttentionProblem
-from iosim.profile import get_profile
 from iosim.schedules import Tiles
 from iosim.simulate import simulate
 
@@ -73,8 +73,8 @@ def test_lru_thrash_when_working_set_exceeds_l2():
     p = _p(seq_len=1024, head_dim=64)
     t = Tiles(128, 64)
     kv = 2 * 1024 * 64 * 2
-    fits = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=4 * kv), resident=1).kernels[0]
-    thrash = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=kv // 2), resident=1).kernels[0]
+    fits = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=4 * kv, resident=1)).kernels[0]
+    thrash = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=kv // 2, resident=1)).kernels[0]
     Tr = 1024 // 128
     assert fits.read_by_tensor["K"] + fits.read_by_tensor["V"] == kv
     assert (
@@ -98,8 +98,8 @@ def test_concurrent_blocks_share_kv():
     p = _p(seq_len=2048, head_dim=64)
     t = Tiles(128, 64)
     cap = 64 * 1024
-    one = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap), resident=1).kernels[0].dram_read
-    many = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap), resident=16).kernels[0].dram_read
+    one = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap, resident=1)).kernels[0].dram_read
+    many = l2.simulate_l2("flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap, resident=16)).kernels[0].dram_read
     assert many < one / 4
 
 
@@ -137,8 +137,9 @@ def test_atom_lru_equals_line_lru_without_dedupe(schedule, n, heads, group, caus
     p = _p(heads=heads, kv_heads=kv_heads, seq_len=n, head_dim=64, causal=causal)
     t = Tiles(32, 32) if schedule == "flash2" else Tiles(32, 64)
     cap = lines * 128
-    plain = l2.L2Inputs(capacity=cap, room=(1.0, 1.0, 1.0), dirty_at_start=0, block_share=1.0)  # as the reference
-    fast = l2.simulate_l2(schedule, p, t, "h100-sxm5-80gb", plain, resident=resident, dedupe=False)
+    plain = l2.L2Inputs(capacity=cap, room=(1.0, 1.0, 1.0), dirty_at_start=0, block_share=1.0,  # as the reference
+                        resident=resident)
+    fast = l2.simulate_l2(schedule, p, t, "h100-sxm5-80gb", plain, walk=l2.WalkOptions(dedupe=False))
     ref = reference_lines(schedule, p, t, "h100-sxm5-80gb", capacity=cap, resident=resident)
     assert [(k.dram_read, k.dram_write, k.dirty_at_end) for k in fast.kernels] == ref
 
@@ -152,10 +153,12 @@ def test_dedupe_approximation_is_close(cap_lines, causal):
     p = _p(heads=4, kv_heads=2, seq_len=1024, head_dim=64, causal=causal)
     t = Tiles(64, 32)
     exact = l2.simulate_l2(
-        "flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap_lines * 128), resident=24, dedupe=False
+        "flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap_lines * 128, resident=24),
+        walk=l2.WalkOptions(dedupe=False)
     )
     fast = l2.simulate_l2(
-        "flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap_lines * 128), resident=24, dedupe=True
+        "flash2", p, t, "h100-sxm5-80gb", l2.L2Inputs(capacity=cap_lines * 128, resident=24),
+        walk=l2.WalkOptions(dedupe=True)
     )
     e, f = exact.kernels[0], fast.kernels[0]
     assert abs(f.dram_read - e.dram_read) <= 0.02 * e.dram_read

@@ -5,6 +5,8 @@ tiles, causal flash2's lockstep blocks skipped) against the full walk."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -74,8 +76,9 @@ def test_recycled_rows_give_the_bytes_of_rows_of_their_own(share, resident, n, n
     between rows (and heads) far apart, the exact walk gives every row its own; every byte the same."""
     p = _p(seq_len=n, kv_len=nk, head_dim=64, heads=heads, kv_heads=kv_heads)
     x = l2.L2Inputs(capacity=96 * 1024, block_share=share)
-    default = l2.simulate_l2("naive", p, Tiles(*tiles), H200, x, resident=resident)
-    exact = l2.simulate_l2("naive", p, Tiles(*tiles), H200, x, resident=resident, exact=True)
+    x = replace(x, resident=resident)
+    default = l2.simulate_l2("naive", p, Tiles(*tiles), H200, x)
+    exact = l2.simulate_l2("naive", p, Tiles(*tiles), H200, x, walk=l2.WalkOptions(exact=True))
     assert _kernels(default) == _kernels(exact)
 
 
@@ -92,8 +95,8 @@ PROFILE_INPUTS = l2.L2Inputs()
 
 def _agree(schedule, p, tiles, inputs=PROFILE_INPUTS, profile=H200, tol=0.01):
     """(default forced to approximate, exact) kernels, checked within ``tol`` on reads and writes."""
-    default = l2.simulate_l2(schedule, p, tiles, profile, inputs, budget=0)
-    exact = l2.simulate_l2(schedule, p, tiles, profile, inputs, exact=True)
+    default = l2.simulate_l2(schedule, p, tiles, profile, inputs, walk=l2.WalkOptions(budget=0))
+    exact = l2.simulate_l2(schedule, p, tiles, profile, inputs, walk=l2.WalkOptions(exact=True))
     for d, e in zip(default.kernels, exact.kernels, strict=True):
         assert abs(d.dram_read - e.dram_read) <= tol * e.dram_read
         assert abs(d.dram_write - e.dram_write) <= tol * max(e.dram_write, 1)

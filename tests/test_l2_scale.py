@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -63,7 +64,7 @@ def test_flash2_program_memory_is_per_block_not_per_access():
 
 def test_default_is_the_full_walk_below_the_budget():
     p = _p(heads=32, seq_len=16384, head_dim=128)
-    exact = l2.simulate_l2("flash2", p, Tiles(128, 32), H200, exact=True).kernels[0]
+    exact = l2.simulate_l2("flash2", p, Tiles(128, 32), H200, walk=l2.WalkOptions(exact=True)).kernels[0]
     default = l2.simulate_l2("flash2", p, Tiles(128, 32), H200).kernels[0]
     assert (default.dram_read, default.dram_write, default.dirty_at_end) == (
         exact.dram_read, exact.dram_write, exact.dirty_at_end)
@@ -72,8 +73,9 @@ def test_default_is_the_full_walk_below_the_budget():
 
 def _agree(p, tiles, inputs, resident, budget=0):
     """(exact, default) kernels; the default forced to approximate (``budget``)."""
-    exact = l2.simulate_l2("flash2", p, tiles, H200, inputs, resident=resident, exact=True).kernels[0]
-    default = l2.simulate_l2("flash2", p, tiles, H200, inputs, resident=resident, budget=budget).kernels[0]
+    inputs = replace(inputs, resident=resident)
+    exact = l2.simulate_l2("flash2", p, tiles, H200, inputs, walk=l2.WalkOptions(exact=True)).kernels[0]
+    default = l2.simulate_l2("flash2", p, tiles, H200, inputs, walk=l2.WalkOptions(budget=budget)).kernels[0]
     return exact, default
 
 
@@ -142,7 +144,7 @@ def test_skipping_steady_windows_agrees_at_262144():
 def test_progress_reports_accesses_up_to_the_total():
     seen = []
     p = _p(heads=8, seq_len=8192, head_dim=128)
-    l2.simulate_l2("flash2", p, Tiles(128, 32), H200, progress=lambda d, t: seen.append((d, t)))
+    l2.simulate_l2("flash2", p, Tiles(128, 32), H200, walk=l2.WalkOptions(progress=lambda d, t: seen.append((d, t))))
     total = 8 * 64 * (2 * 256 + 3)
     assert seen[-1] == (total, total)
     assert all(0 <= d <= t == total for d, t in seen)

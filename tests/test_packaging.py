@@ -31,4 +31,4 @@ def test_wheel_contains_kernels_scenarios_and_profiles(tmp_path):
     assert "iosim/_data/kernels/flash_fwd.cu" in names
     assert "iosim/_data/kernels/naive.cu" in names
     assert any(n.startswith("iosim/_data/scenarios/") for n in names)
-    assert "iosim/profiles/h100-sxm5-80gb.yaml" in names
+    assert "iosim/hardware/profiles/h100-sxm5-80gb.yaml" in names

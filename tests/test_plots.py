@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from iosim import plots
-from iosim.profile import get_profile
+from iosim.hardware.gpu import get_profile
 from iosim.scenario import profile_summary, run_scenario, scenario_from_dict
 
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from iosim.cli import cli
-from iosim.cpu_profile import get_cpu_profile
-from iosim.profile import (
+from iosim.hardware.cpu import get_cpu_profile
+from iosim.hardware.gpu import (
     DEFAULT_PROFILE,
     PROFILES_DIR,
     Profile,

@@ -17,8 +17,8 @@ from iosim._resources import kernels_dir
 from iosim.calibrate import rates, rates_kernels
 from iosim.calibrate.rates import Measured, calibration_section, guess_profile, write_calibrated
 from iosim.gpu import build
-from iosim.gpu.flash3 import _wgmma_fn
-from iosim.profile import PROFILES_DIR, ProfileError, get_profile, load_profile_file, profile_from_dict
+from iosim.gpu.flash3_host import _wgmma_fn
+from iosim.hardware.gpu import PROFILES_DIR, ProfileError, get_profile, load_profile_file, profile_from_dict
 
 ON = {"device": "NVIDIA H100 80GB HBM3", "driver": "580.65.06", "cuda": "13.0 (CuPy 14.0.0)", "date": "2026-11-24",
       "commit": "abc1234", "command": "iosim calibrate rates -o h100.yaml --profile h100-sxm5-80gb"}

@@ -12,11 +12,11 @@ from helpers import run_cli
 
 from iosim import AttentionProblem, simulate
 from iosim.cli.schema import SCHEMAS, schema_text
-from iosim.cpu_model import CpuResultJSON, simulate_cpu
-from iosim.cpu_profile import get_cpu_profile
+from iosim.hardware.cpu import get_cpu_profile
 from iosim.report import load_run
 from iosim.result import ResultJSON
 from iosim.scenario import SavedRun, ScenarioError
+from iosim.simulate_cpu import CpuResultJSON, simulate_cpu
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "docs" / "schema"
 SMALL = """\

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from iosim import AttentionProblem, get_profile, simulate
-from iosim.roofline import predict, utilization
+from iosim.timing.roofline import predict, utilization
 
 
 def roof(schedule, problem, **kw):

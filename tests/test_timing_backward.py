@@ -5,7 +5,7 @@ import math
 import pytest
 
 from iosim import AttentionProblem, simulate
-from iosim.profile import get_profile
+from iosim.hardware.gpu import get_profile
 from iosim.timing import KernelError, kernel_for, load_kernel, rates
 from iosim.timing.fa2_bwd import block_steps, smem_step_bytes, step
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from iosim.cpu_profile import CPU_PROFILES_DIR, get_cpu_profile
-from iosim.profile import PROFILES_DIR, ProfileError, get_profile
+from iosim.hardware.cpu import CPU_PROFILES_DIR, get_cpu_profile
+from iosim.hardware.gpu import PROFILES_DIR, ProfileError, get_profile
 from iosim.scenario import ScenarioError, load_scenario
 from iosim.timing import KernelError, load_kernel
 from iosim.timing.kernels import KERNELS_DIR

@@ -12,11 +12,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from ..hardware.gpu import Profile, get_profile
 from ..l2 import L2Inputs
 from ..l2.probes import simulate_probe
 from ..measure.records import Measured
 from ..measure.runs import ReadProbe, WriteProbe
-from ..profile import Profile, get_profile
 
 MiB = 1 << 20
 PAST_L2 = 0.8  # read probes of at least this fraction of L2 (48 of the H200's 60 MiB) overflow it

@@ -1,5 +1,5 @@
 """``iosim calibrate rates``: what code reaches on this GPU, measured by small kernels of our own (kernels/rates.cu),
-written into a copy of a profile as its ``calibration`` section (:class:`iosim.profile.Calibration`).
+written into a copy of a profile as its ``calibration`` section (:class:`iosim.hardware.calibration.Calibration`).
 
 Every rate is the median CUDA-event time of ``repeats`` launches after warm-up, each launch sized to about 2 ms, but
 shared memory's: bytes per clock64 cycle of each SM (the kernel's own clock, whatever it ran at) times SMs x sm_clock;
@@ -25,8 +25,7 @@ from iosim.calibrate.power import power_part
 from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, chase_latency, fmt_value
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.build import RATES_WARPGROUPS, RATES_WGMMA_N, rates_mma_names, rates_wgmma_names
-from iosim.measure.events import BUSY, cupy_clock, time_ms
-from iosim.profile import (
+from iosim.hardware.gpu import (
     PROFILES_DIR,
     Profile,
     builtin_profile_names,
@@ -34,6 +33,7 @@ from iosim.profile import (
     profile_from_dict,
     read_profile_data,
 )
+from iosim.measure.events import BUSY, cupy_clock, time_ms
 from iosim.units import fmt_rate
 from iosim.yaml_io import parse_data
 

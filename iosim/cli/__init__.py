@@ -10,10 +10,10 @@ import warnings
 
 import click
 
-from ..cpu_model import CpuModelError
+from ..hardware.gpu import ProfileError
 from ..problem import InputWarning, ProblemError
-from ..profile import ProfileError
 from ..schedules import ScheduleError
+from ..simulate_cpu import CpuModelError
 from ..timing import KernelError
 from ..units import UnitError
 

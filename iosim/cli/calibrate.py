@@ -30,10 +30,10 @@ from ..calibrate.rates import (
 )
 from ..gpu import GPUUnavailableError
 from ..gpu._cupy import require_cupy
+from ..hardware.gpu import get_profile
 from ..measure import MeasureError, Options, measure
 from ..measure.records import merge_repeats, read_member, read_records
 from ..measure.timeline import block_timeline
-from ..profile import get_profile
 
 
 @click.group("calibrate")

@@ -8,14 +8,20 @@ import click
 import yaml
 
 from ..cpu.detect import detect_profile
-from ..cpu_profile import (
+from ..hardware.cpu import (
     builtin_cpu_profile_names,
     get_cpu_profile,
     is_cpu_profile,
     is_cpu_profile_file,
     load_cpu_profile_file,
 )
-from ..profile import DEFAULT_PROFILE, ProfileError, builtin_profile_names, get_profile, load_profile_file
+from ..hardware.gpu import (
+    DEFAULT_PROFILE,
+    ProfileError,
+    builtin_profile_names,
+    get_profile,
+    load_profile_file,
+)
 from ..units import fmt_bytes, fmt_rate
 
 

@@ -10,9 +10,9 @@ import json
 
 import click
 
-from ..cpu_model import CpuResultJSON
 from ..result import ResultJSON
 from ..scenario import SavedRun
+from ..simulate_cpu import CpuResultJSON
 
 SCHEMAS = {
     "result": (ResultJSON, "one simulation: iosim simulate --json, Result.to_json()"),

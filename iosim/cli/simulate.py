@@ -14,11 +14,11 @@ try:  # numba compiles the L2 model on the first run after an install; say so in
 except ImportError:  # pragma: no cover (numba is a dependency; the L2 model has a pure-Python fallback)
     numba_event = None
 
-from ..cpu_model import simulate_cpu
-from ..cpu_profile import get_cpu_profile, is_cpu_profile
+from ..hardware.cpu import get_cpu_profile, is_cpu_profile
 from ..problem import AttentionProblem
 from ..schedules import SCHEDULES
 from ..simulate import Result, simulate
+from ..simulate_cpu import simulate_cpu
 from ..units import fmt_bytes, fmt_rate, fmt_seconds
 from .progress import ProgressBar
 
@@ -66,11 +66,6 @@ def problem_options(f):
     return f
 
 
-def make_problem(batch, heads, kv_heads, seq_len, kv_len, head_dim, dtype, causal, scale) -> AttentionProblem:
-    return AttentionProblem.make(batch=batch, heads=heads, kv_heads=kv_heads, seq_len=seq_len, kv_len=kv_len,
-                                 head_dim=head_dim, dtype=dtype, causal=causal, scale=scale)
-
-
 @click.command("simulate")
 @click.argument("schedule", type=click.Choice(list(SCHEDULES)))
 @click.option("--profile", default=None, help="built-in profile name or a .yaml/.json file [default: h100-sxm5-80gb]")
@@ -108,7 +103,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
 
     With a CPU profile (``iosim profiles list``, or a file with ``kind: cpu``), the boundaries are the CPU's
     DRAM, L3 and L2 (naive and flash2; docs/cpu.md)."""
-    problem = make_problem(**problem_kw)
+    problem = AttentionProblem.make(**problem_kw)  # the options of problem_options, by the fields' names
     if profile is not None and is_cpu_profile(profile):
         gpu_only = {"--method walk": method != "closed", "--pass": pass_ != "forward", "--splits": splits,
                     "--density": density, "--mask": mask, "--seed": seed, "--l2-exact": l2_exact, "--kernel": kernel,

@@ -6,10 +6,11 @@ import json
 
 import click
 
+from ..problem import AttentionProblem
 from ..schedules import SCHEDULES
 from ..tune import tune
 from ..units import fmt_seconds
-from .simulate import make_problem, problem_options
+from .simulate import problem_options
 
 
 @click.command("tune")
@@ -25,7 +26,7 @@ def tune_cmd(schedule, profile, kernel, as_json, **problem_kw):
 
     Each loser says what the time model charges it for against the winner (occupancy, waves, bytes, step cost);
     a tile that cannot run says why."""
-    choices = tune(schedule, make_problem(**problem_kw), profile, kernel=kernel)
+    choices = tune(schedule, AttentionProblem.make(**problem_kw), profile, kernel=kernel)
     if as_json:
         click.echo(json.dumps([{"block_q": c.block_q, "block_kv": c.block_kv, "predicted_s": c.predicted_s,
                                 "legal": c.legal, "reason": c.reason} for c in choices], indent=2))

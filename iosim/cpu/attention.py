@@ -21,8 +21,8 @@ import numpy as np
 
 from iosim.cpu import _blas, kernels
 from iosim.cpu.host import host_l2_bytes
-from iosim.cpu_model import default_tiles
 from iosim.schedules import Tiles
+from iosim.simulate_cpu import default_tiles
 from iosim.units import fmt_bytes
 
 SCHEDULES = ("flash2", "naive")
@@ -162,7 +162,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, schedule: str = "
     bfloat16 (see the module docstring for the upcast rule).
     schedule: "flash2" (tiled, numba, all cores, O(N d) memory) or "naive" (NumPy: S and P materialized, one
     head at a time; refused before allocating when one N x N_kv matrix exceeds the available memory).
-    block_q, block_kv: flash2's tiles Br, Bc; default from this CPU's cache sizes (iosim.cpu_model.default_tiles).
+    block_q, block_kv: flash2's tiles Br, Bc; default from this CPU's cache sizes (iosim.simulate_cpu.default_tiles).
     scale: default 1/sqrt(head_dim). Returns an array shaped and typed like q.
     """
     global _last
@@ -184,7 +184,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, schedule: str = "
     if schedule == "naive":
         _naive(q, k, v, out, scale, causal)
     else:
-        kernels.flash2_forward(q, k, v, out, tiles.block_q, tiles.block_kv, scale, causal, _blas.BLAS)
+        kernels.flash2_forward(q, k, v, out, kernels.Tiling(tiles.block_q, tiles.block_kv, scale, causal, _blas.BLAS))
     _last = Run(schedule, (B, N, Nk, H, Hk, D), in_dtype.name, np.dtype(cdt).name, causal, tiles,
                 _blas.describe())
     return out if out.dtype == in_dtype else out.astype(in_dtype)

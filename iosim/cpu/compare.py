@@ -20,9 +20,9 @@ from iosim.cpu import _blas
 from iosim.cpu.attention import attention, available_memory, naive_bytes
 from iosim.cpu.detect import detect_profile
 from iosim.cpu.host import model_name, usable_cpus, wait_for_idle
-from iosim.cpu_model import simulate_cpu
-from iosim.cpu_profile import CpuProfile
+from iosim.hardware.cpu import CpuProfile
 from iosim.problem import AttentionProblem
+from iosim.simulate_cpu import simulate_cpu
 
 SEEDS_CLAIM = 2.0  # the seeds: tiling gives about 2x on CPUs (blocks kept in L2/L3; llama.cpp's path)
 

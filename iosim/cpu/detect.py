@@ -1,6 +1,6 @@
 """Build a CPU profile for this machine: the OS's cache and core facts plus a few seconds of measurements.
 
-Each measured number is a component rate the CPU time model composes (iosim.cpu_model), measured apart from
+Each measured number is a component rate the CPU time model composes (iosim.timing.cpu), measured apart from
 attention and at sizes below the ones the model is judged on:
 
 - ``dram.bandwidth``: all cores, a numba ``b = 2 a`` over 256 MB arrays (bytes read + written per second);
@@ -30,8 +30,8 @@ import numpy as np
 
 from iosim.cpu import host, kernels
 from iosim.cpu._blas import BLAS, set_num_threads_local
-from iosim.cpu_model import default_tiles
-from iosim.cpu_profile import CpuProfile, cpu_profile_from_dict
+from iosim.hardware.cpu import CpuProfile, cpu_profile_from_dict
+from iosim.simulate_cpu import default_tiles
 
 HEAD_DIMS = (64, 128)
 _MB = 1 << 20

@@ -18,6 +18,7 @@ per core, or loops where BLAS is missing.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba as nb
 import numpy as np
@@ -215,9 +216,22 @@ def _q_block_forward(io, cfg, b, h, hk, i, buf):
             out[b, r0 + r, h, x] = O[r, x] * inv
 
 
+class Tiling(NamedTuple):
+    """How :func:`flash2_forward` runs: tiles of ``Br`` query rows by ``Bc`` keys, the softmax ``scale``, the causal
+    mask, and its GEMMs by BLAS (``blas``) or by loops."""
+
+    Br: int
+    Bc: int
+    scale: float
+    causal: bool
+    blas: bool
+
+
 @nb.njit(parallel=True, cache=True)
-def flash2_forward(q, k, v, out, Br, Bc, scale, causal, blas):
-    """out = softmax(scale Q Kᵀ) V for q (B, N, H, d), k and v (B, N_kv, H_kv, d), out like q."""
+def flash2_forward(q, k, v, out, tiling):
+    """out = softmax(scale Q Kᵀ) V for q (B, N, H, d), k and v (B, N_kv, H_kv, d), out like q; ``tiling``: a
+    :class:`Tiling`."""
+    Br, Bc, scale, causal, blas = tiling
     B, N, H, d = q.shape
     group = H // k.shape[2]
     Tr = (N + Br - 1) // Br

@@ -10,11 +10,17 @@ from iosim.gpu._cupy import GPUUnavailableError
 from iosim.gpu.api import attention
 from iosim.gpu.attention import KernelLaunch, LaunchRecord, default_tiles, last_launch
 from iosim.gpu.backward import attention_backward
-from iosim.gpu.flash3 import HopperRequiredError
+from iosim.gpu.flash3_host import HopperRequiredError
 from iosim.gpu.flash_decode import Decoded, DecodePlan, decode, plan_decode
-from iosim.gpu.inputs import SCHEDULES, AttentionInputError, AttentionTypeError, SharedMemoryError
-from iosim.launch import FLASH3_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
-from iosim.launch_backward import FLASH_BWD_TILES
+from iosim.gpu.inputs import (
+    SCHEDULES,
+    AttentionInputError,
+    AttentionOptions,
+    AttentionTypeError,
+    BackwardOptions,
+    SharedMemoryError,
+)
+from iosim.launch import FLASH3_TILES, FLASH_BWD_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
 
 __all__ = [
     "FLASH3_TILES",
@@ -23,7 +29,9 @@ __all__ = [
     "NAIVE_TILES",
     "SCHEDULES",
     "AttentionInputError",
+    "AttentionOptions",
     "AttentionTypeError",
+    "BackwardOptions",
     "DecodePlan",
     "Decoded",
     "GPUUnavailableError",

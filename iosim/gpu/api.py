@@ -7,7 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from iosim.gpu.attention import attention as _forward
-from iosim.gpu.inputs import AttentionInputError, AttentionTypeError, check_options, check_scale, torch_of
+from iosim.gpu.inputs import (
+    AttentionInputError,
+    AttentionOptions,
+    AttentionTypeError,
+    check_options,
+    check_scale,
+    options_of,
+    torch_of,
+)
 
 
 def _wants_grad(q: Any, k: Any, v: Any) -> bool:
@@ -15,11 +23,13 @@ def _wants_grad(q: Any, k: Any, v: Any) -> bool:
     return torch is not None and torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v))
 
 
-def _differentiable(q, k, v, schedule, causal, scale, return_lse, deterministic, unsupported) -> Any:
-    if any(x is not None for x in unsupported):
-        raise AttentionInputError("block_q, block_kv, out, lse_out, block_trace: not taken by a differentiable call "
-                                  "(torch tensors that require grad); expected None")
+def _differentiable(q, k, v, schedule, causal, scale, return_lse, options: AttentionOptions) -> Any:
+    if any(x is not None for x in (options.block_q, options.block_kv, options.out, options.lse_out,
+                                   options.block_trace)):
+        raise AttentionInputError("options: block_q, block_kv, out, lse_out, block_trace are not taken by a "
+                                  "differentiable call (torch tensors that require grad); expected None")
     check_options(schedule, causal)
+    deterministic = options.deterministic
     if deterministic is not None and not isinstance(deterministic, bool):
         raise AttentionTypeError(f"deterministic={deterministic!r}: expected True, False or None")
     from iosim.gpu import autograd  # registers the torch custom ops: only once a differentiable call arrives
@@ -29,10 +39,8 @@ def _differentiable(q, k, v, schedule, causal, scale, return_lse, deterministic,
                                              return_lse=return_lse, deterministic=deterministic)
 
 
-def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool = False,
-              block_q: int | None = None, block_kv: int | None = None, scale: float | None = None,
-              return_lse: bool = False, out: Any = None, lse_out: Any = None, block_trace: Any = None,
-              deterministic: bool | None = None) -> Any:
+def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool = False, scale: float | None = None,
+              return_lse: bool = False, options: AttentionOptions | None = None) -> Any:
     """softmax(scale * Q K^T) V on the GPU with iosim's kernels.
 
     q: (batch, seq_len, heads, head_dim); k, v: (batch, kv_len, kv_heads, head_dim), heads a multiple of kv_heads
@@ -43,22 +51,17 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
     128 or 256, tiles :data:`iosim.launch.FLASH3_TILES`; raises :class:`iosim.gpu.HopperRequiredError` elsewhere).
     causal: query row i sees key j iff j <= i + kv_len - seq_len (bottom-right aligned); a row that sees no key
     gets O = 0 and lse = -inf.
-    block_q, block_kv: flash2 tiles Br, Bc (both or neither; default :func:`default_tiles`).
     scale: default 1/sqrt(head_dim). return_lse: also return lse (batch, heads, seq_len) fp32, natural log.
-    out, lse_out: optional preallocated outputs, CuPy arrays or CUDA torch tensors (every element is overwritten;
-    returned as given).
-    block_trace: flash2 only: a CuPy uint64 array of 4 x (number of thread blocks) elements; the kernel (built with
-    -DIOSIM_BLOCK_TRACE) writes each block's ``start_ns, end_ns, sm_id, 0`` at 4 x its linear block id
-    (``blockIdx.x + Tr * (blockIdx.y + H * blockIdx.z)``), the timeline the L2 model's drift input is read from.
+    options: :class:`iosim.gpu.AttentionOptions`, what a call takes beyond the math: flash2's tiles (``block_q``,
+    ``block_kv``), preallocated outputs (``out``, ``lse_out``), the block trace (``block_trace``: the timeline the L2
+    model's drift input is read from), the backward's ``deterministic`` mode.
     Returns an array like q (and lse when asked): torch tensors where q is a torch tensor (torch in, torch out; the
     kernels then run on torch's current stream, in order with the torch work around the call), else CuPy arrays.
     Differentiable: torch tensors that require grad (grad mode on) go through the custom op ``iosim::attention``
     (:mod:`iosim.gpu.autograd`), whose backward runs :func:`iosim.gpu.attention_backward` on the saved O and lse;
-    ``deterministic`` picks its mode (None: ``torch.are_deterministic_algorithms_enabled()``). ``torch.compile``
-    traces through it. That path takes no tiles, outputs or block trace.
+    ``torch.compile`` traces through it. That path takes no tiles, outputs or block trace.
     """
+    options = options_of(options, AttentionOptions)
     if _wants_grad(q, k, v):
-        return _differentiable(q, k, v, schedule, causal, scale, return_lse, deterministic,
-                               (block_q, block_kv, out, lse_out, block_trace))
-    return _forward(q, k, v, schedule=schedule, causal=causal, block_q=block_q, block_kv=block_kv, scale=scale,
-                    return_lse=return_lse, out=out, lse_out=lse_out, block_trace=block_trace)
+        return _differentiable(q, k, v, schedule, causal, scale, return_lse, options)
+    return _forward(q, k, v, schedule=schedule, causal=causal, scale=scale, return_lse=return_lse, options=options)

@@ -19,9 +19,11 @@ from typing import Any
 
 from iosim import launch
 from iosim._resources import kernels_dir
-from iosim.gpu import build, flash3
+from iosim.gpu import build, flash3_host
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.inputs import (
+    DEFAULT_OPTIONS,
+    AttentionOptions,
     SharedMemoryError,
     dtype_name,
     torch_of,
@@ -159,12 +161,12 @@ class _Call:
 
 def _run_flash3(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
     cp, (_, _, _, D, _, _) = c.cp, c.sizes
-    flash3.require_hopper(cp)
+    flash3_host.require_hopper(cp)
     block_q, block_kv = launch.FLASH3_TILES[D]
     smem = launch.flash3_smem_bytes(D, block_q, block_kv, build.ITEMSIZE[c.dtype])
     c.need_lse()
     inst = build.Flash3Instance(D, block_kv, c.dtype, c.causal)
-    grid, block = flash3.launch_kernel(cp, _kernel(cp, inst, smem), c.q, c.k, c.v, c.o, c.lse, causal=c.causal,
+    grid, block = flash3_host.launch_kernel(cp, _kernel(cp, inst, smem), c.q, c.k, c.v, c.o, c.lse, causal=c.causal,
                                        scale_log2=c.scale * _LOG2E, dtype=c.dtype, block_q=block_q,
                                        block_kv=block_kv, smem=smem)
     return (KernelLaunch(inst.name_expression, grid, block, smem),), \
@@ -226,18 +228,18 @@ def _run_naive(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
     return launches, {k_: dict(v_) for k_, v_ in t.items()}
 
 
-def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool = False,
-              block_q: int | None = None, block_kv: int | None = None, scale: float | None = None,
-              return_lse: bool = False, out: Any = None, lse_out: Any = None, block_trace: Any = None) -> Any:
+def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool = False, scale: float | None = None,
+              return_lse: bool = False, options: AttentionOptions = DEFAULT_OPTIONS) -> Any:
     """The forward kernels behind :func:`iosim.gpu.attention` (which documents every argument), without autograd:
     tensors are read as values, gradients are never tracked. :mod:`iosim.gpu.autograd` calls it inside its op."""
     global _last
+    out, lse_out, block_trace = options.out, options.lse_out, options.block_trace
     plain = schedule == "flash2" and out is None and lse_out is None and block_trace is None
-    key = _plan_key(q, k, v, causal, block_q, block_kv, scale) if plain else None
+    key = _plan_key(q, k, v, causal, options.block_q, options.block_kv, scale) if plain else None
     if key is not None and (done := _replay(key, q, k, v, return_lse)) is not None:
         return done
     cp = require_cupy()
-    a = validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out)
+    a = validate(cp, q, k, v, schedule, causal, scale, options)
     if block_trace is not None and schedule != "flash2":
         raise ValueError("block_trace is supported by schedule='flash2' only")
     B, N, H, D = (int(s) for s in a.q.shape)
@@ -249,7 +251,7 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
         if schedule == "flash3":
             launches, tiles = _run_flash3(c)
         elif schedule == "flash2":
-            launches, tiles = _run_flash2(c, block_q, block_kv, block_trace)
+            launches, tiles = _run_flash2(c, options.block_q, options.block_kv, block_trace)
         else:
             launches, tiles = _run_naive(c)
     _last = LaunchRecord(schedule, B, N, int(a.k.shape[1]), H, int(a.k.shape[2]), D, a.dtype, causal, tiles,

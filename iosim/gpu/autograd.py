@@ -18,6 +18,7 @@ import torch
 
 from iosim.gpu.attention import attention
 from iosim.gpu.backward import attention_backward
+from iosim.gpu.inputs import BackwardOptions
 
 
 @torch.library.custom_op("iosim::attention", mutates_args=(), device_types="cuda")
@@ -36,14 +37,17 @@ def _(q, k, v, schedule, causal, scale, deterministic):
     return torch.empty_like(q), q.new_empty((B, H, N), dtype=torch.float32)
 
 
+# A torch.library custom op's signature is torch's, not ours: its schema takes tensors and scalars one by one (no
+# dataclass reaches torch.compile's graph), so this op and its fake take ten parameters (tests/test_architecture.py
+# lists them as foreign signatures).
 @torch.library.custom_op("iosim::attention_backward", mutates_args=(), device_types="cuda")
 def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                           lse: torch.Tensor, causal: bool, scale: float, deterministic: bool,
                           schedule: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of iosim.gpu.attention_backward; ``schedule``: the backward's ("flash3" after a flash3 forward,
     else "flash2")."""
-    return attention_backward(q.detach(), k.detach(), v.detach(), o, do, lse, causal=causal, scale=scale,
-                              deterministic=deterministic, schedule=schedule)
+    options = BackwardOptions(schedule=schedule, scale=scale, deterministic=deterministic)
+    return attention_backward(q.detach(), k.detach(), v.detach(), o, do, lse, causal=causal, options=options)
 
 
 @attention_backward_op.register_fake

@@ -13,8 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from iosim.launch import FLASH3_TILES, FLASH_DEFAULT_TILES, FLASH_TILES, HEAD_DIMS, NAIVE_SOFTMAX_REGISTERS
-from iosim.launch_backward import FLASH3_BWD_TILES, FLASH_BWD_DQ_BLOCK_KV, FLASH_BWD_TILES
+from iosim.launch import (
+    FLASH3_BWD_TILES,
+    FLASH3_TILES,
+    FLASH_BWD_DQ_BLOCK_KV,
+    FLASH_BWD_TILES,
+    FLASH_DEFAULT_TILES,
+    FLASH_TILES,
+    HEAD_DIMS,
+    NAIVE_SOFTMAX_REGISTERS,
+)
 
 # dtype name (NumPy/CuPy spelling) -> CUDA C++ type of the kernels' template argument
 CUDA_TYPES: dict[str, str] = {"float16": "__half", "bfloat16": "__nv_bfloat16"}

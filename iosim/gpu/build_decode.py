@@ -1,7 +1,7 @@
 """What the GPU harness compiles for Flash-Decoding (``kernels/flash_decode.cu``): its template instantiations, named as
 CuPy's ``name_expressions`` take them and as the nvcc compile check instantiates them. No CuPy here.
 
-The split kernel ``flash_decode_kernel<D, MT, T>`` per head dim, row stripes (:data:`iosim.launch_decode.DECODE_STRIPES`)
+The split kernel ``flash_decode_kernel<D, MT, T>`` per head dim, row stripes (:data:`iosim.launch.decode.DECODE_STRIPES`)
 and dtype; the combine kernel ``flash_decode_combine_kernel<D, T>`` per head dim and dtype.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from iosim.gpu.build import CUDA_TYPES
-from iosim.launch_decode import DECODE_HEAD_DIMS, DECODE_STRIPES
+from iosim.launch.decode import DECODE_HEAD_DIMS, DECODE_STRIPES
 
 DECODE_SOURCE = "flash_decode.cu"
 _PARAMS = {  # kind: (kernel, its parameters; {t} is the dtype)

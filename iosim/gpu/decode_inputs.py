@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from iosim import launch_decode as geo
 from iosim.gpu.build import CUDA_TYPES
 from iosim.gpu.inputs import AttentionInputError, AttentionTypeError, torch_of
+from iosim.launch import decode as geo
 
 GRID_Z_MAX = 65535  # CUDA's grid.z limit: batch * kv_heads blocks along it
 

@@ -10,7 +10,7 @@ once per kv head, the keys split across thread blocks and merged by their log-su
 
 A plan holds the checked lengths and block table on the device and the split choice; building one reads the
 lengths and table on the host (one small synchronizing copy where they are on the GPU). ``run`` checks only shapes,
-dtypes and layout and never synchronizes. Geometry and the split heuristic: :mod:`iosim.launch_decode`; the
+dtypes and layout and never synchronizes. Geometry and the split heuristic: :mod:`iosim.launch.decode`; the
 argument checks: :mod:`iosim.gpu.decode_inputs`.
 """
 
@@ -20,7 +20,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from iosim import launch_decode as geo
 from iosim.gpu import build
 from iosim.gpu._cupy import GPUUnavailableError, require_cupy
 from iosim.gpu.attention import KernelLaunch, _kernel, _smem_limit
@@ -38,6 +37,7 @@ from iosim.gpu.inputs import (
     torch_stream,
     torch_view,
 )
+from iosim.launch import decode as geo
 
 _LOG2E = 1.4426950408889634
 # Tests set this to fill the split kernel's partial outputs with NaN before each launch, so a partial the combine
@@ -214,7 +214,7 @@ def decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, block_t
     block_table[b, t // page_size]; pages in any order; page_size a multiple of 16; entries past a sequence's last
     page are never read.
     scale: default 1/sqrt(head_dim). splits: force the number of K/V splits (1 to 128; default: the heuristic of
-    :func:`iosim.launch_decode.decode_split`). out: an optional (o, lse) pair of preallocated outputs.
+    :func:`iosim.launch.decode.decode_split`). out: an optional (o, lse) pair of preallocated outputs.
     CuPy arrays or CUDA torch tensors (torch in, torch out, on torch's current stream). Each call checks the lengths
     and table on the host; to run one layout many times, :func:`plan_decode` once and ``plan.run`` each time.
     """

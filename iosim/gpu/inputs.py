@@ -36,6 +36,54 @@ class SharedMemoryError(AttentionInputError):
     """A tile configuration needs more shared memory per block than the device allows."""
 
 
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What :func:`iosim.gpu.attention` takes beyond the math (q, k, v, schedule, causal, scale, return_lse), each
+    None for the default.
+
+    ``block_q``, ``block_kv``: flash2's tiles Br, Bc (both or neither; default :func:`iosim.gpu.default_tiles`).
+    ``out``, ``lse_out``: preallocated outputs, CuPy arrays or CUDA torch tensors (every element is overwritten;
+    returned as given). ``block_trace``: flash2 only, a CuPy uint64 array of 4 x (thread blocks) elements that the
+    kernel built with -DIOSIM_BLOCK_TRACE fills with each block's ``start_ns, end_ns, sm_id, 0``. These four are
+    for calls that are not differentiated. ``deterministic``: the backward's mode of a differentiable call (torch
+    tensors that require grad; None: ``torch.are_deterministic_algorithms_enabled()``)."""
+
+    block_q: int | None = None
+    block_kv: int | None = None
+    out: Any = None
+    lse_out: Any = None
+    block_trace: Any = None
+    deterministic: bool | None = None
+
+
+DEFAULT_OPTIONS = AttentionOptions()
+
+
+@dataclass(frozen=True)
+class BackwardOptions:
+    """What :func:`iosim.gpu.attention_backward` takes beyond the tensors and the causal mask.
+
+    ``schedule``: "flash2" (kernels/flash_bwd.cu, mma.sync) or "flash3" (kernels/flash3_bwd.cu, Hopper only).
+    ``scale``: the forward's (default 1/sqrt(head_dim)). ``deterministic``: no atomic reductions (a second, Q-outer
+    kernel computes dQ), so repeated calls give identical bits. ``out``: preallocated (dq, dk, dv), CuPy arrays or
+    CUDA torch tensors like q, k, v (every element is overwritten; returned as given)."""
+
+    schedule: str = "flash2"
+    scale: float | None = None
+    deterministic: bool = False
+    out: tuple[Any, Any, Any] | None = None
+
+
+def options_of(options: Any, kind: type) -> Any:
+    """``options`` as given, or ``kind``'s defaults for None; AttentionTypeError for anything else."""
+    if options is None:
+        return kind()
+    if not isinstance(options, kind):
+        raise AttentionTypeError(f"options: got {type(options).__name__}; expected iosim.gpu.{kind.__name__}(...) "
+                                 "or None")
+    return options
+
+
 def dtype_name(dtype: Any) -> str:
     """'float16' / 'bfloat16' for NumPy/CuPy dtypes (bf16 is ml_dtypes.bfloat16 in CuPy 14), else str(dtype)."""
     name = getattr(dtype, "name", None)
@@ -288,8 +336,9 @@ def _output_view(cp: Any, x: Any) -> Any:
     return x if view is None else view
 
 
-def validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_out) -> Checked:
-    """Every argument of :func:`iosim.gpu.attention` checked; returns CuPy views of them and how to make outputs."""
+def validate(cp, q, k, v, schedule, causal, scale, options: AttentionOptions = DEFAULT_OPTIONS) -> Checked:
+    """Every argument of :func:`iosim.gpu.attention` checked (of ``options``: the tiles and the outputs); returns
+    CuPy views of them and how to make outputs."""
     check_options(schedule, causal)
     torch, torch_dtype = torch_of(q), getattr(q, "dtype", None)
     q, k, v = _as_cupy(cp, q, "q"), _as_cupy(cp, k, "k"), _as_cupy(cp, v, "v")
@@ -302,8 +351,8 @@ def validate(cp, q, k, v, schedule, causal, block_q, block_kv, scale, out, lse_o
     if len(devs) != 1:
         raise AttentionInputError(f"q, k, v are on devices {sorted(devs)}; expected all on one device")
     scale = check_scale(scale, int(q.shape[3]))
-    _check_tiles(schedule, int(q.shape[3]), block_q, block_kv)
-    out, lse_out = _output_view(cp, out), _output_view(cp, lse_out)
+    _check_tiles(schedule, int(q.shape[3]), options.block_q, options.block_kv)
+    out, lse_out = _output_view(cp, options.out), _output_view(cp, options.lse_out)
     device = devs.pop()
     _check_outputs(cp, q, dt, out, lse_out, device)
     return Checked(cp, q, k, v, out, lse_out, dt, scale, device, torch, torch_dtype if torch else None)

@@ -34,15 +34,17 @@ How the access stream is made (one module each)
    (not the kernel's) are the least recent at the start. With no room factors and nothing dirty at the start this
    equals a line-granular LRU over the same trace (tested against a plain line-level LRU).
 
-Approximation (``dedupe=True``, the default): within one round, a tile that several blocks read is touched once,
-at its first occurrence in the round (later reads in the same round are hits in both models; only their recency
-order inside the round differs; valid when L2 holds a few rounds' worth of tiles, R x tile bytes, which is 2 MiB
-against 60 MiB for flash2 on an H200). Lockstep blocks that stream the same K/V then cost one LRU operation per
-round instead of R. The tests bound its difference from the exact trace (``dedupe=False``) on small cases.
+Approximation (``WalkOptions(dedupe=True)``, the default): within one round, a tile that several blocks read is
+touched once, at its first occurrence in the round (later reads in the same round are hits in both models; only
+their recency order inside the round differs; valid when L2 holds a few rounds' worth of tiles, R x tile bytes,
+which is 2 MiB against 60 MiB for flash2 on an H200). Lockstep blocks that stream the same K/V then cost one LRU
+operation per round instead of R. The tests bound its difference from the exact trace (``dedupe=False``) on small
+cases.
 
-Large problems (``simulate_l2(..., exact=False)``, the default, beyond ``WALK_BUDGET`` = 64 million tile accesses
-in all): the access stream is not walked in full. A ``--l2-exact`` / ``exact=True`` run walks every access (as
-above) and is what the default is checked against (tests/test_l2_scale.py: within 1% on ``hbm`` read and write).
+Large problems (``WalkOptions(exact=False)``, the default, beyond ``WALK_BUDGET`` = 64 million tile accesses in
+all): the access stream is not walked in full. A ``--l2-exact`` / ``WalkOptions(exact=True)`` run walks every
+access (as above) and is what the default is checked against (tests/test_l2_scale.py: within 1% on ``hbm`` read
+and write).
 
 * No trace is stored: flash2's K/V loop is one group of two records (K_j, V_j) repeated for each visible j
   (:mod:`iosim.l2.program`), so memory is per atom (~4 MB per head at N = 1,048,576), not per access (4.8 GB).
@@ -91,7 +93,16 @@ blocks other than by age on their SM.
 """
 
 from ._common import KV_TENSORS, TENSOR_CODES, TENSOR_NAMES, L2ModelError
-from .model import MAX_NAIVE_TILES, KernelL2, L2Inputs, L2Result, head_slots, simulate_l2, unsupported
+from .model import (
+    MAX_NAIVE_TILES,
+    KernelL2,
+    L2Inputs,
+    L2Result,
+    WalkOptions,
+    head_slots,
+    simulate_l2,
+    unsupported,
+)
 from .trace import KernelTrace, Tracer, trace_program
 
 __all__ = [
@@ -105,6 +116,7 @@ __all__ = [
     "L2ModelError",
     "L2Result",
     "Tracer",
+    "WalkOptions",
     "head_slots",
     "simulate_l2",
     "trace_program",

@@ -13,10 +13,9 @@ import numpy as np
 
 from ..blocks import cdiv
 from ..counts import Counts
-from ..launch import LaunchModel, launch_model, resident_blocks
-from ..launch_backward import backward_launch_model
+from ..hardware.gpu import Profile, get_profile
+from ..launch import LaunchModel, backward_launch_model, launch_model, resident_blocks
 from ..problem import AttentionProblem
-from ..profile import Profile, get_profile
 from ..schedules import Tiles
 from ..schedules.flash2_bwd import GroupedTiles, gqa_of
 from ._common import TENSOR_NAMES, L2ModelError
@@ -173,6 +172,20 @@ def unsupported(schedule: str, pass_: str, problem: AttentionProblem, tiles: Til
     return None
 
 
+@dataclass(frozen=True)
+class WalkOptions:
+    """How the model walks a kernel's accesses: ``exact`` walks every one (no heads extrapolated, no steady windows
+    skipped), else a kernel of more than ``budget`` tile accesses (all heads) is approximated as the module
+    docstring of :mod:`iosim.l2` says; ``dedupe=False`` runs the exact trace (a tile that several blocks read in one
+    round touched by each); ``progress(done, total)``, where given, is called about every 0.1 s with the accesses
+    made so far."""
+
+    exact: bool = False
+    budget: int = WALK_BUDGET
+    dedupe: bool = True
+    progress: Callable[[int, int], None] | None = None
+
+
 def _residency(prof: Profile, kernel, resident, index: int) -> tuple[int, dict]:
     """Program blocks of one kernel running at once: from the launch, or as given (one number or one per kernel)."""
     if resident is None:
@@ -182,11 +195,9 @@ def _residency(prof: Profile, kernel, resident, index: int) -> tuple[int, dict]:
 
 
 def _programs(schedule: str, problem: AttentionProblem, tiles: Tiles, lm: LaunchModel,
-              traces: list[KernelTrace] | None, recycle: list | None) -> list[LoopProgram]:
-    """Each kernel's program of one head, built directly (``recycle``: naive's rows may share atoms, one (resident
-    blocks, L2 bytes, SMs, block share, heads) per kernel: :mod:`iosim.l2.programs`), or from the traces given."""
-    if traces is not None:
-        return [from_trace(kt, problem) for kt in traces]
+              recycle: list | None) -> list[LoopProgram]:
+    """Each forward kernel's program of one head, built directly (``recycle``: naive's rows may share atoms, one
+    (resident blocks, L2 bytes, SMs, block share, heads) per kernel: :mod:`iosim.l2.programs`)."""
     if schedule in FLASH2_LIKE:  # flash3 moves flash2's tiles (its schedule's closed form)
         return [replace(flash2_program(problem, tiles, lm.kv_order), name=f"{schedule}_fwd")]
     if schedule == "flash1":
@@ -226,54 +237,69 @@ def own_variant(pass_: str, tiles: Tiles) -> str:
 
 
 def simulate_l2(schedule: str, problem: AttentionProblem, tiles: Tiles, profile: str | Profile | None = None,
-                inputs: L2Inputs = PROFILE_INPUTS, *, resident: int | list[int] | None = None,
-                variant: str | None = None, traces: list[KernelTrace] | None = None, dedupe: bool = True,
-                exact: bool = False, progress: Callable[[int, int], None] | None = None, budget: int = WALK_BUDGET,
-                pass_: str = "forward") -> L2Result:
+                inputs: L2Inputs = PROFILE_INPUTS, *, pass_: str = "forward", variant: str | None = None,
+                walk: WalkOptions = WalkOptions()) -> L2Result:
     """DRAM read/write bytes of every kernel of ``schedule`` under the L2 model (see :mod:`iosim.l2`).
 
-    ``inputs`` overrides the profile's L2 inputs; ``resident`` the number of program blocks running at once (one
-    number, or one per kernel); ``variant``: ``"iosim"`` (our kernels' launch) or ``"fa2"`` (FlashAttention-2's;
-    None: :func:`own_variant`); ``pass_``: ``"forward"`` or ``"backward"`` (flash2's: :mod:`iosim.l2.backward`);
-    ``traces``: the access streams to run instead of the schedule's (the calibration probes); ``dedupe=False``
-    runs the exact trace (see the module docstring). A kernel of more than ``budget`` tile accesses (all heads) is
-    approximated (heads extrapolated, steady windows skipped; the module docstring says how) unless ``exact``.
-    ``progress(done, total)`` is called about every 0.1 s with the accesses made so far (none when not given)."""
-    t0 = time.perf_counter()
-    prof = get_profile(profile)
-    x = inputs.resolved(prof)
+    ``inputs`` overrides the profile's L2 inputs and the launch's blocks resident at once; ``pass_``:
+    ``"forward"`` or ``"backward"`` (flash2's and flash3's: :mod:`iosim.l2.backward`); ``variant``: ``"iosim"``
+    (our kernels' launch) or ``"fa2"`` (FlashAttention-2's; None: :func:`own_variant`); ``walk``: how the accesses
+    are walked (:class:`WalkOptions`)."""
     variant = variant or own_variant(pass_, _bwd_tiles(schedule, tiles))
     lm = (backward_launch_model(schedule, problem, tiles, variant=variant) if pass_ == "backward" else
           launch_model(schedule, problem, tiles, variant=variant))
-    residency = [_residency(prof, klm, resident, ki) for ki, klm in enumerate(lm.kernels)]
-    sms = int(prof.require("sm_count"))
-    l2_bytes = int(x.capacity / min(x.room))  # the most bytes L2 holds
-    recycle = None if exact else [(r, l2_bytes, sms, x.block_share, problem.n_heads_total) for r, _ in residency]
-    if pass_ == "backward" and traces is None:
+
+    def programs(recycle: list | None) -> list[LoopProgram]:
+        if pass_ != "backward":
+            return _programs(schedule, problem, tiles, lm, recycle)
         if schedule not in ("flash2", "flash3"):
             raise L2ModelError(unsupported(schedule, pass_, problem, tiles, Counts([])))
-        programs = flash2_bwd_programs(problem, _bwd_tiles(schedule, tiles), lm.kv_order)
+        out = flash2_bwd_programs(problem, _bwd_tiles(schedule, tiles), lm.kv_order)
         if schedule == "flash3":  # flash2's grouped traffic, as the flash3 backward schedule counts it
-            programs[1] = replace(programs[1], name="flash3_bwd")
-    else:
-        programs = _programs(schedule, problem, tiles, lm, traces, recycle)
-    walk = (x, sms, l2_bytes, dedupe, exact, budget, progress)
+            out[1] = replace(out[1], name="flash3_bwd")
+        return out
+
+    return _run(schedule, problem, lm, programs, profile, inputs, walk, traced=False)
+
+
+def simulate_traces(traces: list[KernelTrace], problem: AttentionProblem, tiles: Tiles,
+                    profile: str | Profile | None = None, inputs: L2Inputs = PROFILE_INPUTS,
+                    walk: WalkOptions = WalkOptions()) -> L2Result:
+    """DRAM bytes of access streams given in place of a schedule's (the calibration probes: :mod:`iosim.l2.probes`),
+    each one kernel launched as flash2's forward with ``tiles`` is (its residency unless ``inputs`` gives one)."""
+    lm = launch_model("flash2", problem, tiles)
+    return _run("flash2", problem, lm, lambda _: [from_trace(kt, problem) for kt in traces], profile, inputs, walk,
+                traced=True)
+
+
+def _run(schedule: str, problem: AttentionProblem, lm: LaunchModel, programs: Callable, profile: str | Profile | None,
+         inputs: L2Inputs, walk: WalkOptions, traced: bool) -> L2Result:
+    """Walk each kernel's program (``programs(recycle)``: the recycling of :func:`_programs`) over the launch ``lm``
+    (``traced``: programs of access streams given, each head its own pattern)."""
+    t0 = time.perf_counter()
+    prof = get_profile(profile)
+    x = inputs.resolved(prof)
+    residency = [_residency(prof, klm, x.resident, ki) for ki, klm in enumerate(lm.kernels)]
+    sms = int(prof.require("sm_count"))
+    l2_bytes = int(x.capacity / min(x.room))  # the most bytes L2 holds
+    recycle = None if walk.exact else [(r, l2_bytes, sms, x.block_share, problem.n_heads_total) for r, _ in residency]
+    walk_args = (x, sms, l2_bytes, walk)
     out = []
-    for ki, prog in enumerate(programs):
+    for ki, prog in enumerate(programs(recycle)):
         head_q, head_kv = unit_slots(problem, lm.head_order, prog.unit)
         period = len(head_q)
-        if traces is None:
+        if not traced:
             period = head_period(problem, lm.head_order) if prog.unit == "head" else 1
         out.append(_kernel_l2(schedule, problem, prog, residency[ki], lm.kernels[ki], (head_q, head_kv, period),
-                              walk))
-    return L2Result(schedule, prof.name, x, out, lm, dedupe, time.perf_counter() - t0, exact)
+                              walk_args))
+    return L2Result(schedule, prof.name, x, out, lm, walk.dedupe, time.perf_counter() - t0, walk.exact)
 
 
 def _kernel_l2(schedule: str, problem: AttentionProblem, prog: LoopProgram, residency: tuple, klm, heads: tuple,
                walk_args: tuple) -> KernelL2:
     """One kernel's DRAM bytes: its program walked over the grid's heads ``heads`` = (query-side slots, kv-side
     slots, period of the pattern of shared K/V)."""
-    x, sms, l2_bytes, dedupe, exact, budget, progress = walk_args
+    x, sms, l2_bytes, opts = walk_args
     head_q, head_kv, period = heads
     H = len(head_q)
     r, limits = residency
@@ -284,10 +310,10 @@ def _kernel_l2(schedule: str, problem: AttentionProblem, prog: LoopProgram, resi
     if not nb:
         return k
     grid = (klm.block_order == "reverse", head_q, head_kv, sms, x.block_share)
-    approximate = not exact and prog.accesses * H > budget
+    approximate = not opts.exact and prog.accesses * H > opts.budget
 
     def walk(pr):
-        return walk_kernel(pr, x, r, grid, dedupe, period, approximate, progress)
+        return walk_kernel(pr, x, r, grid, opts.dedupe, period, approximate, opts.progress)
 
     short = None
     if approximate and schedule == "flash1":  # the passes that stream: counted from their tiles

@@ -12,13 +12,15 @@ of the head indexes alike.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..blocks import cdiv
 from ..problem import AttentionProblem
 from ..schedules import Tiles
 from ._common import TENSOR_CODES
-from .model import PROFILE_INPUTS, L2Inputs, L2Result, simulate_l2
+from .model import PROFILE_INPUTS, L2Inputs, L2Result, simulate_traces
 from .trace import KernelTrace
 
 CHUNK = 4096  # bytes one block moves per grid-stride step (256 threads x 16 B)
@@ -64,4 +66,4 @@ def simulate_probe(write_bytes: int, read_bytes: int = 0, profile=None, inputs: 
                    shared: bool = False, reread: bool = False, interleave: bool = False, sms: int = 132) -> L2Result:
     """DRAM bytes the L2 model predicts for a probe (``inputs``: the L2 inputs to try instead of the profile's)."""
     kt, p = probe_trace(write_bytes, read_bytes, shared=shared, reread=reread, interleave=interleave, sms=sms)
-    return simulate_l2("flash2", p, Tiles(CHUNK // _ROW, CHUNK // _ROW), profile, inputs, traces=[kt], resident=sms)
+    return simulate_traces([kt], p, Tiles(CHUNK // _ROW, CHUNK // _ROW), profile, replace(inputs, resident=sms))

@@ -88,6 +88,20 @@ class Cache(NamedTuple):
     owner: np.ndarray
 
 
+class Batch(NamedTuple):
+    """Accesses of a run of rounds, atom by atom in round and slot order (:func:`iosim.l2.lru.run_kernel` gathers
+    them from the resident blocks, then runs them through the cache): the global atom (all heads), the atom of the
+    head's program, written or read, the L2 partition near the block's SM (1 or 2), the block's unit of heads and
+    the round."""
+
+    g: np.ndarray
+    a: np.ndarray
+    write: np.ndarray
+    half: np.ndarray
+    unit: np.ndarray
+    rnd: np.ndarray
+
+
 class Model(NamedTuple):
     """What the loop knows of the atoms and of L2: bytes and tensor by atom, atoms of a head, the index of the
     foreign dirty lines, room per byte (clean private, clean shared, dirty) and capacity in room units, whether a

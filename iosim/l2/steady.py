@@ -53,11 +53,13 @@ def _flush(c, m):
 
 
 @_njit
-def window(rnd, used, head, tail, refill_rnd, counts, trace, slots, c, m, win, ctl):
+def window(loop, counts, trace, slots, c, m, win, ctl):
     """Take stock at round ``rnd`` (a multiple of the window); skip ahead when the loop is steady (see above).
+    ``loop`` = (rnd, the last round a block ended in, the LRU's room used, its most and least recent atom);
     ``win``: :class:`~iosim.l2.state.Window`; ``counts`` = (hits: reads in this window that found data fetched
     in an earlier round, fetched: the L2 room (units of 1/ROOM_UNIT byte) its misses took, writes it made).
     Returns the new (rnd, used, head, tail)."""
+    rnd, refill_rnd, used, head, tail = loop
     done0, d1, d2, r_snap, rd1, rd2, restore, st = win.done0, win.d1, win.d2, win.r_snap, win.rd1, win.rd2, \
         win.restore, win.stats
     hits, fetched, wrote = counts

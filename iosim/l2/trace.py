@@ -10,16 +10,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..machine import Counter
 from ..problem import AttentionProblem
 from ..schedules import Tiles, get_schedule
+from ..schedules.machine import Counter
 from ._common import TENSOR_CODES
 
 
 class Tracer(Counter):
     """Records every global load/store of a tile program as ``(tensor, r0, r1, c0, c1, write)`` per thread block.
 
-    It counts like the :class:`~iosim.machine.Counter` it extends (so a test can check the trace adds up to the
+    It counts like the :class:`~iosim.schedules.machine.Counter` it extends (so a test can check the trace adds up to the
     schedule's ``global`` bytes). ``kv_order`` overrides the order of the K/V loop (``"forward"`` as written, or
     ``"reverse"`` as FlashAttention-2's CUDA kernel iterates). One kernel launch = one list of blocks.
     """

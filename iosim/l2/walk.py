@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..hardware.gpu import Profile
 from ..problem import AttentionProblem
-from ..profile import Profile
 from ._common import ROOM_UNIT, TENSOR_CODES, L2ModelError, room_units
 from .program import LoopProgram
 from .state import Control, Grid, Model, Trace
@@ -25,26 +25,30 @@ WINDOW = 256  # rounds between the loop's stock-takings (steady.window)
 
 @dataclass(frozen=True)
 class L2Inputs:
-    """What the model needs to know of a GPU's L2 beyond the launch (each defaults to the profile's value).
+    """What the model assumes of the GPU, each None for the profile's value (``resident``: the launch's).
 
     ``capacity``: bytes of L2. ``room``: L2 bytes one byte takes when clean and read by the SMs of one half of the
     chip, clean and read by both halves (a copy in each partition), dirty (``l2.room``; 1, 1, 1: a plain LRU).
     ``dirty_at_start``: bytes of other dirty lines in L2 when the kernel starts (``l2.dirty_at_start``).
     ``block_share``: issue share of a block relative to the next older block on its SM (``sm.block_share``; 1:
-    every resident block makes one access per round, the blocks in lockstep)."""
+    every resident block makes one access per round, the blocks in lockstep). ``resident``: program blocks running
+    at once, one number or one per kernel (None: the kernel's launch on the profile, :func:`iosim.launch.resident_blocks`)."""
 
     capacity: int | None = None
     room: tuple[float, float, float] | None = None
     dirty_at_start: int | None = None
     block_share: float | None = None
+    resident: int | tuple[int, ...] | list[int] | None = None
 
     def resolved(self, prof: Profile) -> L2Inputs:
-        """These inputs with the profile's values where none was given, checked."""
+        """These inputs with the profile's values where none was given, checked (``resident`` stays as given: the
+        launch's is per kernel)."""
         out = L2Inputs(
             int(self.capacity if self.capacity is not None else prof.require("l2.capacity")),
             tuple(self.room) if self.room is not None else prof.l2_room(),
             int(self.dirty_at_start if self.dirty_at_start is not None else prof.l2_dirty_at_start()),
             float(self.block_share if self.block_share is not None else prof.block_share()),
+            self.resident,
         )
         if len(out.room) != 3 or min(out.room) < 1 / 64:
             raise L2ModelError(f"room={out.room}: expected three positive factors (private, shared, dirty)")
@@ -120,7 +124,7 @@ def _walk(prog: LoopProgram, x: L2Inputs, n_slots: int, grid: tuple, dedupe: boo
               dedupe, prog.atom_kv, unit_q, unit_kv)
     trace = Trace(prog.atom, prog.shape, prog.write, prog.shapes, prog.step, prog.gidx, prog.glen, prog.reps)
     counter = np.zeros(1, np.int64)
-    args = (trace, prog.atom_kv, Grid(prog.ptr, layout, hq, hk, sms, share, unit_q), m,
+    args = (trace, Grid(prog.ptr, layout, hq, hk, sms, share, unit_q), m,
             min(n_slots, prog.n_blocks * heads), x.dirty_at_start, len(TENSOR_CODES), Control(WINDOW, skip, counter))
     total = prog.accesses * heads
     rd, wr, dirty, rounds, skipped = _call(args, counter, total, progress)

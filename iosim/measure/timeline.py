@@ -8,7 +8,7 @@ profile's ``sm.block_share`` from it.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -42,13 +42,13 @@ def block_timeline(run: Attention, warmup: int = 1) -> Timeline:
     shape_kv = (run.batch, run.kv_len, run.kv_heads, run.head_dim)
     q = torch.randn(shape_q, device="cuda", dtype=dt)
     k, v = torch.randn(shape_kv, device="cuda", dtype=dt), torch.randn(shape_kv, device="cuda", dtype=dt)
-    kw = {"causal": run.causal, "block_q": run.block_q, "block_kv": run.block_kv}
+    tiles = gpu.AttentionOptions(block_q=run.block_q, block_kv=run.block_kv)
     for _ in range(warmup):
-        gpu.attention(q, k, v, **kw)
+        gpu.attention(q, k, v, causal=run.causal, options=tiles)
     block_q = gpu.last_launch().tiles["block_q"]
     n_blocks = -(-run.seq_len // block_q) * run.heads * run.batch
     buf = cp.zeros(4 * n_blocks, dtype=cp.uint64)
-    gpu.attention(q, k, v, block_trace=buf, **kw)
+    gpu.attention(q, k, v, causal=run.causal, options=replace(tiles, block_trace=buf))
     cp.cuda.Device().synchronize()
     rec = cp.asnumpy(buf).reshape(-1, 4).astype(np.int64)
     return Timeline(rec[:, 0], rec[:, 1], rec[:, 2], run)

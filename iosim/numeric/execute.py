@@ -7,10 +7,12 @@ Global outputs start poisoned (NaN), so an element the schedule never writes fai
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
+from ..hardware.gpu import get_profile
 from ..problem import AttentionProblem
-from ..profile import get_profile
 from ..schedules import Tiles, get_schedule, resolve_tiles
 from .machine import F32, NumericMachine, round_to_dtype
 
@@ -24,18 +26,20 @@ def _check_inputs(p: AttentionProblem, q, k, v) -> None:
 
 
 def execute(schedule: str, problem: AttentionProblem, q, k, v, tiles: Tiles | None = None, *,
-            profile=None, kv_order=None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+            kv_order=None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Run ``schedule`` numerically. Inputs (batch, seq, heads, head_dim) are first rounded to the problem dtype.
 
     Returns O (batch, seq_len, heads, head_dim) as float32 holding dtype-rounded values, and the global
     statistics the schedule wrote (``lse`` for flash2; ``m``, ``l`` for flash1), each (batch, heads, seq_len).
-    ``kv_order`` (a function of the list of K/V block indices) changes the order of the K/V loop.
+    ``tiles``: None = the schedule's default tiles on the default profile (another profile's:
+    ``resolve_tiles(schedule, problem, get_profile(name))``). ``kv_order`` (a function of the list of K/V block
+    indices) changes the order of the K/V loop.
     """
     p = problem
     _check_inputs(p, q, k, v)
     mod = get_schedule(schedule)
     if tiles is None:
-        tiles = resolve_tiles(schedule, p, get_profile(profile))
+        tiles = resolve_tiles(schedule, p, get_profile())
     q, k, v = (round_to_dtype(a, p.dtype) for a in (q, k, v))
     if mod.unit == "kv_head":
         return _execute_kv_heads(mod, p, q, k, v, tiles, kv_order)
@@ -89,11 +93,15 @@ def _execute_kv_heads(mod, p: AttentionProblem, q, k, v, tiles: Tiles, kv_order)
 ROW_TENSORS = ("Q", "dO", "O", "dQ", "dQacc", "lse", "D", "m", "l")  # a query head's tensors along its rows
 
 
-def execute_backward(schedule: str, problem: AttentionProblem, q, k, v, do, tiles: Tiles | None = None, *,
-                     fwd_tiles: Tiles | None = None, profile=None,
+def execute_backward(schedule: str, problem: AttentionProblem, q, k, v, do,
+                     tiles: Tiles | Mapping[str, Tiles] | None = None, *,
                      kv_order=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Run ``schedule``'s forward tile program, then its backward tile program, on the same global memory
     (the backward reads the O, statistics, and for naive P, that the forward stored).
+
+    ``tiles``: one Tiles for both passes, or each pass's by name, ``{"forward": ..., "backward": ...}`` (the shape
+    of ``Result.tiles_by_pass``); a pass not given runs the schedule's default tiles on the default profile (as
+    ``simulate``'s passes do). ``kv_order``: as :func:`execute`'s.
 
     Inputs (batch, seq, heads, head_dim) are rounded to the problem dtype first. Returns dQ (batch, seq_len,
     heads, d) and dK, dV (batch, kv_len, kv_heads, d) as float32 arrays holding dtype-rounded values. With
@@ -106,10 +114,7 @@ def execute_backward(schedule: str, problem: AttentionProblem, q, k, v, do, tile
     if tuple(np.shape(do)) != tuple(np.shape(q)):
         raise ValueError(f"do has shape {tuple(np.shape(do))}, expected the shape of q {tuple(np.shape(q))}")
     fwd, bwd = get_schedule(schedule), get_schedule(schedule, "backward")
-    if fwd_tiles is None or tiles is None:
-        prof = get_profile(profile)
-        fwd_tiles = fwd_tiles or resolve_tiles(schedule, p, prof)
-        tiles = tiles or resolve_tiles(schedule, p, prof, pass_="backward")
+    fwd_tiles, tiles = _pass_tiles(schedule, p, tiles)
     q, k, v, do = (round_to_dtype(a, p.dtype) for a in (q, k, v, do))
     N, Nk, d, G = p.seq_len, p.kv_len, p.head_dim, p.group
     dq = np.full((p.batch, N, p.heads, d), np.nan, F32)
@@ -133,6 +138,17 @@ def execute_backward(schedule: str, problem: AttentionProblem, q, k, v, do, tile
             for out, t in ((dk, "dK"), (dv, "dV")):  # the group-sum kernel: fp32 sum of the copies, rounded once
                 out[b, :, hk] = round_to_dtype(np.stack([m[t] for m in mems]).sum(axis=0, dtype=F32), p.dtype)
     return dq, dk, dv
+
+
+def _pass_tiles(schedule: str, p: AttentionProblem, tiles) -> tuple[Tiles, Tiles]:
+    """(forward tiles, backward tiles) from ``execute_backward``'s ``tiles``."""
+    by_pass = dict(tiles) if isinstance(tiles, Mapping) else {} if tiles is None else {"forward": tiles,
+                                                                                      "backward": tiles}
+    unknown = set(by_pass) - {"forward", "backward"}
+    if unknown:
+        raise ValueError(f"tiles: unknown pass {sorted(unknown)}; expected 'forward' and/or 'backward'")
+    return tuple(by_pass.get(ps) or resolve_tiles(schedule, p, get_profile(), pass_=ps)
+                 for ps in ("forward", "backward"))
 
 
 def _head_memory(p: AttentionProblem, q, k, v, do) -> dict[str, np.ndarray]:

@@ -16,8 +16,8 @@ import numpy as np
 
 from ..blocks import Rows
 from ..counts import FP32_TENSORS
-from ..machine import Machine
 from ..problem import AttentionProblem
+from ..schedules.machine import Machine
 
 F32 = np.float32
 

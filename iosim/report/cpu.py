@@ -115,7 +115,7 @@ INTRO = (
     "(llama.cpp's flash-attention path). Here iosim's tiled kernel (<code>iosim.cpu</code>: the flash2 schedule "
     "in numba, calling NumPy's own BLAS) runs against NumPy's three steps (naive), fp32, one head, same inputs, "
     "one process, calls alternated; each time is the fastest of several calls. The prediction is the CPU model's "
-    "(<code>iosim.cpu_model.simulate_cpu</code>) on a profile detected on the same machine, from rates measured "
+    "(<code>iosim.simulate_cpu.simulate_cpu</code>) on a profile detected on the same machine, from rates measured "
     "apart from attention. Hardware cache counters are not readable on these machines: cache traffic is "
     "simulated, time is measured.</p>")
 

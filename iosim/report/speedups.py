@@ -19,8 +19,8 @@ from pathlib import Path
 
 from .. import plots
 from .._resources import benchmarks_dir, scenarios_dir, validation_dir
+from ..hardware.gpu import ProfileError, get_profile
 from ..plots.speedups import FA3_CLAIM, FA_CLAIM, SHORT_N, SpeedupFigure
-from ..profile import ProfileError, get_profile
 from .figures import PLOTLY_CONFIG
 
 SECTION_ID = "measured-speedups"

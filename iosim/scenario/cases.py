@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..blocks import cdiv
+from ..hardware.gpu import Profile, ProfileError, get_profile, profile_from_dict
 from ..problem import AttentionProblem
-from ..profile import Profile, ProfileError, get_profile, profile_from_dict
 from ..result import Result
 from ..schedules import ScheduleError, get_schedule, resolve_tiles
 from ..simulate import simulate

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .._resources import scenarios_dir
+from ..hardware.gpu import ProfileError, get_profile
 from ..problem import AttentionProblem, ProblemError
-from ..profile import ProfileError, get_profile
 from ..timing import KernelError, kernel_for
 from ..yaml_io import read_data, validated
 from .schema import SCHEMA_VERSION, Scenario, ScenarioError

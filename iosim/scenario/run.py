@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-from ..profile import Profile, ProfileError, get_profile
+from ..hardware.gpu import Profile, ProfileError, get_profile
 from .cases import Case, CaseResult, expand, run_case
 from .schema import Scenario
 

@@ -4,7 +4,9 @@ Each module reads like its paper's algorithm and ends with its registry record, 
 program of one head, the closed form proven equal to it, the default tiles and the on-chip working set that the
 one tile-fit rule (:mod:`iosim.schedules.fit`) checks. Backward passes live in their own modules (``naive_bwd``,
 ``flash1_bwd``, ``flash2_bwd``, ``flash3_bwd``, ``block_sparse_bwd``), registered in ``BACKWARD`` under the name of the forward
-schedule whose outputs they consume.
+schedule whose outputs they consume. A tile program is written against the instruction set of
+:mod:`iosim.schedules.machine` (:class:`~iosim.schedules.machine.Machine`), which also holds the counting interpreter
+(:class:`~iosim.schedules.machine.Counter`), the twin of the closed forms.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Low-precision" (2024), Algorithm 1 (the consumer/producer forward pass), counted
 
 The traffic per tile is FlashAttention-2's (Q outer loop, K/V streamed, O and L written once, causal block
 skipping, early exit for Q blocks that see no key): FA3 changes *when* things happen, not what moves. What
-it changes is the time, modeled in :mod:`iosim.hopper` (memory, tensor cores and the softmax overlapped rather
+it changes is the time, modeled in :mod:`iosim.timing.fa3` (memory, tensor cores and the softmax overlapped rather
 than summed), and the tiles: FA3's own (hopper/tile_size.h), with K/V double-buffered in shared memory and
 O, S, P, statistics in registers. The counted tile program holds one K/V stage (``sram_peak``); the
 allocation checked against the profile (``working_set``) holds both stages.
@@ -100,6 +100,6 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     return c
 
 
-# the Hopper pipeline's time (iosim.hopper) instead of the plain roofline
+# the Hopper pipeline's time (iosim.timing.fa3) instead of the plain roofline
 SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
                     time_model="hopper")

@@ -14,7 +14,7 @@ What moves is flash2's backward in its ``gqa="grouped"`` design (:mod:`iosim.sch
 one kv head with its group, K_j and V_j are loaded once per block, Q_i, dO_i, L_i, D_i once per visit, and each
 bulk reduce-add of a dQ_i partial is counted, like flash2's atomics, as a global read and a global write of its fp32
 rows (the L2 performs the add). FA3 changes where the work runs (TMA, wgmma, warp roles), not the tiles' traffic.
-Tiles: the kernel's (:data:`iosim.launch_backward.FLASH3_BWD_TILES`: Br = 128 query rows per visit at d = 64, 64
+Tiles: the kernel's (:data:`iosim.launch.FLASH3_BWD_TILES`: Br = 128 query rows per visit at d = 64, 64
 at d = 128; Bc = 128 keys per block; d <= 128); its time: the kernel description ``iosim-flash3-bwd``
 (:mod:`iosim.timing.fa3_bwd`).
 """
@@ -30,9 +30,9 @@ from .fit import shrink_to_fit
 NAME = "flash3"
 SUMMARY = "FlashAttention-3-design backward: FA2's grouped K/V-outer traffic, TMA + wgmma, dQ by TMA bulk reduce-add"
 MAIN_KERNEL = "flash3_bwd"
-TILES = (64, 128)  # (Br, Bc) of kernels/flash3_bwd.cu at d = 128 (iosim.launch_backward.FLASH3_BWD_TILES)
-TILES_BY_HEAD_DIM = {64: (128, 128), 128: TILES}  # the kernel's per head dim (iosim.launch_backward.FLASH3_BWD_TILES)
-DQ_PAD = 8  # fp32 padding of a dQ staging row (iosim.launch_backward.FLASH3_BWD_DQ_PAD)
+TILES = (64, 128)  # (Br, Bc) of kernels/flash3_bwd.cu at d = 128 (iosim.launch.FLASH3_BWD_TILES)
+TILES_BY_HEAD_DIM = {64: (128, 128), 128: TILES}  # the kernel's per head dim (iosim.launch.FLASH3_BWD_TILES)
+DQ_PAD = 8  # fp32 padding of a dQ staging row (iosim.launch.FLASH3_BWD_DQ_PAD)
 
 
 def _grouped(t: Tiles) -> flash2_bwd.GroupedTiles:

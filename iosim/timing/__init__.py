@@ -11,11 +11,17 @@ the profile's rates (:mod:`iosim.timing.rates`: measured by ``iosim calibrate ra
 
 * family ``fa2`` (mma.sync; iosim-flash2, FlashAttention-2): :mod:`iosim.timing.fa2`, and its split-KV decode,
   :mod:`iosim.timing.decode`;
-* family ``fa3`` (wgmma ping-pong; fa3, cudnn): FlashAttention-3's pipeline, :mod:`iosim.hopper`, at the measured
+* family ``fa3`` (wgmma ping-pong; fa3, cudnn): FlashAttention-3's pipeline, :mod:`iosim.timing.fa3`, at the measured
   wgmma rate;
 * family ``naive`` (three kernels): :mod:`iosim.timing.naive`;
 * the backward pass (descriptions with ``pass: backward``: iosim-flash2-bwd, fa2-bwd, cudnn-bwd, iosim-flash3-bwd):
-  the row kernels stream, the main kernel's step is :mod:`iosim.timing.fa2_bwd`'s or :mod:`iosim.timing.fa3_bwd`'s.
+  the row kernels stream, the main kernel's step is :mod:`iosim.timing.fa2_bwd`'s or :mod:`iosim.timing.fa3_bwd`'s;
+* the peak roofline (:mod:`iosim.timing.roofline`): beside every estimate, and the estimate itself where no kernel
+  description applies;
+* attention on a CPU (NumPy's naive passes, the tiled kernel of :mod:`iosim.cpu`): :mod:`iosim.timing.cpu`.
+
+Every model returns a :class:`KernelTime` per kernel (:mod:`iosim.timing.estimate`); :func:`predict` gathers a GPU
+call's into a :class:`TimeEstimate`.
 
 ``warm=True`` models back-to-back calls on the same inputs: a problem whose tensors fit in L2 then moves no DRAM
 bytes (the estimate's ``dram_free`` says so; the cold bytes stay the result's ``hbm``). Schedules no kernel
@@ -27,13 +33,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import hopper, roofline
 from ..counts import Counts
+from ..hardware.gpu import Profile
 from ..problem import STAT_BYTES, AttentionProblem
-from ..profile import Profile
-from ..roofline import KernelTime, TimeEstimate
-from ..schedules import Tiles
-from . import decode, energy, fa2, fa2_bwd, fa3_bwd, naive, overlap, uncertainty
+from . import decode, energy, fa2, fa2_bwd, fa3, fa3_bwd, naive, overlap, roofline, uncertainty
+from .estimate import Conditions, KernelTime, TimeEstimate, Uncertainty, Workload
 from .kernels import (
     DEFAULT_BACKWARD_KERNEL,
     DEFAULT_KERNEL,
@@ -48,8 +52,8 @@ FAMILY_SCHEDULES = {"fa2": ("flash2",), "fa3": ("flash3",), "naive": ("naive",)}
 BACKWARD_SCHEDULES = {"fa2": ("flash2",), "fa3": ("flash2", "flash3")}  # a Hopper backward runs flash2's program
 L2_RESIDENT_SHARE = 0.8  # a warm problem stays in L2 when its tensors take at most this share of it
 
-__all__ = ["DEFAULT_KERNEL", "KernelDesc", "KernelError", "Rates", "builtin_kernel_names", "kernel_for",
-           "load_kernel", "predict", "rates"]
+__all__ = ["DEFAULT_KERNEL", "KernelDesc", "KernelError", "KernelTime", "Rates", "TimeEstimate", "Uncertainty",
+           "Workload", "builtin_kernel_names", "kernel_for", "load_kernel", "predict", "rates"]
 
 
 def kernel_for(schedule: str, kernel: str | KernelDesc | None, pass_: str = "forward") -> KernelDesc | None:
@@ -78,58 +82,55 @@ def _resident(p: AttentionProblem, profile: Profile, counts: Counts, pass_: str)
     return bool(cap) and p.tensor_bytes + extra <= L2_RESIDENT_SHARE * cap
 
 
-def predict(schedule: str, pass_: str, problem: AttentionProblem, tiles: Tiles, counts: Counts,
-            hbm: list[tuple[float, float]], profile: Profile, kernel: str | KernelDesc | None = None,
+def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = None,
             warm: bool = False) -> TimeEstimate:
-    """Predicted time of ``schedule`` as ``kernel`` runs it; ``hbm[k]`` = (DRAM read, DRAM write) bytes of kernel k."""
-    roof = roofline.predict(counts, [r + w for r, w in hbm], problem.dtype, profile)
-    desc = kernel_for(schedule, kernel, pass_)
+    """Predicted time of ``work`` (what the simulator counted) as ``kernel`` runs it, beside the peak roofline."""
+    problem = work.problem
+    roof = roofline.predict(work.counts, [r + w for r, w in work.hbm], problem.dtype, profile)
+    desc = kernel_for(work.schedule, kernel, work.pass_)
     if desc is not None and kernel is None and desc.tiles and not any(d >= problem.head_dim for d in desc.tiles):
         desc = None  # the schedule's own kernel has no instantiation for this head_dim: the roofline stands
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline",
                        uncertainty=_band("roofline", profile, problem, roof.predicted_s, True),
-                       energy_j=_energy(counts, hbm, roof.predicted_s, problem, None, profile))
+                       energy_j=_energy(work, roof.predicted_s, None, profile))
     r = rates(profile, problem.dtype)
-    latency = r.dram_latency_s
-    dram_free = warm and _resident(problem, profile, counts, pass_)
+    dram_free = warm and _resident(problem, profile, work.counts, work.pass_)
     if dram_free:
-        hbm, latency = [(0.0, 0.0)] * len(hbm), r.l2_latency_s
-    out = []
-    if desc.pass_ == "backward":
-        out = _backward_times(problem, tiles, counts, hbm, profile, desc, r, latency)
-    elif desc.family == "naive":
-        for name, t, parts in naive.kernel_times(problem, tiles, counts.kernels, profile, r, hbm, latency):
-            out.append(KernelTime(name, _grid(counts, name), 1.0, _seconds(parts), t, parts["bound"]))
-    elif desc.family == "fa3":
-        model = hopper.HopperModel(tensor_efficiency=_wgmma_efficiency(r, profile, problem.dtype),
-                                   overlap_loss=overlap.OVERLAP_LOSS)
-        est = hopper.predict(counts, problem, tiles, profile, model)
-        k = est.kernels[0]
-        out.append(replace(k, predicted_s=k.predicted_s + r.first_launch_s() + 3 * latency))  # Q, first K/V; drain
-    else:
-        mod = decode if decode.applies(problem, desc, r) else fa2
-        (rd, wr) = (sum(x[0] for x in hbm), sum(x[1] for x in hbm))
-        if mod is fa2:
-            tc = fa2.tiles_of(desc, problem.head_dim, tiles.block_q, tiles.block_kv)
-            t, parts = fa2.kernel_time(problem, desc, profile, r, rd, wr, tc, latency)
-        else:
-            t, parts = decode.kernel_time(problem, desc, profile, r, rd, wr, latency)
-        out.append(KernelTime(counts.kernels[0].name, counts.kernels[0].grid, parts.pop("utilization"),
-                              _seconds(parts), t, parts["bound"]))
+        work = replace(work, hbm=[(0.0, 0.0)] * len(work.hbm))
+    c = Conditions(problem, desc, profile, r, r.l2_latency_s if dram_free else r.dram_latency_s)
+    out = _backward_times(c, work) if desc.pass_ == "backward" else _forward_times(c, work)
     band = _band(desc.name if _is_builtin(desc) else "", profile, problem, sum(k.predicted_s for k in out),
                  r.calibration != "uncalibrated")
     total = sum(k.predicted_s for k in out)
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
                         calibration=r.calibration, dram_free=dram_free, uncertainty=band,
-                        energy_j=_energy(counts, hbm, total, problem, desc.family, profile))
+                        energy_j=_energy(work, total, desc.family, profile))
 
 
-def _energy(counts: Counts, hbm: list[tuple[float, float]], seconds: float, problem: AttentionProblem,
-            family: str | None, profile: Profile) -> float | None:
+def _energy(work: Workload, seconds: float, family: str | None, profile: Profile) -> float | None:
+    """Joules of one call (:mod:`iosim.timing.energy`): ``work.hbm`` is the DRAM traffic the time priced."""
     cal = profile.calibration
-    return energy.energy_j(counts, sum(r + w for r, w in hbm), seconds, problem.dtype, family,
+    return energy.energy_j(work.counts, sum(r + w for r, w in work.hbm), seconds, work.problem.dtype, family,
                            cal.power if cal is not None else None)
+
+
+def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
+    """The forward's kernels, by the description's family: naive's three, FA3's pipeline, FA2's (split-KV where its
+    heuristic splits)."""
+    p, desc, r, kernels = c.problem, c.desc, c.rates, work.counts.kernels
+    if desc.family == "naive":
+        return naive.kernel_times(c, work.tiles, kernels, work.hbm)
+    if desc.family == "fa3":
+        model = fa3.HopperModel(tensor_efficiency=_wgmma_efficiency(r, c.profile, p.dtype),
+                                overlap_loss=overlap.OVERLAP_LOSS)
+        k = fa3.kernel_time(kernels[0], p, work.tiles, c.profile, model)
+        return [replace(k, predicted_s=k.predicted_s + r.first_launch_s() + 3 * c.latency)]  # Q, first K/V; drain
+    dram = (sum(x[0] for x in work.hbm), sum(x[1] for x in work.hbm))
+    if decode.applies(p, desc, r):
+        return [decode.kernel_time(c, kernels[0], dram)]
+    tc = fa2.tiles_of(desc, p.head_dim, work.tiles.block_q, work.tiles.block_kv)
+    return [fa2.kernel_time(c, kernels[0], dram, tc)]
 
 
 def _is_builtin(desc: KernelDesc) -> bool:
@@ -144,29 +145,17 @@ def _band(kernel: str, profile: Profile, problem: AttentionProblem, predicted_s:
     return uncertainty.band(kernel, profile.name, problem, predicted_s, calibrated=calibrated)
 
 
-def _backward_times(problem: AttentionProblem, tiles: Tiles, counts: Counts, hbm: list[tuple[float, float]],
-                    profile: Profile, desc: KernelDesc, r: Rates, latency: float) -> list[KernelTime]:
+def _backward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     """The backward's kernels: the main K/V-outer kernel (its family's step model), the row kernels streaming."""
     out = []
-    for i, (kc, dram) in enumerate(zip(counts.kernels, hbm, strict=True)):
+    for i, (kc, dram) in enumerate(zip(work.counts.kernels, work.hbm, strict=True)):
         if kc.name.endswith("_bwd"):
-            tc = fa2.tiles_of(desc, problem.head_dim, tiles.block_q, tiles.block_kv)
-            if desc.family == "fa3":
-                t, parts = fa3_bwd.main_kernel_time(problem, desc, tc, r, dram, latency)
-            else:
-                t, parts = fa2_bwd.main_kernel_time(problem, desc, tc, profile, r, dram, latency)
+            tc = fa2.tiles_of(c.desc, c.problem.head_dim, work.tiles.block_q, work.tiles.block_kv)
+            model = fa3_bwd if c.desc.family == "fa3" else fa2_bwd
+            out.append(model.main_kernel_time(c, kc, dram, tc))
         else:
-            t, parts = fa2_bwd.row_kernel_time((kc.global_read_bytes, kc.global_write_bytes), dram, r, i == 0)
-        out.append(KernelTime(kc.name, kc.grid, parts.pop("utilization"), _seconds(parts), t, parts["bound"]))
+            out.append(fa2_bwd.row_kernel_time(kc, dram, c.rates, i == 0))
     return out
-
-
-def _grid(counts: Counts, name: str) -> int:
-    return next((k.grid for k in counts.kernels if k.name == name), 0)
-
-
-def _seconds(parts: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in parts.items() if isinstance(v, float)}
 
 
 def _wgmma_efficiency(r: Rates, profile: Profile, dtype: str) -> float:
@@ -174,4 +163,4 @@ def _wgmma_efficiency(r: Rates, profile: Profile, dtype: str) -> float:
     the fp16 measurement's share of the fp16 peak."""
     if r.wgmma == r.wgmma and r.calibration != "uncalibrated":  # measured (not nan)
         return min(1.0, r.wgmma / profile.matmul_rate("bf16" if dtype == "bf16" else "fp16"))
-    return hopper.HopperModel().tensor_efficiency
+    return fa3.HopperModel().tensor_efficiency

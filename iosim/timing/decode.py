@@ -17,9 +17,10 @@ import math
 import numpy as np
 
 from ..blocks import cdiv, makespan
+from ..counts import KernelCounts
 from ..problem import AttentionProblem
-from ..profile import Profile
 from . import fa2
+from .estimate import Conditions, KernelTime
 from .kernels import KernelDesc, TileConfig
 from .rates import Rates
 
@@ -62,25 +63,28 @@ def applies(p: AttentionProblem, desc: KernelDesc, r: Rates) -> bool:
     return desc.split_kv is not None and split_geometry(p, desc, r)[4] > 1
 
 
-def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rates,
-                dram_read: float, dram_write: float, latency: float = 0.0) -> tuple[float, dict]:
+def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float]) -> KernelTime:
+    """The time of ``kernel`` (the forward's, as counted) run split-KV, with its combine kernel, on its DRAM (read,
+    write) bytes ``dram``, and its parts."""
+    p, desc, r, latency = c.problem, c.desc, c.rates, c.latency
     sk = desc.split_kv
     d, e = p.head_dim, p.elem_bytes
     rows, heads, Bc, n_blocks, splits = split_geometry(p, desc, r)
     tc = TileConfig(block_q=sk.block_q, block_kv=Bc, registers=255, smem="qkv")
     grid = p.batch * heads * cdiv(rows, sk.block_q) * splits
-    k = fa2.residency(tc, desc, d, e, profile)
+    k = fa2.residency(tc, desc, d, e, c.profile)
     k = min(k, max(1, math.ceil(grid / r.sms)))
     st = fa2.step(sk.block_q, Bc, d, e, k, desc, tc, r)
     per_split = cdiv(n_blocks, splits)
     per_sm_l2 = r.l2 / r.sms
     t_block = k * sk.block_q * d * e / per_sm_l2 + r.block_s + 2 * latency + per_split * st.step_s  # causal: ignored
     blocks = makespan(np.full(grid, t_block), r.sms * k)
-    main = max(blocks, r.dram_s(dram_read, dram_write)) + r.first_launch_s() + latency
+    main = max(blocks, r.dram_s(*dram)) + r.first_launch_s() + latency
     combine = 0.0
     if splits > 1:  # partial O (fp32) and lse of every split read once, O written once
         partial = p.batch * p.heads * p.seq_len * splits * (d + 1) * 4
         combine = partial / r.l2 + r.next_launch_s() + 3 * latency  # read lse, then partial O; store O
     parts = {"utilization": min(1.0, grid / (r.sms * k)), "splits": splits, "resident_blocks": k, "blocks": blocks, "main": main, "combine": combine,
              "step": st.step_s, "launch": r.first_launch_s()}
-    return main + combine, {**parts, "bound": "dram" if r.dram_s(dram_read, dram_write) > blocks else "blocks"}
+    bound = "dram" if r.dram_s(*dram) > blocks else "blocks"
+    return KernelTime.of(kernel.name, kernel.grid, main + combine, {**parts, "bound": bound})

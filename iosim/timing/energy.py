@@ -13,8 +13,8 @@ run of back-to-back calls, which the board's power limiter does not yet slow.
 
 from __future__ import annotations
 
-from ..calibration import PowerCalibration
 from ..counts import Counts
+from ..hardware.calibration import PowerCalibration
 
 
 def energy_j(counts: Counts, dram_bytes: float, seconds: float, dtype: str, family: str | None,

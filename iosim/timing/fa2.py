@@ -28,10 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import cdiv, makespan, n_kv_blocks_visible
+from ..counts import KernelCounts
+from ..hardware.gpu import Profile
 from ..launch import flash_smem_bytes, resident_blocks
 from ..problem import AttentionProblem
-from ..profile import Profile
 from . import overlap
+from .estimate import Conditions, KernelTime
 from .kernels import KernelDesc, TileConfig
 from .rates import Rates
 
@@ -114,12 +116,10 @@ def tiles_of(desc: KernelDesc, head_dim: int, block_q: int | None, block_kv: int
     return out if listed else out.model_copy(update={"q_in_registers": block_q // desc.warps <= 16})
 
 
-def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rates,
-                dram_read: float, dram_write: float, tc: TileConfig | None = None,
-                latency: float = 0.0) -> tuple[float, dict]:
-    """Seconds of the kernel and its parts; ``latency``: one dependent load (L2 or DRAM, as the inputs sit)."""
-    tc = tc or desc.tiles_for(p.head_dim)
-    k = residency(tc, desc, p.head_dim, p.elem_bytes, profile)
+def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], tc: TileConfig) -> KernelTime:
+    """The time of ``kernel`` at tiles ``tc``, its DRAM (read, write) bytes ``dram``, and its parts."""
+    p, desc, r, latency = c.problem, c.desc, c.rates, c.latency
+    k = residency(tc, desc, p.head_dim, p.elem_bytes, c.profile)
     heads = p.n_heads_total
     grid = cdiv(p.seq_len, tc.block_q) * heads
     if grid < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
@@ -127,7 +127,7 @@ def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rate
     per_head = block_times(p, desc, tc, k, r, latency)
     order = launch_order(per_head, heads, desc, p.causal)
     blocks = makespan(order, r.sms * k)
-    memory = r.dram_s(dram_read, dram_write)
+    memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.first_launch_s() + latency  # the last stores drain
     sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r)
     busy = float(order.sum()) / (r.sms * k * blocks) if blocks else 1.0  # share of the chip's block slots in use
@@ -135,7 +135,7 @@ def kernel_time(p: AttentionProblem, desc: KernelDesc, profile: Profile, r: Rate
              "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,
              "step_load": sp.load_s, "step": sp.step_s}
     bound = "dram" if memory > blocks else _step_bound(sp, k)
-    return total, {**parts, "bound": bound}
+    return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": bound})
 
 
 def _step_bound(sp: StepParts, k: int) -> str:

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import cdiv, makespan
+from ..counts import KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from ..profile import Profile
 from . import overlap
+from .estimate import Conditions, KernelTime
 from .fa2 import SUBPARTITIONS, residency
 from .kernels import KernelDesc, TileConfig
 from .rates import Rates
@@ -105,10 +106,11 @@ def block_steps(p: AttentionProblem, tc: TileConfig, grouped: bool) -> np.ndarra
     return visits * (p.heads // p.kv_heads if grouped else 1)
 
 
-def main_kernel_time(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, profile: Profile, r: Rates,
-                     dram: tuple[float, float], latency: float) -> tuple[float, dict]:
+def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], tc: TileConfig) -> KernelTime:
+    """The time of the main kernel (``kernel``, as counted) at tiles ``tc`` on its DRAM (read, write) bytes."""
+    p, desc, r, latency = c.problem, c.desc, c.rates, c.latency
     grouped = desc.gqa == "grouped"
-    k = residency(tc, desc, p.head_dim, p.elem_bytes, profile)
+    k = residency(tc, desc, p.head_dim, p.elem_bytes, c.profile)
     heads = p.batch * (p.kv_heads if grouped else p.heads)
     steps = block_steps(p, tc, grouped)
     grid = len(steps) * heads
@@ -126,17 +128,17 @@ def main_kernel_time(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, prof
     parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "resident_blocks": k,
              "step_ldmatrix": st.ldmatrix_s, "step_mma": st.mma_s, "step_elementwise": st.elementwise_s,
              "step_load": st.load_s, "step_reduce": st.reduce_s, "step": st.step_s}
-    return total, {**parts, "bound": "dram" if memory > blocks else _bound(st, k)}
+    return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": "dram" if memory > blocks else _bound(st, k)})
 
 
-def row_kernel_time(global_bytes: tuple[int, int], dram: tuple[float, float], r: Rates,
-                    first: bool) -> tuple[float, dict]:
+def row_kernel_time(kernel: KernelCounts, dram: tuple[float, float], r: Rates, first: bool) -> KernelTime:
     """A streaming kernel (Delta, dQ's conversion, a group sum): the longer of its DRAM and its L2 traffic."""
     memory = r.dram_s(*dram)
-    l2 = global_bytes[0] / r.l2 + global_bytes[1] / r.l2_write
+    l2 = kernel.global_read_bytes / r.l2 + kernel.global_write_bytes / r.l2_write
     launch = r.first_launch_s() if first else r.next_launch_s()
-    return max(memory, l2) + launch, {"utilization": 1.0, "dram": memory, "l2": l2, "launch": launch,
-                                      "bound": "dram" if memory >= l2 else "l2"}
+    return KernelTime.of(kernel.name, kernel.grid, max(memory, l2) + launch,
+                         {"utilization": 1.0, "dram": memory, "l2": l2, "launch": launch,
+                          "bound": "dram" if memory >= l2 else "l2"})
 
 
 def _bound(st: BwdStep, k: int) -> str:

@@ -6,7 +6,7 @@ per Q block of Br queries it visits: five GEMMs (S = QKᵀ, dP = dO Vᵀ, dV += 
 Br·Bc exp2 and SCORE_OPS fp32 operations per score, a producer warp's TMA loads of Q_i, dO_i, L_i, D_i, and dQ_i
 added in fp32 to the global accumulator. Two consumer warpgroups share the SM's tensor cores: while one computes its
 P and dS, the other's GEMMs run, so a step costs the longer of its GEMMs and its elementwise work plus
-OVERLAP_LOSS of the shorter (the forward's ping-pong, :mod:`iosim.hopper`), or its traffic with L2 (loads, and the
+OVERLAP_LOSS of the shorter (the forward's ping-pong, :mod:`iosim.timing.fa3`), or its traffic with L2 (loads, and the
 reductions at the calibrated ``l2.reduce`` rate), whichever is longer:
 
     T_step = max( max(t_gemm, t_elem) + OVERLAP_LOSS·min(t_gemm, t_elem), t_load + t_reduce )
@@ -22,10 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..blocks import makespan
+from ..counts import KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
 from . import overlap
+from .estimate import Conditions, KernelTime
 from .fa2_bwd import ACC_BYTES, GEMMS, SCORE_OPS, block_steps
-from .kernels import KernelDesc, TileConfig
+from .kernels import TileConfig
 from .rates import Rates
 
 
@@ -43,8 +45,9 @@ def step_parts(p: AttentionProblem, tc: TileConfig, r: Rates) -> dict[str, float
             "step_reduce": reduce, "step": max(compute, load + reduce)}
 
 
-def main_kernel_time(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: Rates,
-                     dram: tuple[float, float], latency: float) -> tuple[float, dict]:
+def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], tc: TileConfig) -> KernelTime:
+    """The time of the main kernel (``kernel``, as counted) at tiles ``tc`` on its DRAM (read, write) bytes."""
+    p, desc, r, latency = c.problem, c.desc, c.rates, c.latency
     grouped = desc.gqa == "grouped"
     heads = p.batch * (p.kv_heads if grouped else p.heads)
     parts = step_parts(p, tc, r)
@@ -65,4 +68,5 @@ def main_kernel_time(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: R
         bound = "l2"
     else:
         bound = "tensor" if parts["step_gemm"] >= parts["step_elementwise"] else "elementwise"
-    return total, {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, **parts, "bound": bound}
+    return KernelTime.of(kernel.name, kernel.grid, total,
+                         {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, **parts, "bound": bound})

@@ -28,9 +28,9 @@ from ..blocks import cdiv
 from ..counts import KernelCounts
 from ..launch import NAIVE_TILES, launch_model, naive_softmax_rows_per_block, resident_blocks
 from ..problem import AttentionProblem
-from ..profile import Profile
 from ..schedules import Tiles
 from . import overlap
+from .estimate import Conditions, KernelTime
 from .rates import Rates
 
 SOFTMAX_OPS = 6  # fp32 operations per score: max pass, subtract-scale, sum, normalize, two conversions
@@ -97,10 +97,11 @@ def _block(p: AttentionProblem, i: int, k: KernelCounts, grid: int, r: Rates, dr
     return Block(load, per_step / (r.mma_at(warps) / s), store, wait, steps, in_phase=i == 0), per_step
 
 
-def kernel_times(p: AttentionProblem, tiles: Tiles, counts: list[KernelCounts], profile: Profile, r: Rates,
-                 dram: list[tuple[float, float]], latency: float = 0.0) -> list[tuple[str, float, dict]]:
-    """(name, seconds, parts) of each of the three kernels; ``latency``: one dependent load (L2 or DRAM, as the
-    inputs sit)."""
+def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
+                 dram: list[tuple[float, float]]) -> list[KernelTime]:
+    """The time of each of the three kernels (``counts``, with ``dram[k]`` = kernel k's DRAM (read, write) bytes),
+    its parts and its bound."""
+    p, profile, r, latency = c.problem, c.profile, c.rates, c.latency
     lm = launch_model("naive", p, tiles)
     out = []
     for i, (k, (rd, wr)) in enumerate(zip(counts, dram, strict=True)):
@@ -120,7 +121,8 @@ def kernel_times(p: AttentionProblem, tiles: Tiles, counts: list[KernelCounts], 
                  "block_store": blk.store_s, "rounds": rounds, "resident_blocks": per_sm,
                  "launch": launch}
         bound = "dram" if memory > blocks else max(limits, key=limits.get)
-        out.append((k.name, max(blocks, memory) + launch, {**parts, "bound": bound}))
+        parts = {"utilization": 1.0, **parts, "bound": bound}
+        out.append(KernelTime.of(k.name, k.grid, max(blocks, memory) + launch, parts))
     return out
 
 

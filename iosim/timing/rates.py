@@ -12,7 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from ..profile import Profile
+from ..hardware.gpu import Profile
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from functools import cache
 from pathlib import Path
 
 from .._resources import data_dir
-from ..roofline import Uncertainty
+from .estimate import Uncertainty
 
 LOW_Q, HIGH_Q = 0.10, 0.90
 MIN_ROWS = 5  # fewer rows in a regime: the kernel's band over all regimes

@@ -91,15 +91,18 @@ def reference(hq, hk, hv, causal, scale=None, round_to=None):
     return o, lse
 
 
-def run(q, k, v, dtype, **kw):
-    """attention() with NaN-poisoned out and lse_out, synchronized; returns host float64 copies."""
+def run(q, k, v, dtype, *, block_q=None, block_kv=None, block_trace=None, **kw):
+    """attention() with NaN-poisoned out and lse_out, synchronized; returns host float64 copies. ``kw``: schedule,
+    causal, scale; the others go into its options."""
     from iosim import gpu
 
     cp = _cp()
     B, N, H, D = q.shape
     out = cp.full((B, N, H, D), np.nan, dtype=np.float32).astype(q.dtype)
     lse_out = cp.full((B, H, N), np.nan, dtype=cp.float32)
-    o, lse = gpu.attention(q, k, v, return_lse=True, out=out, lse_out=lse_out, **kw)
+    options = gpu.AttentionOptions(block_q=block_q, block_kv=block_kv, out=out, lse_out=lse_out,
+                                   block_trace=block_trace)
+    o, lse = gpu.attention(q, k, v, return_lse=True, options=options, **kw)
     assert o is out and lse is lse_out
     cp.cuda.runtime.deviceSynchronize()  # surfaces asynchronous CUDA errors here
     return cp.asnumpy(o).astype(np.float64), cp.asnumpy(lse).astype(np.float64)
@@ -305,7 +308,8 @@ def test_torch_outputs_lse_and_preallocated_outputs_come_back_as_torch_tensors()
         ref = reference(*host, True, round_to=np.float16) if schedule == "naive" else (ref_o, ref_lse)
         check(o.double().cpu().numpy(), lse.double().cpu().numpy(), *ref, "float16", schedule)
     out, lse_out = torch.full_like(q, float("nan")), torch.full((1, 4, 70), float("nan"), device="cuda")
-    o, lse = gpu.attention(q, k, v, causal=True, return_lse=True, out=out, lse_out=lse_out)
+    o, lse = gpu.attention(q, k, v, causal=True, return_lse=True,
+                           options=gpu.AttentionOptions(out=out, lse_out=lse_out))
     assert o is out and lse is lse_out
     check(out.double().cpu().numpy(), lse_out.double().cpu().numpy(), ref_o, ref_lse, "float16")
 
@@ -339,7 +343,7 @@ def test_torch_input_errors_are_the_same_as_through_dlpack():
     # a tensor that requires grad is no error since the backward pass exists: the call is differentiable
     assert gpu.attention(q.clone().requires_grad_(), q, q).requires_grad
     with pytest.raises(gpu.AttentionInputError, match=r"out: \(1, 8, 2, 32\)"):
-        gpu.attention(q, q, q, out=q[..., :32].contiguous())
+        gpu.attention(q, q, q, options=gpu.AttentionOptions(out=q[..., :32].contiguous()))
 
 
 def test_input_errors_name_the_argument():
@@ -358,7 +362,7 @@ def test_input_errors_name_the_argument():
         x = cp.zeros((1, 8, 2, 48), dtype=cp.float16)
         gpu.attention(x, x, x)
     with pytest.raises(gpu.AttentionInputError, match=r"\(block_q, block_kv\)=\(256, 256\)"):
-        gpu.attention(q, q, q, block_q=256, block_kv=256)
+        gpu.attention(q, q, q, options=gpu.AttentionOptions(block_q=256, block_kv=256))
     with pytest.raises(gpu.AttentionInputError, match="schedule='flash4'"):
         gpu.attention(q, q, q, schedule="flash4")
     with pytest.raises(gpu.AttentionTypeError, match="q: got list"):
@@ -397,6 +401,6 @@ def test_block_trace_records_every_block_and_leaves_the_result_unchanged(causal)
     assert blocks[:, 1].max() - blocks[:, 0].min() < 10**9, "records from one launch span under a second"
     assert (spare == 0).all()
     with pytest.raises(ValueError, match="uint64 array of at least"):
-        gpu.attention(*dev, block_trace=cp.zeros(4, dtype=cp.uint64))
+        gpu.attention(*dev, options=gpu.AttentionOptions(block_trace=cp.zeros(4, dtype=cp.uint64)))
     with pytest.raises(ValueError, match="supported by schedule='flash2' only"):
-        gpu.attention(*dev, schedule="naive", block_trace=buf)
+        gpu.attention(*dev, schedule="naive", options=gpu.AttentionOptions(block_trace=buf))

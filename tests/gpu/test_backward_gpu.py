@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_attention_gpu import _cp, _np_dtype
 
-from iosim.launch_backward import FLASH_BWD_TILES
+from iosim.launch import FLASH_BWD_TILES
 
 pytestmark = pytest.mark.gpu
 
@@ -91,7 +91,8 @@ def _run(shape, dtype, causal, deterministic, seed):
     q, k, v, do = (cp.asarray(x) for x in (hq, hk, hv, hdo))
     o, lse = gpu.attention(q, k, v, causal=causal, return_lse=True)
     out = tuple(cp.full(x.shape, cp.nan, dtype=x.dtype) for x in (q, k, v))  # poisoned
-    grads = gpu.attention_backward(q, k, v, o, do, lse, causal=causal, deterministic=deterministic, out=out)
+    grads = gpu.attention_backward(q, k, v, o, do, lse, causal=causal,
+                                   options=gpu.BackwardOptions(deterministic=deterministic, out=out))
     assert all(g is o_ for g, o_ in zip(grads, out, strict=True))
     refs = reference_grads(hq, hk, hv, hdo, causal, 1.0 / math.sqrt(D))
     return [cp.asnumpy(g.astype(cp.float32)) for g in grads], refs
@@ -118,9 +119,9 @@ def test_deterministic_mode_gives_identical_bits():
     q, do = (rng.standard_normal((2, 333, 8, 128), dtype=cp.float32).astype(cp.float16) for _ in range(2))
     k, v = (rng.standard_normal((2, 333, 2, 128), dtype=cp.float32).astype(cp.float16) for _ in range(2))
     o, lse = gpu.attention(q, k, v, causal=True, return_lse=True)
-    a = gpu.attention_backward(q, k, v, o, do, lse, causal=True, deterministic=True)
+    a = gpu.attention_backward(q, k, v, o, do, lse, causal=True, options=gpu.BackwardOptions(deterministic=True))
     assert gpu.last_launch().schedule == "flash2_bwd_deterministic"
-    b = gpu.attention_backward(q, k, v, o, do, lse, causal=True, deterministic=True)
+    b = gpu.attention_backward(q, k, v, o, do, lse, causal=True, options=gpu.BackwardOptions(deterministic=True))
     for x, y in zip(a, b, strict=True):
         assert bool((x.view(cp.uint16) == y.view(cp.uint16)).all())
 

@@ -18,7 +18,7 @@ from test_attention_gpu import _cp, _np_dtype
 from test_backward_gpu import TOL, _rel, _seed, _torch, _torch_case, _torch_reference, reference_grads
 from test_flash3_gpu import HOPPER, needs_hopper
 
-from iosim.launch_backward import FLASH3_BWD_TILES
+from iosim.launch import FLASH3_BWD_TILES
 
 pytestmark = pytest.mark.gpu
 
@@ -48,8 +48,8 @@ def _run(shape, dtype, causal, deterministic, seed):
     q, k, v, do = (cp.asarray(x) for x in (hq, hk, hv, hdo))
     o, lse = gpu.attention(q, k, v, causal=causal, return_lse=True, schedule="flash3")
     out = tuple(cp.full(x.shape, cp.nan, dtype=x.dtype) for x in (q, k, v))  # poisoned
-    grads = gpu.attention_backward(q, k, v, o, do, lse, causal=causal, deterministic=deterministic, out=out,
-                                   schedule="flash3")
+    options = gpu.BackwardOptions(schedule="flash3", deterministic=deterministic, out=out)
+    grads = gpu.attention_backward(q, k, v, o, do, lse, causal=causal, options=options)
     assert all(g is o_ for g, o_ in zip(grads, out, strict=True))
     assert gpu.last_launch().schedule == "flash3_bwd" + ("_deterministic" if deterministic else "")
     refs = reference_grads(hq, hk, hv, hdo, causal, 1.0 / math.sqrt(shape[-1]))
@@ -79,8 +79,9 @@ def test_flash3_backward_deterministic_mode_gives_identical_bits():
     q, do = (rng.standard_normal((2, 333, 8, 128), dtype=cp.float32).astype(cp.float16) for _ in range(2))
     k, v = (rng.standard_normal((2, 333, 2, 128), dtype=cp.float32).astype(cp.float16) for _ in range(2))
     o, lse = gpu.attention(q, k, v, causal=True, return_lse=True, schedule="flash3")
-    a = gpu.attention_backward(q, k, v, o, do, lse, causal=True, deterministic=True, schedule="flash3")
-    b = gpu.attention_backward(q, k, v, o, do, lse, causal=True, deterministic=True, schedule="flash3")
+    options = gpu.BackwardOptions(schedule="flash3", deterministic=True)
+    a = gpu.attention_backward(q, k, v, o, do, lse, causal=True, options=options)
+    b = gpu.attention_backward(q, k, v, o, do, lse, causal=True, options=options)
     for x, y in zip(a, b, strict=True):
         assert bool((x.view(cp.uint16) == y.view(cp.uint16)).all())
 
@@ -93,7 +94,7 @@ def test_flash3_backward_launch_record_names_its_kernels():
     q = cp.ones((1, 200, 4, 128), dtype=cp.float16)
     k = cp.ones((1, 150, 2, 128), dtype=cp.float16)
     o, lse = gpu.attention(q, k, k, return_lse=True, schedule="flash3")
-    gpu.attention_backward(q, k, k, o, q, lse, schedule="flash3")
+    gpu.attention_backward(q, k, k, o, q, lse, options=gpu.BackwardOptions(schedule="flash3"))
     rec = gpu.last_launch()
     Br, Bc = FLASH3_BWD_TILES[128]
     assert rec.schedule == "flash3_bwd" and rec.tiles == {"block_q": Br, "block_kv": Bc}
@@ -112,7 +113,7 @@ def test_flash3_backward_refuses_head_dim_256_with_the_numbers():
     q = cp.ones((1, 64, 2, 256), dtype=cp.float16)
     o, lse = gpu.attention(q, q, q, return_lse=True, schedule="flash3")
     with pytest.raises(gpu.AttentionInputError, match=r"head_dim=256 is not supported .* 256 registers a thread"):
-        gpu.attention_backward(q, q, q, o, q, lse, schedule="flash3")
+        gpu.attention_backward(q, q, q, o, q, lse, options=gpu.BackwardOptions(schedule="flash3"))
 
 
 @pytest.mark.skipif(HOPPER, reason="checks the error on a non-Hopper GPU")
@@ -123,7 +124,7 @@ def test_flash3_backward_says_clearly_it_needs_hopper():
     q = cp.ones((1, 64, 2, 128), dtype=cp.float16)
     o, lse = gpu.attention(q, q, q, return_lse=True)
     with pytest.raises(gpu.HopperRequiredError, match="needs a Hopper GPU"):
-        gpu.attention_backward(q, q, q, o, q, lse, schedule="flash3")
+        gpu.attention_backward(q, q, q, o, q, lse, options=gpu.BackwardOptions(schedule="flash3"))
 
 
 @needs_hopper

@@ -105,7 +105,7 @@ def test_flash3_rejects_what_it_does_not_compile():
         gpu.attention(q, k, v, schedule="flash3")
     _, (q, k, v) = rand_inputs(rng, 1, 64, 64, 2, 2, 128, "float16")
     with pytest.raises(gpu.AttentionInputError, match="one tile per head dim"):
-        gpu.attention(q, k, v, schedule="flash3", block_q=64, block_kv=64)
+        gpu.attention(q, k, v, schedule="flash3", options=gpu.AttentionOptions(block_q=64, block_kv=64))
 
 
 @pytest.mark.skipif(HOPPER, reason="checks the error on a non-Hopper GPU")
@@ -124,13 +124,13 @@ def test_flash3_says_clearly_it_needs_hopper():
 def test_flash3_causal_with_the_host_tile_schedule(shape, dtype):
     """Causal shapes where the host's greedy tile schedule replaces the snake (on a 132-SM H100/H200)."""
     from iosim import launch
-    from iosim.gpu import flash3
+    from iosim.gpu import flash3_host
 
     B, N, Nk, H, Hk = shape
     sms = int(_cp().cuda.Device().attributes["MultiProcessorCount"])
     G = min(launch.flash3_tiles(B, N, H), sms)
     if sms == 132:
-        assert flash3.tile_schedule(B, N, Nk, H, 128, 128, True, G) is not None
+        assert flash3_host.tile_schedule(B, N, Nk, H, 128, 128, True, G) is not None
     rng = seeded_rng()
     host, dev = rand_inputs(rng, B, N, Nk, H, Hk, 128, dtype)
     o, lse = run(*dev, dtype, causal=True, schedule="flash3")

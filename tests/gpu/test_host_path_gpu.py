@@ -24,7 +24,8 @@ def test_a_repeat_call_gives_the_checked_calls_output():
     assert torch.equal(first, again) and torch.equal(lse1, lse2)
     assert gpu.last_launch() == rec
     q2 = torch.randn_like(q)  # new values, same shapes: the plan launches on the new pointers
-    ref = gpu.attention(q2.clone(), k, v, causal=True, block_q=64, block_kv=64)  # another key: checked path
+    tiles = gpu.AttentionOptions(block_q=64, block_kv=64)
+    ref = gpu.attention(q2.clone(), k, v, causal=True, options=tiles)  # another key: the checked path
     assert float((gpu.attention(q2, k, v, causal=True).float() - ref.float()).abs().max()) < 2e-2
 
 

@@ -1,6 +1,6 @@
 """Hardware profiles: a GPU as iosim sees it (memory levels outermost first, SM count and clock, dense peak rates
-per dtype, the exp rate, and the optional measured ``calibration`` section of :mod:`iosim.calibration`), every
-number a sourced value (:mod:`iosim.sourced`), and the loading of built-ins and YAML/JSON files, with errors that
+per dtype, the exp rate, and the optional measured ``calibration`` section of :mod:`iosim.hardware.calibration`), every
+number a sourced value (:mod:`iosim.hardware.sourced`), and the loading of built-ins and YAML/JSON files, with errors that
 name the file and the field.
 """
 
@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from ..yaml_io import read_data, validated
 from .calibration import Calibration
 from .sourced import (
     SourcedBandwidth,
@@ -25,7 +26,6 @@ from .sourced import (
     SourcedRatio,
     _Strict,
 )
-from .yaml_io import read_data, validated
 
 SCHEMA_VERSION = 1
 DEFAULT_PROFILE = "h100-sxm5-80gb"

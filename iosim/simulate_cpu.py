@@ -1,4 +1,5 @@
-"""Attention on a CPU: bytes at the cache boundaries and a time prediction, for the naive and flash2 schedules.
+"""Attention on a CPU, the counterpart of :func:`iosim.simulate`: bytes at the cache boundaries, FLOPs and time, for
+the naive and flash2 schedules (:func:`simulate_cpu`), and the result's JSON contract.
 
 Boundaries, named by the level data comes from (per CPU, summed over cores):
 
@@ -14,39 +15,27 @@ crosses the boundary below it again. BLAS GEMMs are counted as reading each oper
 (their internal panel re-reads are not modeled). What is counted, per schedule, is what the code in
 :mod:`iosim.cpu` executes: NumPy's naive passes over S, the tiled kernel's visits and passes over its S tile.
 
-Time: where the profile carries measured rates (``iosim profiles detect``), ``predicted_s`` composes them:
-GEMM rates for the shapes issued, the softmax and exp rates, the first-touch and one-core bandwidths for NumPy's
-passes over S; nothing is fitted to attention timings. ``predicted_s`` is a warm call's (repeated calls: naive's
-S lands on memory the previous call freed, first-touch rate ``dram.first_touch``); ``first_call_s`` is a call
-on cold memory (``dram.first_touch_cold``: on a VM that backs guest memory lazily, far slower). ``bound_s`` is the ideal roofline (peak FLOPs, DRAM
-bandwidth) beside it.
+Time: :mod:`iosim.timing.cpu`, from the rates ``iosim profiles detect`` measures, beside the ideal roofline.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .cpu_profile import CpuProfile
+from .hardware.cpu import CpuProfile
 from .problem import AttentionProblem
 from .schedules import Tiles
+from .timing.cpu import NAIVE_PASSES, CpuModelError, CpuTime, call_time, elem_bytes
 from .units import fmt_bytes, fmt_seconds
 
 SCHEDULES = ("naive", "flash2")
 BOUNDARIES = ("dram", "l3", "l2")
-COMPUTE_BYTES = {"fp32": 4, "fp16": 4, "bf16": 4}  # fp16/bf16 are upcast: tiles and S are fp32 on a CPU
-# NumPy's naive passes over S (iosim.cpu.attention._naive): (name, reads, writes) in units of S
-NAIVE_PASSES = (("qk", 0, 1), ("max", 1, 0), ("subtract", 1, 1), ("exp", 1, 1), ("sum", 1, 0),
-                ("divide", 1, 1), ("pv", 1, 0))
 # the tiled kernel's passes over its S tile per visit: GEMM 1 writes, rowmax, exp2 (two loops), sum, GEMM 2
 TILE_PASSES = (1 + 1 + 2 + 2 + 1 + 1)
-
-
-class CpuModelError(ValueError):
-    """A problem or tile the CPU model cannot take; the message names the field, the value and the fix."""
 
 
 def default_tiles(head_dim: int, elem_bytes: int, l2_bytes: int) -> Tiles:
@@ -57,16 +46,6 @@ def default_tiles(head_dim: int, elem_bytes: int, l2_bytes: int) -> Tiles:
     while B > 16 and elem_bytes * (B * B + 4 * B * head_dim) > l2_bytes // 2:
         B //= 2
     return Tiles(B, B)
-
-
-@dataclass(frozen=True)
-class CpuTime:
-    predicted_s: float | None  # None: the profile has no measured rates (run `iosim profiles detect`)
-    bound_s: float  # ideal roofline: max(FLOPs / peak, DRAM bytes / DRAM bandwidth)
-    terms: dict[str, float] = field(default_factory=dict)  # seconds per term of predicted_s
-    # a call whose large allocations land on cold memory (a program's first call): predicted_s with naive's S
-    # first touched at dram.first_touch_cold; None where the profile lacks that rate
-    first_call_s: float | None = None
 
 
 class _Contract(BaseModel):
@@ -118,7 +97,8 @@ class CpuResult:
         return CpuResultJSON(schedule=self.schedule, profile=self.profile, problem=self.problem,
                              tiles=CpuTilesJSON(block_q=self.tiles.block_q, block_kv=self.tiles.block_kv),
                              traffic=self.traffic, flops=self.flops, footprint=self.footprint,
-                             time=CpuTimeJSON(**asdict(self.time)))
+                             time=CpuTimeJSON(predicted_s=self.time.predicted_s, bound_s=self.time.bound_s,
+                                              terms=self.time.terms, first_call_s=self.time.first_call_s))
 
     def describe(self) -> str:
         lines = [f"{self.schedule} on {self.profile}: {self.problem.describe()}  (1 MB = 10^6 B)"]
@@ -130,13 +110,6 @@ class CpuResult:
         if first is not None and p is not None and first > p * 1.01:
             lines.append(f"  first call {fmt_seconds(first)}  (fresh memory first touched cold)")
         return "\n".join(lines)
-
-
-def _elem(p: AttentionProblem) -> int:
-    if p.dtype not in COMPUTE_BYTES:
-        raise CpuModelError(f"dtype={p.dtype!r}: the CPU path computes fp32 (fp16/bf16 upcast); expected one of "
-                            f"{', '.join(COMPUTE_BYTES)}")
-    return COMPUTE_BYTES[p.dtype]
 
 
 def _visits(p: AttentionProblem, t: Tiles) -> tuple[int, int, int]:
@@ -156,7 +129,7 @@ def _level(prof: CpuProfile, name: str) -> int:
 
 
 def _flash2_traffic(p: AttentionProblem, prof: CpuProfile, t: Tiles) -> tuple[dict[str, int], int]:
-    e, d, heads = _elem(p), p.head_dim, p.n_heads_total
+    e, d, heads = elem_bytes(p), p.head_dim, p.n_heads_total
     tr, keys, s_elems = _visits(p, t)
     qo = 2 * p.seq_len * d * e  # Q read once, O written once
     kv_all = 2 * p.kv_len * d * e
@@ -171,7 +144,7 @@ def _flash2_traffic(p: AttentionProblem, prof: CpuProfile, t: Tiles) -> tuple[di
 
 
 def _naive_traffic(p: AttentionProblem, prof: CpuProfile) -> dict[str, int]:
-    e, d = _elem(p), p.head_dim
+    e, d = elem_bytes(p), p.head_dim
     s = p.seq_len * p.kv_len * e
     passes = sum(r + w for _, r, w in NAIVE_PASSES)
     operands = (2 * p.seq_len + 2 * p.kv_len) * d * e  # Q, K, V read, O written
@@ -181,77 +154,26 @@ def _naive_traffic(p: AttentionProblem, prof: CpuProfile) -> dict[str, int]:
     return out
 
 
-def _rate(prof: CpuProfile, dotted: str) -> float | None:
-    try:
-        return prof.require(dotted)
-    except ValueError:
-        return None
-
-
-def _naive_time(p: AttentionProblem, prof: CpuProfile) -> dict[str, float] | None:
-    """Seconds per term from measured rates, or None where the profile lacks them."""
-    need = ("dram.bandwidth_one_core", "dram.first_touch", "compute.numpy_exp_fp32")
-    rates = {k: _rate(prof, k) for k in need}
-    if None in rates.values() or not prof.compute.gemm:
-        return None
-    h, n_s = p.n_heads_total, p.seq_len * p.kv_len
-    s = n_s * _elem(p)
-    flops = 2 * n_s * p.head_dim
-    bw = rates["dram.bandwidth_one_core"]
-    terms = {"gemm_qk": h * flops / prof.gemm_rate("qk", p.head_dim).value,
-             "gemm_pv": h * flops / prof.gemm_rate("pv", p.head_dim).value,
-             "first_touch_s": h * s / rates["dram.first_touch"]}
-    for name, r, w in NAIVE_PASSES:
-        if name in ("qk", "pv"):
-            continue
-        t_mem = h * (r + w) * s / bw
-        terms[name] = max(t_mem, h * n_s / rates["compute.numpy_exp_fp32"]) if name == "exp" else t_mem
-    return terms
-
-
-def _first_call(p: AttentionProblem, prof: CpuProfile, terms: dict[str, float]) -> float | None:
-    """naive's time when its S lands on cold memory; None where the profile has no cold first-touch rate."""
-    cold = _rate(prof, "dram.first_touch_cold")
-    if cold is None:
-        return None
-    s = p.n_heads_total * p.seq_len * p.kv_len * _elem(p)
-    return sum(terms.values()) - terms["first_touch_s"] + s / cold
-
-
-def _flash2_time(p: AttentionProblem, prof: CpuProfile, s_elems: int, dram: int) -> dict[str, float] | None:
-    tile = [g for g in prof.compute.gemm if g.kind == "tile"]
-    soft = _rate(prof, "compute.softmax_fp32")
-    if not tile or soft is None:
-        return None
-    compute = 4 * s_elems * p.head_dim / prof.gemm_rate("tile", p.head_dim).value + s_elems / soft
-    return {"compute": compute, "dram": max(0.0, dram / prof.require("dram.bandwidth") - compute)}
-
-
 def simulate_cpu(schedule: str, problem: AttentionProblem, profile: CpuProfile,
                  block_q: int | None = None, block_kv: int | None = None) -> CpuResult:
     """Traffic at dram/l3/l2, FLOPs and time of ``schedule`` ("naive" or "flash2") on a CPU profile."""
     if schedule not in SCHEDULES:
         raise CpuModelError(f"schedule={schedule!r}: the CPU model knows {', '.join(SCHEDULES)}")
-    e = _elem(problem)
+    e = elem_bytes(problem)
     n_s = problem.n_heads_total * problem.seq_len * problem.kv_len
     if schedule == "naive":
         if block_q is not None or block_kv is not None:
             raise CpuModelError(f"block_q={block_q}, block_kv={block_kv}: the naive schedule has no tiles")
         tiles, traffic, s_elems = Tiles(None, None), _naive_traffic(problem, profile), n_s
-        terms, footprint = _naive_time(problem, profile), problem.seq_len * problem.kv_len * e
+        footprint = problem.seq_len * problem.kv_len * e
     else:
         default = default_tiles(problem.head_dim, e, _level(profile, "l2"))
         tiles = Tiles(block_q or default.block_q, block_kv or default.block_kv)
         if tiles.block_q < 1 or tiles.block_kv < 1:
             raise CpuModelError(f"block_q={tiles.block_q}, block_kv={tiles.block_kv}: expected positive tiles")
         traffic, s_elems = _flash2_traffic(problem, profile, tiles)
-        terms = _flash2_time(problem, profile, s_elems, traffic["dram"])
         cores = int(profile.require("cores"))
         footprint = cores * e * (tiles.block_q * tiles.block_kv + 2 * tiles.block_q * problem.head_dim)
     flops = {"matmul": 4 * s_elems * problem.head_dim, "exp": s_elems}
-    bound = max(flops["matmul"] / profile.require("compute.fp32"), traffic["dram"] / profile.require("dram.bandwidth"))
-    predicted = sum(terms.values()) if terms else None
-    # flash2 allocates O(N d) (the output, a tile per core): its first touch is not modeled, first call = warm
-    first = (_first_call(problem, profile, terms) if schedule == "naive" else predicted) if terms else None
-    time = CpuTime(predicted, bound, terms or {}, first)
+    time = call_time(schedule, problem, profile, s_elems, traffic["dram"])
     return CpuResult(schedule, problem, profile.name, tiles, traffic, flops, footprint, time)

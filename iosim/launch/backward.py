@@ -1,13 +1,13 @@
 """Launch geometry of the backward pass's kernels (kernels/flash_bwd.cu, kernels/flash3_bwd.cu), as plain data:
-tiles, threads, shared memory term by term, registers, grid order; :mod:`iosim.launch` holds the forward's and the
-residency rule both use. Names follow the math: ``block_q`` = Br, ``block_kv`` = Bc, ``head_dim`` = d.
+tiles, threads, shared memory term by term, registers, grid order (:mod:`iosim.launch.forward` holds the forward's,
+:mod:`iosim.launch.model` the residency rule both use). Names follow the math: ``block_q`` = Br, ``block_kv`` = Bc, ``head_dim`` = d.
 """
 
 from __future__ import annotations
 
-from .launch import KernelLaunchModel, LaunchError, LaunchModel, _registers
-from .problem import AttentionProblem
-from .schedules import Tiles
+from ..problem import AttentionProblem
+from ..schedules import Tiles
+from .model import KernelLaunchModel, LaunchError, LaunchModel, registers_of
 
 
 def backward_launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, variant: str = "iosim",
@@ -88,7 +88,7 @@ def flash_bwd_launch(problem: AttentionProblem, tiles: Tiles, variant: str = "io
         threads.append(FLASH_BWD_ROW_THREADS)
         smem.append(0)
         regs.append(FLASH_BWD_ROW_REGISTERS)
-    kernels = tuple(KernelLaunchModel(threads[i], smem[i], _registers(registers, i, regs[i]))
+    kernels = tuple(KernelLaunchModel(threads[i], smem[i], registers_of(registers, i, regs[i]))
                     for i in range(len(threads)))
     if variant == "iosim":
         return LaunchModel(kernels, note="iosim flash2 backward: preprocess and dQ conversion over rows, main grid "
@@ -140,7 +140,7 @@ def flash3_bwd_launch(problem: AttentionProblem, tiles: Tiles, registers: int | 
     per_thread = (FLASH3_BWD_REGISTERS["producer"] + 2 * FLASH3_BWD_REGISTERS["consumer"]) // 3
     main = KernelLaunchModel(FLASH3_BWD_THREADS, flash3_bwd_smem_bytes(problem.head_dim, tiles.block_q,
                                                                         tiles.block_kv, problem.elem_bytes),
-                             _registers(registers, 1, per_thread))
+                             registers_of(registers, 1, per_thread))
     kernels = (iosim.kernels[0], main, iosim.kernels[2])
     return LaunchModel(kernels, note="iosim flash3 backward: preprocess and dQ conversion over rows, main grid "
                                      "of 384 threads a head's K/V blocks in turn (causal: modeled in head order), Q "

@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .blocks import cdiv
+from ..blocks import cdiv
 
 DECODE_WARPS = 4  # warps per block; they split the keys of a split (each its own tiles, ring and softmax state)
 DECODE_THREADS = 32 * DECODE_WARPS

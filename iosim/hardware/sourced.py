@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from .units import UnitError, parse_quantity
+from ..units import UnitError, parse_quantity
 
 
 def _positive(x: float, family: str, given) -> float:

@@ -24,9 +24,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .blocks import Rows
-from .counts import FP32_TENSORS, MATRIX_TENSORS, ROW_TENSORS, KernelCounts
-from .problem import STAT_BYTES, AttentionProblem
+from ..blocks import Rows
+from ..counts import FP32_TENSORS, MATRIX_TENSORS, ROW_TENSORS, KernelCounts
+from ..problem import STAT_BYTES, AttentionProblem
 
 ACC_BYTES = 4  # on-chip results (scores, probabilities, accumulators, statistics) are fp32
 

@@ -22,56 +22,11 @@ grid's utilization is taken as 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .counts import Counts
-from .profile import Profile, ProfileError
+from ..counts import Counts
+from ..hardware.gpu import Profile, ProfileError
+from .estimate import KernelTime, TimeEstimate
 
 RESOURCES = ("tensor", "exp", "fp32", "global", "hbm")
-
-
-@dataclass
-class KernelTime:
-    name: str
-    grid: int
-    utilization: float
-    resources: dict[str, float]  # seconds at full-chip rate, per resource
-    predicted_s: float
-    bound: str
-
-
-@dataclass(frozen=True)
-class Uncertainty:
-    """How far the time model missed on recorded kernels like this one (:mod:`iosim.timing.uncertainty`): the
-    prediction times the 10th and 90th percentiles of measured ÷ predicted over the ``rows`` rows of ``group``
-    in the time records of ``device``; ``low_s``/``high_s`` None and ``group`` "no record" where none apply."""
-
-    low_s: float | None
-    high_s: float | None
-    group: str  # "<kernel>, <regime>", "<kernel>, all regimes" (too few rows in the regime) or "no record"
-    rows: int
-    device: str  # the record's profile, "pooled: <profiles>" (the profile has no record of its own), or ""
-
-
-@dataclass
-class TimeEstimate:
-    kernels: list[KernelTime]
-    unmodeled: dict[str, str]  # resource -> the profile field that is not published
-    roofline_s: float | None = None  # the ideal peak bound (this module's estimate), beside a kernel model's
-    kernel: str = "roofline"  # whose launch and pipeline the estimate assumes (iosim.timing.kernels)
-    calibration: str = "uncalibrated"  # the rates' origin: "measured on ..." or "uncalibrated" (datasheet peaks)
-    dram_free: bool = False  # warm calls whose inputs stay in L2: the estimate prices no DRAM bytes (iosim.timing)
-    uncertainty: Uncertainty | None = None  # the records' band around predicted_s (iosim.timing.uncertainty)
-    energy_j: float | None = None  # joules of one call, where the profile has a power calibration (timing.energy)
-
-    @property
-    def predicted_s(self) -> float:
-        return sum(k.predicted_s for k in self.kernels)
-
-    @property
-    def bound(self) -> str:
-        """The bound of the kernel that takes longest."""
-        return max(self.kernels, key=lambda k: k.predicted_s).bound if self.kernels else "none"
 
 
 def utilization(grid: int, sm_count: int) -> float:

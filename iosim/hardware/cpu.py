@@ -6,7 +6,7 @@ and, where ``iosim profiles detect`` measured them, the rates the CPU time model
 shapes attention issues, the tiled kernel's softmax rate, NumPy's exp rate and the first-touch rates of fresh
 memory (recycled from a recent free, and cold). ``value: null`` says a number is not published or not measured; what needs it fails naming the field.
 
-Built-ins live in ``iosim/profiles/cpu/*.yaml`` (GPU profiles are ``iosim/profiles/*.yaml``). Quantities are
+Built-ins live in ``iosim/hardware/profiles/cpu/*.yaml`` (GPU profiles are ``iosim/hardware/profiles/*.yaml``). Quantities are
 written as people write them (``1MiB``, ``460.8 GB/s``, ``3.7 GHz``). Unknown keys are rejected everywhere.
 """
 
@@ -18,9 +18,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .profile import ProfileError, read_profile_data
+from ..yaml_io import DataFileError, read_data, validated
+from .gpu import ProfileError, read_profile_data
 from .sourced import SourcedBandwidth, SourcedBytes, SourcedCount, SourcedFlops, SourcedHz, SourcedOps
-from .yaml_io import DataFileError, read_data, validated
 
 CPU_PROFILES_DIR = Path(__file__).resolve().parent / "profiles" / "cpu"
 _LEVELS = ["l1d", "l2", "l3"]

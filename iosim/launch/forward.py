@@ -1,25 +1,15 @@
-"""Launch geometry: how each of iosim's kernels is launched, as plain data (tiles, threads, shared memory, registers,
-grid order), and how many of its thread blocks a GPU holds at once.
-
-The cache model reads it to order the tile accesses of concurrently running thread blocks; :mod:`iosim.gpu` reads it
-to launch the very same kernels. Nothing here imports CuPy, so the CPU tests and the CI compile check read the same
-numbers the run-time path uses. Names follow the math: ``block_q`` = Br, ``block_kv`` = Bc, ``head_dim`` = d.
+"""Launch geometry of the forward pass's kernels (kernels/flash_fwd.cu, kernels/naive.cu, kernels/flash3_fwd.cu), as
+plain data: tiles, threads, shared memory term by term, registers, grid order. Names follow the math: ``block_q`` =
+Br, ``block_kv`` = Bc, ``head_dim`` = d.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .blocks import cdiv
-from .problem import AttentionProblem
-from .profile import Profile
-from .schedules import Tiles
-from .schedules.flash1 import shared_memory as flash1_shared_memory
-
-
-class LaunchError(ValueError):
-    """No launch geometry is known for a schedule, or a profile lacks what residency needs."""
-
+from ..blocks import cdiv
+from ..problem import AttentionProblem
+from ..schedules import Tiles
+from ..schedules.flash1 import shared_memory as flash1_shared_memory
+from .model import KernelLaunchModel, LaunchError, LaunchModel, registers_of
 
 # ------------------------------------------------------------------------------------------------------------------
 # FlashAttention-2 forward (kernels/flash_fwd.cu)
@@ -152,34 +142,7 @@ def naive_softmax_smem_bytes(kv_len: int, itemsize: int = 2) -> int:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Launch descriptions
-
-
-@dataclass(frozen=True)
-class KernelLaunchModel:
-    """How one kernel of a schedule is launched, per head: threads, shared memory, registers, block order.
-
-    ``block_order``: the head's program blocks in ``blockIdx.x`` order, "forward" or "reverse".
-    """
-
-    threads: int
-    smem: int
-    registers: int
-    block_order: str = "forward"
-
-
-@dataclass(frozen=True)
-class LaunchModel:
-    kernels: tuple[KernelLaunchModel, ...]
-    head_order: str = "batch_major"  # grid (.., heads, batch): heads fastest; "head_major": grid (.., batch, heads)
-    kv_order: str = "forward"
-    note: str = ""
-
-
-def _registers(registers: int | list[int] | None, i: int, default: int) -> int:
-    if isinstance(registers, (list, tuple)):
-        return registers[i]
-    return registers or default
+# The forward's launches
 
 
 def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, variant: str = "iosim",
@@ -187,17 +150,17 @@ def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, vari
     """The launch of ``schedule`` as iosim's kernels do it (``variant="iosim"``), or as FlashAttention-2 does it
     (``variant="fa2"``: grid (num_m_blocks, batch, heads), K/V loop in reverse, m blocks forward).
     ``registers`` overrides the registers per thread (one number, or one per kernel). The backward pass's kernels:
-    :func:`iosim.launch_backward.backward_launch_model`."""
+    :func:`iosim.launch.backward.backward_launch_model`."""
     if pass_ != "forward":
-        raise LaunchError(f"pass={pass_!r}: the backward's launches are iosim.launch_backward.backward_launch_model's")
+        raise LaunchError(f"pass={pass_!r}: the backward's launches are iosim.launch.backward_launch_model's")
     d, e = problem.head_dim, problem.elem_bytes
     if schedule == "flash2" and variant == "fa2":
         smem = tiles.block_q * d * e + 2 * tiles.block_kv * d * e  # Flash_fwd_kernel_traits: sQ + sK + sV
-        return LaunchModel((KernelLaunchModel(128, smem, _registers(registers, 0, 255)),), head_order="head_major",
+        return LaunchModel((KernelLaunchModel(128, smem, registers_of(registers, 0, 255)),), head_order="head_major",
                            kv_order="reverse", note="FA2: grid (m blocks, batch, heads), K/V blocks visited last to first")
     if schedule == "flash2":  # iosim/gpu/attention.py: grid (Tr, H, B); causal Q tiles launched last-first
         Br, Bc = tiles.block_q, tiles.block_kv
-        regs = _registers(registers, 0, FLASH2_REGISTERS.get((d, Br, Bc), FLASH2_REGISTERS_DEFAULT))
+        regs = registers_of(registers, 0, FLASH2_REGISTERS.get((d, Br, Bc), FLASH2_REGISTERS_DEFAULT))
         kernel = KernelLaunchModel(FLASH_THREADS, flash_smem_bytes(d, Br, Bc, e), regs,
                                    "reverse" if problem.causal else "forward")
         return LaunchModel((kernel,), note="iosim flash2: grid (Tr, heads, batch); causal Q tiles launched last-first")
@@ -208,43 +171,20 @@ def launch_model(schedule: str, problem: AttentionProblem, tiles: Tiles, *, vari
         smem = (naive_qk_smem_bytes(d, e), naive_softmax_smem_bytes(problem.kv_len, e), naive_pv_smem_bytes(d, e))
         qk, pv = NAIVE_REGISTERS.get(d, NAIVE_REGISTERS_DEFAULT)
         regs = (qk, NAIVE_SOFTMAX_REGISTERS[naive_softmax_chunks(problem.kv_len, e)], pv)
-        kernels = tuple(KernelLaunchModel(threads[i], smem[i], _registers(registers, i, regs[i])) for i in range(3))
+        kernels = tuple(KernelLaunchModel(threads[i], smem[i], registers_of(registers, i, regs[i])) for i in range(3))
         return LaunchModel(kernels, note="iosim naive: qk grid (Tc, Tr, B*H), softmax rows of 32-256 threads, "
                                          "pv (1, Tr, B*H)")
     if schedule == "flash3":  # a persistent grid of min(tiles, SMs) blocks; each block one Q tile at a time
         smem = flash3_smem_bytes(d, tiles.block_q, tiles.block_kv, e)  # one block per SM: its ring fills the SM
         per_thread = (FLASH3_REGISTERS["producer"] + 2 * FLASH3_REGISTERS["consumer"]) // FLASH3_WARPGROUPS  # 168
-        regs = _registers(registers, 0, per_thread)
+        regs = registers_of(registers, 0, per_thread)
         kernel = KernelLaunchModel(FLASH3_THREADS, smem, regs, "reverse" if problem.causal else "forward")
         return LaunchModel((kernel,), note="iosim flash3: persistent, one block per SM taking Q tiles in grid order "
                                            "(modeled as blocks handing their slot to the next tile; causal: last-first)")
     if schedule == "flash1":
-        kernel = KernelLaunchModel(128, flash1_shared_memory(problem, tiles), _registers(registers, 0, 255))
+        kernel = KernelLaunchModel(128, flash1_shared_memory(problem, tiles), registers_of(registers, 0, 255))
         return LaunchModel((kernel,), note="flash1: one block per head (no GPU kernel; geometry assumed)")
     raise LaunchError(f"no launch geometry known for schedule {schedule!r}")
-
-
-def resident_blocks(profile: Profile, threads: int, smem: int, registers: int, *,
-                    smem_reserved: int = 1024) -> tuple[int, dict]:
-    """Thread blocks of one kernel resident at once on the whole GPU, and the per-SM limit of each resource.
-
-    Registers are allocated per warp in units of 256 (CUDA occupancy calculator); the runtime reserves 1 KiB of
-    shared memory per block (sm_80+)."""
-    sms = int(profile.require("sm_count"))
-    max_threads = profile.sm.max_threads.value if profile.sm else None
-    max_blocks = profile.sm.max_blocks.value if profile.sm else None
-    if max_threads is None or max_blocks is None:
-        raise LaunchError(f"profile {profile.name}: sm.max_threads and sm.max_blocks are needed for residency")
-    smem_sm = int(profile.require("smem.per_sm"))
-    regs_sm = int(profile.require("registers.per_sm")) // 4
-    regs_block = cdiv(threads, 32) * cdiv(registers * 32, 256) * 256
-    limits = {
-        "blocks": max_blocks,
-        "threads": max_threads // threads,
-        "registers": regs_sm // regs_block if regs_block else max_blocks,
-        "smem": smem_sm // (smem + smem_reserved),
-    }
-    return max(1, min(limits.values())) * sms, limits
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Time of FlashAttention-3's forward on a Hopper GPU: the pipeline, not the sum of its parts.
+"""Time of FlashAttention-3's forward on Hopper (family ``fa3``: fa3, cudnn): the pipeline, not the sum of its parts.
 
 FA3 (Shah et al. 2024, §3) runs, in every thread block (one per Q block, one block per SM, persistent):
 
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import cdiv, makespan, n_kv_blocks_visible
-from .counts import Counts
-from .problem import STAT_BYTES, AttentionProblem
-from .profile import Profile
-from .roofline import KernelTime, TimeEstimate
+from ..blocks import cdiv, makespan, n_kv_blocks_visible
+from ..counts import KernelCounts
+from ..hardware.gpu import Profile
+from ..problem import STAT_BYTES, AttentionProblem
+from .estimate import KernelTime
 
 
 @dataclass(frozen=True)
@@ -108,16 +108,17 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile,
     return t, sums
 
 
-def predict(counts: Counts, problem: AttentionProblem, tiles, profile: Profile,
-            model: HopperModel = HopperModel()) -> TimeEstimate:
-    """A TimeEstimate with one kernel, flash3_fwd, in the shape the roofline returns."""
+def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile: Profile,
+                model: HopperModel = HopperModel()) -> KernelTime:
+    """The time of ``kernel`` (flash3_fwd, as counted), its parts and its bound; the L2 bandwidth's absence (the
+    loads then cost no time) is named in the roofline's ``unmodeled`` beside it."""
     p = problem
     per_block, sums = block_times(p, tiles.block_q, tiles.block_kv, profile, model)
     r = _rates(profile, p.dtype, model)
     sms = r["sms"]
     heads = p.n_heads_total
     pipeline = makespan(np.tile(per_block, heads), sms, longest_first=True)  # FA3's persistent scheduler
-    (k,) = counts.kernels
+    k = kernel
     b, d = p.elem_bytes, p.head_dim
     compulsory = heads * (2 * p.seq_len * d * b + p.seq_len * STAT_BYTES) + p.batch * p.kv_heads * 2 * p.kv_len * d * b
     res = {
@@ -134,5 +135,4 @@ def predict(counts: Counts, problem: AttentionProblem, tiles, profile: Profile,
     else:
         bound = "global" if res["global"] >= res["hbm"] else "hbm"
     utilization = (per_block.sum() * heads / sms) / pipeline if pipeline else 1.0
-    unmodeled = {} if math.isfinite(_l2_bandwidth(profile)) else {"global": "l2.bandwidth"}
-    return TimeEstimate([KernelTime(k.name, k.grid, float(utilization), res, total, bound)], unmodeled)
+    return KernelTime(k.name, k.grid, float(utilization), res, total, bound)
