@@ -18,9 +18,10 @@ from iosim.problem import AttentionProblem, InputWarning
 from iosim.simulate import predict_time, simulate
 from iosim.timing import load_kernel, overlap
 
-SCHEDULE = {"iosim-flash2": "flash2", "iosim-naive": "naive", "fa2": "flash2", "cudnn": "flash3",
+SCHEDULE = {"iosim-flash2": "flash2", "iosim-naive": "naive", "fa2": "flash2", "cudnn": "flash3", "fa3": "flash3",
             "iosim-flash2-bwd": "flash2", "fa2-bwd": "flash2", "cudnn-bwd": "flash2", "iosim-flash3-bwd": "flash3"}
 BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.05, 0.15), "cudnn": (0.10, 0.25),
+          "fa3": (0.05, 0.15),
           "iosim-flash2-bwd": (0.05, 0.15), "fa2-bwd": (0.05, 0.15), "cudnn-bwd": (0.05, 0.15),
           "iosim-flash3-bwd": (0.05, 0.15)}  # the backward's: issue 26's
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
@@ -73,13 +74,14 @@ def fit_overlap(raw: Path, profile: str) -> float:
     return best[1]
 
 
-def judge_record(device: str, raw: Path, profile: str, root: Path) -> int:
+def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "record") -> int:
     """Predict every modeled row of the forward record ``raw`` and of the backward record beside it
-    (``<device>-time-backward.json``, where measured), write ``docs/validation/<device>-time.csv``, print the errors."""
+    (``<device>-time-backward.json``, where measured), write ``docs/validation/<device>-time.csv``, print the errors;
+    ``part`` "heldout": the held-out record alone, into ``<device>-time-heldout.csv``."""
     data = json.loads(raw.read_text())
     rows = list(data["rows"])
     backward = raw.with_name(f"{device}-time-backward.json")
-    if backward.exists():
+    if part == "record" and backward.exists():
         rows += json.loads(backward.read_text())["rows"]
     out_rows, errors = [], {}
     for row in rows:
@@ -92,7 +94,7 @@ def judge_record(device: str, raw: Path, profile: str, root: Path) -> int:
         out_rows.append((row["kernel"], data["device"], profile, row["batch"], row["heads"], row["kv_heads"],
                          row["seq_len"], row["kv_len"], row["head_dim"], row["dtype"], str(row["causal"]).lower(),
                          bq if bq is not None else "", bkv if bkv is not None else "", f"{pred:.6e}", f"{meas:.6e}"))
-    out = root / "docs/validation" / f"{device}-time.csv"
+    out = root / "docs/validation" / f"{device}-time{'-heldout' if part == 'heldout' else ''}.csv"
     with out.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLUMNS)

@@ -2,6 +2,12 @@
 
     python benchmarks/time_record.py --measure --device h100 [--out DIR]   # on the GPU: measure the sweep (~3 min)
     python benchmarks/time_record.py --device h100                        # anywhere: predict, write, judge
+    python benchmarks/time_record.py --measure --part heldout --device h100   # the held-out shapes (~2 min)
+
+``--part heldout`` measures :func:`held_out` instead: shapes of the classes issue 29 names (real models' prefill
+and decode, odd lengths, grids under a wave, long runs), none in the record the model was built against and no
+constant fitted on them, with our flash3 forward (``fa3``) beside the others; judged apart, into
+``docs/validation/<device>-time-heldout.csv``.
 
 ``--measure`` times every shape of :func:`sweep` with every kernel (iosim flash2 and naive, torch SDPA's flash
 backend = ``fa2``, its cuDNN backend = ``cudnn``, and torch's standard attention, matmul-softmax-matmul in the same
@@ -34,7 +40,7 @@ from cuda_events import time_ms  # beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = {"h100": "h100-sxm5-80gb", "h200": "h200-sxm-141gb"}
-KERNELS = ("iosim-flash2", "iosim-naive", "fa2", "cudnn", "torch-standard")
+KERNELS = ("iosim-flash2", "iosim-naive", "fa2", "cudnn", "torch-standard", "fa3")
 NAIVE_BYTES_MAX = 24 << 30  # S and P of the naive paths, each: larger shapes skip the two naive kernels
 
 
@@ -78,6 +84,21 @@ def sweep() -> list[Shape]:
     return out
 
 
+def held_out() -> list[Shape]:
+    """Shapes no constant was fitted on and the model was not built against (issue 29 item 2)."""
+    models = [Shape(4, 32, 8, 2048, 2048, 128, causal=True), Shape(1, 32, 8, 8192, 8192, 128, causal=True),  # Llama-3 8B
+              Shape(1, 64, 8, 4096, 4096, 128, causal=True),  # Llama-3 70B
+              Shape(2, 28, 4, 3000, 3000, 128, causal=True),  # Qwen2 7B, an odd length
+              Shape(8, 12, 12, 1024, 1024, 64, causal=True), Shape(16, 16, 16, 1024, 1024, 64, causal=True),  # GPT-2
+              Shape(2, 8, 1, 4096, 4096, 256, causal=True)]  # Gemma 2B: multi-query, d = 256
+    odd = [Shape(4, 16, 16, 1000, 1000, 128), Shape(1, 32, 32, 5000, 5000, 64, causal=True),
+           Shape(8, 16, 16, 777, 777, 64)]
+    small = [Shape(1, 4, 4, 2048, 2048, 128), Shape(1, 2, 2, 8192, 8192, 64, causal=True)]
+    long = [Shape(1, 32, 32, 32768, 32768, 128, causal=True), Shape(1, 16, 16, 65536, 65536, 64)]
+    decode = [Shape(16, 32, 8, 1, 8192, 128), Shape(64, 32, 8, 1, 2048, 128)]
+    return models + odd + small + long + decode
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # measuring (GPU)
 
@@ -116,6 +137,7 @@ def _callables(s: Shape, tensors):
         "fa2": sdpa(SDPBackend.FLASH_ATTENTION),
         "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
         "torch-standard": standard,
+        "fa3": lambda: gpu.attention(q, k, v, causal=s.causal, schedule="flash3"),  # ours; held-out part only
     }
     if s.score_bytes > NAIVE_BYTES_MAX:
         del runs["iosim-naive"], runs["torch-standard"]
@@ -170,12 +192,12 @@ def time_call(fn, reps: int, launches: bool) -> tuple[float | None, list[dict], 
         return None, [{"error": f"{type(exc).__name__}: {exc}"[:300]}], 0.0
 
 
-def measure(device: str, reps: int, only: list[str] | None) -> dict:
+def measure(device: str, reps: int, only: list[str] | None, part: str = "record") -> dict:
     import torch
 
     torch.manual_seed(0)
     header = device_header(device, reps)
-    rows, shapes = [], sweep()
+    rows, shapes = [], (held_out() if part == "heldout" else sweep())
     for i, s in enumerate(shapes):
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[s.dtype]
 
@@ -184,10 +206,12 @@ def measure(device: str, reps: int, only: list[str] | None) -> dict:
 
         tensors = (mk(s.seq_len, s.heads), mk(s.kv_len, s.kv_heads), mk(s.kv_len, s.kv_heads))
         for name, fn in _callables(s, tensors).items():
-            if only and name not in only:
+            if (only and name not in only) or (name == "fa3" and part != "heldout") or \
+                    (name == "fa3" and (s.seq_len == 1 or s.head_dim not in (64, 128, 256))):
                 continue
-            ms, launch, _ = time_call(fn, reps, launches=name in ("fa2", "cudnn"))
-            rows.append({**asdict(s), "kernel": name, "measured_ms": ms, "launches": launch})
+            ms, launch, timed_s = time_call(fn, reps, launches=name in ("fa2", "cudnn"))
+            # timed_s: how long the timing ran (warm-up and reps), so the clock it ran at can be known (issue 29)
+            rows.append({**asdict(s), "kernel": name, "measured_ms": ms, "launches": launch, "timed_s": timed_s})
             print(f"[{i + 1}/{len(shapes)}] {s.key:<34} {name:<15} "
                   f"{'refused' if ms is None else f'{ms:10.4f} ms'}", flush=True)
         del tensors
@@ -232,10 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--append-throughput", action="store_true",
                     help="append the benchmark shapes' rows to docs/benchmarks/<profile>.csv (once per measurement)")
     ap.add_argument("--out", type=Path, default=None, help="with --measure: folder for the JSON (default data/validation)")
+    ap.add_argument("--part", choices=("record", "heldout"), default="record",
+                    help="the record (the sweep the model was built against) or the held-out shapes")
     args = ap.parse_args(argv)
-    raw = (args.out or ROOT / "data/validation") / f"{args.device}-time.json"
+    suffix = "-heldout" if args.part == "heldout" else ""
+    raw = (args.out or ROOT / "data/validation") / f"{args.device}-time{suffix}.json"
     if args.measure:
-        data = measure(args.device, args.reps, args.only)
+        data = measure(args.device, args.reps, args.only, args.part)
         raw.parent.mkdir(parents=True, exist_ok=True)
         raw.write_text(json.dumps(data, indent=1))
         print(f"wrote {raw}")
@@ -248,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         fit_overlap(raw, PROFILE[args.device])
         return 0
 
-    return judge_record(args.device, raw, PROFILE[args.device], ROOT)
+    return judge_record(args.device, raw, PROFILE[args.device], ROOT, args.part)
 
 
 if __name__ == "__main__":
