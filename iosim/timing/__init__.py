@@ -130,7 +130,7 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     if decode.applies(p, desc, r):
         return [decode.kernel_time(c, kernels[0], dram)]
     tc = fa2.tiles_of(desc, p.head_dim, work.tiles.block_q, work.tiles.block_kv)
-    return [fa2.kernel_time(c, kernels[0], dram, tc)]
+    return [fa2.kernel_time(replace(c, problem=decode.folded(p, desc)), kernels[0], dram, tc)]
 
 
 def _is_builtin(desc: KernelDesc) -> bool:

@@ -25,7 +25,6 @@ from .kernels import KernelDesc, TileConfig
 from .rates import Rates
 
 MAX_SPLITS = 128
-FOLD_LIMIT = 16  # FA2 folds query heads into rows for a single query (seqlenq_ngroups_swapped)
 
 
 def num_splits(work: int, slots: int, n_blocks: int, max_splits: int = MAX_SPLITS) -> int:
@@ -45,14 +44,23 @@ def num_splits(work: int, slots: int, n_blocks: int, max_splits: int = MAX_SPLIT
     return 1
 
 
+def folded(p: AttentionProblem, desc: KernelDesc) -> AttentionProblem:
+    """The problem the kernel runs: for one query with grouped-query heads, a kernel that folds them
+    (``desc.fold_gqa_decode``: FA2) runs seq_len = H / H_kv query rows of H_kv heads, unmasked (one position), split
+    or not; ``p`` elsewhere. Its bytes are ``p``'s: the counts stand."""
+    if not desc.fold_gqa_decode or p.seq_len != 1 or p.heads <= p.kv_heads:
+        return p
+    return p.model_copy(update={"seq_len": p.heads // p.kv_heads, "heads": p.kv_heads, "causal": False})
+
+
 def split_geometry(p: AttentionProblem, desc: KernelDesc, r: Rates) -> tuple[int, int, int, int, int]:
-    """(rows, heads, Bc, n K/V blocks, splits) as FA2's set_params_splitkv sets them."""
+    """(rows, heads, Bc, n K/V blocks, splits) as FA2's set_params_splitkv sets them, on the problem it runs
+    (:func:`folded`)."""
     sk = desc.split_kv
     d = p.head_dim
     Bc = sk.block_kv.get(d) or sk.block_kv[min(x for x in sk.block_kv if x >= d)]
+    p = folded(p, desc)
     rows, heads = p.seq_len, p.heads
-    if p.seq_len == 1 and p.heads > p.kv_heads:
-        rows, heads = p.heads // p.kv_heads, p.kv_heads
     n_blocks = cdiv(p.kv_len, Bc)
     work = p.batch * heads * cdiv(rows, sk.block_q)
     return rows, heads, Bc, n_blocks, num_splits(work, 2 * r.sms, n_blocks)

@@ -96,6 +96,9 @@ class KernelDesc(_Strict):
     launch_order: Literal["in-order", "causal-longest-first", "persistent"] = "in-order"
     tiles: dict[int, TileConfig] = Field(default_factory=dict, description="head_dim -> tiles")
     split_kv: SplitKV | None = Field(default=None, description="the split-KV kernel used for decode (seq_len small)")
+    fold_gqa_decode: bool = Field(default=False, description="one query with grouped-query heads runs with the "
+                                  "group's query heads folded into query rows (FlashAttention-2's mha_fwd: "
+                                  "seqlenq_ngroups_swapped), split-KV or not")
 
     def tiles_for(self, head_dim: int) -> TileConfig:
         if head_dim in self.tiles:
