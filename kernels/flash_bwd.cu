@@ -205,28 +205,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                 const int col = sn * kCols + nt * 8 + 2 * t4;  // this thread's two query columns: col, col + 1
                 const float l2[2] = {sLb[col] * kLog2e, sLb[col + 1] * kLog2e};
 #pragma unroll
-                for (int mi = 0; mi < L::MS; ++mi)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        acc_s[mi][nt][e] = exp2_approx(fmaf(acc_s[mi][nt][e], scale_log2, -l2[e & 1]));
-            }
-            // the mask in a pass of its own, taken only by the steps that need it (the diagonal, the ragged ends)
-            if (need_mask) {
-#pragma unroll
-                for (int nt = 0; nt < L::NS; ++nt)
-#pragma unroll
-                    for (int mi = 0; mi < L::MS; ++mi)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int kj = n0 + sm * 32 + mi * 16 + g + ((e >> 1) << 3);
-                            const int qi = m0 + sn * kCols + nt * 8 + 2 * t4 + (e & 1);
-                            if (kj >= kv_len || qi >= seq_len || (Causal && kj > qi + offset)) acc_s[mi][nt][e] = 0.f;
-                        }
-            }
-#pragma unroll
-            for (int nt = 0; nt < L::NS; ++nt) {
-#pragma unroll
                 for (int mi = 0; mi < L::MS; ++mi) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float p = exp2_approx(fmaf(acc_s[mi][nt][e], scale_log2, -l2[e & 1]));
+                        if (need_mask) {
+                            const int kj = n0 + sm * 32 + mi * 16 + g + ((e >> 1) << 3), qi = m0 + col + (e & 1);
+                            if (kj >= kv_len || qi >= seq_len || (Causal && kj > qi + offset)) p = 0.f;
+                        }
+                        acc_s[mi][nt][e] = p;
+                    }
                     p_pk[mi][nt][0] = pack2<T>(acc_s[mi][nt][0], acc_s[mi][nt][1]);
                     p_pk[mi][nt][1] = pack2<T>(acc_s[mi][nt][2], acc_s[mi][nt][3]);
                     const int r = sm * 32 + mi * 16 + g, c = (sn * kCols + nt * 8) / 8;
