@@ -143,7 +143,7 @@ def working_set(p: AttentionProblem, t: PagedDecodingTiles) -> int:
 
 
 def closed_form(p: AttentionProblem, t: PagedDecodingTiles) -> Counts:
-    """The program's counts as formulas, once per distinct sequence length (docs/serving.md: the derivation)."""
+    """The program's counts as formulas, once per distinct sequence length (docs/schedules/flash-decoding.md)."""
     k1 = KernelCounts(SPLIT, grid=cdiv(p.group * p.seq_len, t.block_q) * t.splits * p.batch * p.kv_heads)
     k2 = KernelCounts(COMBINE, grid=cdiv(p.batch * p.seq_len * p.heads, WARPS))
     lens, mult = np.unique(np.asarray(t.kv_lens, dtype=np.int64), return_counts=True)
