@@ -121,8 +121,8 @@ def _check(torch, s: DecodeShape, q, kv, o, lse) -> float:
     for b, n in enumerate(s.kv_lens):
         qb = q[b].double().view(s.q_len, s.kv_heads, G, s.head_dim)
         sc = torch.einsum("ikgd,nkd->kgin", qb, k[b, :n].double()) / math.sqrt(s.head_dim)
-        i = torch.arange(s.q_len, device="cuda")[:, None]
-        sc = sc.masked_fill(torch.arange(n, device="cuda")[None, :] > n - s.q_len + i, float("-inf"))
+        i = torch.arange(s.q_len, device=q.device)[:, None]
+        sc = sc.masked_fill(torch.arange(n, device=q.device)[None, :] > n - s.q_len + i, float("-inf"))
         ref_lse = torch.logsumexp(sc, dim=-1)  # (kv, G, L)
         p = torch.nan_to_num(torch.exp(sc - ref_lse[..., None]))
         ref = torch.einsum("kgin,nkd->ikgd", p, v[b, :n].double()).reshape(s.q_len, s.heads, s.head_dim)
