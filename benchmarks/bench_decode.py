@@ -38,7 +38,7 @@ TOL = 1e-2  # bf16: relative Frobenius error against float64, as tests/gpu
 
 def calibrated_read_bw(device: str, name: str | None) -> tuple[float, str]:
     """(bytes/s, the profile's name): the profile's measured DRAM read bandwidth, else its datasheet figure."""
-    from iosim.profile import get_profile
+    from iosim import get_profile
 
     if name is None:
         name = next((p for key, p in PROFILES if key in device), None)

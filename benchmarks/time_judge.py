@@ -3,7 +3,9 @@
 Each measured row is simulated with the kernel it names (``--kernel``: iosim-flash2, iosim-naive, fa2, cudnn), on the
 built-in profile, with the L2 model and ``warm=True`` (back-to-back calls on the same inputs); the record CSV gets
 ``predicted_s`` beside ``measured_s``. The bounds are issue 17's: iosim flash2, iosim naive and fa2 median
-|error| <= 5% and worst <= 15%; cudnn median <= 10%, worst <= 25%.
+|error| <= 5% and worst <= 15%; cudnn median <= 10%, worst <= 25%; issue 26's for the backward kernels and issue
+28's for iosim-decode (the decode record, ``<device>-time-decode.json`` from time_record_decode.py: its rows add
+the page size and, for a ragged batch, each sequence's keys).
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ from iosim.simulate import predict_time, simulate
 from iosim.timing import load_kernel, overlap
 
 SCHEDULE = {"iosim-flash2": "flash2", "iosim-naive": "naive", "fa2": "flash2", "cudnn": "flash3", "fa3": "flash3",
-            "iosim-flash2-bwd": "flash2", "fa2-bwd": "flash2", "cudnn-bwd": "flash2", "iosim-flash3-bwd": "flash3"}
+            "iosim-flash2-bwd": "flash2", "fa2-bwd": "flash2", "cudnn-bwd": "flash2", "iosim-flash3-bwd": "flash3",
+            "iosim-decode": "flash-decoding"}
 BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.05, 0.15), "cudnn": (0.10, 0.25),
           "fa3": (0.05, 0.15),
           "iosim-flash2-bwd": (0.05, 0.15), "fa2-bwd": (0.05, 0.15), "cudnn-bwd": (0.05, 0.15),
-          "iosim-flash3-bwd": (0.05, 0.15)}  # the backward's: issue 26's
+          "iosim-flash3-bwd": (0.05, 0.15),  # the backward's: issue 26's
+          "iosim-decode": (0.05, 0.15)}  # issue 28's
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
-           "causal", "block_q", "block_kv", "predicted_s", "measured_s")
+           "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens")
 
 
 def simulate_row(row: dict, profile: str):
@@ -38,10 +42,11 @@ def simulate_row(row: dict, profile: str):
     if desc.tiles:
         tc = desc.tiles_for(p.head_dim)
         bq, bkv = tc.block_q, tc.block_kv
+    decode = {"kv_lens": row.get("kv_lens"), "page_size": row.get("page_size")} if desc.family == "decode" else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InputWarning)
         return simulate(SCHEDULE[kernel], p, profile, block_q=bq, block_kv=bkv, kernel=kernel, l2=True, warm=True,
-                        pass_=desc.pass_)
+                        pass_=desc.pass_, **decode)
 
 
 def comparable(row: dict) -> bool:
@@ -75,25 +80,30 @@ def fit_overlap(raw: Path, profile: str) -> float:
 
 
 def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "record") -> int:
-    """Predict every modeled row of the forward record ``raw`` and of the backward record beside it
-    (``<device>-time-backward.json``, where measured), write ``docs/validation/<device>-time.csv``, print the errors;
-    ``part`` "heldout": the held-out record alone, into ``<device>-time-heldout.csv``."""
+    """Predict every modeled row of the forward record ``raw`` and of the backward and decode records beside it
+    (``<device>-time-backward.json``, ``<device>-time-decode.json``, where measured), write
+    ``docs/validation/<device>-time.csv``, print the errors; ``part`` "heldout": the held-out record alone, into
+    ``<device>-time-heldout.csv``."""
     data = json.loads(raw.read_text())
     rows = list(data["rows"])
-    backward = raw.with_name(f"{device}-time-backward.json")
-    if part == "record" and backward.exists():
-        rows += json.loads(backward.read_text())["rows"]
+    for more_part in ("backward", "decode") if part == "record" else ():
+        more = raw.with_name(f"{device}-time-{more_part}.json")
+        if more.exists():
+            rows += json.loads(more.read_text())["rows"]
     out_rows, errors = [], {}
     for row in rows:
         if row["kernel"] not in SCHEDULE or row["measured_ms"] is None or not comparable(row):
             continue
         pred, bq, bkv, bound = predict_row(row, profile)
+        if row["kernel"] == "iosim-decode":
+            _say_grid(row, profile)
         meas = row["measured_ms"] / 1e3
         err = (pred - meas) / meas
         errors.setdefault(row["kernel"], []).append((abs(err), err, row, bound))
         out_rows.append((row["kernel"], data["device"], profile, row["batch"], row["heads"], row["kv_heads"],
                          row["seq_len"], row["kv_len"], row["head_dim"], row["dtype"], str(row["causal"]).lower(),
-                         bq if bq is not None else "", bkv if bkv is not None else "", f"{pred:.6e}", f"{meas:.6e}"))
+                         bq if bq is not None else "", bkv if bkv is not None else "", f"{pred:.6e}", f"{meas:.6e}",
+                         row.get("page_size") or "", ";".join(map(str, row.get("kv_lens") or []))))
     out = root / "docs/validation" / f"{device}-time{'-heldout' if part == 'heldout' else ''}.csv"
     with out.open("w", newline="") as f:
         w = csv.writer(f)
@@ -119,3 +129,12 @@ def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "
                       f"Nk={row['kv_len']} d={row['head_dim']} {row['dtype']} causal={row['causal']}: {e:+.1%} "
                       f"(bound {bound})")
     return 0 if ok else 1
+
+
+def _say_grid(row: dict, profile: str) -> None:
+    """Print where the simulator's split count or chunk differs from what the decode kernel launched."""
+    t = simulate_row(row, profile).tiles
+    if (t.splits, t.chunk) != (row["splits"], row["chunk"]):
+        print(f"  iosim-decode b{row['batch']} L{row['seq_len']} d{row['head_dim']} page {row.get('page_size')}: "
+              f"the kernel launched {row['splits']} splits of {row['chunk']} keys, the simulator {t.splits} of "
+              f"{t.chunk}")

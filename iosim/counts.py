@@ -14,10 +14,12 @@ TENSORS = ("Q", "K", "V", "O", "S", "P", "m", "l", "lse",
            # backward pass (docs/schedules/backward.md): gradients, the stored dS and dP of standard attention,
            # D = rowsum(dO∘O), and FlashAttention-2's fp32 dQ accumulator (atomic adds)
            "dO", "dQ", "dK", "dV", "dS", "dP", "D", "dQacc",
-           # split-KV decoding (docs/schedules/flash-decoding.md): fp32 partial outputs and logsumexps per split
-           "Opart", "lsepart")
+           # split-KV decoding (docs/schedules/flash-decoding.md): fp32 partial outputs and logsumexps per split;
+           # iosim's decode kernel also reads each sequence's key count and, from a paged cache, its block table
+           "Opart", "lsepart", "seqlens_k", "block_table")
 FP32_TENSORS = frozenset({"m", "l", "lse", "D", "dQacc", "Opart", "lsepart"})  # stored in fp32 whatever the dtype
-ROW_TENSORS = frozenset({"m", "l", "lse", "D", "lsepart"})  # one value per query row
+INDEX_TENSORS = frozenset({"seqlens_k", "block_table"})  # int32 (4 B) whatever the dtype
+ROW_TENSORS = frozenset({"m", "l", "lse", "D", "lsepart"}) | INDEX_TENSORS  # one value per row
 MATRIX_TENSORS = frozenset({"S", "P", "dS", "dP"})  # rows x keys; every other tensor is rows x head_dim
 FLOP_KINDS = ("matmul", "exp", "other")
 

@@ -174,6 +174,10 @@ class PassTilesJSON(TilesJSON):
     """A pass's tiles with the schedule's own options; an option the schedule does not take is left out."""
 
     splits: int | None = Field(None, description="flash-decoding: K/V splits")
+    chunk: int | None = Field(None, description="flash-decoding with iosim-decode: keys per split")
+    page_size: int | None = Field(None, description="flash-decoding with iosim-decode: tokens per page of a paged "
+                                  "cache (null: contiguous)")
+    kv_lens: list[int] | None = Field(None, description="flash-decoding with iosim-decode: keys of each sequence")
     density: float | None = Field(None, description="block-sparse: fraction of non-zero blocks")
     mask: str | None = Field(None, description="block-sparse: where the block mask came from")
     gqa: Literal["expand", "grouped"] | None = Field(None, description="flash2 backward: grouped-query design")

@@ -18,16 +18,29 @@ from .blocks import cdiv
 from .counts import Counts
 from .hardware.gpu import Profile, get_profile
 from .l2 import L2ModelError, WalkOptions, simulate_l2, unsupported
+from .launch import decode as launch_decode
 from .problem import AttentionProblem, InputWarning
 from .result import Result
-from .schedules import PASSES, ScheduleError, ScheduleOptions, Tiles, check_fit, get_schedule, resolve_tiles
+from .schedules import (
+    PASSES,
+    ScheduleError,
+    ScheduleOptions,
+    Tiles,
+    check_fit,
+    decode_layout,
+    get_schedule,
+    resolve_tiles,
+)
 from .schedules.backward import group_sum
+from .schedules.decode_layout import PagedDecodingTiles
 from .schedules.machine import Counter
 from .units import fmt_bytes
 
 MAX_HEAD_DIM = 256  # FlashAttention-2/3 and iosim.gpu take head_dim <= 256, a multiple of 8 (16-byte rows)
 
 Method = Literal["closed", "walk"]
+DECODE_DRAM_MODEL = ("closed form (iosim.schedules.decode_layout.dram): every distinct byte read crosses DRAM once, "
+                     "at 32-byte sectors (a kv head's row blocks share its K/V in L2), every byte written once")
 Pass = Literal["forward", "backward", "both"]
 
 
@@ -95,7 +108,11 @@ def questionable(schedule: str, problem: AttentionProblem, profile: Profile, pas
         out.append("dtype=fp8 with the backward pass: FlashAttention-3's fp8 is forward-only, no fp8 backward "
                    "kernel exists, so these backward counts (1-byte elements) are a what-if; use bf16 or fp16")
     effective = getattr(tiles, "splits", None)
-    if splits is not None and effective is not None and effective != splits:
+    if splits is not None and isinstance(tiles, PagedDecodingTiles) and effective != splits:
+        out.append(f"splits={splits}: the longest sequence's {max(tiles.kv_lens, default=0)} keys, cut in chunks of "
+                   f"whole tiles of 16 keys evened out over it, make {effective} splits of {tiles.chunk} keys (none "
+                   "is empty); give fewer splits")
+    elif splits is not None and effective is not None and effective != splits:
         tc = cdiv(problem.kv_len, tiles.block_kv)
         out.append(f"splits={splits}: kv_len={problem.kv_len} makes {tc} K/V blocks of {tiles.block_kv} keys and "
                    f"no split may be empty, so {effective} splits of at most {cdiv(tc, effective)} K/V blocks are used; "
@@ -121,6 +138,12 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
     ``l2_progress``: a ``progress(done, total)`` callback for long runs (``iosim simulate``
     passes :class:`iosim.cli.progress.ProgressBar`)."""
     too_big = exceeds_memory(result.problem, result.profile)  # the model simulates a launch that fits
+    dram = get_schedule(result.schedule, result.pass_).dram if result.pass_ != "both" else None
+    closed_dram = dram(result.problem, result.tiles) if dram is not None and not too_big else None
+    if closed_dram is not None:  # the schedule knows its DRAM bytes in closed form (iosim's decode kernel)
+        out = replace(result, hbm_read=[r for r, _ in closed_dram], hbm_write=[w for _, w in closed_dram],
+                      hbm_model=DECODE_DRAM_MODEL)
+        return replace(out, time=predict_time(out))
     reason = too_big or unsupported(result.schedule, result.pass_, result.problem, result.tiles, result.counts)
     if reason:
         if strict:
@@ -155,18 +178,40 @@ def as_problem(problem: AttentionProblem | Mapping) -> AttentionProblem:
                     f"{type(problem).__name__} {problem!r:.80}; e.g. AttentionProblem(seq_len=4096)")
 
 
+def decode_kernel_options(problem: AttentionProblem, profile: Profile, desc, options: ScheduleOptions) -> ScheduleOptions:
+    """flash-decoding's options as a decode-family kernel (iosim-decode) runs it: its own tiling, and the splits its
+    heuristic (:func:`iosim.launch.decode.decode_split`) launches on ``profile`` unless ``options.splits`` forces
+    them (cut to what the longest sequence can use)."""
+    decode_layout.check_problem(problem)
+    lens, _ = decode_layout.check_layout(problem, options.kv_lens, options.page_size)
+    rows = problem.group * problem.seq_len
+    stripes = decode_layout.stripes(rows, problem.head_dim)
+    registers = desc.decode_registers(problem.head_dim, stripes)
+    slots = launch_decode.decode_slots(profile, problem.head_dim, stripes, problem.elem_bytes, registers)
+    blocks = problem.kv_heads * decode_layout.row_blocks(rows, problem.head_dim)
+    try:
+        split = launch_decode.decode_split(lens, blocks, slots, options.splits)
+    except launch_decode.DecodeGeometryError as exc:
+        raise ScheduleError(str(exc)) from None
+    return replace(options, splits=split.splits, tiling="iosim")
+
+
 def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | Profile | None = None, *,
              block_q: int | None = None, block_kv: int | None = None, method: Method = "closed",
              pass_: Pass = "forward", l2: bool = True, l2_exact: bool = False, l2_progress=None,
              kernel: str | None = None, warm: bool = False, splits: int | None = None, density: float | None = None,
-             mask=None, seed: int | None = None, gqa: Literal["expand", "grouped"] | None = None) -> Result:
+             mask=None, seed: int | None = None, gqa: Literal["expand", "grouped"] | None = None, kv_lens=None,
+             page_size: int | None = None) -> Result:
     """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
 
     ``pass_``: "forward" (default), "backward" (the backward pass, which consumes the forward's O and
     statistics) or "both" (forward kernels, then backward kernels). Each pass uses its own default tiles
     unless ``block_q``/``block_kv`` are given. The schedules' own options (None = not given; a schedule given
     one it does not take raises ScheduleError; a misspelled one is Python's TypeError): ``splits``
-    (flash-decoding), ``density``, ``mask`` (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's
+    (flash-decoding), ``kv_lens`` (keys of each sequence, a list or 1-d array, each 0 to ``kv_len``: a ragged
+    batch) and ``page_size`` (tokens per page of a paged cache, a multiple of 16; None: contiguous), both of
+    flash-decoding with ``kernel="iosim-decode"``, whose tile program is iosim's decode kernel's
+    (docs/serving.md), ``density``, ``mask`` (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's
     backward pass: "expand", the default, as FlashAttention-2; "grouped", as iosim's kernel:
     docs/schedules/backward.md). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
     (:mod:`iosim.l2`) where it applies (the forward pass of naive, flash1, flash2, flash3; flash2's backward); ``l2=False``
@@ -191,7 +236,10 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     if (desc is not None and desc.pass_ == "backward" and gqa is None and problem.heads != problem.kv_heads
             and "gqa" in get_schedule(schedule, "backward").options):
         gqa = desc.gqa  # the kernel's design of grouped-query heads, counted as it runs
-    options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa)
+    options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, kv_lens=kv_lens,
+                              page_size=page_size)
+    if desc is not None and desc.family == "decode":
+        options = decode_kernel_options(problem, prof, desc, options)
     if method not in ("closed", "walk"):
         raise ScheduleError(f"method={method!r}: expected 'closed' or 'walk'")
     if not isinstance(l2, bool):  # l2="no" is a true value: never read a string as a switch

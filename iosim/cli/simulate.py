@@ -47,6 +47,20 @@ class WholeNumber(click.ParamType):
 COUNT = WholeNumber()
 
 
+class Lengths(click.ParamType):
+    """Whole numbers separated by commas (``8192,4096,17``): the keys of each sequence of a ragged batch."""
+
+    name = "n,n,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        parts = [x for x in str(value).replace(" ", "").split(",") if x]
+        if not parts:
+            self.fail(f"{value!r}: expected the keys of each sequence, e.g. 8192,4096,17", param, ctx)
+        return [COUNT.convert(x, param, ctx) for x in parts]
+
+
 def problem_options(f):
     """The attention-problem flags, shared by every command that takes a problem."""
     opts = [
@@ -78,6 +92,12 @@ def problem_options(f):
               show_default=True, help="forward, backward (consumes the forward's O and statistics), or both")
 @click.option("--splits", type=COUNT, default=None,
               help="flash-decoding: K/V splits [default: chosen from the profile's SM count]")
+@click.option("--kv-lens", type=Lengths(), default=None,
+              help="flash-decoding --kernel iosim-decode: keys of each sequence, comma-separated, one per sequence, "
+                   "each at most --kv-len (a ragged batch) [default: every sequence --kv-len long]")
+@click.option("--page-size", type=COUNT, default=None,
+              help="flash-decoding --kernel iosim-decode: tokens per page of a paged KV cache, a multiple of 16 "
+                   "[default: a contiguous cache]")
 @click.option("--density", type=float, default=None,
               help="block-sparse: fraction of non-zero blocks of a drawn mask [default: 1]")
 @click.option("--mask", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -93,12 +113,13 @@ def problem_options(f):
               help="walk every tile access in the L2 model (slow for long sequences); by default large problems "
                    "walk a few heads and skip steady K/V windows (within 1% of the full walk)")
 @click.option("--kernel", default=None,
-              help="whose launch and pipeline the time model assumes: iosim-flash2, iosim-naive, fa2, fa3, cudnn or a "
-                   "YAML file (docs/timing.md) [default: the schedule's own]; its tiles unless --block-q/--block-kv")
+              help="whose launch and pipeline the time model assumes: iosim-flash2, iosim-naive, fa2, fa3, cudnn, "
+                   "iosim-decode (flash-decoding as iosim's decode kernel tiles it) or a YAML file (docs/timing.md) "
+                   "[default: the schedule's own]; its tiles unless --block-q/--block-kv")
 @click.option("--warm", is_flag=True, help="time back-to-back calls on the same inputs (tensors that fit stay in L2)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
 def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, use_l2, as_json,
-                 l2_exact=False, kernel=None, warm=False, gqa=None, **problem_kw):
+                 l2_exact=False, kernel=None, warm=False, gqa=None, kv_lens=None, page_size=None, **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time.
 
     With a CPU profile (``iosim profiles list``, or a file with ``kind: cpu``), the boundaries are the CPU's
@@ -107,7 +128,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
     if profile is not None and is_cpu_profile(profile):
         gpu_only = {"--method walk": method != "closed", "--pass": pass_ != "forward", "--splits": splits,
                     "--density": density, "--mask": mask, "--seed": seed, "--l2-exact": l2_exact, "--kernel": kernel,
-                    "--warm": warm, "--gqa": gqa}
+                    "--warm": warm, "--gqa": gqa, "--kv-lens": kv_lens, "--page-size": page_size}
         given = [k for k, v in gpu_only.items() if v]
         if given:
             raise click.UsageError(f"{', '.join(given)}: not for a CPU profile ({profile}); the CPU model takes the "
@@ -118,7 +139,8 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
     with compile_notice(), _l2_bar(use_l2) as bar:
         result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
                           pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, l2=use_l2,
-                          l2_exact=l2_exact, l2_progress=bar, kernel=kernel, warm=warm)
+                          l2_exact=l2_exact, l2_progress=bar, kernel=kernel, warm=warm, kv_lens=kv_lens,
+                          page_size=page_size)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -166,6 +188,9 @@ def render(r: Result) -> str:
         if t.block_q is None:
             return "untiled (each GEMM reads its operands once)"
         extra = t.describe_options()
+        lens = extra.get("kv_lens")
+        if lens is not None and len(lens) > 8:  # a long batch: its size and range
+            extra["kv_lens"] = f"{len(lens)} sequences of {min(lens)}-{max(lens)} keys"
         return (f"block_q={t.block_q}, block_kv={t.block_kv}"
                 + (f" (M = {t.sram_elements} elements)" if t.sram_elements else "")
                 + "".join(f", {k}={v}" for k, v in extra.items()))

@@ -31,17 +31,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..blocks import cdiv
+from ..hardware.gpu import Profile
+from ..schedules import decode_layout as tiling
+from .model import resident_blocks
 
-DECODE_WARPS = 4  # warps per block; they split the keys of a split (each its own tiles, ring and softmax state)
-DECODE_THREADS = 32 * DECODE_WARPS
-DECODE_TILE = 16  # keys per warp tile: a page size must be a multiple of it, so no tile crosses a page
-DECODE_HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
-MAX_QUERY_TOKENS = 16  # new tokens per sequence (speculative decoding, small chunks)
-STRIPE_ROWS = 16  # mma.sync m16n8k16: rows of one stripe
+# the kernel's tiling is the simulator's (iosim.schedules.decode_layout), written once
+DECODE_WARPS = tiling.WARPS  # warps per block; they split the keys of a split (each its own tiles, ring and state)
+DECODE_THREADS = tiling.THREADS
+DECODE_TILE = tiling.TILE_KEYS  # keys per warp tile: a page size must be a multiple of it, so no tile crosses a page
+DECODE_HEAD_DIMS: tuple[int, ...] = tiling.HEAD_DIMS
+MAX_QUERY_TOKENS = tiling.MAX_QUERY_TOKENS  # new tokens per sequence (speculative decoding, small chunks)
+STRIPE_ROWS = tiling.STRIPE_ROWS  # mma.sync m16n8k16: rows of one stripe
 
 SPLIT_FILL = 0.8  # fraction of the resident slots a grid must fill to count as full (FlashAttention-2's 80%)
 MIN_SPLIT_TOKENS = 256  # keys per split at least: the block's fixed cost against its streaming time
-MAX_SPLITS = 128  # splits at most (FlashAttention-2's cap): bounds the partial outputs
+MAX_SPLITS = tiling.MAX_SPLITS  # splits at most (FlashAttention-2's cap): bounds the partial outputs
 
 # registers per thread (ptxas, nvcc 13.0, sm_90 and sm_80 alike, fp16 and bf16 alike): (d, stripes) -> registers;
 # python -m iosim.gpu.compile_check prints them. The combine kernel: 32-42.
@@ -57,18 +61,18 @@ class DecodeGeometryError(ValueError):
 def decode_stages(head_dim: int) -> int:
     """Depth of each warp's K/V ring (mirrors decode_stages() in kernels/flash_decode.cu): tiles of 16 keys in
     flight per warp while it computes one are ``stages - 1``; d = 256 keeps 2 so a block fits an A100's 163 KB."""
-    return 2 if head_dim >= 256 else 3 if head_dim >= 128 else 4
+    return tiling.stages(head_dim)
 
 
 def decode_stripes(rows: int, head_dim: int) -> int:
     """16-row stripes per block: 2 where more than 16 rows (G·L) and d <= 128 (O stays in registers), else 1."""
-    return 2 if rows > STRIPE_ROWS and head_dim <= 128 else 1
+    return tiling.stripes(rows, head_dim)
 
 
 def decode_row_blocks(rows: int, head_dim: int) -> int:
     """Blocks along the packed rows (grid.x): each re-reads the kv head's K/V, mostly from L2 (launched side by
     side); 1 up to 32 rows at d <= 128, 16 at d = 256."""
-    return cdiv(rows, STRIPE_ROWS * decode_stripes(rows, head_dim))
+    return tiling.row_blocks(rows, head_dim)
 
 
 def decode_smem_terms(head_dim: int, stripes: int, itemsize: int = 2) -> dict[str, int]:
@@ -100,6 +104,12 @@ def decode_blocks_per_sm(smem_bytes: int, registers: int, smem_per_sm: int, regs
     by_regs = regs_per_sm // (regs_per_warp * DECODE_WARPS)
     by_smem = smem_per_sm // (smem_bytes + reserved_per_block)
     return max(0, min(by_regs, by_smem, threads_per_sm // DECODE_THREADS, max_blocks))
+
+
+def decode_slots(profile: Profile, head_dim: int, stripes: int, itemsize: int, registers: int) -> int:
+    """Split-kernel blocks the GPU of ``profile`` holds at once (:func:`iosim.launch.model.resident_blocks`: the
+    same limits as :func:`decode_blocks_per_sm`, from the profile instead of the device's attributes)."""
+    return resident_blocks(profile, DECODE_THREADS, decode_smem_bytes(head_dim, stripes, itemsize), registers)[0]
 
 
 def decode_bytes_in_flight(head_dim: int, blocks_per_sm: int, itemsize: int = 2) -> int:
@@ -137,9 +147,7 @@ def decode_split(kv_lens: Sequence[int], blocks_per_seq: int, slots: int, splits
         target = max(1, math.floor(SPLIT_FILL * slots))  # blocks that count as a full grid
         chunk = cdiv(blocks_per_seq * sum(lens), target)  # keys per block that spread the work over the target
         splits = min(MAX_SPLITS, cdiv(longest, chunk), max(1, longest // MIN_SPLIT_TOKENS))
-    splits = min(splits, cdiv(longest, DECODE_TILE))
-    chunk = cdiv(cdiv(longest, splits), DECODE_TILE) * DECODE_TILE  # even splits of whole tiles
-    return SplitChoice(cdiv(longest, chunk), chunk)
+    return SplitChoice(*tiling.even_split(longest, splits))  # even splits of whole tiles
 
 
 def decode_grid(batch: int, kv_heads: int, rows: int, head_dim: int, splits: int) -> tuple[int, int, int]:

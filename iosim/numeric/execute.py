@@ -13,7 +13,8 @@ import numpy as np
 
 from ..hardware.gpu import get_profile
 from ..problem import AttentionProblem
-from ..schedules import Tiles, get_schedule, resolve_tiles
+from ..schedules import ScheduleError, Tiles, get_schedule, resolve_tiles
+from ..schedules.decode_layout import PagedDecodingTiles
 from .machine import F32, NumericMachine, round_to_dtype
 
 
@@ -40,6 +41,10 @@ def execute(schedule: str, problem: AttentionProblem, q, k, v, tiles: Tiles | No
     mod = get_schedule(schedule)
     if tiles is None:
         tiles = resolve_tiles(schedule, p, get_profile())
+    if isinstance(tiles, PagedDecodingTiles):
+        raise ScheduleError("flash-decoding with iosim's decode kernel's tiles is counted, not executed here: that "
+                            "program's numbers are the GPU kernel's, checked against float64 by "
+                            "tests/gpu/test_decode_gpu.py")
     q, k, v = (round_to_dtype(a, p.dtype) for a in (q, k, v))
     if mod.unit == "kv_head":
         return _execute_kv_heads(mod, p, q, k, v, tiles, kv_order)

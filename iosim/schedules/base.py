@@ -38,17 +38,23 @@ class Tiles:
 
 @dataclass(frozen=True, eq=False)
 class ScheduleOptions:
-    """The options some schedules' tiles take, None = not given: flash-decoding's ``splits`` (K/V splits);
+    """The options some schedules' tiles take, None = not given: flash-decoding's ``splits`` (K/V splits), and with
+    iosim's decode kernel ``kv_lens`` (keys of each sequence) and ``page_size`` (tokens per page of a paged cache);
     block-sparse's ``density`` (fraction of non-zero blocks of a drawn mask), ``mask`` (a .npy or text file, or an
     array: one row of 0/1 per Q block) and ``seed`` (of the drawn mask); flash2 backward's ``gqa`` ("expand", as
     FlashAttention-2, or "grouped", as iosim's kernel). ``simulate`` takes them as its own keyword parameters;
-    a schedule given one it does not take refuses it (:func:`iosim.schedules.resolve_tiles`)."""
+    a schedule given one it does not take refuses it (:func:`iosim.schedules.resolve_tiles`). ``tiling`` is not a
+    keyword: ``simulate`` sets it from the kernel (flash-decoding: "iosim" for ``kernel="iosim-decode"``, whose
+    tile program is iosim's decode kernel's, :mod:`iosim.schedules.paged_decoding`)."""
 
     splits: int | None = None
     density: float | None = None
     mask: object = None
     seed: int | None = None
     gqa: str | None = None
+    kv_lens: object = None
+    page_size: int | None = None
+    tiling: str | None = None
 
     def given(self) -> dict:
         """The options given (not None), by name."""
@@ -71,6 +77,9 @@ class Schedule:
     flash2 backward's gqa); ``tile_unit(tiles)``, where given, lets such an option choose the unit (gqa="grouped"
     runs one program per kv head).
     ``time_model`` names the time model of the forward pass: "roofline", or "hopper" (FA3's pipeline).
+    ``dram(problem, tiles)``, where given, is a closed form of each kernel's DRAM (read, write) bytes for tiles the
+    L2 model does not walk (None from it: no closed form for these tiles); a unit "call" is the whole problem, run
+    once (iosim's decode kernel over a ragged batch: sequences differ).
     """
 
     name: str
@@ -87,6 +96,7 @@ class Schedule:
     options: tuple[str, ...] = ()
     time_model: str = "roofline"
     tile_unit: Callable | None = None
+    dram: Callable | None = None
 
     @property
     def label(self) -> str:
@@ -101,10 +111,13 @@ class Schedule:
         return int(smem), int(total - smem)
 
     def unit_of(self, tiles: Tiles | None = None) -> str:
-        """What one program run covers with ``tiles``: "head" (a query head) or "kv_head" (one with its group)."""
+        """What one program run covers with ``tiles``: "head" (a query head), "kv_head" (one with its group) or
+        "call" (the whole problem)."""
         return self.unit if tiles is None or self.tile_unit is None else self.tile_unit(tiles)
 
     def units(self, problem, tiles: Tiles | None = None) -> int:
         """How many times the one-unit program runs for the whole problem."""
-        kv_head = self.unit_of(tiles) == "kv_head"
-        return problem.batch * problem.kv_heads if kv_head else problem.n_heads_total
+        unit = self.unit_of(tiles)
+        if unit == "call":
+            return 1
+        return problem.batch * problem.kv_heads if unit == "kv_head" else problem.n_heads_total

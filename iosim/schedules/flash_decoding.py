@@ -18,6 +18,10 @@ With a causal mask row r is query position r // group. A split whose K/V blocks 
 O_s = 0, L_s = -inf without loading anything (FA2's early exit). With one split, step 2 writes O and L
 directly and step 3 does not run (as FlashAttention-2 does).
 
+With ``kernel="iosim-decode"`` (``tiling="iosim"``) the program is iosim's decode kernel's instead, with ragged
+lengths and a paged cache: :mod:`iosim.schedules.paged_decoding`, whose tiles (:class:`PagedDecodingTiles`) the
+functions below hand it.
+
 Splits: given, or FlashAttention-2's ``num_splits_heuristic`` (flash_api.cpp) on the profile's SM count:
 none if the unsplit grid already fills 80% of the SMs, else the fewest splits whose wave efficiency is within
 85% of the best, up to 128. The split count is then made effective: S' = ceil(Tc / ceil(Tc / S)) splits of
@@ -33,7 +37,9 @@ import numpy as np
 from ..blocks import Rows, block_rows, cdiv
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
+from . import decode_layout, paged_decoding
 from .base import Schedule, ScheduleError, Tiles
+from .decode_layout import PagedDecodingTiles
 
 NAME = "flash-decoding"
 SUMMARY = "Flash-Decoding: K/V split across thread blocks, fp32 partial outputs merged by a second kernel"
@@ -94,7 +100,22 @@ def _rows(p: AttentionProblem) -> int:
     return p.group * p.seq_len
 
 
-def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, splits=None) -> DecodingTiles:
+def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, splits=None, kv_lens=None,
+               page_size=None, tiling=None) -> DecodingTiles | PagedDecodingTiles:
+    """FlashAttention-2's tiles (``tiling`` None or "fa2"), or iosim's decode kernel's ("iosim": ``kv_lens`` and
+    ``page_size`` describe the batch; the kernel's tiles are fixed)."""
+    if tiling == "iosim":
+        if block_q is not None or block_kv is not None:
+            raise ScheduleError(f"flash-decoding with iosim's decode kernel: block_q={block_q!r}, "
+                                f"block_kv={block_kv!r}; the kernel's tiles are its own (rows in stripes of 16, "
+                                "tiles of 16 keys): give neither")
+        return decode_layout.make_tiles(p, kv_lens, page_size, splits)
+    if tiling not in (None, "fa2"):
+        raise ScheduleError(f"flash-decoding: tiling={tiling!r}; expected 'fa2' or 'iosim'")
+    if kv_lens is not None or page_size is not None:
+        raise ScheduleError("flash-decoding: kv_lens and page_size describe a ragged batch and a paged cache, which "
+                            "iosim's decode kernel takes: give kernel='iosim-decode' (FlashAttention-2's split-KV "
+                            "program, the default, takes one kv_len and a contiguous cache)")
     Br = block_q if block_q is not None else BLOCK_Q
     Bc = block_kv if block_kv is not None else next((BLOCK_KV[k] for k in sorted(BLOCK_KV) if p.head_dim <= k), 32)
     Tiles(Br, Bc)  # validates the sizes
@@ -125,7 +146,9 @@ def _n_visible(i, Br: int, Bc: int, p: AttentionProblem):
 
 
 def program(x, p: AttentionProblem, t: Tiles) -> None:
-    """One kv head: its query heads packed as rows."""
+    """One kv head: its query heads packed as rows (iosim's decode kernel: the whole call)."""
+    if isinstance(t, PagedDecodingTiles):
+        return paged_decoding.program(x, p, t)
     R, Nk = _rows(p), p.kv_len
     Br, Bc, S = t.block_q, t.block_kv, splits_of(t)
     Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
@@ -179,12 +202,16 @@ def _sizes(p: AttentionProblem, t: Tiles) -> tuple[int, int, int, int]:
 
 def shared_memory(p: AttentionProblem, t: Tiles) -> int:
     """The split kernel's loaded tiles: Q_i, K_j, V_j."""
+    if isinstance(t, PagedDecodingTiles):
+        return paged_decoding.shared_memory(p, t)
     b, d, br, bc = _sizes(p, t)
     return br * d * b + 2 * bc * d * b
 
 
 def working_set(p: AttentionProblem, t: Tiles) -> int:
     """The split kernel's peak (as FlashAttention-2's forward): registers hold O, l, m, the scores and L."""
+    if isinstance(t, PagedDecodingTiles):
+        return paged_decoding.working_set(p, t)
     _, d, br, bc = _sizes(p, t)
     return shared_memory(p, t) + br * d * 4 + 2 * br * STAT_BYTES + br * bc * 4 + br * STAT_BYTES
 
@@ -196,6 +223,8 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     if not isinstance(p, AttentionProblem):
         raise ScheduleError("flash-decoding: its closed form runs one problem at a time (no array sweeps); "
                             "use simulate() per point")
+    if isinstance(t, PagedDecodingTiles):
+        return paged_decoding.closed_form(p, t)
     R, Nk, d, b, st = _rows(p), p.kv_len, p.head_dim, p.elem_bytes, STAT_BYTES
     Br, Bc, S = t.block_q, t.block_kv, splits_of(t)
     Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
@@ -232,5 +261,14 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     return Counts([k1, k2])
 
 
+def _unit(t: Tiles) -> str:
+    return "call" if isinstance(t, PagedDecodingTiles) else UNIT
+
+
+def _dram(p: AttentionProblem, t: Tiles) -> list[tuple[int, int]] | None:
+    return decode_layout.dram(p, t) if isinstance(t, PagedDecodingTiles) else None
+
+
 SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
-                    unit=UNIT, make_tiles=make_tiles, options=("splits",))
+                    unit=UNIT, make_tiles=make_tiles, options=("splits", "kv_lens", "page_size", "tiling"),
+                    tile_unit=_unit, dram=_dram)

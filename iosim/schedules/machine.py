@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..blocks import Rows
-from ..counts import FP32_TENSORS, MATRIX_TENSORS, ROW_TENSORS, KernelCounts
+from ..counts import FP32_TENSORS, INDEX_TENSORS, MATRIX_TENSORS, ROW_TENSORS, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
 
 ACC_BYTES = 4  # on-chip results (scores, probabilities, accumulators, statistics) are fp32
@@ -52,6 +52,11 @@ class Machine:
 
     # global <-> SRAM
     def load(self, tensor: str, rows: Rows, cols: Rows | None = None): ...
+
+    def broadcast(self, tensor: str, rows: Rows, threads: int):
+        """Every one of ``threads`` threads loads the same rows (a sequence's length, a block-table entry): the
+        value is ``load``'s; the counter charges the load instructions' bytes, ``threads`` times the rows'."""
+        return self.load(tensor, rows)
     def store(self, tensor: str, rows: Rows, tile, cols: Rows | None = None) -> None: ...
     def fill(self, tensor: str, rows: Rows, value: float) -> None:
         """Write a constant straight to global memory (FlashAttention-1 Alg. 1 line 2)."""
@@ -82,6 +87,8 @@ class Machine:
     def dscores(self, P, dP, D_i): ...
     def softmax_grad(self, P, dP): ...
     def merge_partial(self, O, l, m, O_s, L_s): ...
+    def merge_state(self, O, l, m, O2, l2, m2):
+        """Two unnormalized (O, l, m) states of the same rows (iosim's decode kernel: its warps' states)."""
 
 
 @dataclass
@@ -141,7 +148,7 @@ class Counter(Machine):
         f["other"] += other
 
     def _elem(self, tensor: str) -> int:
-        return STAT_BYTES if tensor in FP32_TENSORS else self.problem.elem_bytes
+        return STAT_BYTES if tensor in FP32_TENSORS or tensor in INDEX_TENSORS else self.problem.elem_bytes
 
     def _shape(self, tensor: str, rows: Rows, cols: Rows | None) -> tuple[int, int]:
         if tensor in MATRIX_TENSORS:
@@ -155,6 +162,14 @@ class Counter(Machine):
         r, c = self._shape(tensor, rows, cols)
         tile = Tile(r, c, self._elem(tensor), tensor)
         self._k.global_read[tensor] += tile.nbytes
+        return self._hold(tile)
+
+    def broadcast(self, tensor, rows, threads):
+        # every thread of ``threads`` loads the same rows: the load instructions move threads x their bytes (what
+        # Nsight Compute's smsp__sass_data_bytes_mem_global counters count, docs/validation.md); on chip one copy
+        r, c = self._shape(tensor, rows, None)
+        tile = Tile(r, c, self._elem(tensor), tensor)
+        self._k.global_read[tensor] += threads * tile.nbytes
         return self._hold(tile)
 
     def store(self, tensor, rows, tile, cols=None):
@@ -338,6 +353,21 @@ class Counter(Machine):
         br = O.rows
         self._read(O, l, m, O_s, L_s)
         self._flops(exp=2 * br, other=5 * br + 3 * br * self.d)
+        return (
+            self._hold(Tile(br, self.d, ACC_BYTES, "O")),
+            self._hold(Tile(br, 1, ACC_BYTES, "l")),
+            self._hold(Tile(br, 1, ACC_BYTES, "m")),
+        )
+
+    def merge_state(self, O, l, m, O2, l2, m2):
+        # Two unnormalized states of the same rows (iosim's decode kernel merges its warps' this way):
+        #   m_new = max(m, m2)                          br other
+        #   a = exp(m - m_new), c = exp(m2 - m_new)     2br exp, 2br other
+        #   l = a·l + c·l2                              3br other
+        #   O = a·O + c·O2                              3·br·d other
+        br = O.rows
+        self._read(O, l, m, O2, l2, m2)
+        self._flops(exp=2 * br, other=6 * br + 3 * br * self.d)
         return (
             self._hold(Tile(br, self.d, ACC_BYTES, "O")),
             self._hold(Tile(br, 1, ACC_BYTES, "l")),

@@ -14,6 +14,8 @@ the profile's rates (:mod:`iosim.timing.rates`: measured by ``iosim calibrate ra
 * family ``fa3`` (wgmma ping-pong; fa3, cudnn): FlashAttention-3's pipeline, :mod:`iosim.timing.fa3`, at the measured
   wgmma rate;
 * family ``naive`` (three kernels): :mod:`iosim.timing.naive`;
+* family ``decode`` (iosim-decode: iosim's Flash-Decoding, the ``flash-decoding`` schedule with its tiling): the
+  split kernel streaming the cache and the combine kernel, :mod:`iosim.timing.flash_decode`;
 * the backward pass (descriptions with ``pass: backward``: iosim-flash2-bwd, fa2-bwd, cudnn-bwd, iosim-flash3-bwd):
   the row kernels stream, the main kernel's step is :mod:`iosim.timing.fa2_bwd`'s or :mod:`iosim.timing.fa3_bwd`'s;
 * the peak roofline (:mod:`iosim.timing.roofline`): beside every estimate, and the estimate itself where no kernel
@@ -36,7 +38,7 @@ from dataclasses import replace
 from ..counts import Counts
 from ..hardware.gpu import Profile
 from ..problem import STAT_BYTES, AttentionProblem
-from . import decode, energy, fa2, fa2_bwd, fa3, fa3_bwd, naive, overlap, roofline, uncertainty
+from . import decode, energy, fa2, fa2_bwd, fa3, fa3_bwd, flash_decode, naive, overlap, roofline, uncertainty
 from .estimate import Conditions, KernelTime, TimeEstimate, Uncertainty, Workload
 from .kernels import (
     DEFAULT_BACKWARD_KERNEL,
@@ -48,7 +50,7 @@ from .kernels import (
 )
 from .rates import Rates, rates
 
-FAMILY_SCHEDULES = {"fa2": ("flash2",), "fa3": ("flash3",), "naive": ("naive",)}
+FAMILY_SCHEDULES = {"fa2": ("flash2",), "fa3": ("flash3",), "naive": ("naive",), "decode": ("flash-decoding",)}
 BACKWARD_SCHEDULES = {"fa2": ("flash2",), "fa3": ("flash2", "flash3")}  # a Hopper backward runs flash2's program
 L2_RESIDENT_SHARE = 0.8  # a warm problem stays in L2 when its tensors take at most this share of it
 
@@ -121,6 +123,8 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     p, desc, r, kernels = c.problem, c.desc, c.rates, work.counts.kernels
     if desc.family == "naive":
         return naive.kernel_times(c, work.tiles, kernels, work.hbm)
+    if desc.family == "decode":
+        return flash_decode.kernel_times(c, work, L2_RESIDENT_SHARE)
     if desc.family == "fa3":
         model = fa3.HopperModel(tensor_efficiency=_wgmma_efficiency(r, c.profile, p.dtype),
                                 overlap_loss=overlap.OVERLAP_LOSS)

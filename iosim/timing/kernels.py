@@ -6,7 +6,9 @@ memory per block (which give the thread blocks resident per SM). Built-ins live 
 
 * ``iosim-flash2`` and ``iosim-naive``: this project's kernels (kernels/flash_fwd.cu, kernels/naive.cu);
 * ``fa2``: FlashAttention-2 as torch SDPA's flash backend runs it (tiles from its launch template; split-KV for decode);
-* ``fa3``: FlashAttention-3's Hopper pipeline; ``cudnn``: cuDNN's fused attention, an FA3-class Hopper kernel.
+* ``fa3``: FlashAttention-3's Hopper pipeline; ``cudnn``: cuDNN's fused attention, an FA3-class Hopper kernel;
+* ``iosim-decode``: this project's Flash-Decoding kernels (kernels/flash_decode.cu), family ``decode``: its tiling
+  is the kernel's own (:mod:`iosim.schedules.decode_layout`), its registers per head dim and row stripes are listed.
 
 A user's own kernel is a YAML file with the same fields (``--kernel my-kernel.yaml``).
 """
@@ -79,13 +81,22 @@ class SplitKV(_Strict):
     block_kv: dict[int, int] = Field(description="head_dim -> Bc of the split-KV kernel")
 
 
+class DecodeKernel(_Strict):
+    """A decode kernel's instantiations (family ``decode``): registers by head dim and 16-row stripes per block."""
+
+    registers: dict[int, dict[int, int]] = Field(
+        description="head_dim -> {row stripes: registers per thread of the split kernel (ptxas)}")
+    combine_registers: int = Field(ge=1, le=255, description="registers per thread of the combine kernel (ptxas)")
+
+
 class KernelDesc(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
-    family: Literal["fa2", "fa3", "naive"] = Field(
+    family: Literal["fa2", "fa3", "naive", "decode"] = Field(
         description="fa2: mma.sync, a warp's GEMMs and softmax in sequence, overlapped across warps; fa3: wgmma "
-        "ping-pong, softmax under the GEMM, persistent grid; naive: three kernels (GEMM, softmax, GEMM)")
+        "ping-pong, softmax under the GEMM, persistent grid; naive: three kernels (GEMM, softmax, GEMM); decode: "
+        "iosim's Flash-Decoding (a split kernel streaming the KV cache, then a combine kernel)")
     source: str = Field(min_length=1, description="where the tiles and pipeline come from")
     pass_: Literal["forward", "backward"] = Field(default="forward", alias="pass",
                                                   description="the pass whose kernels it describes")
@@ -99,6 +110,15 @@ class KernelDesc(_Strict):
     fold_gqa_decode: bool = Field(default=False, description="one query with grouped-query heads runs with the "
                                   "group's query heads folded into query rows (FlashAttention-2's mha_fwd: "
                                   "seqlenq_ngroups_swapped), split-KV or not")
+    decode: DecodeKernel | None = Field(default=None, description="family decode: the kernel's instantiations")
+
+    def decode_registers(self, head_dim: int, stripes: int) -> int:
+        """Registers per thread of a decode kernel's split kernel at ``head_dim`` with ``stripes`` row stripes."""
+        regs = (self.decode.registers if self.decode else {}).get(head_dim, {}).get(stripes)
+        if regs is None:
+            raise KernelError(f"kernel {self.name!r} lists no decode instantiation for head_dim={head_dim} with "
+                              f"{stripes} row stripes; add its registers under decode.registers")
+        return regs
 
     def tiles_for(self, head_dim: int) -> TileConfig:
         if head_dim in self.tiles:

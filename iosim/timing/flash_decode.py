@@ -1,0 +1,161 @@
+"""Time of iosim's Flash-Decoding kernels (kernels/flash_decode.cu; kernel description ``iosim-decode``), from the
+profile's calibrated rates only.
+
+**The split kernel** streams the KV cache. Its grid is the kernel's (:func:`iosim.launch.decode.decode_split`
+chose the splits, the simulator's tiles carry them): a block per (row block, split, sequence, kv head), in launch
+order, ``slots`` = SMs × blocks per SM resident at once (:func:`iosim.launch.decode.decode_slots`: shared memory,
+the description's registers, threads). Each block
+
+1. starts (``launch.per_block``), reads its sequence's length (one L2 latency) and issues Q and its first K/V tiles
+   (one DRAM latency, ``latency.dram``; L2's where warm calls keep the cache in L2);
+2. streams its split's K and V: all streaming blocks share the bandwidth equally (water-filling), each capped by
+   what it keeps in flight over the latency (Little's law: 4 warps × (stages − 1) tiles of 2·16·d elements), and
+   by its SM's tensor, exp2 and fp32 rates at the blocks per SM (``mma_sync``, ``exp``, ``fp32.fma``); the
+   chip's bandwidth for global K/V bytes is the L2 read rate, or the DRAM read rate times the reuse of each DRAM
+   byte (the row blocks of a kv head share it in L2), whichever is lower;
+3. merges its 4 warps' states through shared memory (``smem.ldmatrix`` rate at the SM's share) and stores.
+
+A block that holds no keys of its sequence starts, reads the length and exits. Blocks take a free slot in launch
+order as one ends, so a grid of more blocks than slots runs in waves and a grid of fewer runs at the blocks' caps:
+partial waves and stragglers (the last split of the longest sequence) come out of the same walk (:func:`fluid`).
+The kernel takes that walk, the call's first launch (``launch.call``) and the drain of its last stores (one
+latency), and no less than its DRAM reads and writes at the calibrated rates.
+
+**The combine kernel** (splits > 1) runs a warp per output row, 4 rows a block: each block's time is a chain of
+dependent L2 loads (the length, the splits' lse, then the splits' lse and O_s two at a time: the loop is unrolled by
+2), placed on the combine kernel's own resident slots; the kernel takes the longer of that placement and the
+partials' bytes (from L2 where they fit in it, else DRAM), plus a further launch (``launch.dependent``).
+
+Nothing here is fitted: the measured decode rows (docs/benchmarks/decode-*.csv) judge it
+(``benchmarks/time_record_decode.py --judge-benchmark``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from ..blocks import cdiv, makespan
+from ..launch import decode as geo
+from ..launch.model import resident_blocks
+from ..problem import AttentionProblem
+from ..schedules.decode_layout import TILE_KEYS, WARPS, PagedDecodingTiles
+from .estimate import Conditions, KernelTime, Workload
+from .rates import Rates
+
+
+def fluid(stream: np.ndarray, fixed: np.ndarray, slots: int, bandwidth: float, cap: float) -> float:
+    """When the last of the blocks ends: block i (launch order) takes a free slot, spends ``fixed[i]`` seconds not
+    streaming, then streams ``stream[i]`` bytes; the streaming blocks share ``bandwidth`` equally, each at most
+    ``cap`` bytes/s. An event walk: every streaming block moves at one common rate, so a block ends when the bytes
+    streamed per block since it began reach its own."""
+    n = len(stream)
+    t, done_per_block, nxt = 0.0, 0.0, 0  # done_per_block: bytes each streaming block has moved so far, summed
+    starting: list[tuple[float, int]] = []  # (end of the fixed part, block)
+    streaming: list[tuple[float, int]] = []  # (done_per_block when it ends, block)
+    while nxt < min(slots, n):
+        heapq.heappush(starting, (fixed[nxt], nxt))
+        nxt += 1
+    while starting or streaming:
+        rate = min(cap, bandwidth / len(streaming)) if streaming else 0.0
+        t_stream = t + (streaming[0][0] - done_per_block) / rate if streaming else math.inf
+        t_start = starting[0][0] if starting else math.inf
+        if t_start <= t_stream:
+            done_per_block += rate * (t_start - t)
+            t = t_start
+            i = heapq.heappop(starting)[1]
+            if stream[i] > 0:
+                heapq.heappush(streaming, (done_per_block + stream[i], i))
+                continue
+        else:
+            done_per_block, t = streaming[0][0], t_stream
+            heapq.heappop(streaming)
+        if nxt < n:  # a slot freed: the next block in launch order takes it
+            heapq.heappush(starting, (t + fixed[nxt], nxt))
+            nxt += 1
+    return float(t)
+
+
+def _split_keys(p: AttentionProblem, t: PagedDecodingTiles, row_blocks: int) -> np.ndarray:
+    """Keys of each split-kernel block in launch order: row blocks fastest, then splits, then sequence · kv head."""
+    lens = np.asarray(t.kv_lens, dtype=np.int64)[:, None]
+    s = np.arange(t.splits, dtype=np.int64)[None, :]
+    per = np.clip(np.minimum(lens, (s + 1) * t.chunk) - s * t.chunk, 0, None)  # (batch, splits)
+    per = np.repeat(per[:, None, :, None], p.kv_heads, axis=1)
+    return np.repeat(per, row_blocks, axis=3).reshape(-1)
+
+
+def _tile_seconds(p: AttentionProblem, t: PagedDecodingTiles, r: Rates, warps_per_sm: int) -> float:
+    """Seconds an SM takes per warp tile of 16 keys with ``warps_per_sm`` warps issuing: the multiplies on the
+    tensor pipe, beside the softmax's exp2 and fp32 work (other warps' phases overlap; FA2's per-score counts)."""
+    Br, d = t.block_q, p.head_dim
+    mma = 4 * Br * TILE_KEYS * d / (r.mma_at(warps_per_sm) / r.sms)
+    scores = Br * TILE_KEYS
+    softmax = (scores + Br) / (r.ex2 / r.sms) + (4 * scores + Br * d) / (r.alu / r.sms)
+    return max(mma, softmax)
+
+
+def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
+    """The split kernel (module docstring)."""
+    p, t, r = c.problem, work.tiles, c.rates
+    d, e = p.head_dim, p.elem_bytes
+    stripes = t.block_q // geo.STRIPE_ROWS
+    row_blocks = cdiv(p.group * p.seq_len, t.block_q)
+    slots = geo.decode_slots(c.profile, d, stripes, e, registers)
+    per_sm = max(1, slots // r.sms)
+    keys = _split_keys(p, t, row_blocks)
+    stream = keys * 2 * d * e  # K and V of the block's keys
+    active = keys > 0
+    running = min(int(active.sum()), slots)
+    k_eff = max(1, min(per_sm, cdiv(running, r.sms)))  # blocks sharing an SM
+    tile = 2 * TILE_KEYS * d * e
+    in_flight = WARPS * (geo.decode_stages(d) - 1) * tile
+    cap = min(in_flight / c.latency if c.latency else math.inf,
+              tile / (_tile_seconds(p, t, r, WARPS * k_eff) * k_eff))
+    hbm_read, hbm_write = work.hbm[0]
+    reuse = float(stream.sum()) / hbm_read if hbm_read else math.inf  # global K/V bytes per DRAM byte read
+    bandwidth = min(r.l2, r.dram_read * reuse)
+    merge = 2 * WARPS * t.block_q * (d + 2) * 4 / (r.smem / r.sms)  # the warps' states through shared memory
+    fixed = np.where(active, r.block_s + r.l2_latency_s + c.latency + merge, r.block_s + r.l2_latency_s)
+    walk = fluid(stream, fixed, slots, bandwidth, cap)
+    dram = r.dram_s(hbm_read, hbm_write)
+    seconds = r.first_launch_s() + max(walk + c.latency, dram)
+    ideal = float(stream.sum()) / bandwidth
+    bound = ("l2" if bandwidth == r.l2 else "dram") if ideal >= 0.8 * walk else "blocks"
+    parts = {"utilization": min(1.0, len(keys) / slots), "splits": t.splits, "resident_blocks": per_sm,
+             "blocks": walk, "stream": ideal, "dram": dram, "launch": r.first_launch_s(), "bound": bound}
+    return KernelTime.of(work.counts.kernels[0].name, len(keys), seconds, parts)
+
+
+def combine_time(c: Conditions, work: Workload, registers: int, resident_share: float) -> KernelTime:
+    """The combine kernel (module docstring)."""
+    p, t, r = c.problem, work.tiles, c.rates
+    rows = p.batch * p.seq_len * p.heads
+    ns = np.repeat(np.minimum(t.splits, cdiv(np.asarray(t.kv_lens, dtype=np.int64), t.chunk)), p.seq_len * p.heads)
+    ns = np.concatenate([ns, np.zeros(-rows % WARPS, dtype=np.int64)]).reshape(-1, WARPS).max(axis=1)
+    chain = r.block_s + (2 + cdiv(ns, 2)) * r.l2_latency_s  # length; lse; lse and O_s two splits a round
+    slots = resident_blocks(c.profile, geo.DECODE_THREADS, 0, registers)[0]
+    placed = makespan(chain.astype(float), slots)
+    read, write = work.hbm[1]
+    cap = c.profile.l2.capacity.value
+    from_l2 = bool(cap) and work.hbm[0][1] <= resident_share * cap  # the partials the split kernel just wrote
+    streamed = read / (r.l2 if from_l2 else r.dram_read) + write / r.l2_write
+    seconds = r.next_launch_s() + max(placed, streamed) + r.l2_latency_s
+    parts = {"utilization": min(1.0, len(ns) / slots), "blocks": placed, "stream": streamed,
+             "launch": r.next_launch_s(), "bound": "latency" if placed >= streamed else ("l2" if from_l2 else "dram")}
+    return KernelTime.of(work.counts.kernels[1].name, len(ns), seconds, parts)
+
+
+def kernel_times(c: Conditions, work: Workload, resident_share: float) -> list[KernelTime]:
+    """The split kernel's time, and the combine kernel's where there are several splits."""
+    desc, p, t = c.desc, c.problem, work.tiles
+    if not isinstance(t, PagedDecodingTiles):
+        raise TypeError("iosim-decode's time model takes the tiles of iosim's decode kernel (simulate with "
+                        "kernel='iosim-decode')")
+    stripes = t.block_q // geo.STRIPE_ROWS
+    out = [split_time(c, work, desc.decode_registers(p.head_dim, stripes))]
+    if t.splits > 1:
+        out.append(combine_time(c, work, desc.decode.combine_registers, resident_share))
+    return out
