@@ -68,7 +68,7 @@ def measure(device: str) -> dict:
 
 
 def judge(data: dict, profile: str) -> int:
-    from iosim.profile import get_profile
+    from iosim.hardware.gpu import get_profile
     from iosim.timing.energy import energy_j
 
     prof = get_profile(profile)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from iosim import launch
-from iosim.launch import varlen
 from iosim.gpu import build, inputs
+from iosim.launch import varlen
 
 
 def test_import_iosim_and_iosim_gpu_never_import_cupy():

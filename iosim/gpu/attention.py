@@ -140,6 +140,9 @@ def _smem_limit(cp: Any) -> int:
 # the API
 
 
+_NO_MASK = varlen.Mask(False, None)
+
+
 @dataclass
 class _Call:
     """One call's arrays and sizes, checked: q (B, N, H, D); k, v (B, Nk, Hk, D); o like q; lse (B, H, N) or None."""
@@ -153,7 +156,7 @@ class _Call:
     dtype: str
     scale: float
     causal: bool
-    mask: varlen.Mask = varlen.Mask(False, None)  # flash2: the causal flag and window, as the kernel takes them
+    mask: varlen.Mask = _NO_MASK  # flash2: the causal flag and window, as the kernel takes them
 
     @property
     def sizes(self) -> tuple[int, int, int, int, int, int]:
