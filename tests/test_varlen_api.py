@@ -6,9 +6,12 @@ tests/gpu/test_varlen_gpu.py runs the kernel."""
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import load_benchmark
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -208,3 +211,30 @@ def test_every_instantiation_matches_the_kernels_parameter_list():
         assert len(params.split(",")) == n_params, inst
         assert (", true, true>" in inst.name_expression) == inst.local
         assert inst.name_expression.count(",") == (6 if inst.varlen else 4), inst
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the benchmark's FLOP count
+
+
+def _bench_varlen():
+    """benchmarks/bench_varlen.py, which imports cuda_events from beside itself."""
+    bench_dir = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
+    return load_benchmark("bench_varlen")
+
+
+@given(lens=st.lists(st.integers(0, 70), min_size=1, max_size=4), causal=st.booleans(),
+       window=st.one_of(st.none(), st.integers(1, 80)))
+def test_bench_varlen_counts_the_visible_pairs_of_each_sequence(lens, causal, window):
+    bench = _bench_varlen()
+    causal = causal or window is not None  # its windows are causal: (w - 1, 0)
+    want = 0
+    for n in lens:
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        ok = (j <= i) if causal else np.ones((n, n), bool)
+        if window is not None:
+            ok &= i - j < window
+        want += int(ok.sum())
+    assert bench.visible_pairs(lens, causal, window) == want
