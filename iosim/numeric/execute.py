@@ -13,7 +13,7 @@ import numpy as np
 
 from ..hardware.gpu import get_profile
 from ..problem import AttentionProblem
-from ..schedules import Tiles, get_schedule, resolve_tiles
+from ..schedules import ScheduleError, Tiles, get_schedule, resolve_tiles
 from .machine import F32, NumericMachine, round_to_dtype
 
 
@@ -40,6 +40,9 @@ def execute(schedule: str, problem: AttentionProblem, q, k, v, tiles: Tiles | No
     mod = get_schedule(schedule)
     if tiles is None:
         tiles = resolve_tiles(schedule, p, get_profile())
+    if getattr(tiles, "window", None) is not None or getattr(tiles, "seqlens", ()):
+        raise ScheduleError("flash2's window and packed sequences are counted, not executed: the numeric machine's "
+                            "masks are the dense batch's (iosim.gpu.attention_varlen runs them)")
     q, k, v = (round_to_dtype(a, p.dtype) for a in (q, k, v))
     if mod.unit == "kv_head":
         return _execute_kv_heads(mod, p, q, k, v, tiles, kv_order)

@@ -60,7 +60,8 @@ def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, b
         given = ", ".join(f"{k}={v!r}" for k, v in foreign.items())
         raise ScheduleError(f"{s.label} takes no {', '.join(foreign)} (given {given}): only flash-decoding takes "
                             "splits; only block-sparse density, mask and seed; only flash2's backward pass (pass "
-                            "backward or both) gqa, 'expand' (the default) or 'grouped'")
+                            "backward or both) gqa, 'expand' (the default) or 'grouped'; only flash2's forward pass "
+                            "window and seqlens")
     if s.make_tiles is not None:
         return s.make_tiles(problem, profile, block_q, block_kv, **options)
     if block_q is None and block_kv is None:

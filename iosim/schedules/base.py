@@ -41,7 +41,8 @@ class ScheduleOptions:
     """The options some schedules' tiles take, None = not given: flash-decoding's ``splits`` (K/V splits);
     block-sparse's ``density`` (fraction of non-zero blocks of a drawn mask), ``mask`` (a .npy or text file, or an
     array: one row of 0/1 per Q block) and ``seed`` (of the drawn mask); flash2 backward's ``gqa`` ("expand", as
-    FlashAttention-2, or "grouped", as iosim's kernel). ``simulate`` takes them as its own keyword parameters;
+    FlashAttention-2, or "grouped", as iosim's kernel); flash2's ``window`` (left, right) and ``seqlens`` (packed
+    sequences). ``simulate`` takes them as its own keyword parameters;
     a schedule given one it does not take refuses it (:func:`iosim.schedules.resolve_tiles`)."""
 
     splits: int | None = None
@@ -49,6 +50,8 @@ class ScheduleOptions:
     mask: object = None
     seed: int | None = None
     gqa: str | None = None
+    window: tuple | None = None
+    seqlens: tuple | None = None
 
     def given(self) -> dict:
         """The options given (not None), by name."""
