@@ -3,7 +3,10 @@
 # folder that comes back), the short summary to stdout last.
 #   usage (repository root; the wheels the steps import (the gpu extra, torch, pytest) in .whl/, carried with the call):
 #     bash benchmarks/gpu_session.sh [tests] [sanitize] [bench] [bench-quick] [tiles] [record] [calibrate] [decode]
+#       [varlen]
 #   decode: Flash-Decoding's GPU tests, its sanitizer cases (memcheck, racecheck, synccheck) and bench_decode.py --check.
+#   varlen: varlen and sliding-window GPU tests, their sanitizer cases (memcheck, racecheck, synccheck) and
+#   bench_varlen.py --check.
 #   record: the validation sweep (docs/validation.md), its archive copied to $OUT; calibrate: the L2 probes and
 #   block timelines (iosim calibrate ... --measure).
 set -uo pipefail
@@ -60,6 +63,17 @@ for s in $steps; do
       done
       python3 benchmarks/bench_decode.py --check --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log" | tail -42
       summary+=("bench_decode: rc=${PIPESTATUS[0]}") ;;
+    varlen)
+      python3 -m pytest -q -p no:cacheprovider tests/gpu/test_varlen_gpu.py tests/test_varlen_api.py -rfE 2>&1 \
+        | tee "$OUT/varlen_tests.log" | tail -15
+      summary+=("varlen tests: $(tail -1 "$OUT/varlen_tests.log")")
+      python3 benchmarks/sanitize_varlen.py > /dev/null 2>&1  # warm CuPy's kernel cache outside the sanitizer
+      for tool in memcheck racecheck synccheck; do
+        compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/sanitize_varlen.py > "$OUT/san_varlen_$tool.log" 2>&1
+        summary+=("varlen $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize_varlen' "$OUT/san_varlen_$tool.log" | tr '\n' ' ')")
+      done
+      python3 benchmarks/bench_varlen.py --check --out "$OUT" 2>&1 | tee "$OUT/bench_varlen.log" | tail -30
+      summary+=("bench_varlen: rc=${PIPESTATUS[0]}") ;;
     tiles)
       python3 benchmarks/bench_attention.py --no-peers --d 64 128 --n 4096 --dtype bf16 \
         --tiles 128x32 64x64 128x64 64x128 --csv "$OUT/tiles.csv" 2>&1 | tee "$OUT/tiles.log" | tail -14 ;;

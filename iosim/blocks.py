@@ -56,6 +56,28 @@ def n_kv_blocks_visible(i, Br, Bc, N, Nk, causal):
     return int(n) if np.ndim(n) == 0 else n
 
 
+def kv_block_range(i: int, Br: int, Bc: int, N: int, Nk: int, causal: bool,
+                   window: tuple[int | None, int | None] | None = None) -> tuple[int, int]:
+    """K/V blocks ``lo .. hi - 1`` that Q block ``i`` visits: those holding a key some row of the block sees.
+
+    Row r sees key c iff ``c <= r + off`` (causal) and ``r + off - left <= c <= r + off + right`` (``window``; None:
+    no bound on that side), off = Nk - N. The largest key is the block's last row's (capped at Nk - 1), the smallest
+    its first row's; as kernels/flash_fwd.cu computes them (an empty range: hi <= lo)."""
+    Tc, off = cdiv(Nk, Bc), Nk - N
+    left, right = window if window is not None else (None, None)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    hi = Tc
+    if right is not None:
+        last_key = min((i + 1) * Br, N) - 1 + off + right
+        hi = 0 if last_key < 0 else min(Tc, last_key // Bc + 1)
+    lo = 0
+    if left is not None:
+        first_key = i * Br + off - left
+        lo = 0 if first_key <= 0 else min(Tc, first_key // Bc)
+    return lo, hi
+
+
 @dataclass(frozen=True)
 class VisitSums:
     """Sums over the visited (Q block i, K/V block j) pairs that every tiled closed form is made of.
@@ -76,12 +98,15 @@ class VisitSums:
     q_rows: int
 
 
-def visit_sums(N, Nk, Br, Bc, causal: bool) -> VisitSums:
+def visit_sums(N, Nk, Br, Bc, causal: bool, window: tuple[int | None, int | None] | None = None) -> VisitSums:
     """Exact visit sums, vectorized over the Q blocks (no Python loop over blocks).
 
     ``N, Nk, Br, Bc`` may be ints (the fields are then ints) or NumPy integer arrays that broadcast together
-    (the fields are then arrays of that shape): one call covers a whole sweep.
+    (the fields are then arrays of that shape): one call covers a whole sweep. ``window`` (left, right): a sliding
+    window (:func:`kv_block_range`), ints only.
     """
+    if window is not None:
+        return _visit_sums_window(int(N), int(Nk), int(Br), int(Bc), causal, window)
     if all(np.ndim(x) == 0 for x in (N, Nk, Br, Bc)):
         return _visit_sums_scalar(int(N), int(Nk), int(Br), int(Bc), causal)
     N, Nk, Br, Bc = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(N, Nk, Br, Bc))
@@ -112,6 +137,20 @@ def _visit_sums_scalar(N: int, Nk: int, Br: int, Bc: int, causal: bool) -> Visit
         kv_blocks=int(n.max()) if Tr else 0,
         q_rows=int(br[n > 0].sum()),
     )
+
+
+def _visit_sums_window(N: int, Nk: int, Br: int, Bc: int, causal: bool, window) -> VisitSums:
+    """visit_sums where each Q block visits the K/V blocks of :func:`kv_block_range` (from ``lo``, not from 0)."""
+    Tr = cdiv(N, Br)
+    ranges = [kv_block_range(i, Br, Bc, N, Nk, causal, window) for i in range(Tr)]
+    br = [min((i + 1) * Br, N) - i * Br for i in range(Tr)]
+    n = [max(0, hi - lo) for lo, hi in ranges]
+    cols = [min(hi * Bc, Nk) - lo * Bc if hi > lo else 0 for lo, hi in ranges]
+    live = [r for r, k in zip(ranges, n, strict=True) if k]  # the visited blocks of the Q blocks: one run, no gaps
+    return VisitSums(pairs=sum(n), row_visits=sum(b * k for b, k in zip(br, n, strict=True)), col_visits=sum(cols),
+                     area=sum(b * c for b, c in zip(br, cols, strict=True)),
+                     kv_blocks=max(hi for _, hi in live) - min(lo for lo, _ in live) if live else 0,
+                     q_rows=sum(b for b, k in zip(br, n, strict=True) if k))
 
 
 def assign(costs, slots: int) -> tuple[list[list[int]], list]:

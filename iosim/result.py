@@ -181,6 +181,9 @@ class PassTilesJSON(TilesJSON):
     density: float | None = Field(None, description="block-sparse: fraction of non-zero blocks")
     mask: str | None = Field(None, description="block-sparse: where the block mask came from")
     gqa: Literal["expand", "grouped"] | None = Field(None, description="flash2 backward: grouped-query design")
+    window: list[int | None] | None = Field(None, description="flash2: sliding window [left, right], null for no "
+                                                               "bound on a side")
+    seqlens: list[list[int]] | None = Field(None, description="flash2: packed sequences, [queries, keys] each")
 
     @model_serializer(mode="wrap")
     def _options_given(self, handler):

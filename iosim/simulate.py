@@ -201,7 +201,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
              pass_: Pass = "forward", l2: bool = True, l2_exact: bool = False, l2_progress=None,
              kernel: str | None = None, warm: bool = False, splits: int | None = None, density: float | None = None,
              mask=None, seed: int | None = None, gqa: Literal["expand", "grouped"] | None = None, kv_lens=None,
-             page_size: int | None = None) -> Result:
+             page_size: int | None = None, window: tuple[int | None, int | None] | None = None,
+             seqlens=None) -> Result:
     """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
 
     ``pass_``: "forward" (default), "backward" (the backward pass, which consumes the forward's O and
@@ -213,7 +214,10 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     flash-decoding with ``kernel="iosim-decode"``, whose tile program is iosim's decode kernel's
     (docs/serving.md), ``density``, ``mask`` (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's
     backward pass: "expand", the default, as FlashAttention-2; "grouped", as iosim's kernel:
-    docs/schedules/backward.md). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
+    docs/schedules/backward.md), ``window`` (flash2's forward: a sliding window (left, right), None for no bound on a
+    side) and ``seqlens`` (flash2's forward: packed sequences, one length or a (queries, keys) pair each, adding up
+    to a batch-1 problem's seq_len and kv_len; the L2 model and the kernel time models are dense-only, so ``hbm`` =
+    ``global`` and the time is the roofline's there). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
     (:mod:`iosim.l2`) where it applies (the forward pass of naive, flash1, flash2, flash3; flash2's backward); ``l2=False``
     (``--no-l2``): ``hbm`` = ``global``, the papers' two-level view, without running the model (fast for huge
     sweeps); ``hbm_model`` says which view a result is. Legal but questionable input (:func:`questionable`:
@@ -237,9 +241,12 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
             and "gqa" in get_schedule(schedule, "backward").options):
         gqa = desc.gqa  # the kernel's design of grouped-query heads, counted as it runs
     options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, kv_lens=kv_lens,
-                              page_size=page_size)
+                              page_size=page_size, window=window, seqlens=seqlens)
     if desc is not None and desc.family == "decode":
         options = decode_kernel_options(problem, prof, desc, options)
+    if (window is not None or seqlens is not None) and pass_ != "forward":
+        raise ScheduleError(f"window, seqlens with pass={pass_!r}: flash2's window and packed sequences are counted "
+                            "for the forward pass only (iosim's kernel has no such backward); use pass_='forward'")
     if method not in ("closed", "walk"):
         raise ScheduleError(f"method={method!r}: expected 'closed' or 'walk'")
     if not isinstance(l2, bool):  # l2="no" is a true value: never read a string as a switch

@@ -18,6 +18,15 @@
 // Masking: keys >= kv_len (ragged last tile, zero-filled by cp.async) and, when causal, keys j > i + (kv_len - N)
 // (bottom-right aligned) get -inf; K/V tiles entirely above the diagonal are never loaded.
 // Grouped-query / multi-query: query head h reads kv head h / (H / H_kv).
+// Varlen (template Varlen; iosim.gpu.attention_varlen): q, o (total_q, H, d), k, v (total_k, H_kv, d) packed, sequence
+// b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 (keys likewise), lse (H, total_q); no padding is read, computed or
+// written; grid (ceil(max_seqlen_q / Br), H, B), a block past its sequence's last Q tile exits at once; causal is
+// bottom-right per sequence. Null cu_seqlens: the dense batch (what a window on iosim.gpu.attention runs).
+// Sliding window (template Local; runtime bounds left, right: FlashAttention's window_size): row i sees keys
+// i + off - left .. i + off + right (off = kv_len - seq_len; a causal window is right = 0). K/V tiles wholly outside
+// a Q tile's window are never loaded (the loop runs n_min .. n_max - 1); tiles partly outside take the mask pass,
+// which only tiles that need it run. The dense kernel (Local = Varlen = false) compiles to the same PTX and SASS as
+// v4 (every instantiation, sm_80 and sm_90), apart from its name and four unused trailing parameters.
 //
 // Versions (llm.c style; numbers: device, bf16, d=128, N=4096, B*N=16384, H=16, TFLOP/s by 4*N^2*d*B*H/t;
 // full tables in docs/benchmarks.md, the log with predictions in docs/kernels.md):
@@ -34,6 +43,9 @@
 //   v4  v3 without the conditional rescale (v2's unconditional O *= corr) and with the __syncwarp.
 //       Measured (H200): d=128 bf16 N=4096 311.2 TFLOP/s (0.87x torch SDPA flash), N >= 2048 0.87-0.90x,
 //       causal 0.84-0.91x; d=64 1.01x; racecheck and memcheck clean. The current version.
+//   v4.1 (same code for the dense batch) varlen and sliding-window instantiations (Varlen, Local); their mask pass
+//       compares each bound as one number per thread and tile against compile-time offsets (fewer live registers:
+//       the index form spilled at d=128 128x32). Not measured yet (docs/kernels.md has the prediction).
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -42,10 +54,20 @@ namespace iosim {
 // depth of the K/V cp.async ring; mirrored by iosim/gpu/build.py flash_stages() for the shared-memory budget
 __host__ __device__ constexpr int flash_stages(int D) { return D >= 256 ? 2 : 3; }
 
-template <int D, int Br, int Bc, typename T, bool Causal>
+// *p, read again: an asm load the compiler cannot merge with an earlier read of p, so a value found once before the
+// K/V loop is found again after it instead of living in a register across it (d = 128 sits at 255 registers)
+__device__ __forceinline__ int ld_global_again(const int* p) {
+    int x;
+    asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(x) : "l"(p));
+    return x;
+}
+
+template <int D, int Br, int Bc, typename T, bool Causal, bool Local = false, bool Varlen = false>
 __global__ void __launch_bounds__(128)
     flash_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-                     float* __restrict__ lse, int seq_len, int kv_len, int heads, int kv_heads, float scale_log2) {
+                     float* __restrict__ lse, int seq_len, int kv_len, int heads, int kv_heads, float scale_log2,
+                     const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int window_left,
+                     int window_right) {
     constexpr int kWarps = 4, kThreads = 32 * kWarps;
     constexpr int MT = Br / (16 * kWarps);  // 16-row stripes per warp
     constexpr int NT = Bc / 8;              // n8 tiles of S per stripe
@@ -53,6 +75,7 @@ __global__ void __launch_bounds__(128)
     constexpr int ND = D / 8;               // n8 tiles of O per stripe
     constexpr bool kQInRegs = (MT == 1 && D <= 128);  // Q fragments live in registers for the whole loop
     static_assert(Br % (16 * kWarps) == 0 && Bc % 16 == 0 && D % 32 == 0, "tile shape");
+    static_assert(!(Causal && Local), "a causal window is Local with right = 0");
 
     constexpr int Stages = flash_stages(D);
     IOSIM_TRACE_BLOCK();  // no-op unless compiled with -DIOSIM_BLOCK_TRACE (kernels/common.cuh)
@@ -64,27 +87,68 @@ __global__ void __launch_bounds__(128)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;  // mma fragment coordinates: row group, thread in group
-    // causal Q tiles near the bottom see the most keys: launch them first (longest-processing-time first)
-    const int m_block = Causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+    // this sequence's queries and keys: the dense batch's seq_len and kv_len; varlen: sequence b is rows q0 ..
+    // q0 + n_q - 1 of q and rows k0 .. k0 + n_k - 1 of k, v (cu_seqlens), or the dense batch's b-th (null cu_seqlens)
+    int n_q = seq_len, n_k = kv_len;
+    long long q0 = 0, k0 = 0;
+    if constexpr (Varlen) {
+        if (cu_seqlens_q != nullptr) {
+            q0 = cu_seqlens_q[blockIdx.z];
+            k0 = cu_seqlens_k[blockIdx.z];
+            n_q = cu_seqlens_q[blockIdx.z + 1] - (int)q0;
+            n_k = cu_seqlens_k[blockIdx.z + 1] - (int)k0;
+        } else {
+            q0 = (long long)blockIdx.z * seq_len;
+            k0 = (long long)blockIdx.z * kv_len;
+        }
+        if ((int)blockIdx.x * Br >= n_q) return;  // past this sequence's last Q tile: nothing to do
+    }
+    // causal Q tiles near the bottom see the most keys: launch them first (longest-processing-time first); a
+    // varlen or windowed sequence's tiles likewise, from its own last tile
+    const int m_block = Varlen ? ((Causal || Local) ? (n_q - 1) / Br - (int)blockIdx.x : (int)blockIdx.x)
+                               : Causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (heads / kv_heads);
     const int m0 = m_block * Br;
     const long long q_stride = (long long)heads * D;      // elements between consecutive query rows
     const long long kv_stride = (long long)kv_heads * D;  // elements between consecutive key rows
-    const T* qg = q + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
-    T* og = o + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
-    const T* kg = k + (long long)b * kv_len * kv_stride + (long long)hk * D;
-    const T* vg = v + (long long)b * kv_len * kv_stride + (long long)hk * D;
-    float* lseg = lse + ((long long)b * heads + h) * seq_len + m0;
+    const T* qg = Varlen ? q + (q0 + m0) * q_stride + (long long)h * D
+                         : q + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
+    T* og = Varlen ? nullptr : o + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
+    const T* kg = Varlen ? k + k0 * kv_stride + (long long)hk * D : k + (long long)b * kv_len * kv_stride + (long long)hk * D;
+    const T* vg = Varlen ? v + k0 * kv_stride + (long long)hk * D : v + (long long)b * kv_len * kv_stride + (long long)hk * D;
+    float* lseg = Varlen ? nullptr : lse + ((long long)b * heads + h) * seq_len + m0;
+    // Varlen: O's and lse's rows of the tile, found when they are written (varlen_out) rather than held in registers
+    // across the K/V loop; the dense batch's are made of kernel parameters, which cost no register to keep
+    auto varlen_out = [&]() {
+        if constexpr (Varlen) {
+            // lse is (H, total_q) with cu_seqlens (seq_len = total_q), (B, H, N) without
+            const long long q0_again = cu_seqlens_q != nullptr ? ld_global_again(cu_seqlens_q + blockIdx.z) : q0;
+            og = o + (q0_again + m0) * q_stride + (long long)h * D;
+            lseg = lse + (cu_seqlens_q != nullptr ? (long long)h * seq_len + q0_again
+                                                  : ((long long)b * heads + h) * seq_len) + m0;
+        }
+    };
 
-    const int q_valid = min(Br, seq_len - m0);
-    const int offset = kv_len - seq_len;  // causal: row i sees key j iff j <= i + offset
-    int n_blocks = (kv_len + Bc - 1) / Bc;  // Tc
+    const int q_valid = min(Br, n_q - m0);
+    const int offset = n_k - n_q;  // causal: row i sees key j iff j <= i + offset
+    int n_blocks = (n_k + Bc - 1) / Bc;  // Tc
     if (Causal) {
         const int last_key = m0 + Br - 1 + offset;  // the largest key any row of this tile sees
         n_blocks = min(n_blocks, last_key < 0 ? 0 : last_key / Bc + 1);
     }
-    if (n_blocks <= 0) {  // no row of this tile sees any key: O = 0, lse = -inf
+    // Local: query i sees keys i + offset - left .. i + offset + right; each bound clamped to the lengths (one past
+    // them excludes nothing, and the index sums stay within int). K/V tiles n_min .. n_blocks - 1 are visited.
+    const int left = Local ? min(window_left, n_k) : 0, right = Local ? min(window_right, n_q) : 0;
+    int n_min = 0;
+    if constexpr (Local) {
+        const int last_key = m0 + Br - 1 + offset + right;  // the largest key any row of this tile sees
+        n_blocks = min(n_blocks, last_key < 0 ? 0 : last_key / Bc + 1);
+        const int first_key = m0 + offset - left;  // the smallest; tiles left of it are never loaded
+        n_min = first_key <= 0 ? 0 : first_key / Bc;
+    }
+    if (Local ? n_blocks <= n_min : n_blocks <= 0) {  // no row of this tile sees any key: O = 0, lse = -inf
+        varlen_out();
         for (int idx = tid; idx < q_valid * ND; idx += kThreads) {
             *reinterpret_cast<uint4*>(og + (idx / ND) * q_stride + (idx % ND) * 8) = make_uint4(0, 0, 0, 0);
         }
@@ -92,15 +156,17 @@ __global__ void __launch_bounds__(128)
         return;
     }
 
-    // Alg. line 4: Q_i into SRAM (group 0); line 6 for j = 0 .. Stages-2: K_j, V_j (one group each, maybe empty)
+    // Alg. line 4: Q_i into SRAM (group 0); line 6 for j = n_min .. n_min+Stages-2: K_j, V_j (one group each, maybe
+    // empty) into ring slots 0 .. Stages-2 (n_min = 0 but for Local)
     load_tile_async<Br, D, kThreads>(sQ, qg, q_stride, q_valid, tid);
     cp_async_commit();
 #pragma unroll
     for (int s = 0; s < Stages - 1; ++s) {
-        if (s < n_blocks) {
-            const long long off = (long long)s * Bc * kv_stride;
-            load_tile_async<Bc, D, kThreads>(sK + s * Bc * D, kg + off, kv_stride, kv_len - s * Bc, tid);
-            load_tile_async<Bc, D, kThreads>(sV + s * Bc * D, vg + off, kv_stride, kv_len - s * Bc, tid);
+        const int js = Local ? n_min + s : s;
+        if (js < n_blocks) {
+            const long long off = (long long)js * Bc * kv_stride;
+            load_tile_async<Bc, D, kThreads>(sK + s * Bc * D, kg + off, kv_stride, n_k - js * Bc, tid);
+            load_tile_async<Bc, D, kThreads>(sV + s * Bc * D, vg + off, kv_stride, n_k - js * Bc, tid);
         }
         cp_async_commit();
     }
@@ -125,7 +191,7 @@ __global__ void __launch_bounds__(128)
 
     int stage = 0;                // slot of tile j in the ring
     int fill = (Stages - 1) % Stages;  // slot that tile j + Stages - 1 goes to
-    for (int j = 0; j < n_blocks; ++j) {
+    for (int j = Local ? n_min : 0; j < n_blocks; ++j) {
         const T* sKs = sK + stage * Bc * D;
         const T* sVs = sV + stage * Bc * D;
         cp_async_wait<Stages - 2>();  // all but the newest Stages-2 groups have landed: Q, K_j, V_j
@@ -134,15 +200,15 @@ __global__ void __launch_bounds__(128)
         const int jn = j + Stages - 1;
         if (jn < n_blocks) {  // Alg. line 6 for tile j+Stages-1, overlapped with the math of tiles j ..
             const long long off = (long long)jn * Bc * kv_stride;
-            load_tile_async<Bc, D, kThreads>(sK + fill * Bc * D, kg + off, kv_stride, kv_len - jn * Bc, tid);
-            load_tile_async<Bc, D, kThreads>(sV + fill * Bc * D, vg + off, kv_stride, kv_len - jn * Bc, tid);
+            load_tile_async<Bc, D, kThreads>(sK + fill * Bc * D, kg + off, kv_stride, n_k - jn * Bc, tid);
+            load_tile_async<Bc, D, kThreads>(sV + fill * Bc * D, vg + off, kv_stride, n_k - jn * Bc, tid);
         }
         cp_async_commit();  // always one group per iteration, so the wait count above stays exact
         stage = (stage + 1 == Stages) ? 0 : stage + 1;
         fill = (fill + 1 == Stages) ? 0 : fill + 1;
 
         if constexpr (kQInRegs) {
-            if (j == 0) {
+            if (j == (Local ? n_min : 0)) {
 #pragma unroll
                 for (int ks = 0; ks < KD; ++ks)
                     ldmatrix_x4(q_frag[ks][0], q_frag[ks][1], q_frag[ks][2], q_frag[ks][3],
@@ -183,20 +249,42 @@ __global__ void __launch_bounds__(128)
             }
         }
 
-        // mask keys past kv_len and, when causal, above the diagonal; only tiles that hold such keys pay for it
+        // mask keys past kv_len and, when causal, above the diagonal (Local: outside the window); only tiles that
+        // hold such keys pay for it, in a pass of its own (a test inside the exp loop would cost every tile)
         const int n0 = j * Bc;
-        const bool need_mask = (n0 + Bc > kv_len) || (Causal && n0 + Bc - 1 > m0 + offset);
+        const bool need_mask = Local ? (n0 + Bc > n_k) || (n0 + Bc - 1 > m0 + offset + right) ||  // right of row 0's
+                                           (n0 < m0 + Br - 1 + offset - left)  // window, or left of the last row's
+                                     : (n0 + Bc > n_k) || (Causal && n0 + Bc - 1 > m0 + offset);
         if (need_mask) {
+            if constexpr (Varlen) {
+                // key col = n0 + 2 t4 + c and row = m0 + 16 warp + g + r, c and r known at compile time: each bound
+                // as one number per thread and tile compared with constants (fewer live registers than the indices)
+                const int base = n0 + 2 * t4 - m0 - warp * 16 - g;  // col - row - (c - r)
+                const int hi = offset + right - base;                // causal, Local: masked where c - r > hi
+                const int lo = offset - left - base;                 // Local: masked where c - r < lo
+                const int kv_hi = n_k - n0 - 2 * t4;                 // masked where c >= kv_hi (past the keys)
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
+                    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int row = m0 + mt * 16 * kWarps + warp * 16 + g + ((e >> 1) << 3);
-                        const int col = n0 + nt * 8 + 2 * t4 + (e & 1);
-                        if (col >= kv_len || (Causal && col > row + offset)) acc_s[mt][nt][e] = -INFINITY;
-                    }
+                        for (int e = 0; e < 4; ++e) {
+                            const int c = nt * 8 + (e & 1), r = mt * 16 * kWarps + ((e >> 1) << 3);
+                            if (c >= kv_hi || ((Causal || Local) && c - r > hi) || (Local && c - r < lo))
+                                acc_s[mt][nt][e] = -INFINITY;
+                        }
+            } else {  // the dense kernel's pass, as it was
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int row = m0 + mt * 16 * kWarps + warp * 16 + g + ((e >> 1) << 3);
+                            const int col = n0 + nt * 8 + 2 * t4 + (e & 1);
+                            if (col >= n_k || (Causal && col > row + offset)) acc_s[mt][nt][e] = -INFINITY;
+                        }
+            }
         }
 
         // Alg. line 9-10: online softmax in fp32, rescale O
@@ -257,6 +345,7 @@ __global__ void __launch_bounds__(128)
     cp_async_wait<0>();  // no copy may still be in flight into shared memory when the block exits
 
     // Alg. line 12-13: O = O / l, lse = m*scale + ln(l); rows that saw no key: O = 0, lse = -inf
+    varlen_out();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -14,6 +14,7 @@ import pytest
 
 from iosim import launch
 from iosim.gpu import build, inputs
+from iosim.launch import varlen
 
 
 def test_import_iosim_and_iosim_gpu_never_import_cupy():
@@ -63,14 +64,24 @@ def test_naive_softmax_holds_one_row():
 def test_instantiation_list_covers_every_tile_dtype_and_mask():
     insts = build.flash_instances()
     n_tiles = sum(len(t) for t in launch.FLASH_TILES.values())
-    assert len(insts) == len(set(insts)) == n_tiles * 2 * 2
+    n_varlen = sum(len(t) for t in varlen.FLASH_VARLEN_TILES.values())
+    n_local = sum(len(t) for t in varlen.FLASH_LOCAL_TILES.values())
+    # dense: every tile, dtype, causal or not; varlen: plain and causal, and a window (Local), per dtype
+    assert len(insts) == len(set(insts)) == n_tiles * 2 * 2 + n_varlen * 2 * 2 + n_local * 2
+    assert {(i.head_dim, i.block_q, i.block_kv) for i in insts if i.local} == \
+        {(d, bq, bkv) for d, t in varlen.FLASH_LOCAL_TILES.items() for bq, bkv in t}
     assert {64, 128} <= set(launch.HEAD_DIMS)
     for d in launch.HEAD_DIMS:
         for causal in (False, True):
             assert build.default_tiles(d, "float16", causal) in launch.FLASH_TILES[d]
     inst = build.FlashInstance(128, 128, 32, "bfloat16", True)
+    # the dense kernel keeps its name: Local and Varlen default to false
     assert inst.name_expression == "iosim::flash_fwd_kernel<128, 128, 32, __nv_bfloat16, true>"
     assert inst.explicit_instantiation.startswith("template __global__ void " + inst.name_expression + "(")
+    assert build.FlashInstance(64, 64, 64, "float16", False, True, True).name_expression == \
+        "iosim::flash_fwd_kernel<64, 64, 64, __half, false, true, true>"
+    with pytest.raises(ValueError, match="causal and local"):
+        build.FlashInstance(64, 64, 64, "float16", True, True, True)
     naive = build.naive_instances()
     # qk x2 and pv per d; the softmax per chunks of a row per thread
     assert len(naive) == len(set(naive)) == 2 * (3 * len(launch.HEAD_DIMS) + len(build.SOFTMAX_CHUNKS))

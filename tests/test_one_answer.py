@@ -77,7 +77,7 @@ def test_the_backward_pass_has_the_l2_model_for_flash2_and_says_why_not_elsewher
 
 # -- the schedules' options are simulate's own keyword parameters ---------------------------------------------------
 
-OPTIONS = ("splits", "density", "mask", "seed", "gqa")
+OPTIONS = ("splits", "density", "mask", "seed", "gqa", "window", "seqlens")
 
 
 def test_the_signature_names_every_schedule_option():

@@ -1,6 +1,7 @@
 """iosim's real kernels on an NVIDIA GPU through CuPy: FlashAttention-2 forward and backward, the naive three-kernel
 path, and a FlashAttention-3-style forward for Hopper (schedule="flash3"); differentiable on torch tensors. Flash-Decoding
-over a contiguous or paged KV cache (:func:`decode`).
+over a contiguous or paged KV cache (:func:`decode`). Packed sequences of different lengths and sliding windows
+(:func:`attention_varlen`; a window on the dense batch: ``AttentionOptions(window=...)``).
 
 Importing this package never imports CuPy; the functions import it when called and raise
 :class:`GPUUnavailableError` (one line) where CuPy or a GPU is missing.
@@ -20,6 +21,7 @@ from iosim.gpu.inputs import (
     BackwardOptions,
     SharedMemoryError,
 )
+from iosim.gpu.varlen import Varlen, VarlenBatch, attention_varlen, varlen_batch
 from iosim.launch import FLASH3_TILES, FLASH_BWD_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
 
 __all__ = [
@@ -39,11 +41,15 @@ __all__ = [
     "KernelLaunch",
     "LaunchRecord",
     "SharedMemoryError",
+    "Varlen",
+    "VarlenBatch",
     "attention",
     "attention_backward",
+    "attention_varlen",
     "decode",
     "default_tiles",
     "flash_smem_bytes",
     "last_launch",
     "plan_decode",
+    "varlen_batch",
 ]

@@ -25,9 +25,10 @@ def _wants_grad(q: Any, k: Any, v: Any) -> bool:
 
 def _differentiable(q, k, v, schedule, causal, scale, return_lse, options: AttentionOptions) -> Any:
     if any(x is not None for x in (options.block_q, options.block_kv, options.out, options.lse_out,
-                                   options.block_trace)):
-        raise AttentionInputError("options: block_q, block_kv, out, lse_out, block_trace are not taken by a "
-                                  "differentiable call (torch tensors that require grad); expected None")
+                                   options.block_trace, options.window)):
+        raise AttentionInputError("options: block_q, block_kv, out, lse_out, block_trace, window are not taken by a "
+                                  "differentiable call (torch tensors that require grad: the backward has no window); "
+                                  "expected None")
     check_options(schedule, causal)
     deterministic = options.deterministic
     if deterministic is not None and not isinstance(deterministic, bool):
@@ -54,7 +55,8 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
     scale: default 1/sqrt(head_dim). return_lse: also return lse (batch, heads, seq_len) fp32, natural log.
     options: :class:`iosim.gpu.AttentionOptions`, what a call takes beyond the math: flash2's tiles (``block_q``,
     ``block_kv``), preallocated outputs (``out``, ``lse_out``), the block trace (``block_trace``: the timeline the L2
-    model's drift input is read from), the backward's ``deterministic`` mode.
+    model's drift input is read from), the backward's ``deterministic`` mode, flash2's sliding ``window`` (left,
+    right) (FlashAttention's window_size; causal means right = 0; not differentiable).
     Returns an array like q (and lse when asked): torch tensors where q is a torch tensor (torch in, torch out; the
     kernels then run on torch's current stream, in order with the torch work around the call), else CuPy arrays.
     Differentiable: torch tensors that require grad (grad mode on) go through the custom op ``iosim::attention``

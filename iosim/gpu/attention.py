@@ -23,6 +23,7 @@ from iosim.gpu import build, flash3_host
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.inputs import (
     DEFAULT_OPTIONS,
+    AttentionInputError,
     AttentionOptions,
     SharedMemoryError,
     dtype_name,
@@ -30,6 +31,8 @@ from iosim.gpu.inputs import (
     torch_stream,
     validate,
 )
+from iosim.gpu.varlen_inputs import check_window
+from iosim.launch import varlen
 
 _LOG2E = 1.4426950408889634
 
@@ -59,6 +62,10 @@ class LaunchRecord:
     causal: bool
     tiles: dict[str, Any]  # flash2, flash3: {"block_q", "block_kv"} (flash3 also "stages"); naive: launch.NAIVE_TILES
     launches: tuple[KernelLaunch, ...] = field(default_factory=tuple)
+    window: tuple[int | None, int | None] | None = None  # flash2's sliding window (left, right), None: none
+    # attention_varlen: each sequence's queries and keys (seq_len, kv_len: the longest query and key sequence)
+    seqlens_q: tuple[int, ...] | None = None
+    seqlens_k: tuple[int, ...] | None = None
 
 
 _last: LaunchRecord | None = None
@@ -133,6 +140,9 @@ def _smem_limit(cp: Any) -> int:
 # the API
 
 
+_NO_MASK = varlen.Mask(False, None)
+
+
 @dataclass
 class _Call:
     """One call's arrays and sizes, checked: q (B, N, H, D); k, v (B, Nk, Hk, D); o like q; lse (B, H, N) or None."""
@@ -146,6 +156,7 @@ class _Call:
     dtype: str
     scale: float
     causal: bool
+    mask: varlen.Mask = _NO_MASK  # flash2: the causal flag and window, as the kernel takes them
 
     @property
     def sizes(self) -> tuple[int, int, int, int, int, int]:
@@ -157,6 +168,11 @@ class _Call:
         if self.lse is None:
             B, N, H, _, _, _ = self.sizes
             self.lse = self.cp.empty((B, H, N), dtype=self.cp.float32)
+
+
+def _no_varlen(cp: Any) -> tuple:
+    """The dense kernel's last four arguments: no cu_seqlens (null pointers), no window."""
+    return cp.uint64(0), cp.uint64(0), cp.int32(0), cp.int32(0)
 
 
 def _run_flash3(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
@@ -175,6 +191,8 @@ def _run_flash3(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
 
 def _run_flash2(c: _Call, block_q: int | None, block_kv: int | None, block_trace: Any):
     cp, (B, N, H, D, Nk, Hk) = c.cp, c.sizes
+    if c.mask.local:
+        return _run_local(c, block_q, block_kv)
     if block_q is None:
         block_q, block_kv = build.default_tiles(D, c.dtype, c.causal)
     itemsize, limit = build.ITEMSIZE[c.dtype], _smem_limit(cp)
@@ -193,8 +211,45 @@ def _run_flash2(c: _Call, block_q: int | None, block_kv: int | None, block_trace
         fn, mod = _kernel(cp, inst, smem, trace=True)
         _set_block_trace(cp, mod, block_trace, grid[0] * H * B)
     block, i32 = (launch.FLASH_THREADS, 1, 1), cp.int32
-    fn(grid, block, (c.q, c.k, c.v, c.o, c.lse, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(c.scale * _LOG2E)),
-       shared_mem=smem)
+    fn(grid, block, (c.q, c.k, c.v, c.o, c.lse, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(c.scale * _LOG2E),
+                     *_no_varlen(cp)), shared_mem=smem)
+    return (KernelLaunch(inst.name_expression, grid, block, smem),), {"block_q": block_q, "block_kv": block_kv}
+
+
+def flash_smem_checked(cp: Any, head_dim: int, block_q: int, block_kv: int, dtype: str) -> int:
+    """The flash2 kernel's shared memory per block, or SharedMemoryError where the device allows less."""
+    itemsize, limit = build.ITEMSIZE[dtype], _smem_limit(cp)
+    smem = launch.flash_smem_bytes(head_dim, block_q, block_kv, itemsize)
+    if smem > limit:
+        terms = ", ".join(f"{n} {b} B" for n, b in launch.flash_smem_terms(head_dim, block_q, block_kv,
+                                                                          itemsize).items())
+        raise SharedMemoryError(f"block_q={block_q}, block_kv={block_kv}, head_dim={head_dim}, {dtype}: needs {smem} B "
+                                f"of shared memory per block ({terms}); this device allows {limit} B")
+    return smem
+
+
+def local_tiles(head_dim: int, block_q: int | None, block_kv: int | None) -> tuple[int, int]:
+    """The tiles of a windowed (Local) launch: those given, which must be compiled for it, or the default."""
+    if block_q is None:
+        return varlen.varlen_default_tiles(head_dim, True)
+    if (block_q, block_kv) not in varlen.FLASH_LOCAL_TILES[head_dim]:
+        raise AttentionInputError(f"(block_q, block_kv)=({block_q}, {block_kv}) is not compiled for a window at "
+                                  f"head_dim={head_dim}; expected one of {list(varlen.FLASH_LOCAL_TILES[head_dim])}")
+    return block_q, block_kv
+
+
+def _run_local(c: _Call, block_q: int | None, block_kv: int | None):
+    """A sliding window on the dense batch: the varlen kernel's Local mode without cu_seqlens."""
+    cp, (B, N, H, D, Nk, Hk) = c.cp, c.sizes
+    block_q, block_kv = local_tiles(D, block_q, block_kv)
+    smem = flash_smem_checked(cp, D, block_q, block_kv, c.dtype)
+    c.need_lse()
+    inst = build.FlashInstance(D, block_q, block_kv, c.dtype, False, True, True)
+    grid, block, i32 = ((N + block_q - 1) // block_q, H, B), (launch.FLASH_THREADS, 1, 1), cp.int32
+    left, right = c.mask.kernel_window()
+    _kernel(cp, inst, smem)(grid, block, (c.q, c.k, c.v, c.o, c.lse, i32(N), i32(Nk), i32(H), i32(Hk),
+                                          cp.float32(c.scale * _LOG2E), cp.uint64(0), cp.uint64(0), i32(left),
+                                          i32(right)), shared_mem=smem)
     return (KernelLaunch(inst.name_expression, grid, block, smem),), {"block_q": block_q, "block_kv": block_kv}
 
 
@@ -234,7 +289,7 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
     tensors are read as values, gradients are never tracked. :mod:`iosim.gpu.autograd` calls it inside its op."""
     global _last
     out, lse_out, block_trace = options.out, options.lse_out, options.block_trace
-    plain = schedule == "flash2" and out is None and lse_out is None and block_trace is None
+    plain = schedule == "flash2" and out is None and lse_out is None and block_trace is None and options.window is None
     key = _plan_key(q, k, v, causal, options.block_q, options.block_kv, scale) if plain else None
     if key is not None and (done := _replay(key, q, k, v, return_lse)) is not None:
         return done
@@ -242,12 +297,19 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
     a = validate(cp, q, k, v, schedule, causal, scale, options)
     if block_trace is not None and schedule != "flash2":
         raise ValueError("block_trace is supported by schedule='flash2' only")
+    window = check_window(options.window, causal)
+    if window is not None and schedule != "flash2":
+        raise AttentionInputError(f"window={options.window!r}: a sliding window is schedule='flash2''s only; expected "
+                                  f"None with schedule={schedule!r}")
+    mask = varlen.mask_of(causal, window)
+    if block_trace is not None and mask.local:
+        raise AttentionInputError("block_trace: the block timeline is the dense kernel's; expected None with a window")
     B, N, H, D = (int(s) for s in a.q.shape)
     with cp.cuda.Device(a.device), a.stream():
         o_ret, o = (out, a.out) if out is not None else a.empty((B, N, H, D))
         lse_ret, lse = (lse_out, a.lse_out) if lse_out is not None else \
             a.empty((B, H, N), lse=True) if return_lse else (None, None)
-        c = _Call(cp, a.q, a.k, a.v, o, lse, a.dtype, a.scale, causal)
+        c = _Call(cp, a.q, a.k, a.v, o, lse, a.dtype, a.scale, mask.causal, mask)
         if schedule == "flash3":
             launches, tiles = _run_flash3(c)
         elif schedule == "flash2":
@@ -255,7 +317,7 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
         else:
             launches, tiles = _run_naive(c)
     _last = LaunchRecord(schedule, B, N, int(a.k.shape[1]), H, int(a.k.shape[2]), D, a.dtype, causal, tiles,
-                         launches)
+                         launches, window)
     if key is not None:
         _remember(key, c, _last, a.device)
     return (o_ret, lse_ret) if return_lse else o_ret
@@ -270,7 +332,7 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
 class _Plan:
     fn: Any  # the compiled kernel
     launch: KernelLaunch
-    scalars: tuple  # N, N_kv, H, H_kv, scale * log2(e), as the kernel takes them
+    scalars: tuple  # N, N_kv, H, H_kv, scale * log2(e) and no cu_seqlens or window, as the kernel takes them
     lse_shape: tuple[int, int, int]
     device: int
     record: LaunchRecord
@@ -320,5 +382,5 @@ def _remember(key: tuple, c: _Call, record: LaunchRecord, device: int) -> None:
     inst = build.FlashInstance(D, record.tiles["block_q"], record.tiles["block_kv"], c.dtype, c.causal)
     i32 = c.cp.int32
     _plans[key] = _Plan(_kernel(c.cp, inst, L.smem_bytes), L, (i32(N), i32(Nk), i32(H), i32(Hk),
-                                                          c.cp.float32(c.scale * _LOG2E)),
+                                                          c.cp.float32(c.scale * _LOG2E), *_no_varlen(c.cp)),
                         (B, H, N), device, record)

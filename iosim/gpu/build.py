@@ -22,6 +22,7 @@ from iosim.launch import (
     FLASH_TILES,
     HEAD_DIMS,
     NAIVE_SOFTMAX_REGISTERS,
+    varlen,
 )
 
 # dtype name (NumPy/CuPy spelling) -> CUDA C++ type of the kernels' template argument
@@ -71,26 +72,41 @@ def default_tiles(head_dim: int, dtype: str = "bfloat16", causal: bool = False) 
 
 @dataclass(frozen=True)
 class FlashInstance:
-    """One template instantiation of flash_fwd_kernel<D, Br, Bc, T, Causal>."""
+    """One template instantiation of flash_fwd_kernel<D, Br, Bc, T, Causal, Local, Varlen>.
+
+    ``local``: a sliding window (runtime bounds; a causal window is local with right = 0, so never with
+    ``causal``); ``varlen``: packed sequences with cumulative lengths, or the dense batch with a window (null
+    cu_seqlens). The dense kernel (both False) is named by its first five arguments, as before the two were added:
+    its code is what it was (the two default to false)."""
 
     head_dim: int
     block_q: int
     block_kv: int
     dtype: str  # "float16" | "bfloat16"
     causal: bool
+    local: bool = False
+    varlen: bool = False
+
+    def __post_init__(self):
+        if self.causal and self.local:
+            raise ValueError("FlashInstance: causal and local together; a causal window is local with right = 0")
+        if self.local and not self.varlen:
+            raise ValueError("FlashInstance: local needs varlen (the kernel takes the window with the varlen arguments)")
 
     @property
     def name_expression(self) -> str:  # what cupy.RawModule(name_expressions=...) and get_function take
         t = CUDA_TYPES[self.dtype]
-        c = "true" if self.causal else "false"
-        return f"{FLASH_KERNEL}<{self.head_dim}, {self.block_q}, {self.block_kv}, {t}, {c}>"
+        flags = ", ".join("true" if f else "false" for f in (self.causal, self.local, self.varlen))
+        if not (self.local or self.varlen):
+            flags = "true" if self.causal else "false"
+        return f"{FLASH_KERNEL}<{self.head_dim}, {self.block_q}, {self.block_kv}, {t}, {flags}>"
 
     @property
     def explicit_instantiation(self) -> str:  # the same, as a C++ explicit instantiation (nvcc compile check)
         t = CUDA_TYPES[self.dtype]
         return (
             f"template __global__ void {self.name_expression}(const {t}*, const {t}*, const {t}*, {t}*, float*, "
-            "int, int, int, int, float);"
+            "int, int, int, int, float, const int*, const int*, int, int);"
         )
 
     @property
@@ -99,14 +115,15 @@ class FlashInstance:
 
 
 def flash_instances() -> list[FlashInstance]:
-    """Every flash2 instantiation the library can launch."""
-    return [
-        FlashInstance(d, bq, bkv, dt, c)
-        for d, tiles in FLASH_TILES.items()
-        for bq, bkv in tiles
-        for dt in CUDA_TYPES
-        for c in (False, True)
-    ]
+    """Every flash2 instantiation the library can launch: the dense kernel per tile, dtype and causality; the
+    varlen kernel per dtype, plain and causal at each of :data:`iosim.launch.varlen.FLASH_VARLEN_TILES` and with a
+    window (Local) at each of :data:`~iosim.launch.varlen.FLASH_LOCAL_TILES`."""
+    out = [FlashInstance(d, bq, bkv, dt, c) for d, tiles in FLASH_TILES.items() for bq, bkv in tiles
+           for dt in CUDA_TYPES for c in (False, True)]
+    for local, table in ((False, varlen.FLASH_VARLEN_TILES), (True, varlen.FLASH_LOCAL_TILES)):
+        out += [FlashInstance(d, bq, bkv, dt, c, local, True) for d, tiles in table.items() for bq, bkv in tiles
+                for dt in CUDA_TYPES for c in ((False,) if local else (False, True))]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------------

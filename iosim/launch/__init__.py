@@ -10,6 +10,8 @@ and the CI compile check read the same numbers the run-time path uses.
 * :mod:`iosim.launch.backward`: the backward kernels' (flash2, flash3), :func:`backward_launch_model`.
 * :mod:`iosim.launch.decode`: Flash-Decoding's (kernels/flash_decode.cu) and its split heuristic, :func:`decode_split`
   (imported as a module: ``from iosim.launch import decode``).
+* :mod:`iosim.launch.varlen`: flash2's varlen kernel (packed sequences, sliding windows): its tiles, grid and mask
+  (imported as a module: ``from iosim.launch import varlen``).
 
 Import the names from here (``from iosim import launch``; ``launch.FLASH_TILES``).
 """

@@ -45,6 +45,9 @@ def execute(schedule: str, problem: AttentionProblem, q, k, v, tiles: Tiles | No
         raise ScheduleError("flash-decoding with iosim's decode kernel's tiles is counted, not executed here: that "
                             "program's numbers are the GPU kernel's, checked against float64 by "
                             "tests/gpu/test_decode_gpu.py")
+    if getattr(tiles, "window", None) is not None or getattr(tiles, "seqlens", ()):
+        raise ScheduleError("flash2's window and packed sequences are counted, not executed: the numeric machine's "
+                            "masks are the dense batch's (iosim.gpu.attention_varlen runs them)")
     q, k, v = (round_to_dtype(a, p.dtype) for a in (q, k, v))
     if mod.unit == "kv_head":
         return _execute_kv_heads(mod, p, q, k, v, tiles, kv_order)

@@ -42,10 +42,11 @@ class ScheduleOptions:
     iosim's decode kernel ``kv_lens`` (keys of each sequence) and ``page_size`` (tokens per page of a paged cache);
     block-sparse's ``density`` (fraction of non-zero blocks of a drawn mask), ``mask`` (a .npy or text file, or an
     array: one row of 0/1 per Q block) and ``seed`` (of the drawn mask); flash2 backward's ``gqa`` ("expand", as
-    FlashAttention-2, or "grouped", as iosim's kernel). ``simulate`` takes them as its own keyword parameters;
-    a schedule given one it does not take refuses it (:func:`iosim.schedules.resolve_tiles`). ``tiling`` is not a
-    keyword: ``simulate`` sets it from the kernel (flash-decoding: "iosim" for ``kernel="iosim-decode"``, whose
-    tile program is iosim's decode kernel's, :mod:`iosim.schedules.paged_decoding`)."""
+    FlashAttention-2, or "grouped", as iosim's kernel); flash2's ``window`` (left, right) and ``seqlens`` (packed
+    sequences). ``simulate`` takes them as its own keyword parameters; a schedule given one it does not take refuses it
+    (:func:`iosim.schedules.resolve_tiles`). ``tiling`` is not a keyword: ``simulate`` sets it from the kernel
+    (flash-decoding: "iosim" for ``kernel="iosim-decode"``, whose tile program is iosim's decode kernel's,
+    :mod:`iosim.schedules.paged_decoding`)."""
 
     splits: int | None = None
     density: float | None = None
@@ -55,6 +56,8 @@ class ScheduleOptions:
     kv_lens: object = None
     page_size: int | None = None
     tiling: str | None = None
+    window: tuple | None = None
+    seqlens: tuple | None = None
 
     def given(self) -> dict:
         """The options given (not None), by name."""

@@ -19,16 +19,25 @@ O and the softmax statistics stay on chip; O is written once. With a causal mask
 hold a key visible to some row of Q_i are visited (j < n_i). A Q block that sees no key at all (causal with
 seq_len > kv_len) writes O = 0 and L = -inf without loading Q_i, as FlashAttention-2's kernel exits early
 (flash_fwd_kernel.h: ``if (n_block_max <= n_block_min)``).
+
+Two options, as kernels/flash_fwd.cu runs them (:class:`Flash2Tiles`): a sliding ``window`` (left, right)
+(FlashAttention's window_size: row i sees keys i + off - left .. i + off + right) visits only the K/V blocks
+lo_i .. hi_i - 1 that hold a key some row of Q_i sees (:func:`iosim.blocks.kv_block_range`), so K/V bytes grow as
+N·w, not N²; ``seqlens``, packed sequences (varlen): a problem of batch 1 whose seq_len and kv_len are the packed
+totals, each sequence tiled on its own (a ragged last Q block and K/V block at each sequence's end, nothing read
+or computed past it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..blocks import block_rows, cdiv, n_kv_blocks_visible, visit_sums
+from ..blocks import Rows, VisitSums, block_rows, cdiv, kv_block_range, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from .base import Schedule, Tiles
+from .base import Schedule, ScheduleError, Tiles
 from .fit import shrink_to_fit
 
 NAME = "flash2"
@@ -47,33 +56,102 @@ def default_tiles(p: AttentionProblem, profile) -> Tiles:
     return shrink_to_fit(SCHEDULE, p, Br, Bc, profile)
 
 
-def program(x, p: AttentionProblem, t: Tiles) -> None:
-    """One head."""
-    N, Nk = p.seq_len, p.kv_len
-    Br, Bc = t.block_q, t.block_kv
-    Tr = cdiv(N, Br)
+@dataclass(frozen=True)
+class Flash2Tiles(Tiles):
+    """flash2's tiles with its options: ``window`` (left, right), None on a side for no bound (a causal problem's
+    right is 0); ``seqlens``, packed sequences: ((queries, keys), ...) adding up to the problem's seq_len and kv_len
+    (batch 1)."""
 
-    with x.kernel("flash2_fwd", grid=Tr):
-        for i in range(Tr):  # line 3: one thread block per Q block
-            with x.thread_block():
-                q = block_rows(i, Br, N)
-                n_i = n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal)
-                if n_i == 0:  # causal: no row of this block sees a key
-                    O_i, L_i = x.empty_output(q)
-                    x.store("O", q, O_i)
-                    x.store("lse", q, L_i)
-                    continue
-                Q_i = x.load("Q", q)  # line 4: stays in SRAM throughout
-                O_i, l_i, m_i = x.init_state(q)  # line 5
-                for j in x.order(range(n_i)):  # line 6
-                    k = block_rows(j, Bc, Nk)
-                    K_j = x.load("K", k)  # line 7
-                    V_j = x.load("V", k)
-                    S_ij = x.scores(Q_i, K_j, q, k)  # line 8
-                    O_i, l_i, m_i = x.online_softmax(S_ij, V_j, O_i, l_i, m_i)  # lines 9-10
-                O_i, L_i = x.finalize(O_i, l_i, m_i)  # lines 12-13
-                x.store("O", q, O_i)  # line 14
-                x.store("lse", q, L_i)  # line 15
+    window: tuple[int | None, int | None] | None = None
+    seqlens: tuple[tuple[int, int], ...] = ()
+
+    def describe_options(self) -> dict:
+        out = {"window": list(self.window)} if self.window is not None else {}
+        return out | ({"seqlens": [list(s) for s in self.seqlens]} if self.seqlens else {})
+
+
+def _window(window, causal: bool) -> tuple[int | None, int | None]:
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and all(
+            w is None or (isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w >= 0) for w in window)):
+        raise ScheduleError(f"window={window!r}: expected (left, right), each an integer >= 0 or None (no bound)")
+    left, right = (None if w is None else int(w) for w in window)
+    if causal and right not in (None, 0):
+        raise ScheduleError(f"window=({left}, {right}) on a causal problem: causal means right = 0")
+    return left, 0 if causal else right
+
+
+def _seqlens(seqlens, p: AttentionProblem) -> tuple[tuple[int, int], ...]:
+    """((queries, keys), ...) from pairs or from one length per sequence (self-attention: as many keys)."""
+    try:
+        pairs = tuple((int(s), int(s)) if np.ndim(s) == 0 else (int(s[0]), int(s[1])) for s in seqlens)
+    except (TypeError, ValueError, IndexError):
+        raise ScheduleError(f"seqlens={seqlens!r}: expected one length per sequence, or (queries, keys) pairs") from None
+    if not pairs or any(a < 0 or b < 0 for a, b in pairs):
+        raise ScheduleError(f"seqlens={seqlens!r}: expected at least one sequence, lengths >= 0")
+    tq, tk = sum(a for a, _ in pairs), sum(b for _, b in pairs)
+    if p.batch != 1 or (tq, tk) != (p.seq_len, p.kv_len):
+        raise ScheduleError(f"seqlens: {len(pairs)} sequences of {tq} queries and {tk} keys in all; expected a "
+                            f"problem of batch 1 with seq_len={tq} and kv_len={tk}, the packed totals (given batch="
+                            f"{p.batch}, seq_len={p.seq_len}, kv_len={p.kv_len})")
+    return pairs
+
+
+def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, window=None, seqlens=None) -> Tiles:
+    """The tiles (given, or FA2's default) with the window and the packed sequences checked; plain Tiles where
+    neither is given (the counts are then the dense schedule's)."""
+    base = default_tiles(p, profile) if block_q is None or block_kv is None else None
+    Br = block_q if block_q is not None else base.block_q
+    Bc = block_kv if block_kv is not None else base.block_kv
+    if window is None and seqlens is None:
+        return base if block_q is None and block_kv is None else Tiles(Br, Bc)
+    return Flash2Tiles(Br, Bc, window=None if window is None else _window(window, p.causal),
+                       seqlens=() if seqlens is None else _seqlens(seqlens, p))
+
+
+def sequences(p: AttentionProblem, t: Tiles) -> tuple[tuple[int, int], ...]:
+    """(queries, keys) of each sequence one program covers: the packed ones, or the problem's one."""
+    return getattr(t, "seqlens", ()) or ((p.seq_len, p.kv_len),)
+
+
+def program(x, p: AttentionProblem, t: Tiles) -> None:
+    """One head (of every packed sequence, with ``seqlens``)."""
+    Br, Bc, window = t.block_q, t.block_kv, getattr(t, "window", None)
+    seqs = sequences(p, t)
+    q0 = np.cumsum([0] + [n for n, _ in seqs])  # each sequence's first row in the packed Q, O and lse
+    k0 = np.cumsum([0] + [n for _, n in seqs])
+    with x.kernel("flash2_fwd", grid=sum(cdiv(n, Br) for n, _ in seqs)):
+        for s, (N, Nk) in enumerate(seqs):
+            for i in range(cdiv(N, Br)):  # line 3: one thread block per Q block
+                _q_block(x, p, (Br, Bc, window), (N, Nk, int(q0[s]), int(k0[s])), i)
+
+
+def _shift(r: Rows, by: int) -> Rows:
+    return Rows(r.start + by, r.stop + by)
+
+
+def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int], i: int) -> None:
+    """Q block i of a sequence of N queries and Nk keys whose rows start at q0 and k0."""
+    Br, Bc, window = tiles
+    N, Nk, q0, k0 = seq
+    with x.thread_block():
+        q = _shift(block_rows(i, Br, N), q0)
+        lo, hi = kv_block_range(i, Br, Bc, N, Nk, p.causal, window)
+        if hi <= lo:  # no row of this block sees a key
+            O_i, L_i = x.empty_output(q)
+            x.store("O", q, O_i)
+            x.store("lse", q, L_i)
+            return
+        Q_i = x.load("Q", q)  # line 4: stays in SRAM throughout
+        O_i, l_i, m_i = x.init_state(q)  # line 5
+        for j in x.order(range(lo, hi)):  # line 6
+            k = _shift(block_rows(j, Bc, Nk), k0)
+            K_j = x.load("K", k)  # line 7
+            V_j = x.load("V", k)
+            S_ij = x.scores(Q_i, K_j, q, k)  # line 8
+            O_i, l_i, m_i = x.online_softmax(S_ij, V_j, O_i, l_i, m_i)  # lines 9-10
+        O_i, L_i = x.finalize(O_i, l_i, m_i)  # lines 12-13
+        x.store("O", q, O_i)  # line 14
+        x.store("lse", q, L_i)  # line 15
 
 
 def shared_memory(p: AttentionProblem, t: Tiles) -> int:
@@ -103,10 +181,16 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     Nv = rows of the Q blocks that see a key; without causal rv = Tc·N, cv = Tr·N_kv, A = N·N_kv, Nv = N, so
     K and V are each read Tr times."""
     N, Nk, d, b, s = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes, STAT_BYTES
-    v = visit_sums(N, Nk, t.block_q, t.block_kv, p.causal)
+    if isinstance(t, Flash2Tiles):  # the sums of each sequence (varlen) over its visited K/V blocks (window)
+        parts = [visit_sums(n, nk, t.block_q, t.block_kv, p.causal, t.window) for n, nk in sequences(p, t)]
+        v = VisitSums(*(sum(getattr(x, f) for x in parts) for f in VisitSums.__dataclass_fields__))
+        grid = sum(cdiv(n, t.block_q) for n, _ in sequences(p, t))
+    else:
+        v = visit_sums(N, Nk, t.block_q, t.block_kv, p.causal)
+        grid = cdiv(N, t.block_q)
     rv, cv, A, Nv = v.row_visits, v.col_visits, v.area, v.q_rows
 
-    k = KernelCounts("flash2_fwd", grid=cdiv(N, t.block_q))
+    k = KernelCounts("flash2_fwd", grid=grid)
     k.global_read.update(Q=Nv * d * b, K=cv * d * b, V=cv * d * b)
     k.global_write.update(O=N * d * b, lse=N * s)
     k.flops.update(
@@ -120,4 +204,5 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     return Counts([k])
 
 
-SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS)
+SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
+                    make_tiles=make_tiles, options=("window", "seqlens"))

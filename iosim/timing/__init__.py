@@ -92,6 +92,8 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
     desc = kernel_for(work.schedule, kernel, work.pass_)
     if desc is not None and kernel is None and desc.tiles and not any(d >= problem.head_dim for d in desc.tiles):
         desc = None  # the schedule's own kernel has no instantiation for this head_dim: the roofline stands
+    if getattr(work.tiles, "window", None) is not None or getattr(work.tiles, "seqlens", ()):
+        desc = None  # flash2 with a window or packed sequences: the kernel models' blocks are dense; the roofline
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline",
                        uncertainty=_band("roofline", profile, problem, roof.predicted_s, True),

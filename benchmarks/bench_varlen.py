@@ -1,0 +1,221 @@
+"""Varlen prefill and sliding-window / document-mask attention: iosim's flash2 kernel against padding and FlexAttention.
+
+    python benchmarks/bench_varlen.py --out DIR [--d 64 128] [--check] [--reps 30] [--parts padded flex]
+
+(a) ``padded``: packed sequences through iosim.gpu.attention_varlen against the same batch padded to its longest
+    sequence through iosim.gpu.attention (the dense kernel), causal and not. The padded call computes the padding too
+    (and, non-causal, attends to padded keys: its values differ; it is timed, not checked). Issue 28's bar: varlen is
+    never slower (padded ms / varlen ms >= 1).
+(b) ``flex``: sliding windows (causal, w = 256 .. 4096 keys, N = 8192) on the dense batch
+    (``AttentionOptions(window=(w - 1, 0))``) and document masks (packed documents, causal within each: attention_varlen)
+    against torch.compile'd ``torch.nn.attention.flex_attention`` with the same mask as a BlockMask
+    (``create_block_mask``, built once, off the timed path). Issue 28's bar: ours >= 1.0x FlexAttention.
+
+bf16, heads = 2048 / d (grouped-query 4:1 with --gqa), the same inputs for every backend. ``--check`` compares every
+row's output (ours and FlexAttention's) with a float64 reference on the GPU before timing; a failed row is reported and
+the exit status is 1. Timing: CUDA events on a busy stream (benchmarks/cuda_events.py), warm-up, the median of --reps.
+TFLOP/s count the FLOPs of the visible (query, key) pairs only: 4 d per pair (the field's convention). A CSV of every
+row goes to --out/varlen-<device>.csv; a table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+from cuda_events import time_ms  # beside this file
+
+TOL = 1e-2  # bf16: relative Frobenius error against float64, as tests/gpu
+# (name, query lengths): a long sequence among short ones, lengths drawn uniformly, equal lengths (no padding at all)
+PADDED_BATCHES = {
+    "skewed": [8192] + [512] * 14 + [64],
+    "uniform": [int(x) for x in np.random.default_rng(28).integers(1, 4097, 16)],
+    "equal": [4096] * 4,
+}
+WINDOWS = (256, 1024, 4096)
+DOC_TOKENS = 16384
+
+
+def visible_pairs(lens, causal: bool, window: int | None = None) -> int:
+    """(query, key) pairs that are computed for real: each sequence's, self-attention, bottom-right causal."""
+    total = 0
+    for n in lens:
+        if window is not None:
+            w = min(window, n)
+            total += w * (w + 1) // 2 + (n - w) * w  # rows 0 .. w-1 see i + 1 keys, the rest w
+        else:
+            total += n * (n + 1) // 2 if causal else n * n
+    return total
+
+
+def reference(torch, q, k, v, lens, causal: bool, window: int | None):
+    """float64 O of packed (total, H, d) q, k, v, sequence by sequence (self-attention, the same lengths for q, k)."""
+    H, Hk = q.shape[1], k.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    start = 0
+    for n in lens:
+        s = slice(start, start + n)
+        qs = q[s].double().transpose(0, 1)
+        ks, vs = (x[s].double().transpose(0, 1).repeat_interleave(H // Hk, 0) for x in (k, v))
+        i, j = torch.arange(n, device=q.device)[:, None], torch.arange(n, device=q.device)[None, :]
+        ok = (j <= i) if causal else torch.ones(n, n, dtype=torch.bool, device=q.device)
+        if window is not None:
+            ok &= j > i - window
+        for h in range(0, H, 4):  # four heads at a time: n = 8192 is 2 GB of float64 scores a head
+            hs = slice(h, h + 4)
+            att = (qs[hs] @ ks[hs].transpose(1, 2) / math.sqrt(q.shape[2])).masked_fill(~ok, float("-inf"))
+            out[s, hs] = (att.softmax(-1) @ vs[hs]).transpose(0, 1)
+        start += n
+    return out
+
+
+def rel(a, b) -> float:
+    return float((a.double() - b).norm() / b.norm())
+
+
+def packed_inputs(torch, lens, H: int, Hk: int, d: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(lens)
+    q = torch.randn(T, H, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(T, Hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(T, Hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    return q, k, v, cu
+
+
+def padded_row(torch, gpu, name: str, d: int, causal: bool, args) -> dict:
+    """(a): one batch, varlen against padded."""
+    lens = PADDED_BATCHES[name]
+    H = 2048 // d
+    Hk = H // 4 if args.gqa else H
+    q, k, v, cu = packed_inputs(torch, lens, H, Hk, d, seed=d + len(lens))
+    batch = gpu.varlen_batch(cu, cu)
+    B, N = len(lens), max(lens)
+    qp, kp, vp = (torch.zeros(B, N, x.shape[1], d, device="cuda", dtype=x.dtype) for x in (q, k, v))
+    for b, n in enumerate(lens):  # each sequence at the start of its row, zeros after it
+        for src, dst in ((q, qp), (k, kp), (v, vp)):
+            dst[b, :n] = src[int(cu[b]):int(cu[b + 1])]
+    row = {"part": "padded", "case": name, "d": d, "causal": causal, "heads": H, "kv_heads": Hk, "batch": B,
+           "tokens": sum(lens), "padded_tokens": B * N}
+    if args.check:
+        err = rel(gpu.attention_varlen(q, k, v, batch, causal=causal).o, reference(torch, q, k, v, lens, causal, None))
+        row.update(check_err=err, check="ok" if err < TOL else "FAIL")
+    row["ours_ms"] = time_ms(lambda: gpu.attention_varlen(q, k, v, batch, causal=causal), args.reps, args.warmup)
+    row["padded_ms"] = time_ms(lambda: gpu.attention(qp, kp, vp, causal=causal), args.reps, args.warmup)
+    flops = 4 * d * H * visible_pairs(lens, causal)
+    row.update(ours_tflops=flops / row["ours_ms"] / 1e9, padded_over_ours=row["padded_ms"] / row["ours_ms"])
+    return row
+
+
+def flex_fn(torch, mask_mod, B: int, H: int, T: int):
+    """FlexAttention compiled, with its BlockMask for ``mask_mod`` built once: a function of (q, k, v) in
+    (B, H, T, d)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device="cuda")
+    flex = torch.compile(flex_attention, dynamic=False)
+    return lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def flex_row(torch, gpu, kind: str, size: int, d: int, args) -> dict:
+    """(b): a causal sliding window of ``size`` keys on the dense batch (N = 8192), or documents of ``size`` tokens
+    on average packed into one sequence of DOC_TOKENS, causal within each."""
+    H = 2048 // d
+    Hk = H // 4 if args.gqa else H
+    if kind == "window":
+        lens = [8192] * 2
+        window = size
+    else:
+        rng = np.random.default_rng(size)
+        cuts = np.sort(rng.choice(np.arange(1, DOC_TOKENS), DOC_TOKENS // size - 1, replace=False))
+        lens, window = [int(x) for x in np.diff(np.concatenate([[0], cuts, [DOC_TOKENS]]))], None
+    q, k, v, cu = packed_inputs(torch, lens, H, Hk, d, seed=size + d)
+    if kind == "window":
+        B, N = len(lens), lens[0]
+        qd, kd, vd = (x.view(B, N, x.shape[1], d) for x in (q, k, v))
+        opts = gpu.AttentionOptions(window=(size - 1, 0))
+        ours = lambda: gpu.attention(qd, kd, vd, causal=True, options=opts).view(q.shape)  # noqa: E731
+        fn = flex_fn(torch, lambda b, h, i, j: (j <= i) & (i - j < size), None, H, N)
+        qt, kt, vt = (x.transpose(1, 2) for x in (qd, kd, vd))  # (B, H, N, d) views
+        flex = lambda: fn(qt, kt, vt).transpose(1, 2).reshape(q.shape)  # noqa: E731
+    else:
+        batch = gpu.varlen_batch(cu, cu)
+        ours = lambda: gpu.attention_varlen(q, k, v, batch, causal=True).o  # noqa: E731
+        doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda"))
+        fn = flex_fn(torch, lambda b, h, i, j: (doc[i] == doc[j]) & (j <= i), None, H, DOC_TOKENS)
+        qt, kt, vt = (x.transpose(0, 1)[None] for x in (q, k, v))  # (1, H, T, d) views
+        flex = lambda: fn(qt, kt, vt)[0].transpose(0, 1)  # noqa: E731
+    row = {"part": "flex", "case": f"{kind}-{size}", "d": d, "causal": True, "heads": H, "kv_heads": Hk,
+           "batch": len(lens), "tokens": sum(lens)}
+    if args.check:
+        ref = reference(torch, q, k, v, lens, True, window)
+        err, ferr = rel(ours(), ref), rel(flex(), ref)
+        row.update(check_err=err, flex_err=ferr, check="ok" if err < TOL and ferr < TOL else "FAIL")
+    row["ours_ms"] = time_ms(ours, args.reps, args.warmup)
+    row["flex_ms"] = time_ms(flex, args.reps, args.warmup)
+    flops = 4 * d * H * visible_pairs(lens, True, window)
+    row.update(ours_tflops=flops / row["ours_ms"] / 1e9, flex_tflops=flops / row["flex_ms"] / 1e9,
+               ours_over_flex=row["flex_ms"] / row["ours_ms"])
+    return row
+
+
+def print_table(rows: list[dict], device: str) -> None:
+    print(f"\n{device}; bf16; median of CUDA-event times (busy stream); TFLOP/s of the visible pairs\n")
+    print("| part | case | d | causal | ours ms | peer ms | ours TFLOP/s | peer / ours | check |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        peer, ratio = ("padded_ms", "padded_over_ours") if r["part"] == "padded" else ("flex_ms", "ours_over_flex")
+        print(f"| {r['part']} | {r['case']} | {r['d']} | {r['causal']} | {r['ours_ms']:.4f} | {r[peer]:.4f} | "
+              f"{r['ours_tflops']:.1f} | {r[ratio]:.2f}x | {r.get('check', '-')} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="directory for the CSV")
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--parts", nargs="+", default=["padded", "flex"], choices=["padded", "flex"])
+    ap.add_argument("--gqa", action="store_true", help="4 query heads per kv head (default: as many kv heads)")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--check", action="store_true", help="compare each row with float64 before timing")
+    args = ap.parse_args(argv)
+    import cupy as cp
+    import torch
+
+    from iosim import gpu
+
+    device = torch.cuda.get_device_name()
+    print(f"device: {device}; torch {torch.__version__}; cupy {cp.__version__}", flush=True)
+    rows = []
+    runs = [(padded_row, (name, d, causal)) for d in args.d if "padded" in args.parts for name in PADDED_BATCHES
+            for causal in (False, True)]
+    runs += [(flex_row, (kind, size, d)) for d in args.d if "flex" in args.parts
+             for kind, sizes in (("window", WINDOWS), ("documents", (512, 2048))) for size in sizes]
+    for fn, what in runs:
+        rows.append(fn(torch, gpu, *what, args))
+        print("  " + "  ".join(f"{k_}={v_:.4g}" if isinstance(v_, float) else f"{k_}={v_}"
+                               for k_, v_ in rows[-1].items()), flush=True)
+        torch.cuda.empty_cache()
+    print_table(rows, device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"varlen-{re.sub(r'[^A-Za-z0-9]+', '-', device).strip('-').lower()}.csv"
+    keys = list(dict.fromkeys(k_ for r in rows for k_ in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path}")
+    failed = [r for r in rows if r.get("check") == "FAIL"]
+    if failed:
+        print(f"{len(failed)} rows FAILED the float64 check", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Packed sequences (varlen) on the GPU with iosim's FlashAttention-2 kernel (``kernels/flash_fwd.cu``, its Varlen
+mode): sequences of different lengths in one call, with no padding read, computed or written; causal (bottom-right
+per sequence), sliding windows, grouped-query heads.
+
+    >>> from iosim import gpu
+    >>> batch = gpu.varlen_batch(cu_seqlens_q, cu_seqlens_k)        # check and upload the lengths once ...
+    >>> o, lse = gpu.attention_varlen(q, k, v, batch, causal=True)   # ... run every layer on them
+    >>> o, lse = gpu.attention_varlen(q, k, v, (cu_q, cu_k), window=(4095, 0))  # or give the lengths each call
+
+q (total_q, heads, head_dim), k and v (total_k, kv_heads, head_dim); O like q, lse (heads, total_q) fp32, natural log.
+A :class:`VarlenBatch` holds the checked lengths on the host (no synchronization per call) and on the device; making
+one reads them on the host (one small synchronizing copy where they are on the GPU). Geometry:
+:mod:`iosim.launch.varlen`; the argument checks: :mod:`iosim.gpu.varlen_inputs`.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from iosim import launch
+from iosim.gpu import build
+from iosim.gpu import varlen_inputs as vi
+from iosim.gpu._cupy import require_cupy
+from iosim.gpu.attention import KernelLaunch, LaunchRecord, _kernel, _record, flash_smem_checked
+from iosim.gpu.inputs import (
+    AttentionInputError,
+    AttentionOptions,
+    AttentionTypeError,
+    _as_cupy,
+    check_scale,
+    dtype_name,
+    options_of,
+    torch_of,
+    torch_stream,
+    torch_view,
+)
+from iosim.launch import varlen as geo
+
+_LOG2E = 1.4426950408889634
+
+
+class Varlen(NamedTuple):
+    """What :func:`attention_varlen` returns: O like q (total_q, heads, head_dim) and lse (heads, total_q) fp32,
+    natural log (-inf, with O = 0, for a row that sees no key)."""
+
+    o: Any
+    lse: Any
+
+
+@dataclass(frozen=True)
+class VarlenBatch:
+    """The sequences of a packed batch, checked: their lengths on the host and the cumulative lengths on the device
+    (int32, batch + 1 each), and the grid's longest query sequence."""
+
+    seqlens_q: tuple[int, ...]
+    seqlens_k: tuple[int, ...]
+    max_seqlen_q: int
+    cu_seqlens_q: Any  # CuPy int32 (batch + 1,)
+    cu_seqlens_k: Any
+    device: int
+
+    @property
+    def batch(self) -> int:
+        return len(self.seqlens_q)
+
+    @property
+    def total_q(self) -> int:
+        return sum(self.seqlens_q)
+
+    @property
+    def total_k(self) -> int:
+        return sum(self.seqlens_k)
+
+
+def varlen_batch(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int | None = None, *,
+                 device: int | None = None) -> VarlenBatch:
+    """Check cumulative lengths (batch + 1 integers each: 0, then each sequence's end; a list, NumPy, CuPy or torch
+    array) and upload them to ``device`` (default: the current one). ``max_seqlen_q``: the grid's longest query
+    sequence, at least the longest (default: the longest)."""
+    cp = require_cupy()
+    cu_q = vi.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q")
+    cu_k = vi.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
+    vi.check_batches(cu_q, cu_k)
+    lens_q, lens_k = np.diff(cu_q), np.diff(cu_k)
+    longest = vi.check_max_seqlen(max_seqlen_q, lens_q)
+    device = cp.cuda.runtime.getDevice() if device is None else int(device)
+    with cp.cuda.Device(device):
+        dq, dk = cp.asarray(cu_q), cp.asarray(cu_k)
+        cp.cuda.get_current_stream().synchronize()  # uploaded before a call on another stream (torch's) reads them
+    return VarlenBatch(tuple(int(n) for n in lens_q), tuple(int(n) for n in lens_k), longest, dq, dk, device)
+
+
+def _output(cp: Any, torch: Any, given: Any, shape: tuple[int, ...], dtypes: tuple[Any, Any], name: str,
+            device: int) -> tuple[Any, Any]:
+    """(what the caller gets, the CuPy array the kernel writes): ``given`` (options.out or lse_out) checked, or a new
+    array of ``dtypes`` = (CuPy dtype, torch dtype), a torch tensor where the call is on torch tensors."""
+    if given is None:
+        if torch is not None:
+            t = torch.empty(shape, dtype=dtypes[1], device=device)
+            return t, torch_view(cp, t)
+        x = cp.empty(shape, dtype=dtypes[0])
+        return x, x
+    view = given if isinstance(given, cp.ndarray) else torch_view(cp, given)
+    if view is None:
+        raise AttentionTypeError(f"{name}: got {type(given).__name__}; expected a CuPy array or a CUDA torch tensor "
+                                 "that does not require grad")
+    want = dtype_name(cp.dtype(dtypes[0]))
+    if (tuple(view.shape) != shape or dtype_name(view.dtype) != want or not view.flags.c_contiguous
+            or view.device.id != device):
+        raise AttentionInputError(f"{name}: {tuple(view.shape)} {dtype_name(view.dtype)} (contiguous="
+                                  f"{view.flags.c_contiguous}, device {view.device.id}); expected a contiguous "
+                                  f"{shape} {want} array on device {device}")
+    return given, view
+
+
+def _batch_of(seqlens: Any, device: int) -> VarlenBatch:
+    if isinstance(seqlens, VarlenBatch):
+        if seqlens.device != device:
+            raise AttentionInputError(f"seqlens: a VarlenBatch on device {seqlens.device}; expected device {device}, "
+                                      "q's (gpu.varlen_batch(..., device=...))")
+        return seqlens
+    if isinstance(seqlens, (tuple, list)) and len(seqlens) in (2, 3):
+        return varlen_batch(*seqlens, device=device)
+    raise AttentionTypeError(f"seqlens: got {type(seqlens).__name__}; expected gpu.varlen_batch(cu_seqlens_q, "
+                             "cu_seqlens_k[, max_seqlen_q]) or the tuple (cu_seqlens_q, cu_seqlens_k[, max_seqlen_q])")
+
+
+def _check_options(options: AttentionOptions) -> None:
+    taken = {"block_trace": options.block_trace, "deterministic": options.deterministic, "window": options.window}
+    given = [k for k, v in taken.items() if v is not None]
+    if given:
+        raise AttentionInputError(f"options: {', '.join(given)} not taken by attention_varlen (the window is its own "
+                                  "argument, window=(left, right); no backward); expected None")
+
+
+def _tiles(s: vi.VarlenShapes, mask: geo.Mask, options: AttentionOptions) -> tuple[int, int]:
+    bq, bkv = options.block_q, options.block_kv
+    if (bq is None) != (bkv is None):
+        raise AttentionInputError(f"block_q={bq!r}, block_kv={bkv!r}: give both or neither")
+    if bq is None:
+        return geo.varlen_default_tiles(s.head_dim, mask.local)
+    tiles = geo.varlen_tiles(s.head_dim, mask.local)
+    if (bq, bkv) not in tiles:
+        raise AttentionInputError(f"(block_q, block_kv)=({bq!r}, {bkv!r}) is not compiled for attention_varlen at "
+                                  f"head_dim={s.head_dim}{' with a window' if mask.local else ''}; expected one of "
+                                  f"{list(tiles)}")
+    return bq, bkv
+
+
+def _refuse_grad(*xs: Any) -> None:
+    torch = torch_of(xs[0])
+    if torch is not None and torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in xs):
+        raise AttentionInputError("q, k, v: torch tensors that require grad; attention_varlen has no backward pass "
+                                  "(run it under torch.no_grad(), or detach the inputs)")
+
+
+def attention_varlen(q: Any, k: Any, v: Any, seqlens: Any, *, causal: bool = False, window: Any = None,
+                     scale: float | None = None, options: AttentionOptions | None = None) -> Varlen:
+    """softmax(scale Q K^T) V for each of a batch of packed sequences, on the GPU; returns ``Varlen(o, lse)``.
+
+    q: (total_q, heads, head_dim); k, v: (total_k, kv_heads, head_dim), heads a multiple of kv_heads (query head h
+    reads kv head h // (heads // kv_heads)); contiguous float16 or bfloat16, head_dim 32, 64, 128 or 256; CuPy arrays
+    or CUDA torch tensors (torch in, torch out, on torch's current stream).
+    seqlens: :func:`varlen_batch` (cu_seqlens_q, cu_seqlens_k[, max_seqlen_q]), or that tuple (checked and uploaded
+    on every call then): sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q and cu_seqlens_k[b] ..
+    cu_seqlens_k[b + 1] - 1 of k and v; lengths may be 0.
+    causal: query i of a sequence (n queries, n_k keys) sees keys j <= i + n_k - n (bottom-right). window: (left,
+    right), FlashAttention's window_size: query i sees keys i + n_k - n - left .. i + n_k - n + right, each bound an
+    integer >= 0 or None (no bound); causal means right = 0. A row that sees no key: O = 0, lse = -inf.
+    scale: default 1/sqrt(head_dim). options: :class:`AttentionOptions`' tiles (block_q, block_kv:
+    :func:`iosim.launch.varlen.varlen_tiles`) and preallocated outputs (out (total_q, heads, head_dim), lse_out
+    (heads, total_q)).
+    """
+    options = options_of(options, AttentionOptions)
+    _check_options(options)
+    if not isinstance(causal, bool):
+        raise AttentionTypeError(f"causal={causal!r}: expected True or False")
+    mask = geo.mask_of(causal, vi.check_window(window, causal))
+    _refuse_grad(q, k, v)
+    cp = require_cupy()
+    torch = torch_of(q)
+    qc, kc, vc = (_as_cupy(cp, x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    s = vi.check_shapes(qc.shape, kc.shape, vc.shape, tuple(dtype_name(x.dtype) for x in (qc, kc, vc)))
+    for x, name in ((qc, "q"), (kc, "k"), (vc, "v")):
+        if not x.flags.c_contiguous or x.data.ptr % 16:
+            raise AttentionInputError(f"{name}: expected a contiguous array with a 16-byte aligned data pointer")
+    devs = {x.device.id for x in (qc, kc, vc)}
+    if len(devs) != 1:
+        raise AttentionInputError(f"q, k, v are on devices {sorted(devs)}; expected all on one device")
+    device = devs.pop()
+    batch = _batch_of(seqlens, device)
+    vi.check_totals(batch.total_q, batch.total_k, s)
+    scale = check_scale(scale, s.head_dim)
+    block_q, block_kv = _tiles(s, mask, options)
+    with cp.cuda.Device(device), (torch_stream(cp, torch, device) if torch is not None else nullcontext()):
+        o_ret, o = _output(cp, torch, options.out, (s.total_q, s.heads, s.head_dim),
+                           (qc.dtype, q.dtype if torch is not None else None), "out", device)
+        lse_ret, lse = _output(cp, torch, options.lse_out, (s.heads, s.total_q),
+                               (cp.float32, torch.float32 if torch is not None else None), "lse_out", device)
+        rec = _launch(cp, (qc, kc, vc, o, lse), batch, s, mask, (block_q, block_kv, scale))
+    _record(rec)
+    return Varlen(o_ret, lse_ret)
+
+
+def _launch(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask: geo.Mask,
+            tiles: tuple[int, int, float]) -> LaunchRecord:
+    """The varlen kernel on (q, k, v, o, lse); returns what it launched."""
+    block_q, block_kv, scale = tiles
+    smem = flash_smem_checked(cp, s.head_dim, block_q, block_kv, s.dtype)
+    inst = build.FlashInstance(s.head_dim, block_q, block_kv, s.dtype, mask.causal, mask.local, True)
+    grid = geo.varlen_grid(batch.max_seqlen_q, s.heads, batch.batch, block_q)
+    block, i32 = (launch.FLASH_THREADS, 1, 1), cp.int32
+    left, right = mask.kernel_window()
+    _kernel(cp, inst, smem)(grid, block, (*arrays, i32(s.total_q), i32(s.total_k), i32(s.heads),
+                                              i32(s.kv_heads), cp.float32(scale * _LOG2E), batch.cu_seqlens_q,
+                                              batch.cu_seqlens_k, i32(left), i32(right)), shared_mem=smem)
+    return LaunchRecord("flash2", batch.batch, batch.max_seqlen_q, max(batch.seqlens_k), s.heads, s.kv_heads,
+                            s.head_dim, s.dtype, mask.causal, {"block_q": block_q, "block_kv": block_kv},
+                            (KernelLaunch(inst.name_expression, grid, block, smem),), mask.window,
+                            batch.seqlens_q, batch.seqlens_k)

@@ -1,0 +1,152 @@
+"""flash2's sliding window and packed sequences (varlen) in the simulator: the closed form equals the tile walk, the
+global bytes equal the loads and stores of kernels/flash_fwd.cu's varlen kernel (its tile choice, transcribed below
+as the kernel computes it), window bytes grow as N·w, and a packed batch is the sum of its sequences."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import without_peak
+from hypothesis import given
+from hypothesis import strategies as st
+
+from iosim import AttentionProblem, simulate
+from iosim.blocks import cdiv
+from iosim.problem import STAT_BYTES
+from iosim.schedules import ScheduleError, ScheduleOptions, Tiles, resolve_tiles
+from iosim.simulate import closed, walk
+
+
+def tiles(p, Br, Bc, **options):
+    return resolve_tiles("flash2", p, None, Br, Bc, options=ScheduleOptions(**options))
+
+
+def kernel_bytes(N: int, Nk: int, Br: int, Bc: int, causal: bool, window, d: int, b: int) -> tuple[int, int]:
+    """(bytes read, bytes written) of one head of one sequence as flash_fwd.cu's varlen kernel moves them: its
+    n_min / n_max per Q tile (the last row m0 + Br - 1 unclamped, the window's bounds clamped to the lengths), Q
+    loaded only by a tile that visits a K/V tile, K and V rows of each visited tile (a ragged last tile: its real
+    rows), O and lse of every row written."""
+    left, right = window if window is not None else (None, None)
+    local = window is not None and not (left is None and right == 0) and window != (None, None)
+    causal = causal or (window is not None and left is None and right == 0)
+    read = 0
+    for m_block in range(cdiv(N, Br)):
+        m0, off = m_block * Br, Nk - N
+        n_max, n_min = cdiv(Nk, Bc), 0
+        if causal and not local:
+            last = m0 + Br - 1 + off
+            n_max = min(n_max, 0 if last < 0 else last // Bc + 1)
+        if local:
+            lw = min(2**31 - 1 if left is None else left, Nk)
+            rw = min(2**31 - 1 if right is None else right, N)
+            last = m0 + Br - 1 + off + rw
+            n_max = min(n_max, 0 if last < 0 else last // Bc + 1)
+            first = m0 + off - lw
+            n_min = 0 if first <= 0 else first // Bc
+        if n_max <= n_min:
+            continue
+        read += min(Br, N - m0) * d * b  # Q_i
+        read += sum(2 * min(Bc, Nk - j * Bc) * d * b for j in range(n_min, n_max))  # K_j, V_j
+    return read, N * d * b + N * STAT_BYTES
+
+
+windows = st.one_of(st.none(), st.tuples(st.one_of(st.none(), st.integers(0, 300)),
+                                         st.one_of(st.none(), st.integers(0, 300))))
+
+
+@given(N=st.integers(1, 400), Nk=st.integers(1, 400), Br=st.sampled_from([16, 64, 128]),
+       Bc=st.sampled_from([16, 32, 64]), causal=st.booleans(), window=windows, heads=st.sampled_from([(2, 2), (4, 1)]))
+def test_window_closed_form_equals_the_walk_and_the_kernels_loads_and_stores(N, Nk, Br, Bc, causal, window, heads):
+    if causal and window is not None:
+        window = (window[0], 0)
+    p = AttentionProblem(seq_len=N, kv_len=Nk, heads=heads[0], kv_heads=heads[1], head_dim=64, causal=causal,
+                         dtype="bf16")
+    t = tiles(p, Br, Bc, window=window)
+    c = closed("flash2", p, t)
+    assert without_peak(c) == without_peak(walk("flash2", p, t))
+    read, write = kernel_bytes(N, Nk, Br, Bc, causal, window, 64, 2)
+    assert c.global_read_bytes == read * p.heads and c.global_write_bytes == write * p.heads
+
+
+@given(lens=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), min_size=1, max_size=5),
+       causal=st.booleans(), window=windows, Br=st.sampled_from([64, 128]), Bc=st.sampled_from([32, 64]))
+def test_a_packed_batch_moves_the_sum_of_its_sequences_bytes_and_no_padding(lens, causal, window, Br, Bc):
+    if causal and window is not None:
+        window = (window[0], 0)
+    tq, tk = sum(n for n, _ in lens), sum(n for _, n in lens)
+    if tq == 0 or tk == 0:
+        return  # a problem has at least one query and one key
+    p = AttentionProblem(seq_len=tq, kv_len=tk, heads=2, head_dim=64, causal=causal, dtype="fp16")
+    t = tiles(p, Br, Bc, window=window, seqlens=lens)
+    c = closed("flash2", p, t)
+    assert without_peak(c) == without_peak(walk("flash2", p, t))
+    read = sum(kernel_bytes(n, nk, Br, Bc, causal, window, 64, 2)[0] for n, nk in lens)
+    assert c.global_read_bytes == read * 2
+    assert c.global_write_bytes == tq * (64 * 2 + STAT_BYTES) * 2  # O and lse once per real row
+    assert c.kernels[0].grid == 2 * sum(cdiv(n, Br) for n, _ in lens)  # a block per Q tile of each sequence, head
+
+
+def test_window_bytes_grow_as_n_times_w_not_n_squared():
+    def kv_bytes(N, w):
+        p = AttentionProblem(seq_len=N, head_dim=128, causal=True, dtype="bf16")
+        c = closed("flash2", p, tiles(p, 128, 64, window=(w - 1, 0)))
+        return c.global_read["K"] + c.global_read["V"]
+
+    w = 1024
+    a, b, c = kv_bytes(4096, w), kv_bytes(8192, w), kv_bytes(16384, w)
+    assert c - b == 2 * (b - a)  # linear in N past the first window
+    per_q_tile = (b - a) // (4096 // 128)
+    assert per_q_tile == 2 * (w // 64 + 2) * 64 * 128 * 2  # w / Bc + 2 K/V tiles of a 128-row Q tile (alignment)
+    p = AttentionProblem(seq_len=16384, head_dim=128, causal=True, dtype="bf16")
+    dense = closed("flash2", p, Tiles(128, 64))
+    assert c < (dense.global_read["K"] + dense.global_read["V"]) / 7  # N / w = 16: ~8x fewer K/V bytes than causal
+
+
+def test_no_window_and_an_unbounded_one_count_what_the_dense_schedule_counts():
+    p = AttentionProblem(seq_len=1000, kv_len=777, heads=2, head_dim=64)
+    dense = closed("flash2", p, Tiles(128, 64))
+    assert closed("flash2", p, tiles(p, 128, 64, window=(None, None))) == dense
+    pc = AttentionProblem(seq_len=1000, kv_len=777, heads=2, head_dim=64, causal=True)
+    assert closed("flash2", p, tiles(p, 128, 64, window=(None, 0))) == closed("flash2", pc, Tiles(128, 64))
+    one = tiles(p, 128, 64, seqlens=[(1000, 777)])
+    assert closed("flash2", p, one) == dense  # one packed sequence is the dense problem
+
+
+def test_varlen_moves_less_than_the_batch_padded_to_its_longest_sequence():
+    lens = [8192] + [512] * 14 + [64]
+    p = AttentionProblem(seq_len=sum(lens), heads=16, head_dim=128, causal=True, dtype="bf16")
+    packed = closed("flash2", p, tiles(p, 128, 32, seqlens=lens))
+    padded = closed("flash2", AttentionProblem(batch=len(lens), seq_len=8192, heads=16, head_dim=128, causal=True,
+                                               dtype="bf16"), Tiles(128, 32))
+    assert packed.global_bytes < padded.global_bytes / 4
+    assert packed.total_flops < padded.total_flops / 4
+
+
+def test_simulate_takes_window_and_seqlens_and_says_which_models_are_dense_only():
+    p = AttentionProblem(seq_len=4096, head_dim=128, causal=True)
+    r = simulate("flash2", p, window=(511, 0))
+    assert r.hbm_model.startswith("none: flash2 with a window") and r.traffic["hbm"] == r.traffic["global"]
+    assert r.time.kernel == "roofline"
+    assert r.to_json()["tiles_by_pass"]["forward"]["window"] == [511, 0]
+    v = simulate("flash2", AttentionProblem(seq_len=300, head_dim=64), seqlens=[100, 200], l2=False)
+    assert v.tiles.seqlens == ((100, 100), (200, 200))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(seqlens=[100, 100]), r"seqlens: 2 sequences of 200 queries and 200 keys in all; expected a problem of "
+                               r"batch 1 with seq_len=200"),
+    (dict(window=(-1, 0)), r"window=\(-1, 0\): expected \(left, right\), each an integer >= 0 or None"),
+    (dict(window=(5, 3), causal=True), r"window=\(5, 3\) on a causal problem: causal means right = 0"),
+    (dict(seqlens=["a"]), r"seqlens=\['a'\]: expected one length per sequence"),
+])
+def test_bad_window_and_seqlens_are_errors(kw, match):
+    causal = kw.pop("causal", False)
+    with pytest.raises(ScheduleError, match=match):
+        simulate("flash2", AttentionProblem(seq_len=300, head_dim=64, causal=causal), l2=False, **kw)
+
+
+def test_other_schedules_and_the_backward_pass_refuse_them():
+    p = AttentionProblem(seq_len=256, head_dim=64)
+    with pytest.raises(ScheduleError, match=r"naive takes no window .* only flash2's forward pass window and seqlens"):
+        simulate("naive", p, window=(8, 0))
+    with pytest.raises(ScheduleError, match=r"window, seqlens with pass='both'"):
+        simulate("flash2", p, window=(8, 0), pass_="both")
