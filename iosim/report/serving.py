@@ -1,0 +1,119 @@
+"""The report's section "Serving: decode, varlen, sliding windows": iosim's serving kernels as measured on the GPUs,
+beside the time model where it predicts them.
+
+The committed records: ``docs/benchmarks/decode-<profile>.csv`` (``python benchmarks/bench_decode.py --check --out
+...``: iosim's Flash-Decoding kernel on a contiguous and a paged cache, its share of the calibrated DRAM read rate,
+torch's fastest decode path in the same run) and ``docs/benchmarks/varlen-<profile>.csv`` (``python
+benchmarks/bench_varlen.py --check --out ...``: packed sequences against the batch padded to its longest, sliding
+windows and document masks against FlexAttention). The decode figure draws the measured share beside the time
+model's (``simulate("flash-decoding", ..., kernel="iosim-decode")``, contiguous rows). A missing record is named in
+the section; nothing here raises for it.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+
+from .._resources import benchmarks_dir
+from ..hardware.gpu import get_profile
+from ..plots.serving import decode_bandwidth
+from ..problem import AttentionProblem
+from ..simulate import simulate
+from .figures import PLOTLY_CONFIG
+
+SECTION_ID = "serving"
+TITLE = "Serving: decode, varlen, sliding windows"
+GPUS = (("H100", "h100-sxm5-80gb"), ("H200", "h200-sxm-141gb"))
+DECODE_COLUMNS = {"n", "batch", "heads", "kv_heads", "d", "layout", "ours_ms", "pct_of_dram", "torch_best",
+                  "speedup_vs_torch_best"}
+VARLEN_COLUMNS = {"part", "case", "d", "causal", "ours_ms", "padded_over_ours", "ours_over_flex", "flex_ms",
+                  "padded_ms"}
+INTRO = ("<p>Inference servers run attention as decode: one new token a sequence against a KV cache kept in pages, "
+         "the cache read once per token. Decode is bound by DRAM bandwidth, so the figure shows iosim's decode kernel "
+         "(kernels/flash_decode.cu; bf16, d = 128, 32 query heads on 4 KV heads) as a share of the profile's "
+         "calibrated DRAM read rate, measured on a contiguous cache and on pages of 16 tokens, beside the time model's "
+         "prediction. The tables fold the rows and the packed-sequence (varlen) and sliding-window kernels against the "
+         "same batch padded and against FlexAttention, measured in the same runs.</p>")
+
+
+def read_record(name: str, columns: set[str]) -> tuple[list[dict], str | None]:
+    """The rows of ``docs/benchmarks/<name>``, or ([], why not)."""
+    try:
+        with open(benchmarks_dir() / name, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        return [], f"docs/benchmarks/{name}: no record"
+    if not rows or not columns <= set(rows[0]):
+        return [], f"docs/benchmarks/{name}: not the expected record (columns {', '.join(sorted(columns))})"
+    return rows, None
+
+
+def predicted_share(rows: list[dict], profile: str) -> dict[int, list[tuple[int, float]]]:
+    """{batch: [(n, % of the calibrated DRAM read rate)]}: the time model on the contiguous rows' shapes, the K/V
+    bytes over its predicted time."""
+    read = get_profile(profile).calibration.dram.read.value
+    out: dict[int, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r["layout"] != "contig":
+            continue
+        b, n, d = int(r["batch"]), int(r["n"]), int(r["d"])
+        p = AttentionProblem(batch=b, heads=int(r["heads"]), kv_heads=int(r["kv_heads"]), seq_len=1, kv_len=n,
+                             head_dim=d, dtype="bf16")
+        t = simulate("flash-decoding", p, profile, kernel="iosim-decode", warm=True).time.predicted_s
+        kv_bytes = 2 * b * n * int(r["kv_heads"]) * d * 2
+        out.setdefault(b, []).append((n, 100 * kv_bytes / t / read))
+    return out
+
+
+def _decode_table(rows: list[dict]) -> str:
+    head = ("<tr><th>n</th><th>batch</th><th>layout</th><th>ours ms</th><th>% of DRAM read</th><th>torch's fastest"
+            "</th><th>ours ÷ torch</th></tr>")
+    body = "".join(
+        f"<tr><td>{r['n']}</td><td>{r['batch']}</td><td>{html.escape(r['layout'])}</td><td>{float(r['ours_ms']):.4f}"
+        f"</td><td>{float(r['pct_of_dram']):.1f}%</td><td>{html.escape(r['torch_best'])}</td>"
+        f"<td>{float(r['speedup_vs_torch_best']):.2f}×</td></tr>" for r in rows)
+    return f"<table>{head}{body}</table>"
+
+
+def _varlen_table(rows: list[dict]) -> str:
+    head = ("<tr><th>against</th><th>case</th><th>d</th><th>causal</th><th>ours ms</th><th>peer ms</th>"
+            "<th>peer ÷ ours</th></tr>")
+    body = []
+    for r in rows:
+        padded = r["part"] == "padded"
+        peer_ms, ratio = (r["padded_ms"], r["padded_over_ours"]) if padded else (r["flex_ms"], r["ours_over_flex"])
+        body.append(f"<tr><td>{'padded batch' if padded else 'FlexAttention'}</td><td>{html.escape(r['case'])}</td>"
+                    f"<td>{r['d']}</td><td>{r['causal']}</td><td>{float(r['ours_ms']):.4f}</td>"
+                    f"<td>{float(peer_ms):.4f}</td><td>{float(ratio):.2f}×</td></tr>")
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def serving_section() -> tuple[str, int]:
+    """The section's HTML and its number of figures (one per GPU with a decode record)."""
+    parts, n_fig = [f'<section id="{SECTION_ID}"><h2>{TITLE}</h2>', INTRO], 0
+    for name, profile in GPUS:
+        parts.append(f"<h3>{name}</h3>")
+        rows, why = read_record(f"decode-{profile}.csv", DECODE_COLUMNS)
+        if why:
+            parts.append(f"<p class=note>{html.escape(why)} (python benchmarks/bench_decode.py --check).</p>")
+        else:
+            measured: dict = {}
+            for r in rows:
+                measured.setdefault((int(r["batch"]), r["layout"]), []).append((int(r["n"]), float(r["pct_of_dram"])))
+            fig = decode_bandwidth(measured, predicted_share(rows, profile), f"{name}: decode, DRAM bandwidth")
+            div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{SECTION_ID}-{name.lower()}",
+                              config=PLOTLY_CONFIG)
+            parts.append(f"<figure>{div}<figcaption>{name}: measured (solid: contiguous, dashed: pages of 16) and "
+                         "predicted (dotted) share of the calibrated DRAM read rate.</figcaption></figure>")
+            parts.append(f"<details><summary>Decode rows ({len(rows)})</summary><div class=wide>"
+                         f"{_decode_table(rows)}</div></details>")
+            n_fig += 1
+        vrows, why = read_record(f"varlen-{profile}.csv", VARLEN_COLUMNS)
+        if why:
+            parts.append(f"<p class=note>{html.escape(why)} (python benchmarks/bench_varlen.py --check).</p>")
+        else:
+            parts.append(f"<details><summary>Varlen and sliding windows ({len(vrows)} rows)</summary><div class=wide>"
+                         f"{_varlen_table(vrows)}</div></details>")
+    parts.append("</section>")
+    return "\n".join(parts), n_fig
