@@ -24,12 +24,10 @@ GPU before timing; a failed row is reported and the exit status is 1. A CSV of e
 from __future__ import annotations
 
 import argparse
-import csv
 import math
-import re
 import sys
-from pathlib import Path
 
+from bench_csv import write_checked_rows  # beside this file
 from cuda_events import time_ms  # beside this file
 
 PROFILES = (("H100", "h100-sxm5-80gb"), ("H200", "h200-sxm-141gb"))
@@ -218,19 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_shape(torch, gpu, n, B, args, bw)
             torch.cuda.empty_cache()
     print_table(rows, device, bw_name)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"decode-{re.sub(r'[^A-Za-z0-9]+', '-', device).strip('-').lower()}.csv"
-    keys = list(dict.fromkeys(k_ for r in rows for k_ in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {path}")
-    failed = [r for r in rows if r.get("check") == "FAIL"]
-    if failed:
-        print(f"{len(failed)} rows FAILED the float64 check", file=sys.stderr)
-    return 1 if failed else 0
+    return write_checked_rows(rows, args.out, "decode", device)
 
 
 if __name__ == "__main__":

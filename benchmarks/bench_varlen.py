@@ -21,13 +21,11 @@ row goes to --out/varlen-<device>.csv; a table is printed last.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
-import re
 import sys
-from pathlib import Path
 
 import numpy as np
+from bench_csv import write_checked_rows  # beside this file
 from cuda_events import time_ms  # beside this file
 
 TOL = 1e-2  # bf16: relative Frobenius error against float64, as tests/gpu
@@ -202,19 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                                for k_, v_ in rows[-1].items()), flush=True)
         torch.cuda.empty_cache()
     print_table(rows, device)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"varlen-{re.sub(r'[^A-Za-z0-9]+', '-', device).strip('-').lower()}.csv"
-    keys = list(dict.fromkeys(k_ for r in rows for k_ in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {path}")
-    failed = [r for r in rows if r.get("check") == "FAIL"]
-    if failed:
-        print(f"{len(failed)} rows FAILED the float64 check", file=sys.stderr)
-    return 1 if failed else 0
+    return write_checked_rows(rows, args.out, "varlen", device)
 
 
 if __name__ == "__main__":

@@ -27,15 +27,14 @@ from iosim.gpu.build_decode import DecodeInstance
 from iosim.gpu.decode_inputs import DecodeShapes, check_block_table, check_seqlens, check_shapes, host_ints
 from iosim.gpu.inputs import (
     AttentionInputError,
-    AttentionTypeError,
     SharedMemoryError,
     _as_cupy,
     _check_array,
     check_scale,
     dtype_name,
+    output_array,
     torch_of,
     torch_stream,
-    torch_view,
 )
 from iosim.launch import decode as geo
 
@@ -80,10 +79,10 @@ class DecodePlan:
         torch = torch_of(q)
         s = self.shapes
         with cp.cuda.Device(self.device), (torch_stream(cp, torch, self.device) if torch else nullcontext()):
-            o_ret, o = _output(cp, torch, out[0] if out else None, (s.batch, s.q_len, s.heads, s.head_dim),
-                               (qc.dtype, q.dtype if torch else None), "o", self.device)
-            lse_ret, lse = _output(cp, torch, out[1] if out else None, (s.batch, s.heads, s.q_len),
-                                   (cp.float32, torch.float32 if torch else None), "lse", self.device)
+            o_ret, o = output_array(cp, torch, out[0] if out else None, (s.batch, s.q_len, s.heads, s.head_dim),
+                                    (qc.dtype, q.dtype if torch else None), "out: o", self.device)
+            lse_ret, lse = output_array(cp, torch, out[1] if out else None, (s.batch, s.heads, s.q_len),
+                                        (cp.float32, torch.float32 if torch else None), "out: lse", self.device)
             self._launch(cp, qc, kc, vc, o, lse)
         return Decoded(o_ret, lse_ret)
 
@@ -124,28 +123,6 @@ class DecodePlan:
             fn(comb.grid, comb.block, (o_part, lse_part, self.seqlens, o, lse, i32(s.batch * s.q_len * s.heads),
                                        i32(s.q_len), i32(s.heads), i32(sp.chunk), i32(sp.splits)))
 
-
-def _output(cp: Any, torch: Any, given: Any, shape: tuple[int, ...], dtypes: tuple[Any, Any], name: str,
-            device: int) -> tuple[Any, Any]:
-    """(what the caller gets, the CuPy array the kernel writes): ``given`` checked, or a new array of ``dtypes`` =
-    (CuPy dtype, torch dtype): a torch tensor where the call is on torch tensors."""
-    if given is None:
-        if torch is not None:
-            t = torch.empty(shape, dtype=dtypes[1], device=device)
-            return t, torch_view(cp, t)
-        x = cp.empty(shape, dtype=dtypes[0])
-        return x, x
-    view = given if isinstance(given, cp.ndarray) else torch_view(cp, given)
-    if view is None:
-        raise AttentionTypeError(f"out: {name} is a {type(given).__name__}; expected a CuPy array or a CUDA torch "
-                                 "tensor that does not require grad")
-    want = dtype_name(cp.dtype(dtypes[0]))
-    if (tuple(view.shape) != shape or dtype_name(view.dtype) != want or not view.flags.c_contiguous
-            or view.device.id != device):
-        raise AttentionInputError(f"out: {name} {tuple(view.shape)} {dtype_name(view.dtype)} (contiguous="
-                                  f"{view.flags.c_contiguous}, device {view.device.id}); expected a contiguous "
-                                  f"{shape} {want} array on device {device}")
-    return given, view
 
 
 def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, block_table: Any = None,

@@ -340,6 +340,30 @@ def _output_view(cp: Any, x: Any) -> Any:
     return x if view is None else view
 
 
+def output_array(cp: Any, torch: Any, given: Any, shape: tuple[int, ...], dtypes: tuple[Any, Any], label: str,
+                 device: int) -> tuple[Any, Any]:
+    """(what the caller gets, the CuPy array the kernel writes) for one output of a call that makes its own: ``given``
+    checked (``label`` starts its errors, e.g. "out:"), or a new array of ``dtypes`` = (CuPy dtype, torch dtype), a
+    torch tensor where the call is on torch tensors (``torch`` the module, else None)."""
+    if given is None:
+        if torch is not None:
+            t = torch.empty(shape, dtype=dtypes[1], device=device)
+            return t, torch_view(cp, t)
+        x = cp.empty(shape, dtype=dtypes[0])
+        return x, x
+    view = given if isinstance(given, cp.ndarray) else torch_view(cp, given)
+    if view is None:
+        raise AttentionTypeError(f"{label} got {type(given).__name__}; expected a CuPy array or a CUDA torch tensor "
+                                 "that does not require grad")
+    want = dtype_name(cp.dtype(dtypes[0]))
+    if (tuple(view.shape) != shape or dtype_name(view.dtype) != want or not view.flags.c_contiguous
+            or view.device.id != device):
+        raise AttentionInputError(f"{label} {tuple(view.shape)} {dtype_name(view.dtype)} (contiguous="
+                                  f"{view.flags.c_contiguous}, device {view.device.id}); expected a contiguous "
+                                  f"{shape} {want} array on device {device}")
+    return given, view
+
+
 def validate(cp, q, k, v, schedule, causal, scale, options: AttentionOptions = DEFAULT_OPTIONS) -> Checked:
     """Every argument of :func:`iosim.gpu.attention` checked (of ``options``: the tiles and the outputs); returns
     CuPy views of them and how to make outputs."""

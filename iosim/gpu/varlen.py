@@ -34,9 +34,9 @@ from iosim.gpu.inputs import (
     check_scale,
     dtype_name,
     options_of,
+    output_array,
     torch_of,
     torch_stream,
-    torch_view,
 )
 from iosim.launch import varlen as geo
 
@@ -93,28 +93,6 @@ def varlen_batch(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int | None 
         cp.cuda.get_current_stream().synchronize()  # uploaded before a call on another stream (torch's) reads them
     return VarlenBatch(tuple(int(n) for n in lens_q), tuple(int(n) for n in lens_k), longest, dq, dk, device)
 
-
-def _output(cp: Any, torch: Any, given: Any, shape: tuple[int, ...], dtypes: tuple[Any, Any], name: str,
-            device: int) -> tuple[Any, Any]:
-    """(what the caller gets, the CuPy array the kernel writes): ``given`` (options.out or lse_out) checked, or a new
-    array of ``dtypes`` = (CuPy dtype, torch dtype), a torch tensor where the call is on torch tensors."""
-    if given is None:
-        if torch is not None:
-            t = torch.empty(shape, dtype=dtypes[1], device=device)
-            return t, torch_view(cp, t)
-        x = cp.empty(shape, dtype=dtypes[0])
-        return x, x
-    view = given if isinstance(given, cp.ndarray) else torch_view(cp, given)
-    if view is None:
-        raise AttentionTypeError(f"{name}: got {type(given).__name__}; expected a CuPy array or a CUDA torch tensor "
-                                 "that does not require grad")
-    want = dtype_name(cp.dtype(dtypes[0]))
-    if (tuple(view.shape) != shape or dtype_name(view.dtype) != want or not view.flags.c_contiguous
-            or view.device.id != device):
-        raise AttentionInputError(f"{name}: {tuple(view.shape)} {dtype_name(view.dtype)} (contiguous="
-                                  f"{view.flags.c_contiguous}, device {view.device.id}); expected a contiguous "
-                                  f"{shape} {want} array on device {device}")
-    return given, view
 
 
 def _batch_of(seqlens: Any, device: int) -> VarlenBatch:
@@ -197,10 +175,10 @@ def attention_varlen(q: Any, k: Any, v: Any, seqlens: Any, *, causal: bool = Fal
     scale = check_scale(scale, s.head_dim)
     block_q, block_kv = _tiles(s, mask, options)
     with cp.cuda.Device(device), (torch_stream(cp, torch, device) if torch is not None else nullcontext()):
-        o_ret, o = _output(cp, torch, options.out, (s.total_q, s.heads, s.head_dim),
-                           (qc.dtype, q.dtype if torch is not None else None), "out", device)
-        lse_ret, lse = _output(cp, torch, options.lse_out, (s.heads, s.total_q),
-                               (cp.float32, torch.float32 if torch is not None else None), "lse_out", device)
+        o_ret, o = output_array(cp, torch, options.out, (s.total_q, s.heads, s.head_dim),
+                                (qc.dtype, q.dtype if torch is not None else None), "out:", device)
+        lse_ret, lse = output_array(cp, torch, options.lse_out, (s.heads, s.total_q),
+                                    (cp.float32, torch.float32 if torch is not None else None), "lse_out:", device)
         rec = _launch(cp, (qc, kc, vc, o, lse), batch, s, mask, (block_q, block_kv, scale))
     _record(rec)
     return Varlen(o_ret, lse_ret)
