@@ -37,8 +37,8 @@
 //   v5.1 registers 40 (producer) / 232 (consumers) instead of 24 / 240: v5's producer spilled 4 bytes at d=64 causal
 //       (its schedule walk needs more than 24 registers); 128 x 40 + 256 x 232 = 64,512.
 #include "common.cuh"
+#include "hopper.cuh"  // before the wgmma wrappers: they name its e4m3
 #include "flash3_wgmma.cuh"
-#include "hopper.cuh"
 
 namespace iosim {
 
@@ -60,27 +60,45 @@ __device__ __forceinline__ int kv_blocks(int m_block, int seq_len, int kv_len) {
     return n_blocks;
 }
 
+// the output type: the input type, except fp8 inputs, whose O is bf16 (as FlashAttention-3's fp8 forward)
+template <typename T> struct F3Out { using type = T; };
+template <> struct F3Out<e4m3> { using type = __nv_bfloat16; };
+
+// fp8 (T = e4m3): P = exp2(s - m + kF3PShift) lies in [0, 256], so P's small values stay in e4m3's normal range
+// (a factor of 256 that cancels in O / l; FlashAttention-3's Max_offset)
+constexpr float kF3PShift = 8.f;
+
 template <int D, int Bc, typename T, bool Causal>
 __global__ void __launch_bounds__(kF3Threads, 1)
     flash3_fwd_kernel(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
-                      const __grid_constant__ TmaMap tm_v, T* __restrict__ o, float* __restrict__ lse,
-                      const int* __restrict__ schedule, int batch,
+                      const __grid_constant__ TmaMap tm_v, typename F3Out<T>::type* __restrict__ o,
+                      float* __restrict__ lse, const int* __restrict__ schedule,
+                      const float* __restrict__ q_scale, const float* __restrict__ k_scale,
+                      const float* __restrict__ v_scale, int batch,
                       int seq_len, int kv_len, int heads, int kv_heads, float scale_log2) {
+    using OT = typename F3Out<T>::type;
+    constexpr bool kFp8 = is_same<T, e4m3>::value;
+    constexpr int E = kFp8 ? 1 : 2;          // bytes per input element
     constexpr int Br = 128;                 // 2 consumer warpgroups x 64 rows
-    constexpr int kPanels = D / kF3Panel;    // 64-column panels of d
-    constexpr int kRowBytes = kF3Panel * 2;  // 128
-    constexpr int kQBytes = Br * D * 2, kKVBytes = Bc * D * 2;
+    // Q and K: d/panel column panels of rows x kRowBytes, swizzled (128 B rows; 64 B where a row of d is 64 B)
+    constexpr int kRowBytes = D * E < 128 ? D * E : 128;
+    constexpr int kPanelElems = kRowBytes / E;
+    constexpr int kPanels = D * E / kRowBytes;
+    constexpr int kStepsPerPanel = kRowBytes / 32;  // k steps of Q K^T a panel row holds (32 B: k16, or fp8 k32)
+    // fp8: V^T (d rows x Bc keys): Bc / kVRowBytes key panels of d x kVRowBytes; bf16: V as K
+    constexpr int kVRowBytes = kFp8 ? (Bc % 128 == 0 ? 128 : 64) : kRowBytes;
+    constexpr int kQBytes = Br * D * E, kKVBytes = Bc * D * E;
     constexpr int SR = Bc / 2;               // fp32 registers of S per thread (64 x Bc over 128 threads)
     constexpr int OR = D / 2;                // fp32 registers of O per thread
-    constexpr int KP = Bc / 16;              // k16 steps of P V (A fragments of P)
-    static_assert(D % kF3Panel == 0 && Bc % 16 == 0 && Bc <= 256, "tile shape");
+    constexpr int KP = Bc / (kFp8 ? 32 : 16);  // k steps of P V (A fragments of P)
+    static_assert(D * E % kRowBytes == 0 && Bc % (kFp8 ? 64 : 16) == 0 && Bc <= 256, "tile shape");
 
     extern __shared__ unsigned char smem_raw[];
     // the swizzle pattern repeats every 1024 B: align the base (flash3_smem_terms reserves the slack)
     const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const unsigned sQ = base;                         // kPanels x (Br x 128 B)
-    const unsigned sK = sQ + kQBytes;                 // Stages x kPanels x (Bc x 128 B)
-    const unsigned sV = sK + kF3Stages * kKVBytes;    // Stages x kPanels x (Bc x 128 B)
+    const unsigned sQ = base;                         // kPanels x (Br x kRowBytes)
+    const unsigned sK = sQ + kQBytes;                 // Stages x kPanels x (Bc x kRowBytes)
+    const unsigned sV = sK + kF3Stages * kKVBytes;    // Stages x kPanels x (Bc x kRowBytes); fp8: V^T panels
     const unsigned bars = sV + kF3Stages * kKVBytes;  // 8-byte mbarriers
     const unsigned q_full = bars, q_empty = bars + 8;
     auto k_full = [&](int s) { return bars + 8 * (2 + s); };
@@ -151,7 +169,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 mbar_expect_tx(q_full, kQBytes);
 #pragma unroll
                 for (int p = 0; p < kPanels; ++p)
-                    tma_load_4d(sQ + p * Br * kRowBytes, &tm_q, q_full, p * kF3Panel, h, m_block * Br, b);
+                    tma_load_4d(sQ + p * Br * kRowBytes, &tm_q, q_full, p * kPanelElems, h, m_block * Br, b);
                 ++tile_no;
                 // Alg. line 6: K_j, V_j through the ring
                 for (int j = 0; j < n_blocks; ++j, ++it) {
@@ -161,14 +179,21 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                     mbar_expect_tx(k_full(s), kKVBytes);
 #pragma unroll
                     for (int p = 0; p < kPanels; ++p)
-                        tma_load_4d(sK + s * kKVBytes + p * Bc * kRowBytes, &tm_k, k_full(s), p * kF3Panel, hk,
+                        tma_load_4d(sK + s * kKVBytes + p * Bc * kRowBytes, &tm_k, k_full(s), p * kPanelElems, hk,
                                     j * Bc, b);
                     mbar_wait(v_empty(s), ph ^ 1);
                     mbar_expect_tx(v_full(s), kKVBytes);
+                    if constexpr (kFp8) {  // V^T (B, H_kv, d, N_kv padded): boxes of kVRowBytes keys x d
 #pragma unroll
-                    for (int p = 0; p < kPanels; ++p)
-                        tma_load_4d(sV + s * kKVBytes + p * Bc * kRowBytes, &tm_v, v_full(s), p * kF3Panel, hk,
-                                    j * Bc, b);
+                        for (int p = 0; p < Bc / kVRowBytes; ++p)
+                            tma_load_4d(sV + s * kKVBytes + p * D * kVRowBytes, &tm_v, v_full(s),
+                                        j * Bc + p * kVRowBytes, 0, hk, b);
+                    } else {
+#pragma unroll
+                        for (int p = 0; p < kPanels; ++p)
+                            tma_load_4d(sV + s * kKVBytes + p * Bc * kRowBytes, &tm_v, v_full(s), p * kF3Panel, hk,
+                                        j * Bc, b);
+                    }
                 }
             }
         }
@@ -194,19 +219,28 @@ __global__ void __launch_bounds__(kF3Threads, 1)
 
     // descriptors: Q rows cw*64.. of panel p, k16 step within the panel at +32 B; K the same; V N-major:
     // LBO = the next 64 columns of d (the next panel, Bc x 128 B away), SBO = the next 8 keys (1024 B)
+    // fp8: k32 steps are 32 B too; V^T is K-major like K (rows of keys), kk steps of 32 keys
     auto q_desc = [&](int ks) {
-        return smem_desc(sQ + (ks / 4) * Br * kRowBytes + cw * 64 * kRowBytes + (ks % 4) * 32, 16, 1024);
+        return smem_desc_sw<kRowBytes>(sQ + (ks / kStepsPerPanel) * Br * kRowBytes + cw * 64 * kRowBytes +
+                                       (ks % kStepsPerPanel) * 32);
     };
     auto k_desc = [&](int s, int ks) {
-        return smem_desc(sK + s * kKVBytes + (ks / 4) * Bc * kRowBytes + (ks % 4) * 32, 16, 1024);
+        return smem_desc_sw<kRowBytes>(sK + s * kKVBytes + (ks / kStepsPerPanel) * Bc * kRowBytes +
+                                       (ks % kStepsPerPanel) * 32);
     };
-    auto v_desc = [&](int s, int kk) { return smem_desc(sV + s * kKVBytes + kk * 16 * kRowBytes, Bc * kRowBytes, 1024); };
+    auto v_desc = [&](int s, int kk) {
+        if constexpr (kFp8)
+            return smem_desc_sw<kVRowBytes>(sV + s * kKVBytes + (kk / (kVRowBytes / 32)) * D * kVRowBytes +
+                                            (kk % (kVRowBytes / 32)) * 32);
+        else
+            return smem_desc(sV + s * kKVBytes + kk * 16 * kRowBytes, Bc * kRowBytes, 1024);
+    };
 
     auto issue_qk = [&](int s) {  // Alg. line 8: S = Q_i K_j^T
         fence_regs(acc_s);
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) wgmma_ss<Bc, T>(acc_s, q_desc(ks), k_desc(s, ks), ks > 0);
+        for (int ks = 0; ks < D * E / 32; ++ks) wgmma_ss<Bc, T>(acc_s, q_desc(ks), k_desc(s, ks), ks > 0);
         wgmma_commit();
     };
     auto issue_pv = [&](int s) {  // Alg. line 10: O += P V_j
@@ -217,8 +251,9 @@ __global__ void __launch_bounds__(kF3Threads, 1)
         for (int kk = 0; kk < KP; ++kk) wgmma_rs<D, T>(acc_o, p_frag[kk], v_desc(s, kk), 1);
         wgmma_commit();
     };
-    // mask and online softmax of S (in place: S becomes unnormalized P in fp32); returns the O correction factors
-    auto softmax = [&](int j, int m0, int row0, float (&corr)[2]) {
+    // mask and online softmax of S (in place: S becomes unnormalized P in fp32); returns the O correction factors.
+    // fp8: the tile's scale sl = scale_log2 * q_scale * k_scale_j changes with j, so m is kept scaled (log2 units)
+    auto softmax = [&](int j, int m0, int row0, float sl, float (&corr)[2]) {
         const int n0 = j * Bc;
         const bool need_mask = (n0 + Bc > kv_len) || (Causal && n0 + Bc - 1 > m0 + cw * 64 + offset);
         if (need_mask) {
@@ -233,6 +268,29 @@ __global__ void __launch_bounds__(kF3Threads, 1)
         }
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {  // hr = 0: row g, hr = 1: row g + 8
+            if constexpr (kFp8) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < Bc / 8; ++nt)
+                    mx = fmaxf(mx, fmaxf(acc_s[nt * 4 + 2 * hr], acc_s[nt * 4 + 2 * hr + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m_i[hr], mx * sl);  // sl > 0: the max of the scaled scores
+                const float m_safe = (m_new == -INFINITY) ? 0.f : m_new;
+                corr[hr] = exp2_approx(m_i[hr] - m_safe);
+                m_i[hr] = m_new;
+                const float bias = kF3PShift - m_safe;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < Bc / 8; ++nt)
+#pragma unroll
+                    for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+                        const float p = exp2_approx(fmaf(acc_s[nt * 4 + e], sl, bias));
+                        acc_s[nt * 4 + e] = p;
+                        rs += p;
+                    }
+                l_i[hr] = l_i[hr] * corr[hr] + rs;
+            } else {
             float mx = m_i[hr];
 #pragma unroll
             for (int nt = 0; nt < Bc / 8; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt * 4 + 2 * hr], acc_s[nt * 4 + 2 * hr + 1]));
@@ -252,6 +310,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                     rs += p;
                 }
             l_i[hr] = l_i[hr] * corr[hr] + rs;
+            }
         }
     };
     auto rescale_o = [&](const float (&corr)[2]) {
@@ -264,12 +323,27 @@ __global__ void __launch_bounds__(kF3Threads, 1)
         }
     };
     auto convert_p = [&]() {  // P (fp32 accumulator layout) -> wgmma A fragments in the input dtype
+        if constexpr (kFp8) {
+            // A fragment kk (keys 32kk..32kk+31): register r holds 4 e4m3 at row g (+8 for r = 1, 3), k positions
+            // 4*t4 + {0..3} (+16 for r = 2, 3). This thread's accumulator holds keys 8i + 2*t4 + {0, 1}; so k position
+            // 4*t4 + e carries key (e / 2) * 8 + 2*t4 + e % 2 of its 16-key group, and V^T's keys are stored in that
+            // order (iosim.gpu.fp8: within each group of 16, column p holds key fp8_key_of(p)): no shuffles.
 #pragma unroll
-        for (int kk = 0; kk < KP; ++kk) {
-            p_frag[kk][0] = pack2<T>(acc_s[(2 * kk) * 4 + 0], acc_s[(2 * kk) * 4 + 1]);
-            p_frag[kk][1] = pack2<T>(acc_s[(2 * kk) * 4 + 2], acc_s[(2 * kk) * 4 + 3]);
-            p_frag[kk][2] = pack2<T>(acc_s[(2 * kk + 1) * 4 + 0], acc_s[(2 * kk + 1) * 4 + 1]);
-            p_frag[kk][3] = pack2<T>(acc_s[(2 * kk + 1) * 4 + 2], acc_s[(2 * kk + 1) * 4 + 3]);
+            for (int kk = 0; kk < KP; ++kk) {
+                const float* a = acc_s + 16 * kk;  // n8 groups 4kk .. 4kk+3, 4 registers each
+                p_frag[kk][0] = pack4_e4m3(a[0], a[1], a[4], a[5]);
+                p_frag[kk][1] = pack4_e4m3(a[2], a[3], a[6], a[7]);
+                p_frag[kk][2] = pack4_e4m3(a[8], a[9], a[12], a[13]);
+                p_frag[kk][3] = pack4_e4m3(a[10], a[11], a[14], a[15]);
+            }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < KP; ++kk) {
+                p_frag[kk][0] = pack2<T>(acc_s[(2 * kk) * 4 + 0], acc_s[(2 * kk) * 4 + 1]);
+                p_frag[kk][1] = pack2<T>(acc_s[(2 * kk) * 4 + 2], acc_s[(2 * kk) * 4 + 3]);
+                p_frag[kk][2] = pack2<T>(acc_s[(2 * kk + 1) * 4 + 0], acc_s[(2 * kk + 1) * 4 + 1]);
+                p_frag[kk][3] = pack2<T>(acc_s[(2 * kk + 1) * 4 + 2], acc_s[(2 * kk + 1) * 4 + 3]);
+            }
         }
     };
 
@@ -284,7 +358,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
         const int n_blocks = kv_blocks<Br, Bc, Causal>(m_block, seq_len, kv_len);
         const int row0 = m0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
         float* lseg = lse + ((long long)b * heads + h) * seq_len;
-        T* og = o + (long long)b * seq_len * q_stride + (long long)h * D;
+        OT* og = o + (long long)b * seq_len * q_stride + (long long)h * D;
         if (n_blocks <= 0) {  // no row of this tile sees any key: O = 0, lse = -inf
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
@@ -299,6 +373,25 @@ __global__ void __launch_bounds__(kF3Threads, 1)
             continue;
         }
 
+        // fp8: the block scales of this Q tile and of K/V tile j (kv head hk); O is kept in units of V's scale of the
+        // last tile added to it (sv), so a new tile's scale is a factor on the rescale O gets anyway
+        const int hk = h / (heads / kv_heads), Tc = (kv_len + Bc - 1) / Bc;
+        const float* ksg = k_scale + ((long long)b * kv_heads + hk) * Tc;
+        const float* vsg = v_scale + ((long long)b * kv_heads + hk) * Tc;
+        // (tile j+1's scales are loaded during tile j: a load issued after the loop's barriers would stall softmax)
+        const float sq_log2 = kFp8 ? scale_log2 * __ldg(q_scale + ((long long)b * heads + h) * Tr + m_block) : 0.f;
+        float sk_next = kFp8 ? __ldg(ksg) : 0.f, sv_next = kFp8 ? __ldg(vsg) : 1.f;
+        float sv = sv_next;
+        auto sl_of = [&](int j) {  // this tile's log2 scale; prefetches the next tile's K and V scales
+            if constexpr (kFp8) {
+                const float sl = sq_log2 * sk_next;
+                sv_next = j > 0 ? __ldg(vsg + j) : sv_next;
+                sk_next = j + 1 < n_blocks ? __ldg(ksg + j + 1) : 0.f;
+                return sl;
+            } else {
+                return scale_log2;
+            }
+        };
 #pragma unroll
         for (int i = 0; i < OR; ++i) acc_o[i] = 0.f;
         m_i[0] = m_i[1] = -INFINITY;
@@ -320,7 +413,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 mbar_arrive(k_empty(s));
                 if (n_blocks == 1) mbar_arrive(q_empty);  // the last S of this tile: Q_i may be overwritten
             }
-            softmax(0, m0, row0, corr);
+            softmax(0, m0, row0, sl_of(0), corr);
             convert_p();
         }
         // tiles 1 .. n-1: issue S_j and O += P_{j-1} V_{j-1} together; softmax of S_j overlaps P_{j-1} V_{j-1}
@@ -340,11 +433,17 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 mbar_arrive(k_empty(s));
                 if (j == n_blocks - 1) mbar_arrive(q_empty);
             }
-            softmax(j, m0, row0, corr);
+            softmax(j, m0, row0, sl_of(j), corr);
             wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
             fence_regs(acc_o);
             fence_regs(p_frag);
             if (lane == 0) mbar_arrive(v_empty(sp));
+            if constexpr (kFp8) {
+                const float r = __fdividef(sv, sv_next);  // O from V's tile j-1 scale to tile j's
+                corr[0] *= r;
+                corr[1] *= r;
+                sv = sv_next;
+            }
             rescale_o(corr);
             convert_p();
             ++it;
@@ -369,16 +468,17 @@ __global__ void __launch_bounds__(kF3Threads, 1)
             float l = l_i[hr];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float inv = l > 0.f ? sv / l : 0.f;
             const int row = row0 + 8 * hr;
             if (row < seq_len) {
-                if (t4 == 0)
-                    lseg[row] = l > 0.f ? (m_i[hr] * scale_log2 + __log2f(l)) * 0.69314718055994531f : -INFINITY;
-                T* orow = og + (long long)row * q_stride;
+                // fp8: m is scaled already and l carries P's factor 2^kF3PShift
+                const float lse2 = kFp8 ? m_i[hr] + __log2f(l) - kF3PShift : m_i[hr] * scale_log2 + __log2f(l);
+                if (t4 == 0) lseg[row] = l > 0.f ? lse2 * 0.69314718055994531f : -INFINITY;
+                OT* orow = og + (long long)row * q_stride;
 #pragma unroll
                 for (int nd = 0; nd < D / 8; ++nd)
                     *reinterpret_cast<unsigned*>(orow + nd * 8 + 2 * t4) =
-                        pack2<T>(acc_o[nd * 4 + 2 * hr] * inv, acc_o[nd * 4 + 2 * hr + 1] * inv);
+                        pack2<OT>(acc_o[nd * 4 + 2 * hr] * inv, acc_o[nd * 4 + 2 * hr + 1] * inv);
             }
         }
     }

@@ -68,5 +68,26 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo_bytes >> 4) << 16) |
            ((unsigned long long)(sbo_bytes >> 4) << 32) | (1ull << 62);
 }
+// the same for a `Swizzle`-byte swizzle (128 or 64: the layout type in bits 62-63 is 1 or 2), rows of Swizzle bytes
+template <int Swizzle>
+__device__ __forceinline__ unsigned long long smem_desc_sw(unsigned addr) {
+    static_assert(Swizzle == 128 || Swizzle == 64, "128B or 64B swizzle");
+    constexpr unsigned long long layout = Swizzle == 128 ? 1ull : 2ull;
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) |
+           ((unsigned long long)((8 * Swizzle) >> 4) << 32) | (layout << 62);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// fp8 e4m3 (the fp8 instantiations of flash3_fwd.cu): a one-byte input type, and four fp32 values rounded to e4m3
+// (cvt.rn.satfinite: nearest even, saturating at +-448) packed into one register, the first in the lowest byte
+struct e4m3 {
+    unsigned char bits;
+};
+__device__ __forceinline__ unsigned pack4_e4m3(float a0, float a1, float a2, float a3) {
+    unsigned short lo, hi;  // cvt ... d, a, b puts a in the upper byte of d, b in the lower
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(a1), "f"(a0));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(a3), "f"(a2));
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
 
 }  // namespace iosim

@@ -4,17 +4,29 @@ from __future__ import annotations
 
 from iosim import launch
 from iosim._resources import kernels_dir
-from iosim.gpu import build, flash3_host
+from iosim.gpu import build, build_fp8, flash3_host
 
 
 def test_every_flash3_tile_has_an_instantiation_per_dtype_and_mask():
     insts = build.flash3_instances()
-    assert len(insts) == len(launch.FLASH3_TILES) * len(build.CUDA_TYPES) * 2
+    assert len(insts) == (len(launch.FLASH3_TILES) * len(build.CUDA_TYPES) + len(launch.FLASH3_FP8_TILES)) * 2
     for d, (bq, bkv) in launch.FLASH3_TILES.items():
         assert bq == 128  # 2 consumer warpgroups x wgmma's M of 64; the kernel's Br
         for dt in build.CUDA_TYPES:
             for causal in (False, True):
                 assert build.Flash3Instance(d, bkv, dt, causal) in insts
+    for d, (bq, bkv) in launch.FLASH3_FP8_TILES.items():
+        assert bq == 128 and bkv % 32 == 0  # fp8 P V runs in whole k32 steps
+        for causal in (False, True):
+            assert build.Flash3Instance(d, bkv, build.FP8_DTYPE, causal) in insts
+
+
+def test_fp8_instantiation_takes_e4m3_and_writes_bf16():
+    inst = build.Flash3Instance(128, 128, build.FP8_DTYPE, False)
+    assert inst.name_expression == "iosim::flash3_fwd_kernel<128, 128, iosim::e4m3, false>"
+    assert "__nv_bfloat16*, float*, const int*, const float*, const float*, const float*" in inst.explicit_instantiation
+    q = build_fp8.quantize_instances()
+    assert {(i.head_dim, i.transpose) for i in q} == {(d, t) for d in launch.FLASH3_FP8_TILES for t in (False, True)}
 
 
 def test_flash3_compiles_for_sm90a_only():
@@ -36,6 +48,8 @@ def test_flash3_explicit_instantiation_names_the_kernel():
 def test_the_wgmma_shapes_cover_every_tile():
     for d, (_, bkv) in launch.FLASH3_TILES.items():
         assert bkv in flash3_host.WGMMA_SS_N and d in flash3_host.WGMMA_RS_N
+    for d, (_, bkv) in launch.FLASH3_FP8_TILES.items():
+        assert bkv in flash3_host.WGMMA_FP8_SS_N and d in flash3_host.WGMMA_FP8_RS_N
 
 
 def test_wgmma_header_is_what_its_generator_writes():

@@ -1,7 +1,8 @@
 """iosim's real kernels on an NVIDIA GPU through CuPy: FlashAttention-2 forward and backward, the naive three-kernel
 path, and a FlashAttention-3-style forward for Hopper (schedule="flash3"); differentiable on torch tensors. Flash-Decoding
 over a contiguous or paged KV cache (:func:`decode`). Packed sequences of different lengths and sliding windows
-(:func:`attention_varlen`; a window on the dense batch: ``AttentionOptions(window=...)``).
+(:func:`attention_varlen`; a window on the dense batch: ``AttentionOptions(window=...)``). FP8 (e4m3) forward on
+Hopper with block quantization and incoherent processing (:func:`attention_fp8`, :func:`quantize_fp8`).
 
 Importing this package never imports CuPy; the functions import it when called and raise
 :class:`GPUUnavailableError` (one line) where CuPy or a GPU is missing.
@@ -13,6 +14,7 @@ from iosim.gpu.attention import KernelLaunch, LaunchRecord, default_tiles, last_
 from iosim.gpu.backward import attention_backward
 from iosim.gpu.flash3_host import HopperRequiredError
 from iosim.gpu.flash_decode import Decoded, DecodePlan, decode, plan_decode
+from iosim.gpu.fp8 import Fp8Tensor, attention_fp8, fp8_blocks, quantize_fp8
 from iosim.gpu.inputs import (
     SCHEDULES,
     AttentionInputError,
@@ -22,9 +24,17 @@ from iosim.gpu.inputs import (
     SharedMemoryError,
 )
 from iosim.gpu.varlen import Varlen, VarlenBatch, attention_varlen, varlen_batch
-from iosim.launch import FLASH3_TILES, FLASH_BWD_TILES, FLASH_TILES, NAIVE_TILES, flash_smem_bytes
+from iosim.launch import (
+    FLASH3_FP8_TILES,
+    FLASH3_TILES,
+    FLASH_BWD_TILES,
+    FLASH_TILES,
+    NAIVE_TILES,
+    flash_smem_bytes,
+)
 
 __all__ = [
+    "FLASH3_FP8_TILES",
     "FLASH3_TILES",
     "FLASH_BWD_TILES",
     "FLASH_TILES",
@@ -36,6 +46,7 @@ __all__ = [
     "BackwardOptions",
     "DecodePlan",
     "Decoded",
+    "Fp8Tensor",
     "GPUUnavailableError",
     "HopperRequiredError",
     "KernelLaunch",
@@ -45,11 +56,14 @@ __all__ = [
     "VarlenBatch",
     "attention",
     "attention_backward",
+    "attention_fp8",
     "attention_varlen",
     "decode",
     "default_tiles",
     "flash_smem_bytes",
+    "fp8_blocks",
     "last_launch",
     "plan_decode",
+    "quantize_fp8",
     "varlen_batch",
 ]

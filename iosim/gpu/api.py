@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from iosim.gpu.attention import attention as _forward
+from iosim.gpu.fp8 import Fp8Tensor, attention_fp8_quantized
 from iosim.gpu.inputs import (
     AttentionInputError,
     AttentionOptions,
@@ -62,7 +63,14 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
     Differentiable: torch tensors that require grad (grad mode on) go through the custom op ``iosim::attention``
     (:mod:`iosim.gpu.autograd`), whose backward runs :func:`iosim.gpu.attention_backward` on the saved O and lse;
     ``torch.compile`` traces through it. That path takes no tiles, outputs or block trace.
+    fp8: q, k, v from :func:`iosim.gpu.quantize_fp8` (e4m3 values and block scales) with schedule="flash3" run the
+    FlashAttention-3-design kernel's fp8 instantiations and return bf16 O (:mod:`iosim.gpu.fp8`; not differentiable).
     """
+    if isinstance(q, Fp8Tensor):  # fp8 inputs from iosim.gpu.quantize_fp8: the fp8 instantiations of flash3
+        if schedule != "flash3" or options is not None:
+            raise AttentionInputError(f"fp8 inputs (iosim.gpu.quantize_fp8) run schedule='flash3' without options; got "
+                                      f"schedule={schedule!r}, options={options!r}")
+        return attention_fp8_quantized(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
     options = options_of(options, AttentionOptions)
     if _wants_grad(q, k, v):
         return _differentiable(q, k, v, schedule, causal, scale, return_lse, options)

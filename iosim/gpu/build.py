@@ -15,6 +15,7 @@ from pathlib import Path
 
 from iosim.launch import (
     FLASH3_BWD_TILES,
+    FLASH3_FP8_TILES,
     FLASH3_TILES,
     FLASH_BWD_DQ_BLOCK_KV,
     FLASH_BWD_TILES,
@@ -254,26 +255,32 @@ FLASH3_KERNEL = "iosim::flash3_fwd_kernel"
 FLASH3_ARCH = "90a"  # wgmma, setmaxnreg: the arch-specific Hopper target (NVRTC: -arch=sm_90a)
 
 
+FP8_DTYPE = "e4m3"  # the fp8 instantiations' input dtype name (iosim.gpu.fp8); their O is bfloat16
+FLASH3_CUDA_TYPES: dict[str, str] = {**CUDA_TYPES, FP8_DTYPE: "iosim::e4m3"}
+
+
 @dataclass(frozen=True)
 class Flash3Instance:
     """One template instantiation of flash3_fwd_kernel<D, Bc, T, Causal> (Br is fixed at 128)."""
 
     head_dim: int
     block_kv: int
-    dtype: str  # "float16" | "bfloat16"
+    dtype: str  # "float16" | "bfloat16" | "e4m3" (fp8 inputs, bf16 O)
     causal: bool
 
     @property
     def name_expression(self) -> str:
-        t = CUDA_TYPES[self.dtype]
+        t = FLASH3_CUDA_TYPES[self.dtype]
         c = "true" if self.causal else "false"
         return f"{FLASH3_KERNEL}<{self.head_dim}, {self.block_kv}, {t}, {c}>"
 
     @property
     def explicit_instantiation(self) -> str:
-        t = CUDA_TYPES[self.dtype]
+        o = CUDA_TYPES.get(self.dtype, "__nv_bfloat16")
         m = "const __grid_constant__ iosim::TmaMap"
-        return f"template __global__ void {self.name_expression}({m}, {m}, {m}, {t}*, float*, const int*, int, int, int, int, int, float);"
+        f = "const float*"
+        return (f"template __global__ void {self.name_expression}({m}, {m}, {m}, {o}*, float*, const int*, {f}, {f}, "
+                f"{f}, int, int, int, int, int, float);")
 
     @property
     def source(self) -> str:
@@ -291,7 +298,7 @@ def flash3_instances() -> list[Flash3Instance]:
         for d, (_, bkv) in FLASH3_TILES.items()
         for dt in CUDA_TYPES
         for c in (False, True)
-    ]
+    ] + [Flash3Instance(d, bkv, FP8_DTYPE, c) for d, (_, bkv) in FLASH3_FP8_TILES.items() for c in (False, True)]
 
 
 # ------------------------------------------------------------------------------------------------------------------

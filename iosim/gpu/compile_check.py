@@ -45,6 +45,7 @@ from iosim.gpu.build import (
     nvcc_options,
 )
 from iosim.gpu.build_decode import DecodeInstance, decode_instances
+from iosim.gpu.build_fp8 import QuantizeInstance, quantize_instances
 
 NO_SPILL_HEAD_DIMS = (64, 128)  # a spill in these flash configurations fails the check
 
@@ -88,7 +89,8 @@ PLAIN_SOURCES = (PlainSource("probes.cu"),)
 
 
 def _compile(
-    inst: FlashInstance | Flash3Instance | FlashBwdInstance | NaiveInstance | PlainSource | RatesSource | DecodeInstance,
+    inst: FlashInstance | Flash3Instance | FlashBwdInstance | NaiveInstance | PlainSource | RatesSource | DecodeInstance
+    | QuantizeInstance,
     arch: int | str, nvcc: str, workdir: Path, defines: tuple[str, ...] = ()
 ) -> Result:
     kdir = kernels_dir()
@@ -105,7 +107,7 @@ def _compile(
         log=log if proc.returncode else "",
         must_not_spill=(isinstance(inst, FlashInstance) and inst.head_dim in NO_SPILL_HEAD_DIMS)
         or (isinstance(inst, FlashBwdInstance) and inst.kind == "main" and inst.head_dim in NO_SPILL_HEAD_DIMS)
-        or isinstance(inst, (Flash3Instance, Flash3BwdInstance, RatesSource, DecodeInstance)),
+        or isinstance(inst, (Flash3Instance, Flash3BwdInstance, RatesSource, DecodeInstance, QuantizeInstance)),
     )
     if regs := _RE_REGS.findall(log):  # one report per kernel of the unit: the largest of each
         res.registers = max(int(r) for r in regs)
@@ -134,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs += [(traced, arch, (TRACE_DEFINE,)) for arch in archs]
     jobs += [(src, arch, ()) for arch in archs for src in (*PLAIN_SOURCES, RatesSource())]
     if 90 in archs:  # flash3 and the wgmma rate kernels exist for the arch-specific Hopper target only
-        jobs += [(inst, FLASH3_ARCH, ()) for inst in (*flash3_instances(), *flash3_bwd_instances())]
+        jobs += [(inst, FLASH3_ARCH, ()) for inst in (*flash3_instances(), *flash3_bwd_instances(),
+                                                      *quantize_instances())]
         jobs += [(RatesSource(wgmma=True), FLASH3_ARCH, (RATES_WGMMA_DEFINE,))]
     n3 = sum(j[1] == FLASH3_ARCH for j in jobs)
     print(

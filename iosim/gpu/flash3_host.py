@@ -24,8 +24,9 @@ from iosim import launch
 from iosim.blocks import assign
 
 # CUtensorMapDataType / CUtensorMapSwizzle / CUtensorMapL2promotion values (cuda.h, CUDA 12.0+)
-_TMA_DTYPE = {"float16": 6, "bfloat16": 9}
-_SWIZZLE_128B = 3
+_TMA_DTYPE = {"float16": 6, "bfloat16": 9, "e4m3": 0}  # e4m3: UINT8 (TMA moves bytes)
+_TMA_ITEMSIZE = {"float16": 2, "bfloat16": 2, "e4m3": 1}
+_SWIZZLE = {64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_64B / _128B, by the bytes of a box row
 _L2_PROMOTION_256B = 3
 _OOB_FILL_ZERO = 0  # out-of-bounds box elements are read as zeros (ragged N, N_kv)
 
@@ -83,23 +84,37 @@ _maps: dict[tuple, Any] = {}  # encoded maps by their arguments: a map is 128 by
 
 def tensor_map(name: str, ptr: int, dtype: str, batch: int, rows: int, heads: int, head_dim: int,
                box_rows: int) -> Any:
-    """A TMA map of a (batch, rows, heads, head_dim) contiguous tensor, read in boxes of (box_rows rows x 64 head-dim
-    elements) of one head: dims innermost first (head_dim, heads, rows, batch); 128-byte swizzle, so each box lands
-    in shared memory as wgmma's 128B-swizzled layout. Returned as a NumPy scalar that CuPy passes by value."""
-    key = (ptr, dtype, batch, rows, heads, head_dim, box_rows)
+    """A TMA map of a (batch, rows, heads, head_dim) contiguous tensor, read in boxes of (box_rows rows x one
+    128-byte row of head-dim elements: 64 fp16/bf16, 128 e4m3; 64 B where head_dim is 64 e4m3) of one head: dims
+    innermost first (head_dim, heads, rows, batch); swizzled to the box row's width, so each box lands in shared
+    memory as wgmma's swizzled layout. Returned as a NumPy scalar that CuPy passes by value."""
+    e = _TMA_ITEMSIZE[dtype]
+    row = min(head_dim * e, 128)
+    return _encode(name, ptr, dtype, (head_dim, heads, rows, batch), (row // e, 1, box_rows, 1), row)
+
+
+def vt_tensor_map(ptr: int, batch: int, kv_heads: int, head_dim: int, rows_pad: int, box_keys: int) -> Any:
+    """The fp8 kernel's map of V^T (batch, kv_heads, head_dim, rows_pad) e4m3, read in boxes of (head_dim rows x
+    box_keys keys: 128, or 64 where block_kv is no multiple of 128, as flash3_fwd.cu's kVRowBytes): dims innermost
+    first (rows_pad, head_dim, kv_heads, batch)."""
+    return _encode("v^T", ptr, "e4m3", (rows_pad, head_dim, kv_heads, batch), (box_keys, head_dim, 1, 1), box_keys)
+
+
+def _encode(name: str, ptr: int, dtype: str, dims_: tuple[int, ...], box_: tuple[int, ...], row_bytes: int) -> Any:
+    key = (ptr, dtype, dims_, box_)
     hit = _maps.get(key)
     if hit is not None:
         return hit
-    e = 2  # bytes per fp16/bf16 element
-    dims = (ctypes.c_uint64 * 4)(head_dim, heads, rows, batch)
-    strides = (ctypes.c_uint64 * 3)(head_dim * e, heads * head_dim * e, rows * heads * head_dim * e)
-    box = (ctypes.c_uint32 * 4)(launch.FLASH3_SWIZZLE_ELEMS, 1, box_rows, 1)
+    e = _TMA_ITEMSIZE[dtype]
+    dims = (ctypes.c_uint64 * 4)(*dims_)
+    strides = (ctypes.c_uint64 * 3)(dims_[0] * e, dims_[0] * dims_[1] * e, dims_[0] * dims_[1] * dims_[2] * e)
+    box = (ctypes.c_uint32 * 4)(*box_)
     one = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
     buf = ctypes.create_string_buffer(128 + 64)
     addr = (ctypes.addressof(buf) + 63) // 64 * 64
     rc = _driver().cuTensorMapEncodeTiled(
         ctypes.c_void_p(addr), _TMA_DTYPE[dtype], 4, ctypes.c_void_p(ptr), dims, strides, box, one, 0,
-        _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZERO,
+        _SWIZZLE[row_bytes], _L2_PROMOTION_256B, _OOB_FILL_ZERO,
     )
     if rc != 0:
         raise RuntimeError(
@@ -170,8 +185,11 @@ def _device_schedule(cp: Any, key: tuple) -> Any:
 
 
 def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool, scale_log2: float,
-           dtype: str, block_q: int, block_kv: int, smem: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+           dtype: str, block_q: int, block_kv: int, smem: int,
+           scales: tuple[Any, Any, Any] | None = None) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Launch flash3_fwd_kernel (compiled as ``fn``) on (B, N, H, d) q and (B, N_kv, H_kv, d) k, v; returns (grid, block).
+    fp8 (dtype "e4m3"): q and k hold e4m3 bytes, v is V^T (B, H_kv, d, N_kv padded) and ``scales`` the three block
+    scale arrays (:mod:`iosim.gpu.fp8`).
 
     Persistent grid: min(Tr * H * B, SMs) blocks, each taking Q tiles blockIdx.x, blockIdx.x + gridDim.x, ... in
     flash2's grid order (Q tiles of one (batch, head) fastest, so co-resident blocks share K/V in L2; causal Q tiles
@@ -180,13 +198,17 @@ def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *,
     Nk, Hk = int(k.shape[1]), int(k.shape[2])
     tm_q = tensor_map("q", q.data.ptr, dtype, B, N, H, D, block_q)
     tm_k = tensor_map("k", k.data.ptr, dtype, B, Nk, Hk, D, block_kv)
-    tm_v = tensor_map("v", v.data.ptr, dtype, B, Nk, Hk, D, block_kv)
+    if dtype == "e4m3":
+        tm_v = vt_tensor_map(v.data.ptr, B, Hk, D, int(v.shape[3]), 128 if block_kv % 128 == 0 else 64)
+    else:
+        tm_v = tensor_map("v", v.data.ptr, dtype, B, Nk, Hk, D, block_kv)
     sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
     grid = (min(launch.flash3_tiles(B, N, H, block_q), sms), 1, 1)
     block = (launch.FLASH3_THREADS, 1, 1)
     sched = _device_schedule(cp, (B, N, Nk, H, block_q, block_kv, causal, grid[0]))
-    i32 = cp.int32
-    fn(grid, block, (tm_q, tm_k, tm_v, o, lse, sched if sched is not None else cp.uint64(0), i32(B), i32(N),
+    i32, null = cp.int32, cp.uint64(0)
+    sq, sk, sv = scales if scales is not None else (null, null, null)
+    fn(grid, block, (tm_q, tm_k, tm_v, o, lse, sched if sched is not None else null, sq, sk, sv, i32(B), i32(N),
                      i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2)), shared_mem=smem)
     return grid, block
 
@@ -198,6 +220,9 @@ def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *,
 WGMMA_SS_N = (64, 128, 176, 192)  # S = Q K^T: N = block_kv
 WGMMA_RS_N = (64, 128, 256)  # O += P V: N = head_dim
 _PTX_TYPE = {"__half": "f16", "__nv_bfloat16": "bf16"}
+FP8_CTYPE = "iosim::e4m3"  # kernels/hopper.cuh: the fp8 instantiations' input type (8-bit wgmma, k32)
+WGMMA_FP8_SS_N = (64, 128, 192)  # S = Q K^T: N = block_kv
+WGMMA_FP8_RS_N = tuple(sorted(launch.FLASH3_FP8_TILES))  # O += P V^T: N = head_dim
 
 
 def _wgmma_fn(kind: str, n: int, ctype: str) -> str:
@@ -229,6 +254,28 @@ def _wgmma_fn(kind: str, n: int, ctype: str) -> str:
     )
 
 
+def _wgmma_fp8_fn(kind: str, n: int) -> str:
+    """e4m3 x e4m3 -> fp32, k32: 8-bit wgmma takes K-major A and B only (no transpose immediates), so P V reads V^T."""
+    r = n // 2
+    acc = ", ".join(f"%{i}" for i in range(r))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
+    if kind == "ss":
+        sig = f"float (&d)[{r}], unsigned long long a_desc, unsigned long long b_desc, int accumulate"
+        ops, scale, ins = f"%{r}, %{r + 1}", f"%{r + 2}", '"l"(a_desc), "l"(b_desc), "r"(accumulate)'
+    else:
+        sig = f"float (&d)[{r}], const unsigned (&a)[4], unsigned long long b_desc, int accumulate"
+        ops, scale = f"{{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}", f"%{r + 5}"
+        ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)'
+    return (
+        f"template <> __device__ __forceinline__ void wgmma_{kind}<{n}, e4m3>({sig}) {{\n"
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {scale}, 0;\\n"\n'
+        f'                 "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{acc}}}, {ops}, p, 1, 1;\\n}}\\n"\n'
+        f"                 : {outs}\n"
+        f"                 : {ins});\n"
+        "}\n"
+    )
+
+
 def wgmma_header() -> str:
     """The text of kernels/flash3_wgmma.cuh (tests/test_flash3_build.py checks the file equals it)."""
     parts = [
@@ -237,9 +284,11 @@ def wgmma_header() -> str:
         "//   wgmma_ss<N, T>(d, a_desc, b_desc, accumulate): d (64 x N fp32) = A (64 x 16, shared, K-major) *\n"
         "//       B (16 x N, shared, K-major) + (accumulate ? d : 0)\n"
         "//   wgmma_rs<N, T>(d, a, b_desc, accumulate): A (64 x 16) from registers (4 x f16x2 per thread), B N-major\n"
+        "//   T = e4m3 (fp8): k32 instead of k16, A and B K-major (ss and rs); rs takes 4 x 4 e4m3 a thread: rows\n"
+        "//       (t%32)/4 + {0, 8}, columns 4*(t%4) + {0..3} and 16 + 4*(t%4) + {0..3}\n"
         "// Accumulator layout: thread t of the warpgroup holds rows 16*(t/32) + (t%32)/4 + {0, 8}, columns\n"
         "// 8*i + 2*(t%4) + {0, 1} at d[4*i + {0, 1}] (row +0) and d[4*i + {2, 3}] (row +8).\n"
-        "#pragma once\n\nnamespace iosim {\n\n"
+        "#pragma once\n\n#include \"hopper.cuh\"  // iosim::e4m3\n\nnamespace iosim {\n\n"
         "template <int N, typename T>\n"
         "__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long a_desc, "
         "unsigned long long b_desc, int accumulate);\n"
@@ -252,6 +301,10 @@ def wgmma_header() -> str:
             parts.append(_wgmma_fn("ss", n, ctype) + "\n")
         for n in WGMMA_RS_N:
             parts.append(_wgmma_fn("rs", n, ctype) + "\n")
+    for n in WGMMA_FP8_SS_N:
+        parts.append(_wgmma_fp8_fn("ss", n) + "\n")
+    for n in WGMMA_FP8_RS_N:
+        parts.append(_wgmma_fp8_fn("rs", n) + "\n")
     parts.append("}  // namespace iosim\n")
     return "".join(parts)
 
