@@ -174,3 +174,24 @@ def test_speedup_section_with_a_measured_run_reads_well(tmp_path, width):
     result = _check(tmp_path, report, width)
     assert result["errors"] == [] and result["figures"] == result["drawn"] == 1
     _assert_reads_well(result, width)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
+@pytest.mark.parametrize("width", [1280, 800])
+def test_fp8_section_with_a_measured_run_reads_well(tmp_path, monkeypatch, width):
+    """The FP8 figure (four backends, two masks, two head-dim panels), which the committed records do not have yet:
+    from the record of tests/test_report_fp8.py."""
+    from test_report_fp8 import BENCH_HEAD, NEW_FP8, PROFILE, _bf16_rows, _fp8_rows
+
+    from iosim.report import fp8, render_report
+
+    (tmp_path / f"{PROFILE}.csv").write_text(BENCH_HEAD + _bf16_rows("b0", "2026-12-01", {"iosim-flash3": 0.2,
+                                                                                         "sdpa-cudnn": 0.25})
+                                             + _fp8_rows("f1", "2026-12-02", NEW_FP8))
+    monkeypatch.setattr(fp8, "benchmarks_dir", lambda: tmp_path)
+    section, n_fig = fp8.fp8_section()
+    report = tmp_path / "fp8.html"
+    report.write_text(render_report([]).replace("</main>", section + "</main>", 1), encoding="utf-8")
+    result = _check(tmp_path, report, width)
+    assert n_fig == 1 and result["errors"] == [] and result["figures"] == result["drawn"] == 1
+    _assert_reads_well(result, width)

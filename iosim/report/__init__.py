@@ -5,7 +5,8 @@
 :func:`render_report`: one self-contained HTML file with plotly's JavaScript embedded once, so it opens offline.
 :mod:`.figures` and :mod:`.tables` turn a scenario's specs into figures and tables, :mod:`.measured` reads the
 measurement records, :mod:`.speedups` draws the section "Measured speedups" (standard attention against FA2, cuDNN
-and iosim's flash2 per GPU: measured, predicted, claimed), :mod:`.cpu` the section "Attention on a CPU" (a
+and iosim's flash2 per GPU: measured, predicted, claimed), :mod:`.fp8` the section "FP8 forward" (fp8 against bf16:
+simulated bytes, measured throughput, accuracy), :mod:`.cpu` the section "Attention on a CPU" (a
 committed record, or data measured by ``iosim report --cpu``), :mod:`.run_io` writes and reads results, :mod:`.page` lays out the page.
 """
 

@@ -13,6 +13,9 @@ from .._version import __version__
 from ..scenario import ScenarioRun
 from .cpu import SECTION_ID, TITLE, CpuMeasurement, cpu_section
 from .figures import PLOTLY_CONFIG, make_figures
+from .fp8 import SECTION_ID as FP8_ID
+from .fp8 import TITLE as FP8_TITLE
+from .fp8 import fp8_section
 from .serving import SECTION_ID as SERVING_ID
 from .serving import TITLE as SERVING_TITLE
 from .serving import serving_section
@@ -72,8 +75,8 @@ def render_report(runs: list[ScenarioRun], title: str = "iosim report: attention
     """One self-contained HTML page: every scenario's text, claims, tables and figures; plotly's JavaScript
     is embedded once in the head (no CDN), so the file opens offline. The section "Measured speedups" follows the
     scenarios: from ``speedups``, or, where that is None and ``runs`` are the built-in scenarios, from the
-    committed records ([]: no section), then the sections "Training: forward + backward" and "Serving: decode,
-    varlen, sliding windows" from their committed records (built-in scenarios only). With ``cpu`` (measured now or a committed record), the section
+    committed records ([]: no section), then the sections "Training: forward + backward", "Serving: decode,
+    varlen, sliding windows" and "FP8 forward" from their committed records (built-in scenarios only). With ``cpu`` (measured now or a committed record), the section
     "Attention on a CPU" comes last."""
     sections = [_section(run) for run in runs]
     toc = "".join(f'<li><a href="#{r.scenario.name}">{html.escape(r.scenario.title)}</a></li>' for r in runs)
@@ -87,6 +90,8 @@ def render_report(runs: list[ScenarioRun], title: str = "iosim report: attention
         toc += f'<li><a href="#{TRAINING_ID}">{TRAINING_TITLE}</a></li>'
         sections.append(serving_section())
         toc += f'<li><a href="#{SERVING_ID}">{SERVING_TITLE}</a></li>'
+        sections.append(fp8_section())
+        toc += f'<li><a href="#{FP8_ID}">{FP8_TITLE}</a></li>'
     if cpu is not None:
         sections.append(cpu_section(cpu))
         toc += f'<li><a href="#{SECTION_ID}">{TITLE}</a></li>'
