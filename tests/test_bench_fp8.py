@@ -239,3 +239,19 @@ def test_the_per_tensor_scale_is_the_largest_power_of_two_that_fits(cf8, amax):
     assert amax * s <= 448.0 < amax * s * 2 and np.log2(s) == int(np.log2(s))
     assert cf8.pow2_scale(0.0) == cf8.pow2_scale(float("nan")) == 1.0
     assert 1.0 * cf8.P_SCALE <= cf8.E4M3_MAX
+
+
+def test_the_benchmarks_fp8_calls_bind_to_iosim_gpus_signatures():
+    """The keywords bench_fp8.py passes (it cannot run here): a renamed parameter fails this, not the GPU run."""
+    import inspect
+
+    from iosim import gpu
+    from iosim.gpu.fp8 import attention_fp8_quantized
+
+    x = object()
+    inspect.signature(gpu.quantize_fp8).bind(x, block=128, incoherent=None)
+    inspect.signature(gpu.quantize_fp8).bind(x, block=64, transpose=True)
+    inspect.signature(gpu.attention).bind(x, x, x, schedule="flash3", causal=True)
+    inspect.signature(gpu.attention_fp8).bind(x, x, x, causal=False, incoherent=0)
+    inspect.signature(attention_fp8_quantized).bind(x, x, x, causal=True, out=(x, x))
+    assert gpu.fp8_blocks(256) == FLASH3_FP8_TILES[256] and gpu.fp8_blocks(128)[0] == 128
