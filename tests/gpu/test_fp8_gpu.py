@@ -233,14 +233,16 @@ def test_quantize_refuses_what_the_kernel_cannot_read():
     from iosim.gpu import AttentionInputError
 
     q, k, v = _inputs(seeded_rng(), 1, 64, 64, 2, 2, 128)
+    bq, bkv = gpu.fp8_blocks(128)
     with pytest.raises(AttentionInputError, match="never rotated"):
-        gpu.quantize_fp8(v, transpose=True, incoherent=1)
-    qf, kf = gpu.quantize_fp8(q, incoherent=1), gpu.quantize_fp8(k, incoherent=2)
-    vf = gpu.quantize_fp8(v, transpose=True)
+        gpu.quantize_fp8(v, block=bkv, transpose=True, incoherent=1)
+    qf, kf = gpu.quantize_fp8(q, block=bq, incoherent=1), gpu.quantize_fp8(k, block=bkv, incoherent=2)
+    vf = gpu.quantize_fp8(v, block=bkv, transpose=True)
     with pytest.raises(AttentionInputError, match="same rotation"):
         gpu.attention(qf, kf, vf, schedule="flash3")
     with pytest.raises(AttentionInputError, match="blocks"):
         gpu.attention(qf, gpu.quantize_fp8(k, block=64, incoherent=1), vf, schedule="flash3")
+    kf = gpu.quantize_fp8(k, block=bkv, incoherent=1)
     with pytest.raises(AttentionInputError, match="schedule='flash3'"):
         gpu.attention(qf, kf, vf)
 
