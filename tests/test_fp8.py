@@ -5,6 +5,8 @@ the code under test."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -125,6 +127,7 @@ def test_dram_is_every_distinct_byte_once_by_hand():
     reads = 4 * (200 * d + 2 * F32) + 2 * (200 * d + 208 * d + 2 * 2 * F32)  # Q + q scales; K, V^T, k and v scales
     writes = 4 * 200 * (d * 2 + F32)
     assert (r.traffic["hbm"]["read_bytes"], r.traffic["hbm"]["write_bytes"]) == (reads, writes)
+    assert r.time.kernels[0].resources["hbm"] == pytest.approx((reads + writes) / H100.require("dram.bandwidth"))
 
 
 def test_the_numeric_executor_refuses_block_scales_it_does_not_run():
@@ -203,3 +206,54 @@ def test_quantize_plus_attention_against_bf16_attention_in_dram_bytes_by_hand():
     bf16 = ours(p8.model_copy(update={"dtype": "bf16"}), l2=False)
     compulsory_bf16 = 3 * h * n * d * 2 + h * n * (d * 2 + F32)
     assert bf16.counts.global_bytes > compulsory_bf16  # bf16's requests; its DRAM floor is the compulsory bytes
+
+
+# -- the time model -----------------------------------------------------------------------------------------------
+
+
+def _with_fp8_wgmma(profile, factor: float):
+    """``profile`` as if ``iosim calibrate rates`` had measured fp8 wgmma at ``factor`` x its bf16 table."""
+    wg = profile.calibration.wgmma
+    fp8_rates = wg.bf16.model_copy(update={n: getattr(wg.bf16, n).model_copy(update={"value": {
+        k: v * factor for k, v in getattr(wg.bf16, n).value.items()}}) for n in ("n128", "n256")})
+    cal = profile.calibration.model_copy(update={"wgmma": wg.model_copy(update={"fp8": fp8_rates})})
+    return profile.model_copy(update={"calibration": cal})
+
+
+@pytest.mark.parametrize("kernel", ["iosim-flash3", "fa3", "cudnn"])
+def test_fp8_tensor_time_is_the_calibrated_fp8_wgmma_rate_where_measured(kernel):
+    p = fp8(batch=4, heads=16, seq_len=4096, head_dim=128)
+    prof = _with_fp8_wgmma(H100, 1.7)
+    r = simulate("flash3", p, prof, kernel=kernel, l2=False)
+    fp8_rate = max(prof.calibration.wgmma.fp8.n128.value.values())
+    assert r.time.kernels[0].resources["tensor"] == pytest.approx(r.counts.flops["matmul"] / fp8_rate, rel=1e-9)
+    assert "fp8 wgmma not measured" not in r.time.calibration
+
+
+def test_without_an_fp8_measurement_the_fp16_share_applies_and_the_estimate_says_so():
+    p = fp8(batch=4, heads=16, seq_len=4096, head_dim=128)
+    r = simulate("flash3", p, H100, kernel="iosim-flash3", l2=False)
+    wg = max(H100.calibration.wgmma.fp16.n128.value.values())
+    rate = wg / H100.matmul_rate("fp16") * H100.matmul_rate("fp8")
+    assert r.time.kernels[0].resources["tensor"] == pytest.approx(r.counts.flops["matmul"] / rate, rel=1e-9)
+    assert "fp8 wgmma not measured" in r.time.calibration
+
+
+def test_fp8_loads_cost_half_of_bf16s_and_our_o_store_is_bf16():
+    pb = AttentionProblem(batch=4, heads=16, seq_len=4096, head_dim=128, dtype="bf16")
+    p8 = pb.model_copy(update={"dtype": "fp8"})
+    tb = simulate("flash3", pb, H100, kernel="iosim-flash3", l2=False).time.kernels[0].resources
+    t8 = simulate("flash3", p8, H100, kernel="iosim-flash3", l2=False).time.kernels[0].resources
+    assert t8["load"] == pytest.approx(tb["load"] / 2)
+    heads, n, d, blocks = 4 * 16, 4096, 128, 4096 // 128
+    compulsory = heads * (n * d * 1 + blocks * F32 + n * d * 2 + n * F32) + heads * 2 * (n * d * 1 + blocks * F32)
+    assert t8["hbm"] * H100.require("dram.bandwidth") == pytest.approx(compulsory, rel=1e-12)
+    assert tb["hbm"] * H100.require("dram.bandwidth") == pytest.approx(heads * (4 * n * d * 2 + n * F32), rel=1e-12)
+    assert math.isfinite(t8["pipeline"]) and t8["pipeline"] < tb["pipeline"]
+
+
+def test_a_profile_with_an_fp8_wgmma_table_validates_and_one_without_still_does():
+    assert H100.calibration.wgmma.fp8 is None
+    data = _with_fp8_wgmma(H100, 2.0).model_dump(mode="json", exclude_none=True)
+    again = type(H100).model_validate(data)
+    assert again.calibration.wgmma.fp8 == _with_fp8_wgmma(H100, 2.0).calibration.wgmma.fp8
