@@ -39,8 +39,6 @@ from .units import fmt_bytes
 MAX_HEAD_DIM = 256  # FlashAttention-2/3 and iosim.gpu take head_dim <= 256, a multiple of 8 (16-byte rows)
 
 Method = Literal["closed", "walk"]
-DECODE_DRAM_MODEL = ("closed form (iosim.schedules.decode_layout.dram): every distinct byte read crosses DRAM once, "
-                     "at 32-byte sectors (a kv head's row blocks share its K/V in L2), every byte written once")
 Pass = Literal["forward", "backward", "both"]
 
 
@@ -138,11 +136,11 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
     ``l2_progress``: a ``progress(done, total)`` callback for long runs (``iosim simulate``
     passes :class:`iosim.cli.progress.ProgressBar`)."""
     too_big = exceeds_memory(result.problem, result.profile)  # the model simulates a launch that fits
-    dram = get_schedule(result.schedule, result.pass_).dram if result.pass_ != "both" else None
-    closed_dram = dram(result.problem, result.tiles) if dram is not None and not too_big else None
-    if closed_dram is not None:  # the schedule knows its DRAM bytes in closed form (iosim's decode kernel)
+    s = get_schedule(result.schedule, result.pass_) if result.pass_ != "both" else None
+    closed_dram = s.dram(result.problem, result.tiles) if s and s.dram is not None and not too_big else None
+    if closed_dram is not None:  # the schedule knows its DRAM bytes in closed form (iosim's decode and fp8 kernels)
         out = replace(result, hbm_read=[r for r, _ in closed_dram], hbm_write=[w for _, w in closed_dram],
-                      hbm_model=DECODE_DRAM_MODEL)
+                      hbm_model=s.dram_model)
         return replace(out, time=predict_time(out))
     reason = too_big or unsupported(result.schedule, result.pass_, result.problem, result.tiles, result.counts)
     if reason:
@@ -202,7 +200,7 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
              kernel: str | None = None, warm: bool = False, splits: int | None = None, density: float | None = None,
              mask=None, seed: int | None = None, gqa: Literal["expand", "grouped"] | None = None, kv_lens=None,
              page_size: int | None = None, window: tuple[int | None, int | None] | None = None,
-             seqlens=None) -> Result:
+             seqlens=None, incoherent: bool | None = None) -> Result:
     """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
 
     ``pass_``: "forward" (default), "backward" (the backward pass, which consumes the forward's O and
@@ -217,7 +215,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     docs/schedules/backward.md), ``window`` (flash2's forward: a sliding window (left, right), None for no bound on a
     side) and ``seqlens`` (flash2's forward: packed sequences, one length or a (queries, keys) pair each, adding up
     to a batch-1 problem's seq_len and kv_len; the L2 model and the kernel time models are dense-only, so ``hbm`` =
-    ``global`` and the time is the roofline's there). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
+    ``global`` and the time is the roofline's there), ``incoherent`` (``"fp8-quantize"``, the kernels that write iosim's
+    fp8 layout, docs/schedules/flash3.md: Q and K rotated by a Hadamard transform first). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
     (:mod:`iosim.l2`) where it applies (the forward pass of naive, flash1, flash2, flash3; flash2's backward); ``l2=False``
     (``--no-l2``): ``hbm`` = ``global``, the papers' two-level view, without running the model (fast for huge
     sweeps); ``hbm_model`` says which view a result is. Legal but questionable input (:func:`questionable`:
@@ -235,15 +234,17 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     prof = get_profile(profile)
     desc = timing.kernel_for(schedule, kernel, pass_) if kernel is not None else None
     if desc is not None and desc.tiles and block_q is None and block_kv is None:
-        tc = desc.tiles_for(problem.head_dim)
+        tc = desc.tiles_for(problem.head_dim, problem.dtype)
         block_q, block_kv = tc.block_q, tc.block_kv
     if (desc is not None and desc.pass_ == "backward" and gqa is None and problem.heads != problem.kv_heads
             and "gqa" in get_schedule(schedule, "backward").options):
         gqa = desc.gqa  # the kernel's design of grouped-query heads, counted as it runs
     options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, kv_lens=kv_lens,
-                              page_size=page_size, window=window, seqlens=seqlens)
+                              page_size=page_size, window=window, seqlens=seqlens, incoherent=incoherent)
     if desc is not None and desc.family == "decode":
         options = decode_kernel_options(problem, prof, desc, options)
+    if desc is not None and schedule == "flash3" and desc.fp8_layout == "iosim" and problem.dtype == "fp8":
+        options = replace(options, tiling="iosim")  # the kernel's fp8 layout (iosim.schedules.flash3_fp8)
     if (window is not None or seqlens is not None) and pass_ != "forward":
         raise ScheduleError(f"window, seqlens with pass={pass_!r}: flash2's window and packed sequences are counted "
                             "for the forward pass only (iosim's kernel has no such backward); use pass_='forward'")

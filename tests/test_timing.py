@@ -11,7 +11,7 @@ from iosim.timing.decode import num_splits, split_geometry
 
 def test_the_built_in_kernels_are_the_issues_names():
     assert builtin_kernel_names() == ["cudnn", "cudnn-bwd", "fa2", "fa2-bwd", "fa3", "iosim-decode", "iosim-flash2",
-                                      "iosim-flash2-bwd", "iosim-flash3-bwd", "iosim-naive"]
+                                      "iosim-flash2-bwd", "iosim-flash3", "iosim-flash3-bwd", "iosim-naive"]
     for name in builtin_kernel_names():
         assert load_kernel(name).name == name and load_kernel(name).source
 

@@ -35,7 +35,8 @@ class MmaSyncRates(_Strict):
 
 
 class WgmmaRates(_Strict):
-    """wgmma m64nNk16, A and B from shared memory, fp32 accumulate, by warpgroups per SM (one block per SM)."""
+    """wgmma m64nNk16 (fp8: m64nNk32), A and B from shared memory, fp32 accumulate, by warpgroups per SM (one block
+    per SM)."""
 
     n128: SourcedFlopsTable
     n256: SourcedFlopsTable
@@ -44,6 +45,8 @@ class WgmmaRates(_Strict):
 class Wgmma(_Strict):
     fp16: WgmmaRates
     bf16: WgmmaRates
+    fp8: WgmmaRates | None = Field(default=None, description="e4m3 x e4m3 (m64nNk32); null: not measured (a profile "
+                                   "calibrated before the fp8 probe)")
 
 
 class ExpRates(_Strict):

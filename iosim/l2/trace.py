@@ -13,7 +13,7 @@ import numpy as np
 from ..problem import AttentionProblem
 from ..schedules import Tiles, get_schedule
 from ..schedules.machine import Counter
-from ._common import TENSOR_CODES
+from ._common import TENSOR_CODES, L2ModelError
 
 
 class Tracer(Counter):
@@ -59,13 +59,19 @@ class Tracer(Counter):
         c0, c1 = (cols.start, cols.stop) if cols is not None else (0, 0)
         self._cur.append((TENSOR_CODES[tensor], rows.start, rows.stop, c0, c1, write))
 
-    def load(self, tensor, rows, cols=None):
+    def load(self, tensor, rows, cols=None, dtype=None):
+        self._check(dtype)
         self._rec(tensor, rows, cols, False)
         return super().load(tensor, rows, cols)
 
-    def store(self, tensor, rows, tile, cols=None):
+    def store(self, tensor, rows, tile, cols=None, dtype=None):
+        self._check(dtype)
         self._rec(tensor, rows, cols, True)
         return super().store(tensor, rows, tile, cols)
+
+    def _check(self, dtype):
+        if dtype is not None and dtype != self.problem.dtype:  # the atoms take every tile in the problem's dtype
+            raise L2ModelError(f"the tracer records tiles in the problem's dtype ({self.problem.dtype}), not {dtype}")
 
     def fill(self, tensor, rows, value):
         self._rec(tensor, rows, None, True)

@@ -9,6 +9,8 @@ from ..blocks import cdiv
 from ..problem import AttentionProblem
 from ..schedules import Tiles
 from ..schedules.flash1 import shared_memory as flash1_shared_memory
+from ..schedules.flash3_fp8 import FLASH3_FP8_TILES as FLASH3_FP8_TILES  # defined with the layout counted
+from ..schedules.flash3_fp8 import FP8_KEY_GROUP as FP8_KEY_GROUP
 from .model import KernelLaunchModel, LaunchError, LaunchModel, registers_of
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -201,13 +203,8 @@ FLASH3_REGISTERS = {"producer": 40, "consumer": 232}
 # (block_q, block_kv) per head dim: block_q = 2 consumer warpgroups x 64 rows (wgmma's M); block_kv = wgmma's N
 FLASH3_TILES: dict[int, tuple[int, int]] = {64: (128, 128), 128: (128, 128), 256: (128, 64)}
 FLASH3_HEAD_DIMS: tuple[int, ...] = tuple(FLASH3_TILES)
-# fp8 e4m3 (kernels/flash3_fwd.cu's fp8 instantiations, issue 27): the same block_q; block_kv a multiple of 64 (whole
-# k32 steps of P V_j, in 64- or 128-byte swizzled panels of V^T). d=128: 192 ran 6-15% faster than 128 (H100, same
-# run, docs/kernels.md); d=256: 128 spills (208 accumulator registers of 232)
-FLASH3_FP8_TILES: dict[int, tuple[int, int]] = {64: (128, 128), 128: (128, 192), 256: (128, 64)}
-# fp8 layout of V the kernel reads (written by iosim.gpu.quantize_fp8(..., transpose=True)): V^T, (B, H_kv, d,
-# N_kv padded to FP8_KEY_GROUP), keys permuted within each group of FP8_KEY_GROUP (see kernels/flash3_fwd.cu)
-FP8_KEY_GROUP = 16
+# fp8 e4m3 (kernels/flash3_fwd.cu's Fp8 instantiations, issue 27): FLASH3_FP8_TILES and FP8_KEY_GROUP, imported
+# above from iosim/schedules/flash3_fp8.py (the schedule layer counts them and cannot import this one)
 
 
 def flash3_smem_terms(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2) -> dict[str, int]:

@@ -21,6 +21,7 @@ from . import (
     flash3,
     flash3_bwd,
     flash_decoding,
+    fp8_quantize,
     naive,
     naive_bwd,
 )
@@ -31,13 +32,21 @@ SCHEDULES: dict[str, Schedule] = {m.SCHEDULE.name: m.SCHEDULE for m in (naive, f
                                                                        flash_decoding, block_sparse)}
 BACKWARD: dict[str, Schedule] = {m.SCHEDULE.name: m.SCHEDULE for m in (naive_bwd, flash1_bwd, flash2_bwd,
                                                                       flash3_bwd, block_sparse_bwd)}
+# kernels that run beside attention, counted and timed like a schedule's forward pass but not attention (no numeric
+# program, not in SCHEDULES): the fp8 quantize kernels that write iosim's fp8 layout
+AUXILIARY: dict[str, Schedule] = {fp8_quantize.SCHEDULE.name: fp8_quantize.SCHEDULE}
 PASSES = ("forward", "backward", "both")
 
 
 def get_schedule(name: str, pass_: str = "forward") -> Schedule:
     """The record of schedule ``name`` for ``pass_`` ("forward" or "backward")."""
+    if name in AUXILIARY and pass_ == "forward":
+        return AUXILIARY[name]
+    if name in AUXILIARY:
+        raise ScheduleError(f"{name}: runs once, before the attention's forward pass; it has no {pass_!r} pass")
     if name not in SCHEDULES:
-        raise ScheduleError(f"unknown schedule {name!r}: expected one of {', '.join(SCHEDULES)}")
+        raise ScheduleError(f"unknown schedule {name!r}: expected one of {', '.join(SCHEDULES)}, or "
+                            f"{', '.join(AUXILIARY)}")
     if pass_ == "forward":
         return SCHEDULES[name]
     if pass_ != "backward":
@@ -62,7 +71,8 @@ def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, b
         raise ScheduleError(f"{s.label} takes no {', '.join(foreign)} (given {given}): only flash-decoding takes "
                             "splits (and, with kernel='iosim-decode', kv_lens and page_size); only block-sparse "
                             "density, mask and seed; only flash2's backward pass (pass backward or both) gqa, "
-                            "'expand' (the default) or 'grouped'; only flash2's forward pass window and seqlens")
+                            "'expand' (the default) or 'grouped'; only flash2's forward pass window and seqlens; only "
+                            "fp8-quantize incoherent")
     if s.make_tiles is not None:
         return s.make_tiles(problem, profile, block_q, block_kv, **options)
     if block_q is None and block_kv is None:
@@ -75,5 +85,5 @@ def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, b
                  block_kv if block_kv is not None else default.block_kv)
 
 
-__all__ = ["BACKWARD", "PASSES", "SCHEDULES", "Schedule", "ScheduleError", "ScheduleOptions", "Tiles", "check_fit",
+__all__ = ["AUXILIARY", "BACKWARD", "PASSES", "SCHEDULES", "Schedule", "ScheduleError", "ScheduleOptions", "Tiles", "check_fit",
            "fits", "get_schedule", "resolve_tiles"]

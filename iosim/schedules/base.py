@@ -43,7 +43,7 @@ class ScheduleOptions:
     block-sparse's ``density`` (fraction of non-zero blocks of a drawn mask), ``mask`` (a .npy or text file, or an
     array: one row of 0/1 per Q block) and ``seed`` (of the drawn mask); flash2 backward's ``gqa`` ("expand", as
     FlashAttention-2, or "grouped", as iosim's kernel); flash2's ``window`` (left, right) and ``seqlens`` (packed
-    sequences). ``simulate`` takes them as its own keyword parameters; a schedule given one it does not take refuses it
+    sequences); fp8-quantize's ``incoherent`` (Q and K rotated before they are quantized). ``simulate`` takes them as its own keyword parameters; a schedule given one it does not take refuses it
     (:func:`iosim.schedules.resolve_tiles`). ``tiling`` is not a keyword: ``simulate`` sets it from the kernel
     (flash-decoding: "iosim" for ``kernel="iosim-decode"``, whose tile program is iosim's decode kernel's,
     :mod:`iosim.schedules.paged_decoding`)."""
@@ -58,6 +58,7 @@ class ScheduleOptions:
     tiling: str | None = None
     window: tuple | None = None
     seqlens: tuple | None = None
+    incoherent: bool | None = None
 
     def given(self) -> dict:
         """The options given (not None), by name."""
@@ -82,7 +83,8 @@ class Schedule:
     ``time_model`` names the time model of the forward pass: "roofline", or "hopper" (FA3's pipeline).
     ``dram(problem, tiles)``, where given, is a closed form of each kernel's DRAM (read, write) bytes for tiles the
     L2 model does not walk (None from it: no closed form for these tiles); a unit "call" is the whole problem, run
-    once (iosim's decode kernel over a ragged batch: sequences differ).
+    once (iosim's decode kernel over a ragged batch: sequences differ). ``dram_model`` says what that closed form
+    assumes (the result's ``hbm_model``).
     """
 
     name: str
@@ -100,6 +102,7 @@ class Schedule:
     time_model: str = "roofline"
     tile_unit: Callable | None = None
     dram: Callable | None = None
+    dram_model: str = ""
 
     @property
     def label(self) -> str:

@@ -161,6 +161,10 @@ def _sectors(start: np.ndarray, nbytes: np.ndarray) -> int:
     return int(np.where(nbytes > 0, last - first + 1, 0).sum()) * SECTOR
 
 
+DRAM_MODEL = ("closed form (iosim.schedules.decode_layout.dram): every distinct byte read crosses DRAM once, at 32-byte "
+              "sectors (a kv head's row blocks share its K/V in L2), every byte written once")
+
+
 def dram(p: AttentionProblem, t: PagedDecodingTiles) -> list[tuple[int, int]]:
     """DRAM (read, write) bytes of each kernel, a closed form (not the L2 walk): every distinct byte read crosses
     once, at 32-byte sectors (the row blocks of a kv head run side by side and share its K/V in L2; the cache does

@@ -14,9 +14,18 @@ than summed), and the tiles: FA3's own (hopper/tile_size.h), with K/V double-buf
 O, S, P, statistics in registers. The counted tile program holds one K/V stage (``sram_peak``); the
 allocation checked against the profile (``working_set``) holds both stages.
 
-fp8 (e4m3, ``dtype="fp8"``): 1-byte Q, K, V, twice the tensor-core rate (the profile's ``compute.tensor.fp8``),
-FA3's fp8 tiles. Deviations from FA3's fp8 kernel, not modeled: O is stored in the problem dtype (FA3 writes
-bf16), and the in-kernel transpose of V and the block quantization scales cost nothing here.
+fp8 (e4m3, ``dtype="fp8"``), two kernels:
+
+* **FlashAttention-3's published fp8 kernel** (no kernel named, or ``kernel="fa3"``/``"cudnn"``): 1-byte Q, K, V,
+  the tensor-core rate of fp8 (:mod:`iosim.timing`), FA3's fp8 tiles (128 x 224 for d <= 128). Deviations from FA3's
+  fp8 kernel, not modeled: O is stored in the problem dtype (FA3 writes bf16), and the in-kernel transpose of V and
+  its per-tensor descale factors cost nothing here.
+* **iosim's fp8 kernel** (``kernel="iosim-flash3"``, whose description says ``fp8_layout: iosim``): the same tile
+  walk over the layout the kernel reads, :mod:`iosim.schedules.flash3_fp8`: V transposed and padded to 16 keys,
+  one fp32 block scale per Q block and two per K/V block visit, O written in bf16; tiles
+  ``iosim.launch.FLASH3_FP8_TILES``. Its DRAM bytes are a closed form (every distinct byte once), not the L2
+  model's walk, whose flash2 program does not hold that layout. The quantize kernel that writes the layout is
+  counted apart: ``simulate("fp8-quantize", ...)`` (:mod:`iosim.schedules.fp8_quantize`).
 """
 
 from __future__ import annotations
@@ -24,8 +33,8 @@ from __future__ import annotations
 from ..blocks import block_rows, cdiv, n_kv_blocks_visible
 from ..counts import Counts
 from ..problem import STAT_BYTES, AttentionProblem
-from . import flash2
-from .base import Schedule, Tiles
+from . import flash2, flash3_fp8
+from .base import Schedule, ScheduleError, Tiles
 from .fit import shrink_to_fit
 
 NAME = "flash3"
@@ -47,8 +56,23 @@ def default_tiles(p: AttentionProblem, profile) -> Tiles:
     return shrink_to_fit(SCHEDULE, p, Br, Bc, profile)
 
 
+def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, tiling=None) -> Tiles:
+    """The tiles given (or the default, :func:`default_tiles`); with ``tiling="iosim"`` (``simulate`` sets it from a
+    description with ``fp8_layout: iosim``) and a fp8 problem, tiles that count iosim's fp8 layout."""
+    if tiling not in (None, "fa3", "iosim"):
+        raise ScheduleError(f"flash3: tiling={tiling!r}; expected 'fa3' or 'iosim'")
+    default = default_tiles(p, profile) if block_q is None or block_kv is None else None
+    Br = block_q if block_q is not None else default.block_q
+    Bc = block_kv if block_kv is not None else default.block_kv
+    if tiling == "iosim" and p.dtype == "fp8":
+        return flash3_fp8.Fp8LayoutTiles(Br, Bc)
+    return default if block_q is None and block_kv is None else Tiles(Br, Bc)
+
+
 def program(x, p: AttentionProblem, t: Tiles) -> None:
     """One head: one thread block (producer + 2 consumer warpgroups) per Q block."""
+    if isinstance(t, flash3_fp8.Fp8LayoutTiles):
+        return flash3_fp8.program(x, p, t)
     N, Nk = p.seq_len, p.kv_len
     Br, Bc = t.block_q, t.block_kv
     Tr = cdiv(N, Br)
@@ -92,7 +116,9 @@ def working_set(p: AttentionProblem, t: Tiles) -> int:
 
 def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     """FlashAttention-2's closed form (the same tiles move), the kernel named flash3_fwd; the peak is that of
-    the tile program, with one K/V stage."""
+    the tile program, with one K/V stage. iosim's fp8 layout: :func:`iosim.schedules.flash3_fp8.closed_form`."""
+    if isinstance(t, flash3_fp8.Fp8LayoutTiles):
+        return flash3_fp8.closed_form(p, t)
     c = flash2.closed_form(p, t)
     (k,) = c.kernels
     k.name = "flash3_fwd"
@@ -100,6 +126,11 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     return c
 
 
+def _dram(p: AttentionProblem, t: Tiles) -> list[tuple[int, int]] | None:
+    return flash3_fp8.dram(p, t) if isinstance(t, flash3_fp8.Fp8LayoutTiles) else None
+
+
 # the Hopper pipeline's time (iosim.timing.fa3) instead of the plain roofline
 SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
-                    time_model="hopper")
+                    time_model="hopper", make_tiles=make_tiles, options=("tiling",), dram=_dram,
+                    dram_model=flash3_fp8.DRAM_MODEL)

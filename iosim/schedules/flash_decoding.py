@@ -271,4 +271,4 @@ def _dram(p: AttentionProblem, t: Tiles) -> list[tuple[int, int]] | None:
 
 SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
                     unit=UNIT, make_tiles=make_tiles, options=("splits", "kv_lens", "page_size", "tiling"),
-                    tile_unit=_unit, dram=_dram)
+                    tile_unit=_unit, dram=_dram, dram_model=decode_layout.DRAM_MODEL)

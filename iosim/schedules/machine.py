@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..blocks import Rows
-from ..counts import FP32_TENSORS, INDEX_TENSORS, MATRIX_TENSORS, ROW_TENSORS, KernelCounts
-from ..problem import STAT_BYTES, AttentionProblem
+from ..counts import FP32_TENSORS, INDEX_TENSORS, MATRIX_TENSORS, ROW_TENSORS, SCALE_TENSORS, KernelCounts
+from ..problem import ELEMENT_BYTES, STAT_BYTES, AttentionProblem
 
 ACC_BYTES = 4  # on-chip results (scores, probabilities, accumulators, statistics) are fp32
 
@@ -50,14 +50,15 @@ class Machine:
         """The order in which a loop visits K/V blocks (the counts do not depend on it)."""
         return blocks
 
-    # global <-> SRAM
-    def load(self, tensor: str, rows: Rows, cols: Rows | None = None): ...
+    # global <-> SRAM. ``dtype``: the tile's storage type where it is not the problem's (an fp8 kernel's bf16 output,
+    # the quantize kernel's bf16 input); fp32 tensors (statistics, scales) are fp32 whatever is given
+    def load(self, tensor: str, rows: Rows, cols: Rows | None = None, dtype: str | None = None): ...
 
     def broadcast(self, tensor: str, rows: Rows, threads: int):
         """Every one of ``threads`` threads loads the same rows (a sequence's length, a block-table entry): the
         value is ``load``'s; the counter charges the load instructions' bytes, ``threads`` times the rows'."""
         return self.load(tensor, rows)
-    def store(self, tensor: str, rows: Rows, tile, cols: Rows | None = None) -> None: ...
+    def store(self, tensor: str, rows: Rows, tile, cols: Rows | None = None, dtype: str | None = None) -> None: ...
     def fill(self, tensor: str, rows: Rows, value: float) -> None:
         """Write a constant straight to global memory (FlashAttention-1 Alg. 1 line 2)."""
 
@@ -89,6 +90,11 @@ class Machine:
     def merge_partial(self, O, l, m, O_s, L_s): ...
     def merge_state(self, O, l, m, O2, l2, m2):
         """Two unnormalized (O, l, m) states of the same rows (iosim's decode kernel: its warps' states)."""
+
+    # fp8 block quantization (iosim/schedules/fp8_quantize.py)
+    def quantize(self, X, out: Rows, rotate: bool):
+        """A block X in the problem's dtype, as ``out``'s rows (V^T: its padding keys), and its one fp32 scale;
+        ``rotate``: X·diag(±1)·H_d first (incoherent processing)."""
 
 
 @dataclass
@@ -147,10 +153,14 @@ class Counter(Machine):
         f["exp"] += exp
         f["other"] += other
 
-    def _elem(self, tensor: str) -> int:
-        return STAT_BYTES if tensor in FP32_TENSORS or tensor in INDEX_TENSORS else self.problem.elem_bytes
+    def _elem(self, tensor: str, dtype: str | None = None) -> int:
+        if tensor in FP32_TENSORS or tensor in INDEX_TENSORS:
+            return STAT_BYTES
+        return ELEMENT_BYTES[dtype] if dtype is not None else self.problem.elem_bytes
 
     def _shape(self, tensor: str, rows: Rows, cols: Rows | None) -> tuple[int, int]:
+        if tensor in SCALE_TENSORS:  # rows = the blocks whose scales are read or written, one value each
+            return rows.size, 1
         if tensor in MATRIX_TENSORS:
             return rows.size, cols.size
         if tensor in ROW_TENSORS:
@@ -158,9 +168,9 @@ class Counter(Machine):
         return rows.size, self.d
 
     # -- global <-> SRAM -----------------------------------------------------------------------------
-    def load(self, tensor, rows, cols=None):
+    def load(self, tensor, rows, cols=None, dtype=None):
         r, c = self._shape(tensor, rows, cols)
-        tile = Tile(r, c, self._elem(tensor), tensor)
+        tile = Tile(r, c, self._elem(tensor, dtype), tensor)
         self._k.global_read[tensor] += tile.nbytes
         return self._hold(tile)
 
@@ -172,9 +182,9 @@ class Counter(Machine):
         self._k.global_read[tensor] += threads * tile.nbytes
         return self._hold(tile)
 
-    def store(self, tensor, rows, tile, cols=None):
+    def store(self, tensor, rows, tile, cols=None, dtype=None):
         r, c = self._shape(tensor, rows, cols)
-        self._k.global_write[tensor] += r * c * self._elem(tensor)
+        self._k.global_write[tensor] += r * c * self._elem(tensor, dtype)
         self._read(tile)
 
     def fill(self, tensor, rows, value):
@@ -198,6 +208,15 @@ class Counter(Machine):
 
     def zeros_acc(self, rows):
         return self._hold(Tile(rows.size, self.d, ACC_BYTES, "O"))
+
+    def quantize(self, X, out, rotate):
+        # amax pass: |x| and max per element; scale = amax / 448, one division; quantize pass: a multiply per
+        # element (the e4m3 conversion is no FLOP); rotate: the Walsh-Hadamard transform, d·log2(d) adds per row
+        n = X.rows * X.cols
+        self._read(X)
+        self._flops(other=2 * n + 1 + (X.rows * X.cols * (X.cols.bit_length() - 1) if rotate else 0))
+        return (self._hold(Tile(out.size, X.cols, self.problem.elem_bytes, "Y")),
+                self._hold(Tile(1, 1, STAT_BYTES, "scale")))
 
     def matmul_acc(self, O, P, V_j):
         # O += P V_j: 2·br·bc·d

@@ -165,8 +165,10 @@ def _backward_times(c: Conditions, work: Workload) -> list[KernelTime]:
 
 
 def _wgmma_efficiency(r: Rates, profile: Profile, dtype: str) -> float:
-    """The measured wgmma rate as a share of the datasheet peak (the Hopper model's tensor_efficiency); fp8 takes
-    the fp16 measurement's share of the fp16 peak."""
+    """The measured wgmma rate as a share of the datasheet peak of its input type (the Hopper model's
+    tensor_efficiency): fp8's own measurement where ``iosim calibrate rates`` made it (``calibration.wgmma.fp8``),
+    else the fp16 measurement's share of the fp16 peak (the estimate's ``calibration`` says so)."""
     if r.wgmma == r.wgmma and r.calibration != "uncalibrated":  # measured (not nan)
-        return min(1.0, r.wgmma / profile.matmul_rate("bf16" if dtype == "bf16" else "fp16"))
+        measured = r.wgmma_dtype or ("bf16" if dtype == "bf16" else "fp16")
+        return min(1.0, r.wgmma / profile.matmul_rate(measured))
     return fa3.HopperModel().tensor_efficiency

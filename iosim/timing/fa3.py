@@ -21,6 +21,12 @@ longer of that schedule and the memory system's floor: global bytes over the L2 
 compulsory bytes (Q, K, V read once, O and L written once) over DRAM bandwidth, because FA3's scheduler
 keeps a head's K and V in L2 while its Q blocks run (hopper/tile_scheduler.hpp, "L2 swizzling").
 
+fp8 (e4m3): 1-byte Q, K, V in the loads, the tensor rate of fp8 (the profile's ``compute.tensor.fp8`` times the
+efficiency :mod:`iosim.timing` passes: the calibrated fp8 wgmma rate's share of that peak where ``iosim calibrate rates``
+measured it). With iosim's fp8 layout (:mod:`iosim.schedules.flash3_fp8`) O is stored in bf16 and the compulsory
+bytes are that layout's (V^T padded, block scales): :func:`iosim.schedules.flash3_fp8.dram`. The scales' 8 bytes a
+K/V step are left out of the step's loads (under 0.1% of K_j and V_j at d >= 64).
+
 Rates come from the profile. ``tensor_efficiency`` is the sustained fraction of the datasheet's tensor-core
 peak, a parameter of this model with its source (below), not a property of the chip.
 """
@@ -35,7 +41,8 @@ import numpy as np
 from ..blocks import cdiv, makespan, n_kv_blocks_visible
 from ..counts import KernelCounts
 from ..hardware.gpu import Profile
-from ..problem import STAT_BYTES, AttentionProblem
+from ..problem import ELEMENT_BYTES, STAT_BYTES, AttentionProblem
+from ..schedules import flash3_fp8
 from .estimate import KernelTime
 
 
@@ -70,11 +77,13 @@ def _l2_bandwidth(profile: Profile) -> float:
     return float(bw) if bw else math.inf
 
 
-def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile,
-                model: HopperModel = HopperModel()) -> tuple[np.ndarray, dict[str, float]]:
-    """Seconds of each Q block's thread block (one head), and the summed parts (per head, at one SM's rates)."""
+def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: HopperModel = HopperModel(),
+                out_bytes: int | None = None) -> tuple[np.ndarray, dict[str, float]]:
+    """Seconds of each Q block's thread block (one head), and the summed parts (per head, at one SM's rates);
+    ``out_bytes``: bytes of an element of O (None: the problem dtype's)."""
     r = _rates(profile, p.dtype, model)
     N, Nk, d, b = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes
+    ob = b if out_bytes is None else out_bytes
     Tr = cdiv(N, Br)
     i = np.arange(Tr)
     br = (np.minimum((i + 1) * Br, N) - i * Br).astype(float)
@@ -101,8 +110,8 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile,
     steady = np.where(n > 0, np.maximum(n - 1, 0) * step(br, Bc) + step(br, last), 0.0)
     first = np.where(n > 0, br * d * b / r["l2"] + np.where(n > 1, l_full, l_last) + np.where(n > 1, g_full, g_last) / 2,
                      0.0)
-    epilogue = g_last / 2 + br * d * (4 / r["alu"] + b / r["l2"])  # last P·V; O / l; store O
-    t = np.where(n > 0, first + steady + epilogue, br * d * b / r["l2"])  # a Q block that sees no key: store zeros
+    epilogue = g_last / 2 + br * d * (4 / r["alu"] + ob / r["l2"])  # last P·V; O / l; store O
+    t = np.where(n > 0, first + steady + epilogue, br * d * ob / r["l2"])  # a Q block that sees no key: store zeros
     g_all, s_all, l_all = parts(br, cols)
     sums = {"tensor": float(g_all.sum()), "softmax": float(s_all.sum()), "load": float(l_all.sum())}
     return t, sums
@@ -113,7 +122,9 @@ def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile:
     """The time of ``kernel`` (flash3_fwd, as counted), its parts and its bound; the L2 bandwidth's absence (the
     loads then cost no time) is named in the roofline's ``unmodeled`` beside it."""
     p = problem
-    per_block, sums = block_times(p, tiles.block_q, tiles.block_kv, profile, model)
+    layout = isinstance(tiles, flash3_fp8.Fp8LayoutTiles)  # iosim's fp8 kernel: O in bf16, its own compulsory bytes
+    out_bytes = ELEMENT_BYTES[flash3_fp8.OUTPUT_DTYPE] if layout else None
+    per_block, sums = block_times(p, tiles.block_q, tiles.block_kv, profile, model, out_bytes)
     r = _rates(profile, p.dtype, model)
     sms = r["sms"]
     heads = p.n_heads_total
@@ -121,6 +132,8 @@ def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile:
     k = kernel
     b, d = p.elem_bytes, p.head_dim
     compulsory = heads * (2 * p.seq_len * d * b + p.seq_len * STAT_BYTES) + p.batch * p.kv_heads * 2 * p.kv_len * d * b
+    if layout:
+        compulsory = sum(rd + wr for rd, wr in flash3_fp8.dram(p, tiles))
     res = {
         "tensor": sums["tensor"] * heads / sms,  # every SM's tensor cores busy all the time
         "softmax": sums["softmax"] * heads / sms,

@@ -6,7 +6,9 @@ memory per block (which give the thread blocks resident per SM). Built-ins live 
 
 * ``iosim-flash2`` and ``iosim-naive``: this project's kernels (kernels/flash_fwd.cu, kernels/naive.cu);
 * ``fa2``: FlashAttention-2 as torch SDPA's flash backend runs it (tiles from its launch template; split-KV for decode);
-* ``fa3``: FlashAttention-3's Hopper pipeline; ``cudnn``: cuDNN's fused attention, an FA3-class Hopper kernel;
+* ``fa3``: FlashAttention-3's Hopper pipeline (its fp8 tiles FA3's published ones); ``cudnn``: cuDNN's fused
+  attention, an FA3-class Hopper kernel; ``iosim-flash3``: this project's kernels/flash3_fwd.cu, whose fp8
+  instantiations read iosim's fp8 layout (``fp8_layout: iosim``);
 * ``iosim-decode``: this project's Flash-Decoding kernels (kernels/flash_decode.cu), family ``decode``: its tiling
   is the kernel's own (:mod:`iosim.schedules.decode_layout`), its registers per head dim and row stripes are listed.
 
@@ -111,6 +113,13 @@ class KernelDesc(_Strict):
                                   "group's query heads folded into query rows (FlashAttention-2's mha_fwd: "
                                   "seqlenq_ngroups_swapped), split-KV or not")
     decode: DecodeKernel | None = Field(default=None, description="family decode: the kernel's instantiations")
+    fp8_tiles: dict[int, TileConfig] = Field(
+        default_factory=dict, description="head_dim -> tiles of the fp8 (e4m3) instantiations, where they differ "
+        "from ``tiles`` (a head dim past the largest listed: ``tiles``)")
+    fp8_layout: Literal["fa3", "iosim"] = Field(
+        default="fa3", description="what a fp8 problem's kernel reads: 'fa3', Q, K, V as given (FlashAttention-3's "
+        "published kernel; its transpose of V and per-tensor descales cost nothing); 'iosim', iosim's layout (V^T "
+        "padded to 16 keys, fp32 block scales, O in bf16: iosim.schedules.flash3_fp8)")
 
     def decode_registers(self, head_dim: int, stripes: int) -> int:
         """Registers per thread of a decode kernel's split kernel at ``head_dim`` with ``stripes`` row stripes."""
@@ -120,7 +129,10 @@ class KernelDesc(_Strict):
                               f"{stripes} row stripes; add its registers under decode.registers")
         return regs
 
-    def tiles_for(self, head_dim: int) -> TileConfig:
+    def tiles_for(self, head_dim: int, dtype: str | None = None) -> TileConfig:
+        """The tiles at ``head_dim`` (the next instantiation up); a fp8 ``dtype`` takes ``fp8_tiles`` where listed."""
+        if dtype == "fp8" and any(d >= head_dim for d in self.fp8_tiles):
+            return self.fp8_tiles[min(d for d in self.fp8_tiles if d >= head_dim)]
         if head_dim in self.tiles:
             return self.tiles[head_dim]
         bigger = [d for d in sorted(self.tiles) if d >= head_dim]

@@ -23,6 +23,7 @@ class Rates:
     mma: float  # mma.sync FLOP/s at full issue, this dtype (fp32 problems: plain fp32)
     mma_by_warps: dict[int, float] = field(default_factory=dict)  # warps per SM -> mma.sync FLOP/s
     wgmma: float = math.nan  # Hopper warpgroup MMA FLOP/s (nan: not measured, not Hopper)
+    wgmma_dtype: str = ""  # the input type whose wgmma rate ``wgmma`` is (fp8 falls back to fp16's where unmeasured)
     ex2: float = math.nan  # exp2 results/s (special-function unit)
     alu: float = math.nan  # fp32 lane operations/s (an FMA is one operation here)
     smem: float = math.inf  # shared memory bytes/s (ldmatrix)
@@ -101,14 +102,18 @@ def rates(profile: Profile, dtype: str) -> Rates:
         return base
     key = "bf16" if dtype == "bf16" else "fp16"
     table = {int(w): float(v) for w, v in getattr(cal.mma_sync, key).throughput.value.items()} if dtype != "fp32" else {}
-    wgmma = base.wgmma
+    wgmma, wgmma_dtype, label = base.wgmma, "", profile.calibration_label()
     if cal.wgmma is not None and dtype != "fp32":
-        wgmma = max(getattr(cal.wgmma, key).n128.value.values())  # FA3's GEMMs: N = Bc or d = 128
+        wkey = "fp8" if dtype == "fp8" and cal.wgmma.fp8 is not None else key
+        wgmma, wgmma_dtype = max(getattr(cal.wgmma, wkey).n128.value.values()), wkey  # FA3's GEMMs: N = Bc or d = 128
+        if dtype == "fp8" and wkey != "fp8":
+            label += "; fp8 wgmma not measured: the fp16 wgmma's share of its peak, applied to the fp8 peak"
     return Rates(
         sms=base.sms,
         mma=max(table.values()) if table else base.mma,
         mma_by_warps=table,
         wgmma=wgmma,
+        wgmma_dtype=wgmma_dtype,
         ex2=float(cal.exp.throughput.value),
         alu=float(cal.fp32.fma.value) / 2,
         smem=float(cal.smem.ldmatrix.value),
@@ -124,7 +129,7 @@ def rates(profile: Profile, dtype: str) -> Rates:
         block_s=float(cal.launch.per_block.value),
         l2_latency_s=_latency(cal, "l2"),
         dram_latency_s=_latency(cal, "dram"),
-        calibration=profile.calibration_label(),
+        calibration=label,
     )
 
 
