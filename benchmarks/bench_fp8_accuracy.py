@@ -66,20 +66,22 @@ def emulated(q, k, v, causal: bool, rotation: int) -> dict[str, np.ndarray]:
 
 
 def on_gpu(q, k, v, causal: bool, rotation: int) -> dict[str, np.ndarray]:
-    """O of every row from iosim's flash3 kernels. quantize_fp8's ``block=None`` is taken to mean one scale per
-    tensor; its random signs for ``incoherent=rotation`` are the GPU's own (the RMSE does not depend on which)."""
+    """O of every row from iosim's flash3 kernels, on the inputs rounded to bf16 (what quantize_fp8 reads; bf16's
+    rounding is the bf16 row's error, about a tenth of fp8's). Per-tensor modes quantize with ``per_tensor=True``;
+    the random signs for ``incoherent=rotation`` are iosim.gpu.fp8.rotation_signs' (the RMSE does not depend on
+    which)."""
     import torch
 
     from iosim import gpu
 
     block_q, block_kv = FLASH3_FP8_TILES[q.shape[-1]]
-    qt, kt, vt = (torch.from_numpy(a).cuda() for a in (q, k, v))
-    out = {"bf16": gpu.attention(*(t.to(torch.bfloat16) for t in (qt, kt, vt)), schedule="flash3", causal=causal)}
+    qt, kt, vt = (torch.from_numpy(a).cuda().to(torch.bfloat16).contiguous() for a in (q, k, v))
+    out = {"bf16": gpu.attention(qt, kt, vt, schedule="flash3", causal=causal)}
     for mode, (per_block, rotate) in MODES.items():
-        signs = rotation if rotate else None
-        qf = gpu.quantize_fp8(qt, block=block_q if per_block else None, incoherent=signs)
-        kf = gpu.quantize_fp8(kt, block=block_kv if per_block else None, incoherent=signs)
-        vf = gpu.quantize_fp8(vt, block=block_kv if per_block else None, transpose=True)
+        signs, tensor = (rotation if rotate else None), not per_block
+        qf = gpu.quantize_fp8(qt, block=block_q, per_tensor=tensor, incoherent=signs)
+        kf = gpu.quantize_fp8(kt, block=block_kv, per_tensor=tensor, incoherent=signs)
+        vf = gpu.quantize_fp8(vt, block=block_kv, per_tensor=tensor, transpose=True)
         out[mode] = gpu.attention(qf, kf, vf, schedule="flash3", causal=causal)
     torch.cuda.synchronize()
     return {m: o.float().cpu().numpy() for m, o in out.items()}

@@ -43,6 +43,7 @@ from iosim.gpu.inputs import (
     torch_of,
     torch_stream,
 )
+from iosim.numeric.fp8 import random_signs
 
 E4M3_MAX = 448.0
 _LOG2E = 1.4426950408889634
@@ -75,8 +76,9 @@ def fp8_blocks(head_dim: int) -> tuple[int, int]:
 
 
 def rotation_signs(head_dim: int, seed: int) -> np.ndarray:
-    """The random +-1 diagonal of incoherent processing: ``head_dim`` float32 signs from NumPy's PCG64 at ``seed``."""
-    return np.where(np.random.default_rng(seed).integers(0, 2, head_dim) == 1, 1.0, -1.0).astype(np.float32)
+    """The random +-1 diagonal of incoherent processing as float32: iosim.numeric.fp8's, so the kernels and the
+    emulation rotate alike."""
+    return random_signs(head_dim, seed).astype(np.float32)
 
 
 def fp8_key_of(p: np.ndarray | int) -> np.ndarray | int:
