@@ -226,7 +226,8 @@ WGMMA_FP8_RS_N = tuple(sorted(launch.FLASH3_FP8_TILES))  # O += P V^T: N = head_
 
 
 def _wgmma_fn(kind: str, n: int, ctype: str) -> str:
-    t = _PTX_TYPE[ctype]
+    fp8 = ctype == "e4m3"  # e4m3 x e4m3, k32
+    t, k = ("e4m3", 32) if fp8 else (_PTX_TYPE[ctype], 16)
     r = n // 2
     acc = ", ".join(f"%{i}" for i in range(r))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
@@ -244,32 +245,12 @@ def _wgmma_fn(kind: str, n: int, ctype: str) -> str:
         scale = f"%{r + 5}"
         tail = "1, 1, 1"  # imm-scale-a, imm-scale-b, N-major B (V is stored key-major: d contiguous)
         ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)'
+    if fp8:
+        tail = "1, 1"  # 8-bit wgmma takes K-major A and B only (no transpose immediates): P V reads V^T
     return (
         f"template <> __device__ __forceinline__ void wgmma_{kind}<{n}, {ctype}>({sig}) {{\n"
         f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {scale}, 0;\\n"\n'
-        f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc}}}, {ops}, p, {tail};\\n}}\\n"\n'
-        f"                 : {outs}\n"
-        f"                 : {ins});\n"
-        "}\n"
-    )
-
-
-def _wgmma_fp8_fn(kind: str, n: int) -> str:
-    """e4m3 x e4m3 -> fp32, k32: 8-bit wgmma takes K-major A and B only (no transpose immediates), so P V reads V^T."""
-    r = n // 2
-    acc = ", ".join(f"%{i}" for i in range(r))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-    if kind == "ss":
-        sig = f"float (&d)[{r}], unsigned long long a_desc, unsigned long long b_desc, int accumulate"
-        ops, scale, ins = f"%{r}, %{r + 1}", f"%{r + 2}", '"l"(a_desc), "l"(b_desc), "r"(accumulate)'
-    else:
-        sig = f"float (&d)[{r}], const unsigned (&a)[4], unsigned long long b_desc, int accumulate"
-        ops, scale = f"{{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}", f"%{r + 5}"
-        ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)'
-    return (
-        f"template <> __device__ __forceinline__ void wgmma_{kind}<{n}, e4m3>({sig}) {{\n"
-        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {scale}, 0;\\n"\n'
-        f'                 "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{acc}}}, {ops}, p, 1, 1;\\n}}\\n"\n'
+        f'                 "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{t}.{t} {{{acc}}}, {ops}, p, {tail};\\n}}\\n"\n'
         f"                 : {outs}\n"
         f"                 : {ins});\n"
         "}\n"
@@ -302,9 +283,9 @@ def wgmma_header() -> str:
         for n in WGMMA_RS_N:
             parts.append(_wgmma_fn("rs", n, ctype) + "\n")
     for n in WGMMA_FP8_SS_N:
-        parts.append(_wgmma_fp8_fn("ss", n) + "\n")
+        parts.append(_wgmma_fn("ss", n, "e4m3") + "\n")
     for n in WGMMA_FP8_RS_N:
-        parts.append(_wgmma_fp8_fn("rs", n) + "\n")
+        parts.append(_wgmma_fn("rs", n, "e4m3") + "\n")
     parts.append("}  // namespace iosim\n")
     return "".join(parts)
 
