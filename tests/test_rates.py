@@ -13,6 +13,7 @@ import pytest
 import yaml
 from helpers import run_cli
 
+from iosim import AttentionProblem, simulate
 from iosim._resources import kernels_dir
 from iosim.calibrate import rates, rates_kernels
 from iosim.calibrate.rates import Measured, calibration_section, guess_profile, write_calibrated
@@ -24,8 +25,9 @@ ON = {"device": "NVIDIA H100 80GB HBM3", "driver": "580.65.06", "cuda": "13.0 (C
       "commit": "abc1234", "command": "iosim calibrate rates -o h100.yaml --profile h100-sxm5-80gb"}
 
 
-def _measured(hopper: bool = True) -> list[Measured]:
-    """What a run on an H100 might measure (made-up but plausible numbers)."""
+def _measured(hopper: bool = True, fp8: bool = True) -> list[Measured]:
+    """What a run on an H100 might measure (made-up but plausible numbers); ``fp8``: with the fp8 wgmma table (a
+    run from before the fp8 probe had none)."""
     m = [Measured(("sm_clock",), 1.755e9, "Hz", "clock64 over globaltimer")]
     for dt in ("fp16", "bf16"):
         m += [Measured(("mma_sync", dt, "throughput", w), 40e12 * min(w, 12), "FLOP/s", "mma") for w in (1, 2, 4, 8, 16)]
@@ -33,6 +35,9 @@ def _measured(hopper: bool = True) -> list[Measured]:
         if hopper:
             m += [Measured(("wgmma", dt, f"n{n}", wg), 250e12 * wg + n * 1e9, "FLOP/s", "wgmma")
                   for n in (128, 256) for wg in (1, 2, 3)]
+    if hopper and fp8:
+        m += [Measured(("wgmma", "fp8", f"n{n}", wg), 500e12 * wg + n * 1e9, "FLOP/s", "wgmma e4m3")
+              for n in (128, 256) for wg in (1, 2, 3)]
     m += [Measured(("exp", "throughput"), 3.7e12, "op/s", "ex2"), Measured(("exp", "latency"), 18.0, "cycles", "ex2"),
           Measured(("fp32", "fma"), 59.3e12, "FLOP/s", "fma"), Measured(("fp32", "add"), 29.6e12, "FLOP/s", "add"),
           Measured(("fp32", "max"), 14.8e12, "op/s", "max"), Measured(("smem", "ldmatrix"), 29.5e12, "B/s", "ldsm"),
@@ -65,6 +70,26 @@ def test_a_profile_with_a_calibration_section_loads_and_says_where_it_was_measur
     assert p.measured("mma_sync.fp16.latency") == pytest.approx(33.25)
     assert p.measured("mma_sync.bf16.throughput")[16] == pytest.approx(480e12)
     assert p.measured("latency.l2") == pytest.approx(262e-9) and p.measured("latency.dram") == pytest.approx(531e-9)
+
+
+def test_the_fp8_wgmma_table_lands_in_the_profile_and_the_fp8_time_model_uses_it():
+    p = profile_from_dict(_with_calibration(calibration_section(_measured(), ON, hopper=True)))
+    table = p.calibration.wgmma.fp8.n128.value
+    assert table == pytest.approx({1: 500.128e12, 2: 1000.128e12, 3: 1500.128e12}, rel=1e-3)  # 4 digits written
+    assert p.measured("wgmma.fp8.n256")[3] == pytest.approx(1500.256e12, rel=1e-3)
+    assert p.calibration.wgmma.fp8.n256.source.endswith("iosim calibrate rates: wgmma e4m3")
+    problem = AttentionProblem(batch=4, heads=16, seq_len=4096, head_dim=128, dtype="fp8")
+    r = simulate("flash3", problem, p, kernel="iosim-flash3", l2=False)
+    assert r.time.kernels[0].resources["tensor"] == pytest.approx(r.counts.flops["matmul"] / table[3], rel=1e-9)
+    assert "fp8 wgmma not measured" not in r.time.calibration
+
+
+def test_a_calibration_from_before_the_fp8_wgmma_probe_still_loads_and_says_fp8_is_estimated():
+    p = profile_from_dict(_with_calibration(calibration_section(_measured(fp8=False), ON, hopper=True)))
+    assert p.calibration.wgmma.fp8 is None and p.measured("wgmma.fp8.n128") is None
+    assert p.measured("wgmma.bf16.n128")[1] == pytest.approx(250.128e12, rel=1e-3)
+    problem = AttentionProblem(batch=4, heads=16, seq_len=4096, head_dim=128, dtype="fp8")
+    assert "fp8 wgmma not measured" in simulate("flash3", problem, p, kernel="iosim-flash3", l2=False).time.calibration
 
 
 def test_a_calibration_from_before_the_memory_latencies_still_loads():
@@ -183,15 +208,25 @@ def test_an_unknown_device_needs_a_profile():
 def test_rates_cu_agrees_with_what_python_launches():
     src = (kernels_dir() / build.RATES_SOURCE).read_text()
     assert f"kChains = {rates.CHAINS};" in src and f"kAluUnroll = {rates.ALU_UNROLL};" in src
-    for ctype in ("__half", "__nv_bfloat16"):  # the m64n256k16 wrappers are flash3's generator's text
+    for ctype in ("__half", "__nv_bfloat16", "e4m3"):  # the m64n256 wrappers are flash3's generator's text
         assert _wgmma_fn("ss", 256, ctype) in src
+    header = (kernels_dir() / "flash3_wgmma.cuh").read_text()
+    for n in build.RATES_WGMMA_N:  # every wrapper rates_wgmma uses is defined once: in flash3's header or here
+        for ctype in ("__half", "__nv_bfloat16", "e4m3"):
+            assert (_wgmma_fn("ss", n, ctype) in src) + (_wgmma_fn("ss", n, ctype) in header) == 1, (n, ctype)
+    # one instruction's K: 16 for 16-bit inputs, 32 for e4m3, 32 bytes of a row either way (the kernel's k-step)
+    assert [(dt, k) for dt, _, k in rates.WGMMA_TYPES] == [("float16", 16), ("bfloat16", 16), ("e4m3", 32)]
+    assert {dt for dt, _, _ in rates.WGMMA_TYPES} == set(build.RATES_WGMMA_TYPES)
+    assert "m64n256k32.f32.e4m3.e4m3" in _wgmma_fn("ss", 256, "e4m3")
     kernels = set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(rates_\w+)", src))
     assert {"rates_alu", "rates_alu_latency", "rates_mma", "rates_mma_latency", "rates_wgmma", "rates_smem",
             "rates_read", "rates_write", "rates_copy", "rates_empty", "rates_spin", "rates_chase_link",
             "rates_chase"} <= kernels
     assert f"kChaseMax = {rates_kernels.CHASE_LOADS};" in src
     names = build.RatesSource(wgmma=True).name_expressions
-    assert len(names) == 4 + 2 * len(build.RATES_WGMMA_N) * len(build.RATES_WARPGROUPS)
+    assert len(names) == 4 + 3 * len(build.RATES_WGMMA_N) * len(build.RATES_WARPGROUPS)
+    assert "rates_wgmma<256, iosim::e4m3, 3>" in names and "float16" in build.CUDA_TYPES
+    assert "e4m3" not in build.CUDA_TYPES  # the flash2, naive and decode kernels instantiate every CUDA_TYPES entry
     assert build.RatesSource().nvrtc_extra == () and "-arch=sm_90a" in build.RatesSource(wgmma=True).nvrtc_extra
 
 
@@ -305,7 +340,14 @@ def test_the_command_measures_and_writes_a_profile_on_a_stand_in_gpu(monkeypatch
     assert set(p.measured("mma_sync.fp16.throughput")) == set(rates.MMA_WARPS)
     assert (p.calibration.wgmma is not None) == hopper
     if hopper:
-        assert set(p.measured("wgmma.bf16.n256")) == {1, 2, 3}
+        assert set(p.measured("wgmma.bf16.n256")) == {1, 2, 3} and set(p.measured("wgmma.fp8.n128")) == {1, 2, 3}
+        for n, wg in ((128, 1), (256, 3)):  # the same loop and time; each e4m3 instruction does twice the FLOPs (k32)
+            fp8, bf16 = p.measured(f"wgmma.fp8.n{n}")[wg], p.measured(f"wgmma.bf16.n{n}")[wg]
+            assert fp8 == pytest.approx(2 * bf16, rel=2e-3)
+        assert re.search(r"^wgmma\.fp8\.n128\.1\s.*dense peak 1979", text, re.M)
+        assert re.search(r"^wgmma\.bf16\.n128\.1\s.*best 750-800", text, re.M)
+    else:
+        assert not any("wgmma" in name for name in fake.launched)
     assert all(v > 0 for v in (p.measured("dram.read_write"), p.measured("launch.per_block"), p.measured("smem.ld128")))
     assert p.measured("latency.l2") == pytest.approx(400e-9) and p.measured("latency.dram") == pytest.approx(400e-9)
     assert fake.launched.count("rates_chase") == 2 * rates_kernels.CHASE_LAUNCHES

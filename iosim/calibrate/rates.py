@@ -41,6 +41,8 @@ CHAINS, ALU_UNROLL = 8, 16  # kernels/rates.cu kChains, kAluUnroll
 MMA_WARPS = (1, 2, 4, 8, 16)  # resident warps per SM of the mma.sync table
 MMA_FLOP = 2 * 16 * 8 * 16  # one m16n8k16
 WGMMA_PER_TRIP = 8  # wgmma instructions per warpgroup per loop trip
+# wgmma input types: (rates_wgmma_names dtype, the calibration's key, K per instruction: 32 bytes of a row either way)
+WGMMA_TYPES = (("float16", "fp16", 16), ("bfloat16", "bf16", 16), ("e4m3", "fp8", 32))
 SMEM_WARPS, SMEM_PER_TRIP = 8, 4  # rates_smem: warps per block, 512-byte loads per warp per loop trip
 ALU_OPS = {  # rates_alu op: (path, unit, what; FLOPs per op)
     0: (("fp32", "fma"), "FLOP/s", "fma.rn.f32 (2 FLOPs)"), 1: (("fp32", "add"), "FLOP/s", "add.rn.f32"),
@@ -53,7 +55,8 @@ BLOCKS_PER_SM = 512  # tiny blocks per SM of the per-block cost
 H100 = "H100/H200 SXM"
 EXPECTED = {  # printed beside the measurement: what an H100 or H200 SXM reaches (issue 17), by path prefix
     "sm_clock": "~1.98 GHz boost", "mma_sync.fp16.throughput": "best 600-700 TFLOP/s",
-    "mma_sync.bf16.throughput": "best 600-700 TFLOP/s", "wgmma": "best 750-800 TFLOP/s (dense peak 989)",
+    "mma_sync.bf16.throughput": "best 600-700 TFLOP/s", "wgmma.fp8": "dense peak 1979 TFLOP/s (H100 SXM)",
+    "wgmma": "best 750-800 TFLOP/s (dense peak 989)",
     "exp.throughput": "16 /clk/SM", "fp32.fma": "256 FLOP/clk/SM (128 lanes)", "fp32.add": "128 /clk/SM",
     "smem": "128 B/clk/SM", "l2": "8-12 TB/s", "dram.read": "~3.0 TB/s H100, ~4.3 TB/s H200",
     "launch.interval": "2-4 us", "launch.call": "a few us",
@@ -174,17 +177,22 @@ def _compute(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
                         f"one warp, one dependent chain of mma.sync m16n8k16 {short}, clock64"), "")
     if not b.hopper:
         return
-    wnames = rates_wgmma_names()
-    for dt, short in (("float16", "fp16"), ("bfloat16", "bf16")):
+    _wgmma(b, cp, report)
+
+
+def _wgmma(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """wgmma tables (Hopper): fp16, bf16 and fp8 (e4m3), N 128 and 256, 1-3 warpgroups per SM."""
+    wnames, i32 = rates_wgmma_names(), cp.int32
+    for dt, short, k_inst in WGMMA_TYPES:
         for n in RATES_WGMMA_N:
             for wg in RATES_WARPGROUPS:
                 k = b.fn(wnames[(n, dt, wg)], pad=True)
                 iters, t = b.sized(lambda it, k=k, wg=wg: lambda: k((b.sms,), (128 * wg,), (i32(it), b.out, b.stamps),
                                                                     shared_mem=b.pad), iters=16)
-                rate = 2 * 64 * n * 16 * WGMMA_PER_TRIP * wg * b.sms * iters / t
+                rate = 2 * 64 * n * k_inst * WGMMA_PER_TRIP * wg * b.sms * iters / t
                 report(Measured(("wgmma", short, f"n{n}", wg), rate, "FLOP/s",
-                                f"wgmma m64n{n}k16 {short} fp32 accumulate, A and B from shared memory, one block per "
-                                f"SM of wg warpgroups (key), {WGMMA_PER_TRIP} per commit group, chip-wide"),
+                                f"wgmma m64n{n}k{k_inst} {short} fp32 accumulate, A and B from shared memory, one "
+                                f"block per SM of wg warpgroups (key), {WGMMA_PER_TRIP} per commit group, chip-wide"),
                        f"at {fmt_rate(b.clock(b.sms), 'Hz')}")
 
 

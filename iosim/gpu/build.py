@@ -351,8 +351,10 @@ def flash3_bwd_instances() -> list[Flash3BwdInstance]:
 
 RATES_SOURCE = "rates.cu"
 RATES_WGMMA_DEFINE = "-DIOSIM_RATES_WGMMA"
-RATES_WGMMA_N = (128, 256)  # wgmma m64nNk16
+RATES_WGMMA_N = (128, 256)  # wgmma m64nNk16 (e4m3: m64nNk32)
 RATES_WARPGROUPS = (1, 2, 3)  # warpgroups per block (one block per SM)
+# the wgmma kernels' input types: fp16, bf16 and e4m3 (k32); CUDA_TYPES stays 16-bit, as the other kernels read it
+RATES_WGMMA_TYPES: dict[str, str] = {**CUDA_TYPES, FP8_DTYPE: FLASH3_CUDA_TYPES[FP8_DTYPE]}
 
 
 def rates_mma_names() -> dict[tuple[str, str], str]:
@@ -362,9 +364,10 @@ def rates_mma_names() -> dict[tuple[str, str], str]:
 
 
 def rates_wgmma_names() -> dict[tuple[int, str, int], str]:
-    """{(N, dtype, warpgroups): name expression} of the wgmma kernels (sm_90a)."""
+    """{(N, dtype, warpgroups): name expression} of the wgmma kernels (sm_90a); dtype "float16", "bfloat16" or
+    "e4m3"."""
     return {(n, dt, wg): f"rates_wgmma<{n}, {t}, {wg}>"
-            for n in RATES_WGMMA_N for dt, t in CUDA_TYPES.items() for wg in RATES_WARPGROUPS}
+            for n in RATES_WGMMA_N for dt, t in RATES_WGMMA_TYPES.items() for wg in RATES_WARPGROUPS}
 
 
 @dataclass(frozen=True)
