@@ -39,6 +39,10 @@
 //   fp8 (T = e4m3, issue 27): k32 wgmma on e4m3 Q, K and V^T (kernels/quantize_fp8.cu writes V^T with its keys in
 //       the order of P's register fragment), block scales folded into the softmax scale and O's rescale, P in
 //       [0, 256], O in bf16. Measured (H100): d=128 829-921 TFLOP/s, d=256 905-986, 0.78-0.97x cuDNN's fp8.
+//   fp8 v2  the softmax's row max and row sum in 4 independent chains (kF3Fp8Chains): ncu (H100, d=128, N=8192) showed
+//       the tensor pipe 46% and MUFU 50% busy, 0.59 eligible warps a scheduler, 28% of stalls on fixed-latency
+//       dependencies; one chain is 96 dependent FADDs a row pair per tile at Bc=192. Measured (H100, same call as v1):
+//       d=128 877-885 / 953-965 / 988-997 TFLOP/s at N=4K/8K/16K (+5-7%), d=64 +6-10%, d=256 and causal +-1%.
 #include "common.cuh"
 #include "hopper.cuh"  // before the wgmma wrappers: they name its e4m3
 #include "flash3_wgmma.cuh"
@@ -49,6 +53,13 @@ namespace iosim {
 #define IOSIM_F3_STAGES 2
 #endif
 constexpr int kF3Stages = IOSIM_F3_STAGES;  // iosim/launch/forward.py FLASH3_STAGES
+// fp8 softmax: independent max and row-sum chains per row. One chain is Bc / 2 dependent FADDs (and Bc / 4 FMNMX) a
+// row pair per tile, on the critical path of a softmax the tensor cores wait for at fp8's rate; measured (H100, A/B in
+// one call): 2 and 4 chains +5-7% at d = 128 and +6-10% at d = 64 (4), 8 slower than 4 (docs/kernels.md, fp8 v2)
+#ifndef IOSIM_F3_FP8_CHAINS
+#define IOSIM_F3_FP8_CHAINS 4
+#endif
+constexpr int kF3Fp8Chains = IOSIM_F3_FP8_CHAINS;
 constexpr int kF3Threads = 384;  // FLASH3_THREADS: producer warpgroup + 2 consumer warpgroups
 constexpr int kF3Panel = 64;   // FLASH3_SWIZZLE_ELEMS: elements per 128-byte row of a swizzled panel
 
@@ -272,10 +283,16 @@ __global__ void __launch_bounds__(kF3Threads, 1)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {  // hr = 0: row g, hr = 1: row g + 8
             if constexpr (kFp8) {
-                float mx = -INFINITY;
+                constexpr int C = kF3Fp8Chains;
+                float mxc[C];
+#pragma unroll
+                for (int c = 0; c < C; ++c) mxc[c] = -INFINITY;
 #pragma unroll
                 for (int nt = 0; nt < Bc / 8; ++nt)
-                    mx = fmaxf(mx, fmaxf(acc_s[nt * 4 + 2 * hr], acc_s[nt * 4 + 2 * hr + 1]));
+                    mxc[nt % C] = fmaxf(mxc[nt % C], fmaxf(acc_s[nt * 4 + 2 * hr], acc_s[nt * 4 + 2 * hr + 1]));
+#pragma unroll
+                for (int c = 1; c < C; ++c) mxc[0] = fmaxf(mxc[0], mxc[c]);
+                float mx = mxc[0];
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 const float m_new = fmaxf(m_i[hr], mx * sl);  // sl > 0: the max of the scaled scores
@@ -283,15 +300,20 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 corr[hr] = exp2_approx(m_i[hr] - m_safe);
                 m_i[hr] = m_new;
                 const float bias = kF3PShift - m_safe;
-                float rs = 0.f;
+                float rsc[C];
+#pragma unroll
+                for (int c = 0; c < C; ++c) rsc[c] = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < Bc / 8; ++nt)
 #pragma unroll
                     for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
                         const float p = exp2_approx(fmaf(acc_s[nt * 4 + e], sl, bias));
                         acc_s[nt * 4 + e] = p;
-                        rs += p;
+                        rsc[nt % C] += p;
                     }
+#pragma unroll
+                for (int c = 1; c < C; ++c) rsc[0] += rsc[c];
+                const float rs = rsc[0];
                 l_i[hr] = l_i[hr] * corr[hr] + rs;
             } else {
             float mx = m_i[hr];
