@@ -6,6 +6,11 @@ built-in profile, with the L2 model and ``warm=True`` (back-to-back calls on the
 |error| <= 5% and worst <= 15%; cudnn median <= 10%, worst <= 25%; issue 26's for the backward kernels and issue
 28's for iosim-decode (the decode record, ``<device>-time-decode.json`` from time_record_decode.py: its rows add
 the page size and, for a ragged batch, each sequence's keys).
+
+The fp8 record (``<device>-time-fp8.json`` from time_record_fp8.py: iosim-flash3 and cudnn on e4m3 inputs, dtype
+``fp8``) is judged by issue 27's bound, median 5% and worst 15%, each kernel's fp8 rows as a group of their own
+(:func:`group`: ``iosim-flash3 fp8``, ``cudnn fp8``), so the bf16 and fp16 rows of a kernel keep their verdict. In
+the CSV the kernel column stays the description's name (what ``--kernel`` takes) and the dtype column says fp8.
 """
 
 from __future__ import annotations
@@ -22,12 +27,15 @@ from iosim.timing import load_kernel, overlap
 
 SCHEDULE = {"iosim-flash2": "flash2", "iosim-naive": "naive", "fa2": "flash2", "cudnn": "flash3", "fa3": "flash3",
             "iosim-flash2-bwd": "flash2", "fa2-bwd": "flash2", "cudnn-bwd": "flash2", "iosim-flash3-bwd": "flash3",
-            "iosim-decode": "flash-decoding"}
+            "iosim-decode": "flash-decoding", "iosim-flash3": "flash3"}
 BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.05, 0.15), "cudnn": (0.10, 0.25),
           "fa3": (0.05, 0.15),
           "iosim-flash2-bwd": (0.05, 0.15), "fa2-bwd": (0.05, 0.15), "cudnn-bwd": (0.05, 0.15),
           "iosim-flash3-bwd": (0.05, 0.15),  # the backward's: issue 26's
-          "iosim-decode": (0.05, 0.15)}  # issue 28's
+          "iosim-decode": (0.05, 0.15),  # issue 28's
+          "iosim-flash3": (0.05, 0.15),  # as fa3, our flash3 forward under another name (the record times it fp8)
+          "iosim-flash3 fp8": (0.05, 0.15), "cudnn fp8": (0.05, 0.15)}  # issue 27's, the fp8 groups (group())
+PARTS = ("backward", "decode", "fp8")  # <device>-time-<part>.json judged beside the forward record, where measured
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
            "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens")
 
@@ -40,7 +48,7 @@ def simulate_row(row: dict, profile: str):
     desc = load_kernel(kernel)
     bq = bkv = None
     if desc.tiles:
-        tc = desc.tiles_for(p.head_dim)
+        tc = desc.tiles_for(p.head_dim, p.dtype)  # an fp8 row: the description's fp8 tiles, where it lists them
         bq, bkv = tc.block_q, tc.block_kv
     decode = {"kv_lens": row.get("kv_lens"), "page_size": row.get("page_size")} if desc.family == "decode" else {}
     with warnings.catch_warnings():
@@ -54,6 +62,12 @@ def comparable(row: dict) -> bool:
     the top-left corner (torch's is_causal), so where kv_len != seq_len it runs another mask than iosim's
     bottom-right one; those rows are recorded, not judged."""
     return not (row["kernel"].startswith("cudnn") and row["causal"] and row["kv_len"] != row["seq_len"])
+
+
+def group(row: dict) -> str:
+    """Which verdict a row counts toward: its kernel, or for an fp8 row its kernel and " fp8" (a kernel's fp8 rows are
+    judged apart from its bf16 and fp16 ones, by their own bound)."""
+    return f"{row['kernel']} fp8" if row["dtype"] == "fp8" else row["kernel"]
 
 
 def predict_row(row: dict, profile: str) -> tuple[float, int | None, int | None, str]:
@@ -80,13 +94,12 @@ def fit_overlap(raw: Path, profile: str) -> float:
 
 
 def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "record") -> int:
-    """Predict every modeled row of the forward record ``raw`` and of the backward and decode records beside it
-    (``<device>-time-backward.json``, ``<device>-time-decode.json``, where measured), write
-    ``docs/validation/<device>-time.csv``, print the errors; ``part`` "heldout": the held-out record alone, into
-    ``<device>-time-heldout.csv``."""
+    """Predict every modeled row of the forward record ``raw`` and of the records beside it (``<device>-time-<part>
+    .json`` of :data:`PARTS`, where measured), write ``docs/validation/<device>-time.csv``, print the errors per
+    :func:`group`; ``part`` "heldout": the held-out record alone, into ``<device>-time-heldout.csv``."""
     data = json.loads(raw.read_text())
     rows = list(data["rows"])
-    for more_part in ("backward", "decode") if part == "record" else ():
+    for more_part in PARTS if part == "record" else ():
         more = raw.with_name(f"{device}-time-{more_part}.json")
         if more.exists():
             rows += json.loads(more.read_text())["rows"]
@@ -99,7 +112,7 @@ def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "
             _say_grid(row, profile)
         meas = row["measured_ms"] / 1e3
         err = (pred - meas) / meas
-        errors.setdefault(row["kernel"], []).append((abs(err), err, row, bound))
+        errors.setdefault(group(row), []).append((abs(err), err, row, bound))
         out_rows.append((row["kernel"], data["device"], profile, row["batch"], row["heads"], row["kv_heads"],
                          row["seq_len"], row["kv_len"], row["head_dim"], row["dtype"], str(row["causal"]).lower(),
                          bq if bq is not None else "", bkv if bkv is not None else "", f"{pred:.6e}", f"{meas:.6e}",

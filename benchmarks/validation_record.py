@@ -13,7 +13,8 @@ docs/validation.md and writes docs/validation/<device>-parity.html. With ``--mea
 (each problem ``--repeat`` times, the list over again each time) through iosim.measure and archives the records;
 ``--part backward`` measures the backward sweep (:func:`backward_sweep`) into <device>-backward.tar.xz instead.
 ``--dry-run`` measures nothing: it simulates every problem of the part's sweep as its records would be (the tiles
-the kernels would report), so that a typo fails on a CPU, not on the GPU.
+the kernels would report), so that a typo fails on a CPU, not on the GPU. ``--part fp8``: iosim's fp8 forward and its
+quantize kernels (benchmarks/validation_fp8.py says what is measured and compared) into <device>-fp8.tar.xz.
 
 The backward rows (kernels ``*-bwd``): ``global`` = the SASS global instructions' bytes (reads: ld + ldgsts + red +
 atom; writes: st + red + atom: a reduction in L2 is a read and a write of what it updates, as the schedule counts
@@ -35,6 +36,8 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+from validation_fp8 import dry_run as fp8_dry_run  # beside this file
+from validation_fp8 import fp8_checks, fp8_sweep, notes
 
 from iosim.hardware.gpu import get_profile
 from iosim.l2 import L2Inputs, simulate_l2
@@ -50,9 +53,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data/validation"
 DOCS = ROOT / "docs/validation"
 PROFILE = {"h200": "h200-sxm-141gb", "h100": "h100-sxm5-80gb"}  # device -> the profile its record is simulated on
-ARCHIVES = ("sweep", "flash3", "flash2", "backward")  # data/validation/<device>-<part>.tar.xz that hold attention kernels; a part
-# named after a kind replaces the earlier parts' problems of that kind (flash2 on the H100: three launches each)
+ARCHIVES = ("sweep", "flash3", "flash2", "backward", "fp8")  # data/validation/<device>-<part>.tar.xz that hold attention
+# kernels; a part named after a kind replaces the earlier parts' problems of that kind (flash2 on the H100: three
+# launches each); a part that is missing is skipped
 BACKWARD = ("flash2-bwd", "sdpa-flash-bwd", "sdpa-cudnn-bwd")  # iosim.measure.BACKWARD_KINDS
+FP8 = ("flash3-fp8", "fp8-quantize")  # iosim.measure.FP8_KINDS
 MARK = "<!-- record:{device} {edge} (benchmarks/validation_record.py rewrites this part) -->"
 
 
@@ -167,8 +172,10 @@ def fa2_tiles(name: str) -> tuple[int, int]:
 def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
     """The four checks (global, hbm x read, write) of one measured problem; None where the model has no kernel."""
     run = m.run
-    if m.error or run.kind not in ("flash2", "flash3", "naive", "sdpa-flash", *BACKWARD) or not m.kernels:
+    if m.error or run.kind not in ("flash2", "flash3", "naive", "sdpa-flash", *BACKWARD, *FP8) or not m.kernels:
         return None
+    if run.kind in FP8:
+        return fp8_checks(m, profile)
     if run.kind in BACKWARD:
         got = simulate_backward(m, profile)
         return None if got is None else _checks(m, profile, got[1], got[2], got[3])
@@ -232,7 +239,7 @@ def parity_figure(checks: list[Check], path: Path, device: str) -> None:
     panels = [("global", "read"), ("global", "write"), ("hbm", "read"), ("hbm", "write")]
     fig = make_subplots(rows=2, cols=2, subplot_titles=[f"{b} {d} (bytes)" for b, d in panels])
     colors = {"flash2": "#1f77b4", "flash3": "#9467bd", "naive": "#d62728", "sdpa-flash": "#2ca02c",
-              "flash2-bwd": "#17becf", "sdpa-flash-bwd": "#bcbd22"}
+              "flash2-bwd": "#17becf", "sdpa-flash-bwd": "#bcbd22", "flash3-fp8": "#8c564b", "fp8-quantize": "#e377c2"}
     for i, (b, d) in enumerate(panels):
         at = {"row": i // 2 + 1, "col": i % 2 + 1}
         sel = [c for c in checks if (c.boundary, c.direction) == (b, d)]
@@ -266,7 +273,7 @@ def _commit() -> str:
 def measure_sweep(device: str, repeat: int, kinds: list[str] | None = None, part: str = "sweep") -> None:
     """Run the sweep (its problems of ``kinds``, or all) ``repeat`` times over through iosim.measure; archive the
     record as <device>-<part>.tar.xz."""
-    problems = [a for a in (backward_sweep() if part == "backward" else sweep()) if not kinds or a.kind in kinds]
+    problems = [a for a in part_sweep(part) if not kinds or a.kind in kinds]
     with tempfile.TemporaryDirectory() as tmp:
         rec = measure(problems * repeat, Options(workdir=tmp, keep_csv=f"{tmp}/ncu_sweep.csv")).to_json()
         rec["repeat"], rec["commit"] = repeat, _commit()
@@ -278,12 +285,20 @@ def measure_sweep(device: str, repeat: int, kinds: list[str] | None = None, part
           f"{DATA / 'manifest.json'}")
 
 
+def part_sweep(part: str) -> list[Attention]:
+    """The problems ``--measure --part PART`` runs: the backward's, fp8's, or the forward sweep (any other name)."""
+    return {"backward": backward_sweep, "fp8": fp8_sweep}.get(part, sweep)()
+
+
 def dry_run(part: str, profile: str, repeat: int) -> None:
     """Simulate every problem of the part's sweep as its record would be (no measurement: the tiles our kernels
     would report, FA2's table for torch's), printing the simulated bytes and what ncu will profile."""
     import time
 
-    problems = backward_sweep() if part == "backward" else sweep()
+    if part == "fp8":
+        fp8_dry_run(profile, repeat)
+        return
+    problems = part_sweep(part)
     launches = 0
     for run in problems:
         t0 = time.perf_counter()
@@ -322,7 +337,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="launches of each problem with --measure (default 3)")
     ap.add_argument("--kinds", nargs="*", help="with --measure: only these kernels (flash2 naive sdpa-flash ...)")
     ap.add_argument("--part", default="sweep", help="with --measure: the archive's part name (default sweep); "
-                    "backward: the backward sweep, into <device>-backward.tar.xz")
+                    "backward: the backward sweep, into <device>-backward.tar.xz; fp8: the fp8 forward and its "
+                    "quantize kernels, into <device>-fp8.tar.xz")
     ap.add_argument("--dry-run", action="store_true", help="simulate the part's sweep as recorded; measure nothing")
     ap.add_argument("--no-figure", action="store_true", help="skip the parity figure (needs plotly)")
     args = ap.parse_args(argv)
@@ -357,6 +373,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {c.label} {c.boundary} {c.direction}: simulated {c.simulated:,} measured {c.measured:,} ({err})"
               f"{' passed by ' + v.by if v.passed else ''}{' [lower bound]' if v.lower_bound else ''}")
     measured_only(measured)
+    fp8_lines = notes(measured.get("flash3-fp8", []), profile)
+    if fp8_lines:
+        print("flash3-fp8: what the exact global reads leave out (benchmarks/validation_fp8.py)")
+        print("\n".join(fp8_lines))
     rewrite_doc(args.device, table, meta)
     if not args.no_figure:
         parity_figure(checks, DOCS / f"{args.device}-parity.html", args.device)

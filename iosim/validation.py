@@ -9,7 +9,8 @@ repeated launch's measured bytes. It passes when
   bound: min x (1 - bound) <= simulated <= max x (1 + bound).
 
 Compulsory bytes: Q, K, V read once, O written once, and the softmax statistics (one fp32 per query row) of the
-flash kernels. A backward pass (kernels named ``*-bwd``): Q, K, V, O, dO and the statistics read once, dQ, dK, dV
+flash kernels; iosim's fp8 forward (``flash3-fp8``) reads 1-byte Q, K, V and writes O in bf16, and its quantize
+kernels (``fp8-quantize``) read bf16 Q, K, V and write them once in 1 byte. A backward pass (kernels named ``*-bwd``): Q, K, V, O, dO and the statistics read once, dQ, dK, dV
 written once, Delta (one fp32 per query row) and the fp32 dQ accumulator once each. Where a head's K and V together
 do not fit in L2 (long grids: the blocks of one head drift apart and re-read K/V lines L2 has dropped; in a backward
 pass, a query head's Q, dO, statistics and accumulator, the data its K/V blocks share), the model's DRAM reads are a
@@ -31,7 +32,11 @@ from .hardware.gpu import get_profile
 
 BOUND = {"read": 0.05, "write": 0.10}  # relative bound on hbm reads and writes
 FLOOR = 0.01  # of the kernel's compulsory bytes: the absolute floor, for near-zero writes
-STATS_KERNELS = ("flash2", "flash3", "sdpa-flash", "sdpa-cudnn")  # write the softmax statistics (fp32 per row)
+STATS_KERNELS = ("flash2", "flash3", "flash3-fp8", "sdpa-flash", "sdpa-cudnn")  # write the softmax statistics
+FP8_ATTENTION = "flash3-fp8"  # iosim's fp8 forward: e4m3 Q, K, V in, O out in bf16
+FP8_QUANTIZE = "fp8-quantize"  # its quantize kernels: bf16 Q, K, V in, e4m3 out
+OUT_BYTES = 2  # the fp8 forward's O: bf16
+SOURCE_BYTES = 2  # what the quantize kernels read: bf16
 BACKWARD_SUFFIX = "-bwd"  # a backward pass's kernels: flash2-bwd, sdpa-flash-bwd, sdpa-cudnn-bwd
 ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1}
 FIELDS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
@@ -80,11 +85,17 @@ class Check:
     @property
     def compulsory(self) -> int:
         """Q, K, V read once; O (and the flash kernels' statistics) written once (B). A backward pass: Q, K, V, O,
-        dO, the statistics read, dQ, dK, dV written, Delta and the fp32 dQ accumulator, each once."""
+        dO, the statistics read, dQ, dK, dV written, Delta and the fp32 dQ accumulator, each once. The fp8 kernels:
+        O in bf16 (flash3-fp8); bf16 in and e4m3 out (fp8-quantize)."""
         e = ELEM_BYTES[self.dtype]
         rows = self.batch * self.heads * self.seq_len
         q = o = rows * self.head_dim * e
         kv = 2 * self.batch * self.kv_heads * self.kv_len * self.head_dim * e
+        if self.kernel == FP8_QUANTIZE:  # every element of Q, K, V read in bf16 and written once in e4m3
+            elements = (rows + 2 * self.batch * self.kv_heads * self.kv_len) * self.head_dim
+            return elements * (SOURCE_BYTES + ELEM_BYTES["fp8"])
+        if self.kernel == FP8_ATTENTION:
+            o = rows * self.head_dim * OUT_BYTES
         if self.backward:  # Q, O, dO, dQ; K, V, dK, dV; lse, Delta; dQacc
             return 4 * q + 2 * kv + 2 * rows * 4 + rows * self.head_dim * 4
         stats = rows * 4 if self.kernel in STATS_KERNELS else 0

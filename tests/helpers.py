@@ -57,8 +57,12 @@ def rel_err(x, ref) -> float:
 
 
 def load_benchmark(name: str):
-    """The module of benchmarks/<name>.py (the benchmark scripts are not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    """The module of benchmarks/<name>.py (the benchmark scripts are not a package; they import the scripts beside
+    them, as when run from their folder, so that folder goes on sys.path)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    path = folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # a dataclass with postponed annotations looks its module up there

@@ -224,6 +224,21 @@ def test_the_cudnn_graph_takes_e4m3_bshd_inputs_every_scale_and_the_mask(cf8, ca
     assert g.steps == ["validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"]
 
 
+def test_grouped_query_k_and_v_are_views_with_their_own_heads(cf8):
+    g = cf8.build_graph(_fake_cudnn(), cf8.Shape(batch=2, seq_len=512, heads=32, head_dim=128, kv_heads=8), False, "fp8")
+    by_uid = {t.kw["uid"]: t.kw for t in g.tensors}
+    assert by_uid[cf8.UID["q"]]["dim"] == (2, 32, 512, 128) and g.outs[0].set["dim"] == (2, 32, 512, 128)
+    for name in ("k", "v"):
+        assert by_uid[cf8.UID[name]]["dim"] == (2, 8, 512, 128)
+        assert by_uid[cf8.UID[name]]["stride"] == (512 * 8 * 128, 128, 8 * 128, 1)
+
+
+def test_a_caller_may_ask_for_fp8_output_only(cf8):
+    s = cf8.Shape(1, 1024, 8, 128)
+    graph, out, why = cf8.first_supported(_fake_cudnn(), s, False, ("fp8",))
+    assert out == "fp8" and why == [] and graph.outs[0].set["data_type"] == "e4m3"
+
+
 def test_a_refused_output_type_falls_to_the_next_and_every_refusal_is_kept(cf8):
     s = cf8.Shape(1, 16384, 8, 256)
     graph, out, why = cf8.first_supported(_fake_cudnn({"bf16": "no engine for bf16 out"}), s, True)

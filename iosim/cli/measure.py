@@ -38,7 +38,8 @@ def _print(record) -> None:
 @click.option("--seq-len", type=int, default=4096, show_default=True)
 @click.option("--kv-len", type=int, default=None)
 @click.option("--head-dim", type=int, default=128, show_default=True)
-@click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp8"]), default="fp16", show_default=True,
+              help="fp8: the kinds flash3-fp8 and fp8-quantize (inputs drawn in bf16, block-quantized)")
 @click.option("--causal", is_flag=True)
 @click.option("--block-q", type=int, default=None, help="flash2 Br (with --block-kv)")
 @click.option("--block-kv", type=int, default=None, help="flash2 Bc (with --block-q)")

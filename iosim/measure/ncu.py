@@ -60,8 +60,8 @@ OPTIONAL_METRICS = (  # used where ``ncu --query-metrics`` lists them
 )
 DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")  # the one-pass profile
 # ours, the markers, torch's backends; the backward's: ours and FA2's flash_bwd_*, cuDNN's bprop, and the reduction
-# kernel torch sums FA2's expanded dK, dV with (grouped-query heads)
-KERNEL_REGEX = r"iosim_|flash_fwd|flash_bwd|flash3_|naive_|sdpa|fprop|bprop|fmha|reduce_kernel"
+# kernel torch sums FA2's expanded dK, dV with (grouped-query heads); the fp8 quantize kernels (quantize_fp8_kernel)
+KERNEL_REGEX = r"iosim_|flash_fwd|flash_bwd|flash3_|naive_|sdpa|fprop|bprop|fmha|reduce_kernel|quantize_fp8"
 END_MARKER_Z = 2  # an iosim_marker launched with gridDim.z = 2 ends its run's range (its grid.x: the run index + 1)
 
 _SUMMARY = {  # record key: (metric, scale)

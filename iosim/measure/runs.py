@@ -3,6 +3,7 @@
     Attention("flash2", seq_len=4096, heads=32)           # our schedules: flash2, naive (and flash3 where built)
     Attention("sdpa-flash", seq_len=4096, heads=32)       # torch SDPA's backends: sdpa-flash, sdpa-cudnn
     Attention("flash2-bwd", seq_len=4096, heads=32)       # backward passes: flash2-bwd, sdpa-flash-bwd, sdpa-cudnn-bwd
+    Attention("flash3-fp8", seq_len=4096, heads=32, dtype="fp8")  # our fp8 forward alone; fp8-quantize: its inputs
     ReadProbe(64 << 20)                                   # calibration: a buffer read twice (l2probe)
     WriteProbe(8 << 20, read_bytes=32 << 20, shared=True) # calibration: written, then other data read (l2write)
 
@@ -14,12 +15,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from ..launch import FLASH3_FP8_TILES
+
 OUR_KERNELS = ("flash2", "naive", "flash3")  # iosim.gpu.attention's schedules
 TORCH_KERNELS = ("sdpa-flash", "sdpa-cudnn")  # torch.nn.functional.scaled_dot_product_attention backends
 # backward passes, the forward run outside the profiled range: iosim.gpu.attention_backward (flash2's kernels, the
 # design gqa="grouped"), and torch SDPA's flash and cuDNN backends' backward (torch.autograd.grad of the SDPA call)
 BACKWARD_KINDS = ("flash2-bwd", "sdpa-flash-bwd", "sdpa-cudnn-bwd")
-ATTENTION_KINDS = OUR_KERNELS + TORCH_KERNELS + BACKWARD_KINDS
+# fp8 (e4m3, Hopper, issue 27), dtype "fp8": flash3-fp8 is iosim's fp8 forward alone, its inputs (bf16 draws) quantized
+# by iosim.gpu.quantize_fp8 before the run's range; fp8-quantize is those three quantize launches (Q, K, V^T)
+FP8_KINDS = ("flash3-fp8", "fp8-quantize")
+FP8_HEAD_DIMS = tuple(FLASH3_FP8_TILES)  # the fp8 kernels' instantiations
+ATTENTION_KINDS = OUR_KERNELS + TORCH_KERNELS + BACKWARD_KINDS + FP8_KINDS
 PROBE_KINDS = ("l2probe", "l2write")
 
 
@@ -30,8 +37,9 @@ class MeasureError(RuntimeError):
 @dataclass(frozen=True)
 class Attention:
     """One attention call: ``kind`` one of :data:`ATTENTION_KINDS` (a forward call, or the backward call of
-    :data:`BACKWARD_KINDS`, its forward made beforehand, outside the profiled range); Q (batch, seq_len, heads,
-    head_dim), K and V (batch, kv_len, kv_heads, head_dim); ``block_q``/``block_kv`` (flash2 only) pick the tiles."""
+    :data:`BACKWARD_KINDS`, its forward made beforehand, outside the profiled range; or an fp8 kind of
+    :data:`FP8_KINDS`, dtype "fp8"); Q (batch, seq_len, heads, head_dim), K and V (batch, kv_len, kv_heads,
+    head_dim); ``block_q``/``block_kv`` (flash2 only) pick the tiles."""
 
     kind: str
     seq_len: int = 1024
@@ -48,8 +56,7 @@ class Attention:
     def __post_init__(self):
         if self.kind not in ATTENTION_KINDS:
             raise MeasureError(f"kind={self.kind!r}: expected one of {', '.join(ATTENTION_KINDS + PROBE_KINDS)}")
-        if self.dtype not in ("fp16", "bf16"):
-            raise MeasureError(f"dtype={self.dtype!r}: expected fp16 or bf16 (the GPU kernels' dtypes)")
+        self._check_dtype()
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.kv_len is None:
@@ -61,6 +68,16 @@ class Attention:
             raise MeasureError(f"heads={self.heads}, kv_heads={self.kv_heads}: heads must be a multiple of kv_heads")
         if (self.block_q, self.block_kv) != (None, None) and self.kind != "flash2":
             raise MeasureError(f"block_q/block_kv for kind={self.kind!r}: only flash2's tiles can be chosen")
+
+    def _check_dtype(self) -> None:
+        """fp16 or bf16, except the fp8 kinds: "fp8" and one of the fp8 kernels' head dims."""
+        if self.kind in FP8_KINDS:
+            if self.dtype != "fp8" or self.head_dim not in FP8_HEAD_DIMS:
+                raise MeasureError(f"kind={self.kind!r}, dtype={self.dtype!r}, head_dim={self.head_dim}: the fp8 "
+                                   f"kinds take dtype='fp8' and head_dim in {FP8_HEAD_DIMS}")
+        elif self.dtype not in ("fp16", "bf16"):
+            raise MeasureError(f"dtype={self.dtype!r}: expected fp16 or bf16 (the GPU kernels' dtypes; fp8: kinds "
+                               f"{', '.join(FP8_KINDS)})")
 
 
 @dataclass(frozen=True)

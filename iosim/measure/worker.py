@@ -18,7 +18,17 @@ from .. import gpu
 from .._resources import kernels_dir
 from .events import ISOLATED, cupy_clock, time_ms
 from .ncu import END_MARKER_Z
-from .runs import BACKWARD_KINDS, Attention, MeasureError, ReadProbe, Run, WriteProbe, from_dict, to_dict
+from .runs import (
+    BACKWARD_KINDS,
+    FP8_KINDS,
+    Attention,
+    MeasureError,
+    ReadProbe,
+    Run,
+    WriteProbe,
+    from_dict,
+    to_dict,
+)
 
 PROBE_SOURCE = "probes.cu"
 READ_PROBE_PASSES = 2  # l2probe reads its buffer twice
@@ -131,17 +141,46 @@ def _prepare_backward(run: Attention, torch, qkv: tuple, g):
     return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
 
+def _prepare_fp8(run: Attention, torch):
+    """(the call, what the record gets) of an fp8 kind: inputs drawn in bf16 (what quantize_fp8 reads), seeded, and
+    block-quantized at the fp8 kernel's tiles without rotation (incoherent processing loads its +-1 signs for every
+    element, which the quantize schedule does not count; the attention kernel reads the same bytes either way).
+    flash3-fp8: the attention kernel alone, its inputs quantized here, before the run's marker (outside its range, as
+    a backward run's forward); fp8-quantize: the three quantize launches, with the blocks they used as the launch."""
+    if torch is None:
+        raise MeasureError("the fp8 runs need PyTorch for inputs (torch is not importable)")
+    g = torch.Generator(device="cuda").manual_seed(1234)
+
+    def draw(n, h):
+        return torch.randn(run.batch, n, h, run.head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    q, k, v = draw(run.seq_len, run.heads), draw(run.kv_len, run.kv_heads), draw(run.kv_len, run.kv_heads)
+    bq, bkv = gpu.fp8_blocks(run.head_dim)
+
+    def quantize():
+        return (gpu.quantize_fp8(q, block=bq), gpu.quantize_fp8(k, block=bkv),
+                gpu.quantize_fp8(v, block=bkv, transpose=True))
+
+    if run.kind == "fp8-quantize":
+        return quantize, {"launch": {"tiles": {"block_q": bq, "block_kv": bkv}, "kernels": []}}
+    qf, kf, vf = quantize()
+    return (lambda: gpu.attention(qf, kf, vf, schedule="flash3", causal=run.causal)), {}
+
+
 def _prepare(run: Run, probes: Probes, torch):
     if isinstance(run, ReadProbe):
         return probes.prepare_read(run)
     if isinstance(run, WriteProbe):
         return probes.prepare_write(run)
+    if run.kind in FP8_KINDS:
+        return _prepare_fp8(run, torch)
     return prepare_attention(run, torch), {}
 
 
 def _launch_record(run: Run) -> dict | None:
-    """Our kernels' launch (tiles, per-kernel threads, shared memory) as iosim.gpu last made it."""
-    if not (isinstance(run, Attention) and run.kind in ("flash2", "naive", "flash3", "flash2-bwd")):
+    """Our kernels' launch (tiles, per-kernel threads, shared memory) as iosim.gpu last made it (fp8-quantize's is
+    the blocks _prepare_fp8 gave: quantize_fp8 leaves no launch record)."""
+    if not (isinstance(run, Attention) and run.kind in ("flash2", "naive", "flash3", "flash2-bwd", "flash3-fp8")):
         return None
     lr = gpu.last_launch()
     return {"tiles": lr.tiles, "kernels": [asdict(k) for k in lr.launches]}

@@ -131,7 +131,8 @@ def record_band(r: dict) -> uncertainty.Uncertainty | None:
     kernel = r.get("time_kernel")
     if not kernel or kernel == "roofline" or not r.get("predicted_s"):
         return None
-    shape = SimpleNamespace(seq_len=r["seq_len"], kv_len=r.get("kv_len") or r["seq_len"], causal=bool(r["causal"]))
+    shape = SimpleNamespace(seq_len=r["seq_len"], kv_len=r.get("kv_len") or r["seq_len"], causal=bool(r["causal"]),
+                            dtype=r.get("dtype"))
     cal = r.get("time_calibration") not in (None, "uncalibrated")
     u = uncertainty.band(kernel, r["profile"], shape, r["predicted_s"], calibrated=cal)
     return u if u.low_s is not None else None

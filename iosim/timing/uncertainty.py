@@ -2,7 +2,9 @@
 
 Each row of ``docs/validation/<device>-time.csv`` holds a kernel's predicted and measured seconds on one shape. The
 rows are grouped by kernel (the description's name: iosim-flash2, fa2, cudnn, iosim-naive, and the backward's
-iosim-flash2-bwd, fa2-bwd, cudnn-bwd, iosim-flash3-bwd) and by **regime**:
+iosim-flash2-bwd, fa2-bwd, cudnn-bwd, iosim-flash3-bwd; a kernel's fp8 rows, dtype fp8, are a kernel of their own,
+``<name> fp8``: another arithmetic and other bytes than its bf16 rows, so neither widens the other's band) and by
+**regime**:
 
 * ``decode``: a forward pass of at most 64 query rows against a longer K/V (naive's three kernels are measured
   30-40% slower than predicted there, FA2's split-KV path 9-12%, against about 0 for prefill);
@@ -40,7 +42,8 @@ ALL = "all regimes"
 NO_RECORD = "no record"
 UNCALIBRATED = "no record for datasheet rates"
 
-__all__ = ["ALL", "NO_RECORD", "POOLED", "UNCALIBRATED", "band", "groups", "quantile", "regime", "table"]
+__all__ = ["ALL", "NO_RECORD", "POOLED", "UNCALIBRATED", "band", "groups", "quantile", "record_kernel", "regime",
+           "table"]
 
 
 def regime(kernel: str, seq_len: int, kv_len: int, causal: bool) -> str:
@@ -48,6 +51,11 @@ def regime(kernel: str, seq_len: int, kv_len: int, causal: bool) -> str:
     if not kernel.endswith("-bwd") and seq_len <= DECODE_MAX_ROWS and seq_len < kv_len:
         return "decode"
     return "causal" if causal else "non-causal"
+
+
+def record_kernel(kernel: str, dtype: str | None) -> str:
+    """The group a row or a prediction of ``kernel`` in ``dtype`` belongs to: the kernel, or ``<kernel> fp8``."""
+    return f"{kernel} fp8" if dtype == "fp8" else kernel
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -72,9 +80,10 @@ def groups(folder: str | None = None) -> dict[tuple[str, str, str], tuple[float,
                 ratio = float(r["measured_s"]) / float(r["predicted_s"])
                 reg = regime(r["kernel"], int(r["seq_len"]), int(r["kv_len"] or r["seq_len"]),
                              r["causal"].strip().lower() == "true")
+                kernel = record_kernel(r["kernel"], r.get("dtype"))
                 for scope in (r["profile"], POOLED):
                     for g in (reg, ALL):
-                        out.setdefault((scope, r["kernel"], g), []).append(ratio)
+                        out.setdefault((scope, kernel, g), []).append(ratio)
     return {k: tuple(v) for k, v in out.items()}
 
 
@@ -85,7 +94,8 @@ def _profiles(folder: str | None) -> list[str]:
 def band(kernel: str, profile: str, problem, predicted_s: float, folder: str | None = None,
          calibrated: bool = True) -> Uncertainty:
     """The band of ``predicted_s`` for ``kernel`` on ``profile`` (a name) and ``problem`` (seq_len, kv_len,
-    causal): that profile's record if it has one, else all records pooled; the regime's rows, else the kernel's.
+    causal; dtype, where given: fp8 takes the kernel's fp8 rows): that profile's record if it has one, else all
+    records pooled; the regime's rows, else the kernel's.
     A prediction on datasheet rates (``calibrated`` False) gets none: the records' residuals are of measured rates."""
     if not calibrated:
         return Uncertainty(None, None, UNCALIBRATED, 0, "")
@@ -94,6 +104,7 @@ def band(kernel: str, profile: str, problem, predicted_s: float, folder: str | N
     scope = profile if profile in recorded else POOLED
     device = profile if scope == profile else f"{POOLED}: {', '.join(recorded)}"
     reg = regime(kernel, problem.seq_len, problem.kv_len, problem.causal)
+    kernel = record_kernel(kernel, getattr(problem, "dtype", None))
     for key in ((scope, kernel, reg), (scope, kernel, ALL)):
         ratios = g.get(key, ())
         if len(ratios) >= MIN_ROWS or (key[2] == ALL and ratios):
