@@ -234,7 +234,9 @@ def test_fp8_tensor_time_is_the_calibrated_fp8_wgmma_rate_where_measured(kernel)
 
 def test_without_an_fp8_measurement_the_fp16_share_applies_and_the_estimate_says_so():
     p = fp8(batch=4, heads=16, seq_len=4096, head_dim=128)
-    r = simulate("flash3", p, H100, kernel="iosim-flash3", l2=False)
+    cal = H100.calibration.model_copy(update={"wgmma": H100.calibration.wgmma.model_copy(update={"fp8": None})})
+    prof = H100.model_copy(update={"calibration": cal})  # a profile calibrated before the fp8 probe
+    r = simulate("flash3", p, prof, kernel="iosim-flash3", l2=False)
     wg = max(H100.calibration.wgmma.fp16.n128.value.values())
     rate = wg / H100.matmul_rate("fp16") * H100.matmul_rate("fp8")
     assert r.time.kernels[0].resources["tensor"] == pytest.approx(r.counts.flops["matmul"] / rate, rel=1e-9)
@@ -256,7 +258,8 @@ def test_fp8_loads_cost_half_of_bf16s_and_our_o_store_is_bf16():
 
 
 def test_a_profile_with_an_fp8_wgmma_table_validates_and_one_without_still_does():
-    assert H100.calibration.wgmma.fp8 is None
     data = _with_fp8_wgmma(H100, 2.0).model_dump(mode="json", exclude_none=True)
     again = type(H100).model_validate(data)
     assert again.calibration.wgmma.fp8 == _with_fp8_wgmma(H100, 2.0).calibration.wgmma.fp8
+    del data["calibration"]["wgmma"]["fp8"]  # a profile calibrated before the fp8 probe
+    assert type(H100).model_validate(data).calibration.wgmma.fp8 is None
