@@ -104,14 +104,18 @@ def test_e4m3_rounding_is_round_to_nearest_even_with_subnormals_and_saturation()
     assert got[6] == 448.0 and got[7] == -448.0 and np.isnan(got[8])  # satfinite: no infinities in e4m3
 
 
-def test_fp8_flash3_moves_one_byte_elements_at_twice_the_tensor_rate_and_stays_exact_within_e4m3():
+def test_fp8_flash3_moves_one_byte_elements_at_its_measured_tensor_rate_and_stays_exact_within_e4m3():
     p16 = AttentionProblem(batch=4, seq_len=4096, heads=16, head_dim=128)
     p8 = p16.model_copy(update={"dtype": "fp8"})
     t = Tiles(128, 224)
     c16, c8 = closed("flash3", p16, t), closed("flash3", p8, t)
     assert c8.global_read["K"] * 2 == c16.global_read["K"] and c8.global_write["lse"] == c16.global_write["lse"]
     r16, r8 = (simulate("flash3", p, H100, block_q=128, block_kv=112) for p in (p16, p8))  # 224 needs fp8's smem
-    assert r8.time.kernels[0].resources["tensor"] * 2 == pytest.approx(r16.time.kernels[0].resources["tensor"], rel=1e-3)
+    # each at its own measured wgmma rate (the profile's fp16 and fp8 tables: fp8 about 1.93x fp16 on the H100)
+    wg = H100.calibration.wgmma
+    ratio = max(wg.fp8.n128.value.values()) / max(wg.fp16.n128.value.values())
+    assert r8.time.kernels[0].resources["tensor"] * ratio == pytest.approx(r16.time.kernels[0].resources["tensor"],
+                                                                           rel=1e-3)
     assert simulate("flash3", p8, H100).tiles == Tiles(128, 224)  # FA3's fp8 tiles for d <= 128
     from iosim.numeric import execute, reference
 
