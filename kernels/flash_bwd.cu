@@ -48,6 +48,9 @@
 //       1.74e9 -> 1.46e9 instructions but 5.64 -> 5.64-5.68 ms (FA2 4.76 ms: ours stalls more per instruction on
 //       mio_throttle, long_scoreboard and barrier). bench_backward.py (H100, N = 2048-16384): d = 128 0.90-0.93x
 //       non-causal, 0.88-0.91x causal (was 0.83-0.87x); d = 64 0.82-0.87x non-causal, 0.89-0.90x causal (unchanged).
+//   v5  at d <= 64 the mask in a pass of its own after the exp loop (flash3_bwd.cu v4's change). Measured (H100, A/B
+//       in one call against torch's FA2 in the same processes): d = 64 +2-3% (N = 8192: 249 -> 257 TFLOP/s); d = 128
+//       +0-0.4% and a 4-byte spill, so d = 128 keeps v4's loop.
 #include "common.cuh"
 #include "tile.cuh"
 
