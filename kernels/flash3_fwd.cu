@@ -42,7 +42,8 @@
 //   fp8 v2  the softmax's row max and row sum in 4 independent chains (kF3Fp8Chains): ncu (H100, d=128, N=8192) showed
 //       the tensor pipe 46% and MUFU 50% busy, 0.59 eligible warps a scheduler, 28% of stalls on fixed-latency
 //       dependencies; one chain is 96 dependent FADDs a row pair per tile at Bc=192. Measured (H100, same call as v1):
-//       d=128 876-885 / 953-962 / 988-992 TFLOP/s at N=4K/8K/16K (+5-7%), d=64 +10%, d=256 and causal +-1%.
+//       d=128 876-885 / 953-962 / 988-992 TFLOP/s at N=4K/8K/16K (+5-7%), d=64 +10%, d=256 +-1%, causal d=128
+//       equal at N=4K, -1.5 to -2% at N=16K.
 #include "common.cuh"
 #include "hopper.cuh"  // before the wgmma wrappers: they name its e4m3
 #include "flash3_wgmma.cuh"
