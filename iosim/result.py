@@ -184,6 +184,8 @@ class PassTilesJSON(TilesJSON):
     window: list[int | None] | None = Field(None, description="flash2: sliding window [left, right], null for no "
                                                                "bound on a side")
     seqlens: list[list[int]] | None = Field(None, description="flash2: packed sequences, [queries, keys] each")
+    layout: str | None = Field(None, description="flash3 at fp8 with iosim-flash3: the operand layout its kernel "
+                               "reads (iosim's: V^T padded to 16 keys, block scales, O in bf16)")
 
     @model_serializer(mode="wrap")
     def _options_given(self, handler):

@@ -263,3 +263,21 @@ def test_a_profile_with_an_fp8_wgmma_table_validates_and_one_without_still_does(
     assert again.calibration.wgmma.fp8 == _with_fp8_wgmma(H100, 2.0).calibration.wgmma.fp8
     del data["calibration"]["wgmma"]["fp8"]  # a profile calibrated before the fp8 probe
     assert type(H100).model_validate(data).calibration.wgmma.fp8 is None
+
+
+def test_our_fp8_result_writes_its_layout_in_the_json_and_the_cli(capsys):
+    """`iosim simulate flash3 --dtype fp8 --kernel iosim-flash3` failed writing its tiles (the JSON had no field for the
+    fp8 layout option): the JSON now carries it, reads back unchanged, and the CLI prints it."""
+    import json
+
+    from helpers import run_cli
+
+    from iosim.result import ResultJSON
+
+    r = ours(fp8(batch=2, heads=4, seq_len=1024, head_dim=128), l2=False)
+    written = json.dumps(r.to_json(), indent=2)
+    assert json.loads(written)["tiles_by_pass"]["forward"]["layout"] == "iosim-fp8"
+    assert json.dumps(ResultJSON.model_validate_json(written).to_json(), indent=2) == written
+    code, out, _ = run_cli(["simulate", "flash3", "--seq-len", "1024", "--heads", "4", "--head-dim", "128",
+                            "--dtype", "fp8", "--kernel", "iosim-flash3"], capsys)
+    assert code == 0 and "layout=iosim-fp8" in out
