@@ -17,10 +17,11 @@ Two measure kinds (iosim.measure.FP8_KINDS), each problem launched ``--repeat`` 
 What ``global`` compares (exact, by the record's rule):
 
 - flash3-fp8 reads: what its TMA loads bring in (Q, K and V^T tiles) against the schedule's Q, K and V reads. Its
-  block scales are left out of the exact check, as flash3's tile schedule is: every consumer thread (256 a block)
-  loads each scale with ``__ldg``, so SASS counts 256 x 4 B where the schedule counts one 4-byte load a block, and a
-  causal call's host tile schedule comes through the same plain loads. For non-causal rows the judge prints the
-  SASS load bytes beside 256 x the schedule's scale bytes instead (:func:`notes`).
+  block scales are left out of the exact check, as flash3's tile schedule is: every consumer thread loads each
+  scale with ``__ldg``, and Nsight Compute's SASS byte counter counts 4 B a consumer warp (its 32 lanes read one
+  address; measured on both GPUs, 2026-11-26), so SASS reads 8 x the schedule's one 4-byte load a block, and a causal
+  call's host tile schedule comes through the same plain loads. For non-causal rows the judge prints the SASS load
+  bytes beside 8 x the schedule's scale bytes instead (:func:`notes`).
 - flash3-fp8 writes: plain stores of O (bf16) and lse.
 - fp8-quantize: SASS loads (each bf16 block read twice: the amax pass and the quantize pass) and stores (e4m3 values,
   V^T with its padding keys, one fp32 scale a block). Not rotated (``incoherent`` off): the rotation loads its +-1
@@ -47,7 +48,7 @@ from iosim.validation import Check
 
 ATTENTION, QUANTIZE = "flash3-fp8", "fp8-quantize"  # iosim.measure.FP8_KINDS
 SCALES = ("q_scale", "k_scale", "v_scale")
-CONSUMER_THREADS = 256  # kernels/flash3_fwd.cu: two consumer warpgroups; each of their threads loads every scale
+CONSUMER_WARPS = 8  # kernels/flash3_fwd.cu: two consumer warpgroups; SASS counts each warp's load of a scale once
 
 
 def fp8_sweep() -> list[Attention]:
@@ -142,7 +143,7 @@ def box_overreach(run: Attention, tiles: tuple[int, int]) -> int:
 
 def notes(ms: list[Measured], profile: str) -> list[str]:
     """What the exact checks leave out, per measured flash3-fp8 problem: the TMA boxes' overreach where a tile is
-    partial, and (non-causal) the scales' SASS loads against CONSUMER_THREADS x the schedule's scale bytes."""
+    partial, and (non-causal) the scales' SASS loads against CONSUMER_WARPS x the schedule's scale bytes."""
     out = []
     for m in ms:
         if m.run.kind != ATTENTION or m.error or not m.kernels:
@@ -155,8 +156,8 @@ def notes(ms: list[Measured], profile: str) -> list[str]:
                f" (whole boxes would add {over:,} B)"
         if not run.causal:
             scales = sum(r.counts.global_read[t] for t in SCALES)
-            line += f"; scale loads: SASS {meas.get('sass_global_ld_bytes')} B, {CONSUMER_THREADS} x the schedule's" \
-                    f" {scales:,} B = {CONSUMER_THREADS * scales:,} B"
+            line += f"; scale loads: SASS {meas.get('sass_global_ld_bytes'):,} B, {CONSUMER_WARPS} x the schedule's" \
+                    f" {scales:,} B = {CONSUMER_WARPS * scales:,} B"
         out.append(line)
     return out
 

@@ -42,7 +42,7 @@ QUANT_ST = [2 * 300 * 64 + 2 * 3 * 4, 200 * 64 + 2 * 4, 208 * 64 + 2 * 4]
 def _csv() -> str:
     """ncu's --csv page: the attention run's quantize launches (before its marker), its kernel, its end marker; the
     quantize run's three launches between its markers. Values: the bytes worked out above, the SASS loads of the
-    attention kernel as its 256 consumer threads make them."""
+    attention kernel as Nsight Compute counted them on the GPUs: 4 B a consumer warp (8 a block), 2026-11-26."""
     buf = io.StringIO()
     w = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
     w.writerow(["ID", "Kernel Name", "Grid Size", "Block Size", "Metric Name", "Metric Unit", "Metric Value"])
@@ -64,7 +64,7 @@ def _csv() -> str:
     quantize(7)
     launch("iosim_marker", "(1, 1, 1)", {"gpu__time_duration.sum": 1})
     launch(ATTN, "(132, 1, 1)", {"l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum": ATTN_READS,
-                                 "smsp__sass_data_bytes_mem_global_op_ld.sum": 256 * SCALE_READS,
+                                 "smsp__sass_data_bytes_mem_global_op_ld.sum": 8 * SCALE_READS,
                                  "smsp__sass_data_bytes_mem_global_op_st.sum": ATTN_WRITES,
                                  "dram__bytes_read.sum": 60000, "dram__bytes_write.sum": ATTN_WRITES})
     launch("iosim_marker", f"(1, 1, {M.ncu.END_MARKER_Z})", {"gpu__time_duration.sum": 1})
@@ -161,9 +161,9 @@ def test_a_fake_fp8_record_goes_through_simulate_and_judge_exactly(vr):
     assert [v.by for v in verdicts[:2]] == ["exact", "exact"] and [v.by for v in verdicts[4:6]] == ["exact"] * 2
 
 
-def test_the_scale_loads_note_compares_sass_bytes_with_256_times_the_schedules(vr, vf):
+def test_the_scale_loads_note_compares_sass_bytes_with_8_times_the_schedules(vr, vf):
     (line,) = vf.notes(merge_repeats(_record()), H100)
-    assert f"{256 * SCALE_READS:,} B" in line and f"SASS {256 * SCALE_READS} B" in line
+    assert f"SASS {8 * SCALE_READS:,} B, 8 x the schedule's {SCALE_READS:,} B = {8 * SCALE_READS:,} B" in line
     assert "TMA reads - schedule's = 0 B" in line and "whole boxes would add 50,688 B" in line
 
 
