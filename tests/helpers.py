@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import importlib.util
+import io
 import sys
 from pathlib import Path
 
@@ -79,3 +81,22 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
         code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+class FakeNcuCsv:
+    """ncu's ``--csv`` page written by hand for the measure tests: ``launch`` adds one kernel's metrics (one row each,
+    launches numbered in order), ``text`` is the page as ncu prints it after connecting."""
+
+    def __init__(self):
+        self._buf = io.StringIO()
+        self._w = csv.writer(self._buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
+        self._w.writerow(["ID", "Kernel Name", "Grid Size", "Block Size", "Metric Name", "Metric Unit", "Metric Value"])
+        self._id = 0
+
+    def launch(self, name: str, grid: str, metrics: dict) -> None:
+        for m, v in metrics.items():
+            self._w.writerow([self._id, name, grid, "(256, 1, 1)", m, "", v])
+        self._id += 1
+
+    def text(self) -> str:
+        return "==PROF== Connected\n" + self._buf.getvalue()

@@ -5,11 +5,8 @@ the parse, the grouping by marker, the records' merge, the simulation and the ju
 
 from __future__ import annotations
 
-import csv
-import io
-
 import pytest
-from helpers import load_benchmark
+from helpers import FakeNcuCsv, load_benchmark
 
 from iosim import AttentionProblem, simulate
 from iosim import measure as M
@@ -38,16 +35,8 @@ METRICS = {"smsp__sass_data_bytes_mem_global_op_ld.sum": 1000, "smsp__sass_data_
 
 def _csv() -> str:
     """ncu's --csv --print-units base page: per run its marker, kernels, end marker, then the next run's forward."""
-    buf = io.StringIO()
-    w = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
-    w.writerow(["ID", "Kernel Name", "Grid Size", "Block Size", "Metric Name", "Metric Unit", "Metric Value"])
-    kid = 0
-
-    def launch(name, grid, metrics):
-        nonlocal kid
-        for m, v in metrics.items():
-            w.writerow([kid, name, grid, "(256, 1, 1)", m, "", v])
-        kid += 1
+    page = FakeNcuCsv()
+    launch = page.launch
 
     for i, names in KERNELS.items():
         launch("iosim_marker", f"({i + 1}, 1, 1)", {"gpu__time_duration.sum": 1})
@@ -55,7 +44,7 @@ def _csv() -> str:
             launch(name, "(8, 2, 1)", {k: v * (n + 1) for k, v in METRICS.items()})
         launch("iosim_marker", f"({i + 1}, 1, {M.ncu.END_MARKER_Z})", {"gpu__time_duration.sum": 1})
         launch("void iosim::flash_fwd_kernel<64, 128, 64, __half, 0>(...)", "(8, 4, 1)", METRICS)  # next forward
-    return "==PROF== Connected\n" + buf.getvalue()
+    return page.text()
 
 
 def _record(text: str) -> dict:

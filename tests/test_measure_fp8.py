@@ -6,14 +6,12 @@ the kernels' contracts (docs/schedules/flash3.md, kernels/flash3_fwd.cu's TMA bo
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import tarfile
 from types import SimpleNamespace
 
 import pytest
-from helpers import load_benchmark
+from helpers import FakeNcuCsv, load_benchmark
 
 from iosim import measure as M
 from iosim.launch import FLASH3_FP8_TILES
@@ -43,16 +41,8 @@ def _csv() -> str:
     """ncu's --csv page: the attention run's quantize launches (before its marker), its kernel, its end marker; the
     quantize run's three launches between its markers. Values: the bytes worked out above, the SASS loads of the
     attention kernel as Nsight Compute counted them on the GPUs: 4 B a consumer warp (8 a block), 2026-11-26."""
-    buf = io.StringIO()
-    w = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
-    w.writerow(["ID", "Kernel Name", "Grid Size", "Block Size", "Metric Name", "Metric Unit", "Metric Value"])
-    kid = 0
-
-    def launch(name, grid, metrics):
-        nonlocal kid
-        for m, v in metrics.items():
-            w.writerow([kid, name, grid, "(256, 1, 1)", m, "", v])
-        kid += 1
+    page = FakeNcuCsv()
+    launch = page.launch
 
     def quantize(scale):  # scale: the attention run's preparation gets other values, which no range may hold
         for name, ld, st in zip(QUANT, QUANT_LD, QUANT_ST, strict=True):
@@ -71,7 +61,7 @@ def _csv() -> str:
     launch("iosim_marker", "(2, 1, 1)", {"gpu__time_duration.sum": 1})
     quantize(1)
     launch("iosim_marker", f"(2, 1, {M.ncu.END_MARKER_Z})", {"gpu__time_duration.sum": 1})
-    return "==PROF== Connected\n" + buf.getvalue()
+    return page.text()
 
 
 def _record() -> dict:

@@ -50,6 +50,14 @@ def _cp():
     return cupy
 
 
+def is_hopper() -> bool:
+    """Whether the GPU is sm_90 (flash3's kernels need it)."""
+    try:
+        return str(_cp().cuda.Device().compute_capability) == "90"
+    except Exception:  # no CuPy or no GPU: conftest skips every gpu test with its reason
+        return False
+
+
 def rand_inputs(rng, B, N, Nk, H, Hk, D, dtype, amp=1.0):
     """Host arrays in the dtype (the reference reads these exact values) and their device copies."""
     dt = _np_dtype(dtype)

@@ -12,19 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_attention_gpu import DTYPES, _cp, check, rand_inputs, reference, run, seeded_rng
+from test_attention_gpu import DTYPES, _cp, check, is_hopper, rand_inputs, reference, run, seeded_rng
 
 pytestmark = pytest.mark.gpu
 
 
-def _is_hopper() -> bool:
-    try:
-        return str(_cp().cuda.Device().compute_capability) == "90"
-    except Exception:  # no CuPy or no GPU: conftest skips every gpu test with its reason
-        return False
-
-
-HOPPER = _is_hopper()
+HOPPER = is_hopper()
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="schedule='flash3' needs a Hopper GPU (sm_90)")
 
 SHAPES = [  # (batch, seq_len, kv_len, heads, kv_heads)

@@ -23,19 +23,12 @@ import math
 
 import numpy as np
 import pytest
-from test_attention_gpu import _cp, seeded_rng
+from test_attention_gpu import _cp, is_hopper, seeded_rng
 
 pytestmark = pytest.mark.gpu
 
 
-def _is_hopper() -> bool:
-    try:
-        return str(_cp().cuda.Device().compute_capability) == "90"
-    except Exception:  # no CuPy or no GPU: conftest skips every gpu test with its reason
-        return False
-
-
-needs_hopper = pytest.mark.skipif(not _is_hopper(), reason="the fp8 forward needs a Hopper GPU (sm_90)")
+needs_hopper = pytest.mark.skipif(not is_hopper(), reason="the fp8 forward needs a Hopper GPU (sm_90)")
 
 SHAPES = [  # (batch, seq_len, kv_len, heads, kv_heads)
     (1, 1, 1, 2, 2),
