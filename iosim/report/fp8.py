@@ -23,6 +23,7 @@ from ..plots.fp8 import SERIES, fp8_throughput
 from ..problem import AttentionProblem
 from ..simulate import simulate
 from .figures import PLOTLY_CONFIG
+from .speedups import newest_run
 
 SECTION_ID = "fp8-forward"
 TITLE = "FP8 forward"
@@ -68,14 +69,11 @@ def _key(r: dict) -> tuple[int, bool, int] | None:
 
 def newest_fp8_run(rows: list[dict]) -> list[dict]:
     """The FP8 rows of the newest run (date, then later in the file) that has any: [] where none has."""
-    last: dict[tuple, int] = {}
-    for i, r in enumerate(rows):
-        if r.get("dtype") == FP8_DTYPE:
-            last[(r.get("commit"), r.get("date"))] = i
-    if not last:
-        return []
-    run = max(last, key=lambda k: (k[1] or "", last[k]))
-    return [r for r in rows if r.get("dtype") == FP8_DTYPE and (r.get("commit"), r.get("date")) == run]
+    return [r for r in newest_run(rows, _is_fp8) if _is_fp8(r)]
+
+
+def _is_fp8(r: dict) -> bool:
+    return r.get("dtype") == FP8_DTYPE
 
 
 def tflops_of(r: dict) -> float | None:

@@ -86,17 +86,22 @@ TIME_COLUMNS = {"kernel", "batch", "heads", "kv_heads", "seq_len", "kv_len", "he
                 "predicted_s"}
 
 
-def newest_standard_run(rows: list[dict]) -> list[dict]:
-    """The rows of the newest run (commit and date; later in the file = newer on the same date) that has
-    torch-standard rows, or [] where none has."""
+def newest_run(rows: list[dict], has) -> list[dict]:
+    """The rows of the newest run (commit and date; later in the file = newer on the same date) that has a row for
+    which ``has(row)`` holds, or [] where none has."""
     last: dict[tuple, int] = {}
     for i, r in enumerate(rows):
-        if r.get("backend") == STANDARD:
+        if has(r):
             last[(r.get("commit"), r.get("date"))] = i
     if not last:
         return []
     key = max(last, key=lambda k: (k[1] or "", last[k]))
     return [r for r in rows if (r.get("commit"), r.get("date")) == key]
+
+
+def newest_standard_run(rows: list[dict]) -> list[dict]:
+    """The rows of the newest run that has torch-standard rows, or [] where none has."""
+    return newest_run(rows, lambda r: r.get("backend") == STANDARD)
 
 
 def _dtype(rows: list[dict]) -> str | None:
