@@ -11,6 +11,10 @@
 //                                          issuing wgmma m64nNk16 (T = e4m3: m64nNk32) with A and B from shared
 //                                          memory (128-byte swizzle, K-major, as flash3), 8 per commit group, at most
 //                                          2 groups in flight
+//   rates_wgmma_chain<N, T, WG>(chain, iters, out, cycles)   sm_90a only: WG warpgroups of one block, each issuing
+//                                          a commit group of `chain` wgmma m64nNk16 on one accumulator, then waiting
+//                                          for it (wait_group 0), iters times: clock64 cycles of all trips (thread 0);
+//                                          a trip costs a fixed round trip plus chain x WG instructions' tensor time
 //   rates_smem(mode, iters, 0, out, stamps)  mode 0 ldmatrix.x4, 1 ld.shared.v4.u32: 512 B per warp instruction, no
 //                                          bank conflict (4 wavefronts of 128 B); stamps around the loop only (after
 //                                          the fill, after every warp's last load), and each block's %smid at
@@ -413,4 +417,36 @@ __global__ void __launch_bounds__(128 * WG, 1) rates_wgmma(int iters, float* out
     rates_put_stamps(stamps, t0, t1);
     if (s == 12345.678f) out[0] = s;
 }
+
+// a FlashAttention-3 backward step's GEMM as its warpgroups run it: issue a chain, commit, wait for the result
+template <int N, typename T, int WG>
+__global__ void __launch_bounds__(128 * WG, 1) rates_wgmma_chain(int chain, int iters, float* out, long long* cycles) {
+    constexpr int kABytes = 64 * 128, kBBytes = N * 128;
+    __shared__ __align__(1024) unsigned smem[(kABytes + kBBytes) / 4];
+    for (int i = threadIdx.x; i < (kABytes + kBBytes) / 4; i += blockDim.x) smem[i] = rates_word<T>(i);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const unsigned base = smem_u32(smem);
+    const unsigned long long a_desc = rates_desc(base), b_desc = rates_desc(base + kABytes);
+    float d[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+    rates_fence_regs(d);
+    __syncthreads();
+    const long long t0 = clock64();
+    for (int i = 0; i < iters; ++i) {
+        rates_wg_fence();
+        for (int k = 0; k < chain; ++k) wgmma_ss<N, T>(d, a_desc + 2 * (k % 4), b_desc + 2 * (k % 4), 1);
+        rates_wg_commit();
+        rates_wg_wait<0>();
+        rates_fence_regs(d);
+    }
+    const long long t1 = clock64();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) s += d[i];
+    if (threadIdx.x == 0) cycles[0] = t1 - t0;
+    if (s == 12345.678f) out[0] = s;
+}
+
 #endif  // IOSIM_RATES_WGMMA

@@ -20,6 +20,7 @@ from iosim.calibrate.rates import Measured, calibration_section, guess_profile, 
 from iosim.gpu import build
 from iosim.gpu.flash3_host import _wgmma_fn
 from iosim.hardware.gpu import PROFILES_DIR, ProfileError, get_profile, load_profile_file, profile_from_dict
+from iosim.timing.rates import rates as timing_rates
 
 ON = {"device": "NVIDIA H100 80GB HBM3", "driver": "580.65.06", "cuda": "13.0 (CuPy 14.0.0)", "date": "2026-11-24",
       "commit": "abc1234", "command": "iosim calibrate rates -o h100.yaml --profile h100-sxm5-80gb"}
@@ -35,6 +36,7 @@ def _measured(hopper: bool = True, fp8: bool = True) -> list[Measured]:
         if hopper:
             m += [Measured(("wgmma", dt, f"n{n}", wg), 250e12 * wg + n * 1e9, "FLOP/s", "wgmma")
                   for n in (128, 256) for wg in (1, 2, 3)]
+            m.append(Measured(("wgmma", dt, "wait"), 199.6, "cycles", "wgmma round trip"))
     if hopper and fp8:
         m += [Measured(("wgmma", "fp8", f"n{n}", wg), 500e12 * wg + n * 1e9, "FLOP/s", "wgmma e4m3")
               for n in (128, 256) for wg in (1, 2, 3)]
@@ -70,6 +72,15 @@ def test_a_profile_with_a_calibration_section_loads_and_says_where_it_was_measur
     assert p.measured("mma_sync.fp16.latency") == pytest.approx(33.25)
     assert p.measured("mma_sync.bf16.throughput")[16] == pytest.approx(480e12)
     assert p.measured("latency.l2") == pytest.approx(262e-9) and p.measured("latency.dram") == pytest.approx(531e-9)
+
+
+def test_the_wgmma_wait_is_the_intercept_of_the_round_trip_and_lands_in_the_profile_and_the_rates():
+    """rates_wgmma_chain's cycles per round trip against the chain's length: a line whose intercept is the wait."""
+    assert rates.wgmma_round_trip({1: 300.0, 2: 400.0, 4: 600.0, 8: 1000.0}) == pytest.approx((200.0, 100.0))
+    p = profile_from_dict(_with_calibration(calibration_section(_measured(), ON, hopper=True)))
+    assert float(p.calibration.wgmma.bf16.wait.value) == pytest.approx(199.6)
+    assert timing_rates(p, "bf16").wgmma_wait_s == pytest.approx(199.6 / 1.755e9)
+    assert timing_rates(p, "fp8").wgmma_wait_s == pytest.approx(199.6 / 1.755e9)  # fp16's: no fp8 backward here
 
 
 def test_the_fp8_wgmma_table_lands_in_the_profile_and_the_fp8_time_model_uses_it():
@@ -221,10 +232,12 @@ def test_rates_cu_agrees_with_what_python_launches():
     kernels = set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(rates_\w+)", src))
     assert {"rates_alu", "rates_alu_latency", "rates_mma", "rates_mma_latency", "rates_wgmma", "rates_smem",
             "rates_read", "rates_write", "rates_copy", "rates_empty", "rates_spin", "rates_chase_link",
-            "rates_chase"} <= kernels
+            "rates_chase", "rates_wgmma_chain"} <= kernels
     assert f"kChaseMax = {rates_kernels.CHASE_LOADS};" in src
     names = build.RatesSource(wgmma=True).name_expressions
-    assert len(names) == 4 + 3 * len(build.RATES_WGMMA_N) * len(build.RATES_WARPGROUPS)
+    chains = len(build.RATES_CHAIN_N) * len(build.CUDA_TYPES) * len(build.RATES_CHAIN_WARPGROUPS)
+    assert len(names) == 4 + 3 * len(build.RATES_WGMMA_N) * len(build.RATES_WARPGROUPS) + chains
+    assert "rates_wgmma_chain<64, __nv_bfloat16, 2>" in names
     assert "rates_wgmma<256, iosim::e4m3, 3>" in names and "float16" in build.CUDA_TYPES
     assert "e4m3" not in build.CUDA_TYPES  # the flash2, naive and decode kernels instantiate every CUDA_TYPES entry
     assert build.RatesSource().nvrtc_extra == () and "-arch=sm_90a" in build.RatesSource(wgmma=True).nvrtc_extra

@@ -1,5 +1,6 @@
 """The backward pass's time model (iosim/timing/fa2_bwd.py, fa3_bwd.py) and its kernel descriptions."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,6 +9,7 @@ from iosim import AttentionProblem, simulate
 from iosim.hardware.gpu import get_profile
 from iosim.timing import KernelError, kernel_for, load_kernel, rates
 from iosim.timing.fa2_bwd import block_steps, smem_step_bytes, step
+from iosim.timing.fa3_bwd import step_parts
 
 H100 = "h100-sxm5-80gb"
 BACKWARD = ("iosim-flash2-bwd", "fa2-bwd", "cudnn-bwd", "iosim-flash3-bwd")
@@ -83,3 +85,26 @@ def test_a_kernel_whose_schedule_takes_no_gqa_option_times_grouped_heads():
     r = simulate("flash3", p, H100, pass_="backward", kernel="iosim-flash3-bwd", l2=False)
     assert r.time.kernel == "iosim-flash3-bwd" and r.time.predicted_s > 0
 
+
+
+def test_a_hopper_step_is_its_phases_in_sequence_plus_two_measured_wgmma_waits():
+    """fa3_bwd: both consumer warpgroups in the same phase, so the step adds its GEMMs, elementwise work, shared-memory
+    stores (dS in the input type, dQ_i staged in fp32) and two wgmma round trips at the calibrated wait (cycles over
+    the calibrated SM clock); a profile without the wait adds none."""
+    p = AttentionProblem(batch=4, heads=16, seq_len=4096, head_dim=128, dtype="bf16")
+    prof = get_profile(H100)
+    r = rates(prof, "bf16")
+    cal = prof.calibration
+    assert r.wgmma_wait_s == pytest.approx(float(cal.wgmma.bf16.wait.value) / float(cal.sm_clock.value))
+    assert 50e-9 < r.wgmma_wait_s < 200e-9  # about 200 cycles
+    tc = load_kernel("iosim-flash3-bwd").tiles_for(128)  # Br 64, Bc 128
+    parts = step_parts(p, tc, r)
+    sm = r.sms
+    assert parts["step_gemm"] == pytest.approx(5 * 2 * 64 * 128 * 128 / (r.wgmma / sm))
+    assert parts["step_smem"] == pytest.approx((64 * 128 * 2 + 64 * 128 * 4) / (r.smem / sm))
+    assert parts["step_waits"] == pytest.approx(2 * r.wgmma_wait_s)
+    assert parts["step_compute"] == pytest.approx(parts["step_gemm"] + parts["step_elementwise"] + parts["step_smem"]
+                                                  + parts["step_waits"])
+    assert parts["step"] == max(parts["step_compute"], parts["step_load"] + parts["step_reduce"])
+    unmeasured = step_parts(p, tc, dataclasses.replace(r, wgmma_wait_s=0.0))
+    assert unmeasured["step_waits"] == 0 and unmeasured["step_compute"] < parts["step_compute"]

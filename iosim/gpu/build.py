@@ -370,6 +370,16 @@ def rates_wgmma_names() -> dict[tuple[int, str, int], str]:
             for n in RATES_WGMMA_N for dt, t in RATES_WGMMA_TYPES.items() for wg in RATES_WARPGROUPS}
 
 
+RATES_CHAIN_N = (64, 128)  # the backward's GEMM widths: S^T, dP^T and dQ at Br = 64, dV and dK at d = 64 and 128
+RATES_CHAIN_WARPGROUPS = (1, 2)  # one warpgroup alone, and the backward's two consumer warpgroups
+
+
+def rates_wgmma_chain_names() -> dict[tuple[int, str, int], str]:
+    """{(N, dtype, warpgroups): name expression} of the wgmma round-trip kernels (sm_90a), 16-bit types."""
+    return {(n, dt, wg): f"rates_wgmma_chain<{n}, {t}, {wg}>"
+            for n in RATES_CHAIN_N for dt, t in CUDA_TYPES.items() for wg in RATES_CHAIN_WARPGROUPS}
+
+
 @dataclass(frozen=True)
 class RatesSource:
     """kernels/rates.cu as one module; ``wgmma``: the sm_90a build that adds the wgmma kernels."""
@@ -379,7 +389,8 @@ class RatesSource:
 
     @property
     def name_expressions(self) -> list[str]:
-        return [*rates_mma_names().values(), *(rates_wgmma_names().values() if self.wgmma else ())]
+        hopper = (*rates_wgmma_names().values(), *rates_wgmma_chain_names().values()) if self.wgmma else ()
+        return [*rates_mma_names().values(), *hopper]
 
     @property
     def name_expression(self) -> str:  # what the compile check prints
@@ -388,7 +399,8 @@ class RatesSource:
     @property
     def explicit_instantiation(self) -> str:
         sig = {"rates_mma<": "int, float*, unsigned long long*", "rates_mma_latency<": "int, float*, long long*",
-               "rates_wgmma<": "int, float*, unsigned long long*"}
+               "rates_wgmma<": "int, float*, unsigned long long*",
+               "rates_wgmma_chain<": "int, int, float*, long long*"}
         return "\n".join(f"template __global__ void {e}({sig[e[: e.index('<') + 1]]});" for e in self.name_expressions)
 
     @property

@@ -40,6 +40,9 @@ class WgmmaRates(_Strict):
 
     n128: SourcedFlopsTable
     n256: SourcedFlopsTable
+    wait: SourcedCycles | None = Field(None, description="the fixed cost of committing a chain of wgmma and waiting "
+                                       "for its result (two warpgroups, the intercept over chain length); null: not "
+                                       "measured (a profile calibrated before the probe), and fp8's is not")
 
 
 class Wgmma(_Strict):

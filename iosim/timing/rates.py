@@ -24,6 +24,7 @@ class Rates:
     mma_by_warps: dict[int, float] = field(default_factory=dict)  # warps per SM -> mma.sync FLOP/s
     wgmma: float = math.nan  # Hopper warpgroup MMA FLOP/s (nan: not measured, not Hopper)
     wgmma_dtype: str = ""  # the input type whose wgmma rate ``wgmma`` is (fp8 falls back to fp16's where unmeasured)
+    wgmma_wait_s: float = 0.0  # committing a chain of wgmma and waiting for its result, beyond its tensor time (0: not measured)
     ex2: float = math.nan  # exp2 results/s (special-function unit)
     alu: float = math.nan  # fp32 lane operations/s (an FMA is one operation here)
     smem: float = math.inf  # shared memory bytes/s (ldmatrix)
@@ -114,6 +115,7 @@ def rates(profile: Profile, dtype: str) -> Rates:
         mma_by_warps=table,
         wgmma=wgmma,
         wgmma_dtype=wgmma_dtype,
+        wgmma_wait_s=_wgmma_wait(cal, key),
         ex2=float(cal.exp.throughput.value),
         alu=float(cal.fp32.fma.value) / 2,
         smem=float(cal.smem.ldmatrix.value),
@@ -131,6 +133,13 @@ def rates(profile: Profile, dtype: str) -> Rates:
         dram_latency_s=_latency(cal, "dram"),
         calibration=label,
     )
+
+
+def _wgmma_wait(cal, key: str) -> float:
+    """The measured wgmma round trip (``calibration.wgmma.<dtype>.wait``, cycles) in seconds at the calibrated SM
+    clock; 0 where it was not measured."""
+    wait = getattr(cal.wgmma, key).wait if cal.wgmma is not None else None
+    return float(wait.value) / float(cal.sm_clock.value) if wait is not None else 0.0
 
 
 def _reduce(cal) -> dict[int, float]:
