@@ -15,9 +15,9 @@ from helpers import run_cli
 
 from iosim import AttentionProblem, simulate
 from iosim._resources import kernels_dir
-from iosim.calibrate import rates, rates_kernels
+from iosim.calibrate import rates, rates_kernels, rates_wgmma
 from iosim.calibrate.rates import Measured, calibration_section, guess_profile, write_calibrated
-from iosim.gpu import build
+from iosim.gpu import build, build_rates
 from iosim.gpu.flash3_host import _wgmma_fn
 from iosim.hardware.gpu import PROFILES_DIR, ProfileError, get_profile, load_profile_file, profile_from_dict
 from iosim.timing.rates import rates as timing_rates
@@ -76,7 +76,7 @@ def test_a_profile_with_a_calibration_section_loads_and_says_where_it_was_measur
 
 def test_the_wgmma_wait_is_the_intercept_of_the_round_trip_and_lands_in_the_profile_and_the_rates():
     """rates_wgmma_chain's cycles per round trip against the chain's length: a line whose intercept is the wait."""
-    assert rates.wgmma_round_trip({1: 300.0, 2: 400.0, 4: 600.0, 8: 1000.0}) == pytest.approx((200.0, 100.0))
+    assert rates_wgmma.wgmma_round_trip({1: 300.0, 2: 400.0, 4: 600.0, 8: 1000.0}) == pytest.approx((200.0, 100.0))
     p = profile_from_dict(_with_calibration(calibration_section(_measured(), ON, hopper=True)))
     assert float(p.calibration.wgmma.bf16.wait.value) == pytest.approx(199.6)
     assert timing_rates(p, "bf16").wgmma_wait_s == pytest.approx(199.6 / 1.755e9)
@@ -217,30 +217,30 @@ def test_an_unknown_device_needs_a_profile():
 
 
 def test_rates_cu_agrees_with_what_python_launches():
-    src = (kernels_dir() / build.RATES_SOURCE).read_text()
+    src = (kernels_dir() / build_rates.RATES_SOURCE).read_text()
     assert f"kChains = {rates.CHAINS};" in src and f"kAluUnroll = {rates.ALU_UNROLL};" in src
     for ctype in ("__half", "__nv_bfloat16", "e4m3"):  # the m64n256 wrappers are flash3's generator's text
         assert _wgmma_fn("ss", 256, ctype) in src
     header = (kernels_dir() / "flash3_wgmma.cuh").read_text()
-    for n in build.RATES_WGMMA_N:  # every wrapper rates_wgmma uses is defined once: in flash3's header or here
+    for n in build_rates.RATES_WGMMA_N:  # every wrapper rates_wgmma uses is defined once: in flash3's header or here
         for ctype in ("__half", "__nv_bfloat16", "e4m3"):
             assert (_wgmma_fn("ss", n, ctype) in src) + (_wgmma_fn("ss", n, ctype) in header) == 1, (n, ctype)
     # one instruction's K: 16 for 16-bit inputs, 32 for e4m3, 32 bytes of a row either way (the kernel's k-step)
-    assert [(dt, k) for dt, _, k in rates.WGMMA_TYPES] == [("float16", 16), ("bfloat16", 16), ("e4m3", 32)]
-    assert {dt for dt, _, _ in rates.WGMMA_TYPES} == set(build.RATES_WGMMA_TYPES)
+    assert [(dt, k) for dt, _, k in rates_wgmma.WGMMA_TYPES] == [("float16", 16), ("bfloat16", 16), ("e4m3", 32)]
+    assert {dt for dt, _, _ in rates_wgmma.WGMMA_TYPES} == set(build_rates.RATES_WGMMA_TYPES)
     assert "m64n256k32.f32.e4m3.e4m3" in _wgmma_fn("ss", 256, "e4m3")
     kernels = set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(rates_\w+)", src))
     assert {"rates_alu", "rates_alu_latency", "rates_mma", "rates_mma_latency", "rates_wgmma", "rates_smem",
             "rates_read", "rates_write", "rates_copy", "rates_empty", "rates_spin", "rates_chase_link",
             "rates_chase", "rates_wgmma_chain"} <= kernels
     assert f"kChaseMax = {rates_kernels.CHASE_LOADS};" in src
-    names = build.RatesSource(wgmma=True).name_expressions
-    chains = len(build.RATES_CHAIN_N) * len(build.CUDA_TYPES) * len(build.RATES_CHAIN_WARPGROUPS)
-    assert len(names) == 4 + 3 * len(build.RATES_WGMMA_N) * len(build.RATES_WARPGROUPS) + chains
+    names = build_rates.RatesSource(wgmma=True).name_expressions
+    chains = len(build_rates.RATES_CHAIN_N) * len(build.CUDA_TYPES) * len(build_rates.RATES_CHAIN_WARPGROUPS)
+    assert len(names) == 4 + 3 * len(build_rates.RATES_WGMMA_N) * len(build_rates.RATES_WARPGROUPS) + chains
     assert "rates_wgmma_chain<64, __nv_bfloat16, 2>" in names
     assert "rates_wgmma<256, iosim::e4m3, 3>" in names and "float16" in build.CUDA_TYPES
     assert "e4m3" not in build.CUDA_TYPES  # the flash2, naive and decode kernels instantiate every CUDA_TYPES entry
-    assert build.RatesSource().nvrtc_extra == () and "-arch=sm_90a" in build.RatesSource(wgmma=True).nvrtc_extra
+    assert build_rates.RatesSource().nvrtc_extra == () and "-arch=sm_90a" in build_rates.RatesSource(wgmma=True).nvrtc_extra
 
 
 # -- the whole command on a stand-in for CuPy: every kernel "runs" in a time that grows with its work ------------------

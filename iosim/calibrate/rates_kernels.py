@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim._resources import kernels_dir
-from iosim.gpu.build import RATES_SOURCE, RatesSource, nvrtc_options
+from iosim.gpu.build import nvrtc_options
+from iosim.gpu.build_rates import RATES_SOURCE, RatesSource
 from iosim.units import fmt_rate, fmt_seconds
 
 TARGET_S = 2e-3  # each timed launch

@@ -32,13 +32,11 @@ from iosim._resources import kernels_dir
 from iosim.gpu.build import (
     COMPILE_ARCHS,
     FLASH3_ARCH,
-    RATES_WGMMA_DEFINE,
     Flash3BwdInstance,
     Flash3Instance,
     FlashBwdInstance,
     FlashInstance,
     NaiveInstance,
-    RatesSource,
     all_instances,
     flash3_bwd_instances,
     flash3_instances,
@@ -46,6 +44,7 @@ from iosim.gpu.build import (
 )
 from iosim.gpu.build_decode import DecodeInstance, decode_instances
 from iosim.gpu.build_fp8 import QuantizeInstance, quantize_instances
+from iosim.gpu.build_rates import RATES_WGMMA_DEFINE, RatesSource
 
 NO_SPILL_HEAD_DIMS = (64, 128)  # a spill in these flash configurations fails the check
 
