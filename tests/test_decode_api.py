@@ -40,15 +40,6 @@ def test_a_small_batch_is_split_to_cover_the_sms():
     assert geo.decode_split([8192] * 4, 4, 132) == geo.SplitChoice(7, 1184)
 
 
-def test_the_target_is_one_block_per_sm_unless_each_tile_looks_up_its_own_page():
-    assert geo.decode_target(132, 2, None) == 132  # contiguous
-    assert geo.decode_target(132, 2, 64) == geo.decode_target(132, 2, 256) == 132
-    assert geo.decode_target(132, 2, 16) == geo.decode_target(132, 2, 32) == 264  # every resident slot
-    assert geo.decode_target(132, 0, 16) == 132
-    # pages of 16, batch 16 x 4 kv heads: 4 splits over 264 slots, as before one block per SM was the target
-    assert geo.decode_split([8192] * 16, 4, geo.decode_target(132, 2, 16)) == geo.SplitChoice(4, 2048)
-
-
 def test_one_block_per_sm_has_the_bytes_in_flight_dram_needs():
     """The premise of the heuristic's target: one resident block keeps more K/V bytes requested than Little's law
     asks of an SM at the calibrated DRAM read rate and load latency, at every head dim, on both Hopper profiles."""

@@ -7,22 +7,18 @@ L = new tokens per sequence), ``chunk`` = keys per split, ``d`` = head dim.
 
 The split heuristic (:func:`decode_split`), the rule a time model should reproduce:
 
-1. A launch has ``units`` = batch · kv_heads · row_blocks thread blocks before splitting.
+1. A launch has ``units`` = batch · kv_heads · row_blocks thread blocks before splitting, for a GPU of ``sms`` SMs.
 2. Decode is DRAM-bound: every K/V byte is read once and a block does M FLOPs per byte. DRAM stays busy as long as
    enough bytes are in flight, and one resident block per SM already has several times what Little's law asks of
-   an SM (:func:`decode_bytes_in_flight`: 64 KB at d = 128 against 8-12 KB at the calibrated DRAM read rate and
-   latency), so the goal is one block per SM (:func:`decode_target`), not one per resident slot: a second block on
-   an SM adds no bandwidth, only splits, partial outputs and the combine kernel's work. Measured (H200, bf16,
-   d = 128, 32 query heads on 4 kv heads, n = 8K-32K, contiguous; docs/kernels.md): batch 32 at 1 split (128
-   blocks) 95-100% of the calibrated DRAM read rate, at 2 splits (256 blocks) 90-97%; batch 16 at 2 splits (128
-   blocks) 84-96%, at 4 (256) 83-95%. The exception is a paged cache whose pages are shorter than
-   ``ONE_BLOCK_MIN_PAGE`` tokens, where a 16-key tile (nearly) each needs its own block-table entry: there one block
-   per SM ran 11-14% slower than the contiguous cache (pages of 16, batch 16 and 32), two 2-5%, so those target every
-   resident slot (SMs · blocks per SM, :func:`decode_blocks_per_sm`). The keys of all sequences (kv_heads ·
-   row_blocks · Σ n_b) are cut into chunks of ceil(work / target) keys, target = ``SPLIT_FILL`` (80%) of those
-   blocks, what FlashAttention-2's ``num_splits_heuristic`` deems a full grid: splits = ceil(longest / chunk). With
-   equal lengths a grid that covers the target unsplit stays unsplit; with ragged ones a long sequence is split
-   even then, so it does not straggle.
+   an SM (:func:`decode_bytes_in_flight`: 96 KB at d = 128 against 18.6-27 KB), so the goal is one block per SM, not
+   one per resident slot: a second block on an SM adds no bandwidth, only splits, partial outputs and the combine
+   kernel's work. Measured (H200, bf16, d = 128, 32 query heads on 4 kv heads, n = 8K-32K; docs/kernels.md): batch 32
+   at 1 split (128 blocks) 95-100% of the calibrated DRAM read rate, at 2 splits (256 blocks) 90-97%; batch 16 at 2
+   splits (128 blocks) 84-96%, at 4 (256 blocks) 83-95%. So the keys of all sequences (kv_heads · row_blocks ·
+   Σ n_b) are cut into chunks of ceil(work / target) keys, target = ``SPLIT_FILL`` (80%) of the SMs, what
+   FlashAttention-2's ``num_splits_heuristic`` deems a full grid: splits = ceil(longest / chunk). With equal lengths
+   a grid that covers the target unsplit stays unsplit; with ragged ones a long sequence is split even then, so it
+   does not straggle.
 3. A split holds at least ``MIN_SPLIT_TOKENS`` keys (256): splits <= longest // 256, so a block's fixed cost (its Q
    load, the ring's first DRAM latency, the warps' merge, the partial write; about 2 us) is not paid for a few keys
    (d = 128: 256 keys = 128 KB, ~5.6 us at a 132nd of 3.07 TB/s).
@@ -50,8 +46,7 @@ DECODE_HEAD_DIMS: tuple[int, ...] = tiling.HEAD_DIMS
 MAX_QUERY_TOKENS = tiling.MAX_QUERY_TOKENS  # new tokens per sequence (speculative decoding, small chunks)
 STRIPE_ROWS = tiling.STRIPE_ROWS  # mma.sync m16n8k16: rows of one stripe
 
-SPLIT_FILL = 0.8  # fraction of the target blocks a grid must cover to count as full (FlashAttention-2's 80%)
-ONE_BLOCK_MIN_PAGE = 64  # pages of fewer tokens target every resident slot, not one block per SM (measured at 16)
+SPLIT_FILL = 0.8  # fraction of the SMs a grid must cover to count as full (FlashAttention-2's 80%)
 MIN_SPLIT_TOKENS = 256  # keys per split at least: the block's fixed cost against its streaming time
 MAX_SPLITS = tiling.MAX_SPLITS  # splits at most (FlashAttention-2's cap): bounds the partial outputs
 
@@ -140,18 +135,10 @@ class SplitChoice:
         return cdiv(kv_len, self.chunk)
 
 
-def decode_target(sms: int, blocks_per_sm: int, page_size: int | None) -> int:
-    """Blocks that keep DRAM busy (module docstring, step 2): one per SM, or every resident slot where the pages are
-    shorter than ONE_BLOCK_MIN_PAGE tokens."""
-    if page_size is not None and page_size < ONE_BLOCK_MIN_PAGE:
-        return sms * max(1, blocks_per_sm)
-    return sms
-
-
-def decode_split(kv_lens: Sequence[int], blocks_per_seq: int, target: int, splits: int | None = None) -> SplitChoice:
+def decode_split(kv_lens: Sequence[int], blocks_per_seq: int, sms: int, splits: int | None = None) -> SplitChoice:
     """The split heuristic (module docstring) for sequences of ``kv_lens`` keys, ``blocks_per_seq`` = kv_heads ·
-    row_blocks blocks per sequence and split, ``target`` = the blocks that keep DRAM busy (:func:`decode_target`);
-    ``splits`` forces the count (1 to MAX_SPLITS; fewer where the longest sequence has fewer tiles of 16 keys)."""
+    row_blocks blocks per sequence and split, on a GPU of ``sms`` SMs (one block each keeps DRAM busy); ``splits``
+    forces the count (1 to MAX_SPLITS; fewer where the longest sequence has fewer tiles of 16 keys)."""
     lens = [int(n) for n in kv_lens]
     longest = max(lens, default=0)
     if splits is not None and not (isinstance(splits, int) and not isinstance(splits, bool)
@@ -160,8 +147,8 @@ def decode_split(kv_lens: Sequence[int], blocks_per_seq: int, target: int, split
     if longest <= 0:
         return SplitChoice(1, DECODE_TILE)
     if splits is None:
-        full = max(1, math.floor(SPLIT_FILL * target))  # blocks that count as a full grid
-        chunk = cdiv(blocks_per_seq * sum(lens), full)  # keys per block that spread the work over the target
+        target = max(1, math.floor(SPLIT_FILL * sms))  # blocks that count as a full grid
+        chunk = cdiv(blocks_per_seq * sum(lens), target)  # keys per block that spread the work over the target
         splits = min(MAX_SPLITS, cdiv(longest, chunk), max(1, longest // MIN_SPLIT_TOKENS))
     return SplitChoice(*tiling.even_split(longest, splits))  # even splits of whole tiles
 
