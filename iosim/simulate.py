@@ -176,16 +176,19 @@ def as_problem(problem: AttentionProblem | Mapping) -> AttentionProblem:
                     f"{type(problem).__name__} {problem!r:.80}; e.g. AttentionProblem(seq_len=4096)")
 
 
-def decode_kernel_options(problem: AttentionProblem, profile: Profile, options: ScheduleOptions) -> ScheduleOptions:
+def decode_kernel_options(problem: AttentionProblem, profile: Profile, desc, options: ScheduleOptions) -> ScheduleOptions:
     """flash-decoding's options as a decode-family kernel (iosim-decode) runs it: its own tiling, and the splits its
     heuristic (:func:`iosim.launch.decode.decode_split`) launches on ``profile`` unless ``options.splits`` forces
     them (cut to what the longest sequence can use)."""
     decode_layout.check_problem(problem)
     lens, _ = decode_layout.check_layout(problem, options.kv_lens, options.page_size)
     rows = problem.group * problem.seq_len
+    stripes = decode_layout.stripes(rows, problem.head_dim)
+    registers = desc.decode_registers(problem.head_dim, stripes)
+    slots = launch_decode.decode_slots(profile, problem.head_dim, stripes, problem.elem_bytes, registers)
     blocks = problem.kv_heads * decode_layout.row_blocks(rows, problem.head_dim)
     try:
-        split = launch_decode.decode_split(lens, blocks, int(profile.require("sm_count")), options.splits)
+        split = launch_decode.decode_split(lens, blocks, slots, options.splits)
     except launch_decode.DecodeGeometryError as exc:
         raise ScheduleError(str(exc)) from None
     return replace(options, splits=split.splits, tiling="iosim")
@@ -239,7 +242,7 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, kv_lens=kv_lens,
                               page_size=page_size, window=window, seqlens=seqlens, incoherent=incoherent)
     if desc is not None and desc.family == "decode":
-        options = decode_kernel_options(problem, prof, options)
+        options = decode_kernel_options(problem, prof, desc, options)
     if desc is not None and schedule == "flash3" and desc.fp8_layout == "iosim" and problem.dtype == "fp8":
         options = replace(options, tiling="iosim")  # the kernel's fp8 layout (iosim.schedules.flash3_fp8)
     if (window is not None or seqlens is not None) and pass_ != "forward":

@@ -28,40 +28,26 @@ A100_SMEM_PER_BLOCK = 163 * 1024
 
 
 def test_a_grid_that_fills_the_gpu_stays_unsplit():
-    # 32 sequences x 4 kv heads = 128 blocks >= 80% of 132 SMs (one block each keeps DRAM busy): one split
-    assert geo.decode_split([8192] * 32, 4, 132) == geo.SplitChoice(1, 8192)
-    assert geo.decode_split([32768] * 64, 4, 132) == geo.SplitChoice(1, 32768)
+    # 64 sequences x 4 kv heads = 256 blocks >= 80% of 132 SMs x 2 blocks: one split, chunk = the whole sequence
+    assert geo.decode_split([8192] * 64, 4, 264) == geo.SplitChoice(1, 8192)
 
 
-def test_a_small_batch_is_split_to_cover_the_sms():
-    # 16 x 4 = 64 blocks < 105 (80% of 132): chunk = ceil(64 x 8192 / 105) = 4994 keys -> 2 splits of 4096 keys,
-    # 128 blocks; 4 x 4 = 16 blocks: chunk 1249 -> 7 splits, evened out to 1184 keys (74 tiles of 16)
-    assert geo.decode_split([8192] * 16, 4, 132) == geo.SplitChoice(2, 4096)
-    assert geo.decode_split([8192] * 4, 4, 132) == geo.SplitChoice(7, 1184)
-
-
-def test_one_block_per_sm_has_the_bytes_in_flight_dram_needs():
-    """The premise of the heuristic's target: one resident block keeps more K/V bytes requested than Little's law
-    asks of an SM at the calibrated DRAM read rate and load latency, at every head dim, on both Hopper profiles."""
-    from iosim.hardware.gpu import get_profile
-
-    for name in ("h100-sxm5-80gb", "h200-sxm-141gb"):
-        prof = get_profile(name)
-        need = prof.measured("dram.read") * prof.measured("latency.dram") / int(prof.require("sm_count"))
-        for d in geo.DECODE_HEAD_DIMS:
-            assert geo.decode_bytes_in_flight(d, 1) > 2 * need, (name, d, need)
+def test_a_small_batch_is_split_to_fill_one_wave():
+    # 16 x 4 = 64 blocks: 4 splits of 2048 keys = 256 blocks, between 80% and 100% of the 264 slots
+    assert geo.decode_split([8192] * 16, 4, 264) == geo.SplitChoice(4, 2048)
+    assert geo.decode_split([32768] * 32, 4, 264) == geo.SplitChoice(2, 16384)
 
 
 def test_no_split_is_shorter_than_the_minimum_unless_forced():
-    # one sequence, one kv head: covering 105 SMs would take 10-key splits; 256 keys at least -> 1000 // 256 = 3
-    assert geo.decode_split([1000], 1, 132) == geo.SplitChoice(3, 336)
-    assert geo.decode_split([100], 1, 132) == geo.SplitChoice(1, 112)  # shorter than the minimum: unsplit
-    assert geo.decode_split([1000], 1, 132, splits=8) == geo.SplitChoice(8, 128)
+    # one sequence, one kv head: filling 211 slots would take 5-key splits; 256 keys at least -> 1000 // 256 = 3
+    assert geo.decode_split([1000], 1, 264) == geo.SplitChoice(3, 336)
+    assert geo.decode_split([100], 1, 264) == geo.SplitChoice(1, 112)  # shorter than the minimum: unsplit
+    assert geo.decode_split([1000], 1, 264, splits=8) == geo.SplitChoice(8, 128)
 
 
 def test_forced_splits_are_capped_by_the_tiles_of_the_longest_sequence():
-    assert geo.decode_split([100], 1, 132, splits=128) == geo.SplitChoice(7, 16)  # 7 tiles of 16 keys
-    assert geo.decode_split([100, 5], 1, 132, splits=1) == geo.SplitChoice(1, 112)
+    assert geo.decode_split([100], 1, 264, splits=128) == geo.SplitChoice(7, 16)  # 7 tiles of 16 keys
+    assert geo.decode_split([100, 5], 1, 264, splits=1) == geo.SplitChoice(1, 112)
     assert geo.decode_split([0, 0], 4, 264) == geo.SplitChoice(1, 16)  # nothing to read
 
 
@@ -91,9 +77,9 @@ def _covered(lens, split):
 
 
 @given(lens=st.lists(st.integers(0, 20000), min_size=1, max_size=8), per_seq=st.integers(1, 64),
-       sms=st.integers(1, 600), forced=st.one_of(st.none(), st.integers(1, geo.MAX_SPLITS)))
-def test_every_key_is_read_by_exactly_one_warp_of_one_split(lens, per_seq, sms, forced):
-    split = geo.decode_split(lens, per_seq, sms, forced)
+       slots=st.integers(1, 600), forced=st.one_of(st.none(), st.integers(1, geo.MAX_SPLITS)))
+def test_every_key_is_read_by_exactly_one_warp_of_one_split(lens, per_seq, slots, forced):
+    split = geo.decode_split(lens, per_seq, slots, forced)
     assert split.chunk % geo.DECODE_TILE == 0 and 1 <= split.splits <= geo.MAX_SPLITS
     longest = max(lens)
     if longest:
@@ -102,16 +88,16 @@ def test_every_key_is_read_by_exactly_one_warp_of_one_split(lens, per_seq, sms, 
         assert (count == 1).all()
     if forced is None and split.splits > 1:
         assert split.chunk >= geo.MIN_SPLIT_TOKENS  # never a split shorter than the minimum
-    if forced is None and len(set(lens)) == 1 and per_seq * len(lens) >= geo.SPLIT_FILL * sms:
-        assert split.splits == 1  # equal lengths that cover the SMs unsplit stay unsplit
+    if forced is None and len(set(lens)) == 1 and per_seq * len(lens) >= geo.SPLIT_FILL * slots:
+        assert split.splits == 1  # equal lengths that fill the slots unsplit stay unsplit
 
 
 @given(n=st.integers(1, 100_000), batch=st.integers(1, 256), per_seq=st.sampled_from([1, 2, 4, 8, 32]),
-       sms=st.sampled_from([78, 108, 132, 144]))
-def test_splits_fill_the_target_unless_the_minimum_or_the_cap_binds(n, batch, per_seq, sms):
-    split = geo.decode_split([n] * batch, per_seq, sms)
+       slots=st.sampled_from([108, 132, 264, 396]))
+def test_splits_fill_the_target_unless_the_minimum_or_the_cap_binds(n, batch, per_seq, slots):
+    split = geo.decode_split([n] * batch, per_seq, slots)
     blocks = per_seq * batch * split.splits
-    target = int(geo.SPLIT_FILL * sms)
+    target = int(geo.SPLIT_FILL * slots)
     # the cap or the minimum split binds (evening the chunk out to whole tiles may drop a split in 17 then)
     bound = 17 * split.splits >= 16 * min(geo.MAX_SPLITS, max(1, n // geo.MIN_SPLIT_TOKENS))
     # rounding the chunk up to whole tiles can cost a block or so below the target

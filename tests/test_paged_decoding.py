@@ -185,7 +185,10 @@ def test_the_simulators_splits_are_the_kernels_heuristic():
     p = AttentionProblem(batch=5, heads=32, kv_heads=4, seq_len=1, kv_len=32768, head_dim=128, dtype="bf16")
     lens = [32768, 300, 9000, 0, 17]
     r = simulate("flash-decoding", p, "h100-sxm5-80gb", kernel="iosim-decode", kv_lens=lens)
-    want = geo.decode_split(lens, 4, 132)  # plan_decode's: the device's SMs
+    regs = load_kernel("iosim-decode").decode_registers(128, 1)
+    smem = geo.decode_smem_bytes(128, 1, 2)
+    slots = 132 * geo.decode_blocks_per_sm(smem, regs, 228 * 1024)  # plan_decode's residency from device attributes
+    want = geo.decode_split(lens, 4, slots)
     assert (r.tiles.splits, r.tiles.chunk) == (want.splits, want.chunk) and want.splits > 1
     forced = simulate("flash-decoding", p, kernel="iosim-decode", kv_lens=lens, splits=3)
     assert (forced.tiles.splits, forced.tiles.chunk) == (3, 10928)

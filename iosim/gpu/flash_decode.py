@@ -157,12 +157,10 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
         regs = int(getattr(fn, "num_regs", 0) or geo.DECODE_REGISTERS[(s.head_dim, s.stripes)])
         per_sm = geo.decode_blocks_per_sm(smem, regs, int(attrs["MaxSharedMemoryPerMultiprocessor"]),
                                           int(attrs.get("MaxRegistersPerMultiprocessor", 65536)))
-        if per_sm < 1:
-            raise SharedMemoryError(f"decode at head_dim={s.head_dim}: no block of {smem} B and {regs} registers a "
-                                    "thread fits on an SM of this device")
+        slots = int(attrs["MultiProcessorCount"]) * max(1, per_sm)
         row_blocks = geo.decode_row_blocks(s.rows, s.head_dim)
         try:
-            split = geo.decode_split(lens, s.kv_heads * row_blocks, int(attrs["MultiProcessorCount"]), splits)
+            split = geo.decode_split(lens, s.kv_heads * row_blocks, slots, splits)
         except geo.DecodeGeometryError as exc:
             raise AttentionInputError(str(exc)) from None
         seqlens = cp.asarray(lens)

@@ -7,21 +7,18 @@ L = new tokens per sequence), ``chunk`` = keys per split, ``d`` = head dim.
 
 The split heuristic (:func:`decode_split`), the rule a time model should reproduce:
 
-1. A launch has ``units`` = batch · kv_heads · row_blocks thread blocks before splitting, for a GPU of ``sms`` SMs.
+1. A launch has ``units`` = batch · kv_heads · row_blocks thread blocks before splitting; the GPU holds ``slots`` =
+   SMs · (blocks per SM) of them at once (:func:`decode_blocks_per_sm`: shared memory, registers, threads).
 2. Decode is DRAM-bound: every K/V byte is read once and a block does M FLOPs per byte. DRAM stays busy as long as
-   enough bytes are in flight, and one resident block per SM already has several times what Little's law asks of
-   an SM (:func:`decode_bytes_in_flight`: 96 KB at d = 128 against 18.6-27 KB), so the goal is one block per SM, not
-   one per resident slot: a second block on an SM adds no bandwidth, only splits, partial outputs and the combine
-   kernel's work. Measured (H200, bf16, d = 128, 32 query heads on 4 kv heads, n = 8K-32K; docs/kernels.md): batch 32
-   at 1 split (128 blocks) 95-100% of the calibrated DRAM read rate, at 2 splits (256 blocks) 90-97%; batch 16 at 2
-   splits (128 blocks) 84-96%, at 4 (256 blocks) 83-95%. So the keys of all sequences (kv_heads · row_blocks ·
-   Σ n_b) are cut into chunks of ceil(work / target) keys, target = ``SPLIT_FILL`` (80%) of the SMs, what
-   FlashAttention-2's ``num_splits_heuristic`` deems a full grid: splits = ceil(longest / chunk). With equal lengths
-   a grid that covers the target unsplit stays unsplit; with ragged ones a long sequence is split even then, so it
-   does not straggle.
-3. A split holds at least ``MIN_SPLIT_TOKENS`` keys (256): splits <= longest // 256, so a block's fixed cost (its Q
-   load, the ring's first DRAM latency, the warps' merge, the partial write; about 2 us) is not paid for a few keys
-   (d = 128: 256 keys = 128 KB, ~5.6 us at a 132nd of 3.07 TB/s).
+   enough bytes are in flight, and one resident wave of blocks has several times what it needs
+   (:func:`decode_bytes_in_flight`), so the goal is one wave: the keys of all sequences
+   (kv_heads · row_blocks · Σ n_b) are cut into chunks of ceil(work / target) keys, target = ``SPLIT_FILL`` (80%)
+   of the slots, what FlashAttention-2's ``num_splits_heuristic`` deems a full grid: splits = ceil(longest /
+   chunk). With equal lengths a grid that fills the slots unsplit stays unsplit (more splits would only add
+   partial-output traffic); with ragged ones a long sequence is split even then, so it does not straggle.
+3. A split holds at least ``MIN_SPLIT_TOKENS`` keys (256): splits <= longest // 256. A block's fixed cost (its Q
+   load, the ring's first DRAM latency, the warps' merge, the partial write; about 2 us) then stays under ~15% of
+   its streaming time at its share of the bandwidth (d = 128: 256 keys = 128 KB, ~11 us at 3 TB/s over 264 blocks).
 4. At most ``MAX_SPLITS``. The chunk is then evened out over the longest sequence (a multiple of 16 keys), so its
    splits are equal. Shorter sequences use their first ceil(n_b / chunk) splits; the other blocks exit at once.
    One split: the kernel writes O itself and the combine kernel does not run.
@@ -46,7 +43,7 @@ DECODE_HEAD_DIMS: tuple[int, ...] = tiling.HEAD_DIMS
 MAX_QUERY_TOKENS = tiling.MAX_QUERY_TOKENS  # new tokens per sequence (speculative decoding, small chunks)
 STRIPE_ROWS = tiling.STRIPE_ROWS  # mma.sync m16n8k16: rows of one stripe
 
-SPLIT_FILL = 0.8  # fraction of the SMs a grid must cover to count as full (FlashAttention-2's 80%)
+SPLIT_FILL = 0.8  # fraction of the resident slots a grid must fill to count as full (FlashAttention-2's 80%)
 MIN_SPLIT_TOKENS = 256  # keys per split at least: the block's fixed cost against its streaming time
 MAX_SPLITS = tiling.MAX_SPLITS  # splits at most (FlashAttention-2's cap): bounds the partial outputs
 
@@ -135,10 +132,10 @@ class SplitChoice:
         return cdiv(kv_len, self.chunk)
 
 
-def decode_split(kv_lens: Sequence[int], blocks_per_seq: int, sms: int, splits: int | None = None) -> SplitChoice:
+def decode_split(kv_lens: Sequence[int], blocks_per_seq: int, slots: int, splits: int | None = None) -> SplitChoice:
     """The split heuristic (module docstring) for sequences of ``kv_lens`` keys, ``blocks_per_seq`` = kv_heads ·
-    row_blocks blocks per sequence and split, on a GPU of ``sms`` SMs (one block each keeps DRAM busy); ``splits``
-    forces the count (1 to MAX_SPLITS; fewer where the longest sequence has fewer tiles of 16 keys)."""
+    row_blocks blocks per sequence and split, ``slots`` = blocks the GPU holds at once; ``splits`` forces the count
+    (1 to MAX_SPLITS; fewer where the longest sequence has fewer tiles of 16 keys)."""
     lens = [int(n) for n in kv_lens]
     longest = max(lens, default=0)
     if splits is not None and not (isinstance(splits, int) and not isinstance(splits, bool)
@@ -147,7 +144,7 @@ def decode_split(kv_lens: Sequence[int], blocks_per_seq: int, sms: int, splits: 
     if longest <= 0:
         return SplitChoice(1, DECODE_TILE)
     if splits is None:
-        target = max(1, math.floor(SPLIT_FILL * sms))  # blocks that count as a full grid
+        target = max(1, math.floor(SPLIT_FILL * slots))  # blocks that count as a full grid
         chunk = cdiv(blocks_per_seq * sum(lens), target)  # keys per block that spread the work over the target
         splits = min(MAX_SPLITS, cdiv(longest, chunk), max(1, longest // MIN_SPLIT_TOKENS))
     return SplitChoice(*tiling.even_split(longest, splits))  # even splits of whole tiles
