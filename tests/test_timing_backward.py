@@ -108,3 +108,16 @@ def test_a_hopper_step_is_its_phases_in_sequence_plus_two_measured_wgmma_waits()
     assert parts["step"] == max(parts["step_compute"], parts["step_load"] + parts["step_reduce"])
     unmeasured = step_parts(p, tc, dataclasses.replace(r, wgmma_wait_s=0.0))
     assert unmeasured["step_waits"] == 0 and unmeasured["step_compute"] < parts["step_compute"]
+
+
+def test_a_hopper_work_tile_loads_its_kv_block_at_the_sms_share_of_dram_unless_it_stays_in_l2():
+    """fa3_bwd: K_j and V_j are read by one work tile only, so a problem whose inputs spill L2 loads them at the SM's
+    share of the DRAM read rate; warm calls of a small problem find them in L2."""
+    r = rates(get_profile(H100), "bf16")
+    big = AttentionProblem(batch=4, heads=16, seq_len=4096, head_dim=128, dtype="bf16")
+    small = AttentionProblem(batch=1, heads=2, seq_len=1024, head_dim=128, dtype="bf16")
+    kv = 2 * 128 * 128 * 2  # Bc = 128 keys of K and V at d = 128, 2 bytes
+    for p, rate in ((big, r.dram_read), (small, r.l2)):
+        res = simulate("flash2", p, H100, pass_="backward", kernel="cudnn-bwd", warm=True)
+        (main,) = [k for k in res.time.kernels if k.name.endswith("_bwd")]
+        assert main.resources["tile_load"] == pytest.approx(kv / (rate / r.sms))

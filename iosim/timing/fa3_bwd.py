@@ -22,8 +22,11 @@ in cuDNN's, where a step overlapping its phases would keep it busy most of the t
 
 Work tiles (prologue K_j, V_j + n_j·T_step + epilogue dK_j, dV_j) are placed on one persistent block per SM,
 longest first (cuDNN's), or launched as a grid of one block per tile, one resident per SM (iosim's flash3_bwd,
-whose causal grid runs the longest K/V blocks first: placed as the persistent one's); the kernel takes the longer of
-that and its DRAM bytes over DRAM bandwidth, plus a launch.
+whose causal grid runs the longest K/V blocks first). The prologue's K_j and V_j are read by that tile only: from
+DRAM where the inputs do not stay in L2, at the SM's share of the DRAM read rate (the SMs start their tiles
+together), after a dependent load (a grid's block also pays its start and its Q_i's first load); the epilogue writes
+dK_j, dV_j into L2. The kernel takes the longer of the placement and its DRAM bytes over DRAM bandwidth, plus a
+launch.
 """
 
 from __future__ import annotations
@@ -66,12 +69,18 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     parts = step_parts(p, tc, r)
     kv_bytes = 2 * tc.block_kv * p.head_dim * p.elem_bytes
     steps = block_steps(p, tc, grouped)
-    per_tile = kv_bytes / (r.l2 / r.sms) + steps * parts["step"] + kv_bytes / (r.l2_write / r.sms)
-    longest_first = desc.launch_order == "causal-longest-first" and p.causal
-    if desc.launch_order == "persistent" or longest_first:  # work tiles longest first (a grid in that order too)
-        blocks = makespan(np.tile(per_tile, heads), r.sms, longest_first=True) + r.block_s + 2 * latency
-    else:  # a thread block per work tile, one resident an SM (its shared memory), in grid order
-        blocks = makespan(np.tile(per_tile + r.block_s + 2 * latency, heads), r.sms)
+    # K_j, V_j: read by this work tile only, so from DRAM where the inputs do not stay in L2, at the SM's share of
+    # the rate (the SMs start their tiles together), after one dependent load; dK_j, dV_j written into L2. A grid of
+    # one block per tile also pays each block's start and the first Q_i load's latency.
+    persistent = desc.launch_order == "persistent"
+    load_rate = (r.dram_read if dram[0] > 0 else r.l2) / r.sms
+    parts["tile_load"] = kv_bytes / load_rate
+    per_tile = (parts["tile_load"] + steps * parts["step"] + kv_bytes / (r.l2_write / r.sms)
+                + (latency if persistent else r.block_s + 2 * latency))
+    longest_first = persistent or (desc.launch_order == "causal-longest-first" and p.causal)
+    blocks = makespan(np.tile(per_tile, heads), r.sms, longest_first=longest_first)  # grid order unless longest first
+    if persistent:
+        blocks += r.block_s + latency  # the grid's start, Q_i's first load
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.next_launch_s() + latency
     busy = float(per_tile.sum()) * heads / (r.sms * blocks) if blocks else 1.0
