@@ -383,22 +383,33 @@ template <> __device__ __forceinline__ void wgmma_ss<256, e4m3>(float (&d)[128],
 }
 }  // namespace iosim
 
-template <int N, typename T, int WG>
-__global__ void __launch_bounds__(128 * WG, 1) rates_wgmma(int iters, float* out, unsigned long long* stamps) {
-    // A 64 rows and B N rows of 128 B: 64 16-bit elements of K, or 128 e4m3
-    constexpr int kABytes = 64 * 128, kBBytes = N * 128;
-    __shared__ __align__(1024) unsigned smem[(kABytes + kBBytes) / 4];
-    for (int i = threadIdx.x; i < (kABytes + kBBytes) / 4; i += blockDim.x) smem[i] = rates_word<T>(i);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic-proxy writes, seen by wgmma
+namespace iosim {
+// A 64 rows and B N rows of 128 B (64 16-bit elements of K, or 128 e4m3) in shared memory, written and made visible
+// to wgmma (the generic proxy's writes); their descriptors; the accumulator zeroed
+template <int N> __host__ __device__ constexpr int rates_wgmma_words() { return (64 * 128 + N * 128) / 4; }
+template <int N, typename T>
+__device__ __forceinline__ void rates_wgmma_operands(unsigned* smem, unsigned long long& a_desc,
+                                                     unsigned long long& b_desc, float (&d)[N / 2]) {
+    for (int i = threadIdx.x; i < rates_wgmma_words<N>(); i += blockDim.x) smem[i] = rates_word<T>(i);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    RatesStamp t0, t1;
-    t0.take();
     const unsigned base = smem_u32(smem);
-    const unsigned long long a_desc = rates_desc(base), b_desc = rates_desc(base + kABytes);
-    float d[N / 2];
+    a_desc = rates_desc(base);
+    b_desc = rates_desc(base + 64 * 128);
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
     rates_fence_regs(d);
+}
+}  // namespace iosim
+
+template <int N, typename T, int WG>
+__global__ void __launch_bounds__(128 * WG, 1) rates_wgmma(int iters, float* out, unsigned long long* stamps) {
+    __shared__ __align__(1024) unsigned smem[rates_wgmma_words<N>()];
+    unsigned long long a_desc, b_desc;
+    float d[N / 2];
+    rates_wgmma_operands<N, T>(smem, a_desc, b_desc, d);
+    RatesStamp t0, t1;
+    t0.take();
     for (int i = 0; i < iters; ++i) {
         rates_wg_fence();  // as a GEMM main loop (CUTLASS's warpgroup_arrive): orders register use, waits for nothing
 #pragma unroll
@@ -421,17 +432,10 @@ __global__ void __launch_bounds__(128 * WG, 1) rates_wgmma(int iters, float* out
 // a FlashAttention-3 backward step's GEMM as its warpgroups run it: issue a chain, commit, wait for the result
 template <int N, typename T, int WG>
 __global__ void __launch_bounds__(128 * WG, 1) rates_wgmma_chain(int chain, int iters, float* out, long long* cycles) {
-    constexpr int kABytes = 64 * 128, kBBytes = N * 128;
-    __shared__ __align__(1024) unsigned smem[(kABytes + kBBytes) / 4];
-    for (int i = threadIdx.x; i < (kABytes + kBBytes) / 4; i += blockDim.x) smem[i] = rates_word<T>(i);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    const unsigned base = smem_u32(smem);
-    const unsigned long long a_desc = rates_desc(base), b_desc = rates_desc(base + kABytes);
+    __shared__ __align__(1024) unsigned smem[rates_wgmma_words<N>()];
+    unsigned long long a_desc, b_desc;
     float d[N / 2];
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
-    rates_fence_regs(d);
+    rates_wgmma_operands<N, T>(smem, a_desc, b_desc, d);
     __syncthreads();
     const long long t0 = clock64();
     for (int i = 0; i < iters; ++i) {
