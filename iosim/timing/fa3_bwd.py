@@ -12,8 +12,9 @@ both warpgroups' dS, so they meet at a barrier every step, and there is no ping-
 at the SM's rate: the GEMMs (tensor cores), the elementwise work, the shared-memory stores (dS for the dQ GEMM, dQ_i
 staged for its reduction), and two wgmma round trips that no work covers (the wait for S and dP before the
 exponentials, the wait for the last GEMMs before the next step's are issued), each the measured fixed cost of a
-commit-and-wait (``calibration.wgmma.<dtype>.wait``, ``iosim calibrate rates``). The loads and the dQ reductions
-run beside, with L2:
+commit-and-wait (``calibration.wgmma.<dtype>.wait``, ``iosim calibrate rates``). That is the design's floor, a
+simplification of a given kernel: kernels/flash3_bwd.cu runs its exponentials under the dP GEMM, and waits on wgmma
+four times and at two named barriers a step. The loads and the dQ reductions run beside, with L2:
 
     T_step = max( t_gemm + t_elem + t_smem + 2·t_wait, t_load + t_reduce )
 
