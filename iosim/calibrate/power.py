@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, fmt_value
+from iosim.calibrate.rates_wgmma import WGMMA_PER_TRIP
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.build_rates import rates_mma_names, rates_wgmma_names
 
@@ -30,7 +31,7 @@ REST_S = 0.4  # rest before a burst
 IDLE_S = 1.0  # the idle measurement
 MMA_WARPS = 8  # resident warps per SM of the mma.sync burst
 WGMMA_N, WGMMA_GROUPS = 256, 2  # wgmma m64n256k16, two warpgroups per SM
-CHAINS, ALU_UNROLL, WGMMA_PER_TRIP, MMA_FLOP = 8, 16, 8, 2 * 16 * 8 * 16  # as iosim.calibrate.rates and rates_wgmma
+CHAINS, ALU_UNROLL, MMA_FLOP = 8, 16, 2 * 16 * 8 * 16  # as iosim.calibrate.rates (which imports this module)
 
 
 class Nvml:
