@@ -10,7 +10,11 @@ first step after the GPU has finished; the idle power times the tail after the l
   that its duration costs, whatever it does;
 * ``power.<unit>``: joules of one unit of work beyond the base: a tensor-core FLOP (``mma_sync``: mma.sync
   m16n8k16; ``wgmma``: m64n256k16 on Hopper), an ``exp`` (ex2.approx), an ``fp32`` FLOP (FMA = 2), a byte of ``l2``
-  traffic (reads of an L2-resident buffer), a byte of ``dram`` traffic (a copy; its passage through L2 included).
+  traffic (reads of an L2-resident buffer), a byte of ``dram`` traffic (a copy; its passage through L2 included), a
+  byte of ``smem`` traffic (ldmatrix.x4: operands from shared memory into registers, as mma.sync kernels feed them).
+
+Every burst moves random data (kernels/rates.cu rates_uniform; random buffers here), as attention's inputs are: a
+unit's energy grows with the bits its operands toggle, so constant operands would price a fraction of it.
 
 :mod:`iosim.timing.energy` predicts a kernel's joules from them. NVML comes from ``nvidia-ml-py`` (``pynvml``),
 which the gpu extra installs; without it, the power section is skipped with a message.
@@ -21,7 +25,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, fmt_value
+from iosim.calibrate.rates_kernels import (
+    ALU_UNROLL,
+    CHAINS,
+    MMA_FLOP,
+    SMEM_PER_TRIP,
+    SMEM_WARPS,
+    Bench,
+    Measured,
+    RatesError,
+    fmt_value,
+)
 from iosim.calibrate.rates_wgmma import WGMMA_PER_TRIP
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.build_rates import rates_mma_names, rates_wgmma_names
@@ -31,7 +45,6 @@ REST_S = 0.4  # rest before a burst
 IDLE_S = 1.0  # the idle measurement
 MMA_WARPS = 8  # resident warps per SM of the mma.sync burst
 WGMMA_N, WGMMA_GROUPS = 256, 2  # wgmma m64n256k16, two warpgroups per SM
-CHAINS, ALU_UNROLL, MMA_FLOP = 8, 16, 2 * 16 * 8 * 16  # as iosim.calibrate.rates (which imports this module)
 
 
 class Nvml:
@@ -116,13 +129,18 @@ def measure_power(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
         per_unit(path, lambda n, op=op: lambda: alu((n_alu,), (256,), (i32(op), i32(n), b.out, b.stamps)),
                  lambda n, per_op=per_op: per_op * ALU_UNROLL * CHAINS * n_alu * 256 * n,
                  "ex2.approx.ftz.f32" if op == 3 else "fp32 FMA (2 FLOPs), 4 blocks of 256 threads per SM")
+    smem, blocks = b.fn("rates_smem"), 4 * b.sms
+    per_unit("smem", lambda n: lambda: smem((blocks,), (256,), (i32(0), i32(n), i32(0), b.out, b.stamps)),
+             lambda n: blocks * SMEM_WARPS * SMEM_PER_TRIP * 512 * n, "ldmatrix.x4 of random words, 4 blocks of 8 "
+             "warps per SM")
     read, copy = b.fn("rates_read"), b.fn("rates_copy")
     n_l2 = max(1, b.l2_bytes // 64)
-    l2buf = cp.ones(4 * n_l2, cp.float32)
+    rng = cp.random.RandomState(0)
+    l2buf = rng.uniform(-1, 1, 4 * n_l2, dtype=cp.float32)  # random bits (module docstring)
     per_unit("l2", lambda r: lambda: read((4 * b.sms,), (256,), (l2buf, cp.int64(n_l2), i32(r), b.out)),
              lambda r: 16 * n_l2 * r, f"reads of a {16 * n_l2 / 1e6:.1f} MB buffer resident in L2", iters=8)
     half = min(1 << 30, cp.cuda.runtime.memGetInfo()[0] // 4) // 16
-    src, dst = cp.ones(4 * half, cp.float32), cp.empty(4 * half, cp.float32)
+    src, dst = rng.uniform(-1, 1, 4 * half, dtype=cp.float32), cp.empty(4 * half, cp.float32)
     j, s, n = burst(nvml, cp, lambda: copy((4 * b.sms,), (256,), (src, dst, cp.int64(half))), BURST_S, idle)
     report(Measured(("power", "dram"), (j - base * s) / (2 * 16 * half * n), "J/B",
                     f"a copy of {16 * half / 1e6:.0f} MB (bytes read + written); {how}"),
@@ -157,4 +175,4 @@ def measure_power_only(repeats: int = 15, echo: Callable[[str], None] = print) -
     return measured
 
 
-UNITS = {"mma_sync": "FLOP", "wgmma": "FLOP", "exp": "op", "fp32": "FLOP", "l2": "B", "dram": "B"}
+UNITS = {"mma_sync": "FLOP", "wgmma": "FLOP", "exp": "op", "fp32": "FLOP", "l2": "B", "dram": "B", "smem": "B"}

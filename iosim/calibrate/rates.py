@@ -22,7 +22,18 @@ import yaml
 
 from iosim._version import __version__
 from iosim.calibrate.power import power_part
-from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, chase_latency, fmt_value
+from iosim.calibrate.rates_kernels import (
+    ALU_UNROLL,
+    CHAINS,
+    MMA_FLOP,
+    SMEM_PER_TRIP,
+    SMEM_WARPS,
+    Bench,
+    Measured,
+    RatesError,
+    chase_latency,
+    fmt_value,
+)
 from iosim.calibrate.rates_wgmma import wgmma_part
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.build_rates import rates_mma_names
@@ -38,10 +49,7 @@ from iosim.measure.events import BUSY, cupy_clock, time_ms
 from iosim.units import fmt_rate
 from iosim.yaml_io import parse_data
 
-CHAINS, ALU_UNROLL = 8, 16  # kernels/rates.cu kChains, kAluUnroll
 MMA_WARPS = (1, 2, 4, 8, 16)  # resident warps per SM of the mma.sync table
-MMA_FLOP = 2 * 16 * 8 * 16  # one m16n8k16
-SMEM_WARPS, SMEM_PER_TRIP = 8, 4  # rates_smem: warps per block, 512-byte loads per warp per loop trip
 ALU_OPS = {  # rates_alu op: (path, unit, what; FLOPs per op)
     0: (("fp32", "fma"), "FLOP/s", "fma.rn.f32 (2 FLOPs)"), 1: (("fp32", "add"), "FLOP/s", "add.rn.f32"),
     2: (("fp32", "max"), "op/s", "max.f32 (FMNMX)"), 3: (("exp", "throughput"), "op/s", "ex2.approx.ftz.f32 (MUFU)"),

@@ -31,6 +31,9 @@ from iosim.gpu.build import nvrtc_options
 from iosim.gpu.build_rates import RATES_SOURCE, RatesSource
 from iosim.units import fmt_rate, fmt_seconds
 
+CHAINS, ALU_UNROLL = 8, 16  # kernels/rates.cu kChains, kAluUnroll
+MMA_FLOP = 2 * 16 * 8 * 16  # one m16n8k16
+SMEM_WARPS, SMEM_PER_TRIP = 8, 4  # rates_smem: warps per block, 512-byte loads per warp per loop trip
 TARGET_S = 2e-3  # each timed launch
 WARMUP = 3
 LINE = 128  # bytes between pointers of the chase

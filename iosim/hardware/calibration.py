@@ -130,6 +130,7 @@ class PowerCalibration(_Strict):
     fp32: SourcedJoules = Field(description="per fp32 FLOP (an FMA is 2)")
     l2: SourcedJoules = Field(description="per byte of L2 traffic that hits")
     dram: SourcedJoules = Field(description="per byte of DRAM traffic, its passage through L2 included")
+    smem: SourcedJoules | None = Field(None, description="per byte of ldmatrix traffic (shared memory to registers)")
 
 
 class MeasuredOn(_Strict):
