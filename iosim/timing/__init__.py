@@ -33,6 +33,7 @@ DRAM bytes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from ..counts import Counts
@@ -109,14 +110,16 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
     total = sum(k.predicted_s for k in out)
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
                         calibration=r.calibration, dram_free=dram_free, uncertainty=band,
-                        energy_j=_energy(work, total, desc.family, profile))
+                        energy_j=_energy(work, total, desc.family, profile, out))
 
 
-def _energy(work: Workload, seconds: float, family: str | None, profile: Profile) -> float | None:
-    """Joules of one call (:mod:`iosim.timing.energy`): ``work.hbm`` is the DRAM traffic the time priced."""
+def _energy(work: Workload, seconds: float, family: str | None, profile: Profile,
+            kernels: Sequence[KernelTime] = ()) -> float | None:
+    """Joules of one call (:mod:`iosim.timing.energy`): ``work.hbm`` is the DRAM traffic the time priced,
+    ``kernels`` the kernel models' times (their shared-memory bytes and tensor FLOPs)."""
     cal = profile.calibration
-    return energy.energy_j(work.counts, sum(r + w for r, w in work.hbm), seconds, work.problem.dtype, family,
-                           cal.power if cal is not None else None)
+    return energy.call_energy_j(work.counts, sum(r + w for r, w in work.hbm), seconds, work.problem.dtype, family,
+                                cal.power if cal is not None else None, kernels)
 
 
 def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:

@@ -95,4 +95,5 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float]) 
     parts = {"utilization": min(1.0, grid / (r.sms * k)), "splits": splits, "resident_blocks": k, "blocks": blocks, "main": main, "combine": combine,
              "step": st.step_s, "launch": r.first_launch_s()}
     bound = "dram" if r.dram_s(*dram) > blocks else "blocks"
-    return KernelTime.of(kernel.name, kernel.grid, main + combine, {**parts, "bound": bound})
+    smem = fa2.smem_bytes_moved(p, tc, desc.warps, grid, float(grid * per_split))
+    return KernelTime.of(kernel.name, kernel.grid, main + combine, {**parts, "bound": bound}, smem)

@@ -27,7 +27,11 @@ class KernelTime:
     """One kernel's predicted time (a CPU call is one kernel): ``resources`` are the parts in seconds that the
     prediction is made of (per resource for the roofline, per phase or step for the kernel models), ``bound`` names
     the one that limits it, ``grid`` is its thread blocks (a CPU's: its threads) and ``utilization`` the share of the
-    chip's block slots they keep busy."""
+    chip's block slots they keep busy. What the energy model prices beside the counts: ``smem_bytes``, the bytes
+    the model moves through shared memory (tiles landed, operands read into registers by ldmatrix, tiles staged; 0
+    where it has none: wgmma reads its operands itself, and its energy per FLOP includes them), and
+    ``tensor_flops``, the FLOPs its tensor cores run where the kernel runs other than the counts' (None: the
+    counts')."""
 
     name: str
     grid: int
@@ -35,15 +39,18 @@ class KernelTime:
     resources: dict[str, float]  # seconds at full-chip rate, per resource
     predicted_s: float
     bound: str
+    smem_bytes: float = 0.0
+    tensor_flops: float | None = None
 
     @classmethod
-    def of(cls, name: str, grid: int, seconds: float, parts: dict) -> KernelTime:
+    def of(cls, name: str, grid: int, seconds: float, parts: dict, smem_bytes: float = 0.0,
+           tensor_flops: float | None = None) -> KernelTime:
         """A kernel model's ``parts`` as a KernelTime: ``utilization`` and ``bound`` are taken out, the other parts
         in seconds (floats) become ``resources``; counts among them (resident blocks, rounds, splits) are not kept."""
         parts = dict(parts)
         utilization = parts.pop("utilization")
         return cls(name, grid, utilization, {k: float(v) for k, v in parts.items() if isinstance(v, float)}, seconds,
-                   parts["bound"])
+                   parts["bound"], float(smem_bytes), tensor_flops)
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,20 @@ def residency(tc: TileConfig, desc: KernelDesc, d: int, e: int, profile: Profile
     return max(1, total // int(profile.require("sm_count")))
 
 
+def ldmatrix_bytes(rows: int, Bc: int, d: int, e: int, W: int, tc: TileConfig) -> float:
+    """Shared-memory bytes one block's warps read into registers at one step: K_j and V_j by every warp, and each
+    warp's rows of Q_i where Q is not held in registers."""
+    return W * 2 * Bc * d * e + (0 if tc.q_in_registers else rows * d * e)
+
+
+def smem_bytes_moved(p: AttentionProblem, tc: TileConfig, W: int, blocks: int, steps: float) -> float:
+    """Bytes through shared memory of ``blocks`` thread blocks running ``steps`` K/V steps in all (the energy
+    model's): each step's K_j and V_j landed and read (:func:`ldmatrix_bytes`), each block's Q_i landed and read
+    once."""
+    Br, Bc, d, e = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes
+    return steps * (2 * Bc * d * e + ldmatrix_bytes(Br, Bc, d, e, W, tc)) + blocks * 2 * Br * d * e
+
+
 def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileConfig, r: Rates) -> StepParts:
     """One K/V step of ``k`` resident blocks on one SM (``rows`` query rows per block)."""
     W = desc.warps
@@ -76,8 +90,7 @@ def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileC
     sp = r.sms * SUBPARTITIONS
     mma = per_sp * 4 * rw * Bc * d / (r.mma_at(W) / sp)
     soft = per_sp * (rw * Bc / (r.ex2 / sp) + (SOFTMAX_OPS * rw * Bc + rw * d) / (r.alu / sp))
-    q_bytes = 0 if tc.q_in_registers else rw * d * e
-    ldm = W * (2 * Bc * d * e + q_bytes) / (r.smem / r.sms)
+    ldm = ldmatrix_bytes(rows, Bc, d, e, W, tc) / (r.smem / r.sms)
     load = 2 * Bc * d * e / (r.l2 / r.sms)
     mma_k = per_sp * 4 * rw * Bc * d / (r.mma_at(k * W) / sp)  # the tensor cores shared by k blocks' warps
     t = max((ldm + mma + soft) * (1 + overlap.OVERLAP_LOSS * (k - 1)), k * mma_k, k * ldm, k * soft, k * load)
@@ -135,7 +148,10 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
              "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,
              "step_load": sp.load_s, "step": sp.step_s}
     bound = "dram" if memory > blocks else _step_bound(sp, k)
-    return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": bound})
+    visits = n_kv_blocks_visible(np.arange(cdiv(p.seq_len, tc.block_q)), tc.block_q, tc.block_kv, p.seq_len,
+                                 p.kv_len, p.causal)
+    smem = smem_bytes_moved(p, tc, desc.warps, grid, float(np.sum(visits)) * heads)
+    return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": bound}, smem)
 
 
 def _step_bound(sp: StepParts, k: int) -> str:

@@ -128,7 +128,10 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "resident_blocks": k,
              "step_ldmatrix": st.ldmatrix_s, "step_mma": st.mma_s, "step_elementwise": st.elementwise_s,
              "step_load": st.load_s, "step_reduce": st.reduce_s, "step": st.step_s}
-    return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": "dram" if memory > blocks else _bound(st, k)})
+    smem = float(steps.sum()) * heads * smem_step_bytes(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, desc.warps,
+                                                        tc) + grid * kv_bytes  # K_j, V_j landed once a block
+    return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": "dram" if memory > blocks else _bound(st, k)},
+                         smem)
 
 
 def row_kernel_time(kernel: KernelCounts, dram: tuple[float, float], r: Rates, first: bool) -> KernelTime:

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..blocks import cdiv
+import numpy as np
+
+from ..blocks import cdiv, n_kv_blocks_visible
 from ..counts import KernelCounts
 from ..launch import NAIVE_TILES, launch_model, naive_softmax_rows_per_block, resident_blocks
 from ..problem import AttentionProblem
@@ -34,6 +36,7 @@ from .estimate import Conditions, KernelTime
 from .rates import Rates
 
 SOFTMAX_OPS = 6  # fp32 operations per score: max pass, subtract-scale, sum, normalize, two conversions
+WARPS_M, WARPS_N = 4, 2  # kernels/naive.cu: both GEMMs' 8 warps, 4 along the rows (32 each) x 2 along the columns
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,38 @@ def _block(p: AttentionProblem, i: int, k: KernelCounts, grid: int, r: Rates, dr
     return Block(load, per_step / (r.mma_at(warps) / s), store, wait, steps, in_phase=i == 0), per_step
 
 
+def _tiles(p: AttentionProblem, i: int) -> tuple[int, int, int, int]:
+    """GEMM kernel ``i``'s tile (rows, keys) and its tiles loaded and multiplied: the causal mask's tiles wholly
+    right of every row's diagonal are loaded (the schedule counts them), not multiplied."""
+    t = NAIVE_TILES["qk" if i == 0 else "pv"]
+    bm, bk, heads = t["block_m"], t.get("block_n", t.get("block_k")), p.n_heads_total
+    rows = cdiv(p.seq_len, bm)
+    done = int(np.sum(n_kv_blocks_visible(np.arange(rows), bm, bk, p.seq_len, p.kv_len, p.causal))) * heads
+    return bm, bk, rows * cdiv(p.kv_len, bk) * heads, done
+
+
+def tensor_flops(p: AttentionProblem, i: int) -> float:
+    """FLOPs kernel ``i``'s tensor cores run (the energy model's): its tiles multiplied, whole."""
+    if i == 1:
+        return 0.0
+    bm, bk, _, done = _tiles(p, i)
+    return float(done * 2 * bm * bk * p.head_dim)
+
+
+def smem_bytes(p: AttentionProblem, i: int) -> float:
+    """Bytes through shared memory of kernel ``i`` (the energy model's): each GEMM tile's operands landed (cp.async)
+    and, where it is multiplied, read by the warps (warp (wm, wn) reads its 32 rows of A and its columns of B: A
+    twice, B four times); S staged for its stores. The softmax's rows stay in registers."""
+    if i == 1:
+        return 0.0
+    d, e = p.head_dim, p.elem_bytes
+    bm, bk, loaded, done = _tiles(p, i)
+    if i == 0:  # a tile: Q_i and K_j (bm x d, bk x d); S_ij staged (written, read)
+        return float(loaded * (bm + bk) * d * e + done * (WARPS_N * bm + WARPS_M * bk) * d * e
+                     + loaded * 2 * bm * bk * e)
+    return float(loaded * (bm + d) * bk * e + done * (WARPS_N * bm + WARPS_M * d) * bk * e)  # P and V tiles
+
+
 def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
                  dram: list[tuple[float, float]]) -> list[KernelTime]:
     """The time of each of the three kernels (``counts``, with ``dram[k]`` = kernel k's DRAM (read, write) bytes),
@@ -122,7 +157,8 @@ def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
                  "launch": launch}
         bound = "dram" if memory > blocks else max(limits, key=limits.get)
         parts = {"utilization": 1.0, **parts, "bound": bound}
-        out.append(KernelTime.of(k.name, k.grid, max(blocks, memory) + launch, parts))
+        out.append(KernelTime.of(k.name, k.grid, max(blocks, memory) + launch, parts, smem_bytes(p, i),
+                                 tensor_flops(p, i)))
     return out
 
 
