@@ -61,9 +61,10 @@ def test_wgmma_kernels_price_their_operands_in_the_flop_energy():
 def test_the_predicted_energy_is_the_formula_on_the_predicted_time():
     r = simulate("naive", AttentionProblem(heads=4, seq_len=2048, head_dim=128), H100, kernel="iosim-naive", l2=True)
     hbm = r.time_hbm["read_bytes"] + r.time_hbm["write_bytes"]
-    smem = sum(k.smem_bytes for k in r.time.kernels)
+    ks = r.time.kernels
+    smem, tensor, l2 = (sum(getattr(k, f) for k in ks) for f in ("smem_bytes", "tensor_flops", "l2_bytes"))
     assert smem > 0 and r.time.energy_j == pytest.approx(
-        energy_j(r.counts, hbm, r.time.predicted_s, "fp16", "naive", _power(), smem))
+        energy_j(r.counts, hbm, r.time.predicted_s, "fp16", "naive", _power(), smem, tensor, l2))
 
 
 def test_standard_attention_s_kernels_skip_the_tiles_the_causal_mask_empties():
@@ -75,3 +76,17 @@ def test_standard_attention_s_kernels_skip_the_tiles_the_causal_mask_empties():
     assert scores.tensor_flops == 2 * 36 * 2 * 128 * 128 * 64
     assert softmax.tensor_flops == 0
     assert pv.tensor_flops == 2 * sum(range(2, 17, 2)) * 2 * 128 * 64 * 64
+
+
+def test_standard_attention_prices_the_l2_re_reads_of_its_tiles():
+    """The description's counts are the paper's (each operand read once); naive.cu's scores kernel reads Q_i once
+    per 128-key tile and K_j once per 128-row tile, its P V kernel V once per 128 rows: the energy's L2 bytes."""
+    N, d, e, heads = 1000, 64, 2, 3
+    p = AttentionProblem(heads=heads, seq_len=N, head_dim=d)
+    r = simulate("naive", p, H100, kernel="iosim-naive")
+    scores, softmax, pv = r.time.kernels
+    tiles = cdiv(N, 128)
+    assert scores.l2_bytes == heads * (tiles * N * d * e * 2 + N * N * e)
+    assert softmax.l2_bytes == heads * 2 * N * N * e
+    assert pv.l2_bytes == heads * (N * N * e + tiles * N * d * e + N * d * e)
+    assert r.counts.global_bytes < sum(k.l2_bytes for k in r.time.kernels)

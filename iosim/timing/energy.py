@@ -10,7 +10,8 @@ otherwise (fp32 problems run on the fp32 pipes), at the FLOPs the kernels run (`
 standard attention's kernels skip the tiles the causal mask empties; else the counts'). The shared-memory traffic is what the kernel model moves through
 shared memory (``KernelTime.smem_bytes``: tiles landed, operands read by ldmatrix, tiles staged; none for wgmma
 kernels, whose operand reads are in wgmma's energy per FLOP, nor for the roofline). The L2 traffic is the counts'
-global bytes; the DRAM traffic the bytes the time prices (none for warm calls whose inputs stay in L2). A call as
+global bytes, or the kernels' where their model says (``KernelTime.l2_bytes``: standard attention's GEMMs re-read
+Q, K and V from L2 at their tiles, where the paper's count reads each once); the DRAM traffic the bytes the time prices (none for warm calls whose inputs stay in L2). A call as
 the time records time it: a short run of back-to-back calls, which the board's power limiter does not yet slow.
 
 The calibration's bursts move random data, as attention's inputs are (iosim/calibrate/power.py): a unit's energy
@@ -30,10 +31,12 @@ if TYPE_CHECKING:
 
 
 def energy_j(counts: Counts, dram_bytes: float, seconds: float, dtype: str, family: str | None,
-             power: PowerCalibration | None, smem_bytes: float = 0.0, tensor_flops: float | None = None) -> float | None:
+             power: PowerCalibration | None, smem_bytes: float = 0.0, tensor_flops: float | None = None,
+             l2_bytes: float | None = None) -> float | None:
     """Joules of one call, or None where the profile has no power calibration (a calibration without the
-    shared-memory unit prices no shared-memory bytes). ``tensor_flops``: what the kernels' tensor cores run, where
-    the kernel model says (``KernelTime.tensor_flops``), else the counts' matmul FLOPs."""
+    shared-memory unit prices no shared-memory bytes). ``tensor_flops`` and ``l2_bytes``: what the kernels' tensor
+    cores run and what they move through L2, where the kernel model says (``KernelTime``), else the counts' matmul
+    FLOPs and global bytes."""
     if power is None:
         return None
     flops = dict(counts.flops)
@@ -41,7 +44,7 @@ def energy_j(counts: Counts, dram_bytes: float, seconds: float, dtype: str, fami
         flops["matmul"] = tensor_flops
     tensor = power.wgmma if family == "fa3" and power.wgmma is not None else power.mma_sync
     per_matmul = power.fp32.value if dtype == "fp32" else tensor.value
-    l2_hits = max(counts.global_bytes - dram_bytes, 0)
+    l2_hits = max((counts.global_bytes if l2_bytes is None else l2_bytes) - dram_bytes, 0)
     return (power.base.value * seconds + per_matmul * flops.get("matmul", 0) + power.exp.value * flops.get("exp", 0)
             + power.fp32.value * flops.get("other", 0) + power.l2.value * l2_hits + power.dram.value * dram_bytes
             + (power.smem.value * smem_bytes if power.smem is not None else 0.0))
@@ -51,6 +54,9 @@ def call_energy_j(counts: Counts, dram_bytes: float, seconds: float, dtype: str,
                   power: PowerCalibration | None, kernels: Sequence[KernelTime] = ()) -> float | None:
     """:func:`energy_j` with the shared-memory bytes and tensor FLOPs of the kernel models' ``kernels`` (none: the
     roofline's estimate, which prices no shared memory and the counts' FLOPs)."""
-    tensor = (sum(k.tensor_flops for k in kernels)
-              if kernels and all(k.tensor_flops is not None for k in kernels) else None)
-    return energy_j(counts, dram_bytes, seconds, dtype, family, power, sum(k.smem_bytes for k in kernels), tensor)
+    def total(field: str) -> float | None:  # the kernels' own figure where every kernel model gives one
+        values = [getattr(k, field) for k in kernels]
+        return sum(values) if values and None not in values else None
+
+    return energy_j(counts, dram_bytes, seconds, dtype, family, power, sum(k.smem_bytes for k in kernels),
+                    total("tensor_flops"), total("l2_bytes"))

@@ -30,8 +30,8 @@ class KernelTime:
     chip's block slots they keep busy. What the energy model prices beside the counts: ``smem_bytes``, the bytes
     the model moves through shared memory (tiles landed, operands read into registers by ldmatrix, tiles staged; 0
     where it has none: wgmma reads its operands itself, and its energy per FLOP includes them), and
-    ``tensor_flops``, the FLOPs its tensor cores run where the kernel runs other than the counts' (None: the
-    counts')."""
+    ``tensor_flops`` and ``l2_bytes``, the FLOPs its tensor cores run and the bytes it moves between the SMs and
+    L2, where the kernel runs other than the counts (None: the counts')."""
 
     name: str
     grid: int
@@ -41,16 +41,17 @@ class KernelTime:
     bound: str
     smem_bytes: float = 0.0
     tensor_flops: float | None = None
+    l2_bytes: float | None = None
 
     @classmethod
     def of(cls, name: str, grid: int, seconds: float, parts: dict, smem_bytes: float = 0.0,
-           tensor_flops: float | None = None) -> KernelTime:
+           tensor_flops: float | None = None, l2_bytes: float | None = None) -> KernelTime:
         """A kernel model's ``parts`` as a KernelTime: ``utilization`` and ``bound`` are taken out, the other parts
         in seconds (floats) become ``resources``; counts among them (resident blocks, rounds, splits) are not kept."""
         parts = dict(parts)
         utilization = parts.pop("utilization")
         return cls(name, grid, utilization, {k: float(v) for k, v in parts.items() if isinstance(v, float)}, seconds,
-                   parts["bound"], float(smem_bytes), tensor_flops)
+                   parts["bound"], float(smem_bytes), tensor_flops, l2_bytes)
 
 
 @dataclass(frozen=True)

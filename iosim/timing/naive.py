@@ -31,6 +31,7 @@ from ..counts import KernelCounts
 from ..launch import NAIVE_TILES, launch_model, naive_softmax_rows_per_block, resident_blocks
 from ..problem import AttentionProblem
 from ..schedules import Tiles
+from ..schedules import naive as naive_schedule
 from . import overlap
 from .estimate import Conditions, KernelTime
 from .rates import Rates
@@ -118,6 +119,17 @@ def tensor_flops(p: AttentionProblem, i: int) -> float:
     return float(done * 2 * bm * bk * p.head_dim)
 
 
+def l2_bytes(p: AttentionProblem, i: int) -> float:
+    """Bytes kernel ``i`` moves between the SMs and L2 (the energy model's): the schedule's global bytes at naive.cu's
+    tiles (Q_i read once per key tile, K_j and V once per 128 query rows). The description's counts are the paper's,
+    each operand read once, which the time model's block phases take (the kernels hide those re-reads, which come
+    from L2)."""
+    t = NAIVE_TILES["qk"]
+    counts = naive_schedule.closed_form(p, Tiles(t["block_m"], t["block_n"]))
+    k = counts.kernels[i]
+    return float((k.global_read_bytes + k.global_write_bytes) * p.n_heads_total)
+
+
 def smem_bytes(p: AttentionProblem, i: int) -> float:
     """Bytes through shared memory of kernel ``i`` (the energy model's): each GEMM tile's operands landed (cp.async)
     and, where it is multiplied, read by the warps (warp (wm, wn) reads its 32 rows of A and its columns of B: A
@@ -158,7 +170,7 @@ def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
         bound = "dram" if memory > blocks else max(limits, key=limits.get)
         parts = {"utilization": 1.0, **parts, "bound": bound}
         out.append(KernelTime.of(k.name, k.grid, max(blocks, memory) + launch, parts, smem_bytes(p, i),
-                                 tensor_flops(p, i)))
+                                 tensor_flops(p, i), l2_bytes(p, i)))
     return out
 
 
