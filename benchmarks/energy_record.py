@@ -69,7 +69,7 @@ def measure(device: str) -> dict:
 
 def judge(data: dict, profile: str) -> int:
     from iosim import get_profile
-    from iosim.timing.energy import call_energy_j
+    from iosim.timing.energy import KernelWork, energy_j
 
     prof = get_profile(profile)
     if prof.calibration is None or prof.calibration.power is None:
@@ -80,8 +80,8 @@ def judge(data: dict, profile: str) -> int:
         r = simulate_row(row, profile)
         pred = r.time.energy_j
         hbm = r.time_hbm["read_bytes"] + r.time_hbm["write_bytes"]
-        alone = call_energy_j(r.counts, hbm, row["seconds"], row["dtype"], getattr(r.kernel, "family", None),
-                              prof.calibration.power, r.time.kernels)
+        alone = energy_j(r.counts, hbm, row["seconds"], row["dtype"], getattr(r.kernel, "family", None),
+                         prof.calibration.power, KernelWork.of(r.time.kernels))
         e1, e2 = pred / row["joules"] - 1, alone / row["joules"] - 1
         errs.setdefault(row["kernel"], []).append((e1, e2))
         key = Shape(**{k: row[k] for k in Shape.__dataclass_fields__}).key

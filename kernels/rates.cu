@@ -5,18 +5,20 @@
 //                                          (ex2.approx.ftz.f32): kChains independent chains per thread, kAluUnroll x
 //                                          kChains ops per loop trip
 //   rates_alu_latency(op, iters, cycles)   one warp, one dependent chain of op 0 or 3: clock64 cycles for all of it
-//   rates_mma<T>(iters, out, stamps)       mma.sync m16n8k16, fp32 accumulate: kChains independent accumulators per warp
+//   rates_mma<T>(iters, random, out, stamps)   mma.sync m16n8k16, fp32 accumulate: kChains independent accumulators
+//                                          per warp; random = 1: each chain its own random operands (power bursts)
 //   rates_mma_latency<T>(iters, cycles)    one warp, one dependent chain of mma.sync
-//   rates_wgmma<N, T, WG>(iters, out, stamps)   sm_90a only (-DIOSIM_RATES_WGMMA): WG warpgroups per block, each
-//                                          issuing wgmma m64nNk16 (T = e4m3: m64nNk32) with A and B from shared
-//                                          memory (128-byte swizzle, K-major, as flash3), 8 per commit group, at most
-//                                          2 groups in flight
+//   rates_wgmma<N, T, WG>(iters, random, out, stamps)   sm_90a only (-DIOSIM_RATES_WGMMA): WG warpgroups per
+//                                          block, each issuing wgmma m64nNk16 (T = e4m3: m64nNk32) with A and B from
+//                                          shared memory (128-byte swizzle, K-major, as flash3), 8 per commit group, at
+//                                          most 2 groups in flight; random = 1: random operands (power bursts)
 //   rates_wgmma_chain<N, T, WG>(chain, iters, out, cycles)   sm_90a only: WG warpgroups of one block, each issuing
 //                                          a commit group of `chain` wgmma m64nNk16 on one accumulator, then waiting
 //                                          for it (wait_group 0), iters times: clock64 cycles of all trips (thread 0);
 //                                          a trip costs a fixed round trip plus chain x WG instructions' tensor time
-//   rates_smem(mode, iters, 0, out, stamps)  mode 0 ldmatrix.x4, 1 ld.shared.v4.u32: 512 B per warp instruction, no
-//                                          bank conflict (4 wavefronts of 128 B); stamps around the loop only (after
+//   rates_smem(mode, iters, 0, out, stamps)  mode 0 ldmatrix.x4, 1 ld.shared.v4.u32 (+ 2: random words, for the
+//                                          power bursts): 512 B per warp instruction, no bank
+//                                          conflict (4 wavefronts of 128 B); stamps around the loop only (after
 //                                          the fill, after every warp's last load), and each block's %smid at
 //                                          stamps[4 x gridDim + block id]: bytes per clock64 cycle of each SM
 //   rates_read / rates_write (reps passes over n float4) and rates_copy: global memory, grid-stride, 4 x 16 B per
@@ -68,8 +70,10 @@ __device__ __forceinline__ void rates_put_stamps(unsigned long long* stamps, con
 // keeps the compiler from moving the chain across a clock read: x is "changed" here, in program order
 __device__ __forceinline__ void rates_pin(float& x) { asm volatile("" : "+f"(x)); }
 
-// operand data with random bits, as attention's inputs have: a unit's energy depends on how many bits its operands
-// toggle from one instruction to the next (constant or low-entropy operands cost a fraction), not its throughput.
+// operand data with random bits, as attention's inputs have, for the power bursts (iosim/calibrate/power.py): a
+// unit's energy depends on how many bits its operands toggle from one instruction to the next (constant operands
+// cost a fraction). The rates themselves are measured on the fixed operands they always were: random ones draw
+// more power, and a burst at the power limit runs at a lower clock (wgmma 8-9% fewer FLOP/s on an H100).
 // rates_random(i): a hash of i (murmur3's finalizer), rates_uniform(i): a float in [-0.5, 0.5) with 23 random
 // mantissa bits and a random sign
 __device__ __forceinline__ unsigned rates_random(unsigned i) {
@@ -159,19 +163,26 @@ extern "C" __global__ void rates_alu_latency(int op, int iters, float* out, long
     if (x == 12345.678f) out[0] = x;
 }
 
-template <typename T> __global__ void rates_mma(int iters, float* out, unsigned long long* stamps) {
+template <typename T> __global__ void rates_mma(int iters, int random, float* out, unsigned long long* stamps) {
     RatesStamp t0, t1;
     t0.take();
-    // each chain its own random operands, so that consecutive mma see other data (rates_uniform)
+    // the same small operands in every chain, or (random) each chain its own random ones, so that consecutive mma
+    // see other data (rates_uniform)
+    const float v = 1.f / 64 + 1e-3f * (threadIdx.x & 31);
     unsigned a[kChains][4], b0[kChains], b1[kChains];
     float d[kChains][4];
 #pragma unroll
     for (int c = 0; c < kChains; ++c) {
         const unsigned r = 16 * (kChains * threadIdx.x + c);
+        if (random) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) a[c][e] = pack2<T>(rates_uniform(r + 2 * e), rates_uniform(r + 2 * e + 1));
-        b0[c] = pack2<T>(rates_uniform(r + 8), rates_uniform(r + 9));
-        b1[c] = pack2<T>(rates_uniform(r + 10), rates_uniform(r + 11));
+            for (int e = 0; e < 4; ++e) a[c][e] = pack2<T>(rates_uniform(r + 2 * e), rates_uniform(r + 2 * e + 1));
+            b0[c] = pack2<T>(rates_uniform(r + 8), rates_uniform(r + 9));
+            b1[c] = pack2<T>(rates_uniform(r + 10), rates_uniform(r + 11));
+        } else {
+            a[c][0] = pack2<T>(v, -v), a[c][1] = pack2<T>(-v, v), a[c][2] = pack2<T>(v, v), a[c][3] = pack2<T>(-v, -v);
+            b0[c] = pack2<T>(v, 0.5f), b1[c] = pack2<T>(-0.5f, v);
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[c][e] = 0.f;
     }
@@ -215,7 +226,10 @@ extern "C" __global__ void __launch_bounds__(256)
     rates_smem(int mode, int iters, int zero, unsigned* out, unsigned long long* stamps) {
     __shared__ __align__(128) uint4 buf[1024];
     for (int i = threadIdx.x; i < 1024; i += blockDim.x)
-        buf[i] = make_uint4(rates_random(4 * i), rates_random(4 * i + 1), rates_random(4 * i + 2), rates_random(4 * i + 3));
+        buf[i] = mode & 2 ? make_uint4(rates_random(4 * i), rates_random(4 * i + 1), rates_random(4 * i + 2),
+                                       rates_random(4 * i + 3))
+                          : make_uint4(i, 3 * i + 1, 5 * i + 2, 7 * i + 3);
+    mode &= 1;
     __syncthreads();
     RatesStamp t0, t1;
     t0.take();
@@ -373,13 +387,18 @@ __device__ __forceinline__ unsigned long long rates_desc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
            (1ull << 62);
 }
-// one 32-bit word of A or B: random values in [-0.5, 0.5) (rates_uniform), two 16-bit elements or four e4m3
-// (hopper.cuh pack4_e4m3)
-template <typename T> __device__ __forceinline__ unsigned rates_word(int i) {
-    return pack2<T>(rates_uniform(4 * i), rates_uniform(4 * i + 1));
+// one 32-bit word of A or B: small values of both signs, or (random) values in [-0.5, 0.5) (rates_uniform), two
+// 16-bit elements or four e4m3 (hopper.cuh pack4_e4m3)
+template <typename T> __device__ __forceinline__ unsigned rates_word(int i, bool random) {
+    if (random) return pack2<T>(rates_uniform(4 * i), rates_uniform(4 * i + 1));
+    return pack2<T>(((i * 37) % 64 - 32) * (1.f / 256), ((i * 11) % 64 - 32) * (1.f / 256));
 }
-template <> __device__ __forceinline__ unsigned rates_word<e4m3>(int i) {
-    return pack4_e4m3(rates_uniform(4 * i), rates_uniform(4 * i + 1), rates_uniform(4 * i + 2), rates_uniform(4 * i + 3));
+template <> __device__ __forceinline__ unsigned rates_word<e4m3>(int i, bool random) {
+    if (random)
+        return pack4_e4m3(rates_uniform(4 * i), rates_uniform(4 * i + 1), rates_uniform(4 * i + 2),
+                          rates_uniform(4 * i + 3));
+    return pack4_e4m3(((i * 37) % 64 - 32) * (1.f / 256), ((i * 11) % 64 - 32) * (1.f / 256),
+                      ((i * 13) % 64 - 32) * (1.f / 256), ((i * 7) % 64 - 32) * (1.f / 256));
 }
 
 // GENERATED by iosim.gpu.flash3_host._wgmma_fn("ss", 256, T) for T = __half, __nv_bfloat16, e4m3 (tests/test_rates.py checks it)
@@ -409,8 +428,8 @@ template <> __device__ __forceinline__ void wgmma_ss<256, e4m3>(float (&d)[128],
 template <int N> __host__ __device__ constexpr int rates_wgmma_words() { return (64 * 128 + N * 128) / 4; }
 template <int N, typename T>
 __device__ __forceinline__ void rates_wgmma_operands(unsigned* smem, unsigned long long& a_desc,
-                                                     unsigned long long& b_desc, float (&d)[N / 2]) {
-    for (int i = threadIdx.x; i < rates_wgmma_words<N>(); i += blockDim.x) smem[i] = rates_word<T>(i);
+                                                     unsigned long long& b_desc, float (&d)[N / 2], bool random) {
+    for (int i = threadIdx.x; i < rates_wgmma_words<N>(); i += blockDim.x) smem[i] = rates_word<T>(i, random);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
     const unsigned base = smem_u32(smem);
@@ -423,11 +442,12 @@ __device__ __forceinline__ void rates_wgmma_operands(unsigned* smem, unsigned lo
 }  // namespace iosim
 
 template <int N, typename T, int WG>
-__global__ void __launch_bounds__(128 * WG, 1) rates_wgmma(int iters, float* out, unsigned long long* stamps) {
+__global__ void __launch_bounds__(128 * WG, 1) rates_wgmma(int iters, int random, float* out,
+                                                           unsigned long long* stamps) {
     __shared__ __align__(1024) unsigned smem[rates_wgmma_words<N>()];
     unsigned long long a_desc, b_desc;
     float d[N / 2];
-    rates_wgmma_operands<N, T>(smem, a_desc, b_desc, d);
+    rates_wgmma_operands<N, T>(smem, a_desc, b_desc, d, random != 0);
     RatesStamp t0, t1;
     t0.take();
     for (int i = 0; i < iters; ++i) {
@@ -455,7 +475,7 @@ __global__ void __launch_bounds__(128 * WG, 1) rates_wgmma_chain(int chain, int 
     __shared__ __align__(1024) unsigned smem[rates_wgmma_words<N>()];
     unsigned long long a_desc, b_desc;
     float d[N / 2];
-    rates_wgmma_operands<N, T>(smem, a_desc, b_desc, d);
+    rates_wgmma_operands<N, T>(smem, a_desc, b_desc, d, false);
     __syncthreads();
     const long long t0 = clock64();
     for (int i = 0; i < iters; ++i) {

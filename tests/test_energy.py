@@ -8,7 +8,7 @@ import pytest
 from iosim import AttentionProblem, get_profile, simulate
 from iosim.blocks import cdiv
 from iosim.timing import load_kernel
-from iosim.timing.energy import energy_j
+from iosim.timing.energy import KernelWork, energy_j
 
 H100 = "h100-sxm5-80gb"
 
@@ -26,9 +26,9 @@ def test_the_built_in_hopper_profiles_price_shared_memory():
 def test_shared_memory_bytes_add_their_measured_energy_and_nothing_else():
     r = simulate("flash2", AttentionProblem(batch=2, heads=4, seq_len=1024, head_dim=64), H100, kernel="iosim-flash2")
     power = _power()
-    args = (r.counts, 1e6, 1e-4, "bf16", "fa2", power)
-    assert energy_j(*args, 1e9) - energy_j(*args) == pytest.approx(power.smem.value * 1e9)
-    assert energy_j(*args[:-1], power.model_copy(update={"smem": None}), 1e9) == pytest.approx(energy_j(*args))
+    args, smem = (r.counts, 1e6, 1e-4, "bf16", "fa2", power), KernelWork(smem_bytes=1e9)
+    assert energy_j(*args, smem) - energy_j(*args) == pytest.approx(power.smem.value * 1e9)
+    assert energy_j(*args[:-1], power.model_copy(update={"smem": None}), smem) == pytest.approx(energy_j(*args))
 
 
 def test_fa2_moves_each_step_s_tiles_through_shared_memory():
@@ -64,7 +64,7 @@ def test_the_predicted_energy_is_the_formula_on_the_predicted_time():
     ks = r.time.kernels
     smem, tensor, l2 = (sum(getattr(k, f) for k in ks) for f in ("smem_bytes", "tensor_flops", "l2_bytes"))
     assert smem > 0 and r.time.energy_j == pytest.approx(
-        energy_j(r.counts, hbm, r.time.predicted_s, "fp16", "naive", _power(), smem, tensor, l2))
+        energy_j(r.counts, hbm, r.time.predicted_s, "fp16", "naive", _power(), KernelWork(smem, tensor, l2)))
 
 
 def test_standard_attention_s_kernels_skip_the_tiles_the_causal_mask_empties():

@@ -13,8 +13,9 @@ first step after the GPU has finished; the idle power times the tail after the l
   traffic (reads of an L2-resident buffer), a byte of ``dram`` traffic (a copy; its passage through L2 included), a
   byte of ``smem`` traffic (ldmatrix.x4: operands from shared memory into registers, as mma.sync kernels feed them).
 
-Every burst moves random data (kernels/rates.cu rates_uniform; random buffers here), as attention's inputs are: a
-unit's energy grows with the bits its operands toggle, so constant operands would price a fraction of it.
+Every burst moves random data (the rates kernels' ``random`` operands, kernels/rates.cu rates_uniform; random buffers
+here), as attention's inputs are: a unit's energy grows with the bits its operands toggle, so constant operands
+would price a fraction of it. (The rates of :mod:`iosim.calibrate.rates` keep their fixed operands.)
 
 :mod:`iosim.timing.energy` predicts a kernel's joules from them. NVML comes from ``nvidia-ml-py`` (``pynvml``),
 which the gpu extra installs; without it, the power section is skipped with a message.
@@ -115,12 +116,12 @@ def measure_power(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
                         f"{what}; {how}"), f"{(j - base * s) / s:.0f} W above base, SM clock {clock / 1e9:.2f} GHz")
 
     mma = b.fn(rates_mma_names()[("mma", "bfloat16")], pad=True)
-    per_unit("mma_sync", lambda n: lambda: mma((b.sms,), (32 * MMA_WARPS,), (i32(n), b.out, b.stamps),
+    per_unit("mma_sync", lambda n: lambda: mma((b.sms,), (32 * MMA_WARPS,), (i32(n), i32(1), b.out, b.stamps),
                                                  shared_mem=b.pad),
              lambda n: MMA_FLOP * CHAINS * MMA_WARPS * b.sms * n, "mma.sync m16n8k16 bf16, 8 warps per SM")
     if b.hopper:
         wg = b.fn(rates_wgmma_names()[(WGMMA_N, "bfloat16", WGMMA_GROUPS)], pad=True)
-        per_unit("wgmma", lambda n: lambda: wg((b.sms,), (128 * WGMMA_GROUPS,), (i32(n), b.out, b.stamps),
+        per_unit("wgmma", lambda n: lambda: wg((b.sms,), (128 * WGMMA_GROUPS,), (i32(n), i32(1), b.out, b.stamps),
                                                 shared_mem=b.pad),
                  lambda n: 2 * 64 * WGMMA_N * 16 * WGMMA_PER_TRIP * WGMMA_GROUPS * b.sms * n,
                  f"wgmma m64n{WGMMA_N}k16 bf16, {WGMMA_GROUPS} warpgroups per SM", iters=16)
@@ -130,7 +131,7 @@ def measure_power(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
                  lambda n, per_op=per_op: per_op * ALU_UNROLL * CHAINS * n_alu * 256 * n,
                  "ex2.approx.ftz.f32" if op == 3 else "fp32 FMA (2 FLOPs), 4 blocks of 256 threads per SM")
     smem, blocks = b.fn("rates_smem"), 4 * b.sms
-    per_unit("smem", lambda n: lambda: smem((blocks,), (256,), (i32(0), i32(n), i32(0), b.out, b.stamps)),
+    per_unit("smem", lambda n: lambda: smem((blocks,), (256,), (i32(2), i32(n), i32(0), b.out, b.stamps)),
              lambda n: blocks * SMEM_WARPS * SMEM_PER_TRIP * 512 * n, "ldmatrix.x4 of random words, 4 blocks of 8 "
              "warps per SM")
     read, copy = b.fn("rates_read"), b.fn("rates_copy")

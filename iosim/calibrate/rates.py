@@ -170,7 +170,7 @@ def _compute(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     for dt, short in (("float16", "fp16"), ("bfloat16", "bf16")):
         mma = b.fn(names[("mma", dt)], pad=True)
         for w in MMA_WARPS:
-            iters, t = b.sized(lambda n, w=w, f=mma: lambda: f((b.sms,), (32 * w,), (i32(n), b.out, b.stamps),
+            iters, t = b.sized(lambda n, w=w, f=mma: lambda: f((b.sms,), (32 * w,), (i32(n), i32(0), b.out, b.stamps),
                                                                shared_mem=b.pad))
             rate = MMA_FLOP * CHAINS * w * b.sms * iters / t
             report(Measured(("mma_sync", short, "throughput", w), rate, "FLOP/s",

@@ -37,7 +37,7 @@ def _wgmma(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
         for n in RATES_WGMMA_N:
             for wg in RATES_WARPGROUPS:
                 k = b.fn(wnames[(n, dt, wg)], pad=True)
-                iters, t = b.sized(lambda it, k=k, wg=wg: lambda: k((b.sms,), (128 * wg,), (i32(it), b.out, b.stamps),
+                iters, t = b.sized(lambda it, k=k, wg=wg: lambda: k((b.sms,), (128 * wg,), (i32(it), i32(0), b.out, b.stamps),
                                                                     shared_mem=b.pad), iters=16)
                 rate = 2 * 64 * n * k_inst * WGMMA_PER_TRIP * wg * b.sms * iters / t
                 report(Measured(("wgmma", short, f"n{n}", wg), rate, "FLOP/s",

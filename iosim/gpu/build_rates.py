@@ -57,8 +57,8 @@ class RatesSource:
 
     @property
     def explicit_instantiation(self) -> str:
-        sig = {"rates_mma<": "int, float*, unsigned long long*", "rates_mma_latency<": "int, float*, long long*",
-               "rates_wgmma<": "int, float*, unsigned long long*",
+        sig = {"rates_mma<": "int, int, float*, unsigned long long*", "rates_mma_latency<": "int, float*, long long*",
+               "rates_wgmma<": "int, int, float*, unsigned long long*",
                "rates_wgmma_chain<": "int, int, float*, long long*"}
         return "\n".join(f"template __global__ void {e}({sig[e[: e.index('<') + 1]]});" for e in self.name_expressions)
 

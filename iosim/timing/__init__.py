@@ -118,8 +118,8 @@ def _energy(work: Workload, seconds: float, family: str | None, profile: Profile
     """Joules of one call (:mod:`iosim.timing.energy`): ``work.hbm`` is the DRAM traffic the time priced,
     ``kernels`` the kernel models' times (their shared-memory bytes and tensor FLOPs)."""
     cal = profile.calibration
-    return energy.call_energy_j(work.counts, sum(r + w for r, w in work.hbm), seconds, work.problem.dtype, family,
-                                cal.power if cal is not None else None, kernels)
+    return energy.energy_j(work.counts, sum(r + w for r, w in work.hbm), seconds, work.problem.dtype, family,
+                           cal.power if cal is not None else None, energy.KernelWork.of(kernels))
 
 
 def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:

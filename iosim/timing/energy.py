@@ -21,6 +21,7 @@ grows with the bits its operands toggle.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..counts import Counts
@@ -30,33 +31,38 @@ if TYPE_CHECKING:
     from .estimate import KernelTime
 
 
+@dataclass(frozen=True)
+class KernelWork:
+    """What the kernel models say the kernels do beside the counts: bytes through shared memory, and the tensor
+    FLOPs and L2 bytes where the kernels run other than the counts (None: the counts')."""
+
+    smem_bytes: float = 0.0
+    tensor_flops: float | None = None
+    l2_bytes: float | None = None
+
+    @classmethod
+    def of(cls, kernels: Sequence[KernelTime]) -> KernelWork:
+        """The sums over ``kernels``; a figure only where every kernel model gives one (none: the roofline's
+        estimate, which prices no shared memory and the counts' FLOPs and bytes)."""
+        def total(field: str) -> float | None:
+            values = [getattr(k, field) for k in kernels]
+            return sum(values) if values and None not in values else None
+
+        return cls(sum(k.smem_bytes for k in kernels), total("tensor_flops"), total("l2_bytes"))
+
+
 def energy_j(counts: Counts, dram_bytes: float, seconds: float, dtype: str, family: str | None,
-             power: PowerCalibration | None, smem_bytes: float = 0.0, tensor_flops: float | None = None,
-             l2_bytes: float | None = None) -> float | None:
+             power: PowerCalibration | None, work: KernelWork = KernelWork()) -> float | None:
     """Joules of one call, or None where the profile has no power calibration (a calibration without the
-    shared-memory unit prices no shared-memory bytes). ``tensor_flops`` and ``l2_bytes``: what the kernels' tensor
-    cores run and what they move through L2, where the kernel model says (``KernelTime``), else the counts' matmul
-    FLOPs and global bytes."""
+    shared-memory unit prices no shared-memory bytes)."""
     if power is None:
         return None
     flops = dict(counts.flops)
-    if tensor_flops is not None:
-        flops["matmul"] = tensor_flops
+    if work.tensor_flops is not None:
+        flops["matmul"] = work.tensor_flops
     tensor = power.wgmma if family == "fa3" and power.wgmma is not None else power.mma_sync
     per_matmul = power.fp32.value if dtype == "fp32" else tensor.value
-    l2_hits = max((counts.global_bytes if l2_bytes is None else l2_bytes) - dram_bytes, 0)
+    l2_hits = max((counts.global_bytes if work.l2_bytes is None else work.l2_bytes) - dram_bytes, 0)
     return (power.base.value * seconds + per_matmul * flops.get("matmul", 0) + power.exp.value * flops.get("exp", 0)
             + power.fp32.value * flops.get("other", 0) + power.l2.value * l2_hits + power.dram.value * dram_bytes
-            + (power.smem.value * smem_bytes if power.smem is not None else 0.0))
-
-
-def call_energy_j(counts: Counts, dram_bytes: float, seconds: float, dtype: str, family: str | None,
-                  power: PowerCalibration | None, kernels: Sequence[KernelTime] = ()) -> float | None:
-    """:func:`energy_j` with the shared-memory bytes and tensor FLOPs of the kernel models' ``kernels`` (none: the
-    roofline's estimate, which prices no shared memory and the counts' FLOPs)."""
-    def total(field: str) -> float | None:  # the kernels' own figure where every kernel model gives one
-        values = [getattr(k, field) for k in kernels]
-        return sum(values) if values and None not in values else None
-
-    return energy_j(counts, dram_bytes, seconds, dtype, family, power, sum(k.smem_bytes for k in kernels),
-                    total("tensor_flops"), total("l2_bytes"))
+            + (power.smem.value * work.smem_bytes if power.smem is not None else 0.0))
