@@ -26,17 +26,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from iosim.calibrate.rates_kernels import (
-    ALU_UNROLL,
-    CHAINS,
-    MMA_FLOP,
-    SMEM_PER_TRIP,
-    SMEM_WARPS,
-    Bench,
-    Measured,
-    RatesError,
-    fmt_value,
-)
+from iosim.calibrate import rates_kernels as shape  # the rates kernels' shapes (chains, warps, ...)
+from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, fmt_value
 from iosim.calibrate.rates_wgmma import WGMMA_PER_TRIP
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.build_rates import rates_mma_names, rates_wgmma_names
@@ -118,7 +109,7 @@ def measure_power(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
     mma = b.fn(rates_mma_names()[("mma", "bfloat16")], pad=True)
     per_unit("mma_sync", lambda n: lambda: mma((b.sms,), (32 * MMA_WARPS,), (i32(n), i32(1), b.out, b.stamps),
                                                  shared_mem=b.pad),
-             lambda n: MMA_FLOP * CHAINS * MMA_WARPS * b.sms * n, "mma.sync m16n8k16 bf16, 8 warps per SM")
+             lambda n: shape.MMA_FLOP * shape.CHAINS * MMA_WARPS * b.sms * n, "mma.sync m16n8k16 bf16, 8 warps per SM")
     if b.hopper:
         wg = b.fn(rates_wgmma_names()[(WGMMA_N, "bfloat16", WGMMA_GROUPS)], pad=True)
         per_unit("wgmma", lambda n: lambda: wg((b.sms,), (128 * WGMMA_GROUPS,), (i32(n), i32(1), b.out, b.stamps),
@@ -128,11 +119,11 @@ def measure_power(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
     alu, n_alu = b.fn("rates_alu"), 4 * b.sms
     for op, path, per_op in ((3, "exp", 1), (0, "fp32", 2)):
         per_unit(path, lambda n, op=op: lambda: alu((n_alu,), (256,), (i32(op), i32(n), b.out, b.stamps)),
-                 lambda n, per_op=per_op: per_op * ALU_UNROLL * CHAINS * n_alu * 256 * n,
+                 lambda n, per_op=per_op: per_op * shape.ALU_UNROLL * shape.CHAINS * n_alu * 256 * n,
                  "ex2.approx.ftz.f32" if op == 3 else "fp32 FMA (2 FLOPs), 4 blocks of 256 threads per SM")
     smem, blocks = b.fn("rates_smem"), 4 * b.sms
     per_unit("smem", lambda n: lambda: smem((blocks,), (256,), (i32(2), i32(n), i32(0), b.out, b.stamps)),
-             lambda n: blocks * SMEM_WARPS * SMEM_PER_TRIP * 512 * n, "ldmatrix.x4 of random words, 4 blocks of 8 "
+             lambda n: blocks * shape.SMEM_WARPS * shape.SMEM_PER_TRIP * 512 * n, "ldmatrix.x4 of random words, 4 blocks of 8 "
              "warps per SM")
     read, copy = b.fn("rates_read"), b.fn("rates_copy")
     n_l2 = max(1, b.l2_bytes // 64)
