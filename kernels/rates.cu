@@ -17,8 +17,8 @@
 //                                          for it (wait_group 0), iters times: clock64 cycles of all trips (thread 0);
 //                                          a trip costs a fixed round trip plus chain x WG instructions' tensor time
 //   rates_smem(mode, iters, 0, out, stamps)  mode 0 ldmatrix.x4, 1 ld.shared.v4.u32 (+ 2: random words, for the
-//                                          power bursts): 512 B per warp instruction, no bank
-//                                          conflict (4 wavefronts of 128 B); stamps around the loop only (after
+//                                          power bursts): 512 B per warp instruction, no bank conflict (4
+//                                          wavefronts of 128 B); stamps around the loop only (after
 //                                          the fill, after every warp's last load), and each block's %smid at
 //                                          stamps[4 x gridDim + block id]: bytes per clock64 cycle of each SM
 //   rates_read / rates_write (reps passes over n float4) and rates_copy: global memory, grid-stride, 4 x 16 B per
