@@ -258,7 +258,7 @@ class _FakeCupy:
     int32, int64, float32, uint32, uint64 = np.int32, np.int64, np.float32, np.uint32, np.uint64
 
     def __init__(self, hopper: bool):
-        self.now, self.hopper, self.launched = 0.0, hopper, []
+        self.now, self.hopper, self.launched, self.calls = 0.0, hopper, [], []
         fake = self
 
         class Event:
@@ -295,6 +295,17 @@ class _FakeCupy:
     def ones(self, n, dtype):
         return np.ones(n, dtype).view(_Array)
 
+    def empty(self, n, dtype):
+        return np.zeros(n, dtype).view(_Array)
+
+    class random:  # cupy.random
+        class RandomState:
+            def __init__(self, seed):
+                self.rng = np.random.default_rng(seed)
+
+            def uniform(self, lo, hi, n, dtype):
+                return self.rng.uniform(lo, hi, n).astype(dtype).view(_Array)
+
     asnumpy = staticmethod(np.asarray)
     asarray = staticmethod(lambda a: np.asarray(a).view(_Array))
     get_default_memory_pool = staticmethod(lambda: type("Pool", (), {"free_all_blocks": lambda self: None})())
@@ -317,6 +328,9 @@ class _FakeModule:
 
             def __call__(self, grid, block, args, shared_mem=0):
                 ints = [int(a) for a in args if isinstance(a, (np.int32, np.int64))]
+                cp.calls.append((name, ints))
+                if name.startswith(("rates_mma<", "rates_wgmma<")):  # (iters, random, ...): time by the iterations
+                    ints = ints[:1]
                 if name.startswith("rates_chase"):  # memory latency: 600 cycles per load at 1.5 GHz
                     cp.launched.append(name)
                     if name == "rates_chase":
@@ -368,3 +382,53 @@ def test_the_command_measures_and_writes_a_profile_on_a_stand_in_gpu(monkeypatch
                   "latency.l2", "latency.dram"):
         assert re.search(rf"^{re.escape(label)}\s", text, re.M), label  # each printed as it completes
     assert f"wrote {out}" in text
+
+
+class _FakeNvml:
+    """Just what iosim.calibrate.power uses of pynvml: an energy counter (mJ) that steps at every read."""
+
+    def __init__(self):
+        self.mj = 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        self.mj += 1000
+        return self.mj
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return 700_000
+
+
+def test_only_the_power_bursts_take_random_operands(monkeypatch):
+    """The rates the time model uses are measured on fixed operands; the power section's bursts on random ones
+    (kernels/rates.cu's ``random`` argument of rates_mma and rates_wgmma, rates_smem's mode bit 2)."""
+    from iosim.calibrate import power
+
+    fake = _FakeCupy(hopper=True)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    monkeypatch.setattr(power, "BURST_S", 1e-3)
+    monkeypatch.setattr(power, "REST_S", 0.0)
+    monkeypatch.setattr(power, "IDLE_S", 1e-3)
+    b = rates_kernels.Bench(fake, 10)
+
+    def operands(part) -> dict[str, set[int]]:
+        fake.calls.clear()
+        part(b, fake, lambda m, note: None)
+        out: dict[str, set[int]] = {}
+        for name, ints in fake.calls:
+            if name.startswith(("rates_mma<", "rates_wgmma<")):
+                out.setdefault(name.split("<")[0], set()).add(ints[1])
+            elif name == "rates_smem":
+                out.setdefault(name, set()).add(ints[0] & 2)
+        return out
+
+    assert operands(rates._compute) == {"rates_mma": {0}, "rates_wgmma": {0}}
+    assert operands(rates._memory)["rates_smem"] == {0}
+    assert operands(power.measure_power) == {"rates_mma": {1}, "rates_wgmma": {1}, "rates_smem": {2}}
+
