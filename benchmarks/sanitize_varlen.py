@@ -8,7 +8,8 @@
 Every varlen instantiation (each tile of iosim.launch.varlen's lists, plain, causal and windowed, fp16 and bf16),
 on packed sequences of lengths 0, 1, 37, 300 and 130 (keys 5, 1, 0, 333, 130: empty sequences, a sequence with keys
 but no queries and the reverse, rows that see no key), grouped-query heads 4:1; windows (0, 0), (17, 0), (40, 9),
-(0, None), and on the dense batch (null cu_seqlens) one window per tile. CuPy's memory pool is off, so every array is
+(0, None), and on the dense batch (null cu_seqlens) one window per tile; on a Hopper GPU also flash3_fwd.cu's windowed
+instantiations (d 64, 128, 256) on the dense batch, the same windows. CuPy's memory pool is off, so every array is
 its own allocation and memcheck sees a read past the end of q, k, v or cu_seqlens, or a write past o or lse.
 """
 
@@ -67,7 +68,17 @@ def main() -> int:
                             block_q=bq, block_kv=bkv, window=(20, 3)))
                         check(cp, o, lse, (d, bq, bkv, "dense window"))
                         n += 1
-    print(f"sanitize_varlen: {n} varlen kernel launches, no NaN")
+    if cp.cuda.Device().compute_capability == "90":  # flash3's windows: dense batch, N != N_kv, 4:1 heads
+        for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):
+            for d in (64, 128, 256):
+                qd = cp.asarray(rng.standard_normal((2, 300, 8, d)).astype(np.float32)).astype(dtype)
+                kd = cp.asarray(rng.standard_normal((2, 333, 2, d)).astype(np.float32)).astype(dtype)
+                for window in WINDOWS:
+                    o, lse = gpu.attention(qd, kd, kd, schedule="flash3", causal=window[1] == 0, return_lse=True,
+                                           options=gpu.AttentionOptions(window=window))
+                    check(cp, o, lse, (d, "flash3", window))
+                    n += 1
+    print(f"sanitize_varlen: {n} kernel launches, no NaN")
     return 0
 
 

@@ -212,8 +212,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     flash-decoding with ``kernel="iosim-decode"``, whose tile program is iosim's decode kernel's
     (docs/serving.md), ``density``, ``mask`` (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's
     backward pass: "expand", the default, as FlashAttention-2; "grouped", as iosim's kernel:
-    docs/schedules/backward.md), ``window`` (flash2's forward: a sliding window (left, right), None for no bound on a
-    side) and ``seqlens`` (flash2's forward: packed sequences, one length or a (queries, keys) pair each, adding up
+    docs/schedules/backward.md), ``window`` (flash2's and flash3's forward: a sliding window (left, right), None for no
+    bound on a side) and ``seqlens`` (flash2's forward: packed sequences, one length or a (queries, keys) pair each, adding up
     to a batch-1 problem's seq_len and kv_len; the L2 model and the kernel time models are dense-only, so ``hbm`` =
     ``global`` and the time is the roofline's there), ``incoherent`` (``"fp8-quantize"``, the kernels that write iosim's
     fp8 layout, docs/schedules/flash3.md: Q and K rotated by a Hadamard transform first). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
@@ -246,8 +246,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     if desc is not None and schedule == "flash3" and desc.fp8_layout == "iosim" and problem.dtype == "fp8":
         options = replace(options, tiling="iosim")  # the kernel's fp8 layout (iosim.schedules.flash3_fp8)
     if (window is not None or seqlens is not None) and pass_ != "forward":
-        raise ScheduleError(f"window, seqlens with pass={pass_!r}: flash2's window and packed sequences are counted "
-                            "for the forward pass only (iosim's kernel has no such backward); use pass_='forward'")
+        raise ScheduleError(f"window, seqlens with pass={pass_!r}: windows and packed sequences are counted "
+                            "for the forward pass only (iosim's kernels have no such backward); use pass_='forward'")
     if method not in ("closed", "walk"):
         raise ScheduleError(f"method={method!r}: expected 'closed' or 'walk'")
     if not isinstance(l2, bool):  # l2="no" is a true value: never read a string as a switch

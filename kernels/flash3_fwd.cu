@@ -20,7 +20,8 @@
 // Shared memory (terms in iosim/launch/forward.py flash3_smem_terms): Q (Br x d) + K, V (Stages x Bc x d each), stored
 // as d/64 column panels of rows x 128 B in TMA's 128-byte swizzle, which is wgmma's 128B-swizzle layout.
 // Masking: keys >= kv_len (the TMA box past the tensor's end reads zeros) and, when causal, keys j > i + (kv_len - N)
-// (bottom-right aligned) get -inf; K/V tiles entirely above the diagonal are never loaded.
+// (bottom-right aligned) get -inf; K/V tiles entirely above the diagonal are never loaded. Local (a sliding window):
+// keys outside i + off - left .. i + off + right get -inf, tiles wholly outside every row's window are never loaded.
 // Grouped-query / multi-query: query head h reads kv head h / (H / H_kv).
 //
 // Versions (llm.c style; the log with the floor before and the measurement after each is in docs/kernels.md):
@@ -44,6 +45,10 @@
 //       dependencies; one chain is 96 dependent FADDs a row pair per tile at Bc=192. Measured (H100, same call as v1):
 //       d=128 876-885 / 953-962 / 988-992 TFLOP/s at N=4K/8K/16K (+5-7%), d=64 +10%, d=256 +-1%, causal d=128
 //       equal at N=4K, -1.5 to -2% at N=16K.
+//   Local (issue 28): a sliding window (left, right; FlashAttention's window_size, 16-bit inputs): each Q tile
+//       visits K/V tiles kv_first .. kv_blocks - 1, masking the tiles its rows straddle. Measured (H100, B=2,
+//       N=8192, causal windows 256 / 1024 / 4096): d=64 163 / 318 / 412 TFLOP/s (1.12-1.15x FlexAttention),
+//       d=128 230 / 461 / 602 (1.49-1.62x).
 #include "common.cuh"
 #include "hopper.cuh"  // before the wgmma wrappers: they name its e4m3
 #include "flash3_wgmma.cuh"
@@ -64,15 +69,22 @@ constexpr int kF3Fp8Chains = IOSIM_F3_FP8_CHAINS;
 constexpr int kF3Threads = 384;  // FLASH3_THREADS: producer warpgroup + 2 consumer warpgroups
 constexpr int kF3Panel = 64;   // FLASH3_SWIZZLE_ELEMS: elements per 128-byte row of a swizzled panel
 
-// which K/V tiles Q tile m_block visits: 0 .. n_blocks-1 (causal: the ones left of the diagonal)
-template <int Br, int Bc, bool Causal>
-__device__ __forceinline__ int kv_blocks(int m_block, int seq_len, int kv_len) {
+// which K/V tiles Q tile m_block visits: 0 .. n_blocks-1 (causal: the ones left of the diagonal; Local: those
+// holding a key of some row's window, keys >= first_key(m_block) only, below)
+template <int Br, int Bc, bool Causal, bool Local>
+__device__ __forceinline__ int kv_blocks(int m_block, int seq_len, int kv_len, int right) {
     int n_blocks = (kv_len + Bc - 1) / Bc;  // Tc
-    if (Causal) {
-        const int last_key = min((m_block + 1) * Br, seq_len) - 1 + (kv_len - seq_len);  // largest key any row sees
+    if (Causal || Local) {
+        // largest key any row sees (Local: right keys past the diagonal; causal: none)
+        const int last_key = min((m_block + 1) * Br, seq_len) - 1 + (kv_len - seq_len) + (Local ? right : 0);
         n_blocks = min(n_blocks, last_key < 0 ? 0 : last_key / Bc + 1);
     }
     return n_blocks;
+}
+// the first K/V tile Q tile m_block visits: 0, or (Local) the tile of the smallest key its first row sees
+template <int Br, int Bc, bool Local>
+__device__ __forceinline__ int kv_first(int m_block, int seq_len, int kv_len, int left) {
+    return Local ? max(0, m_block * Br + (kv_len - seq_len) - left) / Bc : 0;
 }
 
 // the output type: the input type, except fp8 inputs, whose O is bf16 (as FlashAttention-3's fp8 forward)
@@ -83,16 +95,21 @@ template <> struct F3Out<e4m3> { using type = __nv_bfloat16; };
 // (a factor of 256 that cancels in O / l; FlashAttention-3's Max_offset)
 constexpr float kF3PShift = 8.f;
 
-template <int D, int Bc, typename T, bool Causal>
+template <int D, int Bc, typename T, bool Causal, bool Local = false>
 __global__ void __launch_bounds__(kF3Threads, 1)
     flash3_fwd_kernel(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                       const __grid_constant__ TmaMap tm_v, typename F3Out<T>::type* __restrict__ o,
                       float* __restrict__ lse, const int* __restrict__ schedule,
                       const float* __restrict__ q_scale, const float* __restrict__ k_scale,
                       const float* __restrict__ v_scale, int batch,
-                      int seq_len, int kv_len, int heads, int kv_heads, float scale_log2) {
+                      int seq_len, int kv_len, int heads, int kv_heads, float scale_log2, int window_left,
+                      int window_right) {
     using OT = typename F3Out<T>::type;
     constexpr bool kFp8 = is_same<T, e4m3>::value;
+    static_assert(!(Causal && Local), "a causal window is Local with right = 0");
+    static_assert(!(kFp8 && Local), "a window is a 16-bit kernel's");
+    // Local: row i sees keys i + offset - left .. i + offset + right (each bound at most the sequence: no overflow)
+    const int left = Local ? min(window_left, kv_len) : 0, right = Local ? min(window_right, seq_len) : 0;
     constexpr int E = kFp8 ? 1 : 2;          // bytes per input element
     constexpr int Br = 128;                 // 2 consumer warpgroups x 64 rows
     // Q and K: d/panel column panels of rows x kRowBytes, swizzled (128 B rows; 64 B where a row of d is 64 B)
@@ -176,8 +193,9 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 if (t < 0) continue;
                 int m_block, h, b;
                 tile_coords(t, m_block, h, b);
-                const int n_blocks = kv_blocks<Br, Bc, Causal>(m_block, seq_len, kv_len);
-                if (n_blocks <= 0) continue;  // the consumers write zeros without loading anything
+                const int n_first = kv_first<Br, Bc, Local>(m_block, seq_len, kv_len, left);
+                const int n_end = kv_blocks<Br, Bc, Causal, Local>(m_block, seq_len, kv_len, right);
+                if (n_end <= n_first) continue;  // the consumers write zeros without loading anything
                 const int hk = h / (heads / kv_heads);
                 // Alg. line 4: Q_i, one box per 64-column panel, once the consumers are done with the last Q
                 mbar_wait(q_empty, (tile_no & 1) ^ 1);
@@ -187,7 +205,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                     tma_load_4d(sQ + p * Br * kRowBytes, &tm_q, q_full, p * kPanelElems, h, m_block * Br, b);
                 ++tile_no;
                 // Alg. line 6: K_j, V_j through the ring
-                for (int j = 0; j < n_blocks; ++j, ++it) {
+                for (int j = n_first; j < n_end; ++j, ++it) {
                     const int s = it % kF3Stages;
                     const unsigned ph = (it / kF3Stages) & 1;
                     mbar_wait(k_empty(s), ph ^ 1);  // the consumers are done with the tile Stages ago in this slot
@@ -269,8 +287,9 @@ __global__ void __launch_bounds__(kF3Threads, 1)
     // mask and online softmax of S (in place: S becomes unnormalized P in fp32); returns the O correction factors.
     // fp8: the tile's scale sl = scale_log2 * q_scale * k_scale_j changes with j, so m is kept scaled (log2 units)
     auto softmax = [&](int j, int m0, int row0, float sl, float (&corr)[2]) {
-        const int n0 = j * Bc;
-        const bool need_mask = (n0 + Bc > kv_len) || (Causal && n0 + Bc - 1 > m0 + cw * 64 + offset);
+        const int n0 = j * Bc, r0 = m0 + cw * 64;  // this warpgroup's rows: r0 .. r0 + 63
+        const bool need_mask = (n0 + Bc > kv_len) || (Causal && n0 + Bc - 1 > r0 + offset) ||
+                               (Local && (n0 + Bc - 1 > r0 + offset + right || n0 < r0 + 63 + offset - left));
         if (need_mask) {
 #pragma unroll
             for (int nt = 0; nt < Bc / 8; ++nt)
@@ -278,7 +297,9 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 for (int e = 0; e < 4; ++e) {
                     const int row = row0 + ((e >> 1) << 3);
                     const int col = n0 + nt * 8 + 2 * t4 + (e & 1);
-                    if (col >= kv_len || (Causal && col > row + offset)) acc_s[nt * 4 + e] = -INFINITY;
+                    if (col >= kv_len || (Causal && col > row + offset) ||
+                        (Local && (col > row + offset + right || col < row + offset - left)))
+                        acc_s[nt * 4 + e] = -INFINITY;
                 }
         }
 #pragma unroll
@@ -381,7 +402,8 @@ __global__ void __launch_bounds__(kF3Threads, 1)
         int m_block, h, b;
         tile_coords(t, m_block, h, b);
         const int m0 = m_block * Br;
-        const int n_blocks = kv_blocks<Br, Bc, Causal>(m_block, seq_len, kv_len);
+        const int n_first = kv_first<Br, Bc, Local>(m_block, seq_len, kv_len, left);
+        const int n_blocks = kv_blocks<Br, Bc, Causal, Local>(m_block, seq_len, kv_len, right) - n_first;
         const int row0 = m0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
         float* lseg = lse + ((long long)b * heads + h) * seq_len;
         OT* og = o + (long long)b * seq_len * q_stride + (long long)h * D;
@@ -439,7 +461,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 mbar_arrive(k_empty(s));
                 if (n_blocks == 1) mbar_arrive(q_empty);  // the last S of this tile: Q_i may be overwritten
             }
-            softmax(0, m0, row0, sl_of(0), corr);
+            softmax(n_first, m0, row0, sl_of(0), corr);
             convert_p();
         }
         // tiles 1 .. n-1: issue S_j and O += P_{j-1} V_{j-1} together; softmax of S_j overlaps P_{j-1} V_{j-1}
@@ -459,7 +481,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 mbar_arrive(k_empty(s));
                 if (j == n_blocks - 1) mbar_arrive(q_empty);
             }
-            softmax(j, m0, row0, sl_of(j), corr);
+            softmax(n_first + j, m0, row0, sl_of(j), corr);
             wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
             fence_regs(acc_o);
             fence_regs(p_frag);

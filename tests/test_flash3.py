@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from iosim import AttentionProblem, get_profile, simulate
-from iosim.schedules import Tiles
+from iosim.schedules import ScheduleError, Tiles
 from iosim.schedules import flash3 as fa3
 from iosim.simulate import closed, walk
 from iosim.timing.fa3 import HopperModel, block_times, kernel_time
@@ -45,6 +45,26 @@ def test_flash3_moves_exactly_flash2s_bytes_and_its_closed_form_equals_its_walk(
     assert w.kernels[0].sram_peak <= c.kernels[0].sram_peak
     w.kernels[0].sram_peak = c.kernels[0].sram_peak = None
     assert w == c
+
+
+@given(st.integers(1, 300), st.integers(1, 300), st.integers(1, 96), st.integers(1, 96),
+       st.one_of(st.none(), st.integers(0, 400)), st.one_of(st.none(), st.integers(0, 400)))
+def test_flash3_with_a_window_moves_flash2s_windowed_bytes_and_its_closed_form_equals_its_walk(N, Nk, Br, Bc, left,
+                                                                                             right):
+    """kernels/flash3_fwd.cu's Local instantiations visit the K/V blocks flash_fwd.cu's windowed kernel does."""
+    p = AttentionProblem(seq_len=N, kv_len=Nk, head_dim=64, heads=2)
+    t = fa3.make_tiles(p, H100, Br, Bc, window=(left, right))
+    f3, f2 = closed("flash3", p, t), closed("flash2", p, t)
+    assert f3.kernels[0].name == "flash3_fwd"
+    assert f3.global_read == f2.global_read and f3.global_write == f2.global_write and f3.flops == f2.flops
+    w, c = walk("flash3", p, t).normalized(), f3.normalized()
+    w.kernels[0].sram_peak = c.kernels[0].sram_peak = None
+    assert w == c
+
+
+def test_a_flash3_window_is_a_16_bit_kernels():
+    with pytest.raises(ScheduleError, match="16-bit"):
+        simulate("flash3", AttentionProblem(seq_len=256, head_dim=128, dtype="fp8"), H100, window=(63, 0))
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

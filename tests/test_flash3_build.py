@@ -8,13 +8,15 @@ from iosim.gpu import build, build_fp8, flash3_host
 
 
 def test_every_flash3_tile_has_an_instantiation_per_dtype_and_mask():
-    insts = build.flash3_instances()
-    assert len(insts) == (len(launch.FLASH3_TILES) * len(build.CUDA_TYPES) + len(launch.FLASH3_FP8_TILES)) * 2
+    insts = build.flash3_instances()  # 16-bit: plain, causal, windowed; fp8: plain, causal
+    assert len(insts) == len(launch.FLASH3_TILES) * len(build.CUDA_TYPES) * 3 + len(launch.FLASH3_FP8_TILES) * 2
     for d, (bq, bkv) in launch.FLASH3_TILES.items():
         assert bq == 128  # 2 consumer warpgroups x wgmma's M of 64; the kernel's Br
         for dt in build.CUDA_TYPES:
             for causal in (False, True):
                 assert build.Flash3Instance(d, bkv, dt, causal) in insts
+            assert build.Flash3Instance(d, bkv, dt, False, True) in insts
+            assert build.Flash3Instance(d, bkv, dt, False, True).name_expression.endswith(", false, true>")
     for d, (bq, bkv) in launch.FLASH3_FP8_TILES.items():
         assert bq == 128 and bkv % 32 == 0  # fp8 P V runs in whole k32 steps
         for causal in (False, True):

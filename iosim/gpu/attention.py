@@ -181,10 +181,10 @@ def _run_flash3(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
     block_q, block_kv = launch.FLASH3_TILES[D]
     smem = launch.flash3_smem_bytes(D, block_q, block_kv, build.ITEMSIZE[c.dtype])
     c.need_lse()
-    inst = build.Flash3Instance(D, block_kv, c.dtype, c.causal)
+    inst = build.Flash3Instance(D, block_kv, c.dtype, c.causal, c.mask.local)
     grid, block = flash3_host.launch_kernel(cp, _kernel(cp, inst, smem), c.q, c.k, c.v, c.o, c.lse, causal=c.causal,
                                        scale_log2=c.scale * _LOG2E, dtype=c.dtype, block_q=block_q,
-                                       block_kv=block_kv, smem=smem)
+                                       block_kv=block_kv, smem=smem, window=c.mask.kernel_window())
     return (KernelLaunch(inst.name_expression, grid, block, smem),), \
         {"block_q": block_q, "block_kv": block_kv, "stages": launch.FLASH3_STAGES}
 
@@ -298,9 +298,9 @@ def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool 
     if block_trace is not None and schedule != "flash2":
         raise ValueError("block_trace is supported by schedule='flash2' only")
     window = check_window(options.window, causal)
-    if window is not None and schedule != "flash2":
-        raise AttentionInputError(f"window={options.window!r}: a sliding window is schedule='flash2''s only; expected "
-                                  f"None with schedule={schedule!r}")
+    if window is not None and schedule not in ("flash2", "flash3"):
+        raise AttentionInputError(f"window={options.window!r}: a sliding window is schedule='flash2''s or "
+                                  f"'flash3''s; expected None with schedule={schedule!r}")
     mask = varlen.mask_of(causal, window)
     if block_trace is not None and mask.local:
         raise AttentionInputError("block_trace: the block timeline is the dense kernel's; expected None with a window")

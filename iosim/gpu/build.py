@@ -261,18 +261,20 @@ FLASH3_CUDA_TYPES: dict[str, str] = {**CUDA_TYPES, FP8_DTYPE: "iosim::e4m3"}
 
 @dataclass(frozen=True)
 class Flash3Instance:
-    """One template instantiation of flash3_fwd_kernel<D, Bc, T, Causal> (Br is fixed at 128)."""
+    """One template instantiation of flash3_fwd_kernel<D, Bc, T, Causal, Local> (Br is fixed at 128; Local: a
+    sliding window, 16-bit inputs, not causal: a causal window is one with right = 0)."""
 
     head_dim: int
     block_kv: int
     dtype: str  # "float16" | "bfloat16" | "e4m3" (fp8 inputs, bf16 O)
     causal: bool
+    local: bool = False
 
     @property
     def name_expression(self) -> str:
         t = FLASH3_CUDA_TYPES[self.dtype]
         c = "true" if self.causal else "false"
-        return f"{FLASH3_KERNEL}<{self.head_dim}, {self.block_kv}, {t}, {c}>"
+        return f"{FLASH3_KERNEL}<{self.head_dim}, {self.block_kv}, {t}, {c}{', true' if self.local else ''}>"
 
     @property
     def explicit_instantiation(self) -> str:
@@ -280,7 +282,7 @@ class Flash3Instance:
         m = "const __grid_constant__ iosim::TmaMap"
         f = "const float*"
         return (f"template __global__ void {self.name_expression}({m}, {m}, {m}, {o}*, float*, const int*, {f}, {f}, "
-                f"{f}, int, int, int, int, int, float);")
+                f"{f}, int, int, int, int, int, float, int, int);")
 
     @property
     def source(self) -> str:
@@ -298,7 +300,8 @@ def flash3_instances() -> list[Flash3Instance]:
         for d, (_, bkv) in FLASH3_TILES.items()
         for dt in CUDA_TYPES
         for c in (False, True)
-    ] + [Flash3Instance(d, bkv, FP8_DTYPE, c) for d, (_, bkv) in FLASH3_FP8_TILES.items() for c in (False, True)]
+    ] + [Flash3Instance(d, bkv, dt, False, True) for d, (_, bkv) in FLASH3_TILES.items() for dt in CUDA_TYPES] + [
+        Flash3Instance(d, bkv, FP8_DTYPE, c) for d, (_, bkv) in FLASH3_FP8_TILES.items() for c in (False, True)]
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -185,11 +185,12 @@ def _device_schedule(cp: Any, key: tuple) -> Any:
 
 
 def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool, scale_log2: float,
-           dtype: str, block_q: int, block_kv: int, smem: int,
-           scales: tuple[Any, Any, Any] | None = None) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+           dtype: str, block_q: int, block_kv: int, smem: int, scales: tuple[Any, Any, Any] | None = None,
+           window: tuple[int, int] = (0, 0)) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Launch flash3_fwd_kernel (compiled as ``fn``) on (B, N, H, d) q and (B, N_kv, H_kv, d) k, v; returns (grid, block).
     fp8 (dtype "e4m3"): q and k hold e4m3 bytes, v is V^T (B, H_kv, d, N_kv padded) and ``scales`` the three block
-    scale arrays (:mod:`iosim.gpu.fp8`).
+    scale arrays (:mod:`iosim.gpu.fp8`). ``window``: (left, right) as the Local instantiation takes them
+    (:meth:`iosim.launch.varlen.Mask.kernel_window`); the others ignore it.
 
     Persistent grid: min(Tr * H * B, SMs) blocks, each taking Q tiles blockIdx.x, blockIdx.x + gridDim.x, ... in
     flash2's grid order (Q tiles of one (batch, head) fastest, so co-resident blocks share K/V in L2; causal Q tiles
@@ -209,7 +210,7 @@ def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *,
     i32, null = cp.int32, cp.uint64(0)
     sq, sk, sv = scales if scales is not None else (null, null, null)
     fn(grid, block, (tm_q, tm_k, tm_v, o, lse, sched if sched is not None else null, sq, sk, sv, i32(B), i32(N),
-                     i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2)), shared_mem=smem)
+                     i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2), i32(window[0]), i32(window[1])), shared_mem=smem)
     return grid, block
 
 

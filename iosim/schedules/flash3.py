@@ -30,7 +30,7 @@ fp8 (e4m3, ``dtype="fp8"``), two kernels:
 
 from __future__ import annotations
 
-from ..blocks import block_rows, cdiv, n_kv_blocks_visible
+from ..blocks import block_rows, cdiv, kv_block_range
 from ..counts import Counts
 from ..problem import STAT_BYTES, AttentionProblem
 from . import flash2, flash3_fp8
@@ -56,14 +56,20 @@ def default_tiles(p: AttentionProblem, profile) -> Tiles:
     return shrink_to_fit(SCHEDULE, p, Br, Bc, profile)
 
 
-def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, tiling=None) -> Tiles:
+def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, tiling=None, window=None) -> Tiles:
     """The tiles given (or the default, :func:`default_tiles`); with ``tiling="iosim"`` (``simulate`` sets it from a
-    description with ``fp8_layout: iosim``) and a fp8 problem, tiles that count iosim's fp8 layout."""
+    description with ``fp8_layout: iosim``) and a fp8 problem, tiles that count iosim's fp8 layout; with a sliding
+    ``window`` (left, right), FlashAttention-2's windowed tiles (:class:`iosim.schedules.flash2.Flash2Tiles`: the
+    same K/V blocks are visited, kernels/flash3_fwd.cu's Local instantiations, 16-bit inputs)."""
     if tiling not in (None, "fa3", "iosim"):
         raise ScheduleError(f"flash3: tiling={tiling!r}; expected 'fa3' or 'iosim'")
     default = default_tiles(p, profile) if block_q is None or block_kv is None else None
     Br = block_q if block_q is not None else default.block_q
     Bc = block_kv if block_kv is not None else default.block_kv
+    if window is not None:
+        if p.dtype == "fp8":
+            raise ScheduleError(f"flash3: window={window!r} with fp8: the windowed kernel takes 16-bit inputs")
+        return flash2.make_tiles(p, profile, Br, Bc, window=window)
     if tiling == "iosim" and p.dtype == "fp8":
         return flash3_fp8.Fp8LayoutTiles(Br, Bc)
     return default if block_q is None and block_kv is None else Tiles(Br, Bc)
@@ -74,22 +80,22 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
     if isinstance(t, flash3_fp8.Fp8LayoutTiles):
         return flash3_fp8.program(x, p, t)
     N, Nk = p.seq_len, p.kv_len
-    Br, Bc = t.block_q, t.block_kv
+    Br, Bc, window = t.block_q, t.block_kv, getattr(t, "window", None)
     Tr = cdiv(N, Br)
 
     with x.kernel("flash3_fwd", grid=Tr):
         for i in range(Tr):
             with x.thread_block():
                 q = block_rows(i, Br, N)
-                n_i = n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal)
-                if n_i == 0:  # causal: no row of this block sees a key (early exit)
+                lo, hi = kv_block_range(i, Br, Bc, N, Nk, p.causal, window)
+                if hi <= lo:  # causal or windowed: no row of this block sees a key (early exit)
                     O_i, L_i = x.empty_output(q)
                     x.store("O", q, O_i)
                     x.store("lse", q, L_i)
                     continue
                 Q_i = x.load("Q", q)  # producer: TMA load of Q_i
                 O_i, l_i, m_i = x.init_state(q)
-                for j in x.order(range(n_i)):
+                for j in x.order(range(lo, hi)):
                     k = block_rows(j, Bc, Nk)
                     K_j = x.load("K", k)  # producer: TMA into stage j % 2
                     V_j = x.load("V", k)
@@ -132,5 +138,5 @@ def _dram(p: AttentionProblem, t: Tiles) -> list[tuple[int, int]] | None:
 
 # the Hopper pipeline's time (iosim.timing.fa3) instead of the plain roofline
 SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
-                    time_model="hopper", make_tiles=make_tiles, options=("tiling",), dram=_dram,
+                    time_model="hopper", make_tiles=make_tiles, options=("tiling", "window"), dram=_dram,
                     dram_model=flash3_fp8.DRAM_MODEL)

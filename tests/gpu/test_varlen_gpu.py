@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 import pytest
-from test_attention_gpu import TOL, _cp, _np_dtype, rel_err, seeded_rng
+from test_attention_gpu import TOL, _cp, _np_dtype, is_hopper, rel_err, seeded_rng
 
 from iosim.launch import varlen as geo
 
@@ -143,9 +143,12 @@ WINDOWS = [(0, 0), (1, 0), (16, 0), (127, 0), (128, 0), (5000, 0), (0, 1), (5, 7
 @pytest.mark.parametrize("shape", [(2, 300, 300), (1, 257, 700), (1, 700, 257)], ids=lambda s: "B{}-N{}-Nk{}".format(*s))
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_dense_window_equals_float64_reference(window, shape, D, dtype):
+@pytest.mark.parametrize("schedule", ["flash2", "flash3"])
+def test_dense_window_equals_float64_reference(window, shape, D, dtype, schedule):
     from iosim import gpu
 
+    if schedule == "flash3" and not is_hopper():
+        pytest.skip("schedule='flash3' needs a Hopper GPU (sm_90)")
     B, N, Nk = shape
     rng = seeded_rng()
     dt, cp = _np_dtype(dtype), _cp()
@@ -156,9 +159,10 @@ def test_dense_window_equals_float64_reference(window, shape, D, dtype):
     lse_out = cp.full((B, 8, N), np.nan, dtype=cp.float32)
     causal = window[1] == 0  # a causal window: the same as right = 0 without causal (checked below)
     opts = gpu.AttentionOptions(out=out, lse_out=lse_out, window=window)
-    gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal, return_lse=True, options=opts)
+    gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), schedule=schedule, causal=causal, return_lse=True,
+                  options=opts)
     cp.cuda.runtime.deviceSynchronize()
-    assert gpu.last_launch().window == window
+    assert gpu.last_launch().window == window and gpu.last_launch().schedule == schedule
     o, lse = cp.asnumpy(out).astype(np.float64), cp.asnumpy(lse_out).astype(np.float64)
     for b in range(B):
         ref_o, ref_lse = reference(q[b], k[b], v[b], causal, window)
