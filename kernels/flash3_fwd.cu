@@ -69,8 +69,8 @@ constexpr int kF3Fp8Chains = IOSIM_F3_FP8_CHAINS;
 constexpr int kF3Threads = 384;  // FLASH3_THREADS: producer warpgroup + 2 consumer warpgroups
 constexpr int kF3Panel = 64;   // FLASH3_SWIZZLE_ELEMS: elements per 128-byte row of a swizzled panel
 
-// which K/V tiles Q tile m_block visits: 0 .. n_blocks-1 (causal: the ones left of the diagonal; Local: those
-// holding a key of some row's window, keys >= first_key(m_block) only, below)
+// which K/V tiles Q tile m_block visits: 0 .. n_blocks-1 (causal: the ones left of the diagonal; Local: those left
+// of the last row's window end, from kv_first below)
 template <int Br, int Bc, bool Causal, bool Local>
 __device__ __forceinline__ int kv_blocks(int m_block, int seq_len, int kv_len, int right) {
     int n_blocks = (kv_len + Bc - 1) / Bc;  // Tc

@@ -210,7 +210,8 @@ def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *,
     i32, null = cp.int32, cp.uint64(0)
     sq, sk, sv = scales if scales is not None else (null, null, null)
     fn(grid, block, (tm_q, tm_k, tm_v, o, lse, sched if sched is not None else null, sq, sk, sv, i32(B), i32(N),
-                     i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2), i32(window[0]), i32(window[1])), shared_mem=smem)
+                     i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2), i32(window[0]), i32(window[1])),
+       shared_mem=smem)
     return grid, block
 
 

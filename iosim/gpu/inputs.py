@@ -47,9 +47,9 @@ class AttentionOptions:
     kernel built with -DIOSIM_BLOCK_TRACE fills with each block's ``start_ns, end_ns, sm_id, 0``. These four are
     for calls that are not differentiated. ``deterministic``: the backward's mode of a differentiable call (torch
     tensors that require grad; None: ``torch.are_deterministic_algorithms_enabled()``). ``window``: flash2's and
-    flash3's (16-bit inputs) sliding window (left, right), FlashAttention's window_size: query i sees keys j with i + off - left <= j <= i + off +
-    right (off = kv_len - seq_len), each bound an integer >= 0 or None (no bound); with causal=True, right is 0.
-    Not differentiable (:func:`iosim.gpu.varlen_inputs.check_window` checks it)."""
+    flash3's (16-bit inputs) sliding window (left, right), FlashAttention's window_size: query i sees keys j with
+    i + off - left <= j <= i + off + right (off = kv_len - seq_len), each bound an integer >= 0 or None (no bound);
+    with causal=True, right is 0. Not differentiable (:func:`iosim.gpu.varlen_inputs.check_window` checks it)."""
 
     block_q: int | None = None
     block_kv: int | None = None
