@@ -62,6 +62,18 @@ def test_flash3_with_a_window_moves_flash2s_windowed_bytes_and_its_closed_form_e
     assert w == c
 
 
+def test_the_hopper_model_times_a_window_by_the_k_v_blocks_it_visits():
+    """A window wider than the sequence visits what the causal mask does; narrower ones visit fewer blocks, and the
+    pipeline model (not the roofline) times them."""
+    p = AttentionProblem(batch=2, heads=16, seq_len=8192, head_dim=128, dtype="bf16", causal=True)
+    causal = simulate("flash3", p, H100, kernel="iosim-flash3").time
+    wide = simulate("flash3", p, H100, kernel="iosim-flash3", window=(8192, 0)).time
+    assert wide.kernel == "iosim-flash3" and wide.predicted_s == pytest.approx(causal.predicted_s)
+    times = [simulate("flash3", p, H100, kernel="iosim-flash3", window=(w - 1, 0)).time.predicted_s
+             for w in (4096, 1024, 256)]
+    assert times[0] > times[1] > times[2]
+
+
 def test_a_flash3_window_is_a_16_bit_kernels():
     with pytest.raises(ScheduleError, match="16-bit"):
         simulate("flash3", AttentionProblem(seq_len=256, head_dim=128, dtype="fp8"), H100, window=(63, 0))

@@ -93,8 +93,10 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
     desc = kernel_for(work.schedule, kernel, work.pass_)
     if desc is not None and kernel is None and desc.tiles and not any(d >= problem.head_dim for d in desc.tiles):
         desc = None  # the schedule's own kernel has no instantiation for this head_dim: the roofline stands
-    if getattr(work.tiles, "window", None) is not None or getattr(work.tiles, "seqlens", ()):
-        desc = None  # flash2 with a window or packed sequences: the kernel models' blocks are dense; the roofline
+    windowed, packed = getattr(work.tiles, "window", None) is not None, getattr(work.tiles, "seqlens", ())
+    if packed or (windowed and (desc is None or desc.family != "fa3")):
+        desc = None  # packed sequences, or flash2's window: the FA2 models' blocks are dense, the roofline stands
+        # (the fa3 pipeline model takes a window's K/V block ranges: iosim.timing.fa3.block_times)
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline",
                        uncertainty=_band("roofline", profile, problem, roof.predicted_s, True),

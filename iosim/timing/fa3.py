@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import cdiv, makespan, n_kv_blocks_visible
+from ..blocks import cdiv, kv_block_range, makespan
 from ..counts import KernelCounts
 from ..hardware.gpu import Profile
 from ..problem import ELEMENT_BYTES, STAT_BYTES, AttentionProblem
@@ -78,17 +78,20 @@ def _l2_bandwidth(profile: Profile) -> float:
 
 
 def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: HopperModel = HopperModel(),
-                out_bytes: int | None = None) -> tuple[np.ndarray, dict[str, float]]:
+                out_bytes: int | None = None, window: tuple[int | None, int | None] | None = None
+                ) -> tuple[np.ndarray, dict[str, float]]:
     """Seconds of each Q block's thread block (one head), and the summed parts (per head, at one SM's rates);
-    ``out_bytes``: bytes of an element of O (None: the problem dtype's)."""
+    ``out_bytes``: bytes of an element of O (None: the problem dtype's); ``window``: a sliding window (left, right),
+    each Q block visiting the K/V blocks :func:`iosim.blocks.kv_block_range` gives."""
     r = _rates(profile, p.dtype, model)
     N, Nk, d, b = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes
     ob = b if out_bytes is None else out_bytes
     Tr = cdiv(N, Br)
     i = np.arange(Tr)
     br = (np.minimum((i + 1) * Br, N) - i * Br).astype(float)
-    n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=float).reshape(-1)
-    cols = np.minimum(n * Bc, Nk)  # keys streamed
+    lo, hi = np.array([kv_block_range(int(x), Br, Bc, N, Nk, p.causal, window) for x in i], dtype=float).reshape(-1, 2).T
+    n = np.maximum(hi - lo, 0)
+    cols = np.where(n > 0, np.minimum(hi * Bc, Nk) - lo * Bc, 0)  # keys streamed
     last = cols - np.maximum(n - 1, 0) * Bc  # keys in the last visited block (ragged or full)
 
     def parts(rows, keys):
@@ -124,7 +127,8 @@ def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile:
     p = problem
     layout = isinstance(tiles, flash3_fp8.Fp8LayoutTiles)  # iosim's fp8 kernel: O in bf16, its own compulsory bytes
     out_bytes = ELEMENT_BYTES[flash3_fp8.OUTPUT_DTYPE] if layout else None
-    per_block, sums = block_times(p, tiles.block_q, tiles.block_kv, profile, model, out_bytes)
+    per_block, sums = block_times(p, tiles.block_q, tiles.block_kv, profile, model, out_bytes,
+                                  getattr(tiles, "window", None))
     r = _rates(profile, p.dtype, model)
     sms = r["sms"]
     heads = p.n_heads_total
