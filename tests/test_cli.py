@@ -77,6 +77,9 @@ def test_simulate_gqa_grouped_counts_iosims_backward_kernel_and_refuses_the_forw
     (["simulate", "flash2", "--seq-len", "4096", "--block-q", "512", "--block-kv", "512"], "use smaller tiles"),
     (["simulate", "flash2", "--seq-len", "64", "--block-q", "-4"], "block_q=-4"),
     (["simulate", "naive", "--seq-len", "64", "--block-q", "16"], "give both"),
+    (["simulate", "flash2", "--seq-len", "64", "--window", "1,2,3"], "expected LEFT,RIGHT"),
+    (["simulate", "flash2", "--seq-len", "64", "--causal", "--window", "8,1"], "causal means right = 0"),
+    (["simulate", "naive", "--seq-len", "64", "--window", "8,0"], "naive takes no window"),
 ])
 def test_bad_input_gets_one_line_and_exit_code_2(args, fragment):
     out = run(*args)
@@ -153,3 +156,18 @@ def test_progress_bar_is_silent_before_its_delay_and_draws_after_it():
         with ProgressBar(stream=out, delay=delay) as bar:
             simulate("flash2", p, "h200-sxm-141gb", l2=True, l2_progress=bar)
         assert (out.getvalue() != "") == drawn, (delay, out.getvalue()[:80])
+
+
+def test_simulate_takes_a_sliding_window_as_the_api_does():
+    """--window LEFT,RIGHT (none: no bound) counts what simulate(..., window=...) counts."""
+    out = run("simulate", "flash3", "--seq-len", "2048", "--heads", "2", "--dtype", "bf16", "--causal", "--window",
+              "255,0", "--no-l2", "--json")
+    assert out.returncode == 0, out.stderr
+    j = json.loads(out.stdout)
+    p = AttentionProblem(seq_len=2048, heads=2, dtype="bf16", causal=True)
+    api = simulate("flash3", p, window=(255, 0), l2=False).to_json()
+    assert j["traffic"] == api["traffic"] and j["tiles_by_pass"]["forward"]["window"] == [255, 0]
+    unbounded = json.loads(run("simulate", "flash2", "--seq-len", "512", "--window", "none,3", "--no-l2",
+                               "--json").stdout)
+    assert unbounded["tiles_by_pass"]["forward"]["window"] == [None, 3]
+

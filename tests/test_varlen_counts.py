@@ -146,7 +146,10 @@ def test_bad_window_and_seqlens_are_errors(kw, match):
 
 def test_other_schedules_and_the_backward_pass_refuse_them():
     p = AttentionProblem(seq_len=256, head_dim=64)
-    with pytest.raises(ScheduleError, match=r"naive takes no window .* only flash2's forward pass window and seqlens"):
+    with pytest.raises(ScheduleError, match=r"naive takes no window .* only flash2's and flash3's forward pass window, "
+                                            r"only flash2's seqlens"):
         simulate("naive", p, window=(8, 0))
+    with pytest.raises(ScheduleError, match=r"flash3 takes no seqlens"):
+        simulate("flash3", p, seqlens=[128, 128])
     with pytest.raises(ScheduleError, match=r"window, seqlens with pass='both'"):
         simulate("flash2", p, window=(8, 0), pass_="both")

@@ -61,6 +61,21 @@ class Lengths(click.ParamType):
         return [COUNT.convert(x, param, ctx) for x in parts]
 
 
+class Window(click.ParamType):
+    """A sliding window ``LEFT,RIGHT`` (FlashAttention's window_size): whole numbers, or ``none`` for no bound."""
+
+    name = "left,right"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = str(value).replace(" ", "").split(",")
+        if len(parts) != 2:
+            self.fail(f"{value!r}: expected LEFT,RIGHT, e.g. 4095,0 (a causal window of 4096 keys) or none,3",
+                      param, ctx)
+        return tuple(None if x.lower() in ("none", "") else COUNT.convert(x, param, ctx) for x in parts)
+
+
 def problem_options(f):
     """The attention-problem flags, shared by every command that takes a problem."""
     opts = [
@@ -106,6 +121,9 @@ def problem_options(f):
 @click.option("--gqa", type=click.Choice(["expand", "grouped"]), default=None,
               help="flash2 --pass backward/both, grouped-query heads: expand (FlashAttention-2: dK, dV per query head, "
                    "then a group-sum kernel) or grouped (iosim's kernel: K, V loaded once per kv head) [default: expand]")
+@click.option("--window", type=Window(), default=None,
+              help="flash2, flash3 forward: a sliding window LEFT,RIGHT (FlashAttention's window_size: query i sees "
+                   "keys i+off-LEFT .. i+off+RIGHT, none for no bound; with --causal RIGHT is 0) [default: none]")
 @click.option("--l2/--no-l2", "use_l2", default=True, show_default=True,
               help="hbm from the L2 model (LRU, L2 flushed before each kernel as Nsight Compute does); "
                    "--no-l2: hbm = global, the papers' two-level view")
@@ -119,7 +137,8 @@ def problem_options(f):
 @click.option("--warm", is_flag=True, help="time back-to-back calls on the same inputs (tensors that fit stay in L2)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
 def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, use_l2, as_json,
-                 l2_exact=False, kernel=None, warm=False, gqa=None, kv_lens=None, page_size=None, **problem_kw):
+                 l2_exact=False, kernel=None, warm=False, gqa=None, kv_lens=None, page_size=None, window=None,
+                 **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time.
 
     With a CPU profile (``iosim profiles list``, or a file with ``kind: cpu``), the boundaries are the CPU's
@@ -128,7 +147,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
     if profile is not None and is_cpu_profile(profile):
         gpu_only = {"--method walk": method != "closed", "--pass": pass_ != "forward", "--splits": splits,
                     "--density": density, "--mask": mask, "--seed": seed, "--l2-exact": l2_exact, "--kernel": kernel,
-                    "--warm": warm, "--gqa": gqa, "--kv-lens": kv_lens, "--page-size": page_size}
+                    "--warm": warm, "--gqa": gqa, "--kv-lens": kv_lens, "--page-size": page_size, "--window": window}
         given = [k for k, v in gpu_only.items() if v]
         if given:
             raise click.UsageError(f"{', '.join(given)}: not for a CPU profile ({profile}); the CPU model takes the "
@@ -140,7 +159,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
         result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
                           pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, l2=use_l2,
                           l2_exact=l2_exact, l2_progress=bar, kernel=kernel, warm=warm, kv_lens=kv_lens,
-                          page_size=page_size)
+                          page_size=page_size, window=window)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
