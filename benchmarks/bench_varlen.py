@@ -140,7 +140,8 @@ def flex_row(torch, gpu, kind: str, size: int, d: int, args) -> dict:
         qd, kd, vd = (x.view(B, N, x.shape[1], d) for x in (q, k, v))
         opts = gpu.AttentionOptions(window=(size - 1, 0))
         schedule = "flash3" if torch.cuda.get_device_capability() == (9, 0) else "flash2"
-        ours = lambda: gpu.attention(qd, kd, vd, schedule=schedule, causal=True, options=opts).view(q.shape)  # noqa: E731
+        ours = lambda: gpu.attention(  # noqa: E731
+            qd, kd, vd, schedule=schedule, causal=True, options=opts).view(q.shape)
         ours2 = lambda: gpu.attention(qd, kd, vd, causal=True, options=opts).view(q.shape)  # noqa: E731
         fn = flex_fn(torch, lambda b, h, i, j: (j <= i) & (i - j < size), None, H, N)
         qt, kt, vt = (x.transpose(1, 2) for x in (qd, kd, vd))  # (B, H, N, d) views

@@ -4,8 +4,8 @@
     python benchmarks/energy_record.py --device h100 [--profile FILE]         # anywhere: predict and judge
 
 ``--measure`` runs each kernel of :func:`shapes` (iosim flash2 and naive, torch SDPA's flash backend = ``fa2``, its
-cuDNN backend = ``cudnn``, our flash3 forward = ``fa3`` where the GPU runs it) back to back for a burst of at least 20 calls and 0.25 s, after 0.4 s of rest, and reads
-NVML's energy counter at the counter's steps around it (:func:`iosim.calibrate.power.burst`, the calibration's own
+cuDNN backend = ``cudnn``, our flash3 forward = ``fa3`` where the GPU runs it) back to back for a burst of at
+least 20 calls and 0.25 s, after 0.4 s of rest, and reads NVML's energy counter at the counter's steps around it (:func:`iosim.calibrate.power.burst`, the calibration's own
 method): joules per call, and seconds per call of the burst. It writes ``data/validation/<device>-energy.json``.
 
 Without ``--measure`` it predicts each row's ``time.energy_j`` as the time record does (L2 model, warm calls, the

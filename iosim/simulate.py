@@ -213,9 +213,9 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     (docs/serving.md), ``density``, ``mask`` (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's
     backward pass: "expand", the default, as FlashAttention-2; "grouped", as iosim's kernel:
     docs/schedules/backward.md), ``window`` (flash2's and flash3's forward: a sliding window (left, right), None for no
-    bound on a side) and ``seqlens`` (flash2's forward: packed sequences, one length or a (queries, keys) pair each, adding up
-    to a batch-1 problem's seq_len and kv_len; the L2 model and the kernel time models are dense-only, so ``hbm`` =
-    ``global`` and the time is the roofline's there), ``incoherent`` (``"fp8-quantize"``, the kernels that write iosim's
+    bound on a side) and ``seqlens`` (flash2's forward: packed sequences, one length or a (queries, keys) pair each,
+    adding up to a batch-1 problem's seq_len and kv_len; the L2 model is dense-only, so ``hbm`` = ``global`` there,
+    and the time is the roofline's, except flash3's window, which the fa3 pipeline model times), ``incoherent`` (``"fp8-quantize"``, the kernels that write iosim's
     fp8 layout, docs/schedules/flash3.md: Q and K rotated by a Hadamard transform first). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
     (:mod:`iosim.l2`) where it applies (the forward pass of naive, flash1, flash2, flash3; flash2's backward); ``l2=False``
     (``--no-l2``): ``hbm`` = ``global``, the papers' two-level view, without running the model (fast for huge

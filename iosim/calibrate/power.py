@@ -123,8 +123,8 @@ def measure_power(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
                  "ex2.approx.ftz.f32" if op == 3 else "fp32 FMA (2 FLOPs), 4 blocks of 256 threads per SM")
     smem, blocks = b.fn("rates_smem"), 4 * b.sms
     per_unit("smem", lambda n: lambda: smem((blocks,), (256,), (i32(2), i32(n), i32(0), b.out, b.stamps)),
-             lambda n: blocks * shape.SMEM_WARPS * shape.SMEM_PER_TRIP * 512 * n, "ldmatrix.x4 of random words, 4 blocks of 8 "
-             "warps per SM")
+             lambda n: blocks * shape.SMEM_WARPS * shape.SMEM_PER_TRIP * 512 * n,
+             "ldmatrix.x4 of random words, 4 blocks of 8 warps per SM")
     read, copy = b.fn("rates_read"), b.fn("rates_copy")
     n_l2 = max(1, b.l2_bytes // 64)
     rng = cp.random.RandomState(0)

@@ -7,12 +7,14 @@ every coefficient from the profile's ``calibration.power`` (``iosim calibrate ra
 bursts of our own rates kernels, :mod:`iosim.calibrate.power`), none fitted to an attention kernel. ``t`` is the
 time model's prediction; the tensor FLOPs are priced at wgmma's energy for an fa3-family kernel, mma.sync's
 otherwise (fp32 problems run on the fp32 pipes), at the FLOPs the kernels run (``KernelTime.tensor_flops``:
-standard attention's kernels skip the tiles the causal mask empties; else the counts'). The shared-memory traffic is what the kernel model moves through
-shared memory (``KernelTime.smem_bytes``: tiles landed, operands read by ldmatrix, tiles staged; none for wgmma
-kernels, whose operand reads are in wgmma's energy per FLOP, nor for the roofline). The L2 traffic is the counts'
-global bytes, or the kernels' where their model says (``KernelTime.l2_bytes``: standard attention's GEMMs re-read
-Q, K and V from L2 at their tiles, where the paper's count reads each once); the DRAM traffic the bytes the time prices (none for warm calls whose inputs stay in L2). A call as
-the time records time it: a short run of back-to-back calls, which the board's power limiter does not yet slow.
+standard attention's kernels skip the tiles the causal mask empties; else the counts'). The shared-memory traffic
+is what the kernel model moves through shared memory (``KernelTime.smem_bytes``: tiles landed, operands read by
+ldmatrix, tiles staged; none for wgmma kernels, whose operand reads are in wgmma's energy per FLOP, nor for the
+roofline). The L2 traffic is the counts' global bytes, or the kernels' where their model says
+(``KernelTime.l2_bytes``: standard attention's GEMMs re-read Q, K and V from L2 at their tiles, where the paper's
+count reads each once); the DRAM traffic the bytes the time prices (none for warm calls whose inputs stay in L2).
+A call as the time records time it: a short run of back-to-back calls, which the board's power limiter does not
+yet slow.
 
 The calibration's bursts move random data, as attention's inputs are (iosim/calibrate/power.py): a unit's energy
 grows with the bits its operands toggle.

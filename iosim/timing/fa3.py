@@ -89,7 +89,8 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
     Tr = cdiv(N, Br)
     i = np.arange(Tr)
     br = (np.minimum((i + 1) * Br, N) - i * Br).astype(float)
-    lo, hi = np.array([kv_block_range(int(x), Br, Bc, N, Nk, p.causal, window) for x in i], dtype=float).reshape(-1, 2).T
+    ranges = [kv_block_range(int(x), Br, Bc, N, Nk, p.causal, window) for x in i]
+    lo, hi = np.array(ranges, dtype=float).reshape(-1, 2).T
     n = np.maximum(hi - lo, 0)
     cols = np.where(n > 0, np.minimum(hi * Bc, Nk) - lo * Bc, 0)  # keys streamed
     last = cols - np.maximum(n - 1, 0) * Bc  # keys in the last visited block (ragged or full)

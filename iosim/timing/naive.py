@@ -18,6 +18,9 @@ with loss = :data:`iosim.timing.overlap.OVERLAP_LOSS` (the time model's one fitt
 kernel's, whose blocks are one tile each and start together every round: they stay in phase, so nothing of one
 block hides under another's (loss 1). A kernel takes its rounds, or its DRAM bytes over DRAM bandwidth where that is
 longer, plus its launch: the call's first (the scores kernel) or a further one (:meth:`Rates.first_launch_s`).
+
+For the energy model (:mod:`iosim.timing.energy`) each kernel also says what naive.cu does beside the counts: the
+tensor FLOPs of the tiles it multiplies, the bytes through shared memory, and its L2 bytes at its own tiles.
 """
 
 from __future__ import annotations
@@ -119,15 +122,14 @@ def tensor_flops(p: AttentionProblem, i: int) -> float:
     return float(done * 2 * bm * bk * p.head_dim)
 
 
-def l2_bytes(p: AttentionProblem, i: int) -> float:
-    """Bytes kernel ``i`` moves between the SMs and L2 (the energy model's): the schedule's global bytes at naive.cu's
+def l2_bytes(p: AttentionProblem) -> list[float]:
+    """Bytes each kernel moves between the SMs and L2 (the energy model's): the schedule's global bytes at naive.cu's
     tiles (Q_i read once per key tile, K_j and V once per 128 query rows). The description's counts are the paper's,
     each operand read once, which the time model's block phases take (the kernels hide those re-reads, which come
     from L2)."""
     t = NAIVE_TILES["qk"]
     counts = naive_schedule.closed_form(p, Tiles(t["block_m"], t["block_n"]))
-    k = counts.kernels[i]
-    return float((k.global_read_bytes + k.global_write_bytes) * p.n_heads_total)
+    return [float((k.global_read_bytes + k.global_write_bytes) * p.n_heads_total) for k in counts.kernels]
 
 
 def smem_bytes(p: AttentionProblem, i: int) -> float:
@@ -150,6 +152,7 @@ def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
     its parts and its bound."""
     p, profile, r, latency = c.problem, c.profile, c.rates, c.latency
     lm = launch_model("naive", p, tiles)
+    l2 = l2_bytes(p)
     out = []
     for i, (k, (rd, wr)) in enumerate(zip(counts, dram, strict=True)):
         km = lm.kernels[i]
@@ -170,7 +173,7 @@ def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
         bound = "dram" if memory > blocks else max(limits, key=limits.get)
         parts = {"utilization": 1.0, **parts, "bound": bound}
         out.append(KernelTime.of(k.name, k.grid, max(blocks, memory) + launch, parts, smem_bytes(p, i),
-                                 tensor_flops(p, i), l2_bytes(p, i)))
+                                 tensor_flops(p, i), l2[i]))
     return out
 
 
