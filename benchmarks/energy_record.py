@@ -9,7 +9,8 @@ least 20 calls and 0.25 s, after 0.4 s of rest, and reads NVML's energy counter 
 method): joules per call, and seconds per call of the burst. It writes ``data/validation/<device>-energy.json``.
 
 Without ``--measure`` it predicts each row's ``time.energy_j`` as the time record does (L2 model, warm calls, the
-kernel's description) on the profile (default: the built-in one, whose ``calibration.power`` ``iosim calibrate
+kernel's description), for the burst's mean call (``run`` = the burst's seconds: its clocks under the power
+limiter, :mod:`iosim.timing.clock`), on the profile (default: the built-in one, whose ``calibration.power`` ``iosim calibrate
 rates`` measured), and prints |predicted - measured| / measured per kernel: with the predicted time (the bar: the
 median within 10%) and with the measured time put into the same formula (the energy model alone).
 """
@@ -77,11 +78,14 @@ def judge(data: dict, profile: str) -> int:
     errs: dict[str, list[tuple[float, float]]] = {}
     print(f"{'kernel':<13} {'shape':<34} {'measured J':>10} {'predicted':>10} {'err':>7} {'with its time':>13}")
     for row in data["rows"]:
-        r = simulate_row(row, profile)
+        r = simulate_row(row, profile, run=row["burst_s"])  # the burst's mean call, its clocks (iosim.timing.clock)
         pred = r.time.energy_j
         hbm = r.time_hbm["read_bytes"] + r.time_hbm["write_bytes"]
-        alone = energy_j(r.counts, hbm, row["seconds"], row["dtype"], getattr(r.kernel, "family", None),
-                         prof.calibration.power, KernelWork.of(r.time.kernels))
+        c = r.time.clock
+        clocks = list(zip(c.shares, (c.start_hz, c.fast_hz, c.steady_hz), strict=True)) if c else [(1.0, None)]
+        alone = sum(share * energy_j(r.counts, hbm, row["seconds"], row["dtype"], getattr(r.kernel, "family", None),
+                                     prof.calibration.power, KernelWork.of(r.time.kernels), clock)
+                    for share, clock in clocks)
         e1, e2 = pred / row["joules"] - 1, alone / row["joules"] - 1
         errs.setdefault(row["kernel"], []).append((e1, e2))
         key = Shape(**{k: row[k] for k in Shape.__dataclass_fields__}).key

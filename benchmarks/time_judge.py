@@ -40,8 +40,9 @@ COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len
            "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens")
 
 
-def simulate_row(row: dict, profile: str):
-    """The simulation of a measured row with the kernel it names (its tiles), L2 model on, warm."""
+def simulate_row(row: dict, profile: str, run: str | float = "record"):
+    """The simulation of a measured row with the kernel it names (its tiles), L2 model on, warm; ``run``: which
+    call of a run it means (:mod:`iosim.timing.clock`; the time records': "record")."""
     kernel = row["kernel"]
     p = AttentionProblem(batch=row["batch"], heads=row["heads"], kv_heads=row["kv_heads"], seq_len=row["seq_len"],
                          kv_len=row["kv_len"], head_dim=row["head_dim"], dtype=row["dtype"], causal=row["causal"])
@@ -54,7 +55,7 @@ def simulate_row(row: dict, profile: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InputWarning)
         return simulate(SCHEDULE[kernel], p, profile, block_q=bq, block_kv=bkv, kernel=kernel, l2=True, warm=True,
-                        pass_=desc.pass_, **decode)
+                        pass_=desc.pass_, run=run, **decode)
 
 
 def comparable(row: dict) -> bool:

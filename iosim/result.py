@@ -43,6 +43,7 @@ class Result:
     l2: L2Result | None = None  # the L2 model's details (per-tensor misses, residency, dirty bytes left at the end)
     kernel: object = None  # the kernel description the time model assumed (iosim.timing.KernelDesc), or None
     warm: bool = False  # time of back-to-back calls on the same inputs (tensors that fit stay in L2)
+    run: str | float = "record"  # which call of a run the time means (iosim.timing.clock)
 
     @property
     def on_chip(self) -> tuple[int, int] | None:
@@ -110,7 +111,8 @@ class Result:
                 kernels=[KernelTimeJSON(name=k.name, grid=k.grid, utilization=k.utilization,
                                         predicted_s=k.predicted_s, bound=k.bound, resource_s=k.resources)
                          for k in t.kernels],
-                uncertainty=UncertaintyJSON(**vars(t.uncertainty)) if t.uncertainty else None, energy_j=t.energy_j),
+                uncertainty=UncertaintyJSON(**vars(t.uncertainty)) if t.uncertainty else None, energy_j=t.energy_j,
+                clock=ClockJSON(**vars(t.clock)) if t.clock else None),
             kernels=[KernelCountsJSON(name=k.name, grid=k.grid, global_read_bytes=k.global_read_bytes,
                                       global_write_bytes=k.global_write_bytes, hbm_read_bytes=hr,
                                       hbm_write_bytes=hw, sram_read_bytes=k.sram_read,
@@ -215,6 +217,20 @@ class UncertaintyJSON(_Contract):
                         "its own, or empty (no record)")
 
 
+class ClockJSON(_Contract):
+    """The clocks of a prediction under the board's power limiter (docs/timing.md)."""
+
+    run: str = Field(description="which call of a run of back-to-back calls predicted_s means: 'record' (the "
+                     "time records' median of 20 calls after 2), 'single' (one call from rest), 'steady', or "
+                     "'<seconds> s' (the mean call of a run that long)")
+    start_hz: float = Field(description="the SM clock before the limiter acts")
+    held_hz: float = Field(description="the clock the limiter holds for this call after engage_s")
+    engage_s: float | None = Field(description="seconds from rest until the limiter acts; null: never on this board")
+    held_share: float = Field(description="share of predicted_s at held_hz (the rest at start_hz)")
+    watts: float = Field(description="the call's board power at start_hz")
+    joules: float = Field(description="the call's energy under run (= energy_j)")
+
+
 class TimeJSON(_Contract):
     predicted_s: float
     roofline_s: float | None
@@ -227,8 +243,11 @@ class TimeJSON(_Contract):
     unmodeled: dict[str, str]
     kernels: list[KernelTimeJSON]
     energy_j: float | None = Field(
-        None, description="joules of one call (iosim.timing.energy), from the profile's calibration.power: a lower "
-        "bound (the work units it prices; docs/timing.md); null where the profile has none")
+        None, description="joules of one call (iosim.timing.energy) at the clock clock.run means, from the "
+        "profile's calibration.power; null where the profile has none")
+    clock: ClockJSON | None = Field(
+        None, description="the SM clocks the call runs at under the board's power limiter (iosim.timing.clock); "
+        "null where the profile's calibration.power has no limiter, or for the roofline")
     uncertainty: UncertaintyJSON | None = Field(
         None, description="the time records' band around predicted_s (iosim.timing.uncertainty); absent from "
         "results saved before it")

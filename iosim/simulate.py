@@ -81,7 +81,15 @@ def predict_time(result: Result) -> timing.TimeEstimate:
     description applies."""
     hbm = list(zip(result.hbm_read, result.hbm_write, strict=True))
     work = timing.Workload(result.schedule, result.pass_, result.problem, result.tiles, result.counts, hbm)
-    return timing.predict(work, result.profile, result.kernel, warm=result.warm)
+    return timing.predict(work, result.profile, result.kernel, warm=result.warm, run=result.run)
+
+
+def _checked_run(run: str | float) -> str | float:
+    """``run`` as the time model takes it (:func:`iosim.timing.clock.check_run`), or ScheduleError."""
+    try:
+        return timing.clock.check_run(run)
+    except timing.clock.RunError as exc:
+        raise ScheduleError(str(exc)) from None
 
 
 def exceeds_memory(problem: AttentionProblem, profile: Profile) -> str | None:
@@ -200,7 +208,7 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
              kernel: str | None = None, warm: bool = False, splits: int | None = None, density: float | None = None,
              mask=None, seed: int | None = None, gqa: Literal["expand", "grouped"] | None = None, kv_lens=None,
              page_size: int | None = None, window: tuple[int | None, int | None] | None = None,
-             seqlens=None, incoherent: bool | None = None) -> Result:
+             seqlens=None, incoherent: bool | None = None, run: str | float = "record") -> Result:
     """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
 
     ``pass_``: "forward" (default), "backward" (the backward pass, which consumes the forward's O and
@@ -226,9 +234,12 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     model assumes (a built-in name of :mod:`iosim.timing.kernels` or a YAML file; default: the schedule's own
     kernel, e.g. iosim-flash2); its tiles are used where ``block_q``/``block_kv`` are not given. ``warm``: time of
     back-to-back calls on the same inputs (tensors that fit in L2 stay there: the time prices no DRAM bytes,
-    ``Result.time_hbm``, while ``hbm`` stays the cold-L2 bytes). ``problem`` may also be a dict of
+    ``Result.time_hbm``, while ``hbm`` stays the cold-L2 bytes). ``run``: which call of a run of back-to-back calls
+    the time means under the power limiter (:mod:`iosim.timing.clock`: "record", the default, "single", "steady"
+    or seconds). ``problem`` may also be a dict of
     AttentionProblem's fields (validated: ProblemError); anything else is a TypeError."""
     problem = as_problem(problem)
+    run = _checked_run(run)
     if pass_ not in PASSES:
         raise ScheduleError(f"pass={pass_!r}: expected one of {', '.join(PASSES)}")
     prof = get_profile(profile)
@@ -266,6 +277,7 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     hbm_read = [k.global_read_bytes for k in counts.kernels]  # no L2 model: hbm = global
     hbm_write = [k.global_write_bytes for k in counts.kernels]
     result = Result(schedule, prof, problem, tiles_by_pass[passes[0]], counts, hbm_read, hbm_write, None, method,
-                    int(prof.require("smem.per_block")), pass_, tiles_by_pass, kernel=desc, warm=warm)
+                    int(prof.require("smem.per_block")), pass_, tiles_by_pass, kernel=desc, warm=warm,
+                    run=run)
     result = replace(result, time=predict_time(result))
     return with_l2(result, l2_exact=l2_exact, l2_progress=l2_progress) if l2 else result

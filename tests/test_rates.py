@@ -415,6 +415,10 @@ def test_only_the_power_bursts_take_random_operands(monkeypatch):
     monkeypatch.setattr(power, "BURST_S", 1e-3)
     monkeypatch.setattr(power, "REST_S", 0.0)
     monkeypatch.setattr(power, "IDLE_S", 1e-3)
+    for name, value in (("LIMITER_S", 1e-3), ("LIMITER_LONG_S", 1e-3), ("LIMITER_REST_S", 0.0),
+                        ("FAST_WINDOW", (0.0, 1.0)), ("STEADY_WINDOW", (0.0, 1.0))):
+        monkeypatch.setattr(power, name, value)
+    monkeypatch.setattr(power, "_counter_watts", lambda samples, start, end: 700.0)  # fake launches take no time
     b = rates_kernels.Bench(fake, 10)
 
     def operands(part) -> dict[str, set[int]]:
@@ -432,3 +436,24 @@ def test_only_the_power_bursts_take_random_operands(monkeypatch):
     assert operands(rates._memory)["rates_smem"] == {0}
     assert operands(power.measure_power) == {"rates_mma": {1}, "rates_wgmma": {1}, "rates_smem": {2}}
 
+
+
+def test_limiter_bursts_are_read_launch_by_launch():
+    """The limiter's readings (iosim.calibrate.power): the energy counter's watts between its first and last steps
+    in a window, the clock averaged over time (equal work per launch: the harmonic mean), and the first launch
+    below a level."""
+    from iosim.calibrate import power
+
+    samples = [(0.0, 0.0), (0.05, 0.0), (0.1, 70.0), (0.15, 70.0), (0.2, 140.0), (0.3, 210.0), (0.35, 210.0)]
+    assert power._counter_watts(samples, 0.0, 1.0) == pytest.approx(700.0)  # 210 J - 70 J over 0.3 s - 0.1 s
+    assert power._counter_watts(samples, 0.15, 1.0) == pytest.approx(700.0)  # steps at 0.2 and 0.3 s
+    with pytest.raises(rates_kernels.RatesError, match="did not step twice"):
+        power._counter_watts(samples, 0.25, 1.0)
+    t = np.array([0.0, 0.1, 0.2, 0.3])
+    clock = np.array([2.0e9, 1.0e9, 2.0e9, 1.0e9])
+    assert power._mean_in(t, clock, (0.0, 1.0)) == pytest.approx(4.0e9 / 3)  # 2 GHz half the launches, 1 GHz half
+    assert power._median_in(t, clock, (0.15, 0.25)) == 2.0e9
+    assert power._first_below(t, clock, 0.15, 1.5e9) == pytest.approx(0.3)
+    assert power._first_below(t, clock, 0.0, 0.5e9) is None
+    with pytest.raises(rates_kernels.RatesError, match="no launch"):
+        power._median_in(t, clock, (2.0, 3.0))

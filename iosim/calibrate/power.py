@@ -23,8 +23,11 @@ which the gpu extra installs; without it, the power section is skipped with a me
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+
+import numpy as np
 
 from iosim.calibrate import rates_kernels as shape  # the rates kernels' shapes (chains, warps, ...)
 from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, fmt_value
@@ -36,6 +39,15 @@ BURST_S = 0.25  # one burst: about the time records' 20 calls of a long kernel
 REST_S = 0.4  # rest before a burst
 IDLE_S = 1.0  # the idle measurement
 MMA_WARPS = 8  # resident warps per SM of the mma.sync burst
+CLOCKED = ("mma_sync", "wgmma", "exp", "fp32", "smem")  # units on the SM's clock: their burst's clock is recorded
+LIMITER_SHARES = (1.0, 0.75, 0.5, 0.25)  # shares of the SMs a limiter burst runs on
+LIMITER_S = 0.8  # a limiter burst: past the fast loop's action (~50 ms), short of the averaged loop's (~0.9 s)
+LIMITER_LONG_S = 3.3  # the burst on every SM: two of the averaged loop's periods (~1 s each) after it acted
+LIMITER_REST_S = 1.5  # rest before a limiter burst: the board's averaged power back at idle
+FAST_WINDOW = (0.35, 0.75)  # seconds into a burst: the fast loop's clock and watts
+STEADY_WINDOW = (1.2, 3.2)  # seconds into the burst on every SM: the averaged loop's (about two periods)
+LAUNCH_S = 0.5e-3  # one launch of a limiter burst (each launch stamps its own clock)
+COUNTER_READ_S = 2e-3  # the energy counter read this often during a limiter burst (it steps every ~100 ms)
 WGMMA_N, WGMMA_GROUPS = 256, 2  # wgmma m64n256k16, two warpgroups per SM
 
 
@@ -105,6 +117,9 @@ def measure_power(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
         clock = b.clock(b.sms)
         report(Measured(("power", path), (j - base * s) / (units(iters) * n), f"J/{UNITS[path]}",
                         f"{what}; {how}"), f"{(j - base * s) / s:.0f} W above base, SM clock {clock / 1e9:.2f} GHz")
+        if path in CLOCKED:
+            report(Measured(("power", "at", path), clock, "Hz", f"the {path} burst's last launch: clock64 cycles over "
+                            "%globaltimer ns, median over blocks"), "")
 
     mma = b.fn(rates_mma_names()[("mma", "bfloat16")], pad=True)
     per_unit("mma_sync", lambda n: lambda: mma((b.sms,), (32 * MMA_WARPS,), (i32(n), i32(1), b.out, b.stamps),
@@ -125,6 +140,7 @@ def measure_power(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
     per_unit("smem", lambda n: lambda: smem((blocks,), (256,), (i32(2), i32(n), i32(0), b.out, b.stamps)),
              lambda n: blocks * shape.SMEM_WARPS * shape.SMEM_PER_TRIP * 512 * n,
              "ldmatrix.x4 of random words, 4 blocks of 8 warps per SM")
+    measure_limiter(b, cp, nvml, report)
     read, copy = b.fn("rates_read"), b.fn("rates_copy")
     n_l2 = max(1, b.l2_bytes // 64)
     rng = cp.random.RandomState(0)
@@ -156,7 +172,7 @@ def measure_power_only(repeats: int = 15, echo: Callable[[str], None] = print) -
 
     def report(m: Measured, note: str) -> None:
         measured.append(m)
-        echo(f"{'.'.join(m.path):<28}{fmt_value(m)!s:>16}  {note}")
+        echo(f"{'.'.join(map(str, m.path)):<28}{fmt_value(m)!s:>16}  {note}")
 
     try:
         measure_power(Bench(cp, repeats), cp, report)
@@ -168,3 +184,135 @@ def measure_power_only(repeats: int = 15, echo: Callable[[str], None] = print) -
 
 
 UNITS = {"mma_sync": "FLOP", "wgmma": "FLOP", "exp": "op", "fp32": "FLOP", "l2": "B", "dram": "B", "smem": "B"}
+
+
+def measure_limiter(b: Bench, cp, nvml: Nvml, report: Callable[[Measured, str], None]) -> None:
+    """The power limiter (``power.limiter``, :mod:`iosim.timing.clock`): random-operand tensor bursts (wgmma on
+    Hopper, else mma.sync), one block per SM, after LIMITER_REST_S of rest: on every SM for LIMITER_LONG_S, on
+    the other shares of the SMs for LIMITER_S. Every launch stamps the clock its blocks ran at, so the clock is
+    known launch by launch: before the limiter acts (the first 20 ms), when its fast loop acts (the first launch
+    below half-way to the clock then held), what each burst holds over FAST_WINDOW with the board's watts from the
+    energy counter, and, on every SM, when the clock falls again (the board's averaged power at its limit) and
+    its average over STEADY_WINDOW."""
+    if b.hopper:
+        k = b.fn(rates_wgmma_names()[(WGMMA_N, "bfloat16", WGMMA_GROUPS)], pad=True)
+        threads, what = 128 * WGMMA_GROUPS, f"wgmma m64n{WGMMA_N}k16 bf16, {WGMMA_GROUPS} warpgroups"
+    else:
+        k = b.fn(rates_mma_names()[("mma", "bfloat16")], pad=True)
+        threads, what = 32 * MMA_WARPS, f"mma.sync m16n8k16 bf16, {MMA_WARPS} warps"
+    what += " of random operands, one block per SM"
+    stamps = cp.zeros(4 * b.sms * int(LIMITER_LONG_S / LAUNCH_S * 2), cp.uint64)
+    fast, span = FAST_WINDOW, f"from {FAST_WINDOW[0]} to {FAST_WINDOW[1]} s"
+    for share in LIMITER_SHARES:
+        n = max(1, round(share * b.sms))
+        t, clock, samples = _limiter_burst(nvml, cp, _launcher(b, cp, k, threads, n, stamps), stamps, b.sms, n,
+                                           LIMITER_LONG_S if share == 1.0 else LIMITER_S)
+        held = _median_in(t, clock, fast)
+        report(Measured(("power", "limiter", "clocks", n), held, "Hz", f"{what} on n SMs (key), {LIMITER_S} s "
+                        f"(every SM: {LIMITER_LONG_S} s) after {LIMITER_REST_S} s of rest: the median of each "
+                        f"launch's clock (clock64 over %globaltimer) {span}"), f"{n} SMs")
+        report(Measured(("power", "limiter", "watts", n), _counter_watts(samples, *fast), "W", "the same bursts: "
+                        f"NVML energy counter between its first and last steps {span}"), f"{n} SMs")
+        if share == 1.0:
+            _every_sm(t, clock, samples, held, what, report)
+
+
+def _every_sm(t: np.ndarray, clock: np.ndarray, samples: list[tuple[float, float]], held: float, what: str,
+              report: Callable[[Measured, str], None]) -> None:
+    """What the burst on every SM says beside its held clock: the clock before the limiter, when the fast loop
+    acted, when the averaged loop did and what it holds."""
+    start, steady = _median_in(t, clock, (0.0, 0.02)), _mean_in(t, clock, STEADY_WINDOW)
+    report(Measured(("power", "limiter", "clock"), start, "Hz", f"{what} on every SM: the median clock of its "
+                    "launches in the first 20 ms"), "")
+    report(Measured(("power", "limiter", "steady"), steady, "Hz", f"the same burst: the average clock of its "
+                    f"launches from {STEADY_WINDOW[0]} to {STEADY_WINDOW[1]} s (cycles over time: the loop "
+                    "swings the clock down and back about once a second)"), "")
+    report(Measured(("power", "limiter", "steady_watts"), _counter_watts(samples, *STEADY_WINDOW), "W",
+                    f"the same burst: NVML energy counter between its first and last steps from {STEADY_WINDOW[0]} "
+                    f"to {STEADY_WINDOW[1]} s"), "")
+    engage = _first_below(t, clock, 0.0, start - max((start - held) / 2, 0.01 * start))
+    if engage is not None:  # else the fast loop never lowered the clock: this board's limit is above the burst
+        report(Measured(("power", "limiter", "engage"), engage, "s", "the same burst: the start of its first "
+                        "launch below half-way from the clock before the limiter to the clock it then held"), "")
+    settle = _first_below(t, clock, FAST_WINDOW[1], held - max((held - steady) / 2, 0.01 * held))
+    if settle is not None:
+        report(Measured(("power", "limiter", "settle"), settle, "s", f"the same burst: the start of its first "
+                        f"launch after {FAST_WINDOW[1]} s below half-way from the clock it held to the clock it "
+                        "holds at the end"), "")
+
+
+def _launcher(b: Bench, cp, k, threads: int, n: int, stamps) -> Callable[[int], None]:
+    """Launch i of a limiter burst on ``n`` SMs, sized to about LAUNCH_S, its stamps at slot i."""
+    i32 = cp.int32
+
+    def launch(it: int, at: int) -> None:
+        k((n,), (threads,), (i32(it), i32(1), b.out, stamps[4 * b.sms * at:]), shared_mem=b.pad)
+
+    iters = 16
+    for _ in range(4):
+        seconds = b.once(lambda: launch(iters, 0))  # noqa: B023 (called at once)
+        iters = max(1, round(iters * LAUNCH_S / max(seconds, 1e-7)))
+    return lambda at: launch(iters, at)
+
+
+def _median_in(t: np.ndarray, x: np.ndarray, span: tuple[float, float]) -> float:
+    on = (t >= span[0]) & (t < span[1])
+    if not on.any():
+        raise RatesError(f"a limiter burst had no launch from {span[0]} to {span[1]} s")
+    return float(np.median(x[on]))
+
+
+def _mean_in(t: np.ndarray, clock: np.ndarray, span: tuple[float, float]) -> float:
+    """The clock averaged over time from ``span[0]`` to ``span[1]`` s (launches of equal work: the harmonic mean)."""
+    on = (t >= span[0]) & (t < span[1])
+    if not on.any():
+        raise RatesError(f"a limiter burst had no launch from {span[0]} to {span[1]} s")
+    return float(1.0 / np.mean(1.0 / clock[on]))
+
+
+def _first_below(t: np.ndarray, clock: np.ndarray, after: float, level: float) -> float | None:
+    below = np.nonzero((t >= after) & (clock < level))[0]
+    return float(t[below[0]]) if len(below) else None
+
+
+def _limiter_burst(nvml: Nvml, cp, launch: Callable[[int], None], stamps, sms: int, blocks: int,
+                   seconds: float) -> tuple[np.ndarray, np.ndarray, list[tuple[float, float]]]:
+    """(start seconds, clock Hz) of each launch of a burst of ``seconds`` after LIMITER_REST_S of rest, and the
+    energy counter as a thread read it meanwhile (an NVML read takes long enough to starve the GPU if the
+    launching thread made it): (seconds from the start, joules)."""
+    cp.cuda.runtime.deviceSynchronize()
+    time.sleep(LIMITER_REST_S)
+    most = stamps.size // (4 * sms)
+    samples: list[tuple[float, float]] = []
+    done = threading.Event()
+    t0 = time.perf_counter()
+
+    def read() -> None:
+        while not done.is_set():
+            samples.append((time.perf_counter() - t0, nvml.joules()))
+            time.sleep(COUNTER_READ_S)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    n = 0
+    while time.perf_counter() - t0 < seconds and n < most:
+        launch(n)
+        n += 1
+        if n % 8 == 0:
+            cp.cuda.runtime.deviceSynchronize()
+    cp.cuda.runtime.deviceSynchronize()
+    done.set()
+    reader.join()
+    s = cp.asnumpy(stamps[: 4 * sms * n]).astype(np.float64).reshape(n, sms, 4)[:, :blocks]
+    clock = np.median((s[:, :, 1] - s[:, :, 0]) / np.maximum(s[:, :, 3] - s[:, :, 2], 1), axis=1) * 1e9
+    begin = s[:, :, 2].min(axis=1)
+    return (begin - begin[0]) * 1e-9, clock, samples
+
+
+def _counter_watts(samples: list[tuple[float, float]], start: float, end: float) -> float:
+    """Watts between the energy counter's first and last steps from ``start`` to ``end`` seconds."""
+    steps = [(t, j) for (t, j), (_, before) in zip(samples[1:], samples) if j != before and start <= t <= end]
+    if len(steps) < 2:
+        raise RatesError(f"the energy counter did not step twice from {start} to {end} s of a limiter burst")
+    (t0, j0), (t1, j1) = steps[0], steps[-1]
+    return (j1 - j0) / (t1 - t0)

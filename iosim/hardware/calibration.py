@@ -6,6 +6,7 @@ were measured, as ``iosim calibrate rates`` writes them (docs/profiles.md). Ever
 from __future__ import annotations
 
 import datetime
+from typing import Annotated
 
 from pydantic import Field
 
@@ -15,6 +16,7 @@ from .sourced import (
     SourcedFlops,
     SourcedFlopsTable,
     SourcedHz,
+    SourcedHzTable,
     SourcedOps,
     SourcedSeconds,
     _Strict,
@@ -118,6 +120,30 @@ class SourcedJoules(_Strict):
     source: str = Field(min_length=1)
 
 
+class SourcedWattsTable(_Strict):
+    """Watts by a count of SMs."""
+
+    value: dict[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0)]] = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+
+class PowerLimiter(_Strict):
+    """What the board's power limiter does to a run of tensor-core work from rest (iosim/calibrate/power.py): the
+    clock before it acts, when it acts, and the clock and power random-operand tensor bursts on n SMs then hold
+    (the SM's power against its clock, :mod:`iosim.timing.clock`)."""
+
+    clock: SourcedHz = Field(description="SM clock of the burst on every SM before the limiter acts")
+    engage: SourcedSeconds | None = Field(None, description="from the start of that burst until its clock falls "
+                                          "(absent: the burst held its clock, the limit is above its power)")
+    clocks: SourcedHzTable = Field(description="the clock each burst holds after the fast loop acted, by SMs busy")
+    watts: SourcedWattsTable = Field(description="board watts of each burst then (NVML energy counter), by SMs busy")
+    settle: SourcedSeconds | None = Field(None, description="from the start of the burst on every SM until its "
+                                          "clock falls again, the board's averaged power at its limit (absent: "
+                                          "it never did)")
+    steady: SourcedHz = Field(description="the clock the burst on every SM holds after that")
+    steady_watts: SourcedWatts = Field(description="board watts of the burst on every SM then")
+
+
 class PowerCalibration(_Strict):
     """Board power (NVML) and the energy of each unit of work beyond the base power (iosim/calibrate/power.py)."""
 
@@ -131,6 +157,9 @@ class PowerCalibration(_Strict):
     l2: SourcedJoules = Field(description="per byte of L2 traffic that hits")
     dram: SourcedJoules = Field(description="per byte of DRAM traffic, its passage through L2 included")
     smem: SourcedJoules | None = Field(None, description="per byte of ldmatrix traffic (shared memory to registers)")
+    at: dict[str, SourcedHz] | None = Field(None, description="the SM clock each unit's burst ran at, by unit "
+                                            "(mma_sync, wgmma, exp, fp32, smem); absent in older files")
+    limiter: PowerLimiter | None = Field(None, description="the power limiter's clocks; absent in older files")
 
 
 class MeasuredOn(_Strict):

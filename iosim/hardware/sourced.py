@@ -137,6 +137,13 @@ class SourcedCycles(_Strict):
     source: str = Field(min_length=1)
 
 
+class SourcedHzTable(_Strict):
+    """Clocks by a count (SMs busy)."""
+
+    value: dict[Annotated[int, Field(ge=1)], Annotated[float, _unit("Hz")]] = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+
 class SourcedFlopsTable(_Strict):
     """FLOP/s over the chip by a count per SM (resident warps, or warpgroups)."""
 

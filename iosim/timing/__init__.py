@@ -39,7 +39,20 @@ from dataclasses import replace
 from ..counts import Counts
 from ..hardware.gpu import Profile
 from ..problem import STAT_BYTES, AttentionProblem
-from . import decode, energy, fa2, fa2_bwd, fa3, fa3_bwd, flash_decode, naive, overlap, roofline, uncertainty
+from . import (
+    clock,
+    decode,
+    energy,
+    fa2,
+    fa2_bwd,
+    fa3,
+    fa3_bwd,
+    flash_decode,
+    naive,
+    overlap,
+    roofline,
+    uncertainty,
+)
 from .estimate import Conditions, KernelTime, TimeEstimate, Uncertainty, Workload
 from .kernels import (
     DEFAULT_BACKWARD_KERNEL,
@@ -86,8 +99,10 @@ def _resident(p: AttentionProblem, profile: Profile, counts: Counts, pass_: str)
 
 
 def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = None,
-            warm: bool = False) -> TimeEstimate:
-    """Predicted time of ``work`` (what the simulator counted) as ``kernel`` runs it, beside the peak roofline."""
+            warm: bool = False, run: str | float = "record") -> TimeEstimate:
+    """Predicted time of ``work`` (what the simulator counted) as ``kernel`` runs it, beside the peak roofline;
+    ``run``: which call of a run of back-to-back calls (:mod:`iosim.timing.clock`: the records' median by
+    default)."""
     problem = work.problem
     roof = roofline.predict(work.counts, [r + w for r, w in work.hbm], problem.dtype, profile)
     desc = kernel_for(work.schedule, kernel, work.pass_)
@@ -106,22 +121,25 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
     if dram_free:
         work = replace(work, hbm=[(0.0, 0.0)] * len(work.hbm))
     c = Conditions(problem, desc, profile, r, r.l2_latency_s if dram_free else r.dram_latency_s)
-    out = _backward_times(c, work) if desc.pass_ == "backward" else _forward_times(c, work)
-    band = _band(desc.name if _is_builtin(desc) else "", profile, problem, sum(k.predicted_s for k in out),
-                 r.calibration != "uncalibrated")
+    at_start = _backward_times(c, work) if desc.pass_ == "backward" else _forward_times(c, work)
+    power = profile.calibration.power if profile.calibration is not None and r.calibration != "uncalibrated" else None
+    out, clocks = clock.limited(at_start, power, lambda f, t: _energy(work, t, desc.family, profile, at_start, f), run)
     total = sum(k.predicted_s for k in out)
+    band = _band(desc.name if _is_builtin(desc) else "", profile, problem, total, r.calibration != "uncalibrated")
+    joules = clocks.joules if clocks is not None else _energy(work, total, desc.family, profile, out)
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
-                        calibration=r.calibration, dram_free=dram_free, uncertainty=band,
-                        energy_j=_energy(work, total, desc.family, profile, out))
+                        calibration=r.calibration, dram_free=dram_free, uncertainty=band, energy_j=joules,
+                        clock=clocks)
 
 
 def _energy(work: Workload, seconds: float, family: str | None, profile: Profile,
-            kernels: Sequence[KernelTime] = ()) -> float | None:
+            kernels: Sequence[KernelTime] = (), clock_hz: float | None = None) -> float | None:
     """Joules of one call (:mod:`iosim.timing.energy`): ``work.hbm`` is the DRAM traffic the time priced,
-    ``kernels`` the kernel models' times (their shared-memory bytes and tensor FLOPs)."""
+    ``kernels`` the kernel models' times (their shared-memory bytes and tensor FLOPs), ``clock_hz`` the SM clock
+    the call runs at (None: each unit as its burst ran)."""
     cal = profile.calibration
     return energy.energy_j(work.counts, sum(r + w for r, w in work.hbm), seconds, work.problem.dtype, family,
-                           cal.power if cal is not None else None, energy.KernelWork.of(kernels))
+                           cal.power if cal is not None else None, energy.KernelWork.of(kernels), clock_hz)
 
 
 def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:

@@ -22,9 +22,12 @@ grows with the bits its operands toggle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..counts import Counts
 from ..hardware.calibration import PowerCalibration
@@ -54,17 +57,70 @@ class KernelWork:
 
 
 def energy_j(counts: Counts, dram_bytes: float, seconds: float, dtype: str, family: str | None,
-             power: PowerCalibration | None, work: KernelWork = KernelWork()) -> float | None:
+             power: PowerCalibration | None, work: KernelWork = KernelWork(),
+             clock_hz: float | None = None) -> float | None:
     """Joules of one call, or None where the profile has no power calibration (a calibration without the
-    shared-memory unit prices no shared-memory bytes)."""
+    shared-memory unit prices no shared-memory bytes). ``clock_hz``: the SM clock the call runs at, where the
+    calibration says what each unit's burst ran at (``power.at``) and how the SM's power grows with its clock
+    (``power.limiter``): the units on the SM's clock are priced at it (:func:`clock_factor`); else as measured."""
     if power is None:
         return None
     flops = dict(counts.flops)
     if work.tensor_flops is not None:
         flops["matmul"] = work.tensor_flops
-    tensor = power.wgmma if family == "fa3" and power.wgmma is not None else power.mma_sync
-    per_matmul = power.fp32.value if dtype == "fp32" else tensor.value
+    tensor_unit = "wgmma" if family == "fa3" and power.wgmma is not None else "mma_sync"
+    unit = "fp32" if dtype == "fp32" else tensor_unit
+
+    def at(name: str) -> float:
+        return getattr(power, name).value * clock_factor(power, name, clock_hz)
+
     l2_hits = max((counts.global_bytes if work.l2_bytes is None else work.l2_bytes) - dram_bytes, 0)
-    return (power.base.value * seconds + per_matmul * flops.get("matmul", 0) + power.exp.value * flops.get("exp", 0)
-            + power.fp32.value * flops.get("other", 0) + power.l2.value * l2_hits + power.dram.value * dram_bytes
-            + (power.smem.value * work.smem_bytes if power.smem is not None else 0.0))
+    return (power.base.value * seconds + at(unit) * flops.get("matmul", 0) + at("exp") * flops.get("exp", 0)
+            + at("fp32") * flops.get("other", 0) + power.l2.value * l2_hits + power.dram.value * dram_bytes
+            + (at("smem") * work.smem_bytes if power.smem is not None else 0.0))
+
+
+def clock_factor(power: PowerCalibration, unit: str, clock_hz: float | None) -> float:
+    """How much more ``unit``'s work costs at ``clock_hz`` than at the clock its burst ran at: the SM's energy per
+    cycle at the two clocks (:func:`energy_per_cycle`); 1 where the calibration lacks either or no clock is
+    given."""
+    at = (power.at or {}).get(unit)
+    if clock_hz is None or power.limiter is None or at is None:
+        return 1.0
+    return energy_per_cycle(power, clock_hz) / energy_per_cycle(power, at.value)
+
+
+def energy_per_cycle(power: PowerCalibration, clock_hz: float) -> float:
+    """Joules per cycle of one busy SM at ``clock_hz``, from the limiter's bursts (``power.limiter``: the watts
+    above idle per busy SM at the clock each burst held, over that clock). Between the measured clocks the watts
+    are interpolated on log-log axes, beyond them extended along the end segments; where bursts held about the
+    same clock (within 0.2%), the highest watts stands."""
+    f, w = sm_watts_curve(power)
+    x = math.log(clock_hz)
+    if len(f) == 1:
+        return w[0] / f[0]
+    lf, lw = np.log(f), np.log(w)
+    if x <= lf[0]:
+        y = lw[0] + (x - lf[0]) * (lw[1] - lw[0]) / (lf[1] - lf[0])
+    elif x >= lf[-1]:
+        y = lw[-1] + (x - lf[-1]) * (lw[-1] - lw[-2]) / (lf[-1] - lf[-2])
+    else:
+        y = float(np.interp(x, lf, lw))
+    return math.exp(y) / clock_hz
+
+
+def sm_watts_curve(power: PowerCalibration) -> tuple[np.ndarray, np.ndarray]:
+    """(clocks, watts above idle per busy SM) of the limiter's bursts (each share of the SMs after the fast loop
+    acted, and every SM's after the averaged loop did), by clock, the watts never falling as the clock rises (a
+    lower reading is the measurement's noise)."""
+    lim, idle = power.limiter, power.idle.value
+    pts = [(lim.clocks.value[n], (lim.watts.value[n] - idle) / n) for n in lim.clocks.value]
+    pts = sorted([*pts, (lim.steady.value, (lim.steady_watts.value - idle) / max(lim.clocks.value))])
+    f, w = [], []
+    for clock, watts in pts:
+        if f and clock <= f[-1] * 1.002:
+            w[-1] = max(w[-1], watts)
+        else:
+            f.append(clock)
+            w.append(max(watts, w[-1]) if w else watts)
+    return np.array(f), np.array(w)

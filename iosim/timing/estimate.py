@@ -67,6 +67,24 @@ class Uncertainty:
     device: str  # the record's profile, "pooled: <profiles>" (the profile has no record of its own), or ""
 
 
+@dataclass(frozen=True)
+class ClockRun:
+    """The clocks of a prediction: ``start_hz`` before the limiter acts, ``fast_hz`` from ``engage_s`` on,
+    ``steady_hz`` from ``settle_s`` on (None: the call never draws the limit on average), ``shares`` the share of
+    the calls ``run`` means at each of the three, ``watts`` the call's power at ``start_hz`` and ``joules`` the energy
+    of the call ``run`` means."""
+
+    run: str  # iosim.timing.clock's run: "record", "single", "steady" or "<seconds> s"
+    start_hz: float
+    fast_hz: float
+    steady_hz: float
+    engage_s: float
+    settle_s: float | None
+    shares: tuple[float, float, float]
+    watts: float
+    joules: float
+
+
 @dataclass
 class TimeEstimate:
     kernels: list[KernelTime]
@@ -77,6 +95,7 @@ class TimeEstimate:
     dram_free: bool = False  # warm calls whose inputs stay in L2: the estimate prices no DRAM bytes (iosim.timing)
     uncertainty: Uncertainty | None = None  # the records' band around predicted_s (iosim.timing.uncertainty)
     energy_j: float | None = None  # joules of one call, where the profile has a power calibration (timing.energy)
+    clock: ClockRun | None = None  # the clocks the call runs at (iosim.timing.clock), where the profile measured them
 
     @property
     def predicted_s(self) -> float:
