@@ -82,31 +82,29 @@ def energy_j(counts: Counts, dram_bytes: float, seconds: float, dtype: str, fami
 
 def clock_factor(power: PowerCalibration, unit: str, clock_hz: float | None) -> float:
     """How much more ``unit``'s work costs at ``clock_hz`` than at the clock its burst ran at: the SM's energy per
-    cycle at the two clocks (:func:`energy_per_cycle`); 1 where the calibration lacks either or no clock is
-    given."""
+    cycle at the two clocks (:func:`energy_per_cycle`). 1 where the calibration lacks either, no clock is given,
+    or the unit's burst ran above the clocks the limiter's bursts measured (exp, fp32 and shared memory run alone
+    at 1.98 GHz, above any tensor burst's clock: how the SM's power grows up there is not measured); a clock above
+    them counts as the highest one measured."""
     at = (power.at or {}).get(unit)
     if clock_hz is None or power.limiter is None or at is None:
         return 1.0
-    return energy_per_cycle(power, clock_hz) / energy_per_cycle(power, at.value)
+    f, _ = sm_watts_curve(power)
+    if at.value > f[-1]:
+        return 1.0
+    return energy_per_cycle(power, min(clock_hz, f[-1])) / energy_per_cycle(power, at.value)
 
 
 def energy_per_cycle(power: PowerCalibration, clock_hz: float) -> float:
-    """Joules per cycle of one busy SM at ``clock_hz``, from the limiter's bursts (``power.limiter``: the watts
-    above idle per busy SM at the clock each burst held, over that clock). Between the measured clocks the watts
-    are interpolated on log-log axes, beyond them extended along the end segments; where bursts held about the
-    same clock (within 0.2%), the highest watts stands."""
+    """Joules per cycle of one busy SM at ``clock_hz`` (at most the highest clock measured), from the limiter's
+    bursts (``power.limiter``: the watts above idle per busy SM at the clock each burst held, over that clock): the
+    watts interpolated between the measured clocks on log-log axes, and below the lowest along its segment (the
+    voltage keeps falling with the clock)."""
     f, w = sm_watts_curve(power)
-    x = math.log(clock_hz)
-    if len(f) == 1:
-        return w[0] / f[0]
-    lf, lw = np.log(f), np.log(w)
-    if x <= lf[0]:
-        y = lw[0] + (x - lf[0]) * (lw[1] - lw[0]) / (lf[1] - lf[0])
-    elif x >= lf[-1]:
-        y = lw[-1] + (x - lf[-1]) * (lw[-1] - lw[-2]) / (lf[-1] - lf[-2])
-    else:
-        y = float(np.interp(x, lf, lw))
-    return math.exp(y) / clock_hz
+    lf, lw, x = np.log(f), np.log(w), math.log(clock_hz)
+    if x < lf[0] and len(f) > 1:
+        return math.exp(lw[0] + (x - lf[0]) * (lw[1] - lw[0]) / (lf[1] - lf[0])) / clock_hz
+    return math.exp(float(np.interp(x, lf, lw))) / clock_hz
 
 
 def sm_watts_curve(power: PowerCalibration) -> tuple[np.ndarray, np.ndarray]:
