@@ -108,12 +108,12 @@ def energy_per_cycle(power: PowerCalibration, clock_hz: float) -> float:
 
 
 def sm_watts_curve(power: PowerCalibration) -> tuple[np.ndarray, np.ndarray]:
-    """(clocks, watts above idle per busy SM) of the limiter's bursts (each share of the SMs after the fast loop
-    acted, and every SM's after the averaged loop did), by clock, the watts never falling as the clock rises (a
-    lower reading is the measurement's noise)."""
+    """(clocks, watts above idle per busy SM) of the limiter's bursts on each share of the SMs, each held by the fast
+    loop at one clock, by clock, the watts never falling as the clock rises (a lower reading is the measurement's
+    noise). The averaged loop's ``steady`` is not a point of it: the clock swings there, and the watts average
+    over the swing, more than the power at the average clock."""
     lim, idle = power.limiter, power.idle.value
-    pts = [(lim.clocks.value[n], (lim.watts.value[n] - idle) / n) for n in lim.clocks.value]
-    pts = sorted([*pts, (lim.steady.value, (lim.steady_watts.value - idle) / max(lim.clocks.value))])
+    pts = sorted((lim.clocks.value[n], (lim.watts.value[n] - idle) / n) for n in lim.clocks.value)
     f, w = [], []
     for clock, watts in pts:
         if f and clock <= f[-1] * 1.002:
