@@ -218,15 +218,20 @@ class UncertaintyJSON(_Contract):
 
 
 class ClockJSON(_Contract):
-    """The clocks of a prediction under the board's power limiter (docs/timing.md)."""
+    """The clocks of a prediction under the board's power limiter (iosim.timing.clock, docs/timing.md)."""
 
     run: str = Field(description="which call of a run of back-to-back calls predicted_s means: 'record' (the "
                      "time records' median of 20 calls after 2), 'single' (one call from rest), 'steady', or "
                      "'<seconds> s' (the mean call of a run that long)")
     start_hz: float = Field(description="the SM clock before the limiter acts")
-    held_hz: float = Field(description="the clock the limiter holds for this call after engage_s")
-    engage_s: float | None = Field(description="seconds from rest until the limiter acts; null: never on this board")
-    held_share: float = Field(description="share of predicted_s at held_hz (the rest at start_hz)")
+    fast_hz: float = Field(description="the clock from engage_s on, at most the fast loop's power")
+    steady_hz: float = Field(description="the clock from settle_s on, at most the board's limit (= fast_hz where "
+                             "settle_s is null)")
+    engage_s: float = Field(description="seconds from rest until the fast loop acts")
+    settle_s: float | None = Field(description="seconds from rest until the call's averaged power reaches the "
+                                   "board's limit; null: it never does")
+    shares: tuple[float, float, float] = Field(description="share of the calls run means at start_hz, fast_hz, "
+                                               "steady_hz")
     watts: float = Field(description="the call's board power at start_hz")
     joules: float = Field(description="the call's energy under run (= energy_j)")
 

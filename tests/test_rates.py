@@ -457,3 +457,36 @@ def test_limiter_bursts_are_read_launch_by_launch():
     assert power._first_below(t, clock, 0.0, 0.5e9) is None
     with pytest.raises(rates_kernels.RatesError, match="no launch"):
         power._median_in(t, clock, (2.0, 3.0))
+
+
+def _power_measured() -> list[Measured]:
+    """A power section as iosim calibrate rates prints it (made-up but plausible H100 numbers)."""
+    m = [Measured(("power", k), v, "W", k) for k, v in (("limit", 700.0), ("idle", 131.0), ("base", 141.0))]
+    m += [Measured(("power", u), v, unit, u) for u, v, unit in (
+        ("mma_sync", 1.0e-12, "J/FLOP"), ("wgmma", 7.4e-13, "J/FLOP"), ("exp", 4.7e-12, "J/op"),
+        ("fp32", 5.7e-12, "J/FLOP"), ("smem", 6.4e-12, "J/B"), ("l2", 4.7e-11, "J/B"), ("dram", 1.2e-10, "J/B"))]
+    m += [Measured(("power", "at", u), f, "Hz", "clock") for u, f in (("mma_sync", 1.785e9), ("wgmma", 1.665e9),
+                                                                     ("exp", 1.98e9))]
+    for n, f, w in ((132, 1.664e9, 767.7), (99, 1.83e9, 760.7), (66, 1.859e9, 595.5), (33, 1.86e9, 358.9)):
+        m += [Measured(("power", "limiter", "clocks", n), f, "Hz", "held"),
+              Measured(("power", "limiter", "watts", n), w, "W", "held")]
+    m += [Measured(("power", "limiter", k), v, u, k) for k, v, u in (
+        ("clock", 1.777e9, "Hz"), ("steady", 1.599e9, "Hz"), ("steady_watts", 699.1, "W"), ("engage", 0.068, "s"),
+        ("settle", 0.823, "s"))]
+    return m
+
+
+def test_the_limiter_lands_in_the_profile_and_the_time_model_uses_it():
+    """The power section's limiter (tables by SMs busy, each unit's clock) as the writer nests it loads back, and
+    the time model takes its clocks: a heavy call's record is slower than one call from rest."""
+    section = {**calibration_section(_measured(), ON, hopper=True),
+               "power": rates.nest({}, _power_measured(), ON)["power"]}
+    p = profile_from_dict(_with_calibration(section))
+    lim = p.calibration.power.limiter
+    assert lim.clocks.value == {132: 1.664e9, 99: 1.83e9, 66: 1.859e9, 33: 1.86e9}
+    assert lim.watts.value[132] == 767.7 and lim.engage.value == pytest.approx(0.068)
+    assert p.calibration.power.at["wgmma"].value == 1.665e9
+    problem = AttentionProblem(seq_len=32768, heads=32, head_dim=128, causal=True, dtype="bf16")
+    one, record = (simulate("flash3", problem, p, kernel="cudnn", warm=True, run=r) for r in ("single", "record"))
+    assert record.time.clock.fast_hz < one.time.clock.start_hz == 1.777e9
+    assert record.time.predicted_s > one.time.predicted_s

@@ -135,10 +135,14 @@ def problem_options(f):
                    "iosim-decode (flash-decoding as iosim's decode kernel tiles it) or a YAML file (docs/timing.md) "
                    "[default: the schedule's own]; its tiles unless --block-q/--block-kv")
 @click.option("--warm", is_flag=True, help="time back-to-back calls on the same inputs (tensors that fit stay in L2)")
+@click.option("--run", "run", default="record", show_default=True, metavar="record|single|steady|SECONDS",
+              help="which call of a run of back-to-back calls the time means, under the board's power limiter: the "
+                   "time records' median of 20 (record), one call from rest (single), a call of a long run "
+                   "(steady), or the mean call of a run of SECONDS (docs/timing.md)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
 def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, use_l2, as_json,
                  l2_exact=False, kernel=None, warm=False, gqa=None, kv_lens=None, page_size=None, window=None,
-                 **problem_kw):
+                 run="record", **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time.
 
     With a CPU profile (``iosim profiles list``, or a file with ``kind: cpu``), the boundaries are the CPU's
@@ -147,7 +151,8 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
     if profile is not None and is_cpu_profile(profile):
         gpu_only = {"--method walk": method != "closed", "--pass": pass_ != "forward", "--splits": splits,
                     "--density": density, "--mask": mask, "--seed": seed, "--l2-exact": l2_exact, "--kernel": kernel,
-                    "--warm": warm, "--gqa": gqa, "--kv-lens": kv_lens, "--page-size": page_size, "--window": window}
+                    "--warm": warm, "--gqa": gqa, "--kv-lens": kv_lens, "--page-size": page_size, "--window": window,
+                    "--run": run != "record"}
         given = [k for k, v in gpu_only.items() if v]
         if given:
             raise click.UsageError(f"{', '.join(given)}: not for a CPU profile ({profile}); the CPU model takes the "
@@ -159,7 +164,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
         result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
                           pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, l2=use_l2,
                           l2_exact=l2_exact, l2_progress=bar, kernel=kernel, warm=warm, kv_lens=kv_lens,
-                          page_size=page_size, window=window)
+                          page_size=page_size, window=window, run=run)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -246,10 +251,12 @@ def render(r: Result) -> str:
         f"  kernel {j['time']['kernel']}, rates {j['time']['calibration']}; peak roofline "
         f"{fmt_seconds(j['time']['roofline_s'])}",
     ]
+    if j["time"].get("clock"):
+        lines.append(_clock_line(j["time"]["clock"]))
     if j["time"].get("energy_j") is not None:
         e = j["time"]["energy_j"]
         lines.append(f"predicted energy: {e:.4g} J a call ({e / j['time']['predicted_s']:.0f} W on average): the "
-                     "work units calibration.power prices, median |error| 6-12% against NVML, most calls drawing more "
+                     "work units calibration.power prices at the call's clock, median |error| 3-9% against NVML "
                      "(docs/timing.md, Energy per call)")
     if j["time"]["unmodeled"]:
         lines.append("  not in the roofline (unpublished in the profile): "
@@ -262,6 +269,18 @@ def render(r: Result) -> str:
         lines.append(f"  warm calls: {why}" + ("" if r.time.dram_free else "; the time prices the hbm bytes above"))
     lines.append(f"(decimal units: 1 MB = 10^6 B; hbm model: {r.hbm_model})")
     return "\n".join(lines)
+
+
+def _clock_line(c: dict) -> str:
+    """The clocks under the power limiter, e.g. "  clock: 1.78 GHz from rest (1036 W), 1.57 GHz from 68 ms (the
+    fast loop's cap), 1.48 GHz from 0.80 s (the 700 W limit); this call (record): 100% at 1.57 GHz"."""
+    phases = [f"{fmt_rate(c['start_hz'], 'Hz')} from rest ({c['watts']:.0f} W)",
+              f"{fmt_rate(c['fast_hz'], 'Hz')} from {fmt_seconds(c['engage_s'])}"]
+    if c["settle_s"] is not None:
+        phases.append(f"{fmt_rate(c['steady_hz'], 'Hz')} from {fmt_seconds(c['settle_s'])} (the board's limit)")
+    at = ", ".join(f"{s:.0%} at {fmt_rate(f, 'Hz')}" for s, f in zip(c["shares"], (c["start_hz"], c["fast_hz"],
+                                                                                c["steady_hz"]), strict=True) if s)
+    return f"  clock under the power limiter: {', '.join(phases)}; the time's calls ({c['run']}): {at}"
 
 
 def _band(u: dict | None) -> str:

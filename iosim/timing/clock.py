@@ -102,8 +102,8 @@ def limited(kernels: Sequence[KernelTime], power: PowerCalibration | None,
     out = [replace(k, predicted_s=sum(s * k.predicted_s * (1.0 if k.bound == "dram" else f0 / f)
                                       for s, (f, _) in zip(shares, phases, strict=True))) for k in kernels]
     joules = sum(s * energy_at(f, t) for s, (f, _), t in zip(shares, phases, times, strict=True))
-    return out, ClockRun(_name(run), f0, fast, steady if settle is not None else fast, lim.engage.value, settle,
-                         shares, watts(f0), joules)
+    return out, ClockRun(_name(run), f0, fast, steady if settle is not None else fast, lim.engage.value,
+                         None if settle is None else float(settle), shares, watts(f0), float(joules))
 
 
 def window_s(power: PowerCalibration) -> float:
