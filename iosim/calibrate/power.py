@@ -9,7 +9,7 @@ first step after the GPU has finished; the idle power times the tail after the l
 * ``power.base``: watts of every SM spinning on a timer (the clock up, almost no work): the part of a kernel's power
   that its duration costs, whatever it does;
 * ``power.<unit>``: joules of one unit of work beyond the base: a tensor-core FLOP (``mma_sync``: mma.sync
-  m16n8k16; ``wgmma``: m64n256k16 on Hopper), an ``exp`` (ex2.approx), an ``fp32`` FLOP (FMA = 2), a byte of ``l2``
+  m16n8k16; ``wgmma``: m64n256k16 on Hopper, ``wgmma_fp8`` its e4m3 m64n256k32), an ``exp`` (ex2.approx), an ``fp32`` FLOP (FMA = 2), a byte of ``l2``
   traffic (reads of an L2-resident buffer), a byte of ``dram`` traffic (a copy; its passage through L2 included), a
   byte of ``smem`` traffic (ldmatrix.x4: operands from shared memory into registers, as mma.sync kernels feed them).
 
@@ -39,7 +39,7 @@ BURST_S = 0.25  # one burst: about the time records' 20 calls of a long kernel
 REST_S = 0.4  # rest before a burst
 IDLE_S = 1.0  # the idle measurement
 MMA_WARPS = 8  # resident warps per SM of the mma.sync burst
-CLOCKED = ("mma_sync", "wgmma", "exp", "fp32", "smem")  # units on the SM's clock: their burst's clock is recorded
+CLOCKED = ("mma_sync", "wgmma", "wgmma_fp8", "exp", "fp32", "smem")  # units on the SM's clock: their burst's clock is recorded
 LIMITER_SHARES = (1.0, 0.75, 0.5, 0.25)  # shares of the SMs a limiter burst runs on
 LIMITER_S = 0.8  # a limiter burst: past the fast loop's action (~50 ms), short of the averaged loop's (~0.9 s)
 LIMITER_LONG_S = 3.3  # the burst on every SM: two of the averaged loop's periods (~1 s each) after it acted
@@ -131,6 +131,11 @@ def measure_power(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
                                                 shared_mem=b.pad),
                  lambda n: 2 * 64 * WGMMA_N * 16 * WGMMA_PER_TRIP * WGMMA_GROUPS * b.sms * n,
                  f"wgmma m64n{WGMMA_N}k16 bf16, {WGMMA_GROUPS} warpgroups per SM", iters=16)
+        fp8 = b.fn(rates_wgmma_names()[(WGMMA_N, "e4m3", WGMMA_GROUPS)], pad=True)
+        per_unit("wgmma_fp8", lambda n: lambda: fp8((b.sms,), (128 * WGMMA_GROUPS,), (i32(n), i32(1), b.out, b.stamps),
+                                                     shared_mem=b.pad),
+                 lambda n: 2 * 64 * WGMMA_N * 32 * WGMMA_PER_TRIP * WGMMA_GROUPS * b.sms * n,
+                 f"wgmma m64n{WGMMA_N}k32 e4m3, {WGMMA_GROUPS} warpgroups per SM", iters=16)
     alu, n_alu = b.fn("rates_alu"), 4 * b.sms
     for op, path, per_op in ((3, "exp", 1), (0, "fp32", 2)):
         per_unit(path, lambda n, op=op: lambda: alu((n_alu,), (256,), (i32(op), i32(n), b.out, b.stamps)),
@@ -183,7 +188,7 @@ def measure_power_only(repeats: int = 15, echo: Callable[[str], None] = print) -
     return measured
 
 
-UNITS = {"mma_sync": "FLOP", "wgmma": "FLOP", "exp": "op", "fp32": "FLOP", "l2": "B", "dram": "B", "smem": "B"}
+UNITS = {"mma_sync": "FLOP", "wgmma": "FLOP", "wgmma_fp8": "FLOP", "exp": "op", "fp32": "FLOP", "l2": "B", "dram": "B", "smem": "B"}
 
 
 def measure_limiter(b: Bench, cp, nvml: Nvml, report: Callable[[Measured, str], None]) -> None:

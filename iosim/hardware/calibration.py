@@ -152,13 +152,15 @@ class PowerCalibration(_Strict):
     base: SourcedWatts = Field(description="every SM spinning on a timer: what a kernel's duration costs")
     mma_sync: SourcedJoules = Field(description="per tensor-core FLOP of mma.sync (bf16)")
     wgmma: SourcedJoules | None = Field(None, description="per tensor-core FLOP of wgmma (bf16); Hopper only")
+    wgmma_fp8: SourcedJoules | None = Field(None, description="per tensor-core FLOP of wgmma e4m3 (fp8); Hopper "
+                                            "only, absent in older files")
     exp: SourcedJoules = Field(description="per ex2.approx")
     fp32: SourcedJoules = Field(description="per fp32 FLOP (an FMA is 2)")
     l2: SourcedJoules = Field(description="per byte of L2 traffic that hits")
     dram: SourcedJoules = Field(description="per byte of DRAM traffic, its passage through L2 included")
     smem: SourcedJoules | None = Field(None, description="per byte of ldmatrix traffic (shared memory to registers)")
     at: dict[str, SourcedHz] | None = Field(None, description="the SM clock each unit's burst ran at, by unit "
-                                            "(mma_sync, wgmma, exp, fp32, smem); absent in older files")
+                                            "(mma_sync, wgmma, wgmma_fp8, exp, fp32, smem); absent in older files")
     limiter: PowerLimiter | None = Field(None, description="the power limiter's clocks; absent in older files")
 
 

@@ -123,8 +123,8 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
     c = Conditions(problem, desc, profile, r, r.l2_latency_s if dram_free else r.dram_latency_s)
     at_start = _backward_times(c, work) if desc.pass_ == "backward" else _forward_times(c, work)
     power = profile.calibration.power if profile.calibration is not None and r.calibration != "uncalibrated" else None
-    if problem.dtype == "fp8":  # the power bursts run bf16: fp8's energy per FLOP, so its power, is not measured
-        power = None
+    if problem.dtype == "fp8" and (power is None or power.wgmma_fp8 is None):
+        power = None  # fp8's energy per FLOP, so its power, is not measured in this calibration
     out, clocks = clock.limited(at_start, power, lambda f, t: _energy(work, t, desc.family, profile, at_start, f), run)
     total = sum(k.predicted_s for k in out)
     band = _band(desc.name if _is_builtin(desc) else "", profile, problem, total, r.calibration != "uncalibrated")

@@ -68,8 +68,7 @@ def energy_j(counts: Counts, dram_bytes: float, seconds: float, dtype: str, fami
     flops = dict(counts.flops)
     if work.tensor_flops is not None:
         flops["matmul"] = work.tensor_flops
-    tensor_unit = "wgmma" if family == "fa3" and power.wgmma is not None else "mma_sync"
-    unit = "fp32" if dtype == "fp32" else tensor_unit
+    unit = "fp32" if dtype == "fp32" else tensor_unit(power, dtype, family)
 
     def at(name: str) -> float:
         return getattr(power, name).value * clock_factor(power, name, clock_hz)
@@ -78,6 +77,14 @@ def energy_j(counts: Counts, dram_bytes: float, seconds: float, dtype: str, fami
     return (power.base.value * seconds + at(unit) * flops.get("matmul", 0) + at("exp") * flops.get("exp", 0)
             + at("fp32") * flops.get("other", 0) + power.l2.value * l2_hits + power.dram.value * dram_bytes
             + (at("smem") * work.smem_bytes if power.smem is not None else 0.0))
+
+
+def tensor_unit(power: PowerCalibration, dtype: str, family: str | None) -> str:
+    """The unit a call's tensor FLOPs are priced at: wgmma for an fa3-family kernel (its e4m3 burst for fp8,
+    where measured), mma.sync otherwise."""
+    if family != "fa3" or power.wgmma is None:
+        return "mma_sync"
+    return "wgmma_fp8" if dtype == "fp8" and power.wgmma_fp8 is not None else "wgmma"
 
 
 def clock_factor(power: PowerCalibration, unit: str, clock_hz: float | None) -> float:
