@@ -65,10 +65,15 @@ def test_no_limiter_no_change():
     assert a.time.clock is None and a.time.predicted_s == b.time.predicted_s
 
 
-def test_fp8_keeps_the_start_clock():
-    """The power bursts run bf16: fp8's energy per FLOP is not measured, so its calls get no clocks."""
-    r = simulate("flash3", {**HEAVY, "dtype": "fp8"}, H100, kernel="iosim-flash3", warm=True)
-    assert r.time.clock is None
+def test_fp8_gets_clocks_only_where_its_energy_was_measured():
+    """fp8's tensor FLOPs are priced at the e4m3 wgmma burst's energy (power.wgmma_fp8); a calibration without it
+    gives fp8 calls no clocks (the bf16 unit would price them twice over)."""
+    prof = get_profile(H100)
+    r = simulate("flash3", {**HEAVY, "dtype": "fp8"}, prof, kernel="iosim-flash3", warm=True)
+    assert r.time.clock is not None and r.time.clock.watts > 0
+    older = prof.model_copy(update={"calibration": prof.calibration.model_copy(update={
+        "power": prof.calibration.power.model_copy(update={"wgmma_fp8": None})})})
+    assert simulate("flash3", {**HEAVY, "dtype": "fp8"}, older, kernel="iosim-flash3", warm=True).time.clock is None
 
 
 @pytest.mark.parametrize(("t_call", "expected"), [

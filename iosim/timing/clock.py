@@ -5,9 +5,10 @@ What the limiter does, measured (``iosim calibrate rates``' limiter bursts, :mod
 
 1. before it acts, tensor work runs at one clock (``power.limiter.clock``: 1.78-1.79 GHz on every SM, within 2% of
    the clock the rates of :mod:`iosim.timing.rates` were measured at);
-2. about 47 ms in (``limiter.engage``) a fast loop acts: a burst that draws more than it allows falls to the clock
-   where it draws that much (1.68 GHz and 768 W on 132 SMs, 1.83 GHz and 783 W on 99), above the board's enforced
-   limit (700 W). Attention kernels held 790-811 W there (cuDNN's forward, FlashAttention-2's, ours);
+2. 27-70 ms in (``limiter.engage``, board to board) a fast loop acts: a burst that draws more than it allows falls
+   to the clock where it draws that much (1.66 GHz and 766 W on 132 SMs, 1.83 GHz and 782 W on 99; an H200 holds
+   706 W), above the board's enforced limit (700 W). Attention kernels held 790-811 W there on an H100 (cuDNN's
+   forward, FlashAttention-2's, ours);
 3. once the board's power averaged over about a second reaches the limit (``limiter.settle``, 0.79 s for the
    burst on every SM), the clock dips for about 0.3 s and comes back; the loop repeats about once a second, the
    power averaging the limit. Long runs of cuDNN's forward took 14.3 ms a call in phase 2 and 14.4-14.7 ms from
