@@ -112,7 +112,7 @@ class Result:
                                         predicted_s=k.predicted_s, bound=k.bound, resource_s=k.resources)
                          for k in t.kernels],
                 uncertainty=UncertaintyJSON(**vars(t.uncertainty)) if t.uncertainty else None, energy_j=t.energy_j,
-                clock=ClockJSON(**vars(t.clock)) if t.clock else None),
+                clock=ClockJSON(**{**vars(t.clock), "shares": list(t.clock.shares)}) if t.clock else None),
             kernels=[KernelCountsJSON(name=k.name, grid=k.grid, global_read_bytes=k.global_read_bytes,
                                       global_write_bytes=k.global_write_bytes, hbm_read_bytes=hr,
                                       hbm_write_bytes=hw, sram_read_bytes=k.sram_read,
@@ -230,8 +230,8 @@ class ClockJSON(_Contract):
     engage_s: float = Field(description="seconds from rest until the fast loop acts")
     settle_s: float | None = Field(description="seconds from rest until the call's averaged power reaches the "
                                    "board's limit; null: it never does")
-    shares: tuple[float, float, float] = Field(description="share of the calls run means at start_hz, fast_hz, "
-                                               "steady_hz")
+    shares: list[float] = Field(min_length=3, max_length=3, description="share of the calls run means at "
+                                "start_hz, fast_hz, steady_hz")
     watts: float = Field(description="the call's board power at start_hz")
     joules: float = Field(description="the call's energy under run (= energy_j)")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,8 @@ def test_run_writes_tidy_csv_json_and_a_figure_with_its_data(small, tmp_path, ca
     assert len(data["records"]) == 8 and len(data["results"]) == 8
     assert data["results"][0]["traffic"]["global"]["read_bytes"] == data["records"][0]["global_read_bytes"]
     rows = list(csv.DictReader(open(d / "results.csv")))
-    assert len(rows) == 8 and {"schedule", "seq_len", "global_bytes", "predicted_s"} <= set(rows[0])
+    assert len(rows) == 8 and {"schedule", "seq_len", "global_bytes", "predicted_s", "energy_j"} <= set(rows[0])
+    assert float(rows[0]["energy_j"]) == pytest.approx(data["results"][0]["time"]["energy_j"])  # a call's joules
     tidy = list(csv.DictReader(open(d / "traffic.csv")))
     assert len(tidy) == 8 * 3 * 2  # cases x boundaries x directions
     assert {r["boundary"] for r in tidy} == {"global", "hbm", "sram"}
@@ -89,6 +91,7 @@ def test_report_is_one_self_contained_html_file(small, tmp_path, capsys):
     assert page.count("Plotly.newPlot") == 3
     assert "<strong>tiny</strong>" in page and "<code>naive</code>" in page
     assert "3 figures" in stdout
+    assert "<th>energy a call</th>" in page and re.search(r"[0-9.]+ [mµn]?J \([0-9]+ W\)", page)  # the summary's joules
 
 
 def test_default_report_has_the_seed_numbers_and_at_least_five_figures(tmp_path, capsys, monkeypatch):

@@ -31,7 +31,7 @@ def bars(records: list[dict], x: str, metric: str = "global_bytes", title: str |
     values = [r.get(metric) for r in records if r.get(metric) is not None]
     log_y = bool(values) and min(values) > 0 and max(values) >= 10 * min(values)
     y = _METRIC_AXIS.get(metric, metric) + (", log scale" if log_y else "")
-    unit = "s" if metric == "predicted_s" else "B" if metric.endswith("_bytes") else ""
+    unit = {"predicted_s": "s", "energy_j": "J"}.get(metric, "B" if metric.endswith("_bytes") else "")
     title = title or f"{metric} by {x}"
     layout(fig, title, _cat_title(x, along), y, log_x=False, log_y=log_y, log_x_type="category", units={"yaxis": unit})
     if metric == "predicted_s":
@@ -56,7 +56,8 @@ def _cat(field: str, r: dict, along: list[str]) -> str:
 _METRIC_AXIS = {"global_bytes": "global bytes (decimal)", "hbm_bytes": "hbm bytes (decimal)",
                 "sram_bytes": "sram bytes (decimal)", "predicted_s": "predicted time (s)",
                 "compulsory_bytes": "compulsory bytes", "flops_total": "FLOPs",
-                "global_over_compulsory": "global ÷ compulsory", "hbm_over_compulsory": "hbm ÷ compulsory"}
+                "global_over_compulsory": "global ÷ compulsory", "hbm_over_compulsory": "hbm ÷ compulsory",
+                "energy_j": "predicted energy a call (J)"}
 
 
 def _metric_hover(metric: str, v) -> str:
@@ -66,4 +67,6 @@ def _metric_hover(metric: str, v) -> str:
         return bytes_hover(v)
     if metric == "predicted_s":
         return f"{fmt_seconds(v)} ({v:.6g} s)"
+    if metric == "energy_j":
+        return f"{v:.4g} J"
     return f"{v:,.6g}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 
 from .. import plots
+from ..plots.style import si
 from ..scenario import ScenarioRun, check_claims, select
 from ..units import fmt_bytes, fmt_rate, fmt_seconds
 from .measured import parity_table, time_parity_table
@@ -25,12 +26,12 @@ def _problem(r: dict) -> str:
 def table_summary(records: list[dict]) -> str:
     head = ("<tr><th>profile</th><th>schedule</th><th>problem</th><th>tiles</th><th>global read</th>"
             "<th>global write</th><th>global total</th><th>hbm total</th><th>compulsory</th>"
-            "<th>global ÷ compulsory</th><th>FLOPs</th><th>predicted</th><th>bound</th></tr>")
+            "<th>global ÷ compulsory</th><th>FLOPs</th><th>predicted</th><th>bound</th><th>energy a call</th></tr>")
     rows = []
     for r in records:
         if r.get("global_bytes") is None:
             rows.append(f"<tr><td>{r['profile']}</td><td>{r['schedule']}</td><td>{_problem(r)}</td>"
-                        f"<td colspan=10 class=bad>{html.escape(r.get('error') or 'not simulated')}</td></tr>")
+                        f"<td colspan=11 class=bad>{html.escape(r.get('error') or 'not simulated')}</td></tr>")
             continue
         fit = "" if r.get("fits", True) else \
             f' <span class=warn title="{html.escape(r.get("note") or "", quote=True)}">(does not fit: hypothetical)</span>'
@@ -41,11 +42,19 @@ def table_summary(records: list[dict]) -> str:
             f"<td>{_b(r['compulsory_bytes'])}</td><td>{r['global_bytes'] / r['compulsory_bytes']:.3g}×</td>"
             f"<td title=\"{r['flops_total']:,}\">{fmt_rate(r['flops_total'], 'FLOP')}</td>"
             f"<td title=\"{r['predicted_s']:.6g} s; {html.escape(plots.time_hover(r), quote=True)}\">"
-            f"{fmt_seconds(r['predicted_s'])}</td><td>{r['bound']}</td></tr>")
+            f"{fmt_seconds(r['predicted_s'])}</td><td>{r['bound']}</td><td>{_energy(r)}</td></tr>")
     source = plots.time_source(records)
     said = source[0].upper() + source[1:] if source.startswith("predicted") else f"Predicted times: {source}"
     note = f"<p class=meta>{html.escape(said)}.</p>" if source else ""
     return f"<table>{head}{''.join(rows)}</table>{note}"
+
+
+def _energy(r: dict) -> str:
+    """A call's predicted joules and its average watts, or n/a (a profile without a power calibration)."""
+    e = r.get("energy_j")
+    if not e or not r.get("predicted_s"):
+        return "n/a"
+    return f'<span title="{e:.6g} J">{si(e, "J")} ({e / r["predicted_s"]:.0f} W)</span>'
 
 
 def table_by_tensor(records: list[dict]) -> str:

@@ -146,6 +146,7 @@ def _record(case: Case, p: AttentionProblem, r: Result | None, profile: Profile)
     rec["arithmetic_intensity"] = j["time"]["arithmetic_intensity"]
     if rec["predicted_s"]:
         rec["attained_flops_per_s"] = rec["flops_total"] / rec["predicted_s"]
+    rec["energy_j"] = j["time"].get("energy_j")
     rec["sram_peak_bytes"] = j.get("sram_peak_bytes")
     rec["by_tensor"] = j["by_tensor"]  # not a CSV column: written long-form to by_tensor.csv
     return rec

@@ -68,6 +68,8 @@ class Record(_Saved):
     roofline_s: float | None
     arithmetic_intensity: float | None
     attained_flops_per_s: float | None
+    energy_j: float | None = Field(None, description="joules of one call (time.energy_j: at the clock the power "
+                                   "limiter leaves the records' median call); absent in runs saved before it")
     sram_peak_bytes: int | None
     note: str | None
     error: str | None

@@ -144,7 +144,7 @@ class TilesSpec(_Strict):
 FigureKind = Literal["traffic_vs_n", "time_vs_n", "roofline", "traffic_vs_block", "traffic_vs_sram",
                      "footprint", "by_tensor", "bars", "parity"]
 Metric = Literal["global_bytes", "hbm_bytes", "sram_bytes", "predicted_s", "compulsory_bytes", "flops_total",
-                 "global_over_compulsory", "hbm_over_compulsory"]
+                 "global_over_compulsory", "hbm_over_compulsory", "energy_j"]
 
 
 class FigureSpec(_Strict):
