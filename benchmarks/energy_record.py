@@ -4,7 +4,9 @@
     python benchmarks/energy_record.py --device h100 [--profile FILE]         # anywhere: predict and judge
 
 ``--measure`` runs each kernel of :func:`shapes` (iosim flash2 and naive, torch SDPA's flash backend = ``fa2``, its
-cuDNN backend = ``cudnn``, our flash3 forward = ``fa3`` where the GPU runs it) back to back for a burst of at
+cuDNN backend = ``cudnn``, our flash3 forward = ``fa3`` where the GPU runs it) and of :func:`backward_shapes` (the
+backward passes: ours of flash2 and flash3, torch's FA2 and cuDNN, as benchmarks/time_record_backward.py calls them)
+back to back for a burst of at
 least 20 calls and 0.25 s, after 0.4 s of rest, and reads NVML's energy counter at the counter's steps around it (:func:`iosim.calibrate.power.burst`, the calibration's own
 method): joules per call, and seconds per call of the burst. It writes ``data/validation/<device>-energy.json``.
 
@@ -27,6 +29,7 @@ from time_judge import simulate_row  # beside this file
 from time_record import PROFILE, ROOT, Shape, _bench, _callables, device_header
 
 KERNELS = ("iosim-flash2", "iosim-naive", "fa2", "cudnn", "fa3")
+BACKWARD = ("iosim-flash2-bwd", "iosim-flash3-bwd", "fa2-bwd", "cudnn-bwd")
 MIN_CALLS = 20
 
 
@@ -36,11 +39,20 @@ def shapes() -> list[Shape]:
     return [*out, Shape(8, 32, 8, 4096, 4096, 128, "bf16", True), Shape(1, 16, 16, 2048, 2048, 128)]
 
 
+def backward_shapes() -> list[Shape]:
+    """The backward pass: long and short calls, d 64 and 128, causal and not."""
+    return [*(Shape(4, 16, 16, 4096, 4096, 128, "bf16", c) for c in (False, True)),
+            Shape(4, 32, 32, 4096, 4096, 64, "bf16", True), Shape(1, 16, 16, 16384, 16384, 128, "bf16", True),
+            Shape(16, 16, 16, 1024, 1024, 128)]
+
+
 def measure(device: str) -> dict:
     import cupy as cp
     import torch
+    from time_record_backward import _callables as backward_callables
+    from time_record_backward import _gqa_inputs
 
-    from iosim.calibrate.power import BURST_S, Nvml, burst
+    from iosim.calibrate.power import Nvml, burst
 
     nvml = Nvml()
     idle_j, idle_s, _ = burst(nvml, cp, None, 1.0, 0.0)
@@ -51,21 +63,33 @@ def measure(device: str) -> dict:
         tensors = tuple(torch.randn(s.batch, n, h, s.head_dim, generator=g, device="cuda").to(dt)
                         for n, h in ((s.seq_len, s.heads), (s.kv_len, s.kv_heads), (s.kv_len, s.kv_heads)))
         for name, fn in _callables(s, tensors).items():
-            if name not in KERNELS:
-                continue
-            for _ in range(3):
-                fn()  # compile, caches
-            torch.cuda.synchronize()
-            j, sec, n = burst(nvml, cp, fn, BURST_S, idle_j / idle_s)
-            if n < MIN_CALLS:  # long calls: at least MIN_CALLS of them
-                j, sec, n = burst(nvml, cp, fn, BURST_S * MIN_CALLS / n, idle_j / idle_s)
-            rows.append({**s.__dict__, "kernel": name, "joules": j / n, "seconds": sec / n, "calls": n,
-                         "burst_s": sec})
-            print(f"[{i + 1}] {s.key:<34} {name:<13} {j / n:9.4f} J a call, {sec / n * 1e3:8.3f} ms, "
-                  f"{j / sec:5.0f} W over {n} calls", flush=True)
+            if name in KERNELS:
+                rows.append(_burst_row(nvml, cp, torch, s, name, fn, idle_j / idle_s, i))
+        del tensors
+        torch.cuda.empty_cache()
+    for i, s in enumerate(backward_shapes()):
+        tensors = _gqa_inputs(torch, s, torch.bfloat16)
+        for name, fn in backward_callables(s, tensors).items():
+            if name in BACKWARD and not isinstance(fn, Exception):  # a refusal: no row
+                rows.append(_burst_row(nvml, cp, torch, s, name, fn, idle_j / idle_s, i))
         del tensors
         torch.cuda.empty_cache()
     return {**device_header(device, 0), "idle_w": idle_j / idle_s, "rows": rows}
+
+
+def _burst_row(nvml, cp, torch, s: Shape, name: str, fn, idle_w: float, i: int) -> dict:
+    """Joules and seconds a call of ``fn`` over a burst of at least BURST_S and MIN_CALLS calls after REST_S."""
+    from iosim.calibrate.power import BURST_S, burst
+
+    for _ in range(3):
+        fn()  # compile, caches
+    torch.cuda.synchronize()
+    j, sec, n = burst(nvml, cp, fn, BURST_S, idle_w)
+    if n < MIN_CALLS:  # long calls: at least MIN_CALLS of them
+        j, sec, n = burst(nvml, cp, fn, BURST_S * MIN_CALLS / n, idle_w)
+    print(f"[{i + 1}] {s.key:<34} {name:<17} {j / n:9.4f} J a call, {sec / n * 1e3:8.3f} ms, "
+          f"{j / sec:5.0f} W over {n} calls", flush=True)
+    return {**s.__dict__, "kernel": name, "joules": j / n, "seconds": sec / n, "calls": n, "burst_s": sec}
 
 
 def judge(data: dict, profile: str) -> int:
