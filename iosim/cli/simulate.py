@@ -256,7 +256,7 @@ def render(r: Result) -> str:
     if j["time"].get("energy_j") is not None:
         e = j["time"]["energy_j"]
         lines.append(f"predicted energy: {e:.4g} J a call ({e / j['time']['predicted_s']:.0f} W on average): the "
-                     "work units calibration.power prices at the call's clock, median |error| 3-9% against NVML "
+                     "work units calibration.power prices at the call's clock, median |error| 2-10% against NVML "
                      "(docs/timing.md, Energy per call)")
     if j["time"]["unmodeled"]:
         lines.append("  not in the roofline (unpublished in the profile): "
