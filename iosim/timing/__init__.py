@@ -23,7 +23,9 @@ the profile's rates (:mod:`iosim.timing.rates`: measured by ``iosim calibrate ra
 * attention on a CPU (NumPy's naive passes, the tiled kernel of :mod:`iosim.cpu`): :mod:`iosim.timing.cpu`.
 
 Every model returns a :class:`KernelTime` per kernel (:mod:`iosim.timing.estimate`); :func:`predict` gathers a GPU
-call's into a :class:`TimeEstimate`.
+call's into a :class:`TimeEstimate`, at the clock the board's power limiter leaves the call ``run`` means
+(:mod:`iosim.timing.clock`: by default the time records' median call of a run from rest), with its energy
+(:mod:`iosim.timing.energy`).
 
 ``warm=True`` models back-to-back calls on the same inputs: a problem whose tensors fit in L2 then moves no DRAM
 bytes (the estimate's ``dram_free`` says so; the cold bytes stay the result's ``hbm``). Schedules no kernel

@@ -13,8 +13,8 @@ ldmatrix, tiles staged; none for wgmma kernels, whose operand reads are in wgmma
 roofline). The L2 traffic is the counts' global bytes, or the kernels' where their model says
 (``KernelTime.l2_bytes``: standard attention's GEMMs re-read Q, K and V from L2 at their tiles, where the paper's
 count reads each once); the DRAM traffic the bytes the time prices (none for warm calls whose inputs stay in L2).
-A call as the time records time it: a short run of back-to-back calls, which the board's power limiter does not
-yet slow.
+The tensor units are priced at the clock the call runs at (:func:`clock_factor`; which clock, under the board's
+power limiter, :mod:`iosim.timing.clock` says), the others as their bursts measured them.
 
 The calibration's bursts move random data, as attention's inputs are (iosim/calibrate/power.py): a unit's energy
 grows with the bits its operands toggle.
