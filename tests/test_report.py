@@ -53,6 +53,7 @@ def test_run_writes_tidy_csv_json_and_a_figure_with_its_data(small, tmp_path, ca
     rows = list(csv.DictReader(open(d / "results.csv")))
     assert len(rows) == 8 and {"schedule", "seq_len", "global_bytes", "predicted_s", "energy_j"} <= set(rows[0])
     assert float(rows[0]["energy_j"]) == pytest.approx(data["results"][0]["time"]["energy_j"])  # a call's joules
+    assert float(rows[0]["clock_hz"]) == data["results"][0]["time"]["clock"]["start_hz"]  # short: before the limiter
     tidy = list(csv.DictReader(open(d / "traffic.csv")))
     assert len(tidy) == 8 * 3 * 2  # cases x boundaries x directions
     assert {r["boundary"] for r in tidy} == {"global", "hbm", "sram"}

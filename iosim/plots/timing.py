@@ -69,7 +69,8 @@ def time_hover(r: dict) -> str:
     if kernel == "roofline":
         return f"time: {PEAK} (work ÷ datasheet peaks)"
     cal = r.get("time_calibration") or "uncalibrated"
-    return f"time: the {kernel} kernel model, {UNCALIBRATED if cal == 'uncalibrated' else cal}"
+    clock = f"; SM clock {r['clock_hz'] / 1e9:.3f} GHz under the power limiter" if r.get("clock_hz") else ""
+    return f"time: the {kernel} kernel model, {UNCALIBRATED if cal == 'uncalibrated' else cal}{clock}"
 
 
 def with_time_source(fig: go.Figure, title: str, records: list[dict], width: int = 92) -> go.Figure:

@@ -147,6 +147,10 @@ def _record(case: Case, p: AttentionProblem, r: Result | None, profile: Profile)
     if rec["predicted_s"]:
         rec["attained_flops_per_s"] = rec["flops_total"] / rec["predicted_s"]
     rec["energy_j"] = j["time"].get("energy_j")
+    c = j["time"].get("clock")
+    if c:  # the clock of the call predicted_s means (a share of each phase's)
+        rec["clock_hz"] = sum(s * f for s, f in zip(c["shares"], (c["start_hz"], c["fast_hz"], c["steady_hz"]),
+                                                    strict=True))
     rec["sram_peak_bytes"] = j.get("sram_peak_bytes")
     rec["by_tensor"] = j["by_tensor"]  # not a CSV column: written long-form to by_tensor.csv
     return rec

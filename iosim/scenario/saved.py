@@ -70,6 +70,8 @@ class Record(_Saved):
     attained_flops_per_s: float | None
     energy_j: float | None = Field(None, description="joules of one call (time.energy_j: at the clock the power "
                                    "limiter leaves the records' median call); absent in runs saved before it")
+    clock_hz: float | None = Field(None, description="the SM clock of the records' median call under the power "
+                                   "limiter (time.clock; the mean where it straddles two); absent where none")
     sram_peak_bytes: int | None
     note: str | None
     error: str | None
