@@ -128,3 +128,5 @@ def test_the_cli_prints_and_writes_the_clocks(capsys):
     assert code == 0 and c["run"] == "2 s" and sum(c["shares"]) == pytest.approx(1.0)
     code, _, err = run_cli([*args, "--run", "forever"], capsys)
     assert code != 0 and "run 'forever'" in err
+    code, out, _ = run_cli(["simulate", "flash2", "--seq-len", "1024", "--head-dim", "64"], capsys)
+    assert code == 0 and "throughout (the call draws" in out  # a light call: one clock

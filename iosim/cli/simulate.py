@@ -274,6 +274,9 @@ def render(r: Result) -> str:
 def _clock_line(c: dict) -> str:
     """The clocks under the power limiter, e.g. "  clock: 1.78 GHz from rest (1036 W), 1.57 GHz from 68 ms (the
     fast loop's cap), 1.48 GHz from 0.80 s (the 700 W limit); this call (record): 100% at 1.57 GHz"."""
+    if c["fast_hz"] == c["start_hz"] and c["settle_s"] is None:
+        return (f"  clock under the power limiter: {fmt_rate(c['start_hz'], 'Hz')} throughout (the call draws "
+                f"{c['watts']:.0f} W there, under what the limiter allows)")
     phases = [f"{fmt_rate(c['start_hz'], 'Hz')} from rest ({c['watts']:.0f} W)",
               f"{fmt_rate(c['fast_hz'], 'Hz')} from {fmt_seconds(c['engage_s'])}"]
     if c["settle_s"] is not None:
