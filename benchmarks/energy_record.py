@@ -6,15 +6,16 @@
 ``--measure`` runs each kernel of :func:`shapes` (iosim flash2 and naive, torch SDPA's flash backend = ``fa2``, its
 cuDNN backend = ``cudnn``, our flash3 forward = ``fa3`` where the GPU runs it) and of :func:`backward_shapes` (the
 backward passes: ours of flash2 and flash3, torch's FA2 and cuDNN, as benchmarks/time_record_backward.py calls them)
-back to back for a burst of at
-least 20 calls and 0.25 s, after 0.4 s of rest, and reads NVML's energy counter at the counter's steps around it (:func:`iosim.calibrate.power.burst`, the calibration's own
-method): joules per call, and seconds per call of the burst. It writes ``data/validation/<device>-energy.json``.
+back to back for a burst of at least 20 calls and 0.25 s, after 0.4 s of rest, and reads NVML's energy counter at
+the counter's steps around it (:func:`iosim.calibrate.power.burst`, the calibration's own method): joules per call,
+and seconds per call of the burst. It writes ``data/validation/<device>-energy.json``.
 
 Without ``--measure`` it predicts each row's ``time.energy_j`` as the time record does (L2 model, warm calls, the
 kernel's description), for the burst's mean call (``run`` = the burst's seconds: its clocks under the power
-limiter, :mod:`iosim.timing.clock`), on the profile (default: the built-in one, whose ``calibration.power`` ``iosim calibrate
-rates`` measured), and prints |predicted - measured| / measured per kernel: with the predicted time (the bar: the
-median within 10%) and with the measured time put into the same formula (the energy model alone).
+limiter, :mod:`iosim.timing.clock`), on the profile (default: the built-in one, whose ``calibration.power``
+``iosim calibrate rates`` measured), and prints |predicted - measured| / measured per kernel: with the predicted
+time (the bar: the median within 10%) and with the measured time put into the same formula (the energy model
+alone).
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ first step after the GPU has finished; the idle power times the tail after the l
 * ``power.base``: watts of every SM spinning on a timer (the clock up, almost no work): the part of a kernel's power
   that its duration costs, whatever it does;
 * ``power.<unit>``: joules of one unit of work beyond the base: a tensor-core FLOP (``mma_sync``: mma.sync
-  m16n8k16; ``wgmma``: m64n256k16 on Hopper, ``wgmma_fp8`` its e4m3 m64n256k32), an ``exp`` (ex2.approx), an ``fp32`` FLOP (FMA = 2), a byte of ``l2``
-  traffic (reads of an L2-resident buffer), a byte of ``dram`` traffic (a copy; its passage through L2 included), a
-  byte of ``smem`` traffic (ldmatrix.x4: operands from shared memory into registers, as mma.sync kernels feed them).
+  m16n8k16; ``wgmma``: m64n256k16 on Hopper, ``wgmma_fp8`` its e4m3 m64n256k32), an ``exp`` (ex2.approx), an
+  ``fp32`` FLOP (FMA = 2), a byte of ``l2`` traffic (reads of an L2-resident buffer), a byte of ``dram`` traffic (a
+  copy; its passage through L2 included), a byte of ``smem`` traffic (ldmatrix.x4: operands from shared memory into
+  registers, as mma.sync kernels feed them); ``power.at.<unit>``: the clock the unit's burst ran at;
+* ``power.limiter``: what the board's power limiter does to tensor work over a run (:func:`measure_limiter`).
 
 Every burst moves random data (the rates kernels' ``random`` operands, kernels/rates.cu rates_uniform; random buffers
 here), as attention's inputs are: a unit's energy grows with the bits its operands toggle, so constant operands
@@ -39,7 +41,7 @@ BURST_S = 0.25  # one burst: about the time records' 20 calls of a long kernel
 REST_S = 0.4  # rest before a burst
 IDLE_S = 1.0  # the idle measurement
 MMA_WARPS = 8  # resident warps per SM of the mma.sync burst
-CLOCKED = ("mma_sync", "wgmma", "wgmma_fp8", "exp", "fp32", "smem")  # units on the SM's clock: their burst's clock is recorded
+CLOCKED = ("mma_sync", "wgmma", "wgmma_fp8", "exp", "fp32", "smem")  # on the SM's clock: each burst's clock recorded
 LIMITER_SHARES = (1.0, 0.75, 0.5, 0.25)  # shares of the SMs a limiter burst runs on
 LIMITER_S = 0.8  # a limiter burst: past the fast loop's action (~50 ms), short of the averaged loop's (~0.9 s)
 LIMITER_LONG_S = 3.3  # the burst on every SM: two of the averaged loop's periods (~1 s each) after it acted
@@ -188,7 +190,8 @@ def measure_power_only(repeats: int = 15, echo: Callable[[str], None] = print) -
     return measured
 
 
-UNITS = {"mma_sync": "FLOP", "wgmma": "FLOP", "wgmma_fp8": "FLOP", "exp": "op", "fp32": "FLOP", "l2": "B", "dram": "B", "smem": "B"}
+UNITS = {"mma_sync": "FLOP", "wgmma": "FLOP", "wgmma_fp8": "FLOP", "exp": "op", "fp32": "FLOP", "l2": "B", "dram": "B",
+         "smem": "B"}
 
 
 def measure_limiter(b: Bench, cp, nvml: Nvml, report: Callable[[Measured, str], None]) -> None:
