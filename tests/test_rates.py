@@ -415,8 +415,8 @@ def test_only_the_power_bursts_take_random_operands(monkeypatch):
     monkeypatch.setattr(power, "BURST_S", 1e-3)
     monkeypatch.setattr(power, "REST_S", 0.0)
     monkeypatch.setattr(power, "IDLE_S", 1e-3)
-    for name, value in (("LIMITER_S", 1e-3), ("LIMITER_LONG_S", 1e-3), ("LIMITER_REST_S", 0.0),
-                        ("FAST_WINDOW", (0.0, 1.0)), ("STEADY_WINDOW", (0.0, 1.0))):
+    for name, value in (("LIMITER_S", 1e-3), ("LIMITER_LONG_S", 1e-3), ("LIMITER_REST_S", 0.0), ("ENGAGE_S", 1e-3),
+                        ("FAST_WINDOW", (0.0, 1.0)), ("STEADY_WINDOW", (0.0, 1.0)), ("ENGAGE_HELD", (0.0, 1.0))):
         monkeypatch.setattr(power, name, value)
     monkeypatch.setattr(power, "_counter_watts", lambda samples, start, end: 700.0)  # fake launches take no time
     b = rates_kernels.Bench(fake, 10)

@@ -47,6 +47,9 @@ LIMITER_S = 0.8  # a limiter burst: past the fast loop's action (~50 ms), short 
 LIMITER_LONG_S = 3.3  # the burst on every SM: two of the averaged loop's periods (~1 s each) after it acted
 LIMITER_REST_S = 1.5  # rest before a limiter burst: the board's averaged power back at idle
 FAST_WINDOW = (0.35, 0.75)  # seconds into a burst: the fast loop's clock and watts
+ENGAGE_BURSTS, ENGAGE_S = 5, 0.25  # short bursts on every SM for the clock before the limiter and when it acts:
+# one burst's engage is noise (an H100, 2026-11-27: 36 to 84 ms over 9 bursts on one board, median 50 ms)
+ENGAGE_HELD = (0.15, 0.25)  # seconds into a short burst: the clock the fast loop then holds
 STEADY_WINDOW = (1.2, 3.2)  # seconds into the burst on every SM: the averaged loop's (about two periods)
 LAUNCH_S = 0.5e-3  # one launch of a limiter burst (each launch stamps its own clock)
 COUNTER_READ_S = 2e-3  # the energy counter read this often during a limiter burst (it steps every ~100 ms)
@@ -197,11 +200,12 @@ UNITS = {"mma_sync": "FLOP", "wgmma": "FLOP", "wgmma_fp8": "FLOP", "exp": "op", 
 def measure_limiter(b: Bench, cp, nvml: Nvml, report: Callable[[Measured, str], None]) -> None:
     """The power limiter (``power.limiter``, :mod:`iosim.timing.clock`): random-operand tensor bursts (wgmma on
     Hopper, else mma.sync), one block per SM, after LIMITER_REST_S of rest: on every SM for LIMITER_LONG_S, on
-    the other shares of the SMs for LIMITER_S. Every launch stamps the clock its blocks ran at, so the clock is
-    known launch by launch: before the limiter acts (the first 20 ms), when its fast loop acts (the first launch
-    below half-way to the clock then held), what each burst holds over FAST_WINDOW with the board's watts from the
-    energy counter, and, on every SM, when the clock falls again (the board's averaged power at its limit) and
-    its average over STEADY_WINDOW."""
+    the other shares of the SMs for LIMITER_S, and ENGAGE_BURSTS short ones on every SM. Every launch stamps the
+    clock its blocks ran at, so the clock is known launch by launch: what each burst holds over FAST_WINDOW with
+    the board's watts from the energy counter; on every SM, when the clock falls again (the board's averaged
+    power at its limit) and its average over STEADY_WINDOW; and from the short bursts, the clock before the
+    limiter acts (their first 20 ms) and when its fast loop acts (their first launch below half-way to the clock
+    then held), each the median over the bursts."""
     if b.hopper:
         k = b.fn(rates_wgmma_names()[(WGMMA_N, "bfloat16", WGMMA_GROUPS)], pad=True)
         threads, what = 128 * WGMMA_GROUPS, f"wgmma m64n{WGMMA_N}k16 bf16, {WGMMA_GROUPS} warpgroups"
@@ -223,25 +227,43 @@ def measure_limiter(b: Bench, cp, nvml: Nvml, report: Callable[[Measured, str], 
                         f"NVML energy counter between its first and last steps {span}"), f"{n} SMs")
         if share == 1.0:
             _every_sm(t, clock, samples, held, what, report)
+    _engage(nvml, cp, _launcher(b, cp, k, threads, b.sms, stamps), stamps, b.sms, what, report)
+
+
+def _engage(nvml: Nvml, cp, launch: Callable[[int], None], stamps, sms: int, what: str,
+            report: Callable[[Measured, str], None]) -> None:
+    """The clock before the limiter acts and when its fast loop acts, each the median over ENGAGE_BURSTS short
+    bursts on every SM (each burst's engage: the start of its first launch below half-way from its first 20 ms'
+    clock to the clock it holds over ENGAGE_HELD)."""
+    starts, engages = [], []
+    for _ in range(ENGAGE_BURSTS):
+        t, clock, _ = _limiter_burst(nvml, cp, launch, stamps, sms, sms, ENGAGE_S)
+        start, held = _median_in(t, clock, (0.0, 0.02)), _median_in(t, clock, ENGAGE_HELD)
+        starts.append(start)
+        engage = _first_below(t, clock, 0.0, start - max((start - held) / 2, 0.01 * start))
+        if engage is not None:
+            engages.append(engage)
+    how = (f"{ENGAGE_BURSTS} bursts of {ENGAGE_S} s on every SM after {LIMITER_REST_S} s of rest each, the median "
+           "over bursts")
+    report(Measured(("power", "limiter", "clock"), float(np.median(starts)), "Hz", f"{what}, {how} of the median "
+                    "clock of each burst's launches in its first 20 ms"), "")
+    if len(engages) > ENGAGE_BURSTS // 2:  # else the fast loop did not act in most: this board's limit is above them
+        report(Measured(("power", "limiter", "engage"), float(np.median(engages)), "s", f"{how} of the start of "
+                        "each burst's first launch below half-way from its first 20 ms' clock to the clock it holds "
+                        f"from {ENGAGE_HELD[0]} to {ENGAGE_HELD[1]} s"),
+               f"bursts: {', '.join(f'{e * 1e3:.0f}' for e in engages)} ms")
 
 
 def _every_sm(t: np.ndarray, clock: np.ndarray, samples: list[tuple[float, float]], held: float, what: str,
               report: Callable[[Measured, str], None]) -> None:
-    """What the burst on every SM says beside its held clock: the clock before the limiter, when the fast loop
-    acted, when the averaged loop did and what it holds."""
-    start, steady = _median_in(t, clock, (0.0, 0.02)), _mean_in(t, clock, STEADY_WINDOW)
-    report(Measured(("power", "limiter", "clock"), start, "Hz", f"{what} on every SM: the median clock of its "
-                    "launches in the first 20 ms"), "")
-    report(Measured(("power", "limiter", "steady"), steady, "Hz", f"the same burst: the average clock of its "
+    """What the burst on every SM says beside its held clock: when the averaged loop acted and what it holds."""
+    steady = _mean_in(t, clock, STEADY_WINDOW)
+    report(Measured(("power", "limiter", "steady"), steady, "Hz", f"the burst on every SM: the average clock of its "
                     f"launches from {STEADY_WINDOW[0]} to {STEADY_WINDOW[1]} s (cycles over time: the loop "
                     "swings the clock down and back about once a second)"), "")
     report(Measured(("power", "limiter", "steady_watts"), _counter_watts(samples, *STEADY_WINDOW), "W",
                     f"the same burst: NVML energy counter between its first and last steps from {STEADY_WINDOW[0]} "
                     f"to {STEADY_WINDOW[1]} s"), "")
-    engage = _first_below(t, clock, 0.0, start - max((start - held) / 2, 0.01 * start))
-    if engage is not None:  # else the fast loop never lowered the clock: this board's limit is above the burst
-        report(Measured(("power", "limiter", "engage"), engage, "s", "the same burst: the start of its first "
-                        "launch below half-way from the clock before the limiter to the clock it then held"), "")
     settle = _first_below(t, clock, FAST_WINDOW[1], held - max((held - steady) / 2, 0.01 * held))
     if settle is not None:
         report(Measured(("power", "limiter", "settle"), settle, "s", f"the same burst: the start of its first "

@@ -5,7 +5,7 @@ What the limiter does, measured (``iosim calibrate rates``' limiter bursts, :mod
 
 1. before it acts, tensor work runs at one clock (``power.limiter.clock``: 1.78-1.79 GHz on every SM, within 2% of
    the clock the rates of :mod:`iosim.timing.rates` were measured at);
-2. 27-70 ms in (``limiter.engage``, board to board) a fast loop acts: a burst that draws more than it allows falls
+2. about 50 ms in (``limiter.engage``, the median over bursts: one burst's is 36-84 ms) a fast loop acts: a burst that draws more than it allows falls
    to the clock where it draws that much (1.66 GHz and 766 W on 132 SMs, 1.83 GHz and 782 W on 99; an H200 holds
    706 W), above the board's enforced limit (700 W). Attention kernels held 790-811 W there on an H100 (cuDNN's
    forward, FlashAttention-2's, ours);
