@@ -28,7 +28,7 @@ window after the fast loop acts, the window taken from the all-SM burst's ``sett
 
 Bursts drawing well under the fast loop's cap (66 or 33 SMs, 600 W and less) rose 3-5% above f0 after 80-170 ms;
 the attention kernels above, at the cap, by 1% or less. The model keeps f0 as the ceiling: its energies price
-FlashAttention-2-class kernels 1-17% low (docs/timing.md, energy), and a rise priced from them would move
+FlashAttention-2-class kernels low, up to 17% (docs/timing.md, energy), and a rise priced from them would move
 kernels that do not rise.
 
 ``run`` says which call a prediction means:
