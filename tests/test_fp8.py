@@ -228,7 +228,10 @@ def test_fp8_tensor_time_is_the_calibrated_fp8_wgmma_rate_where_measured(kernel)
     prof = _with_fp8_wgmma(H100, 1.7)
     r = simulate("flash3", p, prof, kernel=kernel, l2=False)
     fp8_rate = max(prof.calibration.wgmma.fp8.n128.value.values())
-    assert r.time.kernels[0].resources["tensor"] == pytest.approx(r.counts.flops["matmul"] / fp8_rate, rel=1e-9)
+    br, bc = r.tiles.block_q, r.tiles.block_kv  # the tensor cores run whole tiles (a ragged last K/V tile too)
+    tiles = p.batch * p.heads * -(-p.seq_len // br) * -(-p.kv_len // bc)
+    assert r.time.kernels[0].resources["tensor"] == pytest.approx(tiles * 4 * br * bc * p.head_dim / fp8_rate,
+                                                                  rel=1e-9)
     assert "fp8 wgmma not measured" not in r.time.calibration
 
 
@@ -239,7 +242,9 @@ def test_without_an_fp8_measurement_the_fp16_share_applies_and_the_estimate_says
     r = simulate("flash3", p, prof, kernel="iosim-flash3", l2=False)
     wg = max(H100.calibration.wgmma.fp16.n128.value.values())
     rate = wg / H100.matmul_rate("fp16") * H100.matmul_rate("fp8")
-    assert r.time.kernels[0].resources["tensor"] == pytest.approx(r.counts.flops["matmul"] / rate, rel=1e-9)
+    br, bc = r.tiles.block_q, r.tiles.block_kv
+    tiles = p.batch * p.heads * -(-p.seq_len // br) * -(-p.kv_len // bc)
+    assert r.time.kernels[0].resources["tensor"] == pytest.approx(tiles * 4 * br * bc * p.head_dim / rate, rel=1e-9)
     assert "fp8 wgmma not measured" in r.time.calibration
 
 

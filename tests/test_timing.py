@@ -123,3 +123,15 @@ def test_a_calls_first_kernel_and_each_further_kernel_cost_what_the_calibration_
     p = AttentionProblem(batch=8, heads=32, kv_heads=8, seq_len=1, kv_len=256, head_dim=128, dtype="bf16")
     two = simulate("flash2", p, "h100-sxm5-80gb", kernel="fa2", warm=True).time.predicted_s  # split-KV + combine
     assert two > call + dependent - 2 * r.l2_latency_s
+
+
+def test_an_fa3_kernel_runs_whole_tiles_past_a_ragged_end():
+    """wgmma's shapes are fixed and both consumer warpgroups run every step of a Q tile: 777 tokens (7 tiles of 128,
+    the last with 9 rows and 9 keys) cost the tensor cores and the softmax what 896 do; the loads move what is there."""
+    def parts(n):
+        p = AttentionProblem(batch=8, heads=16, seq_len=n, head_dim=64, dtype="bf16")
+        return simulate("flash3", p, "h100-sxm5-80gb", kernel="cudnn", l2=False, run="single").time.kernels[0].resources
+
+    ragged, whole = parts(777), parts(896)
+    assert ragged["tensor"] == pytest.approx(whole["tensor"]) and ragged["softmax"] == pytest.approx(whole["softmax"])
+    assert ragged["load"] < whole["load"]

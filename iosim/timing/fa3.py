@@ -8,10 +8,13 @@ FA3 (Shah et al. 2024, §3) runs, in every thread block (one per Q block, one bl
 
 So one K/V step of a thread block costs the *largest* of its parts, not their sum:
 
-    t_gemm    = 4·br·bc·d / (tensor rate per SM · tensor_efficiency)           two wgmma GEMMs
+    t_gemm    = 4·Br·Bc·d / (tensor rate per SM · tensor_efficiency)           two wgmma GEMMs
     t_softmax = exp / (exp rate per SM) + other / (fp32 instruction rate per SM)  one exp2 per score on the
-                special-function unit; max, subtract, sum, rescale on the FP32 pipe (FLOPs of the tile program)
-    t_load    = 2·bc·d·b / (L2 bandwidth per SM)                               K_j, V_j by TMA
+                special-function unit; max, subtract, sum, rescale on the FP32 pipe, over the Br x Bc tile
+    t_load    = 2·bc·d·b / (L2 bandwidth per SM)                               K_j, V_j by TMA (bc: its keys)
+
+The GEMMs and the softmax run whole tiles past a ragged end (wgmma's shapes are fixed, and both consumer
+warpgroups run every step of a Q tile): a sequence of 777 tokens costs them what 896 do.
     t_step    = max(t_gemm, t_softmax, t_load)          (overlap=True; FA2-style overlap=False: t_gemm + t_softmax)
 
 and a thread block takes  t_first + Σ_j t_step + t_last: the prologue (load Q_i and the first K/V tile,
@@ -95,29 +98,29 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
     cols = np.where(n > 0, np.minimum(hi * Bc, Nk) - lo * Bc, 0)  # keys streamed
     last = cols - np.maximum(n - 1, 0) * Bc  # keys in the last visited block (ragged or full)
 
-    def parts(rows, keys):
-        """(gemm, softmax, load) seconds of one step over ``keys`` keys; FLOPs as the tile program counts them."""
-        area = rows * keys
-        gemm = 4 * area * d / r["tensor"]
-        softmax = (area + rows) / r["exp"] + (4 * area + (4 + d) * rows) / r["alu"]
+    def parts(keys):
+        """(gemm, softmax, load) seconds of one step whose K/V tile holds ``keys`` keys. The tensor cores and the
+        softmax run whole tiles, Br rows by Bc keys, whatever of them lies past the sequence's end (wgmma's shapes
+        are fixed; both consumer warpgroups run every step of a Q tile); the loads move the keys there are."""
+        gemm = 4 * Br * Bc * d / r["tensor"]
+        softmax = (Br * Bc + Br) / r["exp"] + (4 * Br * Bc + (4 + d) * Br) / r["alu"]
         load = 2 * keys * d * b / r["l2"]
         return gemm, softmax, load
 
-    def step(rows, keys):
-        g, s, ld = parts(rows, keys)
+    def step(keys):
+        g, s, ld = parts(keys)
         if not model.overlap:
             return np.maximum(g + s, ld)
         return np.maximum(np.maximum(g, s) + model.overlap_loss * np.minimum(g, s), ld)
 
-    g_full, _, l_full = parts(br, Bc)
-    g_last, _, l_last = parts(br, last)
-    steady = np.where(n > 0, np.maximum(n - 1, 0) * step(br, Bc) + step(br, last), 0.0)
-    first = np.where(n > 0, br * d * b / r["l2"] + np.where(n > 1, l_full, l_last) + np.where(n > 1, g_full, g_last) / 2,
-                     0.0)
-    epilogue = g_last / 2 + br * d * (4 / r["alu"] + ob / r["l2"])  # last P·V; O / l; store O
+    g_tile, s_tile, l_full = parts(Bc)
+    _, _, l_last = parts(last)
+    steady = np.where(n > 0, np.maximum(n - 1, 0) * step(Bc) + step(last), 0.0)
+    first = np.where(n > 0, br * d * b / r["l2"] + np.where(n > 1, l_full, l_last) + g_tile / 2, 0.0)
+    epilogue = g_tile / 2 + br * d * (4 / r["alu"] + ob / r["l2"])  # last P·V; O / l; store O (its rows)
     t = np.where(n > 0, first + steady + epilogue, br * d * ob / r["l2"])  # a Q block that sees no key: store zeros
-    g_all, s_all, l_all = parts(br, cols)
-    sums = {"tensor": float(g_all.sum()), "softmax": float(s_all.sum()), "load": float(l_all.sum())}
+    sums = {"tensor": float((n * g_tile).sum()), "softmax": float((n * s_tile).sum()),
+            "load": float(parts(cols)[2].sum())}
     return t, sums
 
 
