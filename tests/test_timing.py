@@ -135,3 +135,10 @@ def test_an_fa3_kernel_runs_whole_tiles_past_a_ragged_end():
     ragged, whole = parts(777), parts(896)
     assert ragged["tensor"] == pytest.approx(whole["tensor"]) and ragged["softmax"] == pytest.approx(whole["softmax"])
     assert ragged["load"] < whole["load"]
+
+
+def test_an_fa3_kernels_energy_prices_the_whole_tiles_it_runs():
+    """The tensor FLOPs the energy prices are the tiles' (777 tokens: 896's), not the counts' (777²'s)."""
+    p = AttentionProblem(batch=8, heads=16, seq_len=777, head_dim=64, dtype="bf16")
+    r = simulate("flash3", p, "h100-sxm5-80gb", kernel="cudnn", l2=False, run="single")
+    assert r.time.kernels[0].tensor_flops == 8 * 16 * 7 * 7 * 4 * 128 * 128 * 64 > r.counts.flops["matmul"]

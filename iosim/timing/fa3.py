@@ -83,7 +83,8 @@ def _l2_bandwidth(profile: Profile) -> float:
 def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: HopperModel = HopperModel(),
                 out_bytes: int | None = None, window: tuple[int | None, int | None] | None = None
                 ) -> tuple[np.ndarray, dict[str, float]]:
-    """Seconds of each Q block's thread block (one head), and the summed parts (per head, at one SM's rates);
+    """Seconds of each Q block's thread block (one head), and the summed parts (per head, at one SM's rates; and
+    ``tiles``, the K/V steps of the head's Q blocks);
     ``out_bytes``: bytes of an element of O (None: the problem dtype's); ``window``: a sliding window (left, right),
     each Q block visiting the K/V blocks :func:`iosim.blocks.kv_block_range` gives."""
     r = _rates(profile, p.dtype, model)
@@ -120,7 +121,7 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
     epilogue = g_tile / 2 + br * d * (4 / r["alu"] + ob / r["l2"])  # last P·V; O / l; store O (its rows)
     t = np.where(n > 0, first + steady + epilogue, br * d * ob / r["l2"])  # a Q block that sees no key: store zeros
     sums = {"tensor": float((n * g_tile).sum()), "softmax": float((n * s_tile).sum()),
-            "load": float(parts(cols)[2].sum())}
+            "load": float(parts(cols)[2].sum()), "tiles": float(n.sum())}
     return t, sums
 
 
@@ -156,4 +157,5 @@ def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile:
     else:
         bound = "global" if res["global"] >= res["hbm"] else "hbm"
     utilization = (per_block.sum() * heads / sms) / pipeline if pipeline else 1.0
-    return KernelTime(k.name, k.grid, float(utilization), res, total, bound)
+    flops = heads * sums["tiles"] * 4 * tiles.block_q * tiles.block_kv * p.head_dim  # whole tiles (the energy's)
+    return KernelTime(k.name, k.grid, float(utilization), res, total, bound, tensor_flops=flops)
