@@ -285,19 +285,21 @@ def _launcher(b: Bench, cp, k, threads: int, n: int, stamps) -> Callable[[int], 
     return lambda at: launch(iters, at)
 
 
-def _median_in(t: np.ndarray, x: np.ndarray, span: tuple[float, float]) -> float:
+def _launches_in(t: np.ndarray, span: tuple[float, float]) -> np.ndarray:
+    """Which launches of a burst start from ``span[0]`` to ``span[1]`` s (RatesError where none does)."""
     on = (t >= span[0]) & (t < span[1])
     if not on.any():
         raise RatesError(f"a limiter burst had no launch from {span[0]} to {span[1]} s")
-    return float(np.median(x[on]))
+    return on
+
+
+def _median_in(t: np.ndarray, x: np.ndarray, span: tuple[float, float]) -> float:
+    return float(np.median(x[_launches_in(t, span)]))
 
 
 def _mean_in(t: np.ndarray, clock: np.ndarray, span: tuple[float, float]) -> float:
     """The clock averaged over time from ``span[0]`` to ``span[1]`` s (launches of equal work: the harmonic mean)."""
-    on = (t >= span[0]) & (t < span[1])
-    if not on.any():
-        raise RatesError(f"a limiter burst had no launch from {span[0]} to {span[1]} s")
-    return float(1.0 / np.mean(1.0 / clock[on]))
+    return float(1.0 / np.mean(1.0 / clock[_launches_in(t, span)]))
 
 
 def _first_below(t: np.ndarray, clock: np.ndarray, after: float, level: float) -> float | None:

@@ -12,10 +12,10 @@ So one K/V step of a thread block costs the *largest* of its parts, not their su
     t_softmax = exp / (exp rate per SM) + other / (fp32 instruction rate per SM)  one exp2 per score on the
                 special-function unit; max, subtract, sum, rescale on the FP32 pipe, over the Br x Bc tile
     t_load    = 2·bc·d·b / (L2 bandwidth per SM)                               K_j, V_j by TMA (bc: its keys)
+    t_step    = max(t_gemm, t_softmax, t_load)          (overlap=True; FA2-style overlap=False: t_gemm + t_softmax)
 
 The GEMMs and the softmax run whole tiles past a ragged end (wgmma's shapes are fixed, and both consumer
 warpgroups run every step of a Q tile): a sequence of 777 tokens costs them what 896 do.
-    t_step    = max(t_gemm, t_softmax, t_load)          (overlap=True; FA2-style overlap=False: t_gemm + t_softmax)
 
 and a thread block takes  t_first + Σ_j t_step + t_last: the prologue (load Q_i and the first K/V tile,
 then the first QKᵀ, which nothing hides) and the epilogue (the last P·V, O / l, and the store of O).
@@ -84,9 +84,9 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
                 out_bytes: int | None = None, window: tuple[int | None, int | None] | None = None
                 ) -> tuple[np.ndarray, dict[str, float]]:
     """Seconds of each Q block's thread block (one head), and the summed parts (per head, at one SM's rates; and
-    ``tiles``, the K/V steps of the head's Q blocks);
-    ``out_bytes``: bytes of an element of O (None: the problem dtype's); ``window``: a sliding window (left, right),
-    each Q block visiting the K/V blocks :func:`iosim.blocks.kv_block_range` gives."""
+    ``tiles``, the K/V steps of the head's Q blocks); ``out_bytes``: bytes of an element of O (None: the problem
+    dtype's); ``window``: a sliding window (left, right), each Q block visiting the K/V blocks
+    :func:`iosim.blocks.kv_block_range` gives."""
     r = _rates(profile, p.dtype, model)
     N, Nk, d, b = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes
     ob = b if out_bytes is None else out_bytes
