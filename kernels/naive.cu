@@ -1,11 +1,14 @@
 // naive.cu: standard attention, FlashAttention paper Algorithm 0, as three kernels that materialize S and P in
 // global memory exactly as the `naive` schedule counts them (tiles Br = kNaiveBM, Bc = kNaiveBN):
-//   (1) naive_qk_kernel:      S = scale * Q K^T            read Q_i, K_j per 128 x 128 tile of S; write S (B, H, N, N_kv)
+//   (1) naive_qk_kernel:      S = scale * Q K^T            read Q_i, K_j per 128 x 128 tile of S; write S (B, H, N, pitch)
 //                             in the input dtype (causal: entries above the bottom-right-aligned diagonal are -inf)
-//   (2) naive_softmax_kernel: P = softmax(S) row by row    read S once, write P (B, H, N, N_kv) in the input dtype;
+//   (2) naive_softmax_kernel: P = softmax(S) row by row    read S once, write P (B, H, N, pitch) in the input dtype;
 //                             fp32 arithmetic; a row that is all -inf gets P = 0 (and lse = -inf when lse is asked for)
 //   (3) naive_pv_kernel:      O = P V                      read P once, V once per 128 query rows; write O (B, N, H, d)
-// Q, O (B, N, H, d); K, V (B, N_kv, H_kv, d); query head h reads kv head h / (H / H_kv).
+// Q, O (B, N, H, d); K, V (B, N_kv, H_kv, d); query head h reads kv head h / (H / H_kv). A row of S and P is N_kv
+// keys stored at a pitch of N_kv rounded up to 8 elements (row_pitch: 16 bytes), so every row is 16-byte aligned and
+// all three kernels move S and P by 16-byte accesses at any N_kv; the pad columns are written (S: 0 or -inf, P: 0)
+// and read like the others (iosim/schedules/naive.py counts them).
 // Both GEMMs run on tensor cores (mma.sync m16n8k16, fp32 accumulators; operands through cp.async and ldmatrix, as in
 // flash_fwd.cu). The tile sizes below are mirrored in iosim/launch/forward.py (NAIVE_TILES, naive_*_smem_bytes).
 //
@@ -22,6 +25,8 @@
 //       256 threads per row, several rows per block) where the row is a multiple of 8 keys and at most 16,384 long;
 //       otherwise one row per block in shared memory, as v1. Causal: S tiles wholly above the diagonal and P tiles
 //       wholly right of it are loaded (the schedule counts them) but not multiplied.
+//   v2.1 S and P rows at a pitch of 16 bytes (row_pitch): where N_kv was not a multiple of 8 the three kernels fell
+//       back to 2-byte accesses and the softmax to one row per block, 2.7x slower at N = 777 (docs/kernels.md).
 #include "common.cuh"
 
 namespace iosim {
@@ -38,6 +43,14 @@ __host__ __device__ constexpr int naive_softmax_min_blocks(int chunks) { return 
 
 // depth of naive_pv's cp.async ring (P and V tiles); mirrored by iosim/launch/forward.py naive_pv_stages()
 __host__ __device__ constexpr int naive_pv_stages(int D) { return D >= 256 ? 2 : 3; }
+
+// elements of a row of S and P in global memory: N_kv rounded up to 16 bytes (mirrored by
+// iosim/schedules/naive.py row_pitch)
+template <typename T>
+__host__ __device__ constexpr int row_pitch(int kv_len) {
+    static_assert(sizeof(T) == 2, "fp16 or bf16");
+    return (kv_len + 7) & ~7;
+}
 
 namespace naive_detail {
 
@@ -140,6 +153,17 @@ template <typename T> __device__ __forceinline__ uint4 pack8(const float (&e)[8]
     return y;
 }
 
+// chunk x with its elements from `valid` on set to -inf (the pad columns of a row's last chunk; valid >= 8: x itself),
+// so the row's max, exp2 and sum ignore them and its P there is 0
+template <typename T> __device__ __forceinline__ uint4 mask_tail(uint4 x, int valid) {
+    constexpr unsigned kNegInf = is_same<T, __half>::value ? 0xFC00u : 0xFF80u;
+    unsigned w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (i >= valid) w[i >> 1] = (i & 1) ? (w[i >> 1] & 0xFFFFu) | (kNegInf << 16) : (w[i >> 1] & 0xFFFF0000u) | kNegInf;
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // max (IsMax) or sum over the row_threads threads of one row: aligned groups of whole warps, row_threads a power of
 // two >= 32. Warp shuffles, then the row's warps through `red` (one slot per warp, used by one call per kernel).
 // Every thread of the block calls it: it holds a barrier when row_threads > 32.
@@ -177,7 +201,7 @@ __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
 // One block: Q_i (128 x D) and K_j (128 x D) into shared memory by cp.async in two groups (the first and second half
 // of the head dims, so the first half's mma run while the second lands), S_ij = Q_i K_j^T on tensor cores (warp
 // (wm, wn) owns rows 32 wm .. +32 and columns 64 wn .. +64), then S_ij * scale, masked, rounded to T, staged in shared
-// memory over Q_i and K_j, and written with 16-byte stores (2-byte stores where a row of S is not 16-byte aligned).
+// memory over Q_i and K_j, and written with 16-byte stores (rows at row_pitch: the last tile's pad columns too).
 // Dynamic shared memory: max((128 + 128) * D, 128 * 128) elements of T (iosim/launch/forward.py naive_qk_smem_bytes).
 template <int D, typename T, bool Causal>
 __global__ void __launch_bounds__(kNaiveThreads, 2)
@@ -246,32 +270,29 @@ __global__ void __launch_bounds__(kNaiveThreads, 2)
             }
     __syncthreads();
 
-    T* sg = s + ((long long)bh * seq_len + m0) * kv_len + n0;  // S[b, h, m0, n0]
-    if ((kv_len & 7) == 0) {  // rows of S are 16-byte aligned: a column chunk is wholly in range or wholly out
-        constexpr int SC = BN / 8;
+    // a row chunk of 8 columns past kv_len is wholly pad (not stored); one that straddles kv_len stores its pad
+    // columns (K's zero-filled rows: S = 0, or -inf under the causal mask), which the softmax masks
+    const int pitch = row_pitch<T>(kv_len);
+    T* sg = s + ((long long)bh * seq_len + m0) * pitch + n0;  // S[b, h, m0, n0]
+    constexpr int SC = BN / 8;
 #pragma unroll
-        for (int it = 0; it < BM * SC / kNaiveThreads; ++it) {
-            const int idx = it * kNaiveThreads + tid, r = idx / SC, c = idx % SC;
-            if (r < rows && c * 8 < cols)
-                *reinterpret_cast<uint4*>(sg + (long long)r * kv_len + c * 8) =
-                    *reinterpret_cast<const uint4*>(sS + swz<BN>(r, c));
-        }
-    } else {
-        for (int idx = tid; idx < BM * BN; idx += kNaiveThreads) {
-            const int r = idx / BN, c = idx % BN;
-            if (r < rows && c < cols) sg[(long long)r * kv_len + c] = sS[swz<BN>(r, c >> 3) + (c & 7)];
-        }
+    for (int it = 0; it < BM * SC / kNaiveThreads; ++it) {
+        const int idx = it * kNaiveThreads + tid, r = idx / SC, c = idx % SC;
+        if (r < rows && c * 8 < cols)
+            *reinterpret_cast<uint4*>(sg + (long long)r * pitch + c * 8) =
+                *reinterpret_cast<const uint4*>(sS + swz<BN>(r, c));
     }
 }
 
 // (2) P[row, :] = softmax(S[row, :]) for the B*H*N rows; lse (may be null): natural-log logsumexp per row.
-// row_threads > 0 (iosim/launch/forward.py naive_softmax_row_threads: kv_len a multiple of 8 and at most
-// 8 * kSoftmaxChunks * row_threads): each row is held in registers by row_threads threads (a power of two, 32 to 256;
+// Rows at row_pitch(kv_len): ceil(kv_len / 8) 16-byte chunks, the last one's pad columns masked to -inf (mask_tail).
+// row_threads > 0 (iosim/launch/forward.py naive_softmax_row_threads: a row of at most 8 * kSoftmaxChunks *
+// row_threads keys): each row is held in registers by row_threads threads (a power of two, 32 to 256;
 // kSoftmaxThreads / row_threads rows per block), one 16-byte chunk of the row per thread and step, so S is read by
 // one pass of 16-byte loads and P written by one pass of 16-byte stores; grid ceil(rows * row_threads / 256).
 // Chunks (1, 2, 4 or 8, at most kSoftmaxChunks): the register path's chunks per thread, the smallest power of two
 // that holds the row (naive_softmax_chunks), so a short row takes fewer registers and more blocks fit on an SM.
-// row_threads == 0: one row per block, the row held in dynamic shared memory (kv_len elements of T) between the max,
+// row_threads == 0: one row per block, the row held in dynamic shared memory (pitch elements of T) between the max,
 // the sum and the write; grid = rows. Both: fp32 max, exp2 and sum; an all -inf row gets P = 0 and lse = -inf.
 template <typename T, int Chunks>
 __global__ void __launch_bounds__(kSoftmaxThreads, naive_softmax_min_blocks(Chunks))
@@ -282,7 +303,8 @@ __global__ void __launch_bounds__(kSoftmaxThreads, naive_softmax_min_blocks(Chun
     constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.69314718055994531f;
     __shared__ float red_max[kSoftmaxThreads / 32], red_sum[kSoftmaxThreads / 32];
     const int tid = threadIdx.x;
-    const int nch = kv_len >> 3;  // 16-byte chunks per row (when kv_len % 8 == 0)
+    const int pitch = row_pitch<T>(kv_len), nch = pitch >> 3;  // 16-byte chunks per row
+    const int tail = kv_len - (nch - 1) * 8;                   // real keys in the last chunk, 1 to 8
     float mx = -INFINITY, sum = 0.f, m_scaled;
     long long row;
     bool writer;  // the thread that writes the row's lse
@@ -292,13 +314,13 @@ __global__ void __launch_bounds__(kSoftmaxThreads, naive_softmax_min_blocks(Chun
         row = (long long)blockIdx.x * (kSoftmaxThreads / row_threads) + tid / row_threads;
         const bool live = row < rows;  // the last block may hold rows past the end: they only join the barriers
         writer = live && lt == 0;
-        const uint4* sg = reinterpret_cast<const uint4*>(s + (live ? row : 0) * kv_len);
-        uint4* pg = reinterpret_cast<uint4*>(p + (live ? row : 0) * kv_len);
+        const uint4* sg = reinterpret_cast<const uint4*>(s + (live ? row : 0) * pitch);
+        uint4* pg = reinterpret_cast<uint4*>(p + (live ? row : 0) * pitch);
         uint4 x[Chunks];
 #pragma unroll
         for (int c = 0; c < Chunks; ++c) {
             const int j = lt + c * row_threads;
-            if (live && j < nch) x[c] = sg[j];
+            if (live && j < nch) x[c] = mask_tail<T>(sg[j], j == nch - 1 ? tail : 8);
         }
 #pragma unroll
         for (int c = 0; c < Chunks; ++c)
@@ -318,46 +340,26 @@ __global__ void __launch_bounds__(kSoftmaxThreads, naive_softmax_min_blocks(Chun
         }
     } else {
         extern __shared__ __align__(128) unsigned char smem_raw[];
-        T* row_s = reinterpret_cast<T*>(smem_raw);
         uint4* row_s4 = reinterpret_cast<uint4*>(smem_raw);
         row = blockIdx.x;
         writer = tid == 0;
-        const T* sg = s + row * kv_len;
-        T* pg = p + row * kv_len;
-        const bool vec = (kv_len & 7) == 0;  // rows 16-byte aligned
-        // each thread reads back only what it wrote itself, so row_s needs no barrier of its own
-        if (vec) {
-            for (int j = tid; j < nch; j += kSoftmaxThreads) {
-                const uint4 x = reinterpret_cast<const uint4*>(sg)[j];
-                row_s4[j] = x;
-                mx = max8<T>(x, mx);
-            }
-        } else {
-            for (int j = tid; j < kv_len; j += kSoftmaxThreads) {
-                const T x = sg[j];
-                row_s[j] = x;
-                mx = fmaxf(mx, to_float(x));
-            }
+        const uint4* sg = reinterpret_cast<const uint4*>(s + row * pitch);
+        uint4* pg = reinterpret_cast<uint4*>(p + row * pitch);
+        // each thread reads back only what it wrote itself, so row_s4 needs no barrier of its own
+        for (int j = tid; j < nch; j += kSoftmaxThreads) {
+            const uint4 x = mask_tail<T>(sg[j], j == nch - 1 ? tail : 8);
+            row_s4[j] = x;
+            mx = max8<T>(x, mx);
         }
         mx = row_reduce<true>(mx, kSoftmaxThreads, red_max);
         m_scaled = (mx == -INFINITY) ? 0.f : mx * kLog2e;
         float e[8];
-        if (vec) {
-            for (int j = tid; j < nch; j += kSoftmaxThreads) sum += exp8<T>(row_s4[j], m_scaled, e);
-        } else {
-            for (int j = tid; j < kv_len; j += kSoftmaxThreads)
-                sum += exp2_approx(fmaf(to_float(row_s[j]), kLog2e, -m_scaled));
-        }
+        for (int j = tid; j < nch; j += kSoftmaxThreads) sum += exp8<T>(row_s4[j], m_scaled, e);
         sum = row_reduce<false>(sum, kSoftmaxThreads, red_sum);
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        if (vec) {
-            for (int j = tid; j < nch; j += kSoftmaxThreads) {
-                exp8<T>(row_s4[j], m_scaled, e);
-                reinterpret_cast<uint4*>(pg)[j] = pack8<T>(e, inv);
-            }
-        } else {
-            for (int j = tid; j < kv_len; j += kSoftmaxThreads)
-                pg[j] = from_float<T>(exp2_approx(fmaf(to_float(row_s[j]), kLog2e, -m_scaled)) * inv);
+        for (int j = tid; j < nch; j += kSoftmaxThreads) {
+            exp8<T>(row_s4[j], m_scaled, e);
+            pg[j] = pack8<T>(e, inv);
         }
     }
     if (lse != nullptr && writer) lse[row] = sum > 0.f ? (m_scaled + log2f(sum)) * kLn2 : -INFINITY;
@@ -368,8 +370,8 @@ __global__ void __launch_bounds__(kSoftmaxThreads, naive_softmax_min_blocks(Chun
 // exactly one block, exactly once (and V once per block). Keys go in steps of kNaiveBK through a ring of Stages
 // cp.async buffers (P tile 128 x 64, V tile 64 x D; tiles j+1 .. j+Stages-1 in flight while tile j is used, one
 // barrier per tile, as flash_fwd.cu's K/V ring). Warp (wm, wn) owns rows 32 wm .. +32 and head dims D/2 wn .. +D/2;
-// V is read as the k-major B operand by ldmatrix.trans. Where kv_len is not a multiple of 8 the rows of P are not
-// 16-byte aligned and P tiles are loaded by 2-byte loads instead (same bytes, no overlap with the math).
+// V is read as the k-major B operand by ldmatrix.trans. P's rows are at row_pitch: the last tile's straddling chunk
+// loads its pad columns (P = 0 there, and V's rows past kv_len are zero-filled).
 // causal (0/1): P is 0 right of a row's diagonal, so tiles past the block's last visible key are loaded (the schedule
 // counts them) but not multiplied. Dynamic shared memory: Stages * (128 * 64 + 64 * D) elements of T.
 template <int D, typename T>
@@ -393,10 +395,10 @@ __global__ void __launch_bounds__(kNaiveThreads, D >= 256 ? 1 : 2)
     const int bh = blockIdx.z, b = bh / heads, h = bh % heads, hk = h / (heads / kv_heads);
     const int m0 = blockIdx.y * BM;
     const long long o_stride = (long long)heads * D, kv_stride = (long long)kv_heads * D;
-    const T* pg = p + ((long long)bh * seq_len + m0) * kv_len;  // P[b, h, m0, 0]
+    const int pitch = row_pitch<T>(kv_len);
+    const T* pg = p + ((long long)bh * seq_len + m0) * pitch;  // P[b, h, m0, 0]
     const T* vg = v + (long long)b * kv_len * kv_stride + (long long)hk * D;
     const int rows = min(BM, seq_len - m0);
-    const bool p_vec = (kv_len & 7) == 0;
     const int n_blocks = (kv_len + BK - 1) / BK;
     const int last_key = causal ? m0 + rows - 1 + kv_len - seq_len : kv_len - 1;  // the block's last visible key
 
@@ -405,15 +407,7 @@ __global__ void __launch_bounds__(kNaiveThreads, D >= 256 ? 1 : 2)
         T* dP = sP + slot * BM * BK;
         const T* srcP = pg + j * BK;
         const int keys = kv_len - j * BK;
-        if (p_vec) {
-            load_async<BM, BK, 0, BK / 8>(dP, srcP, kv_len, rows, keys, tid);
-        } else {
-            for (int idx = tid; idx < BM * BK; idx += kNaiveThreads) {
-                const int r = idx / BK, c = idx % BK;
-                dP[swz<BK>(r, c >> 3) + (c & 7)] =
-                    (r < rows && c < keys) ? srcP[(long long)r * kv_len + c] : from_float<T>(0.f);
-            }
-        }
+        load_async<BM, BK, 0, BK / 8>(dP, srcP, pitch, rows, keys, tid);
         load_async<BK, D, 0, D / 8>(sV + slot * BK * D, vg + (long long)j * BK * kv_stride, kv_stride, keys, D, tid);
     };
 

@@ -52,9 +52,13 @@ def test_every_compiled_tile_fits_two_blocks_per_sm_on_hopper():
 
 
 def test_naive_softmax_holds_one_row():
-    # not a multiple of 8 keys (rows not 16-byte aligned), or longer than 256 threads x 8 chunks: shared memory
-    assert launch.naive_softmax_smem_bytes(4097, 2) == 8194
+    # rows at a pitch of 8 elements (16 bytes): a ragged row is a whole number of chunks, held like the others
+    assert [launch.naive_row_pitch(kv, 2) for kv in (1, 8, 777, 4097)] == [8, 8, 784, 4104]
+    assert launch.naive_softmax_row_threads(4097) == 128 and launch.naive_softmax_chunks(4097) == 8
+    assert launch.naive_softmax_row_threads(777) == 32 and launch.naive_softmax_chunks(777) == 4
+    # longer than 256 threads x 8 chunks: shared memory, one row at its pitch
     assert launch.naive_softmax_smem_bytes(16392, 2) == 32784 and launch.naive_softmax_row_threads(16392) == 0
+    assert launch.naive_softmax_smem_bytes(16385, 2) == 32784 and launch.naive_softmax_row_threads(16385) == 0
     # else the row is in registers: 32 .. 256 threads per row, 256 / that rows per block
     for kv, threads in ((8, 32), (1000, 32), (2048, 32), (2056, 64), (4096, 64), (8192, 128), (16384, 256)):
         assert launch.naive_softmax_row_threads(kv) == threads and launch.naive_softmax_smem_bytes(kv) == 0

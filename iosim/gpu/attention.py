@@ -258,12 +258,13 @@ def _run_naive(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
     itemsize, limit = build.ITEMSIZE[c.dtype], _smem_limit(cp)
     smem_sm = launch.naive_softmax_smem_bytes(Nk, itemsize)
     if smem_sm > limit:
-        raise SharedMemoryError(f"naive softmax holds one row of S (kv_len={Nk} x {itemsize} B = {smem_sm} B) in "
+        raise SharedMemoryError(f"naive softmax holds one row of S (kv_len={Nk} at its pitch, {smem_sm} B) in "
                                 f"shared memory; this device allows {limit} B per block; use kv_len <= "
                                 f"{limit // itemsize} or schedule='flash2'")
     t, i32 = launch.NAIVE_TILES, cp.int32
-    s = cp.empty((B, H, N, Nk), dtype=c.q.dtype)  # S, materialized (Alg. 0 line 1)
-    p = cp.empty((B, H, N, Nk), dtype=c.q.dtype)  # P, materialized (Alg. 0 line 2)
+    pitch = launch.naive_row_pitch(Nk, itemsize)  # rows 16-byte aligned (naive.cu row_pitch)
+    s = cp.empty((B, H, N, pitch), dtype=c.q.dtype)  # S, materialized (Alg. 0 line 1)
+    p = cp.empty((B, H, N, pitch), dtype=c.q.dtype)  # P, materialized (Alg. 0 line 2)
     insts = [build.NaiveInstance("qk", c.dtype, c.causal, D),
              build.NaiveInstance("softmax", c.dtype, chunks=launch.naive_softmax_chunks(Nk, itemsize)),
              build.NaiveInstance("pv", c.dtype, head_dim=D)]

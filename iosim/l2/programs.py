@@ -21,6 +21,7 @@ import numpy as np
 from ..blocks import cdiv, n_kv_blocks_visible
 from ..problem import STAT_BYTES, AttentionProblem
 from ..schedules import Tiles
+from ..schedules import naive as naive_schedule
 from ._common import KV_TENSORS, TENSOR_CODES
 from .program import LoopProgram
 
@@ -97,6 +98,15 @@ def _wrap(rows: int, blocks_per_row: int, row_bytes: int, recycle: Recycle, part
     return wrap if wrap <= rows or (not partial and wrap < rows * heads) else 0
 
 
+def _stored_cols(p: AttentionProblem, t: Tiles, Bc: int) -> tuple[np.ndarray, int]:
+    """Columns of S and P each key tile's access moves (the last with the row's pad, as the schedule counts them),
+    and the row pitch."""
+    pitch = naive_schedule.pitch_of(p, t)
+    bc = np.minimum(Bc, p.kv_len - Bc * np.arange(cdiv(p.kv_len, Bc)))
+    bc[-1] += pitch - p.kv_len
+    return bc, pitch
+
+
 def _tile_rows(p: AttentionProblem, t: Tiles) -> tuple[int, int, int, int]:
     """(Br, Bc, full Q tiles, rows of the last, partial Q tile (0: none))."""
     Br, Bc = (p.seq_len, p.kv_len) if t.block_q is None else (t.block_q, t.block_kv)
@@ -111,13 +121,14 @@ def naive_scores(p: AttentionProblem, t: Tiles, recycle: Recycle = None) -> Loop
     d, e, Nk = p.head_dim, p.elem_bytes, p.kv_len
     Tc = cdiv(Nk, Bc)
     bc = np.minimum(Bc, Nk - Bc * np.arange(Tc))
+    sc, pitch = _stored_cols(p, t, Bc)
     rows = full + (last > 0)
-    wrap = _wrap(full, Tc, Br * Nk * e, recycle, last > 0)
+    wrap = _wrap(full, Tc, Br * pitch * e, recycle, last > 0)
     at = _Atoms()
-    at.rows([("Q", [Br * d * e]), ("S", Br * bc * e)], wrap or full)
+    at.rows([("Q", [Br * d * e]), ("S", Br * sc * e)], wrap or full)
     last_q = at.add("Q", [last * d * e]) if last else 0
     if last:
-        at.add("S", last * bc * e)
+        at.add("S", last * sc * e)
     k0 = at.add("K", bc * d * e)
     j = np.arange(Tc)
     q_of = [np.zeros(Tc, np.int64)] + ([np.full(Tc, last_q)] if last else [])
@@ -127,9 +138,10 @@ def naive_scores(p: AttentionProblem, t: Tiles, recycle: Recycle = None) -> Loop
                     templates=Tc, rows=rows, row_stride=Tc + 1, row_wrap=wrap, full_rows=full, row_height=Br)
 
 
-def naive_softmax(p: AttentionProblem, recycle: Recycle = None) -> LoopProgram:
-    """Kernel 2: block r reads row r of S and writes row r of P; a row per query row, its atoms S_r, P_r."""
-    N, row = p.seq_len, p.kv_len * p.elem_bytes
+def naive_softmax(p: AttentionProblem, t: Tiles, recycle: Recycle = None) -> LoopProgram:
+    """Kernel 2: block r reads row r of S and writes row r of P (at the row's pitch); a row per query row, its
+    atoms S_r, P_r."""
+    N, row = p.seq_len, naive_schedule.pitch_of(p, t) * p.elem_bytes
     wrap = _wrap(N, 1, 2 * row, recycle, False)
     at = _Atoms()
     at.rows([("S", [row]), ("P", [row])], wrap or N)
@@ -144,10 +156,11 @@ def naive_pv(p: AttentionProblem, t: Tiles, recycle: Recycle = None) -> LoopProg
     d, e, Nk = p.head_dim, p.elem_bytes, p.kv_len
     Tc = cdiv(Nk, Bc)
     bc = np.minimum(Bc, Nk - Bc * np.arange(Tc))
-    wrap = _wrap(full, 1, Br * Nk * e, recycle, last > 0)
+    sc, pitch = _stored_cols(p, t, Bc)
+    wrap = _wrap(full, 1, Br * pitch * e, recycle, last > 0)
     at = _Atoms()
-    at.rows([("P", Br * bc * e), ("O", [Br * d * e])], wrap or full)
-    last_p = at.add("P", last * bc * e) if last else 0
+    at.rows([("P", Br * sc * e), ("O", [Br * d * e])], wrap or full)
+    last_p = at.add("P", last * sc * e) if last else 0
     if last:
         at.add("O", [last * d * e])
     v0 = at.add("V", bc * d * e)
@@ -164,7 +177,7 @@ def naive_pv(p: AttentionProblem, t: Tiles, recycle: Recycle = None) -> LoopProg
 def naive_programs(p: AttentionProblem, t: Tiles, recycle: list[Recycle] | None = None) -> list[LoopProgram]:
     """naive's three kernels (``recycle``: one per kernel, or None: every row its own atoms)."""
     r = recycle or [None, None, None]
-    return [naive_scores(p, t, r[0]), naive_softmax(p, r[1]), naive_pv(p, t, r[2])]
+    return [naive_scores(p, t, r[0]), naive_softmax(p, t, r[1]), naive_pv(p, t, r[2])]
 
 
 def flash1_program(p: AttentionProblem, t: Tiles, kv_order: str = "forward") -> LoopProgram:

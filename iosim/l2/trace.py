@@ -53,21 +53,21 @@ class Tracer(Counter):
     def order(self, blocks):
         return reversed(list(blocks)) if self.kv_order == "reverse" else blocks
 
-    def _rec(self, tensor, rows, cols, write):
+    def _rec(self, tensor, rows, cols, write, pad=0):
         if self._cur is None:
             self._cur = []
-        c0, c1 = (cols.start, cols.stop) if cols is not None else (0, 0)
+        c0, c1 = (cols.start, cols.stop + pad) if cols is not None else (0, 0)
         self._cur.append((TENSOR_CODES[tensor], rows.start, rows.stop, c0, c1, write))
 
-    def load(self, tensor, rows, cols=None, dtype=None):
+    def load(self, tensor, rows, cols=None, dtype=None, pad=0):
         self._check(dtype)
-        self._rec(tensor, rows, cols, False)
-        return super().load(tensor, rows, cols)
+        self._rec(tensor, rows, cols, False, pad)
+        return super().load(tensor, rows, cols, pad=pad)
 
-    def store(self, tensor, rows, tile, cols=None, dtype=None):
+    def store(self, tensor, rows, tile, cols=None, dtype=None, pad=0):
         self._check(dtype)
-        self._rec(tensor, rows, cols, True)
-        return super().store(tensor, rows, tile, cols)
+        self._rec(tensor, rows, cols, True, pad)
+        return super().store(tensor, rows, tile, cols, pad=pad)
 
     def _check(self, dtype):
         if dtype is not None and dtype != self.problem.dtype:  # the atoms take every tile in the problem's dtype

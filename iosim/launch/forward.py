@@ -11,6 +11,7 @@ from ..schedules import Tiles
 from ..schedules.flash1 import shared_memory as flash1_shared_memory
 from ..schedules.flash3_fp8 import FLASH3_FP8_TILES as FLASH3_FP8_TILES  # defined with the layout counted
 from ..schedules.flash3_fp8 import FP8_KEY_GROUP as FP8_KEY_GROUP
+from ..schedules.naive import row_pitch as naive_row_pitch  # defined with the layout counted
 from .model import KernelLaunchModel, LaunchError, LaunchModel, registers_of
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -80,13 +81,13 @@ NAIVE_TILES: dict[str, dict[str, int]] = {
     # keys in steps of 64 through a ring of naive_pv_stages(d) cp.async buffers
     "pv": {"block_m": 128, "block_k": 64, "threads": 256},
 }
-# registers per thread (ptxas, nvcc 13.0, sm_90, naive.cu v2; fp16 and bf16 alike): head dim -> (qk, pv)
+# registers per thread (ptxas, nvcc 13.0, sm_90, naive.cu v2.1, 2026-11-27): head dim -> (qk, pv)
 # (qk: the larger of causal and not; __launch_bounds__(256, 2) caps qk and pv at d <= 128 to 128)
-NAIVE_REGISTERS: dict[int, tuple[int, int]] = {32: (124, 84), 64: (128, 102), 128: (128, 128), 256: (128, 252)}
+NAIVE_REGISTERS: dict[int, tuple[int, int]] = {32: (126, 85), 64: (128, 102), 128: (128, 127), 256: (128, 252)}
 NAIVE_REGISTERS_DEFAULT = (128, 128)
 # the softmax's, by chunks of a row per thread (naive_softmax_chunks; the larger of fp16 and bf16; the keys are the
 # instantiations iosim.gpu.build compiles): up to 4 chunks fit the 64 that __launch_bounds__(256, 4) allows
-NAIVE_SOFTMAX_REGISTERS: dict[int, int] = {1: 55, 2: 56, 4: 61, 8: 93}
+NAIVE_SOFTMAX_REGISTERS: dict[int, int] = {1: 47, 2: 54, 4: 63, 8: 93}
 
 
 def naive_pv_stages(head_dim: int) -> int:
@@ -108,13 +109,10 @@ def naive_pv_smem_bytes(head_dim: int, itemsize: int = 2) -> int:
 
 def naive_softmax_row_threads(kv_len: int, itemsize: int = 2) -> int:
     """Threads per row of the softmax's register path (a power of two, 32 to 256, each thread holding at most
-    ``row_chunks`` 16-byte chunks of the row), or 0 where the row goes through shared memory instead: kv_len not a
-    multiple of 16 bytes, or longer than 256 threads hold."""
-    per_chunk = 16 // itemsize
+    ``row_chunks`` 16-byte chunks of the row at its pitch, :func:`naive_row_pitch`), or 0 where the row goes through
+    shared memory instead: longer than 256 threads hold."""
     t = NAIVE_TILES["softmax"]
-    if kv_len % per_chunk:
-        return 0
-    chunks, threads = kv_len // per_chunk, 32
+    chunks, threads = naive_row_pitch(kv_len, itemsize) * itemsize // 16, 32
     while threads * t["row_chunks"] < chunks:
         threads *= 2
     return threads if threads <= t["threads"] else 0
@@ -126,7 +124,7 @@ def naive_softmax_chunks(kv_len: int, itemsize: int = 2) -> int:
     rt = naive_softmax_row_threads(kv_len, itemsize)
     if not rt:
         return 1
-    need, chunks = cdiv(kv_len // (16 // itemsize), rt), 1
+    need, chunks = cdiv(naive_row_pitch(kv_len, itemsize) * itemsize // 16, rt), 1
     while chunks < need:
         chunks *= 2
     return chunks
@@ -138,9 +136,9 @@ def naive_softmax_rows_per_block(kv_len: int, itemsize: int = 2) -> int:
 
 
 def naive_softmax_smem_bytes(kv_len: int, itemsize: int = 2) -> int:
-    """Dynamic shared memory of the softmax kernel: one row of S in the input dtype where the row is not held in
-    registers, else none."""
-    return 0 if naive_softmax_row_threads(kv_len, itemsize) else kv_len * itemsize
+    """Dynamic shared memory of the softmax kernel: one row of S (at its pitch) in the input dtype where the row is
+    not held in registers, else none."""
+    return 0 if naive_softmax_row_threads(kv_len, itemsize) else naive_row_pitch(kv_len, itemsize) * itemsize
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ class NumericMachine(Machine):
         return self._kv_order(blocks) if self._kv_order else blocks
 
     # -- global <-> SRAM -----------------------------------------------------------------------------
-    def load(self, tensor, rows, cols=None, dtype=None):
+    def load(self, tensor, rows, cols=None, dtype=None, pad=0):  # a row's pad is memory, not values: unread
         if tensor not in self.g:  # fp8 block scales: this executor runs unquantized inputs rounded to the dtype
             raise ValueError(f"the numeric executor has no tensor {tensor!r}: it does not run block quantization "
                              "(iosim's fp8 layout); execute flash3 with plain Tiles for e4m3 rounding alone")
@@ -75,7 +75,7 @@ class NumericMachine(Machine):
         tile = a[rows.slice(), cols.slice()] if cols is not None else a[rows.slice()]
         return tile.astype(F32, copy=True)
 
-    def store(self, tensor, rows, tile, cols=None, dtype=None):
+    def store(self, tensor, rows, tile, cols=None, dtype=None, pad=0):
         stat = tensor in FP32_TENSORS
         value = np.asarray(tile, dtype=F32) if stat else round_to_dtype(tile, dtype or self.problem.dtype)
         if cols is not None:

@@ -51,14 +51,17 @@ class Machine:
         return blocks
 
     # global <-> SRAM. ``dtype``: the tile's storage type where it is not the problem's (an fp8 kernel's bf16 output,
-    # the quantize kernel's bf16 input); fp32 tensors (statistics, scales) are fp32 whatever is given
-    def load(self, tensor: str, rows: Rows, cols: Rows | None = None, dtype: str | None = None): ...
+    # the quantize kernel's bf16 input); fp32 tensors (statistics, scales) are fp32 whatever is given. ``pad``: columns
+    # of S or P past ``cols`` that the access moves with them (a row's pad up to its pitch in memory): global bytes,
+    # never part of the tile
+    def load(self, tensor: str, rows: Rows, cols: Rows | None = None, dtype: str | None = None, pad: int = 0): ...
 
     def broadcast(self, tensor: str, rows: Rows, threads: int):
         """Every one of ``threads`` threads loads the same rows (a sequence's length, a block-table entry): the
         value is ``load``'s; the counter charges the load instructions' bytes, ``threads`` times the rows'."""
         return self.load(tensor, rows)
-    def store(self, tensor: str, rows: Rows, tile, cols: Rows | None = None, dtype: str | None = None) -> None: ...
+    def store(self, tensor: str, rows: Rows, tile, cols: Rows | None = None, dtype: str | None = None,
+              pad: int = 0) -> None: ...
     def fill(self, tensor: str, rows: Rows, value: float) -> None:
         """Write a constant straight to global memory (FlashAttention-1 Alg. 1 line 2)."""
 
@@ -168,10 +171,10 @@ class Counter(Machine):
         return rows.size, self.d
 
     # -- global <-> SRAM -----------------------------------------------------------------------------
-    def load(self, tensor, rows, cols=None, dtype=None):
+    def load(self, tensor, rows, cols=None, dtype=None, pad=0):
         r, c = self._shape(tensor, rows, cols)
         tile = Tile(r, c, self._elem(tensor, dtype), tensor)
-        self._k.global_read[tensor] += tile.nbytes
+        self._k.global_read[tensor] += tile.nbytes + r * pad * tile.elem
         return self._hold(tile)
 
     def broadcast(self, tensor, rows, threads):
@@ -182,9 +185,9 @@ class Counter(Machine):
         self._k.global_read[tensor] += threads * tile.nbytes
         return self._hold(tile)
 
-    def store(self, tensor, rows, tile, cols=None, dtype=None):
+    def store(self, tensor, rows, tile, cols=None, dtype=None, pad=0):
         r, c = self._shape(tensor, rows, cols)
-        self._k.global_write[tensor] += r * c * self._elem(tensor, dtype)
+        self._k.global_write[tensor] += r * (c + pad) * self._elem(tensor, dtype)
         self._read(tile)
 
     def fill(self, tensor, rows, value):

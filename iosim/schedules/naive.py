@@ -7,9 +7,11 @@
 Without tiles (the default) every GEMM reads each operand once, which is how the paper counts
 "HBM accesses" (Theorem 2: Θ(Nd + N²)): b·(4Nd + 4N²) bytes per head when N = N_kv. With explicit tiles
 (Br, Bc) the GEMMs are the tiled kernels a GPU runs: kernel 1 computes one Br×Bc tile of S per thread block
-(Q re-read Tc times, K re-read Tr times), kernel 3 one Br×d tile of O per thread block (V re-read Tr times).
-The softmax kernel reads one row per thread block. Untiled, the grids (used only by the time model) are
-those of 128×128 output tiles, as a GEMM library would launch.
+(Q re-read Tc times, K re-read Tr times), kernel 3 one Br×d tile of O per thread block (V re-read Tr times), and
+S and P are stored as kernels/naive.cu stores them: each row at a pitch of N_kv rounded up to 16 bytes
+(:func:`row_pitch`), its pad columns written and read with the row. The softmax kernel reads one row per thread
+block. Untiled, the grids (used only by the time model) are those of 128×128 output tiles, as a GEMM library would
+launch.
 """
 
 from __future__ import annotations
@@ -31,6 +33,19 @@ def default_tiles(p: AttentionProblem, profile) -> Tiles:
 
 
 GEMM_TILE = 128  # output tile edge assumed for the grid of an untiled (library) GEMM
+PITCH_BYTES = 16  # naive.cu's rows of S and P: a multiple of its 16-byte accesses
+
+
+def row_pitch(kv_len: int, elem_bytes: int) -> int:
+    """Elements a row of S and P takes in global memory in kernels/naive.cu (its ``row_pitch``): kv_len rounded up
+    to a multiple of 16 bytes, so every row is aligned for 16-byte accesses."""
+    per = max(1, PITCH_BYTES // elem_bytes)
+    return cdiv(kv_len, per) * per
+
+
+def pitch_of(p: AttentionProblem, t: Tiles) -> int:
+    """The row pitch the counts use: naive.cu's with tiles, the paper's N_kv without."""
+    return p.kv_len if t.block_q is None else row_pitch(p.kv_len, p.elem_bytes)
 
 
 def _tiles(p: AttentionProblem, t: Tiles) -> tuple[int, int]:
@@ -50,6 +65,11 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
     Br, Bc = _tiles(p, t)
     Tr, Tc = cdiv(N, Br), cdiv(Nk, Bc)
     grid_scores, grid_softmax, grid_pv = _grids(p, t)
+    pitch = pitch_of(p, t)
+
+    def pad(cols: Rows) -> int:
+        """Pad columns an access of S or P moves past ``cols``: a row's, with its last columns."""
+        return pitch - Nk if cols.stop == Nk else 0
 
     with x.kernel("naive_scores", grid=grid_scores):  # Alg. 0 line 1
         for i in range(Tr):
@@ -59,16 +79,16 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
                     Q_i = x.load("Q", q)
                     K_j = x.load("K", k)
                     S_ij = x.scores(Q_i, K_j, q, k)  # scale · Q_i K_jᵀ, causal mask applied
-                    x.store("S", q, S_ij, k)
+                    x.store("S", q, S_ij, k, pad=pad(k))
 
     all_keys = Rows(0, Nk)
     with x.kernel("naive_softmax", grid=grid_softmax):  # Alg. 0 line 2
         for r in range(N):
             with x.thread_block():
                 row = Rows(r, r + 1)
-                S_r = x.load("S", row, all_keys)
+                S_r = x.load("S", row, all_keys, pad=pad(all_keys))
                 P_r = x.row_softmax(S_r, row)
-                x.store("P", row, P_r, all_keys)
+                x.store("P", row, P_r, all_keys, pad=pad(all_keys))
 
     with x.kernel("naive_pv", grid=grid_pv):  # Alg. 0 line 3
         for i in range(Tr):
@@ -77,7 +97,7 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
                 O_i = x.zeros_acc(q)
                 for j in range(Tc):
                     k = block_rows(j, Bc, Nk)
-                    P_ij = x.load("P", q, k)
+                    P_ij = x.load("P", q, k, pad=pad(k))
                     V_j = x.load("V", k)
                     O_i = x.matmul_acc(O_i, P_ij, V_j)  # O_i += P_ij V_j
                 x.store("O", q, O_i)
@@ -116,28 +136,28 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     N, Nk, d, b = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes
     Br, Bc = _tiles(p, t)
     Tr, Tc = cdiv(N, Br), cdiv(Nk, Bc)
-    NN = N * Nk
+    NN, stored = N * Nk, N * pitch_of(p, t)  # scores; elements of S (and of P) in global memory
     br, bc = np.minimum(Br, N), np.minimum(Bc, Nk)
     grid_scores, grid_softmax, grid_pv = _grids(p, t)
 
     k1 = KernelCounts("naive_scores", grid=grid_scores)
     k1.global_read.update(Q=Tc * N * d * b, K=Tr * Nk * d * b)
-    k1.global_write.update(S=NN * b)
+    k1.global_write.update(S=stored * b)
     k1.flops.update(matmul=2 * NN * d, other=NN)
     k1.sram_write = Tc * N * d * b + Tr * Nk * d * b + NN * 4
     k1.sram_read = Tc * N * d * b + Tr * Nk * d * b + NN * 4
     k1.sram_peak = (br + bc) * d * b + 4 * br * bc
 
     k2 = KernelCounts("naive_softmax", grid=grid_softmax)
-    k2.global_read.update(S=NN * b)
-    k2.global_write.update(P=NN * b)
+    k2.global_read.update(S=stored * b)
+    k2.global_write.update(P=stored * b)
     k2.flops.update(exp=NN, other=4 * NN)
     k2.sram_write = NN * b + NN * 4
     k2.sram_read = NN * b + NN * 4
     k2.sram_peak = Nk * (b + 4)
 
     k3 = KernelCounts("naive_pv", grid=grid_pv)
-    k3.global_read.update(P=NN * b, V=Tr * Nk * d * b)
+    k3.global_read.update(P=stored * b, V=Tr * Nk * d * b)
     k3.global_write.update(O=N * d * b)
     k3.flops.update(matmul=2 * NN * d)
     k3.sram_write = N * d * 4 + NN * b + Tr * Nk * d * b + Tc * N * d * 4

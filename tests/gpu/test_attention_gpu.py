@@ -212,6 +212,10 @@ NAIVE_SHAPES = [
     (2, 300, 264, 4, 2),
     (1, 130, 16384, 2, 1),
     (1, 33, 20000, 2, 2),
+    # v2.1: rows of S and P at a pitch of 8 elements; a ragged row's pad columns masked, in registers (777, and 999
+    # and 4097 above) and in shared memory (16385)
+    (2, 777, 777, 2, 2),
+    (1, 33, 16385, 2, 1),
 ]
 
 
