@@ -153,14 +153,17 @@ template <typename T> __device__ __forceinline__ uint4 pack8(const float (&e)[8]
     return y;
 }
 
-// chunk x with its elements from `valid` on set to -inf (the pad columns of a row's last chunk; valid >= 8: x itself),
-// so the row's max, exp2 and sum ignore them and its P there is 0
+// chunk x with its elements from `valid` on set to -inf (the pad columns of a row's last chunk), so the row's max,
+// exp2 and sum ignore them and its P there is 0. Selects, no branch: called after a thread's loads are all issued.
 template <typename T> __device__ __forceinline__ uint4 mask_tail(uint4 x, int valid) {
     constexpr unsigned kNegInf = is_same<T, __half>::value ? 0xFC00u : 0xFF80u;
     unsigned w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-        if (i >= valid) w[i >> 1] = (i & 1) ? (w[i >> 1] & 0xFFFFu) | (kNegInf << 16) : (w[i >> 1] & 0xFFFF0000u) | kNegInf;
+    for (int i = 0; i < 4; ++i) {
+        const unsigned lo = 2 * i >= valid ? kNegInf : (w[i] & 0xFFFFu);
+        const unsigned hi = 2 * i + 1 >= valid ? kNegInf : (w[i] >> 16);
+        w[i] = lo | (hi << 16);
+    }
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
@@ -320,8 +323,11 @@ __global__ void __launch_bounds__(kSoftmaxThreads, naive_softmax_min_blocks(Chun
 #pragma unroll
         for (int c = 0; c < Chunks; ++c) {
             const int j = lt + c * row_threads;
-            if (live && j < nch) x[c] = mask_tail<T>(sg[j], j == nch - 1 ? tail : 8);
+            if (live && j < nch) x[c] = sg[j];  // every load in flight before any is used
         }
+#pragma unroll
+        for (int c = 0; c < Chunks; ++c)
+            if (lt + c * row_threads == nch - 1) x[c] = mask_tail<T>(x[c], tail);  // the row's last chunk
 #pragma unroll
         for (int c = 0; c < Chunks; ++c)
             if (live && lt + c * row_threads < nch) mx = max8<T>(x[c], mx);
@@ -347,7 +353,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads, naive_softmax_min_blocks(Chun
         uint4* pg = reinterpret_cast<uint4*>(p + row * pitch);
         // each thread reads back only what it wrote itself, so row_s4 needs no barrier of its own
         for (int j = tid; j < nch; j += kSoftmaxThreads) {
-            const uint4 x = mask_tail<T>(sg[j], j == nch - 1 ? tail : 8);
+            const uint4 x = j == nch - 1 ? mask_tail<T>(sg[j], tail) : sg[j];
             row_s4[j] = x;
             mx = max8<T>(x, mx);
         }
