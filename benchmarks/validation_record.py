@@ -11,7 +11,9 @@ counts, ``hbm`` from the L2 model with the launch's measured tiles and registers
 (iosim.validation), prints the table and the outliers, rewrites the table between the ``record`` markers of
 docs/validation.md and writes docs/validation/<device>-parity.html. With ``--measure`` it first runs the sweep
 (each problem ``--repeat`` times, the list over again each time) through iosim.measure and archives the records;
-``--part backward`` measures the backward sweep (:func:`backward_sweep`) into <device>-backward.tar.xz instead.
+``--part backward`` measures the backward sweep (:func:`backward_sweep`) into <device>-backward.tar.xz instead,
+``--part window`` the sliding-window sweep (:func:`window_sweep`: flash2 and flash3, hbm from the L2 model's windowed
+program) into <device>-window.tar.xz.
 ``--dry-run`` measures nothing: it simulates every problem of the part's sweep as its records would be (the tiles
 the kernels would report), so that a typo fails on a CPU, not on the GPU. ``--part fp8``: iosim's fp8 forward and its
 quantize kernels (benchmarks/validation_fp8.py says what is measured and compared) into <device>-fp8.tar.xz.
@@ -41,7 +43,14 @@ from validation_fp8 import fp8_checks, fp8_sweep, notes
 
 from iosim.hardware.gpu import get_profile
 from iosim.l2 import L2Inputs, simulate_l2
-from iosim.launch import FLASH_BWD_TILES, backward_launch_model, launch_model, resident_blocks
+from iosim.launch import (
+    FLASH3_TILES,
+    FLASH_BWD_TILES,
+    FLASH_DEFAULT_TILES,
+    backward_launch_model,
+    launch_model,
+    resident_blocks,
+)
 from iosim.measure import Attention, Options, measure
 from iosim.measure.records import Measured, merge_repeats, read_records
 from iosim.problem import AttentionProblem
@@ -53,7 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data/validation"
 DOCS = ROOT / "docs/validation"
 PROFILE = {"h200": "h200-sxm-141gb", "h100": "h100-sxm5-80gb"}  # device -> the profile its record is simulated on
-ARCHIVES = ("sweep", "flash3", "flash2", "backward", "fp8")  # data/validation/<device>-<part>.tar.xz that hold attention
+ARCHIVES = ("sweep", "flash3", "flash2", "backward", "fp8", "window")  # data/validation/<device>-<part>.tar.xz: attention
 # kernels; a part named after a kind replaces the earlier parts' problems of that kind (flash2 on the H100: three
 # launches each); a part that is missing is skipped
 BACKWARD = ("flash2-bwd", "sdpa-flash-bwd", "sdpa-cudnn-bwd")  # iosim.measure.BACKWARD_KINDS
@@ -126,6 +135,19 @@ def backward_sweep() -> list[Attention]:
     return r
 
 
+def window_sweep() -> list[Attention]:
+    """The sliding-window record's problems (issue 28): our flash2 and flash3 forward with a window, causal (left, 0)
+    and two-sided, windows of 255 to 4096 keys (not multiples of the tiles), grouped-query and ragged."""
+    r = []
+    for kind in ("flash2", "flash3"):
+        r += [Attention(kind, seq_len=8192, heads=16, dtype="bf16", causal=True, window=(1024, 0)),
+              Attention(kind, seq_len=16384, heads=8, dtype="bf16", causal=True, window=(4096, 0)),
+              Attention(kind, seq_len=8192, heads=16, head_dim=64, dtype="bf16", window=(512, 512)),
+              Attention(kind, seq_len=4096, heads=32, kv_heads=8, causal=True, window=(255, 0)),
+              Attention(kind, seq_len=1000, kv_len=1777, heads=8, head_dim=64, causal=True, window=(300, 0))]
+    return r
+
+
 def fa2_bwd_tiles(names: list[str], head_dim: int) -> tuple[int, int]:
     """(Br, Bc) of FlashAttention-2's backward from its kernel names (Flash_bwd_kernel_traits<d, Br, Bc, ...>), or
     FA2's table (FA2_BWD_TILES) where no name has them."""
@@ -190,7 +212,8 @@ def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
         (bq, bkv), variant = fa2_tiles(m.kernels[0]["kernel"]), "fa2"
     schedule = run.kind if run.kind in ("naive", "flash3") else "flash2"
     prof = get_profile(profile)
-    r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv, l2=False)  # global here; hbm from simulate_l2 below
+    window = getattr(run, "window", None)
+    r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv, l2=False, window=window)  # global; hbm: simulate_l2
     regs = [k.get("registers_per_thread") for k in m.kernels]
     lm = launch_model(schedule, p, r.tiles, variant=variant, registers=regs)
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
@@ -218,7 +241,7 @@ def _checks(m: Measured, profile: str, r, l2, tiles: tuple[int, int]) -> list[Ch
     out = []
     for (b, d), sim in simulated.items():
         launches = tuple(int(x[f"dram_{d}_bytes"]) for x in m.launches) if b == "hbm" else ()
-        out.append(Check(*base, b, d, int(sim), int(measured[(b, d)]), launches))
+        out.append(Check(*base, b, d, int(sim), int(measured[(b, d)]), launches, getattr(run, "window", None)))
     return out
 
 
@@ -287,7 +310,7 @@ def measure_sweep(device: str, repeat: int, kinds: list[str] | None = None, part
 
 def part_sweep(part: str) -> list[Attention]:
     """The problems ``--measure --part PART`` runs: the backward's, fp8's, or the forward sweep (any other name)."""
-    return {"backward": backward_sweep, "fp8": fp8_sweep}.get(part, sweep)()
+    return {"backward": backward_sweep, "fp8": fp8_sweep, "window": window_sweep}.get(part, sweep)()
 
 
 def dry_run(part: str, profile: str, repeat: int) -> None:
@@ -297,6 +320,9 @@ def dry_run(part: str, profile: str, repeat: int) -> None:
 
     if part == "fp8":
         fp8_dry_run(profile, repeat)
+        return
+    if part == "window":
+        window_dry_run(profile, repeat)
         return
     problems = part_sweep(part)
     launches = 0
@@ -320,6 +346,22 @@ def dry_run(part: str, profile: str, repeat: int) -> None:
     print(f"{len(problems)} problems x {repeat} launches: about {launches * repeat} kernels profiled per ncu pass")
 
 
+def window_dry_run(profile: str, repeat: int) -> None:
+    """The window part's problems simulated at our kernels' default tiles (global, and hbm from the L2 model)."""
+    prof = get_profile(profile)
+    for run in window_sweep():
+        bq, bkv = (FLASH3_TILES if run.kind == "flash3" else FLASH_DEFAULT_TILES)[run.head_dim]
+        p = AttentionProblem.make(batch=run.batch, heads=run.heads, kv_heads=run.kv_heads, seq_len=run.seq_len,
+                                  kv_len=run.kv_len, head_dim=run.head_dim, dtype=run.dtype, causal=run.causal)
+        r = simulate(run.kind, p, prof, block_q=bq, block_kv=bkv, l2=False, window=run.window)
+        l2 = simulate_l2(run.kind, p, r.tiles, prof)
+        g = r.traffic["global"]
+        print(f"{run.kind} N{run.seq_len} Nk{run.kv_len} H{run.heads}/{run.kv_heads} d{run.head_dim} window "
+              f"{run.window} {bq}x{bkv}: global {g['read_bytes']:,}/{g['write_bytes']:,} hbm "
+              f"{l2.read_bytes:,}/{l2.write_bytes:,}")
+    print(f"{len(window_sweep())} problems x {repeat} launches")
+
+
 def measured_only(measured: dict) -> None:
     """Print the problems measured but not modeled (cuDNN's backward): DRAM bytes and time, kernels."""
     for m in measured.get("sdpa-cudnn-bwd", []):
@@ -338,7 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kinds", nargs="*", help="with --measure: only these kernels (flash2 naive sdpa-flash ...)")
     ap.add_argument("--part", default="sweep", help="with --measure: the archive's part name (default sweep); "
                     "backward: the backward sweep, into <device>-backward.tar.xz; fp8: the fp8 forward and its "
-                    "quantize kernels, into <device>-fp8.tar.xz")
+                    "quantize kernels, into <device>-fp8.tar.xz; window: flash2 and flash3 with sliding windows, "
+                    "into <device>-window.tar.xz")
     ap.add_argument("--dry-run", action="store_true", help="simulate the part's sweep as recorded; measure nothing")
     ap.add_argument("--no-figure", action="store_true", help="skip the parity figure (needs plotly)")
     args = ap.parse_args(argv)

@@ -41,7 +41,7 @@ BACKWARD_SUFFIX = "-bwd"  # a backward pass's kernels: flash2-bwd, sdpa-flash-bw
 ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1}
 FIELDS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
           "causal", "block_q", "block_kv", "boundary", "direction", "simulated_bytes", "measured_bytes",
-          "measured_launches")
+          "measured_launches", "window")  # window: "left:right" (a side empty: no bound), empty for none
 
 
 class RecordError(ValueError):
@@ -50,8 +50,9 @@ class RecordError(ValueError):
 
 @dataclass(frozen=True)
 class Check:
-    """One row of a record: the problem, where (boundary, direction), simulated and measured bytes, and the
-    measured bytes of each repeated launch (empty where there was one)."""
+    """One row of a record: the problem, where (boundary, direction), simulated and measured bytes, the measured
+    bytes of each repeated launch (empty where there was one), and a sliding window (left, right) where the call
+    had one."""
 
     kernel: str
     profile: str
@@ -70,13 +71,20 @@ class Check:
     simulated: int
     measured: int
     launches: tuple[int, ...] = ()
+    window: tuple[int | None, int | None] | None = None
 
     @property
     def label(self) -> str:
         gqa = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
         return (f"{self.kernel} N={self.seq_len} H={self.heads}{gqa} d={self.head_dim} {self.dtype}"
                 f"{' causal' if self.causal else ''} {self.block_q}x{self.block_kv}"
-                + (f" B={self.batch}" if self.batch != 1 else ""))
+                + (f" B={self.batch}" if self.batch != 1 else "")
+                + (f" window={window_text(self.window)}" if self.window is not None else ""))
+
+    @property
+    def group(self) -> str:
+        """The record table's kernel column: the kernel, and "window" where the call had one."""
+        return f"{self.kernel} window" if self.window is not None else self.kernel
 
     @property
     def backward(self) -> bool:
@@ -147,6 +155,18 @@ def judge_all(checks: list[Check]) -> list[Verdict]:
     return [judge(c) for c in checks]
 
 
+def window_text(window: tuple[int | None, int | None] | None) -> str:
+    """A window as the record writes it: "left:right", a side empty for no bound; "" for none."""
+    return "" if window is None else ":".join("" if w is None else str(w) for w in window)
+
+
+def _window(s: str | None) -> tuple[int | None, int | None] | None:
+    if not s:
+        return None
+    left, right = s.split(":")
+    return (int(left) if left else None, int(right) if right else None)
+
+
 def _bool(s: str) -> bool:
     return str(s).strip().lower() in ("true", "1", "yes")
 
@@ -163,7 +183,7 @@ def read_checks(path: str | Path) -> list[Check]:
                                  int(r["seq_len"]), int(r["kv_len"]), int(r["head_dim"]), r["dtype"],
                                  _bool(r["causal"]), int(r["block_q"]), int(r["block_kv"]), r["boundary"],
                                  r["direction"], int(float(r["simulated_bytes"])), int(float(r["measured_bytes"])),
-                                 launches))
+                                 launches, _window(r.get("window"))))
             except (KeyError, ValueError, TypeError) as exc:
                 raise RecordError(f"{path}, line {i}: {type(exc).__name__}: {exc}; expected the columns "
                                   f"{', '.join(FIELDS)}") from None
@@ -197,7 +217,7 @@ def write_checks(path: str | Path, checks: list[Check], device: str) -> None:
         for c in checks:
             w.writerow([c.kernel, device, c.profile, c.batch, c.heads, c.kv_heads, c.seq_len, c.kv_len, c.head_dim,
                         c.dtype, c.causal, c.block_q, c.block_kv, c.boundary, c.direction, c.simulated, c.measured,
-                        ";".join(map(str, c.launches))])
+                        ";".join(map(str, c.launches)), window_text(c.window)])
 
 
 @dataclass(frozen=True)
@@ -218,7 +238,7 @@ def summarize(verdicts: list[Verdict]) -> list[Row]:
     """Per kernel, boundary and direction: checks, within the rule, median |error| and the worst error."""
     groups: dict[tuple, list[Verdict]] = {}
     for v in verdicts:
-        groups.setdefault((v.check.kernel, v.check.boundary, v.check.direction), []).append(v)
+        groups.setdefault((v.check.group, v.check.boundary, v.check.direction), []).append(v)
     rows = []
     for (k, b, d), vs in groups.items():
         errs = [v.error for v in vs]

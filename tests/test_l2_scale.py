@@ -21,6 +21,7 @@ from iosim.l2.atoms import atomize, global_bytes
 from iosim.l2.program import expand, flash2_program
 from iosim.problem import AttentionProblem
 from iosim.schedules import Tiles
+from iosim.schedules.flash2 import make_tiles
 from iosim.simulate import simulate
 
 H200 = "h200-sxm-141gb"
@@ -49,6 +50,32 @@ def test_flash2_program_expanded_equals_the_atomized_trace(n, nk, br, bc, causal
     assert np.array_equal(ptr, kt.ptr)
     assert np.array_equal(atom, at.acc_atom) and np.array_equal(shape, at.acc_shape)
     assert np.array_equal(write, kt.write)
+    assert np.array_equal(prog.atom_bytes, at.atom_bytes) and np.array_equal(prog.atom_kv, at.atom_kv)
+    assert (prog.global_read, prog.global_write) == global_bytes(kt, p, 1)
+
+
+@given(
+    n=st.integers(1, 700),
+    nk=st.integers(1, 700),
+    br=st.sampled_from([16, 32, 64, 128]),
+    bc=st.sampled_from([16, 32, 64]),
+    causal=st.booleans(),
+    rev=st.booleans(),
+    left=st.one_of(st.none(), st.integers(0, 300)),
+    right=st.one_of(st.none(), st.integers(0, 300)),
+)
+@settings(max_examples=40, deadline=None)
+def test_windowed_flash2_program_expanded_equals_the_atomized_trace(n, nk, br, bc, causal, rev, left, right):
+    """A sliding window: each Q block's K/V range from kv_block_range, in the program as in the traced schedule."""
+    p = _p(seq_len=n, kv_len=nk, head_dim=64, causal=causal)
+    t = make_tiles(p, None, br, bc, window=(left, 0 if causal else right))
+    order = "reverse" if rev else "forward"
+    kt = l2.trace_program("flash2", p, t, kv_order=order)[0]
+    at = atomize(kt, p)
+    prog = flash2_program(p, t, order)
+    ptr, atom, shape, write = expand(prog)
+    assert np.array_equal(ptr, kt.ptr) and np.array_equal(write, kt.write)
+    assert np.array_equal(atom, at.acc_atom) and np.array_equal(shape, at.acc_shape)
     assert np.array_equal(prog.atom_bytes, at.atom_bytes) and np.array_equal(prog.atom_kv, at.atom_kv)
     assert (prog.global_read, prog.global_write) == global_bytes(kt, p, 1)
 

@@ -129,9 +129,18 @@ def test_each_kind_has_its_own_description_and_bad_fields_are_named():
 
 @pytest.mark.parametrize("run", [M.Attention("sdpa-cudnn", seq_len=4096, heads=32, kv_heads=8, causal=True),
                                  M.ReadProbe(48 << 20, blocks_per_sm=2, threads=128),
-                                 M.WriteProbe(8 << 20, 32 << 20, interleave=True)])
+                                 M.WriteProbe(8 << 20, 32 << 20, interleave=True),
+                                 M.Attention("flash3", seq_len=8192, heads=16, causal=True, window=(1024, 0)),
+                                 M.Attention("flash2", seq_len=4096, window=(None, 256))])
 def test_runs_go_to_the_worker_and_back_unchanged(run):
     assert M.from_dict(json.loads(json.dumps(M.to_dict(run)))) == run
+
+
+def test_a_window_is_flash2s_and_flash3s():
+    with pytest.raises(M.MeasureError, match=r"window=.*kind=.naive."):
+        M.Attention("naive", window=(128, 0))
+    with pytest.raises(M.MeasureError, match="window"):
+        M.Attention("flash2", window=(128,))
 
 
 def test_an_unknown_field_is_an_error_that_names_it():

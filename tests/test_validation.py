@@ -56,6 +56,12 @@ def test_long_grids_are_marked_lower_bounds():
     assert not V.judge(check(direction="write", seq_len=131072, kv_len=131072)).lower_bound
 
 
+def test_a_windowed_call_is_its_own_row_of_the_table():
+    vs = V.judge_all([check(), check(window=(1024, 0), sim=150 * MiB, meas=100 * MiB)])
+    assert [(r.kernel, r.checks, r.passed) for r in V.summarize(vs)] == [("flash2", 1, 1), ("flash2 window", 1, 0)]
+    assert V.outliers(vs)[0].check.label.endswith("window=1024:0")
+
+
 def test_summary_counts_checks_passes_and_the_worst_error():
     vs = V.judge_all([check(sim=100, meas=100), check(sim=150 * MiB, meas=100 * MiB), check(sim=99, meas=100)])
     (row,) = V.summarize(vs)
@@ -65,7 +71,8 @@ def test_summary_counts_checks_passes_and_the_worst_error():
 
 
 def test_a_record_round_trips_and_a_bad_one_names_file_and_line(tmp_path):
-    checks = [check(launches=(1, 2, 3)), check("global", "write", sim=5, meas=5)]
+    checks = [check(launches=(1, 2, 3)), check("global", "write", sim=5, meas=5), check(window=(1024, 0)),
+              check(window=(None, 256))]
     V.write_checks(tmp_path / "x.csv", checks, "NVIDIA H200")
     assert V.read_checks(tmp_path / "x.csv") == checks
     (tmp_path / "bad.csv").write_text("kernel,profile\nflash2,h200-sxm-141gb\n")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import cdiv, n_kv_blocks_visible
+from ..blocks import cdiv, kv_block_range, n_kv_blocks_visible
 from ..problem import AttentionProblem
 from ..schedules import Tiles
 from .atoms import _access_bytes, atomize
@@ -105,11 +105,19 @@ def from_trace(kt: KernelTrace, p: AttentionProblem) -> LoopProgram:
 
 def flash2_program(p: AttentionProblem, t: Tiles, kv_order: str = "forward") -> LoopProgram:
     """flash2's program of one head: per block Q_i, the group (K_j, V_j) over its visible j in ``kv_order``, O_i,
-    lse_i (a block that sees no key: O_i, lse_i). Equal, expanded, to the atomized trace (tests)."""
+    lse_i (a block that sees no key: O_i, lse_i); with a sliding window (``t.window``) the visible j are the range
+    :func:`iosim.blocks.kv_block_range` gives. Equal, expanded, to the atomized trace (tests)."""
     N, Nk, Br, Bc = p.seq_len, p.kv_len, t.block_q, t.block_kv
     Tr = cdiv(N, Br)
     i = np.arange(Tr, dtype=np.int64)
-    n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=np.int64).reshape(Tr)
+    window = getattr(t, "window", None)
+    if window is None:
+        lo = np.zeros(Tr, dtype=np.int64)
+        n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=np.int64).reshape(Tr)
+    else:
+        lo, hi = np.array([kv_block_range(int(x), Br, Bc, N, Nk, p.causal, window) for x in i],
+                          dtype=np.int64).reshape(-1, 2).T
+        n = np.maximum(hi - lo, 0)
     seen = n > 0
     cnt = np.where(seen, 5, 2)  # Q, K, V, O, lse, or O, lse
     ptr = np.zeros(Tr + 1, dtype=np.int64)
@@ -118,13 +126,13 @@ def flash2_program(p: AttentionProblem, t: Tiles, kv_order: str = "forward") -> 
     kk = np.arange(ptr[-1]) - ptr[blk]
     kk = np.where(seen[blk], kk, kk + 3)  # role: 0 Q, 1 K, 2 V, 3 O, 4 lse
     reverse = kv_order == "reverse"
-    j0 = np.where(reverse, n - 1, 0)[blk]
+    j0 = (lo + np.where(reverse, n - 1, 0))[blk]
     kv = (kk == 1) | (kk == 2)
     r0 = np.where(kv, j0 * Bc, blk * Br)
     r1 = np.where(kv, np.minimum((j0 + 1) * Bc, Nk), np.minimum((blk + 1) * Br, N))
     codes = np.array([0, 1, 2, 3, 8], dtype=np.int8)[kk]
     # one extra block reads K_j, V_j for every visited j, so that the atoms are those of the whole trace
-    jn = np.arange(int(n.max()) if Tr else 0, dtype=np.int64)
+    jn = np.arange(int(lo[seen].min()), int((lo + n)[seen].max())) if seen.any() else np.zeros(0, np.int64)
     xs = np.stack([jn * Bc, jn * Bc]).T.reshape(-1)
     xe = np.stack([np.minimum((jn + 1) * Bc, Nk)] * 2).T.reshape(-1)
     xc = np.tile(np.array([1, 2], dtype=np.int8), len(jn))

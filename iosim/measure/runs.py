@@ -39,7 +39,8 @@ class Attention:
     """One attention call: ``kind`` one of :data:`ATTENTION_KINDS` (a forward call, or the backward call of
     :data:`BACKWARD_KINDS`, its forward made beforehand, outside the profiled range; or an fp8 kind of
     :data:`FP8_KINDS`, dtype "fp8"); Q (batch, seq_len, heads, head_dim), K and V (batch, kv_len, kv_heads,
-    head_dim); ``block_q``/``block_kv`` (flash2 only) pick the tiles."""
+    head_dim); ``block_q``/``block_kv`` (flash2 only) pick the tiles; ``window`` (left, right), flash2 and flash3
+    only: a sliding window, as ``iosim.gpu.AttentionOptions(window=...)`` takes it (None on a side: no bound)."""
 
     kind: str
     seq_len: int = 1024
@@ -52,6 +53,7 @@ class Attention:
     causal: bool = False
     block_q: int | None = None
     block_kv: int | None = None
+    window: tuple[int | None, int | None] | None = None
 
     def __post_init__(self):
         if self.kind not in ATTENTION_KINDS:
@@ -68,6 +70,11 @@ class Attention:
             raise MeasureError(f"heads={self.heads}, kv_heads={self.kv_heads}: heads must be a multiple of kv_heads")
         if (self.block_q, self.block_kv) != (None, None) and self.kind != "flash2":
             raise MeasureError(f"block_q/block_kv for kind={self.kind!r}: only flash2's tiles can be chosen")
+        if self.window is not None:
+            if self.kind not in ("flash2", "flash3") or len(self.window) != 2:
+                raise MeasureError(f"window={self.window!r} for kind={self.kind!r}: a (left, right) window is "
+                                   "flash2's and flash3's")
+            object.__setattr__(self, "window", tuple(self.window))  # a list from JSON
 
     def _check_dtype(self) -> None:
         """fp16 or bf16, except the fp8 kinds: "fp8" and one of the fp8 kernels' head dims."""

@@ -103,8 +103,9 @@ def prepare_attention(run: Attention, torch):
     if run.kind in BACKWARD_KINDS:
         return _prepare_backward(run, torch, (q, k, v), g)
     if run.kind in ("flash2", "naive", "flash3"):
-        tiles = gpu.AttentionOptions(block_q=run.block_q, block_kv=run.block_kv) if run.kind == "flash2" else None
-        return lambda: gpu.attention(q, k, v, schedule=run.kind, causal=run.causal, options=tiles)
+        tiles = {"block_q": run.block_q, "block_kv": run.block_kv} if run.kind == "flash2" else {}
+        opts = gpu.AttentionOptions(**tiles, window=run.window)
+        return lambda: gpu.attention(q, k, v, schedule=run.kind, causal=run.causal, options=opts)
     sdpa = _sdpa(run, torch, q, k, v)
     return lambda: sdpa()[0]
 
