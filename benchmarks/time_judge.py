@@ -24,6 +24,7 @@ from pathlib import Path
 from iosim.problem import AttentionProblem, InputWarning
 from iosim.simulate import predict_time, simulate
 from iosim.timing import load_kernel, overlap
+from iosim.validation import window_text
 
 SCHEDULE = {"iosim-flash2": "flash2", "iosim-naive": "naive", "fa2": "flash2", "cudnn": "flash3", "fa3": "flash3",
             "iosim-flash2-bwd": "flash2", "fa2-bwd": "flash2", "cudnn-bwd": "flash2", "iosim-flash3-bwd": "flash3",
@@ -34,10 +35,11 @@ BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.0
           "iosim-flash3-bwd": (0.05, 0.15),  # the backward's: issue 26's
           "iosim-decode": (0.05, 0.15),  # issue 28's
           "iosim-flash3": (0.05, 0.15),  # as fa3, our flash3 forward under another name (the record times it fp8)
-          "iosim-flash3 fp8": (0.05, 0.15), "cudnn fp8": (0.05, 0.15)}  # issue 27's, the fp8 groups (group())
-PARTS = ("backward", "decode", "fp8")  # <device>-time-<part>.json judged beside the forward record, where measured
+          "iosim-flash3 fp8": (0.05, 0.15), "cudnn fp8": (0.05, 0.15),  # issue 27's, the fp8 groups (group())
+          "iosim-flash2 window": (0.05, 0.15), "iosim-flash3 window": (0.05, 0.15)}  # issue 28's, sliding windows
+PARTS = ("backward", "decode", "fp8", "window")  # <device>-time-<part>.json judged beside the forward record
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
-           "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens")
+           "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens", "window")
 
 
 def simulate_row(row: dict, profile: str, run: str | float = "record"):
@@ -52,6 +54,8 @@ def simulate_row(row: dict, profile: str, run: str | float = "record"):
         tc = desc.tiles_for(p.head_dim, p.dtype)  # an fp8 row: the description's fp8 tiles, where it lists them
         bq, bkv = tc.block_q, tc.block_kv
     decode = {"kv_lens": row.get("kv_lens"), "page_size": row.get("page_size")} if desc.family == "decode" else {}
+    if row.get("window") is not None:  # a sliding window (left, right), the window part's rows
+        decode["window"] = tuple(row["window"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InputWarning)
         return simulate(SCHEDULE[kernel], p, profile, block_q=bq, block_kv=bkv, kernel=kernel, l2=True, warm=True,
@@ -66,8 +70,10 @@ def comparable(row: dict) -> bool:
 
 
 def group(row: dict) -> str:
-    """Which verdict a row counts toward: its kernel, or for an fp8 row its kernel and " fp8" (a kernel's fp8 rows are
-    judged apart from its bf16 and fp16 ones, by their own bound)."""
+    """Which verdict a row counts toward: its kernel, or for an fp8 row its kernel and " fp8", for a windowed row its
+    kernel and " window" (judged apart from the kernel's dense rows, by their own bound)."""
+    if row.get("window") is not None:
+        return f"{row['kernel']} window"
     return f"{row['kernel']} fp8" if row["dtype"] == "fp8" else row["kernel"]
 
 
@@ -117,7 +123,8 @@ def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "
         out_rows.append((row["kernel"], data["device"], profile, row["batch"], row["heads"], row["kv_heads"],
                          row["seq_len"], row["kv_len"], row["head_dim"], row["dtype"], str(row["causal"]).lower(),
                          bq if bq is not None else "", bkv if bkv is not None else "", f"{pred:.6e}", f"{meas:.6e}",
-                         row.get("page_size") or "", ";".join(map(str, row.get("kv_lens") or []))))
+                         row.get("page_size") or "", ";".join(map(str, row.get("kv_lens") or [])),
+                         window_text(row.get("window"))))
     out = root / "docs/validation" / f"{device}-time{'-heldout' if part == 'heldout' else ''}.csv"
     with out.open("w", newline="") as f:
         w = csv.writer(f)

@@ -121,15 +121,16 @@ def test_varlen_moves_less_than_the_batch_padded_to_its_longest_sequence():
     assert packed.total_flops < padded.total_flops / 4
 
 
-def test_simulate_takes_window_and_seqlens_and_says_which_models_are_dense_only():
+def test_simulate_takes_window_and_seqlens_and_says_which_models_are_one_sequences():
     p = AttentionProblem(seq_len=4096, head_dim=128, causal=True)
     r = simulate("flash2", p, window=(511, 0))
     # the L2 model walks the windowed program: K and V once from DRAM (they fit in L2), far less than global
     assert r.hbm_model.startswith("l2-lru") and r.traffic["hbm"]["read_bytes"] < r.traffic["global"]["read_bytes"]
-    assert r.time.kernel == "roofline"
+    assert r.time.kernel == "iosim-flash2"  # the fa2 model visits each Q block's K/V range
     assert r.to_json()["tiles_by_pass"]["forward"]["window"] == [511, 0]
     v = simulate("flash2", AttentionProblem(seq_len=300, head_dim=64), seqlens=[100, 200])
     assert v.hbm_model.startswith("none: flash2 with packed sequences") and v.traffic["hbm"] == v.traffic["global"]
+    assert v.time.kernel == "roofline"  # packed sequences: the kernel models are one sequence's
     assert v.tiles.seqlens == ((100, 100), (200, 200))
 
 

@@ -18,6 +18,8 @@ on an SM run out of phase and hide part of one another's step: the SM's step for
 stream's work does not hide under the first's). A Q block visiting n_i K/V blocks takes t_i = prologue + n_i·T_step
 + epilogue; thread blocks are placed on the SMs' k slots in launch order (causal imbalance and the last wave fall
 out of the placement), and the kernel takes the longer of that and its DRAM bytes over DRAM bandwidth, plus a launch.
+With a sliding window (the tiles' ``window``) n_i is the Q block's K/V range (:func:`iosim.blocks.kv_block_range`),
+as kernels/flash_fwd.cu's Local instantiations visit it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import cdiv, makespan, n_kv_blocks_visible
+from ..blocks import cdiv, kv_block_range, makespan, n_kv_blocks_visible
 from ..counts import KernelCounts
 from ..hardware.gpu import Profile
 from ..launch import flash_smem_bytes, resident_blocks
@@ -97,14 +99,23 @@ def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileC
     return StepParts(ldm, mma, soft, load, t)
 
 
+def visits(p: AttentionProblem, Br: int, Bc: int, window: tuple[int | None, int | None] | None = None) -> np.ndarray:
+    """K/V blocks each Q block of one head visits: those its rows see (causal), within a sliding ``window``."""
+    i = np.arange(cdiv(p.seq_len, Br))
+    if window is None:
+        return np.asarray(n_kv_blocks_visible(i, Br, Bc, p.seq_len, p.kv_len, p.causal), dtype=float).reshape(-1)
+    lo, hi = np.array([kv_block_range(int(x), Br, Bc, p.seq_len, p.kv_len, p.causal, window) for x in i],
+                      dtype=float).reshape(-1, 2).T
+    return np.maximum(hi - lo, 0.0)
+
+
 def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates,
-                latency: float = 0.0) -> np.ndarray:
+                latency: float = 0.0, window: tuple[int | None, int | None] | None = None) -> np.ndarray:
     """Seconds of each Q block of one head with ``k`` blocks resident per SM; ``latency``: one dependent load (its
-    Q_i and first K/V tile wait for two: nothing of the block hides them)."""
-    Br, Bc, d, e, N, Nk = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, p.seq_len, p.kv_len
-    Tr = cdiv(N, Br)
-    i = np.arange(Tr)
-    n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=float).reshape(-1)
+    Q_i and first K/V tile wait for two: nothing of the block hides them); ``window``: a sliding window's K/V
+    ranges."""
+    Br, Bc, d, e = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes
+    n = visits(p, Br, Bc, window)
     per_sm_l2 = r.l2 / r.sms
     t_step = step(Br, Bc, d, e, k, desc, tc, r).step_s  # a ragged Q block still runs whole mma tiles
     prologue = k * (Br + 2 * Bc) * d * e / per_sm_l2 + r.block_s + 2 * latency  # Q_i and the first K/V tile
@@ -129,15 +140,17 @@ def tiles_of(desc: KernelDesc, head_dim: int, block_q: int | None, block_kv: int
     return out if listed else out.model_copy(update={"q_in_registers": block_q // desc.warps <= 16})
 
 
-def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], tc: TileConfig) -> KernelTime:
-    """The time of ``kernel`` at tiles ``tc``, its DRAM (read, write) bytes ``dram``, and its parts."""
+def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], tc: TileConfig,
+                window: tuple[int | None, int | None] | None = None) -> KernelTime:
+    """The time of ``kernel`` at tiles ``tc``, its DRAM (read, write) bytes ``dram``, and its parts; ``window``: the
+    call's sliding window (None: dense)."""
     p, desc, r, latency = c.problem, c.desc, c.rates, c.latency
     k = residency(tc, desc, p.head_dim, p.elem_bytes, c.profile)
     heads = p.n_heads_total
     grid = cdiv(p.seq_len, tc.block_q) * heads
     if grid < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
         k = max(1, math.ceil(grid / r.sms))
-    per_head = block_times(p, desc, tc, k, r, latency)
+    per_head = block_times(p, desc, tc, k, r, latency, window)
     order = launch_order(per_head, heads, desc, p.causal)
     blocks = makespan(order, r.sms * k)
     memory = r.dram_s(*dram)
@@ -148,9 +161,8 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
              "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,
              "step_load": sp.load_s, "step": sp.step_s}
     bound = "dram" if memory > blocks else _step_bound(sp, k)
-    visits = n_kv_blocks_visible(np.arange(cdiv(p.seq_len, tc.block_q)), tc.block_q, tc.block_kv, p.seq_len,
-                                 p.kv_len, p.causal)
-    smem = smem_bytes_moved(p, tc, desc.warps, grid, float(np.sum(visits)) * heads)
+    steps = float(np.sum(visits(p, tc.block_q, tc.block_kv, window))) * heads
+    smem = smem_bytes_moved(p, tc, desc.warps, grid, steps)
     return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": bound}, smem)
 
 

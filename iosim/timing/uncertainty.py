@@ -46,8 +46,11 @@ __all__ = ["ALL", "NO_RECORD", "POOLED", "UNCALIBRATED", "band", "groups", "quan
            "table"]
 
 
-def regime(kernel: str, seq_len: int, kv_len: int, causal: bool) -> str:
-    """``decode`` (a short forward against a longer K/V), ``causal`` or ``non-causal``."""
+def regime(kernel: str, seq_len: int, kv_len: int, causal: bool, windowed: bool = False) -> str:
+    """``window`` (a sliding window's call), ``decode`` (a short forward against a longer K/V), ``causal`` or
+    ``non-causal``."""
+    if windowed:
+        return "window"
     if not kernel.endswith("-bwd") and seq_len <= DECODE_MAX_ROWS and seq_len < kv_len:
         return "decode"
     return "causal" if causal else "non-causal"
@@ -79,7 +82,7 @@ def groups(folder: str | None = None) -> dict[tuple[str, str, str], tuple[float,
                     continue
                 ratio = float(r["measured_s"]) / float(r["predicted_s"])
                 reg = regime(r["kernel"], int(r["seq_len"]), int(r["kv_len"] or r["seq_len"]),
-                             r["causal"].strip().lower() == "true")
+                             r["causal"].strip().lower() == "true", bool(r.get("window")))
                 kernel = record_kernel(r["kernel"], r.get("dtype"))
                 for scope in (r["profile"], POOLED):
                     for g in (reg, ALL):
@@ -92,7 +95,7 @@ def _profiles(folder: str | None) -> list[str]:
 
 
 def band(kernel: str, profile: str, problem, predicted_s: float, folder: str | None = None,
-         calibrated: bool = True) -> Uncertainty:
+         calibrated: bool = True, windowed: bool = False) -> Uncertainty:
     """The band of ``predicted_s`` for ``kernel`` on ``profile`` (a name) and ``problem`` (seq_len, kv_len,
     causal; dtype, where given: fp8 takes the kernel's fp8 rows): that profile's record if it has one, else all
     records pooled; the regime's rows, else the kernel's.
@@ -103,7 +106,7 @@ def band(kernel: str, profile: str, problem, predicted_s: float, folder: str | N
     recorded = _profiles(folder)
     scope = profile if profile in recorded else POOLED
     device = profile if scope == profile else f"{POOLED}: {', '.join(recorded)}"
-    reg = regime(kernel, problem.seq_len, problem.kv_len, problem.causal)
+    reg = regime(kernel, problem.seq_len, problem.kv_len, problem.causal, windowed)
     kernel = record_kernel(kernel, getattr(problem, "dtype", None))
     for key in ((scope, kernel, reg), (scope, kernel, ALL)):
         ratios = g.get(key, ())
