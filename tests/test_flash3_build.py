@@ -5,6 +5,7 @@ from __future__ import annotations
 from iosim import launch
 from iosim._resources import kernels_dir
 from iosim.gpu import build, build_fp8, flash3_host
+from iosim.launch import flash3_schedule
 
 
 def test_every_flash3_tile_has_an_instantiation_per_dtype_and_mask():
@@ -77,24 +78,33 @@ def _loads(sched, blocks, cost):
 
 def test_causal_schedule_covers_every_tile_once_and_evens_out_the_blocks():
     B, N, H, G = 1, 16384, 16, 132  # Tr = 128 tiles a head against 132 blocks: the snake leaves 1.53x there
-    sched = flash3_host.tile_schedule(B, N, N, H, 128, 128, True, G)
+    sched = flash3_schedule.tile_schedule(B, N, N, H, 128, 128, True, G)
     assert sched is not None and len(sched) == G + 1 + 128 * H
     assert sorted(sched[G + 1:]) == list(range(128 * H)) and sched[0] == 0 and sched[G] == 128 * H
 
     def cost(t):
-        return flash3_host.kv_blocks(127 - t % 128, N, N, 128, 128, True) + 1
+        return flash3_schedule.kv_blocks(127 - t % 128, N, N, 128, 128, True) + 1
 
     loads = _loads(sched, G, cost)
     assert max(loads) / (sum(loads) / G) < 1.02
 
 
 def test_non_causal_and_balanced_shapes_keep_the_kernels_own_order():
-    assert flash3_host.tile_schedule(4, 4096, 4096, 16, 128, 128, False, 132) is None
-    assert flash3_host.tile_schedule(16, 1024, 1024, 16, 128, 128, True, 132) is None  # the snake is as good here
+    assert flash3_schedule.tile_schedule(4, 4096, 4096, 16, 128, 128, False, 132) is None
+    assert flash3_schedule.tile_schedule(16, 1024, 1024, 16, 128, 128, True, 132) is None  # the snake is as good here
+
+
+def test_block_tiles_are_the_snake_or_the_host_schedule_and_cover_every_tile_once():
+    snake = flash3_schedule.block_tiles(1, 1000, 1000, 2, 128, 128, False, 5)  # 16 tiles on 5 blocks
+    assert snake[0] == [0, 9, 10] and snake[4] == [4, 5, 14, 15]  # round 1 reversed: block 4 takes tile 5
+    assert sorted(t for ts in snake for t in ts) == list(range(16))
+    host = flash3_schedule.block_tiles(1, 16384, 16384, 16, 128, 128, True, 132)
+    assert sorted(t for ts in host for t in ts) == list(range(128 * 16))
+    assert host != flash3_schedule.snake(128 * 16, 132)  # the causal 16K shape takes the host's greedy schedule
 
 
 def test_kv_blocks_skips_tiles_right_of_the_diagonal_bottom_right_aligned():
-    assert flash3_host.kv_blocks(0, 256, 256, 128, 128, True) == 1
-    assert flash3_host.kv_blocks(1, 256, 256, 128, 128, True) == 2
-    assert flash3_host.kv_blocks(0, 300, 100, 128, 128, True) == 0  # rows 0..127 see keys j <= i - 200: none
-    assert flash3_host.kv_blocks(0, 100, 1000, 128, 128, False) == 8
+    assert flash3_schedule.kv_blocks(0, 256, 256, 128, 128, True) == 1
+    assert flash3_schedule.kv_blocks(1, 256, 256, 128, 128, True) == 2
+    assert flash3_schedule.kv_blocks(0, 300, 100, 128, 128, True) == 0  # rows 0..127 see keys j <= i - 200: none
+    assert flash3_schedule.kv_blocks(0, 100, 1000, 128, 128, False) == 8

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from iosim import launch
-from iosim.blocks import assign
+from iosim.launch.flash3_schedule import tile_schedule
 
 # CUtensorMapDataType / CUtensorMapSwizzle / CUtensorMapL2promotion values (cuda.h, CUDA 12.0+)
 _TMA_DTYPE = {"float16": 6, "bfloat16": 9, "e4m3": 0}  # e4m3: UINT8 (TMA moves bytes)
@@ -128,49 +128,6 @@ def _encode(name: str, ptr: int, dtype: str, dims_: tuple[int, ...], box_: tuple
     _maps[key] = m = np.frombuffer(raw, dtype=_tensor_map_dtype())[0]
     return m
 
-
-def kv_blocks(m_block: int, seq_len: int, kv_len: int, block_q: int, block_kv: int, causal: bool) -> int:
-    """K/V tiles that Q tile ``m_block`` visits (mirrors kv_blocks() in kernels/flash3_fwd.cu)."""
-    n = -(-kv_len // block_kv)
-    if causal:
-        last_key = min((m_block + 1) * block_q, seq_len) - 1 + (kv_len - seq_len)
-        n = min(n, 0 if last_key < 0 else last_key // block_kv + 1)
-    return n
-
-
-def tile_schedule(batch: int, seq_len: int, kv_len: int, heads: int, block_q: int, block_kv: int, causal: bool,
-                  blocks: int) -> list[int] | None:
-    """Which Q tiles each block of the persistent grid runs, as CSR: ``[offsets (blocks + 1)..., tiles...]``, or
-    None where the kernel's own snake order is as good (non-causal: every tile costs the same).
-
-    Tiles are numbered as in the kernel (t = x + Tr * (h + H * b), causal m = Tr - 1 - x, heaviest first within a
-    head) and cost their K/V steps + 1 (the fixed cost of a tile). Greedy in list order: each tile goes to the block
-    that frees first, what a dynamic scheduler does, so blocks stay within a head or two of each other (K/V shared in
-    L2) and the busiest block ends near the mean (1.005x at N = 16384, d = 128, where the snake gives 1.53x). The snake
-    is kept unless the model's busiest block shrinks by SCHEDULE_MIN_GAIN."""
-    if not causal:
-        return None
-    Tr = -(-seq_len // block_q)
-    T = Tr * heads * batch
-    cost = [kv_blocks(Tr - 1 - (t % Tr), seq_len, kv_len, block_q, block_kv, True) + 1 for t in range(Tr)]
-    snake_load = [0] * blocks
-    for r in range(-(-T // blocks)):
-        for x in range(blocks):
-            t = r * blocks + (blocks - 1 - x if r & 1 else x)
-            if t < T:
-                snake_load[x] += cost[t % Tr]
-    per_block, loads = assign((cost[t % Tr] for t in range(T)), blocks)
-    if max(loads) * SCHEDULE_MIN_GAIN > max(snake_load):
-        return None
-    offsets = [0]
-    for tiles in per_block:
-        offsets.append(offsets[-1] + len(tiles))
-    return offsets + [t for tiles in per_block for t in tiles]
-
-
-# the host schedule replaces the snake only where the model's busiest block shrinks by this factor: at d=64
-# N=8192/16384 it predicted 1.03x -> 1.00x and measured 3-7% slower (H100, docs/kernels.md v5)
-SCHEDULE_MIN_GAIN = 1.10
 
 _schedules: dict[tuple, Any] = {}
 

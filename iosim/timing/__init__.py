@@ -158,7 +158,8 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     if desc.family == "fa3":
         model = fa3.HopperModel(tensor_efficiency=_wgmma_efficiency(r, c.profile, p.dtype),
                                 overlap_loss=overlap.OVERLAP_LOSS)
-        k = fa3.kernel_time(kernels[0], p, work.tiles, c.profile, model)
+        placement = "iosim" if desc.launch_order == "persistent-iosim" else "dynamic"
+        k = fa3.kernel_time(kernels[0], p, work.tiles, c.profile, model, placement)
         return [replace(k, predicted_s=k.predicted_s + r.first_launch_s() + 3 * c.latency)]  # Q, first K/V; drain
     dram = (sum(x[0] for x in work.hbm), sum(x[1] for x in work.hbm))
     window = getattr(work.tiles, "window", None)

@@ -15,11 +15,17 @@ So one K/V step of a thread block costs the *largest* of its parts, not their su
     t_step    = max(t_gemm, t_softmax, t_load)          (overlap=True; FA2-style overlap=False: t_gemm + t_softmax)
 
 The GEMMs and the softmax run whole tiles past a ragged end (wgmma's shapes are fixed, and both consumer
-warpgroups run every step of a Q tile): a sequence of 777 tokens costs them what 896 do.
+warpgroups run every step of a Q tile): a sequence of 777 tokens costs them what 896 do. A warpgroup whose 64 rows
+straddle an edge of the tile (the causal diagonal, a window's bounds, the keys' ragged end) first runs a mask pass,
+MASK_OPS fp32-lane operations a score (kernels/flash3_fwd.cu's ``need_mask``), which lengthens that step's softmax:
+a window of a few tiles masks most of its steps, a long causal row one or two of many (:func:`masked_steps`).
 
 and a thread block takes  t_first + Σ_j t_step + t_last: the prologue (load Q_i and the first K/V tile,
 then the first QKᵀ, which nothing hides) and the epilogue (the last P·V, O / l, and the store of O).
-Thread blocks are placed on the SMs longest first (FA3's persistent scheduler), and the kernel takes the
+Thread blocks are placed on the SMs longest first (FA3's persistent scheduler), or for iosim's kernel
+(``launch_order: persistent-iosim``) where its launch places them (:mod:`iosim.launch.flash3_schedule`: a snake
+over the tile list, or a causal call's host schedule: a window's tiles, alike but for the first ones of each head,
+do not even out in the snake as they would under a dynamic scheduler), and the kernel takes the
 longer of that schedule and the memory system's floor: global bytes over the L2 bandwidth, and the
 compulsory bytes (Q, K, V read once, O and L written once) over DRAM bandwidth, because FA3's scheduler
 keeps a head's K and V in L2 while its Q blocks run (hopper/tile_scheduler.hpp, "L2 swizzling").
@@ -44,6 +50,7 @@ import numpy as np
 from ..blocks import cdiv, kv_block_range, makespan
 from ..counts import KernelCounts
 from ..hardware.gpu import Profile
+from ..launch.flash3_schedule import block_tiles
 from ..problem import ELEMENT_BYTES, STAT_BYTES, AttentionProblem
 from ..schedules import flash3_fp8
 from .estimate import KernelTime
@@ -60,6 +67,38 @@ class HopperModel:
     overlap_loss: float = 0.0
     """With ``overlap``: the share of the shorter of GEMM and softmax that does not hide under the longer (0: a
     perfect ping-pong; iosim.timing passes its fitted OVERLAP_LOSS)."""
+
+
+MASK_OPS = 3  # lane operations per masked score: two compares against the row's bounds (hoisted per row), a select
+WARPGROUP_ROWS = 64  # query rows of one consumer warpgroup (Br = 128: two)
+
+
+def masked_steps(p: AttentionProblem, Br: int, Bc: int, window: tuple[int | None, int | None] | None,
+                 lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Warpgroup-steps of each Q tile (visiting K/V tiles ``lo .. hi - 1``) that run the mask pass, as
+    kernels/flash3_fwd.cu decides it for a warpgroup's rows r0 .. r0 + 63: its K/V tile reaches past the last key a
+    row sees (the diagonal or the window's right bound, or the keys' end) or starts before the first key the last of
+    the 64 rows sees (the window's left bound). A window unbounded on both sides is the plain mask, (None, 0) the
+    causal one; any other runs the Local instantiation, an unbounded side as the kernel takes it (left kv_len, right
+    seq_len)."""
+    off = p.kv_len - p.seq_len
+    causal = p.causal or window == (None, 0)
+    local = window is not None and window not in ((None, None), (None, 0))
+    left = right = None
+    if local:
+        left = p.kv_len if window[0] is None else min(window[0], p.kv_len)
+        right = p.seq_len if window[1] is None else min(window[1], p.seq_len)
+    elif causal:
+        right = 0
+    total = np.zeros(len(lo))
+    for cw in range(Br // WARPGROUP_ROWS):
+        r0 = np.arange(len(lo)) * Br + cw * WARPGROUP_ROWS
+        edge = np.full(len(lo), p.kv_len - 1) if right is None else np.minimum(p.kv_len - 1, r0 + off + right)
+        first_right = (edge - Bc + 1) // Bc + 1  # tiles from here on pass the right edge
+        last_left = -((left - r0 - 63 - off) // Bc) if left is not None else np.full(len(lo), -(1 << 40))  # ceil
+        a, c = np.clip(first_right, lo, hi), np.clip(last_left, lo, hi)
+        total += (c - lo) + (hi - np.maximum(a, c))
+    return total
 
 
 def _rates(profile: Profile, dtype: str, model: HopperModel) -> dict[str, float]:
@@ -108,15 +147,19 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
         load = 2 * keys * d * b / r["l2"]
         return gemm, softmax, load
 
-    def step(keys):
+    def step(keys, mask=0.0):
         g, s, ld = parts(keys)
+        s = s + mask
         if not model.overlap:
             return np.maximum(g + s, ld)
         return np.maximum(np.maximum(g, s) + model.overlap_loss * np.minimum(g, s), ld)
 
     g_tile, s_tile, l_full = parts(Bc)
     _, _, l_last = parts(last)
-    steady = np.where(n > 0, np.maximum(n - 1, 0) * step(Bc) + step(last), 0.0)
+    # a masked warpgroup-step: its softmax longer by the mask pass over its 64 rows (linear in the masked count)
+    per_mask = step(Bc, MASK_OPS * WARPGROUP_ROWS * Bc / r["alu"]) - step(Bc)
+    masks = masked_steps(p, Br, Bc, window, lo, hi)
+    steady = np.where(n > 0, np.maximum(n - 1, 0) * step(Bc) + step(last) + masks * per_mask, 0.0)
     first = np.where(n > 0, br * d * b / r["l2"] + np.where(n > 1, l_full, l_last) + g_tile / 2, 0.0)
     epilogue = g_tile / 2 + br * d * (4 / r["alu"] + ob / r["l2"])  # last P·V; O / l; store O (its rows)
     t = np.where(n > 0, first + steady + epilogue, br * d * ob / r["l2"])  # a Q block that sees no key: store zeros
@@ -125,10 +168,25 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
     return t, sums
 
 
+def placed(per_block: np.ndarray, p: AttentionProblem, tiles, sms: int, placement: str) -> float:
+    """When the last SM ends, each Q tile of every head taking ``per_block[m]`` seconds (m its Q block): placed
+    longest first on the free SM ("dynamic"), or as kernels/flash3_fwd.cu's launch places them ("iosim": tile t =
+    x + Tr * head, causal m = Tr - 1 - x; a window runs the kernel's Local instantiation, not its causal one)."""
+    durations = np.tile(per_block, p.n_heads_total)
+    if placement == "dynamic":
+        return makespan(durations, sms, longest_first=True)
+    causal = p.causal and getattr(tiles, "window", None) is None
+    order = np.tile(per_block[::-1] if causal else per_block, p.n_heads_total)  # duration of tile t
+    blocks = min(len(order), sms)
+    per_sm = block_tiles(p.batch, p.seq_len, p.kv_len, p.heads, tiles.block_q, tiles.block_kv, causal, blocks)
+    return float(max(order[ts].sum() for ts in per_sm if ts)) if len(order) else 0.0
+
+
 def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile: Profile,
-                model: HopperModel = HopperModel()) -> KernelTime:
+                model: HopperModel = HopperModel(), placement: str = "dynamic") -> KernelTime:
     """The time of ``kernel`` (flash3_fwd, as counted), its parts and its bound; the L2 bandwidth's absence (the
-    loads then cost no time) is named in the roofline's ``unmodeled`` beside it."""
+    loads then cost no time) is named in the roofline's ``unmodeled`` beside it; ``placement``: where the tiles run
+    (:func:`placed`)."""
     p = problem
     layout = isinstance(tiles, flash3_fp8.Fp8LayoutTiles)  # iosim's fp8 kernel: O in bf16, its own compulsory bytes
     out_bytes = ELEMENT_BYTES[flash3_fp8.OUTPUT_DTYPE] if layout else None
@@ -137,7 +195,7 @@ def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile:
     r = _rates(profile, p.dtype, model)
     sms = r["sms"]
     heads = p.n_heads_total
-    pipeline = makespan(np.tile(per_block, heads), sms, longest_first=True)  # FA3's persistent scheduler
+    pipeline = placed(per_block, p, tiles, sms, placement)
     k = kernel
     b, d = p.elem_bytes, p.head_dim
     compulsory = heads * (2 * p.seq_len * d * b + p.seq_len * STAT_BYTES) + p.batch * p.kv_heads * 2 * p.kv_len * d * b

@@ -106,7 +106,10 @@ class KernelDesc(_Strict):
         default="expand", description="backward, grouped-query heads: a block per query head, dK and dV summed "
         "after ('expand', FlashAttention-2), or a block per kv head summing its group ('grouped', iosim's kernel)")
     warps: int = Field(ge=1, le=32, description="warps per thread block")
-    launch_order: Literal["in-order", "causal-longest-first", "persistent"] = "in-order"
+    launch_order: Literal["in-order", "causal-longest-first", "persistent", "persistent-iosim"] = "in-order"
+    # persistent: a dynamic tile scheduler (each tile to the block that frees first, longest first: FA3's);
+    # persistent-iosim: kernels/flash3_fwd.cu's own assignment (iosim.launch.flash3_schedule: the snake, or the
+    # host's greedy schedule of a causal call)
     tiles: dict[int, TileConfig] = Field(default_factory=dict, description="head_dim -> tiles")
     split_kv: SplitKV | None = Field(default=None, description="the split-KV kernel used for decode (seq_len small)")
     fold_gqa_decode: bool = Field(default=False, description="one query with grouped-query heads runs with the "

@@ -1,0 +1,77 @@
+"""The persistent grid of kernels/flash3_fwd.cu: which Q tiles each thread block runs.
+
+The kernel numbers its tiles t = x + Tr * (h + H * b) (Q tiles of one head fastest; causal m = Tr - 1 - x, heaviest
+first) and, by default, hands them out in a **snake**: round r gives block x tile r * G + x, reversed on odd rounds
+(G blocks). A causal call may bring a schedule computed here instead (:func:`tile_schedule`: greedy, each tile to
+the block that frees first), where it shrinks the busiest block enough. The launch (:mod:`iosim.gpu.flash3_host`)
+and the time model (:mod:`iosim.timing.fa3`, our kernel's description) both take the assignment from here, so the
+time model places the tiles where the kernel does.
+"""
+
+from __future__ import annotations
+
+from ..blocks import assign
+
+
+def snake(tiles: int, blocks: int) -> list[list[int]]:
+    """The tiles each of ``blocks`` blocks runs in the kernel's own order (the snake: tile r * G + x in round r,
+    G - 1 - x on odd rounds)."""
+    out: list[list[int]] = [[] for _ in range(blocks)]
+    for r in range(-(-tiles // blocks)):
+        for x in range(blocks):
+            t = r * blocks + (blocks - 1 - x if r & 1 else x)
+            if t < tiles:
+                out[x].append(t)
+    return out
+
+
+def block_tiles(batch: int, seq_len: int, kv_len: int, heads: int, block_q: int, block_kv: int, causal: bool,
+                blocks: int) -> list[list[int]]:
+    """The tiles each block runs for a call, as the launch hands them out: the host schedule where
+    :func:`tile_schedule` gives one, else the snake. ``causal``: the kernel's causal instantiation (a sliding
+    window runs the Local one: False)."""
+    sched = tile_schedule(batch, seq_len, kv_len, heads, block_q, block_kv, causal, blocks)
+    T = -(-seq_len // block_q) * heads * batch
+    if sched is None:
+        return snake(T, blocks)
+    offsets, tiles = sched[:blocks + 1], sched[blocks + 1:]
+    return [tiles[offsets[x]:offsets[x + 1]] for x in range(blocks)]
+
+
+def kv_blocks(m_block: int, seq_len: int, kv_len: int, block_q: int, block_kv: int, causal: bool) -> int:
+    """K/V tiles that Q tile ``m_block`` visits (mirrors kv_blocks() in kernels/flash3_fwd.cu)."""
+    n = -(-kv_len // block_kv)
+    if causal:
+        last_key = min((m_block + 1) * block_q, seq_len) - 1 + (kv_len - seq_len)
+        n = min(n, 0 if last_key < 0 else last_key // block_kv + 1)
+    return n
+
+
+def tile_schedule(batch: int, seq_len: int, kv_len: int, heads: int, block_q: int, block_kv: int, causal: bool,
+                  blocks: int) -> list[int] | None:
+    """Which Q tiles each block of the persistent grid runs, as CSR: ``[offsets (blocks + 1)..., tiles...]``, or
+    None where the kernel's own snake order is as good (non-causal: every tile costs the same).
+
+    Tiles are numbered as in the kernel (t = x + Tr * (h + H * b), causal m = Tr - 1 - x, heaviest first within a
+    head) and cost their K/V steps + 1 (the fixed cost of a tile). Greedy in list order: each tile goes to the block
+    that frees first, what a dynamic scheduler does, so blocks stay within a head or two of each other (K/V shared in
+    L2) and the busiest block ends near the mean (1.005x at N = 16384, d = 128, where the snake gives 1.53x). The snake
+    is kept unless the model's busiest block shrinks by SCHEDULE_MIN_GAIN."""
+    if not causal:
+        return None
+    Tr = -(-seq_len // block_q)
+    T = Tr * heads * batch
+    cost = [kv_blocks(Tr - 1 - (t % Tr), seq_len, kv_len, block_q, block_kv, True) + 1 for t in range(Tr)]
+    snake_load = [sum(cost[t % Tr] for t in tiles) for tiles in snake(T, blocks)]
+    per_block, loads = assign((cost[t % Tr] for t in range(T)), blocks)
+    if max(loads) * SCHEDULE_MIN_GAIN > max(snake_load):
+        return None
+    offsets = [0]
+    for tiles in per_block:
+        offsets.append(offsets[-1] + len(tiles))
+    return offsets + [t for tiles in per_block for t in tiles]
+
+
+# the host schedule replaces the snake only where the model's busiest block shrinks by this factor: at d=64
+# N=8192/16384 it predicted 1.03x -> 1.00x and measured 3-7% slower (H100, docs/kernels.md v5)
+SCHEDULE_MIN_GAIN = 1.10
