@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
     // Round r gives block x tile r * gridDim.x + x, in reverse on odd rounds (a snake): causal tiles shrink along
     // the list, so a heavy tile in one round is paired with a light one in the next and the blocks' sums of work
     // even out (a plain stride left some blocks with 3x the work of others at N = 16384, v2).
-    // Causal calls may instead bring a schedule computed on the host (iosim/gpu/flash3_host.py tile_schedule: greedy,
+    // Causal calls may instead bring a schedule computed on the host (iosim/launch/flash3_schedule.py: greedy,
     // each tile to the block that frees first; CSR: gridDim.x + 1 offsets, then the tiles).
     // tile_at(i): this block's i-th tile; -1 past its last, -2 for a snake slot past the end of the list.
     auto tile_at = [&](int i) -> int {

@@ -117,13 +117,13 @@ def test_flash3_says_clearly_it_needs_hopper():
 def test_flash3_causal_with_the_host_tile_schedule(shape, dtype):
     """Causal shapes where the host's greedy tile schedule replaces the snake (on a 132-SM H100/H200)."""
     from iosim import launch
-    from iosim.gpu import flash3_host
+    from iosim.launch.flash3_schedule import tile_schedule
 
     B, N, Nk, H, Hk = shape
     sms = int(_cp().cuda.Device().attributes["MultiProcessorCount"])
     G = min(launch.flash3_tiles(B, N, H), sms)
     if sms == 132:
-        assert flash3_host.tile_schedule(B, N, Nk, H, 128, 128, True, G) is not None
+        assert tile_schedule(B, N, Nk, H, 128, 128, True, G) is not None
     rng = seeded_rng()
     host, dev = rand_inputs(rng, B, N, Nk, H, Hk, 128, dtype)
     o, lse = run(*dev, dtype, causal=True, schedule="flash3")
