@@ -53,6 +53,8 @@ def simulate_row(row: dict, profile: str, run: str | float = "record"):
     if desc.tiles:
         tc = desc.tiles_for(p.head_dim, p.dtype)  # an fp8 row: the description's fp8 tiles, where it lists them
         bq, bkv = tc.block_q, tc.block_kv
+    if row.get("block_q"):  # the tiles the kernel ran, where the row says (a window's flash2: its Local tiles)
+        bq, bkv = row["block_q"], row["block_kv"]
     decode = {"kv_lens": row.get("kv_lens"), "page_size": row.get("page_size")} if desc.family == "decode" else {}
     if row.get("window") is not None:  # a sliding window (left, right), the window part's rows
         decode["window"] = tuple(row["window"])

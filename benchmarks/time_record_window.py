@@ -27,6 +27,9 @@ from pathlib import Path
 
 from time_record import PROFILE, device_header, time_call  # beside this file
 
+from iosim.launch import FLASH3_TILES
+from iosim.launch.varlen import mask_of, varlen_default_tiles
+
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = {"iosim-flash2": "flash2", "iosim-flash3": "flash3"}  # row name -> iosim.gpu.attention's schedule
 AGREE = 2e-2  # bf16: the two kernels' outputs agree within this (max |difference|, O of unit-variance inputs)
@@ -64,9 +67,19 @@ def sweep() -> list[WindowShape]:
             WindowShape(1, 16, 16, 8192, 128, (256, 256), causal=False), WindowShape(2, 8, 8, 3000, 128, (700, 0))]
 
 
+def tiles_of(s: WindowShape, kernel: str) -> tuple[int, int]:
+    """The tiles the kernel runs the window at, by the launch's own rule: flash2's Local instantiation takes the varlen
+    kernel's tiles (64 x 64 at d = 128), flash3 its one tile per head dim."""
+    if kernel == "iosim-flash3":
+        return FLASH3_TILES[s.head_dim]
+    return varlen_default_tiles(s.head_dim, mask_of(s.causal, s.window).local)
+
+
 def row_of(s: WindowShape, kernel: str) -> dict:
-    """The fields of a row the judge (time_judge.simulate_row) reads."""
-    return {**asdict(s), "window": list(s.window), "kv_len": s.kv_len, "kernel": kernel}
+    """The fields of a row the judge (time_judge.simulate_row) reads, the kernel's tiles among them."""
+    bq, bkv = tiles_of(s, kernel)
+    return {**asdict(s), "window": list(s.window), "kv_len": s.kv_len, "kernel": kernel, "block_q": bq,
+            "block_kv": bkv}
 
 
 def measure(device: str, reps: int) -> dict:
@@ -86,6 +99,9 @@ def measure(device: str, reps: int) -> dict:
             gpu.attention(q, k, v, schedule=schedule, causal=s.causal,
                           options=gpu.AttentionOptions(window=s.window, out=out))
             outs[name] = out
+            ran = gpu.last_launch().tiles
+            if (ran["block_q"], ran["block_kv"]) != tiles_of(s, name):
+                sys.exit(f"{s.key} {name}: the kernel ran tiles {ran}, the record says {tiles_of(s, name)}")
         diff = float((outs["iosim-flash2"].float() - outs["iosim-flash3"].float()).abs().max())
         ok = diff < AGREE  # a NaN left anywhere fails too
         failed += not ok
