@@ -16,9 +16,10 @@ So one K/V step of a thread block costs the *largest* of its parts, not their su
 
 The GEMMs and the softmax run whole tiles past a ragged end (wgmma's shapes are fixed, and both consumer
 warpgroups run every step of a Q tile): a sequence of 777 tokens costs them what 896 do. A warpgroup whose 64 rows
-straddle an edge of the tile (the causal diagonal, a window's bounds, the keys' ragged end) first runs a mask pass,
-MASK_OPS fp32-lane operations a score (kernels/flash3_fwd.cu's ``need_mask``), which lengthens that step's softmax:
-a window of a few tiles masks most of its steps, a long causal row one or two of many (:func:`masked_steps`).
+straddle an edge of the tile (the causal diagonal, a window's bounds, the keys' ragged end) first runs a mask pass
+(kernels/flash3_fwd.cu's ``need_mask``), MASK_OPS instructions a score by the instantiation (plain, causal, Local),
+which lengthens that step's softmax: a window of a few tiles masks most of its steps, a long causal row one or two
+of many (:func:`masked_steps`).
 
 and a thread block takes  t_first + Σ_j t_step + t_last: the prologue (load Q_i and the first K/V tile,
 then the first QKᵀ, which nothing hides) and the epilogue (the last P·V, O / l, and the store of O).
@@ -69,7 +70,27 @@ class HopperModel:
     perfect ping-pong; iosim.timing passes its fitted OVERLAP_LOSS)."""
 
 
-MASK_OPS = 3  # lane operations per masked score: two compares against the row's bounds (hoisted per row), a select
+MASK_OPS: dict[str, dict[int, float]] = {"plain": {64: 2.06, 128: 2.06, 256: 2.12},
+                                          "causal": {64: 3.12, 128: 3.12, 256: 3.38},
+                                          "local": {64: 7.0, 128: 7.12, 256: 8.38}}
+"""SASS instructions of the mask pass per masked score, by instantiation (plain: the keys' ragged end only; causal;
+Local: a window) and head dim: ``python benchmarks/flash3_mask_sass.py`` (the kernel as shipped against a copy whose
+pass is compiled out, cuobjdump -sass; nvcc 13, sm_90a, 2026-11-27; fp16 and bf16 alike). Priced at the fp32
+instruction rate; the fp8 instantiations (the same source) and other FA3-design kernels (cuDNN, FA3's) are taken
+to mask as these do."""
+
+
+def mask_kind(p: AttentionProblem, window: tuple[int | None, int | None] | None) -> str:
+    """Which of the kernel's instantiations a call runs, as its mask goes (iosim.launch.varlen.mask_of)."""
+    if window is not None and window not in ((None, None), (None, 0)):
+        return "local"
+    return "causal" if p.causal or window == (None, 0) else "plain"
+
+
+def mask_ops(kind: str, head_dim: int) -> float:
+    """MASK_OPS of ``kind`` at ``head_dim`` (the nearest instantiation at or above it, else the largest)."""
+    table = MASK_OPS[kind]
+    return table[min((d for d in table if d >= head_dim), default=max(table))]
 WARPGROUP_ROWS = 64  # query rows of one consumer warpgroup (Br = 128: two)
 
 
@@ -157,7 +178,7 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
     g_tile, s_tile, l_full = parts(Bc)
     _, _, l_last = parts(last)
     # a masked warpgroup-step: its softmax longer by the mask pass over its 64 rows (linear in the masked count)
-    per_mask = step(Bc, MASK_OPS * WARPGROUP_ROWS * Bc / r["alu"]) - step(Bc)
+    per_mask = step(Bc, mask_ops(mask_kind(p, window), d) * WARPGROUP_ROWS * Bc / r["alu"]) - step(Bc)
     masks = masked_steps(p, Br, Bc, window, lo, hi)
     steady = np.where(n > 0, np.maximum(n - 1, 0) * step(Bc) + step(last) + masks * per_mask, 0.0)
     first = np.where(n > 0, br * d * b / r["l2"] + np.where(n > 1, l_full, l_last) + g_tile / 2, 0.0)
