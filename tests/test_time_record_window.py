@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import load_benchmark
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from iosim import AttentionProblem, simulate
@@ -70,7 +70,8 @@ def test_windowed_rows_are_their_own_regime():
 @given(n=st.integers(1, 900), nk=st.integers(1, 900), bc=st.sampled_from([64, 128, 192]), causal=st.booleans(),
        left=st.one_of(st.none(), st.integers(0, 700)), right=st.one_of(st.none(), st.integers(0, 700)),
        windowed=st.booleans())
-@settings(max_examples=60, deadline=None)
+@example(n=127, nk=64, bc=64, causal=False, left=0, right=None, windowed=True)  # right unbounded: seq_len, not kv_len
+@settings(max_examples=200, deadline=None)
 def test_masked_steps_are_the_kernels_need_mask_counted(n, nk, bc, causal, left, right, windowed):
     """fa3.masked_steps against kernels/flash3_fwd.cu's need_mask evaluated for every (Q tile, K/V tile, warpgroup)."""
     p = AttentionProblem(seq_len=n, kv_len=nk, head_dim=64, causal=causal)
@@ -82,7 +83,7 @@ def test_masked_steps_are_the_kernels_need_mask_counted(n, nk, bc, causal, left,
     # unbounded side reaches the kernel as UNBOUNDED, which it caps at kv_len (left) and seq_len (right)
     local = window is not None and window not in ((None, None), (None, 0))
     dense_causal = causal or window == (None, 0)
-    wl, wr = (min(nk if w is None else w, cap) for w, cap in zip(window, (nk, n))) if local else (0, 0)
+    wl, wr = (min(cap if w is None else w, cap) for w, cap in zip(window, (nk, n))) if local else (0, 0)
     for i in range(len(lo)):
         want = 0
         for j in range(lo[i], hi[i]):
