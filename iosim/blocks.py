@@ -78,6 +78,17 @@ def kv_block_range(i: int, Br: int, Bc: int, N: int, Nk: int, causal: bool,
     return lo, hi
 
 
+def kv_block_ranges(N: int, Nk: int, Br: int, Bc: int, causal: bool,
+                    window: tuple[int | None, int | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of :func:`kv_block_range` for every Q block, int64 arrays (an empty range: hi <= lo)."""
+    Tr = cdiv(N, Br)
+    if window is None:  # from block 0: the vectorized count
+        hi = np.asarray(n_kv_blocks_visible(np.arange(Tr), Br, Bc, N, Nk, causal), dtype=np.int64).reshape(Tr)
+        return np.zeros(Tr, dtype=np.int64), hi
+    ranges = np.array([kv_block_range(i, Br, Bc, N, Nk, causal, window) for i in range(Tr)], dtype=np.int64)
+    return ranges.reshape(-1, 2)[:, 0], ranges.reshape(-1, 2)[:, 1]
+
+
 @dataclass(frozen=True)
 class VisitSums:
     """Sums over the visited (Q block i, K/V block j) pairs that every tiled closed form is made of.
@@ -142,7 +153,7 @@ def _visit_sums_scalar(N: int, Nk: int, Br: int, Bc: int, causal: bool) -> Visit
 def _visit_sums_window(N: int, Nk: int, Br: int, Bc: int, causal: bool, window) -> VisitSums:
     """visit_sums where each Q block visits the K/V blocks of :func:`kv_block_range` (from ``lo``, not from 0)."""
     Tr = cdiv(N, Br)
-    ranges = [kv_block_range(i, Br, Bc, N, Nk, causal, window) for i in range(Tr)]
+    ranges = list(zip(*(a.tolist() for a in kv_block_ranges(N, Nk, Br, Bc, causal, window)), strict=True))
     br = [min((i + 1) * Br, N) - i * Br for i in range(Tr)]
     n = [max(0, hi - lo) for lo, hi in ranges]
     cols = [min(hi * Bc, Nk) - lo * Bc if hi > lo else 0 for lo, hi in ranges]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import cdiv, kv_block_range, n_kv_blocks_visible
+from ..blocks import cdiv, kv_block_ranges
 from ..problem import AttentionProblem
 from ..schedules import Tiles
 from .atoms import _access_bytes, atomize
@@ -110,14 +110,8 @@ def flash2_program(p: AttentionProblem, t: Tiles, kv_order: str = "forward") -> 
     N, Nk, Br, Bc = p.seq_len, p.kv_len, t.block_q, t.block_kv
     Tr = cdiv(N, Br)
     i = np.arange(Tr, dtype=np.int64)
-    window = getattr(t, "window", None)
-    if window is None:
-        lo = np.zeros(Tr, dtype=np.int64)
-        n = np.asarray(n_kv_blocks_visible(i, Br, Bc, N, Nk, p.causal), dtype=np.int64).reshape(Tr)
-    else:
-        lo, hi = np.array([kv_block_range(int(x), Br, Bc, N, Nk, p.causal, window) for x in i],
-                          dtype=np.int64).reshape(-1, 2).T
-        n = np.maximum(hi - lo, 0)
+    lo, hi = kv_block_ranges(N, Nk, Br, Bc, p.causal, getattr(t, "window", None))
+    n = np.maximum(hi - lo, 0)
     seen = n > 0
     cnt = np.where(seen, 5, 2)  # Q, K, V, O, lse, or O, lse
     ptr = np.zeros(Tr + 1, dtype=np.int64)

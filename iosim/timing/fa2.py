@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import cdiv, kv_block_range, makespan, n_kv_blocks_visible
+from ..blocks import cdiv, kv_block_ranges, makespan
 from ..counts import KernelCounts
 from ..hardware.gpu import Profile
 from ..launch import flash_smem_bytes, resident_blocks
@@ -101,12 +101,8 @@ def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileC
 
 def visits(p: AttentionProblem, Br: int, Bc: int, window: tuple[int | None, int | None] | None = None) -> np.ndarray:
     """K/V blocks each Q block of one head visits: those its rows see (causal), within a sliding ``window``."""
-    i = np.arange(cdiv(p.seq_len, Br))
-    if window is None:
-        return np.asarray(n_kv_blocks_visible(i, Br, Bc, p.seq_len, p.kv_len, p.causal), dtype=float).reshape(-1)
-    lo, hi = np.array([kv_block_range(int(x), Br, Bc, p.seq_len, p.kv_len, p.causal, window) for x in i],
-                      dtype=float).reshape(-1, 2).T
-    return np.maximum(hi - lo, 0.0)
+    lo, hi = kv_block_ranges(p.seq_len, p.kv_len, Br, Bc, p.causal, window)
+    return np.maximum(hi - lo, 0).astype(float)
 
 
 def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates,

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import cdiv, kv_block_range, makespan
+from ..blocks import cdiv, kv_block_ranges, makespan
 from ..counts import KernelCounts
 from ..hardware.gpu import Profile
 from ..launch.flash3_schedule import block_tiles
@@ -91,6 +91,8 @@ def mask_ops(kind: str, head_dim: int) -> float:
     """MASK_OPS of ``kind`` at ``head_dim`` (the nearest instantiation at or above it, else the largest)."""
     table = MASK_OPS[kind]
     return table[min((d for d in table if d >= head_dim), default=max(table))]
+
+
 WARPGROUP_ROWS = 64  # query rows of one consumer warpgroup (Br = 128: two)
 
 
@@ -102,21 +104,21 @@ def masked_steps(p: AttentionProblem, Br: int, Bc: int, window: tuple[int | None
     the 64 rows sees (the window's left bound). A window unbounded on both sides is the plain mask, (None, 0) the
     causal one; any other runs the Local instantiation, an unbounded side as the kernel takes it (left kv_len, right
     seq_len)."""
-    off = p.kv_len - p.seq_len
-    causal = p.causal or window == (None, 0)
-    local = window is not None and window not in ((None, None), (None, 0))
+    off, kind = p.kv_len - p.seq_len, mask_kind(p, window)
     left = right = None
-    if local:
+    if kind == "local":
         left = p.kv_len if window[0] is None else min(window[0], p.kv_len)
         right = p.seq_len if window[1] is None else min(window[1], p.seq_len)
-    elif causal:
+    elif kind == "causal":
         right = 0
+    last_row = WARPGROUP_ROWS - 1
     total = np.zeros(len(lo))
     for cw in range(Br // WARPGROUP_ROWS):
         r0 = np.arange(len(lo)) * Br + cw * WARPGROUP_ROWS
         edge = np.full(len(lo), p.kv_len - 1) if right is None else np.minimum(p.kv_len - 1, r0 + off + right)
         first_right = (edge - Bc + 1) // Bc + 1  # tiles from here on pass the right edge
-        last_left = -((left - r0 - 63 - off) // Bc) if left is not None else np.full(len(lo), -(1 << 40))  # ceil
+        last_left = (-((left - r0 - last_row - off) // Bc) if left is not None  # ceil: tiles before this miss keys
+                     else np.full(len(lo), -(1 << 40)))
         a, c = np.clip(first_right, lo, hi), np.clip(last_left, lo, hi)
         total += (c - lo) + (hi - np.maximum(a, c))
     return total
@@ -153,8 +155,7 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
     Tr = cdiv(N, Br)
     i = np.arange(Tr)
     br = (np.minimum((i + 1) * Br, N) - i * Br).astype(float)
-    ranges = [kv_block_range(int(x), Br, Bc, N, Nk, p.causal, window) for x in i]
-    lo, hi = np.array(ranges, dtype=float).reshape(-1, 2).T
+    lo, hi = (x.astype(float) for x in kv_block_ranges(N, Nk, Br, Bc, p.causal, window))
     n = np.maximum(hi - lo, 0)
     cols = np.where(n > 0, np.minimum(hi * Bc, Nk) - lo * Bc, 0)  # keys streamed
     last = cols - np.maximum(n - 1, 0) * Bc  # keys in the last visited block (ragged or full)
@@ -196,7 +197,7 @@ def placed(per_block: np.ndarray, p: AttentionProblem, tiles, sms: int, placemen
     durations = np.tile(per_block, p.n_heads_total)
     if placement == "dynamic":
         return makespan(durations, sms, longest_first=True)
-    causal = p.causal and getattr(tiles, "window", None) is None
+    causal = mask_kind(p, getattr(tiles, "window", None)) == "causal"
     order = np.tile(per_block[::-1] if causal else per_block, p.n_heads_total)  # duration of tile t
     blocks = min(len(order), sms)
     per_sm = block_tiles(p.batch, p.seq_len, p.kv_len, p.heads, tiles.block_q, tiles.block_kv, causal, blocks)
