@@ -67,12 +67,17 @@ def sweep() -> list[WindowShape]:
             WindowShape(1, 16, 16, 8192, 128, (256, 256), causal=False), WindowShape(2, 8, 8, 3000, 128, (700, 0))]
 
 
+def window_tiles(schedule: str, head_dim: int, causal: bool, window: tuple[int | None, int | None]) -> tuple[int, int]:
+    """The tiles our ``schedule`` ("flash2" or "flash3") runs a windowed call at, by the launch's own rule: flash2's
+    Local instantiation takes the varlen kernel's tiles (64 x 64 at d = 128), flash3 its one tile per head dim."""
+    if schedule == "flash3":
+        return FLASH3_TILES[head_dim]
+    return varlen_default_tiles(head_dim, mask_of(causal, window).local)
+
+
 def tiles_of(s: WindowShape, kernel: str) -> tuple[int, int]:
-    """The tiles the kernel runs the window at, by the launch's own rule: flash2's Local instantiation takes the varlen
-    kernel's tiles (64 x 64 at d = 128), flash3 its one tile per head dim."""
-    if kernel == "iosim-flash3":
-        return FLASH3_TILES[s.head_dim]
-    return varlen_default_tiles(s.head_dim, mask_of(s.causal, s.window).local)
+    """The tiles ``kernel`` (a row's name) runs shape ``s`` at."""
+    return window_tiles(KERNELS[kernel], s.head_dim, s.causal, s.window)
 
 
 def row_of(s: WindowShape, kernel: str) -> dict:

@@ -38,19 +38,13 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+from time_record_window import window_tiles
 from validation_fp8 import dry_run as fp8_dry_run  # beside this file
 from validation_fp8 import fp8_checks, fp8_sweep, notes
 
 from iosim.hardware.gpu import get_profile
 from iosim.l2 import L2Inputs, simulate_l2
-from iosim.launch import (
-    FLASH3_TILES,
-    FLASH_BWD_TILES,
-    FLASH_DEFAULT_TILES,
-    backward_launch_model,
-    launch_model,
-    resident_blocks,
-)
+from iosim.launch import FLASH_BWD_TILES, backward_launch_model, launch_model, resident_blocks
 from iosim.measure import Attention, Options, measure
 from iosim.measure.records import Measured, merge_repeats, read_records
 from iosim.problem import AttentionProblem
@@ -212,8 +206,7 @@ def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
         (bq, bkv), variant = fa2_tiles(m.kernels[0]["kernel"]), "fa2"
     schedule = run.kind if run.kind in ("naive", "flash3") else "flash2"
     prof = get_profile(profile)
-    window = getattr(run, "window", None)
-    r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv, l2=False, window=window)  # global; hbm: simulate_l2
+    r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv, l2=False, window=run.window)  # global; hbm: simulate_l2
     regs = [k.get("registers_per_thread") for k in m.kernels]
     lm = launch_model(schedule, p, r.tiles, variant=variant, registers=regs)
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
@@ -241,7 +234,7 @@ def _checks(m: Measured, profile: str, r, l2, tiles: tuple[int, int]) -> list[Ch
     out = []
     for (b, d), sim in simulated.items():
         launches = tuple(int(x[f"dram_{d}_bytes"]) for x in m.launches) if b == "hbm" else ()
-        out.append(Check(*base, b, d, int(sim), int(measured[(b, d)]), launches, getattr(run, "window", None)))
+        out.append(Check(*base, b, d, int(sim), int(measured[(b, d)]), launches, run.window))
     return out
 
 
@@ -347,10 +340,11 @@ def dry_run(part: str, profile: str, repeat: int) -> None:
 
 
 def window_dry_run(profile: str, repeat: int) -> None:
-    """The window part's problems simulated at our kernels' default tiles (global, and hbm from the L2 model)."""
+    """The window part's problems simulated at the tiles our kernels run them at (global, and hbm from the L2
+    model)."""
     prof = get_profile(profile)
     for run in window_sweep():
-        bq, bkv = (FLASH3_TILES if run.kind == "flash3" else FLASH_DEFAULT_TILES)[run.head_dim]
+        bq, bkv = window_tiles(run.kind, run.head_dim, run.causal, run.window)
         p = AttentionProblem.make(batch=run.batch, heads=run.heads, kv_heads=run.kv_heads, seq_len=run.seq_len,
                                   kv_len=run.kv_len, head_dim=run.head_dim, dtype=run.dtype, causal=run.causal)
         r = simulate(run.kind, p, prof, block_q=bq, block_kv=bkv, l2=False, window=run.window)
