@@ -27,8 +27,6 @@
 //       wholly right of it are loaded (the schedule counts them) but not multiplied.
 //   v2.1 S and P rows at a pitch of 16 bytes (row_pitch): where N_kv was not a multiple of 8 the three kernels fell
 //       back to 2-byte accesses and the softmax to one row per block, 2.7x slower at N = 777 (docs/kernels.md).
-//   v2.2 a warp of (1) or (3) whose 32 rows all lie past seq_len skips its mma and its tile rows are not zero-filled
-//       (naive_live_rows): at one query row (decode) 6 of 8 warps multiplied zeros, issue-bound (docs/kernels.md).
 #include "common.cuh"
 
 namespace iosim {
@@ -54,10 +52,6 @@ __host__ __device__ constexpr int row_pitch(int kv_len) {
     return (kv_len + 7) & ~7;
 }
 
-// rows of a block's 128-row tile that its warps multiply: the `rows` real ones rounded up to the warps' 32-row slabs
-// (v2.2: a warp whose 32 rows are all past seq_len skips its mma; mirrored by iosim/launch/forward.py naive_live_rows)
-__host__ __device__ constexpr int naive_live_rows(int rows) { return (rows + 31) / 32 * 32; }
-
 namespace naive_detail {
 
 // element offset of 16-byte chunk c (8 elements) of row r in a swizzled tile of D elements per row (flash_fwd.cu's):
@@ -74,16 +68,14 @@ __device__ __forceinline__ int swz(int r, int c) {
 }
 
 // cp.async chunks [C0, C1) of each of ROWS rows (row stride `gstride` elements) into a swizzled tile; rows >= nrows and
-// chunks starting at or past ncols elements are zero-filled (their source is clamped to the tile origin, never read);
-// rows >= nfill are left alone (no warp reads them: live_rows).
+// chunks starting at or past ncols elements are zero-filled (their source is clamped to the tile origin, never read).
 template <int ROWS, int D, int C0, int C1, typename T>
-__device__ __forceinline__ void load_async(T* s, const T* g, long long gstride, int nrows, int ncols, int tid,
-                                           int nfill = ROWS) {
+__device__ __forceinline__ void load_async(T* s, const T* g, long long gstride, int nrows, int ncols, int tid) {
     constexpr int W = C1 - C0, TOTAL = ROWS * W;
 #pragma unroll
     for (int it = 0; it < (TOTAL + kNaiveThreads - 1) / kNaiveThreads; ++it) {
         const int idx = it * kNaiveThreads + tid;
-        if ((TOTAL % kNaiveThreads == 0 || idx < TOTAL) && idx / W < nfill) {
+        if (TOTAL % kNaiveThreads == 0 || idx < TOTAL) {
             const int r = idx / W, c = C0 + idx % W;
             const bool ok = r < nrows && c * 8 < ncols;
             const T* src = g + (ok ? r * gstride + c * 8 : 0);
@@ -244,13 +236,11 @@ __global__ void __launch_bounds__(kNaiveThreads, 2)
     // causal: every key of the tile lies right of every row's diagonal, S_ij is -inf throughout; Q_i and K_j are still
     // loaded (the schedule counts them) but not multiplied
     const bool masked_tile = Causal && n0 > m0 + BM - 1 + offset;
-    const int live = naive_live_rows(rows);  // rows its warps multiply: warp rows wholly past seq_len skip the mma
-    const bool multiply = !masked_tile && wm * 32 < live;
 
-    load_async<BM, D, 0, C / 2>(sQ, qg, q_stride, rows, D, tid, live);
+    load_async<BM, D, 0, C / 2>(sQ, qg, q_stride, rows, D, tid);
     load_async<BN, D, 0, C / 2>(sK, kg, kv_stride, cols, D, tid);
     cp_async_commit();
-    load_async<BM, D, C / 2, C>(sQ, qg, q_stride, rows, D, tid, live);
+    load_async<BM, D, C / 2, C>(sQ, qg, q_stride, rows, D, tid);
     load_async<BN, D, C / 2, C>(sK, kg, kv_stride, cols, D, tid);
     cp_async_commit();
 
@@ -259,10 +249,10 @@ __global__ void __launch_bounds__(kNaiveThreads, 2)
 
     cp_async_wait<1>();  // the first half of the head dims has landed
     __syncthreads();
-    if (multiply) mma_abt<D, MT, NT, 0, KD / 2>(acc, sQ, wm * 32, sK, wn * 64, lane);
+    if (!masked_tile) mma_abt<D, MT, NT, 0, KD / 2>(acc, sQ, wm * 32, sK, wn * 64, lane);
     cp_async_wait<0>();
     __syncthreads();
-    if (multiply) mma_abt<D, MT, NT, KD / 2, KD>(acc, sQ, wm * 32, sK, wn * 64, lane);
+    if (!masked_tile) mma_abt<D, MT, NT, KD / 2, KD>(acc, sQ, wm * 32, sK, wn * 64, lane);
     __syncthreads();  // every warp is done reading sQ and sK: sS overwrites them
 
     // scale, mask, round to T, stage: fragment element e of (mt, nt) is row g + 8 (e >> 1), column 2 t4 + (e & 1)
@@ -417,15 +407,13 @@ __global__ void __launch_bounds__(kNaiveThreads, D >= 256 ? 1 : 2)
     const int rows = min(BM, seq_len - m0);
     const int n_blocks = (kv_len + BK - 1) / BK;
     const int last_key = causal ? m0 + rows - 1 + kv_len - seq_len : kv_len - 1;  // the block's last visible key
-    const int live = naive_live_rows(rows);  // rows its warps multiply: warp rows wholly past seq_len skip the mma
-    const bool multiply = wm * 32 < live;
 
     // tile j of P (rows x 64 keys) and of V (64 keys x D) into ring slot `slot`
     auto load_tile = [&](int j, int slot) {
         T* dP = sP + slot * BM * BK;
         const T* srcP = pg + j * BK;
         const int keys = kv_len - j * BK;
-        load_async<BM, BK, 0, BK / 8>(dP, srcP, pitch, rows, keys, tid, live);
+        load_async<BM, BK, 0, BK / 8>(dP, srcP, pitch, rows, keys, tid);
         load_async<BK, D, 0, D / 8>(sV + slot * BK * D, vg + (long long)j * BK * kv_stride, kv_stride, keys, D, tid);
     };
 
@@ -452,7 +440,7 @@ __global__ void __launch_bounds__(kNaiveThreads, D >= 256 ? 1 : 2)
         const T* sVs = sV + stage * BK * D;
         stage = (stage + 1 == Stages) ? 0 : stage + 1;
         fill = (fill + 1 == Stages) ? 0 : fill + 1;
-        if (j * BK > last_key || !multiply) continue;  // causal: P_ij = 0 (block-uniform); a dead warp (warp-uniform)
+        if (j * BK > last_key) continue;  // causal: P_ij = 0 (block-uniform)
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
             unsigned a[MT][4];

@@ -81,10 +81,9 @@ NAIVE_TILES: dict[str, dict[str, int]] = {
     # keys in steps of 64 through a ring of naive_pv_stages(d) cp.async buffers
     "pv": {"block_m": 128, "block_k": 64, "threads": 256},
 }
-NAIVE_WARP_ROWS = 32  # both GEMMs' 8 warps: 4 along a tile's 128 rows (32 each) x 2 along its columns
-# registers per thread (ptxas, nvcc 13.0, sm_90, naive.cu v2.2, 2026-11-27): head dim -> (qk, pv)
+# registers per thread (ptxas, nvcc 13.0, sm_90, naive.cu v2.1, 2026-11-27): head dim -> (qk, pv)
 # (qk: the larger of causal and not; __launch_bounds__(256, 2) caps qk and pv at d <= 128 to 128)
-NAIVE_REGISTERS: dict[int, tuple[int, int]] = {32: (106, 82), 64: (125, 100), 128: (128, 126), 256: (128, 247)}
+NAIVE_REGISTERS: dict[int, tuple[int, int]] = {32: (126, 85), 64: (128, 102), 128: (128, 127), 256: (128, 252)}
 NAIVE_REGISTERS_DEFAULT = (128, 128)
 # the softmax's, by chunks of a row per thread (naive_softmax_chunks; the larger of fp16 and bf16; the keys are the
 # instantiations iosim.gpu.build compiles): up to 4 chunks fit the 64 that __launch_bounds__(256, 4) allows
@@ -94,13 +93,6 @@ NAIVE_SOFTMAX_REGISTERS: dict[int, int] = {1: 47, 2: 54, 4: 63, 8: 93}
 def naive_pv_stages(head_dim: int) -> int:
     """Depth of naive_pv's cp.async ring of P and V tiles (mirrors naive_pv_stages() in kernels/naive.cu)."""
     return 2 if head_dim >= 256 else 3
-
-
-def naive_live_rows(rows: int) -> int:
-    """Rows of a 128-row tile that naive.cu's qk and pv warps multiply (v2.2): its ``rows`` real ones rounded up to the
-    warps' 32-row slabs; a warp whose rows all lie past seq_len skips its mma (mirrors naive_live_rows() in
-    kernels/naive.cu)."""
-    return cdiv(rows, NAIVE_WARP_ROWS) * NAIVE_WARP_ROWS
 
 
 def naive_qk_smem_bytes(head_dim: int, itemsize: int = 2) -> int:

@@ -32,7 +32,6 @@ import numpy as np
 from ..blocks import cdiv, n_kv_blocks_visible
 from ..counts import KernelCounts
 from ..launch import NAIVE_TILES, launch_model, naive_softmax_rows_per_block, resident_blocks
-from ..launch import NAIVE_WARP_ROWS as WARP_ROWS
 from ..problem import AttentionProblem
 from ..schedules import Tiles
 from ..schedules import naive as naive_schedule
@@ -41,7 +40,7 @@ from .estimate import Conditions, KernelTime
 from .rates import Rates
 
 SOFTMAX_OPS = 6  # fp32 operations per score: max pass, subtract-scale, sum, normalize, two conversions
-WARPS_N = 2  # kernels/naive.cu: both GEMMs' 8 warps, 4 along the rows (WARP_ROWS each) x 2 along the columns
+WARPS_M, WARPS_N = 4, 2  # kernels/naive.cu: both GEMMs' 8 warps, 4 along the rows (32 each) x 2 along the columns
 
 
 @dataclass(frozen=True)
@@ -69,20 +68,13 @@ class Block:
                 self.unit: k * self.steps * shared_compute_s, "store": k * self.store_s}
 
 
-def _live_rows(p: AttentionProblem, bm: int) -> np.ndarray:
-    """Rows each 128-row tile's warps multiply: its real rows rounded up to the warps' 32-row slabs (naive.cu v2.2; a
-    warp whose rows all lie past seq_len skips its mma, so one query row keeps 2 of the 8 warps at work)."""
-    real = np.minimum(bm, p.seq_len - bm * np.arange(cdiv(p.seq_len, bm)))
-    return cdiv(real, WARP_ROWS) * WARP_ROWS
-
-
-def _tile_flops(p: AttentionProblem, i: int) -> tuple[float, float]:
-    """FLOPs one block's tensor cores run (whole 32-row slabs of its tile), and the warps that run them: the mean
-    over the grid's row tiles."""
-    t = NAIVE_TILES["qk" if i == 0 else "pv"]
-    live = float(np.mean(_live_rows(p, t["block_m"])))
-    keys = t["block_n"] if i == 0 else cdiv(p.kv_len, t["block_k"]) * t["block_k"]
-    return 2.0 * live * keys * p.head_dim, live / WARP_ROWS * WARPS_N
+def _tile_flops(p: AttentionProblem, i: int) -> float:
+    """FLOPs one block's tensor cores run: its whole tile (128 rows even where fewer are real)."""
+    if i == 0:
+        t = NAIVE_TILES["qk"]
+        return 2.0 * t["block_m"] * t["block_n"] * p.head_dim
+    t = NAIVE_TILES["pv"]
+    return 2.0 * t["block_m"] * cdiv(p.kv_len, t["block_k"]) * t["block_k"] * p.head_dim
 
 
 def _grid(p: AttentionProblem, i: int, k: KernelCounts) -> int:
@@ -94,9 +86,9 @@ def _grid(p: AttentionProblem, i: int, k: KernelCounts) -> int:
 
 
 def _block(p: AttentionProblem, i: int, k: KernelCounts, grid: int, r: Rates, dram: tuple[float, float],
-           latency: float) -> tuple[Block, float]:
-    """Kernel ``i``'s thread block, and the work of its compute phase (one step): FLOPs of a GEMM (at the rate of
-    the warps that multiply), operations of the softmax. Loads and stores go at the block's SM's share of L2 bandwidth, or of DRAM bandwidth for the bytes
+           warps: int, latency: float) -> tuple[Block, float]:
+    """Kernel ``i``'s thread block, and the work of its compute phase (one step): FLOPs of a GEMM, operations of
+    the softmax. Loads and stores go at the block's SM's share of L2 bandwidth, or of DRAM bandwidth for the bytes
     the cache model sends to DRAM."""
     rd, wr = dram
     s, wait = r.sms, 2 * latency + r.block_s  # operands in, results out; the block's start
@@ -106,30 +98,28 @@ def _block(p: AttentionProblem, i: int, k: KernelCounts, grid: int, r: Rates, dr
         scores = p.n_heads_total * p.seq_len * p.kv_len / grid
         compute = scores / (r.ex2 / s) + SOFTMAX_OPS * scores / (r.alu / s)
         return Block(load, compute, store, wait, unit="softmax"), compute
-    flops, warps = _tile_flops(p, i)
+    flops = _tile_flops(p, i)
     steps = 1 if i == 0 else cdiv(p.kv_len, NAIVE_TILES["pv"]["block_k"])
     per_step = flops / steps
     return Block(load, per_step / (r.mma_at(warps) / s), store, wait, steps, in_phase=i == 0), per_step
 
 
 def _tiles(p: AttentionProblem, i: int) -> tuple[int, int, int, int]:
-    """GEMM kernel ``i``'s tile (rows, keys), its tiles loaded, and the rows its warps multiply summed over the
-    tiles multiplied: the causal mask's tiles wholly right of every row's diagonal are loaded (the schedule counts
-    them), not multiplied."""
+    """GEMM kernel ``i``'s tile (rows, keys) and its tiles loaded and multiplied: the causal mask's tiles wholly
+    right of every row's diagonal are loaded (the schedule counts them), not multiplied."""
     t = NAIVE_TILES["qk" if i == 0 else "pv"]
     bm, bk, heads = t["block_m"], t.get("block_n", t.get("block_k")), p.n_heads_total
     rows = cdiv(p.seq_len, bm)
-    visible = n_kv_blocks_visible(np.arange(rows), bm, bk, p.seq_len, p.kv_len, p.causal)
-    done_rows = int(np.sum(visible * _live_rows(p, bm))) * heads
-    return bm, bk, rows * cdiv(p.kv_len, bk) * heads, done_rows
+    done = int(np.sum(n_kv_blocks_visible(np.arange(rows), bm, bk, p.seq_len, p.kv_len, p.causal))) * heads
+    return bm, bk, rows * cdiv(p.kv_len, bk) * heads, done
 
 
 def tensor_flops(p: AttentionProblem, i: int) -> float:
-    """FLOPs kernel ``i``'s tensor cores run (the energy model's): its tiles multiplied, in whole 32-row slabs."""
+    """FLOPs kernel ``i``'s tensor cores run (the energy model's): its tiles multiplied, whole."""
     if i == 1:
         return 0.0
-    _, bk, _, done_rows = _tiles(p, i)
-    return float(done_rows * 2 * bk * p.head_dim)
+    bm, bk, _, done = _tiles(p, i)
+    return float(done * 2 * bm * bk * p.head_dim)
 
 
 def l2_bytes(p: AttentionProblem) -> list[float]:
@@ -144,18 +134,16 @@ def l2_bytes(p: AttentionProblem) -> list[float]:
 
 def smem_bytes(p: AttentionProblem, i: int) -> float:
     """Bytes through shared memory of kernel ``i`` (the energy model's): each GEMM tile's operands landed (cp.async)
-    and, where it is multiplied, read by the warps that multiply (warp (wm, wn) reads its 32 rows of A and its
-    columns of B: A by both warps of a slab, B by each live slab); S staged for its stores. The softmax's rows stay
-    in registers."""
+    and, where it is multiplied, read by the warps (warp (wm, wn) reads its 32 rows of A and its columns of B: A
+    twice, B four times); S staged for its stores. The softmax's rows stay in registers."""
     if i == 1:
         return 0.0
     d, e = p.head_dim, p.elem_bytes
-    bm, bk, loaded, done_rows = _tiles(p, i)
-    b_cols = bk if i == 0 else d  # B's rows: K_j's keys, or V's head dims
-    reads = (WARPS_N * done_rows + done_rows // WARP_ROWS * b_cols) * (d if i == 0 else bk) * e
+    bm, bk, loaded, done = _tiles(p, i)
     if i == 0:  # a tile: Q_i and K_j (bm x d, bk x d); S_ij staged (written, read)
-        return float(loaded * (bm + bk) * d * e + reads + loaded * 2 * bm * bk * e)
-    return float(loaded * (bm + d) * bk * e + reads)  # P and V tiles
+        return float(loaded * (bm + bk) * d * e + done * (WARPS_N * bm + WARPS_M * bk) * d * e
+                     + loaded * 2 * bm * bk * e)
+    return float(loaded * (bm + d) * bk * e + done * (WARPS_N * bm + WARPS_M * d) * bk * e)  # P and V tiles
 
 
 def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
@@ -173,8 +161,8 @@ def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
         grid = _grid(p, i, k)
         per_sm = min(max(1, total // r.sms), cdiv(grid, r.sms))  # a partial wave spreads over the SMs
         rounds = cdiv(grid, r.sms * per_sm)
-        blk, work = _block(p, i, k, grid, r, (rd, wr), latency)
-        shared = blk.compute_s if i == 1 else work / (r.mma_at(per_sm * _tile_flops(p, i)[1]) / r.sms)
+        blk, work = _block(p, i, k, grid, r, (rd, wr), threads // 32, latency)
+        shared = blk.compute_s if i == 1 else work / (r.mma_at(per_sm * threads // 32) / r.sms)
         limits = blk.limits(per_sm, shared)
         blocks = rounds * max(limits.values())
         memory = r.dram_s(rd, wr)

@@ -216,10 +216,6 @@ NAIVE_SHAPES = [
     # and 4097 above) and in shared memory (16385)
     (2, 777, 777, 2, 2),
     (1, 33, 16385, 2, 1),
-    # v2.2: warps whose 32 rows all lie past seq_len skip their mma: one query row (decode, 8:4 heads), a last tile
-    # of 33 rows (two slabs live, the second with one real row)
-    (2, 1, 8192, 8, 4),
-    (1, 161, 300, 2, 1),
 ]
 
 
