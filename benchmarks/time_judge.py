@@ -24,6 +24,7 @@ from pathlib import Path
 from iosim.problem import AttentionProblem, InputWarning
 from iosim.simulate import predict_time, simulate
 from iosim.timing import load_kernel, overlap
+from iosim.timing.uncertainty import seqlens_text
 from iosim.validation import window_text
 
 SCHEDULE = {"iosim-flash2": "flash2", "iosim-naive": "naive", "fa2": "flash2", "cudnn": "flash3", "fa3": "flash3",
@@ -37,10 +38,11 @@ BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.0
           "iosim-decode": (0.05, 0.15),  # issue 28's
           "iosim-flash3": (0.05, 0.15),  # as fa3, our flash3 forward under another name (the record times it fp8)
           "iosim-flash3 fp8": (0.05, 0.15), "cudnn fp8": (0.05, 0.15),  # issue 27's, the fp8 groups (group())
-          "iosim-flash2 window": (0.05, 0.15), "iosim-flash3 window": (0.05, 0.15)}  # issue 28's, sliding windows
-PARTS = ("backward", "decode", "fp8", "window")  # <device>-time-<part>.json judged beside the forward record
+          "iosim-flash2 window": (0.05, 0.15), "iosim-flash3 window": (0.05, 0.15),  # issue 28's, sliding windows
+          "iosim-flash2 varlen": (0.05, 0.15)}  # issue 28's, packed sequences
+PARTS = ("backward", "decode", "fp8", "window", "varlen")  # <device>-time-<part>.json judged beside the forward record
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
-           "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens", "window")
+           "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens", "window", "seqlens")
 
 
 def simulate_row(row: dict, profile: str, run: str | float = "record"):
@@ -57,8 +59,10 @@ def simulate_row(row: dict, profile: str, run: str | float = "record"):
     if row.get("block_q"):  # the tiles the kernel ran, where the row says (a window's flash2: its Local tiles)
         bq, bkv = row["block_q"], row["block_kv"]
     decode = {"kv_lens": row.get("kv_lens"), "page_size": row.get("page_size")} if desc.family == "decode" else {}
-    if row.get("window") is not None:  # a sliding window (left, right), the window part's rows
+    if row.get("window") is not None:  # a sliding window (left, right), the window and varlen parts' rows
         decode["window"] = tuple(row["window"])
+    if row.get("seqlens"):  # packed sequences, (queries, keys) each: the varlen part's rows
+        decode["seqlens"] = [tuple(x) for x in row["seqlens"]]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InputWarning)
         return simulate(SCHEDULE[kernel], p, profile, block_q=bq, block_kv=bkv, kernel=kernel, l2=True, warm=True,
@@ -74,7 +78,10 @@ def comparable(row: dict) -> bool:
 
 def group(row: dict) -> str:
     """Which verdict a row counts toward: its kernel, or for an fp8 row its kernel and " fp8", for a windowed row its
-    kernel and " window" (judged apart from the kernel's dense rows, by their own bound)."""
+    kernel and " window", for packed sequences its kernel and " varlen" (judged apart from the kernel's dense rows, by
+    their own bound)."""
+    if row.get("seqlens"):
+        return f"{row['kernel']} varlen"
     if row.get("window") is not None:
         return f"{row['kernel']} window"
     return f"{row['kernel']} fp8" if row["dtype"] == "fp8" else row["kernel"]
@@ -127,7 +134,7 @@ def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "
                          row["seq_len"], row["kv_len"], row["head_dim"], row["dtype"], str(row["causal"]).lower(),
                          bq if bq is not None else "", bkv if bkv is not None else "", f"{pred:.6e}", f"{meas:.6e}",
                          row.get("page_size") or "", ";".join(map(str, row.get("kv_lens") or [])),
-                         window_text(row.get("window"))))
+                         window_text(row.get("window")), seqlens_text(row.get("seqlens"))))
     out = root / "docs/validation" / f"{device}-time{'-heldout' if part == 'heldout' else ''}.csv"
     with out.open("w", newline="") as f:
         w = csv.writer(f)

@@ -18,6 +18,7 @@ from .blocks import cdiv
 from .counts import Counts
 from .hardware.gpu import Profile, get_profile
 from .l2 import L2ModelError, WalkOptions, simulate_l2, unsupported
+from .l2.packed import packed_dram
 from .launch import decode as launch_decode
 from .problem import AttentionProblem, InputWarning
 from .result import Result
@@ -150,6 +151,11 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
         out = replace(result, hbm_read=[r for r, _ in closed_dram], hbm_write=[w for _, w in closed_dram],
                       hbm_model=s.dram_model)
         return replace(out, time=predict_time(out))
+    if not too_big and result.pass_ == "forward" and getattr(result.tiles, "seqlens", ()):
+        packed = packed_dram(result.problem, result.tiles, result.profile,
+                             WalkOptions(exact=l2_exact, progress=l2_progress))
+        out = replace(result, hbm_read=[packed.read], hbm_write=[packed.write], hbm_model=packed.text)
+        return replace(out, time=predict_time(out))
     reason = too_big or unsupported(result.schedule, result.pass_, result.problem, result.tiles, result.counts)
     if reason:
         if strict:
@@ -222,8 +228,9 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     backward pass: "expand", the default, as FlashAttention-2; "grouped", as iosim's kernel:
     docs/schedules/backward.md), ``window`` (flash2's and flash3's forward: a sliding window (left, right), None for no
     bound on a side) and ``seqlens`` (flash2's forward: packed sequences, one length or a (queries, keys) pair each,
-    adding up to a batch-1 problem's seq_len and kv_len; the L2 model is dense-only, so ``hbm`` = ``global`` there,
-    and the time is the roofline's, except flash3's window, which the fa3 pipeline model times), ``incoherent`` (``"fp8-quantize"``, the kernels that write iosim's
+    adding up to a batch-1 problem's seq_len and kv_len: ``hbm`` from the L2 model walking each sequence alone
+    (:mod:`iosim.l2.packed`), the time from the fa2 model on the varlen grid, :func:`iosim.timing.fa2.packed_order`),
+    ``incoherent`` (``"fp8-quantize"``, the kernels that write iosim's
     fp8 layout, docs/schedules/flash3.md: Q and K rotated by a Hadamard transform first). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
     (:mod:`iosim.l2`) where it applies (the forward pass of naive, flash1, flash2, flash3; flash2's backward); ``l2=False``
     (``--no-l2``): ``hbm`` = ``global``, the papers' two-level view, without running the model (fast for huge

@@ -164,7 +164,8 @@ def unsupported(schedule: str, pass_: str, problem: AttentionProblem, tiles: Til
     if schedule not in ("naive", "flash1", "flash2", "flash3"):
         return f"schedule {schedule!r}: no launch geometry known to the L2 model"
     if getattr(tiles, "seqlens", ()):
-        return "flash2 with packed sequences: the L2 model's flash2 program is one sequence's (dense or windowed)"
+        return ("flash2 with packed sequences: the L2 model's flash2 program is one sequence's (dense or windowed); "
+                "iosim.l2.packed walks each sequence (simulate with l2=True does)")
     if schedule == "naive" and naive_tiles(problem, tiles) > MAX_NAIVE_TILES:
         return (f"naive: about {naive_tiles(problem, tiles):,} tiles of P at once in the L2 model (limit "
                 f"{MAX_NAIVE_TILES:,}); use larger tiles (block_q/block_kv: naive's own kernel takes 128)")

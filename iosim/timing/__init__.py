@@ -111,9 +111,11 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
     if desc is not None and kernel is None and desc.tiles and not any(d >= problem.head_dim for d in desc.tiles):
         desc = None  # the schedule's own kernel has no instantiation for this head_dim: the roofline stands
     windowed, packed = getattr(work.tiles, "window", None) is not None, getattr(work.tiles, "seqlens", ())
-    if packed or (windowed and (desc is None or desc.family not in ("fa2", "fa3"))):
-        desc = None  # packed sequences: the models' blocks are one sequence's, the roofline stands (a window's
-        # K/V block ranges: iosim.timing.fa2.block_times and iosim.timing.fa3.block_times)
+    if (packed and (desc is None or desc.family != "fa2")) or (
+            windowed and (desc is None or desc.family not in ("fa2", "fa3"))):
+        desc = None  # the roofline stands: packed sequences are the fa2 model's (the varlen grid,
+        # iosim.timing.fa2.packed_order), a window's K/V block ranges the fa2 and fa3 models'
+        # (iosim.timing.fa2.block_times and iosim.timing.fa3.block_times)
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline",
                        uncertainty=_band("roofline", profile, problem, roof.predicted_s, True),
@@ -130,7 +132,7 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
     out, clocks = clock.limited(at_start, power, lambda f, t: _energy(work, t, desc.family, profile, at_start, f), run)
     total = sum(k.predicted_s for k in out)
     band = _band(desc.name if _is_builtin(desc) else "", profile, problem, total, r.calibration != "uncalibrated",
-                 windowed)
+                 windowed, bool(packed))
     joules = clocks.joules if clocks is not None else _energy(work, total, desc.family, profile, out)
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
                         calibration=r.calibration, dram_free=dram_free, uncertainty=band, energy_j=joules,
@@ -162,12 +164,12 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
         k = fa3.kernel_time(kernels[0], p, work.tiles, c.profile, model, placement)
         return [replace(k, predicted_s=k.predicted_s + r.first_launch_s() + 3 * c.latency)]  # Q, first K/V; drain
     dram = (sum(x[0] for x in work.hbm), sum(x[1] for x in work.hbm))
-    window = getattr(work.tiles, "window", None)
-    if window is None and decode.applies(p, desc, r):
+    window, seqs = getattr(work.tiles, "window", None), getattr(work.tiles, "seqlens", ())
+    if window is None and not seqs and decode.applies(p, desc, r):
         return [decode.kernel_time(c, kernels[0], dram)]
     tc = fa2.tiles_of(desc, p.head_dim, work.tiles.block_q, work.tiles.block_kv)
-    folded = p if window is not None else decode.folded(p, desc)
-    return [fa2.kernel_time(replace(c, problem=folded), kernels[0], dram, tc, window)]
+    folded = p if window is not None or seqs else decode.folded(p, desc)
+    return [fa2.kernel_time(replace(c, problem=folded), kernels[0], dram, tc, window, seqs)]
 
 
 def _is_builtin(desc: KernelDesc) -> bool:
@@ -176,10 +178,12 @@ def _is_builtin(desc: KernelDesc) -> bool:
 
 
 def _band(kernel: str, profile: Profile, problem: AttentionProblem, predicted_s: float,
-          calibrated: bool, windowed: bool = False) -> uncertainty.Uncertainty:
+          calibrated: bool, windowed: bool = False, packed: bool = False) -> uncertainty.Uncertainty:
     """The records' band around ``predicted_s`` (:mod:`iosim.timing.uncertainty`); "no record" for a kernel the
-    records do not time, or rates that were not measured; ``windowed``: a sliding window's call (its own regime)."""
-    return uncertainty.band(kernel, profile.name, problem, predicted_s, calibrated=calibrated, windowed=windowed)
+    records do not time, or rates that were not measured; ``windowed``: a sliding window's call, ``packed``: packed
+    sequences (each its own regime)."""
+    return uncertainty.band(kernel, profile.name, problem, predicted_s, calibrated=calibrated, windowed=windowed,
+                            packed=packed)
 
 
 def _backward_times(c: Conditions, work: Workload) -> list[KernelTime]:

@@ -119,6 +119,24 @@ def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r
     return prologue + n * t_step + epilogue
 
 
+def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates, latency: float,
+                 seqs: tuple[tuple[int, int], ...], window: tuple[int | None, int | None] | None) -> np.ndarray:
+    """Seconds of each thread block of packed sequences ``seqs`` ((queries, keys) each), in the launch order of
+    kernels/flash_fwd.cu's varlen grid (ceil(longest / Br), heads, sequences): a sequence's Q blocks, from its last
+    where causal or windowed (they see the most keys), each timed as the sequence's own problem; then the blocks past
+    its last Q tile, which exit at once (a block's start and its read of the cumulative lengths, an L2 hit)."""
+    Tr = cdiv(max(1, max(n for n, _ in seqs)), tc.block_q)
+    exit_s = r.block_s + r.l2_latency_s
+    out = []
+    for n, nk in seqs:
+        t = np.zeros(0)
+        if n > 0:  # the sequence as a problem of its own (a copy: a sequence may have no key)
+            t = block_times(p.model_copy(update={"seq_len": n, "kv_len": nk}), desc, tc, k, r, latency, window)
+            t = t[::-1] if p.causal or window is not None else t
+        out.append(np.tile(np.concatenate([t, np.full(Tr - len(t), exit_s)]), p.heads))
+    return np.concatenate(out)
+
+
 def launch_order(per_head: np.ndarray, copies: int, desc: KernelDesc, causal: bool) -> np.ndarray:
     if causal and desc.launch_order == "causal-longest-first":
         per_head = per_head[::-1]
@@ -137,17 +155,22 @@ def tiles_of(desc: KernelDesc, head_dim: int, block_q: int | None, block_kv: int
 
 
 def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], tc: TileConfig,
-                window: tuple[int | None, int | None] | None = None) -> KernelTime:
+                window: tuple[int | None, int | None] | None = None,
+                seqs: tuple[tuple[int, int], ...] = ()) -> KernelTime:
     """The time of ``kernel`` at tiles ``tc``, its DRAM (read, write) bytes ``dram``, and its parts; ``window``: the
-    call's sliding window (None: dense)."""
+    call's sliding window (None: dense); ``seqs``: packed sequences ((queries, keys) each; a problem of batch 1,
+    the varlen grid of :func:`packed_order`)."""
     p, desc, r, latency = c.problem, c.desc, c.rates, c.latency
     k = residency(tc, desc, p.head_dim, p.elem_bytes, c.profile)
     heads = p.n_heads_total
-    grid = cdiv(p.seq_len, tc.block_q) * heads
-    if grid < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
-        k = max(1, math.ceil(grid / r.sms))
-    per_head = block_times(p, desc, tc, k, r, latency, window)
-    order = launch_order(per_head, heads, desc, p.causal)
+    grid = (cdiv(max(1, max(n for n, _ in seqs)), tc.block_q) * len(seqs) if seqs else cdiv(p.seq_len, tc.block_q)) * heads
+    working = sum(cdiv(n, tc.block_q) for n, _ in seqs) * heads if seqs else grid  # packed: blocks that do not exit
+    if working < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
+        k = max(1, math.ceil(working / r.sms))
+    if seqs:
+        order = packed_order(p, desc, tc, k, r, latency, seqs, window)
+    else:
+        order = launch_order(block_times(p, desc, tc, k, r, latency, window), heads, desc, p.causal)
     blocks = makespan(order, r.sms * k)
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.first_launch_s() + latency  # the last stores drain
@@ -157,7 +180,9 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
              "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,
              "step_load": sp.load_s, "step": sp.step_s}
     bound = "dram" if memory > blocks else _step_bound(sp, k)
-    steps = float(np.sum(visits(p, tc.block_q, tc.block_kv, window))) * heads
+    steps = heads * float(sum(np.sum(visits(p.model_copy(update={"seq_len": n, "kv_len": nk}), tc.block_q,
+                                                tc.block_kv, window)) for n, nk in seqs if n > 0) if seqs
+                          else np.sum(visits(p, tc.block_q, tc.block_kv, window)))
     smem = smem_bytes_moved(p, tc, desc.warps, grid, steps)
     return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": bound}, smem)
 

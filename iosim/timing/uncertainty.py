@@ -43,12 +43,14 @@ NO_RECORD = "no record"
 UNCALIBRATED = "no record for datasheet rates"
 
 __all__ = ["ALL", "NO_RECORD", "POOLED", "UNCALIBRATED", "band", "groups", "quantile", "record_kernel", "regime",
-           "table"]
+           "seqlens_text", "table"]
 
 
-def regime(kernel: str, seq_len: int, kv_len: int, causal: bool, windowed: bool = False) -> str:
-    """``window`` (a sliding window's call), ``decode`` (a short forward against a longer K/V), ``causal`` or
-    ``non-causal``."""
+def regime(kernel: str, seq_len: int, kv_len: int, causal: bool, windowed: bool = False, packed: bool = False) -> str:
+    """``varlen`` (packed sequences), ``window`` (a sliding window's call), ``decode`` (a short forward against a
+    longer K/V), ``causal`` or ``non-causal``."""
+    if packed:
+        return "varlen"
     if windowed:
         return "window"
     if not kernel.endswith("-bwd") and seq_len <= DECODE_MAX_ROWS and seq_len < kv_len:
@@ -59,6 +61,12 @@ def regime(kernel: str, seq_len: int, kv_len: int, causal: bool, windowed: bool 
 def record_kernel(kernel: str, dtype: str | None) -> str:
     """The group a row or a prediction of ``kernel`` in ``dtype`` belongs to: the kernel, or ``<kernel> fp8``."""
     return f"{kernel} fp8" if dtype == "fp8" else kernel
+
+
+def seqlens_text(seqlens) -> str:
+    """Packed sequences as a time record's ``seqlens`` column writes them: "queries:keys" each, space-separated; ""
+    for none."""
+    return " ".join(f"{q}:{k}" for q, k in seqlens) if seqlens else ""
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -82,7 +90,7 @@ def groups(folder: str | None = None) -> dict[tuple[str, str, str], tuple[float,
                     continue
                 ratio = float(r["measured_s"]) / float(r["predicted_s"])
                 reg = regime(r["kernel"], int(r["seq_len"]), int(r["kv_len"] or r["seq_len"]),
-                             r["causal"].strip().lower() == "true", bool(r.get("window")))
+                             r["causal"].strip().lower() == "true", bool(r.get("window")), bool(r.get("seqlens")))
                 kernel = record_kernel(r["kernel"], r.get("dtype"))
                 for scope in (r["profile"], POOLED):
                     for g in (reg, ALL):
@@ -95,7 +103,7 @@ def _profiles(folder: str | None) -> list[str]:
 
 
 def band(kernel: str, profile: str, problem, predicted_s: float, folder: str | None = None,
-         calibrated: bool = True, windowed: bool = False) -> Uncertainty:
+         calibrated: bool = True, windowed: bool = False, packed: bool = False) -> Uncertainty:
     """The band of ``predicted_s`` for ``kernel`` on ``profile`` (a name) and ``problem`` (seq_len, kv_len,
     causal; dtype, where given: fp8 takes the kernel's fp8 rows): that profile's record if it has one, else all
     records pooled; the regime's rows, else the kernel's.
@@ -106,7 +114,7 @@ def band(kernel: str, profile: str, problem, predicted_s: float, folder: str | N
     recorded = _profiles(folder)
     scope = profile if profile in recorded else POOLED
     device = profile if scope == profile else f"{POOLED}: {', '.join(recorded)}"
-    reg = regime(kernel, problem.seq_len, problem.kv_len, problem.causal, windowed)
+    reg = regime(kernel, problem.seq_len, problem.kv_len, problem.causal, windowed, packed)
     kernel = record_kernel(kernel, getattr(problem, "dtype", None))
     for key in ((scope, kernel, reg), (scope, kernel, ALL)):
         ratios = g.get(key, ())

@@ -1,0 +1,107 @@
+"""The packed-sequences (varlen) part of the time record without a GPU (benchmarks/time_record_varlen.py,
+time_judge.py): its batches, each row predicted by the fa2 model on the varlen grid (not the roofline), the judge
+keeping packed rows a group of their own, the bands giving them their own regime; and the two models of packed
+sequences, the launch order's block times and the DRAM bytes walked per sequence, against the dense problem where
+the two must agree."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import load_benchmark
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from iosim import AttentionProblem, simulate
+from iosim.l2 import simulate_l2
+from iosim.l2.packed import packed_dram
+from iosim.schedules import Tiles
+from iosim.schedules.flash2 import Flash2Tiles
+from iosim.timing import uncertainty
+
+H100 = "h100-sxm5-80gb"
+
+
+@pytest.fixture(scope="module")
+def tv():
+    return load_benchmark("time_record_varlen")
+
+
+@pytest.fixture(scope="module")
+def judge(tv):
+    return load_benchmark("time_judge")
+
+
+def test_the_sweep_takes_skewed_short_cross_grouped_and_windowed_batches(tv):
+    shapes = tv.sweep()
+    assert len({s.key for s in shapes}) == len(shapes)
+    assert {s.head_dim for s in shapes} == {64, 128, 256} and {s.causal for s in shapes} == {False, True}
+    assert any(s.heads != s.kv_heads for s in shapes) and any(s.window for s in shapes)
+    assert any(q != k for s in shapes for q, k in s.seqlens)  # cross-attention pairs, chunks against a cache
+    assert max(len(s.seqlens) for s in shapes) >= 128 and any(len({q for q, _ in s.seqlens}) > 4 for s in shapes)
+    assert tv.sweep()[1].seqlens == tv.sweep()[1].seqlens  # the drawn lengths are the same every run
+
+
+def test_each_row_is_predicted_by_the_fa2_model_on_its_sequences(tv, judge):
+    for s in tv.sweep():
+        row = tv.row_of(s)
+        assert judge.group(row) == "iosim-flash2 varlen"
+        r = judge.simulate_row(row, H100)
+        assert r.time.kernel == "iosim-flash2" and r.tiles.seqlens == s.seqlens
+        assert (r.tiles.block_q, r.tiles.block_kv) == tv.tiles_of(s)
+        assert r.hbm_model.startswith("l2-lru per packed sequence")
+        assert r.time.uncertainty.group.split(", ")[1] in ("varlen", uncertainty.ALL)  # its regime, or too few rows
+
+
+def test_packed_rows_are_their_own_regime():
+    assert uncertainty.regime("iosim-flash2", 4096, 4096, True, packed=True) == "varlen"
+    assert uncertainty.seqlens_text(((3, 5), (7, 7))) == "3:5 7:7" and uncertainty.seqlens_text(None) == ""
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_equal_sequences_packed_take_the_dense_batchs_time(causal):
+    """16 sequences of 1024 packed run the dense batch's grid (Tr, heads, 16) block for block."""
+    dense = simulate("flash2", AttentionProblem(batch=16, heads=16, seq_len=1024, head_dim=128, causal=causal),
+                     H100, kernel="iosim-flash2", warm=True)
+    packed = simulate("flash2", AttentionProblem(batch=1, heads=16, seq_len=16384, head_dim=128, causal=causal),
+                      H100, kernel="iosim-flash2", warm=True, seqlens=[1024] * 16)
+    assert packed.time.kernels[0].resources["blocks"] == pytest.approx(dense.time.kernels[0].resources["blocks"],
+                                                                       rel=1e-12)
+
+
+@given(n=st.integers(1, 3000), nk=st.integers(1, 3000), causal=st.booleans(), d=st.sampled_from([64, 128]))
+@settings(max_examples=25, deadline=None)
+def test_one_packed_sequence_is_the_dense_problem(n, nk, causal, d):
+    """Time and DRAM bytes: one sequence packed is the problem itself (its blocks, its walk, nothing left dirty that
+    a later sequence would evict)."""
+    p = AttentionProblem(seq_len=n, kv_len=nk, heads=4, head_dim=d, causal=causal)
+    dense = simulate("flash2", p, H100, kernel="iosim-flash2")
+    packed = simulate("flash2", p, H100, kernel="iosim-flash2", seqlens=[(n, nk)])
+    assert packed.time.predicted_s == pytest.approx(dense.time.predicted_s, rel=1e-9)
+    assert (packed.hbm_read[0], packed.hbm_write[0]) == (dense.hbm_read[0], dense.hbm_write[0])
+
+
+def test_sequences_with_no_query_only_add_blocks_that_exit_and_no_bytes():
+    p = AttentionProblem(seq_len=2048, kv_len=2048 + 512, heads=8, head_dim=128, causal=True)
+    alone = simulate("flash2", p.model_copy(update={"kv_len": 2048}), H100, kernel="iosim-flash2",
+                     seqlens=[2048])
+    padded = simulate("flash2", p, H100, kernel="iosim-flash2", seqlens=[(2048, 2048), (0, 512)])
+    assert padded.hbm_read == alone.hbm_read and padded.hbm_write == alone.hbm_write
+    # the 128 blocks that exit at once take slots the partial wave leaves free; the others still run one an SM
+    assert padded.time.kernels[0].resources["blocks"] == pytest.approx(alone.time.kernels[0].resources["blocks"])
+    assert padded.time.kernels[0].resources["step"] == alone.time.kernels[0].resources["step"]
+
+
+def test_a_sequence_evicts_the_dirty_lines_of_the_one_before_only_past_an_l2_of_new_bytes():
+    """Two sequences: the first one's dirty O stays in L2 where the second is small, is written back where the
+    second brings in more than the L2 holds."""
+    p = AttentionProblem(seq_len=1, heads=16, head_dim=128)
+    walk = simulate_l2("flash2", p.model_copy(update={"seq_len": 1024, "kv_len": 1024}), Tiles(128, 32), H100)
+    first = walk.kernels[0]
+    assert first.dirty_at_end > 0
+    for second, evicted in ((256, False), (16384, True)):
+        t = Flash2Tiles(128, 32, seqlens=((1024, 1024), (second, second)))
+        got = packed_dram(p.model_copy(update={"seq_len": 1024 + second, "kv_len": 1024 + second}), t, H100)
+        alone = simulate_l2("flash2", p.model_copy(update={"seq_len": second, "kv_len": second}), Tiles(128, 32),
+                            H100).kernels[0]
+        assert got.read == first.dram_read + alone.dram_read
+        assert got.write == first.dram_write + alone.dram_write + (first.dirty_at_end if evicted else 0)
