@@ -24,8 +24,7 @@ from pathlib import Path
 from iosim.problem import AttentionProblem, InputWarning
 from iosim.simulate import predict_time, simulate
 from iosim.timing import load_kernel, overlap
-from iosim.timing.uncertainty import seqlens_text
-from iosim.validation import window_text
+from iosim.validation import seqlens_text, window_text
 
 SCHEDULE = {"iosim-flash2": "flash2", "iosim-naive": "naive", "fa2": "flash2", "cudnn": "flash3", "fa3": "flash3",
             "iosim-flash2-bwd": "flash2", "fa2-bwd": "flash2", "cudnn-bwd": "flash2", "iosim-flash3-bwd": "flash3",

@@ -13,7 +13,8 @@ docs/validation.md and writes docs/validation/<device>-parity.html. With ``--mea
 (each problem ``--repeat`` times, the list over again each time) through iosim.measure and archives the records;
 ``--part backward`` measures the backward sweep (:func:`backward_sweep`) into <device>-backward.tar.xz instead,
 ``--part window`` the sliding-window sweep (:func:`window_sweep`: flash2 and flash3, hbm from the L2 model's windowed
-program) into <device>-window.tar.xz.
+program) into <device>-window.tar.xz, ``--part varlen`` packed sequences (:func:`varlen_sweep`: flash2's varlen
+kernel, hbm from the L2 model walking each sequence, :mod:`iosim.l2.packed`) into <device>-varlen.tar.xz.
 ``--dry-run`` measures nothing: it simulates every problem of the part's sweep as its records would be (the tiles
 the kernels would report), so that a typo fails on a CPU, not on the GPU. ``--part fp8``: iosim's fp8 forward and its
 quantize kernels (benchmarks/validation_fp8.py says what is measured and compared) into <device>-fp8.tar.xz.
@@ -44,6 +45,7 @@ from validation_fp8 import fp8_checks, fp8_sweep, notes
 
 from iosim.hardware.gpu import get_profile
 from iosim.l2 import L2Inputs, simulate_l2
+from iosim.l2.packed import packed_dram
 from iosim.launch import FLASH_BWD_TILES, backward_launch_model, launch_model, resident_blocks
 from iosim.measure import Attention, Options, measure
 from iosim.measure.records import Measured, merge_repeats, read_records
@@ -56,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data/validation"
 DOCS = ROOT / "docs/validation"
 PROFILE = {"h200": "h200-sxm-141gb", "h100": "h100-sxm5-80gb"}  # device -> the profile its record is simulated on
-ARCHIVES = ("sweep", "flash3", "flash2", "backward", "fp8", "window")  # data/validation/<device>-<part>.tar.xz: attention
+ARCHIVES = ("sweep", "flash3", "flash2", "backward", "fp8", "window", "varlen")  # data/validation/<device>-<part>.tar.xz: attention
 # kernels; a part named after a kind replaces the earlier parts' problems of that kind (flash2 on the H100: three
 # launches each); a part that is missing is skipped
 BACKWARD = ("flash2-bwd", "sdpa-flash-bwd", "sdpa-cudnn-bwd")  # iosim.measure.BACKWARD_KINDS
@@ -142,6 +144,27 @@ def window_sweep() -> list[Attention]:
     return r
 
 
+def packed(kind: str, heads: int, seqlens, **kw) -> Attention:
+    """A packed-sequences problem: batch 1 of the sequences' totals."""
+    pairs = tuple((n, n) if isinstance(n, int) else tuple(n) for n in seqlens)
+    return Attention(kind, seq_len=sum(q for q, _ in pairs), kv_len=sum(k for _, k in pairs), heads=heads,
+                     seqlens=pairs, dtype="bf16", **kw)
+
+
+def varlen_sweep() -> list[Attention]:
+    """The packed-sequences record's problems (issue 28): our flash2's varlen kernel on skewed lengths, documents,
+    cross-attention pairs, a window over packed sequences, many short sequences, and two long ones whose K/V and O
+    pass L2 (the dirty lines of one sequence written back under the next)."""
+    docs = (815, 214, 677, 133, 902, 455, 371, 788, 120, 640, 509, 266, 873, 301, 590, 448)
+    short = tuple(17 + (37 * i) % 114 for i in range(64))
+    return [packed("flash2", 16, (2048, 1024, 512, 256, 100), causal=True),
+            packed("flash2", 16, docs, kv_heads=4, head_dim=64, causal=True),
+            packed("flash2", 8, ((512, 2048), (1024, 1024), (100, 3000))),
+            packed("flash2", 8, (4096, 2048, 3000), causal=True, window=(1023, 0)),
+            packed("flash2", 12, short, head_dim=64, causal=True),
+            packed("flash2", 16, (16384, 8192), kv_heads=4, causal=True)]
+
+
 def fa2_bwd_tiles(names: list[str], head_dim: int) -> tuple[int, int]:
     """(Br, Bc) of FlashAttention-2's backward from its kernel names (Flash_bwd_kernel_traits<d, Br, Bc, ...>), or
     FA2's table (FA2_BWD_TILES) where no name has them."""
@@ -206,10 +229,13 @@ def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
         (bq, bkv), variant = fa2_tiles(m.kernels[0]["kernel"]), "fa2"
     schedule = run.kind if run.kind in ("naive", "flash3") else "flash2"
     prof = get_profile(profile)
-    r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv, l2=False, window=run.window)  # global; hbm: simulate_l2
+    r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv, l2=False, window=run.window,  # global; hbm below
+                 seqlens=run.seqlens)
     regs = [k.get("registers_per_thread") for k in m.kernels]
     lm = launch_model(schedule, p, r.tiles, variant=variant, registers=regs)
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
+    if run.seqlens:  # packed sequences: each walked alone
+        return _checks(m, profile, r, packed_dram(p, r.tiles, prof, inputs=L2Inputs(resident=resident)), (bq, bkv))
     l2 = simulate_l2(schedule, p, r.tiles, prof, L2Inputs(resident=resident), variant=variant)
     return _checks(m, profile, r, l2, (bq, bkv))
 
@@ -234,7 +260,7 @@ def _checks(m: Measured, profile: str, r, l2, tiles: tuple[int, int]) -> list[Ch
     out = []
     for (b, d), sim in simulated.items():
         launches = tuple(int(x[f"dram_{d}_bytes"]) for x in m.launches) if b == "hbm" else ()
-        out.append(Check(*base, b, d, int(sim), int(measured[(b, d)]), launches, run.window))
+        out.append(Check(*base, b, d, int(sim), int(measured[(b, d)]), launches, run.window, run.seqlens))
     return out
 
 
@@ -303,7 +329,8 @@ def measure_sweep(device: str, repeat: int, kinds: list[str] | None = None, part
 
 def part_sweep(part: str) -> list[Attention]:
     """The problems ``--measure --part PART`` runs: the backward's, fp8's, or the forward sweep (any other name)."""
-    return {"backward": backward_sweep, "fp8": fp8_sweep, "window": window_sweep}.get(part, sweep)()
+    return {"backward": backward_sweep, "fp8": fp8_sweep, "window": window_sweep,
+            "varlen": varlen_sweep}.get(part, sweep)()
 
 
 def dry_run(part: str, profile: str, repeat: int) -> None:
@@ -314,8 +341,8 @@ def dry_run(part: str, profile: str, repeat: int) -> None:
     if part == "fp8":
         fp8_dry_run(profile, repeat)
         return
-    if part == "window":
-        window_dry_run(profile, repeat)
+    if part in ("window", "varlen"):
+        window_dry_run(profile, repeat, part)
         return
     problems = part_sweep(part)
     launches = 0
@@ -339,21 +366,22 @@ def dry_run(part: str, profile: str, repeat: int) -> None:
     print(f"{len(problems)} problems x {repeat} launches: about {launches * repeat} kernels profiled per ncu pass")
 
 
-def window_dry_run(profile: str, repeat: int) -> None:
-    """The window part's problems simulated at the tiles our kernels run them at (global, and hbm from the L2
-    model)."""
+def window_dry_run(profile: str, repeat: int, part: str = "window") -> None:
+    """The window or varlen part's problems simulated at the tiles our kernels run them at (global, and hbm from
+    the L2 model)."""
     prof = get_profile(profile)
-    for run in window_sweep():
+    problems = part_sweep(part)
+    for run in problems:
         bq, bkv = window_tiles(run.kind, run.head_dim, run.causal, run.window)
         p = AttentionProblem.make(batch=run.batch, heads=run.heads, kv_heads=run.kv_heads, seq_len=run.seq_len,
                                   kv_len=run.kv_len, head_dim=run.head_dim, dtype=run.dtype, causal=run.causal)
-        r = simulate(run.kind, p, prof, block_q=bq, block_kv=bkv, l2=False, window=run.window)
-        l2 = simulate_l2(run.kind, p, r.tiles, prof)
+        r = simulate(run.kind, p, prof, block_q=bq, block_kv=bkv, l2=False, window=run.window, seqlens=run.seqlens)
+        l2 = packed_dram(p, r.tiles, prof) if run.seqlens else simulate_l2(run.kind, p, r.tiles, prof)
         g = r.traffic["global"]
-        print(f"{run.kind} N{run.seq_len} Nk{run.kv_len} H{run.heads}/{run.kv_heads} d{run.head_dim} window "
-              f"{run.window} {bq}x{bkv}: global {g['read_bytes']:,}/{g['write_bytes']:,} hbm "
-              f"{l2.read_bytes:,}/{l2.write_bytes:,}")
-    print(f"{len(window_sweep())} problems x {repeat} launches")
+        what = f"{len(run.seqlens)} sequences" if run.seqlens else f"window {run.window}"
+        print(f"{run.kind} N{run.seq_len} Nk{run.kv_len} H{run.heads}/{run.kv_heads} d{run.head_dim} {what} "
+              f"{bq}x{bkv}: global {g['read_bytes']:,}/{g['write_bytes']:,} hbm {l2.read_bytes:,}/{l2.write_bytes:,}")
+    print(f"{len(problems)} problems x {repeat} launches")
 
 
 def measured_only(measured: dict) -> None:
@@ -375,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--part", default="sweep", help="with --measure: the archive's part name (default sweep); "
                     "backward: the backward sweep, into <device>-backward.tar.xz; fp8: the fp8 forward and its "
                     "quantize kernels, into <device>-fp8.tar.xz; window: flash2 and flash3 with sliding windows, "
-                    "into <device>-window.tar.xz")
+                    "into <device>-window.tar.xz; varlen: flash2 on packed sequences, into <device>-varlen.tar.xz")
     ap.add_argument("--dry-run", action="store_true", help="simulate the part's sweep as recorded; measure nothing")
     ap.add_argument("--no-figure", action="store_true", help="skip the parity figure (needs plotly)")
     args = ap.parse_args(argv)

@@ -154,7 +154,7 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
     if not too_big and result.pass_ == "forward" and getattr(result.tiles, "seqlens", ()):
         packed = packed_dram(result.problem, result.tiles, result.profile,
                              WalkOptions(exact=l2_exact, progress=l2_progress))
-        out = replace(result, hbm_read=[packed.read], hbm_write=[packed.write], hbm_model=packed.text)
+        out = replace(result, hbm_read=[packed.read_bytes], hbm_write=[packed.write_bytes], hbm_model=packed.text)
         return replace(out, time=predict_time(out))
     reason = too_big or unsupported(result.schedule, result.pass_, result.problem, result.tiles, result.counts)
     if reason:

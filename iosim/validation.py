@@ -41,7 +41,8 @@ BACKWARD_SUFFIX = "-bwd"  # a backward pass's kernels: flash2-bwd, sdpa-flash-bw
 ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1}
 FIELDS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
           "causal", "block_q", "block_kv", "boundary", "direction", "simulated_bytes", "measured_bytes",
-          "measured_launches", "window")  # window: "left:right" (a side empty: no bound), empty for none
+          "measured_launches", "window", "seqlens")  # window: "left:right" (a side empty: no bound), empty for none;
+# seqlens: packed sequences, "queries:keys" each, space-separated (iosim.timing.uncertainty.seqlens_text)
 
 
 class RecordError(ValueError):
@@ -51,8 +52,8 @@ class RecordError(ValueError):
 @dataclass(frozen=True)
 class Check:
     """One row of a record: the problem, where (boundary, direction), simulated and measured bytes, the measured
-    bytes of each repeated launch (empty where there was one), and a sliding window (left, right) where the call
-    had one."""
+    bytes of each repeated launch (empty where there was one), a sliding window (left, right) where the call had one,
+    and the packed sequences ((queries, keys), ...) of a varlen call."""
 
     kernel: str
     profile: str
@@ -72,6 +73,7 @@ class Check:
     measured: int
     launches: tuple[int, ...] = ()
     window: tuple[int | None, int | None] | None = None
+    seqlens: tuple[tuple[int, int], ...] | None = None
 
     @property
     def label(self) -> str:
@@ -79,11 +81,15 @@ class Check:
         return (f"{self.kernel} N={self.seq_len} H={self.heads}{gqa} d={self.head_dim} {self.dtype}"
                 f"{' causal' if self.causal else ''} {self.block_q}x{self.block_kv}"
                 + (f" B={self.batch}" if self.batch != 1 else "")
-                + (f" window={window_text(self.window)}" if self.window is not None else ""))
+                + (f" window={window_text(self.window)}" if self.window is not None else "")
+                + (f" {len(self.seqlens)} sequences" if self.seqlens else ""))
 
     @property
     def group(self) -> str:
-        """The record table's kernel column: the kernel, and "window" where the call had one."""
+        """The record table's kernel column: the kernel, and "varlen" for packed sequences, "window" where the call
+        had one."""
+        if self.seqlens:
+            return f"{self.kernel} varlen"
         return f"{self.kernel} window" if self.window is not None else self.kernel
 
     @property
@@ -160,11 +166,22 @@ def window_text(window: tuple[int | None, int | None] | None) -> str:
     return "" if window is None else ":".join("" if w is None else str(w) for w in window)
 
 
+def seqlens_text(seqlens) -> str:
+    """Packed sequences as the records write them: "queries:keys" each, space-separated; "" for none."""
+    return " ".join(f"{q}:{k}" for q, k in seqlens) if seqlens else ""
+
+
 def _window(s: str | None) -> tuple[int | None, int | None] | None:
     if not s:
         return None
     left, right = s.split(":")
     return (int(left) if left else None, int(right) if right else None)
+
+
+def _seqlens(s: str | None) -> tuple[tuple[int, int], ...] | None:
+    if not s:
+        return None
+    return tuple((int(q), int(k)) for q, k in (x.split(":") for x in s.split()))
 
 
 def _bool(s: str) -> bool:
@@ -183,7 +200,7 @@ def read_checks(path: str | Path) -> list[Check]:
                                  int(r["seq_len"]), int(r["kv_len"]), int(r["head_dim"]), r["dtype"],
                                  _bool(r["causal"]), int(r["block_q"]), int(r["block_kv"]), r["boundary"],
                                  r["direction"], int(float(r["simulated_bytes"])), int(float(r["measured_bytes"])),
-                                 launches, _window(r.get("window"))))
+                                 launches, _window(r.get("window")), _seqlens(r.get("seqlens"))))
             except (KeyError, ValueError, TypeError) as exc:
                 raise RecordError(f"{path}, line {i}: {type(exc).__name__}: {exc}; expected the columns "
                                   f"{', '.join(FIELDS)}") from None
@@ -217,7 +234,7 @@ def write_checks(path: str | Path, checks: list[Check], device: str) -> None:
         for c in checks:
             w.writerow([c.kernel, device, c.profile, c.batch, c.heads, c.kv_heads, c.seq_len, c.kv_len, c.head_dim,
                         c.dtype, c.causal, c.block_q, c.block_kv, c.boundary, c.direction, c.simulated, c.measured,
-                        ";".join(map(str, c.launches)), window_text(c.window)])
+                        ";".join(map(str, c.launches)), window_text(c.window), seqlens_text(c.seqlens)])
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,8 @@ def test_each_kind_has_its_own_description_and_bad_fields_are_named():
                                  M.ReadProbe(48 << 20, blocks_per_sm=2, threads=128),
                                  M.WriteProbe(8 << 20, 32 << 20, interleave=True),
                                  M.Attention("flash3", seq_len=8192, heads=16, causal=True, window=(1024, 0)),
-                                 M.Attention("flash2", seq_len=4096, window=(None, 256))])
+                                 M.Attention("flash2", seq_len=4096, window=(None, 256)),
+                                 M.Attention("flash2", seq_len=300, kv_len=900, seqlens=((100, 800), (200, 100)))])
 def test_runs_go_to_the_worker_and_back_unchanged(run):
     assert M.from_dict(json.loads(json.dumps(M.to_dict(run)))) == run
 
@@ -141,6 +142,13 @@ def test_a_window_is_flash2s_and_flash3s():
         M.Attention("naive", window=(128, 0))
     with pytest.raises(M.MeasureError, match="window"):
         M.Attention("flash2", window=(128,))
+
+
+def test_packed_sequences_are_flash2s_and_add_up_to_a_batch_of_one():
+    assert M.Attention("flash2", seq_len=10, seqlens=[[3, 3], [7, 7]]).seqlens == ((3, 3), (7, 7))  # JSON's lists
+    for bad in (dict(kind="naive", seq_len=10), dict(kind="flash2", seq_len=11), dict(kind="flash2", seq_len=5, batch=2)):
+        with pytest.raises(M.MeasureError, match="packed sequences are flash2's"):
+            M.Attention(**bad, seqlens=((3, 3), (7, 7)))
 
 
 def test_an_unknown_field_is_an_error_that_names_it():

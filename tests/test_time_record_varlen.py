@@ -17,6 +17,7 @@ from iosim.l2.packed import packed_dram
 from iosim.schedules import Tiles
 from iosim.schedules.flash2 import Flash2Tiles
 from iosim.timing import uncertainty
+from iosim.validation import seqlens_text
 
 H100 = "h100-sxm5-80gb"
 
@@ -54,7 +55,7 @@ def test_each_row_is_predicted_by_the_fa2_model_on_its_sequences(tv, judge):
 
 def test_packed_rows_are_their_own_regime():
     assert uncertainty.regime("iosim-flash2", 4096, 4096, True, packed=True) == "varlen"
-    assert uncertainty.seqlens_text(((3, 5), (7, 7))) == "3:5 7:7" and uncertainty.seqlens_text(None) == ""
+    assert seqlens_text(((3, 5), (7, 7))) == "3:5 7:7" and seqlens_text(None) == ""
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -103,5 +104,5 @@ def test_a_sequence_evicts_the_dirty_lines_of_the_one_before_only_past_an_l2_of_
         got = packed_dram(p.model_copy(update={"seq_len": 1024 + second, "kv_len": 1024 + second}), t, H100)
         alone = simulate_l2("flash2", p.model_copy(update={"seq_len": second, "kv_len": second}), Tiles(128, 32),
                             H100).kernels[0]
-        assert got.read == first.dram_read + alone.dram_read
-        assert got.write == first.dram_write + alone.dram_write + (first.dirty_at_end if evicted else 0)
+        assert got.read_bytes == first.dram_read + alone.dram_read
+        assert got.write_bytes == first.dram_write + alone.dram_write + (first.dirty_at_end if evicted else 0)

@@ -62,6 +62,12 @@ def test_a_windowed_call_is_its_own_row_of_the_table():
     assert V.outliers(vs)[0].check.label.endswith("window=1024:0")
 
 
+def test_packed_sequences_are_their_own_row_of_the_table():
+    vs = V.judge_all([check(), check(seqlens=((4000, 4000), (96, 96)), sim=150 * MiB, meas=100 * MiB)])
+    assert [(r.kernel, r.checks, r.passed) for r in V.summarize(vs)] == [("flash2", 1, 1), ("flash2 varlen", 1, 0)]
+    assert V.outliers(vs)[0].check.label.endswith("2 sequences")
+
+
 def test_summary_counts_checks_passes_and_the_worst_error():
     vs = V.judge_all([check(sim=100, meas=100), check(sim=150 * MiB, meas=100 * MiB), check(sim=99, meas=100)])
     (row,) = V.summarize(vs)
@@ -72,7 +78,7 @@ def test_summary_counts_checks_passes_and_the_worst_error():
 
 def test_a_record_round_trips_and_a_bad_one_names_file_and_line(tmp_path):
     checks = [check(launches=(1, 2, 3)), check("global", "write", sim=5, meas=5), check(window=(1024, 0)),
-              check(window=(None, 256))]
+              check(window=(None, 256)), check(seqlens=((100, 300), (3996, 3796))), check(window=(7, 0), seqlens=((1, 1),))]
     V.write_checks(tmp_path / "x.csv", checks, "NVIDIA H200")
     assert V.read_checks(tmp_path / "x.csv") == checks
     (tmp_path / "bad.csv").write_text("kernel,profile\nflash2,h200-sxm-141gb\n")

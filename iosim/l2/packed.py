@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..problem import AttentionProblem
 from ..schedules import Tiles
 from ..schedules.flash2 import Flash2Tiles
-from .model import WalkOptions, simulate_l2
+from .model import PROFILE_INPUTS, L2Inputs, WalkOptions, simulate_l2
 
 NOTE = ("l2-lru per packed sequence, each walked as if it ran alone (the varlen grid runs them one after another and "
         "they share no data), its dirty lines written back once later sequences bring in an L2 of new bytes")
@@ -30,21 +30,22 @@ NOTE = ("l2-lru per packed sequence, each walked as if it ran alone (the varlen 
 class PackedDram:
     """DRAM (read, write) bytes of a packed batch, and the model's text (``hbm_model``)."""
 
-    read: float
-    write: float
+    read_bytes: int
+    write_bytes: int
     text: str
 
 
-def packed_dram(problem: AttentionProblem, tiles: Flash2Tiles, profile, walk: WalkOptions | None = None
-                ) -> PackedDram:
+def packed_dram(problem: AttentionProblem, tiles: Flash2Tiles, profile, walk: WalkOptions | None = None,
+                inputs: L2Inputs = PROFILE_INPUTS) -> PackedDram:
     """DRAM bytes of flash2's forward on ``tiles.seqlens`` (``problem``: batch 1, the packed totals): the sum over
-    the sequences of each one's own walk (one per distinct (queries, keys))."""
+    the sequences of each one's own walk (one per distinct (queries, keys)); ``walk`` and ``inputs`` as
+    :func:`iosim.l2.simulate_l2` takes them."""
     dense = Tiles(tiles.block_q, tiles.block_kv) if tiles.window is None else Flash2Tiles(
         tiles.block_q, tiles.block_kv, window=tiles.window)
     walks = {}
     for n, nk in Counter(s for s in tiles.seqlens if s[0] > 0 and s[1] > 0):
         walks[n, nk] = simulate_l2("flash2", problem.model_copy(update={"batch": 1, "seq_len": n, "kv_len": nk}),
-                                   dense, profile, walk=walk or WalkOptions())
+                                   dense, profile, inputs, walk=walk or WalkOptions())
     capacity = next(iter(walks.values())).capacity if walks else 0
     read = write = after = 0.0  # after: bytes the sequences after this one bring into L2
     for n, nk in reversed(tiles.seqlens):
@@ -59,4 +60,4 @@ def packed_dram(problem: AttentionProblem, tiles: Flash2Tiles, profile, walk: Wa
             read, write = read + k.dram_read, write + k.dram_write + k.dirty_at_end - stays
         after += (2 * rows + 2 * keys) * problem.head_dim * problem.elem_bytes + 4 * rows
     inner = f"; {next(iter(walks.values())).describe()} (the first walk)" if walks else ""
-    return PackedDram(read, write, f"{NOTE}: {len(walks)} walks for {len(tiles.seqlens)} sequences{inner}; iosim.l2")
+    return PackedDram(round(read), round(write), f"{NOTE}: {len(walks)} walks for {len(tiles.seqlens)} sequences{inner}; iosim.l2")

@@ -14,6 +14,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 from .. import gpu
 from .._resources import kernels_dir
 from .events import ISOLATED, cupy_clock, time_ms
@@ -102,6 +104,11 @@ def prepare_attention(run: Attention, torch):
     v = torch.randn(run.batch, run.kv_len, run.kv_heads, run.head_dim, device="cuda", dtype=dt, generator=g)
     if run.kind in BACKWARD_KINDS:
         return _prepare_backward(run, torch, (q, k, v), g)
+    if run.seqlens is not None:  # packed: (total, heads, head_dim), the batch's one sequence cut at cu_seqlens
+        cu_q, cu_k = (np.cumsum([0] + [s[i] for s in run.seqlens]) for i in (0, 1))
+        tiles = gpu.AttentionOptions(block_q=run.block_q, block_kv=run.block_kv)
+        return lambda: gpu.attention_varlen(q[0], k[0], v[0], (cu_q, cu_k), causal=run.causal, window=run.window,
+                                            options=tiles)
     if run.kind in ("flash2", "naive", "flash3"):
         tiles = {"block_q": run.block_q, "block_kv": run.block_kv} if run.kind == "flash2" else {}
         opts = gpu.AttentionOptions(**tiles, window=run.window)

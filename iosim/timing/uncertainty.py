@@ -43,7 +43,7 @@ NO_RECORD = "no record"
 UNCALIBRATED = "no record for datasheet rates"
 
 __all__ = ["ALL", "NO_RECORD", "POOLED", "UNCALIBRATED", "band", "groups", "quantile", "record_kernel", "regime",
-           "seqlens_text", "table"]
+           "table"]
 
 
 def regime(kernel: str, seq_len: int, kv_len: int, causal: bool, windowed: bool = False, packed: bool = False) -> str:
@@ -61,12 +61,6 @@ def regime(kernel: str, seq_len: int, kv_len: int, causal: bool, windowed: bool 
 def record_kernel(kernel: str, dtype: str | None) -> str:
     """The group a row or a prediction of ``kernel`` in ``dtype`` belongs to: the kernel, or ``<kernel> fp8``."""
     return f"{kernel} fp8" if dtype == "fp8" else kernel
-
-
-def seqlens_text(seqlens) -> str:
-    """Packed sequences as a time record's ``seqlens`` column writes them: "queries:keys" each, space-separated; ""
-    for none."""
-    return " ".join(f"{q}:{k}" for q, k in seqlens) if seqlens else ""
 
 
 def quantile(values: list[float], q: float) -> float:
