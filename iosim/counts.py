@@ -17,12 +17,14 @@ TENSORS = ("Q", "K", "V", "O", "S", "P", "m", "l", "lse",
            # split-KV decoding (docs/schedules/flash-decoding.md): fp32 partial outputs and logsumexps per split;
            # iosim's decode kernel also reads each sequence's key count and, from a paged cache, its block table
            "Opart", "lsepart", "seqlens_k", "block_table",
+           # packed sequences (flash2's varlen kernel): each sequence's first query and key row, and the next's
+           "cu_seqlens_q", "cu_seqlens_k",
            # fp8 block quantization (iosim's fp8 flash3 kernel and its quantize kernel, issue 27): one fp32 scale
            # per block of rows of Q, K and V (docs/schedules/flash3.md)
            "q_scale", "k_scale", "v_scale")
 SCALE_TENSORS = frozenset({"q_scale", "k_scale", "v_scale"})  # one fp32 value per block: row r is block r
 FP32_TENSORS = frozenset({"m", "l", "lse", "D", "dQacc", "Opart", "lsepart"}) | SCALE_TENSORS  # fp32 whatever the dtype
-INDEX_TENSORS = frozenset({"seqlens_k", "block_table"})  # int32 (4 B) whatever the dtype
+INDEX_TENSORS = frozenset({"seqlens_k", "block_table", "cu_seqlens_q", "cu_seqlens_k"})  # int32 (4 B) whatever the dtype
 ROW_TENSORS = frozenset({"m", "l", "lse", "D", "lsepart"}) | INDEX_TENSORS  # one value per row
 MATRIX_TENSORS = frozenset({"S", "P", "dS", "dP"})  # rows x keys; every other tensor is rows x head_dim
 FLOP_KINDS = ("matmul", "exp", "other")

@@ -9,6 +9,7 @@ from ..blocks import cdiv
 from ..problem import AttentionProblem
 from ..schedules import Tiles
 from ..schedules.flash1 import shared_memory as flash1_shared_memory
+from ..schedules.flash2 import WARPS as FLASH_WARPS  # defined with the lengths' reads counted
 from ..schedules.flash3_fp8 import FLASH3_FP8_TILES as FLASH3_FP8_TILES  # defined with the layout counted
 from ..schedules.flash3_fp8 import FP8_KEY_GROUP as FP8_KEY_GROUP
 from ..schedules.naive import row_pitch as naive_row_pitch  # defined with the layout counted
@@ -17,8 +18,7 @@ from .model import KernelLaunchModel, LaunchError, LaunchModel, registers_of
 # ------------------------------------------------------------------------------------------------------------------
 # FlashAttention-2 forward (kernels/flash_fwd.cu)
 
-FLASH_WARPS = 4  # fixed in the kernel: each warp owns block_q / 64 stripes of 16 query rows
-FLASH_THREADS = 32 * FLASH_WARPS
+FLASH_THREADS = 32 * FLASH_WARPS  # FLASH_WARPS: the schedule's (each warp owns block_q / 64 stripes of 16 rows)
 
 
 def flash_stages(head_dim: int) -> int:

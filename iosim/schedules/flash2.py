@@ -43,6 +43,7 @@ from .fit import shrink_to_fit
 NAME = "flash2"
 SUMMARY = "FlashAttention-2: Q outer loop, O and statistics on chip, O written once, causal block skipping"
 STATS = ("lse",)
+WARPS = 4  # kernels/flash_fwd.cu's warps a thread block; its varlen kernel reads the lengths once a warp
 
 # FlashAttention-2's forward tiles (Br, Bc) by head dim: csrc/flash_attn/src/flash_fwd_launch_template.h,
 # run_mha_fwd_hdim* for sm80/sm90 without dropout. The largest head dim <= the key is used.
@@ -114,15 +115,34 @@ def sequences(p: AttentionProblem, t: Tiles) -> tuple[tuple[int, int], ...]:
 
 
 def program(x, p: AttentionProblem, t: Tiles) -> None:
-    """One head (of every packed sequence, with ``seqlens``)."""
+    """One head (of every packed sequence, with ``seqlens``: the varlen grid, see :func:`_packed_block`)."""
     Br, Bc, window = t.block_q, t.block_kv, getattr(t, "window", None)
-    seqs = sequences(p, t)
-    q0 = np.cumsum([0] + [n for n, _ in seqs])  # each sequence's first row in the packed Q, O and lse
-    k0 = np.cumsum([0] + [n for _, n in seqs])
-    with x.kernel("flash2_fwd", grid=sum(cdiv(n, Br) for n, _ in seqs)):
-        for s, (N, Nk) in enumerate(seqs):
-            for i in range(cdiv(N, Br)):  # line 3: one thread block per Q block
-                _q_block(x, p, (Br, Bc, window), (N, Nk, int(q0[s]), int(k0[s])), i)
+    if getattr(t, "seqlens", ()):
+        seqs = t.seqlens
+        q0 = np.cumsum([0] + [n for n, _ in seqs])  # each sequence's first row in the packed Q, O and lse
+        k0 = np.cumsum([0] + [n for _, n in seqs])
+        tr = cdiv(max(1, max(n for n, _ in seqs)), Br)
+        with x.kernel("flash2_fwd", grid=tr * len(seqs)):
+            for s, (N, Nk) in enumerate(seqs):
+                for i in range(tr):
+                    _packed_block(x, p, (Br, Bc, window), (N, Nk, int(q0[s]), int(k0[s])), s, i)
+        return
+    with x.kernel("flash2_fwd", grid=cdiv(p.seq_len, Br)):
+        for i in range(cdiv(p.seq_len, Br)):  # line 3: one thread block per Q block
+            with x.thread_block():
+                _q_block(x, p, (Br, Bc, window), (p.seq_len, p.kv_len, 0, 0), i)
+
+
+def _packed_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int], s: int, i: int) -> None:
+    """Block i of sequence s in the varlen grid (ceil(longest / Br), heads, sequences): every warp reads the
+    sequence's first and next-first query and key rows (cu_seqlens); a block past the sequence's last Q tile exits
+    there; the others run Q block i and read the first query row again where they write O and lse."""
+    with x.thread_block():
+        x.broadcast("cu_seqlens_q", Rows(s, s + 2), WARPS)
+        x.broadcast("cu_seqlens_k", Rows(s, s + 2), WARPS)
+        if i < cdiv(seq[0], tiles[0]):
+            _q_block(x, p, tiles, seq, i)
+            x.broadcast("cu_seqlens_q", Rows(s, s + 1), WARPS)
 
 
 def _shift(r: Rows, by: int) -> Rows:
@@ -130,28 +150,27 @@ def _shift(r: Rows, by: int) -> Rows:
 
 
 def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int], i: int) -> None:
-    """Q block i of a sequence of N queries and Nk keys whose rows start at q0 and k0."""
+    """Q block i of a sequence of N queries and Nk keys whose rows start at q0 and k0 (inside its thread block)."""
     Br, Bc, window = tiles
     N, Nk, q0, k0 = seq
-    with x.thread_block():
-        q = _shift(block_rows(i, Br, N), q0)
-        lo, hi = kv_block_range(i, Br, Bc, N, Nk, p.causal, window)
-        if hi <= lo:  # no row of this block sees a key
-            O_i, L_i = x.empty_output(q)
-            x.store("O", q, O_i)
-            x.store("lse", q, L_i)
-            return
-        Q_i = x.load("Q", q)  # line 4: stays in SRAM throughout
-        O_i, l_i, m_i = x.init_state(q)  # line 5
-        for j in x.order(range(lo, hi)):  # line 6
-            k = _shift(block_rows(j, Bc, Nk), k0)
-            K_j = x.load("K", k)  # line 7
-            V_j = x.load("V", k)
-            S_ij = x.scores(Q_i, K_j, q, k)  # line 8
-            O_i, l_i, m_i = x.online_softmax(S_ij, V_j, O_i, l_i, m_i)  # lines 9-10
-        O_i, L_i = x.finalize(O_i, l_i, m_i)  # lines 12-13
-        x.store("O", q, O_i)  # line 14
-        x.store("lse", q, L_i)  # line 15
+    q = _shift(block_rows(i, Br, N), q0)
+    lo, hi = kv_block_range(i, Br, Bc, N, Nk, p.causal, window)
+    if hi <= lo:  # no row of this block sees a key
+        O_i, L_i = x.empty_output(q)
+        x.store("O", q, O_i)
+        x.store("lse", q, L_i)
+        return
+    Q_i = x.load("Q", q)  # line 4: stays in SRAM throughout
+    O_i, l_i, m_i = x.init_state(q)  # line 5
+    for j in x.order(range(lo, hi)):  # line 6
+        k = _shift(block_rows(j, Bc, Nk), k0)
+        K_j = x.load("K", k)  # line 7
+        V_j = x.load("V", k)
+        S_ij = x.scores(Q_i, K_j, q, k)  # line 8
+        O_i, l_i, m_i = x.online_softmax(S_ij, V_j, O_i, l_i, m_i)  # lines 9-10
+    O_i, L_i = x.finalize(O_i, l_i, m_i)  # lines 12-13
+    x.store("O", q, O_i)  # line 14
+    x.store("lse", q, L_i)  # line 15
 
 
 def shared_memory(p: AttentionProblem, t: Tiles) -> int:
@@ -181,17 +200,23 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     Nv = rows of the Q blocks that see a key; without causal rv = Tc·N, cv = Tr·N_kv, A = N·N_kv, Nv = N, so
     K and V are each read Tr times."""
     N, Nk, d, b, s = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes, STAT_BYTES
+    lengths = {}  # packed: the varlen grid's reads of the lengths (_packed_block)
     if isinstance(t, Flash2Tiles):  # the sums of each sequence (varlen) over its visited K/V blocks (window)
         parts = [visit_sums(n, nk, t.block_q, t.block_kv, p.causal, t.window) for n, nk in sequences(p, t)]
         v = VisitSums(*(sum(getattr(x, f) for x in parts) for f in VisitSums.__dataclass_fields__))
         grid = sum(cdiv(n, t.block_q) for n, _ in sequences(p, t))
+        if t.seqlens:
+            launched = cdiv(max(1, max(n for n, _ in t.seqlens)), t.block_q) * len(t.seqlens)
+            lengths = {"cu_seqlens_q": (2 * launched + grid) * WARPS * 4, "cu_seqlens_k": 2 * launched * WARPS * 4}
+            on_chip = (2 * 2 * launched + grid) * 4  # one copy of each length a block reads
+            grid = launched
     else:
         v = visit_sums(N, Nk, t.block_q, t.block_kv, p.causal)
         grid = cdiv(N, t.block_q)
     rv, cv, A, Nv = v.row_visits, v.col_visits, v.area, v.q_rows
 
     k = KernelCounts("flash2_fwd", grid=grid)
-    k.global_read.update(Q=Nv * d * b, K=cv * d * b, V=cv * d * b)
+    k.global_read.update(Q=Nv * d * b, K=cv * d * b, V=cv * d * b, **lengths)
     k.global_write.update(O=N * d * b, lse=N * s)
     k.flops.update(
         matmul=4 * A * d,
@@ -201,6 +226,8 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     k.sram_write = Nv * d * b + 2 * cv * d * b + Nv * (4 * d + 8) + 8 * A + rv * (4 * d + 8) + N * (4 * d + 4)
     k.sram_read = rv * d * b + 2 * cv * d * b + 4 * A + rv * (4 * d + 8) + Nv * (4 * d + 8) + N * (4 * d + 4)
     k.sram_peak = working_set(p, t)
+    if lengths:
+        k.sram_write += on_chip
     return Counts([k])
 
 
