@@ -103,12 +103,19 @@ def _ragged(c) -> bool:
     return bool(c.seq_len % c.block_q or c.kv_len % c.block_kv)
 
 
+def _ragged_causal_packed(c) -> bool:
+    """Packed causal sequences of which one ends inside a Q tile (the varlen rows whose cp.async bytes vary)."""
+    return bool(c.seqlens) and c.causal and any(q % c.block_q for q, _ in c.seqlens)
+
+
 @pytest.mark.parametrize("device", ["h200", "h100"])
 def test_the_committed_records_are_found_and_global_is_exact(device):
     """Every `global` check of our kernels equals the measured bytes, but flash3's reads (bf16 and fp8) on a ragged
     edge, which exceed the schedule by exactly the out-of-bounds rows of its whole TMA boxes, and the backward's reads on ragged
-    tiles, where ncu's cp.async byte counter reads up to 0.01% high and differs between two runs of one problem
-    (docs/validation.md). torch's FA2 backward (sdpa-flash-bwd) is a blind check, judged in the record, not here."""
+    tiles, where ncu's cp.async byte counter reads up to 0.01% high and differs between two runs of one problem, and
+    packed causal sequences with a ragged end, where the same counter reads 0-5.8 kB high, differing between the three
+    launches of one problem (docs/validation.md, packed sequences). torch's FA2 backward (sdpa-flash-bwd) is a blind
+    check, judged in the record, not here."""
     assert device in V.devices()
     checks = V.load_record(device)
     for c in checks:
@@ -118,10 +125,14 @@ def test_the_committed_records_are_found_and_global_is_exact(device):
             assert c.measured - c.simulated == _tma_box_padding(c), c.label
         elif c.kernel == "flash2-bwd" and c.direction == "read" and _ragged(c):
             assert 0 <= c.measured - c.simulated <= c.simulated // 10_000, c.label
+        elif c.kernel == "flash2" and c.direction == "read" and _ragged_causal_packed(c):
+            assert 0 <= c.measured - c.simulated <= 8 << 10, c.label
         else:
             assert c.simulated == c.measured, c.label
     assert any(c.kernel == "flash2-bwd" and c.boundary == "global" and not _ragged(c) for c in checks)
     assert any(c.kernel == "flash3" and c.seq_len % c.block_q for c in checks)  # the ragged class is there
+    assert sum(c.boundary == "global" and c.direction == "read" and bool(c.seqlens) and not _ragged_causal_packed(c)
+               for c in checks) >= 2  # packed batches whose reads are held exact
     assert any(c.kernel == "flash3-fp8" and c.kv_len % c.block_kv for c in checks)  # and fp8's partial K/V tile
     # the forward sweep was launched three times over, the backward part twice (data/validation/manifest.json)
     assert all(len(c.launches) == (2 if c.kernel.endswith("-bwd") else 3) for c in checks if c.boundary == "hbm")
