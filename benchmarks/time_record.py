@@ -178,6 +178,30 @@ def device_header(device: str, reps: int) -> dict:
             "torch": torch.__version__, "commit": os.environ.get("IOSIM_COMMIT", "unknown"), "reps": reps}
 
 
+def part_main(argv: list[str] | None, part: str, description: str, measure, dry_run) -> int:
+    """The command line of a part of the time record (time_record_<part>.py): ``--dry-run`` predicts every row on any
+    CPU (``dry_run(device)``), ``--measure`` times them on this GPU (``measure(device, reps)``, a record with
+    ``failed_checks``) into ``<out>/<device>-time-<part>.json``; exit 1 where a check failed."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--device", choices=sorted(PROFILE), required=True)
+    ap.add_argument("--measure", action="store_true", help="measure on this GPU")
+    ap.add_argument("--dry-run", action="store_true", help="predict every row (no GPU)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", type=Path, default=None, help="folder for the JSON (default data/validation)")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        dry_run(args.device)
+        return 0
+    if not args.measure:
+        ap.error("--measure or --dry-run (time_record.py judges the measured part)")
+    data = measure(args.device, args.reps)
+    path = (args.out or ROOT / "data/validation") / f"{args.device}-time-{part}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    print(f"wrote {path}; {data['failed_checks']} failed checks")
+    return 1 if data["failed_checks"] else 0
+
+
 def time_call(fn, reps: int, launches: bool) -> tuple[float | None, list[dict], float]:
     """(median ms, the call's launches where asked, seconds the timing ran) of one call; a backend that refuses the
     shape is recorded (ms None, the error as its launch), not fatal."""

@@ -19,14 +19,12 @@ own (``iosim-flash2 varlen``: issue 28's bound, median 5%, worst 15%). No consta
 # ruff: noqa: B023  (each timing lambda is called at once, inside its loop iteration)
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from time_record import PROFILE, device_header, time_call  # beside this file
+from time_record import PROFILE, device_header, part_main, time_call  # beside this file
 
 from iosim.launch.varlen import mask_of, varlen_default_tiles
 
@@ -157,24 +155,7 @@ def dry_run(device: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", choices=sorted(PROFILE), required=True)
-    ap.add_argument("--measure", action="store_true", help="measure on this GPU")
-    ap.add_argument("--dry-run", action="store_true", help="predict every row (no GPU)")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--out", type=Path, default=None, help="folder for the JSON (default data/validation)")
-    args = ap.parse_args(argv)
-    if args.dry_run:
-        dry_run(args.device)
-        return 0
-    if not args.measure:
-        ap.error("--measure or --dry-run (time_record.py judges the measured part)")
-    data = measure(args.device, args.reps)
-    path = (args.out or ROOT / "data/validation") / f"{args.device}-time-varlen.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
-    print(f"wrote {path}; {data['failed_checks']} failed checks")
-    return 1 if data["failed_checks"] else 0
+    return part_main(argv, "varlen", __doc__.split("\n")[0], measure, dry_run)
 
 
 if __name__ == "__main__":
