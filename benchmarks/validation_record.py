@@ -14,7 +14,7 @@ docs/validation.md and writes docs/validation/<device>-parity.html. With ``--mea
 ``--part backward`` measures the backward sweep (:func:`backward_sweep`) into <device>-backward.tar.xz instead,
 ``--part window`` the sliding-window sweep (:func:`window_sweep`: flash2 and flash3, hbm from the L2 model's windowed
 program) into <device>-window.tar.xz, ``--part varlen`` packed sequences (:func:`varlen_sweep`: flash2's varlen
-kernel, hbm from the L2 model walking each sequence, :mod:`iosim.l2.packed`) into <device>-varlen.tar.xz.
+kernel, hbm from the L2 model walking the varlen grid as one program, :mod:`iosim.l2.packed`) into <device>-varlen.tar.xz.
 ``--dry-run`` measures nothing: it simulates every problem of the part's sweep as its records would be (the tiles
 the kernels would report), so that a typo fails on a CPU, not on the GPU. ``--part fp8``: iosim's fp8 forward and its
 quantize kernels (benchmarks/validation_fp8.py says what is measured and compared) into <device>-fp8.tar.xz.
@@ -234,7 +234,7 @@ def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
     regs = [k.get("registers_per_thread") for k in m.kernels]
     lm = launch_model(schedule, p, r.tiles, variant=variant, registers=regs)
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
-    if run.seqlens:  # packed sequences: each walked alone
+    if run.seqlens:  # packed sequences: the varlen grid walked as one program
         return _checks(m, profile, r, packed_dram(p, r.tiles, prof, inputs=L2Inputs(resident=resident)), (bq, bkv))
     l2 = simulate_l2(schedule, p, r.tiles, prof, L2Inputs(resident=resident), variant=variant)
     return _checks(m, profile, r, l2, (bq, bkv))

@@ -228,8 +228,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     backward pass: "expand", the default, as FlashAttention-2; "grouped", as iosim's kernel:
     docs/schedules/backward.md), ``window`` (flash2's and flash3's forward: a sliding window (left, right), None for no
     bound on a side) and ``seqlens`` (flash2's forward: packed sequences, one length or a (queries, keys) pair each,
-    adding up to a batch-1 problem's seq_len and kv_len: ``hbm`` from the L2 model walking each sequence alone
-    (:mod:`iosim.l2.packed`), the time from the fa2 model on the varlen grid, :func:`iosim.timing.fa2.packed_order`),
+    adding up to a batch-1 problem's seq_len and kv_len: ``hbm`` from the L2 model walking the varlen grid as one
+    program (:mod:`iosim.l2.packed`), the time from the fa2 model on the varlen grid, :func:`iosim.timing.fa2.packed_order`),
     ``incoherent`` (``"fp8-quantize"``, the kernels that write iosim's
     fp8 layout, docs/schedules/flash3.md: Q and K rotated by a Hadamard transform first). ``l2`` (default True, as the CLI's ``--l2``): ``hbm`` from the L2 model
     (:mod:`iosim.l2`) where it applies (the forward pass of naive, flash1, flash2, flash3; flash2's backward); ``l2=False``

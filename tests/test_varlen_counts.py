@@ -136,8 +136,8 @@ def test_simulate_takes_window_and_seqlens_with_the_l2_and_time_models_of_each()
     assert r.time.kernel == "iosim-flash2"  # the fa2 model visits each Q block's K/V range
     assert r.to_json()["tiles_by_pass"]["forward"]["window"] == [511, 0]
     v = simulate("flash2", AttentionProblem(seq_len=300, head_dim=64), seqlens=[100, 200])
-    # packed sequences: the L2 model walks each sequence, the fa2 model runs the varlen grid
-    assert v.hbm_model.startswith("l2-lru per packed sequence") and v.time.kernel == "iosim-flash2"
+    # packed sequences: the L2 model walks the varlen grid as one program, the fa2 model times it
+    assert v.hbm_model.startswith("l2-lru over the varlen grid") and v.time.kernel == "iosim-flash2"
     assert v.traffic["hbm"]["read_bytes"] < v.traffic["global"]["read_bytes"]
     assert v.tiles.seqlens == ((100, 100), (200, 200))
 

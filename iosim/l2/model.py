@@ -165,7 +165,7 @@ def unsupported(schedule: str, pass_: str, problem: AttentionProblem, tiles: Til
         return f"schedule {schedule!r}: no launch geometry known to the L2 model"
     if getattr(tiles, "seqlens", ()):
         return ("flash2 with packed sequences: the L2 model's flash2 program is one sequence's (dense or windowed); "
-                "iosim.l2.packed walks each sequence (simulate with l2=True does)")
+                "iosim.l2.packed walks the varlen grid as one program (simulate with l2=True does)")
     if schedule == "naive" and naive_tiles(problem, tiles) > MAX_NAIVE_TILES:
         return (f"naive: about {naive_tiles(problem, tiles):,} tiles of P at once in the L2 model (limit "
                 f"{MAX_NAIVE_TILES:,}); use larger tiles (block_q/block_kv: naive's own kernel takes 128)")

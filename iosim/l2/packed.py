@@ -1,29 +1,32 @@
-"""DRAM bytes of flash2's forward on packed sequences (varlen): each sequence walked by the L2 model as its own problem.
+"""DRAM bytes of flash2's forward on packed sequences (varlen): the varlen grid walked as one program.
 
-The varlen grid (:mod:`iosim.launch.varlen`) runs sequence b's Q blocks for every head before sequence b + 1's
-(``blockIdx.z`` is the sequence), and no two sequences share a byte of Q, K, V, O or lse. So each sequence's DRAM
-reads are, to first order, what it reads run alone: the dense model (:func:`iosim.l2.simulate_l2`) on a batch-1
-problem of its queries and keys, at the same tiles and window. Sequences of the same lengths move the same bytes (one
-walk each). Its writes are those of its walk plus the lines its walk leaves dirty at the end, except those still in
-L2 when the kernel ends: LRU at the grain of sequences, a sequence's dirty lines stay where the sequences after it
-bring in less than the L2's capacity of new bytes (their Q, K, V, O and lse once each), the rest are written back.
-What this leaves out: sequences in flight together at a wave's edge share the cache (a sequence that would fit L2
-alone may not beside its neighbours), and a sequence with no key, whose blocks only write O = 0 and lse (counted as
-those writes).
+kernels/flash_fwd.cu's varlen grid (:mod:`iosim.launch.varlen`) is (ceil(longest / Br), heads, sequences): the
+blocks of sequence b run for every head before sequence b + 1's, a sequence's Q tiles from its last where causal or
+windowed; a block past its sequence's last tile exits at once, touching nothing. :func:`packed_program` lays every
+block that works out in that order as one program over one address space, head h's rows of Q, O and lse at
+``h * total_q`` on, kv head k's rows of K and V at ``k * total_k`` on (so the query heads of a group share their
+K/V tiles, as on the GPU), and the L2 model walks it as it walks one head of a dense problem (:func:`_run`: the
+launch's residency, the profile's L2 inputs). Sequences in flight together share the cache, and a sequence's dirty
+O is written back once what the blocks after it bring in pushes it out, as on the GPU. The walk takes every access
+of every head (no head is extrapolated: the sequences differ); its steady K/V windows may be skipped as a dense
+walk's are (``WalkOptions``).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..blocks import cdiv, kv_block_range
+from ..launch import launch_model
 from ..problem import AttentionProblem
 from ..schedules import Tiles
 from ..schedules.flash2 import Flash2Tiles
-from .model import PROFILE_INPUTS, L2Inputs, WalkOptions, simulate_l2
-
-NOTE = ("l2-lru per packed sequence, each walked as if it ran alone (the varlen grid runs them one after another and "
-        "they share no data), its dirty lines written back once later sequences bring in an L2 of new bytes")
+from .atoms import atomize
+from .model import PROFILE_INPUTS, L2Inputs, WalkOptions, _run
+from .program import LoopProgram
+from .trace import KernelTrace
 
 
 @dataclass(frozen=True)
@@ -35,29 +38,90 @@ class PackedDram:
     text: str
 
 
+def _blocks(p: AttentionProblem, t: Flash2Tiles) -> list[tuple[int, int, int, int, int, int]]:
+    """(first and end Q row, first and end K/V row of its sequence, first and end K/V tile) of every block that
+    works, in launch order, in the flattened rows of :func:`packed_program`."""
+    Br, Bc, window = t.block_q, t.block_kv, t.window
+    reverse = p.causal or window is not None  # the kernel's Causal || Local: a sequence's last tile first
+    tq, tk = sum(n for n, _ in t.seqlens), sum(n for _, n in t.seqlens)
+    out, q0, k0 = [], 0, 0
+    for n, nk in t.seqlens:
+        tiles = range(cdiv(n, Br))
+        for h in range(p.heads):
+            hq, hk = h * tq + q0, (h // (p.heads // p.kv_heads)) * tk + k0
+            for i in (reversed(tiles) if reverse else tiles):
+                lo, hi = kv_block_range(i, Br, Bc, n, nk, p.causal, window) if nk else (0, 0)
+                out.append((hq + i * Br, hq + min((i + 1) * Br, n), hk, hk + nk, lo, max(lo, hi)))
+        q0, k0 = q0 + n, k0 + nk
+    return out
+
+
+def packed_program(p: AttentionProblem, t: Flash2Tiles) -> tuple[LoopProgram, AttentionProblem]:
+    """The varlen grid's blocks that work as one program (module docstring), and the one-head problem of its
+    flattened rows. Per block: Q_i, the group (K_j, V_j) over its visited j (one record each, repeated), O_i, lse_i;
+    a block that sees no key: O_i, lse_i. As :func:`iosim.l2.program.flash2_program` builds one dense head."""
+    Bc = t.block_kv
+    tq, tk = sum(n for n, _ in t.seqlens), sum(n for _, n in t.seqlens)
+    flat = p.model_copy(update={"batch": 1, "heads": 1, "kv_heads": 1, "seq_len": max(1, p.heads * tq),
+                                "kv_len": max(1, p.kv_heads * tk), "causal": False})
+    b = np.array(_blocks(p, t), dtype=np.int64).reshape(-1, 6)
+    q_lo, q_hi, kv0, kv_end, lo, hi = b.T
+    n = hi - lo
+    seen = n > 0
+    cnt = np.where(seen, 5, 2)  # Q, K, V, O, lse, or O, lse
+    ptr = np.zeros(len(b) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(cnt)
+    blk = np.repeat(np.arange(len(b)), cnt)
+    kk = np.arange(ptr[-1]) - ptr[blk]
+    kk = np.where(seen[blk], kk, kk + 3)  # role: 0 Q, 1 K, 2 V, 3 O, 4 lse
+    kv = (kk == 1) | (kk == 2)
+    # a K/V record names its first tile (a sequence's last tile ends at its last key)
+    r0 = np.where(kv, kv0[blk] + lo[blk] * Bc, q_lo[blk])
+    r1 = np.where(kv, np.minimum(kv0[blk] + (lo[blk] + 1) * Bc, kv_end[blk]), q_hi[blk])
+    codes = np.array([0, 1, 2, 3, 8], dtype=np.int8)[kk]
+    # one extra block reads every K/V tile any block visits, so that the atoms are those of the whole trace
+    xs, xe = _all_kv_tiles(kv0[seen], kv_end[seen], lo[seen], hi[seen], Bc)
+    xc = np.tile(np.array([1, 2], dtype=np.int8), len(xs))
+    m = len(kk)
+    zeros = np.zeros(m + 2 * len(xs), dtype=np.int64)
+    syn = KernelTrace("flash2_fwd", np.append(ptr, m + 2 * len(xs)), np.concatenate([codes, xc]),
+                      np.concatenate([r0, np.repeat(xs, 2)]), np.concatenate([r1, np.repeat(xe, 2)]), zeros, zeros,
+                      np.concatenate([kk >= 3, np.zeros(2 * len(xs), bool)]))
+    at = atomize(syn, flat)
+    reps = np.where(kv, n[blk], 1).astype(np.int64)
+    step = kv.astype(np.int32)
+    atom = at.acc_atom[:m]
+    csum = np.concatenate([[0], np.cumsum(at.atom_bytes)])
+    nbytes = csum[atom + reps] - csum[atom]
+    wr = kk >= 3
+    prog = LoopProgram("flash2_fwd", ptr, atom, at.acc_shape[:m], wr, step, np.where(kk == 2, 1, 0).astype(np.int32),
+                       np.where(kv, 2, 1).astype(np.int32), reps, at.shapes, at.atom_bytes, at.atom_kv,
+                       at.atom_tensor, int(nbytes[~wr].sum()), int(nbytes[wr].sum()), np.where(seen, 2 * n + 3, 2))
+    return prog, flat
+
+
+def _all_kv_tiles(kv0, kv_end, lo, hi, Bc: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first, end row) of every K/V tile some block visits: per (sequence, kv head), tiles min(lo) .. max(hi)."""
+    starts, ends = [], []
+    for k0 in np.unique(kv0):
+        sel = kv0 == k0
+        j = np.arange(lo[sel].min(), hi[sel].max())
+        starts.append(k0 + j * Bc)
+        ends.append(np.minimum(k0 + (j + 1) * Bc, kv_end[sel][0]))
+    if not starts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(starts), np.concatenate(ends)
+
+
 def packed_dram(problem: AttentionProblem, tiles: Flash2Tiles, profile, walk: WalkOptions | None = None,
                 inputs: L2Inputs = PROFILE_INPUTS) -> PackedDram:
-    """DRAM bytes of flash2's forward on ``tiles.seqlens`` (``problem``: batch 1, the packed totals): the sum over
-    the sequences of each one's own walk (one per distinct (queries, keys)); ``walk`` and ``inputs`` as
-    :func:`iosim.l2.simulate_l2` takes them."""
-    dense = Tiles(tiles.block_q, tiles.block_kv) if tiles.window is None else Flash2Tiles(
-        tiles.block_q, tiles.block_kv, window=tiles.window)
-    walks = {}
-    for n, nk in Counter(s for s in tiles.seqlens if s[0] > 0 and s[1] > 0):
-        walks[n, nk] = simulate_l2("flash2", problem.model_copy(update={"batch": 1, "seq_len": n, "kv_len": nk}),
-                                   dense, profile, inputs, walk=walk or WalkOptions())
-    capacity = next(iter(walks.values())).capacity if walks else 0
-    read = write = after = 0.0  # after: bytes the sequences after this one bring into L2
-    for n, nk in reversed(tiles.seqlens):
-        if n == 0:
-            continue  # every block of the sequence exits at once
-        rows, keys = n * problem.heads, nk * problem.kv_heads
-        if nk == 0:  # no key: O = 0 and lse written
-            write += rows * (problem.head_dim * problem.elem_bytes + 4)
-        else:
-            k = walks[n, nk].kernels[0]
-            stays = min(k.dirty_at_end, max(0.0, capacity - after))
-            read, write = read + k.dram_read, write + k.dram_write + k.dirty_at_end - stays
-        after += (2 * rows + 2 * keys) * problem.head_dim * problem.elem_bytes + 4 * rows
-    inner = f"; {next(iter(walks.values())).describe()} (the first walk)" if walks else ""
-    return PackedDram(round(read), round(write), f"{NOTE}: {len(walks)} walks for {len(tiles.seqlens)} sequences{inner}; iosim.l2")
+    """DRAM bytes of flash2's forward on ``tiles.seqlens`` (``problem``: batch 1, the packed totals): the varlen grid
+    walked as one program (:func:`packed_program`) at the residency of flash2's launch at these tiles; ``walk`` and
+    ``inputs`` as :func:`iosim.l2.simulate_l2` takes them."""
+    prog, flat = packed_program(problem, tiles)
+    lm = launch_model("flash2", flat, Tiles(tiles.block_q, tiles.block_kv))  # forward block order: prog's own
+    r = _run("flash2", flat, lm, lambda _: [prog], profile, inputs, walk or WalkOptions(), traced=False)
+    text = (f"l2-lru over the varlen grid walked as one program (every head of every sequence in launch order): "
+            f"{r.describe()}; L2 flushed before the kernel, dirty lines left at the end not written "
+            "(Nsight Compute's conditions); iosim.l2.packed")
+    return PackedDram(r.read_bytes, r.write_bytes, text)
