@@ -31,7 +31,7 @@ def wgmma_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
 
 
 def _wgmma(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """wgmma tables (Hopper): fp16, bf16 and fp8 (e4m3), N 64, 128 and 256, 1-3 warpgroups per SM."""
+    """wgmma tables (Hopper): fp16, bf16 and fp8 (e4m3), N 128 and 256, 1-3 warpgroups per SM."""
     wnames, i32 = rates_wgmma_names(), cp.int32
     for dt, short, k_inst in WGMMA_TYPES:
         for n in RATES_WGMMA_N:

@@ -10,7 +10,7 @@ from iosim.gpu.build import CUDA_TYPES, FLASH3_ARCH, FLASH3_CUDA_TYPES, FP8_DTYP
 
 RATES_SOURCE = "rates.cu"
 RATES_WGMMA_DEFINE = "-DIOSIM_RATES_WGMMA"
-RATES_WGMMA_N = (64, 128, 256)  # wgmma m64nNk16 (e4m3: m64nNk32)
+RATES_WGMMA_N = (128, 256)  # wgmma m64nNk16 (e4m3: m64nNk32)
 RATES_WARPGROUPS = (1, 2, 3)  # warpgroups per block (one block per SM)
 # the wgmma kernels' input types: fp16, bf16 and e4m3 (k32); CUDA_TYPES stays 16-bit, as the other kernels read it
 RATES_WGMMA_TYPES: dict[str, str] = {**CUDA_TYPES, FP8_DTYPE: FLASH3_CUDA_TYPES[FP8_DTYPE]}

@@ -40,8 +40,6 @@ class WgmmaRates(_Strict):
     """wgmma m64nNk16 (fp8: m64nNk32), A and B from shared memory, fp32 accumulate, by warpgroups per SM (one block
     per SM)."""
 
-    n64: SourcedFlopsTable | None = Field(None, description="N = 64 (FA3's S GEMM at 64-key tiles, its P·V at head "
-                                          "dim 64); null: not measured (a profile calibrated before it was)")
     n128: SourcedFlopsTable
     n256: SourcedFlopsTable
     wait: SourcedCycles | None = Field(None, description="the fixed cost of committing a chain of wgmma and waiting "
