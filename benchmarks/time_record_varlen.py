@@ -13,7 +13,10 @@ alone. Then the time: the median of ``--reps`` CUDA-event intervals of warm call
 ``data/validation/<device>-time-varlen.json``; time_record.py predicts each row with ``simulate(...,
 seqlens=...)`` (the fa2 model on the varlen grid: each sequence's Q blocks timed as its own problem, blocks past a
 sequence's last tile exiting at once, :func:`iosim.timing.fa2.packed_order`) and judges them as a group of their
-own (``iosim-flash2 varlen``: issue 28's bound, median 5%, worst 15%). No constant is fitted on them.
+own (``iosim-flash2 varlen``: issue 28's bound, median 5%, worst 15%). No constant is fitted on them. Each batch is
+also run by torch's FlashAttention-2 varlen kernel (``torch.ops.aten._flash_attention_forward`` with cumulative
+lengths; its output checked against ours), rows ``fa2``: a blind check of the same model with FA2's description
+(its grid (Q tiles, sequences, heads), its tiles), judged as ``fa2 varlen``.
 """
 
 # ruff: noqa: B023  (each timing lambda is called at once, inside its loop iteration)
@@ -27,9 +30,11 @@ import numpy as np
 from time_record import PROFILE, device_header, part_main, time_call  # beside this file
 
 from iosim.launch.varlen import mask_of, varlen_default_tiles
+from iosim.timing import load_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = "iosim-flash2"
+PEER = "fa2"  # torch's FlashAttention-2 varlen kernel (torch.ops.aten._flash_attention_forward with cumulative lengths)
 AGREE = 2e-2  # bf16: the packed call and the dense calls agree within this (max |difference|, O of unit-variance inputs)
 
 
@@ -80,17 +85,21 @@ def sweep() -> list[VarlenShape]:
     ]
 
 
-def tiles_of(s: VarlenShape) -> tuple[int, int]:
-    """The tiles the varlen kernel runs shape ``s`` at (its default; the Local instantiation's with a window)."""
+def tiles_of(s: VarlenShape, kernel: str = KERNEL) -> tuple[int, int]:
+    """The tiles ``kernel`` runs shape ``s`` at: our varlen kernel's default (the Local instantiation's with a
+    window), torch's FA2 its description's (the same kernel traits as its dense batch)."""
+    if kernel == PEER:
+        tc = load_kernel(PEER).tiles_for(s.head_dim)
+        return tc.block_q, tc.block_kv
     return varlen_default_tiles(s.head_dim, mask_of(s.causal, s.window).local)
 
 
-def row_of(s: VarlenShape) -> dict:
+def row_of(s: VarlenShape, kernel: str = KERNEL) -> dict:
     """The fields of a row the judge (time_judge.simulate_row) reads: a problem of batch 1 whose lengths are the
     packed totals, the sequences, the kernel's tiles."""
     tq, tk = s.total
-    bq, bkv = tiles_of(s)
-    return {"kernel": KERNEL, "name": s.name, "batch": 1, "heads": s.heads, "kv_heads": s.kv_heads, "seq_len": tq,
+    bq, bkv = tiles_of(s, kernel)
+    return {"kernel": kernel, "name": s.name, "batch": 1, "heads": s.heads, "kv_heads": s.kv_heads, "seq_len": tq,
             "kv_len": tk, "head_dim": s.head_dim, "dtype": s.dtype, "causal": s.causal,
             "window": None if s.window is None else list(s.window), "seqlens": [list(x) for x in s.seqlens],
             "block_q": bq, "block_kv": bkv}
@@ -140,18 +149,38 @@ def measure(device: str, reps: int) -> dict:
         ms, _, timed_s = time_call(lambda: gpu.attention_varlen(q, k, v, batch, causal=s.causal, window=s.window),
                                    reps, launches=False)
         rows.append({**row_of(s), "measured_ms": ms, "timed_s": timed_s, "check_diff": diff})
+        peer = _torch_fa2(torch, s, q, k, v)
+        peer_diff = float((peer().float() - out.float()).abs().max())
+        peer_ok = peer_diff < AGREE
+        failed += not peer_ok
+        peer_ms, _, peer_s = time_call(peer, reps, launches=False)
+        rows.append({**row_of(s, PEER), "measured_ms": peer_ms, "timed_s": peer_s, "check_diff": peer_diff})
         print(f"[{i + 1}/{len(sweep())}] {s.key:<30} {len(s.seqlens):>4} seqs {ms:9.4f} ms  vs dense max |diff| "
-              f"{diff:.2e}{'' if ok else '  FAILED'}", flush=True)
+              f"{diff:.2e}{'' if ok else '  FAILED'}; torch FA2 {peer_ms:9.4f} ms, vs ours {peer_diff:.2e}"
+              f"{'' if peer_ok else '  FAILED'}", flush=True)
     return {**device_header(device, reps), "rows": rows, "failed_checks": failed}
+
+
+def _torch_fa2(torch, s: VarlenShape, q, k, v):
+    """A call of torch's FlashAttention-2 varlen kernel on the packed q, k, v (the same mask: causal bottom-right
+    per sequence, FlashAttention's window_size)."""
+    cu_q, cu_k = (torch.tensor(np.cumsum([0] + [x[i] for x in s.seqlens]), device="cuda", dtype=torch.int32)
+                  for i in (0, 1))
+    max_q, max_k = max(x for x, _ in s.seqlens), max(x for _, x in s.seqlens)
+    window = {} if s.window is None else {"window_size_left": -1 if s.window[0] is None else s.window[0],
+                                          "window_size_right": -1 if s.window[1] is None else s.window[1]}
+    return lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, s.causal, False,
+                                                           **window)[0]
 
 
 def dry_run(device: str) -> None:
     from time_judge import simulate_row  # beside this file
 
     for s in sweep():
-        r = simulate_row(row_of(s), PROFILE[device])
-        print(f"{s.key:<30} {len(s.seqlens):>4} seqs  predicted {r.time.predicted_s * 1e3:8.4f} ms "
-              f"({r.time.kernel}, {r.time.bound})")
+        for kernel in (KERNEL, PEER):
+            r = simulate_row(row_of(s, kernel), PROFILE[device])
+            print(f"{s.key:<30} {kernel:<13} {len(s.seqlens):>4} seqs  predicted {r.time.predicted_s * 1e3:8.4f} ms "
+                  f"({r.time.kernel}, {r.time.bound})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,11 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from iosim import AttentionProblem, simulate
+from iosim.hardware.gpu import get_profile
 from iosim.l2 import simulate_l2
 from iosim.l2.packed import packed_dram
 from iosim.schedules import Tiles
 from iosim.schedules.flash2 import Flash2Tiles
-from iosim.timing import uncertainty
+from iosim.timing import fa2, load_kernel, uncertainty
+from iosim.timing.kernels import TileConfig
+from iosim.timing.rates import rates
 from iosim.validation import seqlens_text
 
 H100 = "h100-sxm5-80gb"
@@ -53,18 +56,36 @@ def test_each_row_is_predicted_by_the_fa2_model_on_its_sequences(tv, judge):
         assert r.time.uncertainty.group.split(", ")[1] in ("varlen", uncertainty.ALL)  # its regime, or too few rows
 
 
+def test_the_varlen_grids_order_is_the_descriptions():
+    """Ours runs every head of a sequence before the next sequence, a causal sequence's last Q tile first; FA2 runs
+    every sequence of a head before the next head, its Q tiles in order. Blocks past a sequence's end exit."""
+    p = AttentionProblem(seq_len=384, heads=2, head_dim=64, causal=True)
+    rt = rates(get_profile(H100), "bf16")
+    tc = TileConfig(block_q=128, block_kv=64, registers=128)
+    exit_s = rt.block_s + rt.l2_latency_s
+    for name in ("iosim-flash2", "fa2"):
+        t = fa2.packed_order(p, load_kernel(name), tc, 1, rt, 0.0, ((256, 256), (128, 128)), None)
+        kinds = ["exit" if x == exit_s else "work" for x in t]  # 2 blocks a head and sequence (the longest's tiles)
+        if name == "iosim-flash2":  # sequence 0 (tile 1, tile 0) for head 0 and head 1; then sequence 1's (tile 0, exit)
+            assert kinds == ["work", "work"] * 2 + ["work", "exit"] * 2 and t[0] > t[1]
+        else:  # head 0: sequence 0 (tile 0, tile 1), sequence 1 (tile 0, exit); then head 1
+            assert kinds == ["work", "work", "work", "exit"] * 2 and t[0] < t[1]
+
+
 def test_packed_rows_are_their_own_regime():
     assert uncertainty.regime("iosim-flash2", 4096, 4096, True, packed=True) == "varlen"
     assert seqlens_text(((3, 5), (7, 7))) == "3:5 7:7" and seqlens_text(None) == ""
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_equal_sequences_packed_take_the_dense_batchs_time(causal):
-    """16 sequences of 1024 packed run the dense batch's grid (Tr, heads, 16) block for block."""
+@pytest.mark.parametrize("kernel", ["iosim-flash2", "fa2"])
+def test_equal_sequences_packed_take_the_dense_batchs_time(causal, kernel):
+    """16 sequences of 1024 packed run the dense batch's blocks, block for block (our grid (Tr, heads, 16), FA2's
+    (Tr, 16, heads))."""
     dense = simulate("flash2", AttentionProblem(batch=16, heads=16, seq_len=1024, head_dim=128, causal=causal),
-                     H100, kernel="iosim-flash2", warm=True)
+                     H100, kernel=kernel, warm=True)
     packed = simulate("flash2", AttentionProblem(batch=1, heads=16, seq_len=16384, head_dim=128, causal=causal),
-                      H100, kernel="iosim-flash2", warm=True, seqlens=[1024] * 16)
+                      H100, kernel=kernel, warm=True, seqlens=[1024] * 16)
     assert packed.time.kernels[0].resources["blocks"] == pytest.approx(dense.time.kernels[0].resources["blocks"],
                                                                        rel=1e-12)
 

@@ -121,20 +121,25 @@ def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r
 
 def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates, latency: float,
                  seqs: tuple[tuple[int, int], ...], window: tuple[int | None, int | None] | None) -> np.ndarray:
-    """Seconds of each thread block of packed sequences ``seqs`` ((queries, keys) each), in the launch order of
-    kernels/flash_fwd.cu's varlen grid (ceil(longest / Br), heads, sequences): a sequence's Q blocks, from its last
-    where causal or windowed (they see the most keys), each timed as the sequence's own problem; then the blocks past
-    its last Q tile, which exit at once (a block's start and its read of the cumulative lengths, an L2 hit)."""
+    """Seconds of each thread block of packed sequences ``seqs`` ((queries, keys) each), in the launch order of the
+    description's varlen grid (``varlen_grid``): kernels/flash_fwd.cu's (ceil(longest / Br), heads, sequences), a
+    sequence's Q blocks from its last where causal or windowed (they see the most keys); FlashAttention-2's
+    (ceil(longest / Br), sequences, heads), in order. Each Q block is timed as its sequence's own problem; a block
+    past its sequence's last Q tile exits at once (a block's start and its read of the cumulative lengths, an L2
+    hit)."""
     Tr = cdiv(max(1, max(n for n, _ in seqs)), tc.block_q)
     exit_s = r.block_s + r.l2_latency_s
-    out = []
+    reverse = desc.launch_order == "causal-longest-first" and (p.causal or window is not None)
+    per_seq = []  # one head's blocks of each sequence, exits included
     for n, nk in seqs:
         t = np.zeros(0)
         if n > 0:  # the sequence as a problem of its own (a copy: a sequence may have no key)
             t = block_times(p.model_copy(update={"seq_len": n, "kv_len": nk}), desc, tc, k, r, latency, window)
-            t = t[::-1] if p.causal or window is not None else t
-        out.append(np.tile(np.concatenate([t, np.full(Tr - len(t), exit_s)]), p.heads))
-    return np.concatenate(out)
+            t = t[::-1] if reverse else t
+        per_seq.append(np.concatenate([t, np.full(Tr - len(t), exit_s)]))
+    if desc.varlen_grid == "tiles-sequences-heads":  # every sequence of head 0, then of head 1, ...
+        return np.tile(np.concatenate(per_seq), p.heads)
+    return np.concatenate([np.tile(s, p.heads) for s in per_seq])
 
 
 def launch_order(per_head: np.ndarray, copies: int, desc: KernelDesc, causal: bool) -> np.ndarray:

@@ -110,6 +110,10 @@ class KernelDesc(_Strict):
     # persistent: a dynamic tile scheduler (each tile to the block that frees first, longest first: FA3's);
     # persistent-iosim: kernels/flash3_fwd.cu's own assignment (iosim.launch.flash3_schedule: the snake, or the
     # host's greedy schedule of a causal call)
+    varlen_grid: Literal["tiles-heads-sequences", "tiles-sequences-heads"] = Field(
+        default="tiles-heads-sequences", description="fa2, packed sequences: the varlen grid's axes (x, y, z), so its "
+        "launch order (x fastest): kernels/flash_fwd.cu's (Q tiles, heads, sequences), a sequence's tiles from its "
+        "last where causal or windowed; FlashAttention-2's mha_varlen_fwd (Q tiles, sequences, heads), in order")
     tiles: dict[int, TileConfig] = Field(default_factory=dict, description="head_dim -> tiles")
     split_kv: SplitKV | None = Field(default=None, description="the split-KV kernel used for decode (seq_len small)")
     fold_gqa_decode: bool = Field(default=False, description="one query with grouped-query heads runs with the "
