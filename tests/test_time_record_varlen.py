@@ -134,3 +134,23 @@ def test_a_long_sequence_after_a_short_one_writes_the_short_ones_o_back():
     both = packed_dram(p.model_copy(update={"seq_len": 17408, "kv_len": 17408}),
                        Flash2Tiles(128, 32, seqlens=((1024, 1024), (16384, 16384))), H100)
     assert both.write_bytes - big.write_bytes >= 1024 * 16 * 128 * 2  # the short sequence's O, written back
+
+
+@given(lens=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 700)), min_size=1, max_size=6),
+       causal=st.booleans(), windowed=st.booleans(), heads=st.sampled_from([(2, 2), (4, 1), (6, 2)]))
+@settings(max_examples=30, deadline=None)
+def test_the_packed_walk_reads_what_the_blocks_need_at_least_once(lens, causal, windowed, heads):
+    """Any packed batch (empty sequences, sequences without keys, windows, grouped heads) walks: DRAM reads no fewer
+    than the bytes of Q its blocks read (each Q tile by one block, once) and no more than ``global``; writes no more
+    than O and lse."""
+    tq, tk = sum(q for q, _ in lens), sum(k for _, k in lens)
+    if tq == 0 or tk == 0:
+        return  # a problem has at least one query and one key
+    p = AttentionProblem(seq_len=tq, kv_len=tk, heads=heads[0], kv_heads=heads[1], head_dim=64, causal=causal,
+                         dtype="bf16")
+    window = (200, 0 if causal else 100) if windowed else None
+    r = simulate("flash2", p, H100, seqlens=lens, window=window, block_q=128, block_kv=64)
+    g = r.counts.kernels[0].global_read
+    once = simulate("flash2", p, H100, seqlens=lens, window=window, block_q=128, block_kv=64, l2=False)
+    assert r.hbm_read[0] <= once.hbm_read[0]  # at most what the blocks request (global)
+    assert r.hbm_read[0] >= g["Q"] and r.hbm_write[0] <= tq * p.heads * (64 * 2 + 4)
