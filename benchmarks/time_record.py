@@ -178,6 +178,13 @@ def device_header(device: str, reps: int) -> dict:
             "torch": torch.__version__, "commit": os.environ.get("IOSIM_COMMIT", "unknown"), "reps": reps}
 
 
+def save_record(data: dict, path: Path) -> Path:
+    """Write a measured record (``data``) as JSON to ``path``, its folder made where missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
 def part_main(argv: list[str] | None, part: str, description: str, measure, dry_run) -> int:
     """The command line of a part of the time record (time_record_<part>.py): ``--dry-run`` predicts every row on any
     CPU (``dry_run(device)``), ``--measure`` times them on this GPU (``measure(device, reps)``, a record with
@@ -195,9 +202,7 @@ def part_main(argv: list[str] | None, part: str, description: str, measure, dry_
     if not args.measure:
         ap.error("--measure or --dry-run (time_record.py judges the measured part)")
     data = measure(args.device, args.reps)
-    path = (args.out or ROOT / "data/validation") / f"{args.device}-time-{part}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
+    path = save_record(data, (args.out or ROOT / "data/validation") / f"{args.device}-time-{part}.json")
     print(f"wrote {path}; {data['failed_checks']} failed checks")
     return 1 if data["failed_checks"] else 0
 
@@ -286,9 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "-heldout" if args.part == "heldout" else ""
     raw = (args.out or ROOT / "data/validation") / f"{args.device}-time{suffix}.json"
     if args.measure:
-        data = measure(args.device, args.reps, args.only, args.part)
-        raw.parent.mkdir(parents=True, exist_ok=True)
-        raw.write_text(json.dumps(data, indent=1))
+        save_record(measure(args.device, args.reps, args.only, args.part), raw)
         print(f"wrote {raw}")
         return 0
     if args.append_throughput:

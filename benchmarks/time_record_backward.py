@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench_backward import _inputs, _torch_backward  # beside this file
-from time_record import PROFILE, Shape, device_header, time_call
+from time_record import PROFILE, Shape, device_header, save_record, time_call
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ("iosim-flash2-bwd", "iosim-flash3-bwd", "fa2-bwd", "cudnn-bwd")
@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and args.merge:
         kept = [r for r in json.loads(args.merge.read_text())["rows"] if r["kernel"] not in args.only]
         data["rows"] = kept + data["rows"]
-    raw.parent.mkdir(parents=True, exist_ok=True)
-    raw.write_text(json.dumps(data, indent=1))
+    save_record(data, raw)
     print(f"wrote {raw}")
     return 0
 

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import statistics
 import sys
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from time_record import PROFILE, device_header, save_record  # beside this file
+
 ROOT = Path(__file__).resolve().parent.parent
-PROFILE = {"h100": "h100-sxm5-80gb", "h200": "h200-sxm-141gb"}
 BOUND = (0.05, 0.15)  # issue 28: time rows of the new kernels, median and worst |error|
 TOL = {"bf16": 1e-2, "fp16": 1e-3}  # relative Frobenius error against float64 (tests/gpu's)
 
@@ -153,7 +153,6 @@ def measure_shape(torch, gpu, s: DecodeShape, reps: int, seed: int) -> dict:
 
 def measure(device: str, reps: int) -> dict:
     import torch
-    from time_record import device_header  # beside this file
 
     from iosim import gpu
 
@@ -243,9 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.measure:
         ap.error("give --measure (on the GPU) or --judge-benchmark; time_record.py --device DEVICE judges the record")
     data = measure(args.device, args.reps)
-    raw = (args.out or ROOT / "data/validation") / f"{args.device}-time-decode.json"
-    raw.parent.mkdir(parents=True, exist_ok=True)
-    raw.write_text(json.dumps(data, indent=1))
+    raw = save_record(data, (args.out or ROOT / "data/validation") / f"{args.device}-time-decode.json")
     print(f"wrote {raw}")
     failed = [r["check"] for r in data["rows"] if r["check"] != "ok"]
     if failed:

@@ -28,14 +28,13 @@ bound, median 5%, worst 15%), apart from the bf16 rows of the same kernel.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import cudnn_fp8  # beside this file
-from time_record import PROFILE, Shape, device_header, time_call
+from time_record import PROFILE, Shape, device_header, save_record, time_call
 
 from iosim.launch import FLASH3_FP8_TILES
 
@@ -221,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     start = time.perf_counter()
     data = measure(args.device, args.reps, args.only)
-    raw = (args.out or ROOT / "data/validation") / f"{args.device}-time-fp8.json"
-    raw.parent.mkdir(parents=True, exist_ok=True)
-    raw.write_text(json.dumps(data, indent=1))
+    raw = save_record(data, (args.out or ROOT / "data/validation") / f"{args.device}-time-fp8.json")
     print(f"wrote {raw} ({time.perf_counter() - start:.0f} s)")
     failed = [f"{r['kernel']} b{r['batch']} h{r['heads']}/{r['kv_heads']} N={r['seq_len']} d={r['head_dim']}"
               for r in data["rows"] if r.get("check") == "FAIL"]

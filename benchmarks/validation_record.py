@@ -342,7 +342,7 @@ def dry_run(part: str, profile: str, repeat: int) -> None:
         fp8_dry_run(profile, repeat)
         return
     if part in ("window", "varlen"):
-        window_dry_run(profile, repeat, part)
+        tiled_dry_run(profile, repeat, part)
         return
     problems = part_sweep(part)
     launches = 0
@@ -366,7 +366,7 @@ def dry_run(part: str, profile: str, repeat: int) -> None:
     print(f"{len(problems)} problems x {repeat} launches: about {launches * repeat} kernels profiled per ncu pass")
 
 
-def window_dry_run(profile: str, repeat: int, part: str = "window") -> None:
+def tiled_dry_run(profile: str, repeat: int, part: str = "window") -> None:
     """The window or varlen part's problems simulated at the tiles our kernels run them at (global, and hbm from
     the L2 model)."""
     prof = get_profile(profile)

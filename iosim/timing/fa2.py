@@ -119,6 +119,12 @@ def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r
     return prologue + n * t_step + epilogue
 
 
+def sequence(p: AttentionProblem, n: int, nk: int) -> AttentionProblem:
+    """Packed sequence (``n`` queries, ``nk`` keys) of the batch-1 problem ``p`` as a problem of its own (a copy, not
+    validated: a sequence may have no key)."""
+    return p.model_copy(update={"seq_len": n, "kv_len": nk})
+
+
 def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates, latency: float,
                  seqs: tuple[tuple[int, int], ...], window: tuple[int | None, int | None] | None) -> np.ndarray:
     """Seconds of each thread block of packed sequences ``seqs`` ((queries, keys) each), in the launch order of the
@@ -133,8 +139,8 @@ def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, 
     per_seq = []  # one head's blocks of each sequence, exits included
     for n, nk in seqs:
         t = np.zeros(0)
-        if n > 0:  # the sequence as a problem of its own (a copy: a sequence may have no key)
-            t = block_times(p.model_copy(update={"seq_len": n, "kv_len": nk}), desc, tc, k, r, latency, window)
+        if n > 0:
+            t = block_times(sequence(p, n, nk), desc, tc, k, r, latency, window)
             t = t[::-1] if reverse else t
         per_seq.append(np.concatenate([t, np.full(Tr - len(t), exit_s)]))
     if desc.varlen_grid == "tiles-sequences-heads":  # every sequence of head 0, then of head 1, ...
@@ -185,9 +191,8 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
              "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,
              "step_load": sp.load_s, "step": sp.step_s}
     bound = "dram" if memory > blocks else _step_bound(sp, k)
-    steps = heads * float(sum(np.sum(visits(p.model_copy(update={"seq_len": n, "kv_len": nk}), tc.block_q,
-                                                tc.block_kv, window)) for n, nk in seqs if n > 0) if seqs
-                          else np.sum(visits(p, tc.block_q, tc.block_kv, window)))
+    problems = [sequence(p, n, nk) for n, nk in seqs if n > 0] if seqs else [p]
+    steps = heads * float(sum(np.sum(visits(q, tc.block_q, tc.block_kv, window)) for q in problems))
     smem = smem_bytes_moved(p, tc, desc.warps, grid, steps)
     return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": bound}, smem)
 
