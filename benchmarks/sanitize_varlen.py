@@ -9,7 +9,8 @@ Every varlen instantiation (each tile of iosim.launch.varlen's lists, plain, cau
 on packed sequences of lengths 0, 1, 37, 300 and 130 (keys 5, 1, 0, 333, 130: empty sequences, a sequence with keys
 but no queries and the reverse, rows that see no key), grouped-query heads 4:1; windows (0, 0), (17, 0), (40, 9),
 (0, None), and on the dense batch (null cu_seqlens) one window per tile; on a Hopper GPU also flash3_fwd.cu's windowed
-instantiations (d 64, 128, 256) on the dense batch, the same windows. CuPy's memory pool is off, so every array is
+instantiations (d 64, 128, 256) on the dense batch, the same windows, and its packed-sequence instantiations on the
+same packed batch (plain, causal and the windows). CuPy's memory pool is off, so every array is
 its own allocation and memcheck sees a read past the end of q, k, v or cu_seqlens, or a write past o or lse.
 """
 
@@ -77,6 +78,11 @@ def main() -> int:
                     o, lse = gpu.attention(qd, kd, kd, schedule="flash3", causal=window[1] == 0, return_lse=True,
                                            options=gpu.AttentionOptions(window=window))
                     check(cp, o, lse, (d, "flash3", window))
+                    n += 1
+                q, k, v = packed(cp, rng, dtype, d)  # flash3's packed sequences: plain, causal, windows
+                for causal, window in ((False, None), (True, None), *((w[1] == 0, w) for w in WINDOWS)):
+                    o, lse = gpu.attention_varlen(q, k, v, batch, causal=causal, window=window, schedule="flash3")
+                    check(cp, o, lse, (d, "flash3 varlen", causal, window))
                     n += 1
     print(f"sanitize_varlen: {n} kernel launches, no NaN")
     return 0

@@ -49,6 +49,11 @@
 //       visits K/V tiles kv_first .. kv_blocks - 1, masking the tiles its rows straddle. Measured (H100, B=2,
 //       N=8192, causal windows 256 / 1024 / 4096): d=64 163 / 318 / 412 TFLOP/s (1.12-1.15x FlexAttention),
 //       d=128 230 / 461 / 602 (1.49-1.62x).
+//   Varlen (issue 28): packed sequences (q (total_q, H, d), k, v (total_k, H_kv, d), cu_seqlens; 16-bit inputs,
+//       causal, windowed or neither). The tensor maps see one batch of total rows, so a tile's boxes start at its
+//       sequence's first row and a box that runs past the sequence reads the next one's rows: its keys are masked
+//       (col >= n_k) and its query rows are never stored. Tiles come from a host schedule of the working tiles
+//       (iosim/launch/flash3_schedule.py varlen_schedule), tile t = m + Tr * (h + H * b) with Tr of the longest.
 #include "common.cuh"
 #include "hopper.cuh"  // before the wgmma wrappers: they name its e4m3
 #include "flash3_wgmma.cuh"
@@ -95,7 +100,14 @@ template <> struct F3Out<e4m3> { using type = __nv_bfloat16; };
 // (a factor of 256 that cancels in O / l; FlashAttention-3's Max_offset)
 constexpr float kF3PShift = 8.f;
 
-template <int D, int Bc, typename T, bool Causal, bool Local = false>
+// The sequence a tile belongs to: its first query and key rows in q and k (0 for the dense batch), the batch
+// coordinate of the TMA boxes (the dense batch's b; 0 for packed sequences, whose tensors are one batch of
+// total rows), and its lengths.
+struct F3Seq {
+    int q0, k0, b, n_q, n_k;
+};
+
+template <int D, int Bc, typename T, bool Causal, bool Local = false, bool Varlen = false>
 __global__ void __launch_bounds__(kF3Threads, 1)
     flash3_fwd_kernel(const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k,
                       const __grid_constant__ TmaMap tm_v, typename F3Out<T>::type* __restrict__ o,
@@ -103,13 +115,12 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                       const float* __restrict__ q_scale, const float* __restrict__ k_scale,
                       const float* __restrict__ v_scale, int batch,
                       int seq_len, int kv_len, int heads, int kv_heads, float scale_log2, int window_left,
-                      int window_right) {
+                      int window_right, const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
+                      int total_q) {
     using OT = typename F3Out<T>::type;
     constexpr bool kFp8 = is_same<T, e4m3>::value;
     static_assert(!(Causal && Local), "a causal window is Local with right = 0");
-    static_assert(!(kFp8 && Local), "a window is a 16-bit kernel's");
-    // Local: row i sees keys i + offset - left .. i + offset + right (each bound at most the sequence: no overflow)
-    const int left = Local ? min(window_left, kv_len) : 0, right = Local ? min(window_right, seq_len) : 0;
+    static_assert(!(kFp8 && (Local || Varlen)), "windows and packed sequences are 16-bit kernels'");
     constexpr int E = kFp8 ? 1 : 2;          // bytes per input element
     constexpr int Br = 128;                 // 2 consumer warpgroups x 64 rows
     // Q and K: d/panel column panels of rows x kRowBytes, swizzled (128 B rows; 64 B where a row of d is 64 B)
@@ -139,10 +150,29 @@ __global__ void __launch_bounds__(kF3Threads, 1)
     auto v_empty = [&](int s) { return bars + 8 * (2 + 3 * kF3Stages + s); };
 
     const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31;
+    // Varlen: sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (keys likewise), seq_len the
+    // longest sequence's queries (the tile numbering's Tr), lse (H, total_q); tiles past a sequence's end are skipped
     const int Tr = (seq_len + Br - 1) / Br;
     const int n_tiles = Tr * heads * batch;
-    const int offset = kv_len - seq_len;              // causal: row i sees key j iff j <= i + offset
     const long long q_stride = (long long)heads * D;  // elements between consecutive query rows
+    auto seq_of = [&](int b) -> F3Seq {
+        if constexpr (Varlen) {
+            const int q0 = __ldg(cu_seqlens_q + b), k0 = __ldg(cu_seqlens_k + b);
+            return {q0, k0, 0, __ldg(cu_seqlens_q + b + 1) - q0, __ldg(cu_seqlens_k + b + 1) - k0};
+        } else {
+            return {0, 0, b, seq_len, kv_len};
+        }
+    };
+    // the current tile's sequence, as the mask reads it: keys, causal offset (row i sees key j iff j <= i + offset)
+    // and the window's bounds (Local: row i sees keys i + offset - left .. i + offset + right, each bound at most the
+    // sequence: no overflow)
+    int n_k = kv_len, offset = kv_len - seq_len, left = 0, right = 0;
+    auto enter = [&](const F3Seq& sq) {
+        n_k = sq.n_k;
+        offset = sq.n_k - sq.n_q;
+        left = Local ? min(window_left, sq.n_k) : 0;
+        right = Local ? min(window_right, sq.n_q) : 0;
+    };
     // Persistent grid: tiles t = m + Tr * (h + H * b) in the order of flash2's grid (Q tiles of one (batch, head)
     // fastest, so co-resident blocks share K/V in L2); causal Q tiles last-first within a head (longest first).
     // Round r gives block x tile r * gridDim.x + x, in reverse on odd rounds (a snake): causal tiles shrink along
@@ -163,7 +193,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
     };
     auto tile_coords = [&](int t, int& m_block, int& h, int& b) {
         const int x = t % Tr;
-        m_block = Causal ? Tr - 1 - x : x;
+        m_block = (Causal && !Varlen) ? Tr - 1 - x : x;  // packed sequences: the host's list gives the order
         h = (t / Tr) % heads;
         b = t / (Tr * heads);
     };
@@ -193,8 +223,11 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 if (t < 0) continue;
                 int m_block, h, b;
                 tile_coords(t, m_block, h, b);
-                const int n_first = kv_first<Br, Bc, Local>(m_block, seq_len, kv_len, left);
-                const int n_end = kv_blocks<Br, Bc, Causal, Local>(m_block, seq_len, kv_len, right);
+                const F3Seq sq = seq_of(b);
+                if (Varlen && m_block * Br >= sq.n_q) continue;  // past this sequence's last tile
+                enter(sq);
+                const int n_first = kv_first<Br, Bc, Local>(m_block, sq.n_q, sq.n_k, left);
+                const int n_end = kv_blocks<Br, Bc, Causal, Local>(m_block, sq.n_q, sq.n_k, right);
                 if (n_end <= n_first) continue;  // the consumers write zeros without loading anything
                 const int hk = h / (heads / kv_heads);
                 // Alg. line 4: Q_i, one box per 64-column panel, once the consumers are done with the last Q
@@ -202,7 +235,8 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 mbar_expect_tx(q_full, kQBytes);
 #pragma unroll
                 for (int p = 0; p < kPanels; ++p)
-                    tma_load_4d(sQ + p * Br * kRowBytes, &tm_q, q_full, p * kPanelElems, h, m_block * Br, b);
+                    tma_load_4d(sQ + p * Br * kRowBytes, &tm_q, q_full, p * kPanelElems, h, sq.q0 + m_block * Br,
+                                sq.b);
                 ++tile_no;
                 // Alg. line 6: K_j, V_j through the ring
                 for (int j = n_first; j < n_end; ++j, ++it) {
@@ -213,7 +247,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
 #pragma unroll
                     for (int p = 0; p < kPanels; ++p)
                         tma_load_4d(sK + s * kKVBytes + p * Bc * kRowBytes, &tm_k, k_full(s), p * kPanelElems, hk,
-                                    j * Bc, b);
+                                    sq.k0 + j * Bc, sq.b);
                     mbar_wait(v_empty(s), ph ^ 1);
                     mbar_expect_tx(v_full(s), kKVBytes);
                     if constexpr (kFp8) {  // V^T (B, H_kv, d, N_kv padded): boxes of kVRowBytes keys x d
@@ -225,7 +259,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
 #pragma unroll
                         for (int p = 0; p < kPanels; ++p)
                             tma_load_4d(sV + s * kKVBytes + p * Bc * kRowBytes, &tm_v, v_full(s), p * kF3Panel, hk,
-                                        j * Bc, b);
+                                        sq.k0 + j * Bc, sq.b);
                     }
                 }
             }
@@ -288,7 +322,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
     // fp8: the tile's scale sl = scale_log2 * q_scale * k_scale_j changes with j, so m is kept scaled (log2 units)
     auto softmax = [&](int j, int m0, int row0, float sl, float (&corr)[2]) {
         const int n0 = j * Bc, r0 = m0 + cw * 64;  // this warpgroup's rows: r0 .. r0 + 63
-        const bool need_mask = (n0 + Bc > kv_len) || (Causal && n0 + Bc - 1 > r0 + offset) ||
+        const bool need_mask = (n0 + Bc > n_k) || (Causal && n0 + Bc - 1 > r0 + offset) ||
                                (Local && (n0 + Bc - 1 > r0 + offset + right || n0 < r0 + 63 + offset - left));
         if (need_mask) {
 #pragma unroll
@@ -297,7 +331,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
                 for (int e = 0; e < 4; ++e) {
                     const int row = row0 + ((e >> 1) << 3);
                     const int col = n0 + nt * 8 + 2 * t4 + (e & 1);
-                    if (col >= kv_len || (Causal && col > row + offset) ||
+                    if (col >= n_k || (Causal && col > row + offset) ||
                         (Local && (col > row + offset + right || col < row + offset - left)))
                         acc_s[nt * 4 + e] = -INFINITY;
                 }
@@ -401,17 +435,21 @@ __global__ void __launch_bounds__(kF3Threads, 1)
         if (t < 0) continue;
         int m_block, h, b;
         tile_coords(t, m_block, h, b);
+        const F3Seq sq = seq_of(b);
+        if (Varlen && m_block * Br >= sq.n_q) continue;  // past this sequence's last tile
+        enter(sq);
         const int m0 = m_block * Br;
-        const int n_first = kv_first<Br, Bc, Local>(m_block, seq_len, kv_len, left);
-        const int n_blocks = kv_blocks<Br, Bc, Causal, Local>(m_block, seq_len, kv_len, right) - n_first;
-        const int row0 = m0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
-        float* lseg = lse + ((long long)b * heads + h) * seq_len;
-        OT* og = o + (long long)b * seq_len * q_stride + (long long)h * D;
+        const int n_first = kv_first<Br, Bc, Local>(m_block, sq.n_q, sq.n_k, left);
+        const int n_blocks = kv_blocks<Br, Bc, Causal, Local>(m_block, sq.n_q, sq.n_k, right) - n_first;
+        const int row0 = m0 + cw * 64 + warp * 16 + g;  // this thread's rows in the sequence: row0 and row0 + 8
+        // lse (B, H, N), or (H, total_q) for packed sequences; O's rows of this sequence and head
+        float* lseg = Varlen ? lse + (long long)h * total_q + sq.q0 : lse + ((long long)b * heads + h) * seq_len;
+        OT* og = o + ((long long)sq.q0 + (long long)sq.b * seq_len) * q_stride + (long long)h * D;
         if (n_blocks <= 0) {  // no row of this tile sees any key: O = 0, lse = -inf
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
                 const int row = row0 + 8 * hr;
-                if (row < seq_len) {
+                if (row < sq.n_q) {
                     if (t4 == 0) lseg[row] = -INFINITY;
 #pragma unroll
                     for (int nd = 0; nd < D / 8; ++nd)
@@ -518,7 +556,7 @@ __global__ void __launch_bounds__(kF3Threads, 1)
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             const float inv = l > 0.f ? sv / l : 0.f;
             const int row = row0 + 8 * hr;
-            if (row < seq_len) {
+            if (row < sq.n_q) {
                 // fp8: m is scaled already and l carries P's factor 2^kF3PShift
                 const float lse2 = kFp8 ? m_i[hr] + __log2f(l) - kF3PShift : m_i[hr] * scale_log2 + __log2f(l);
                 if (t4 == 0) lseg[row] = l > 0.f ? lse2 * 0.69314718055994531f : -INFINITY;

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
 from iosim import launch
 from iosim._resources import kernels_dir
 from iosim.gpu import build, build_fp8, flash3_host
@@ -9,8 +14,8 @@ from iosim.launch import flash3_schedule
 
 
 def test_every_flash3_tile_has_an_instantiation_per_dtype_and_mask():
-    insts = build.flash3_instances()  # 16-bit: plain, causal, windowed; fp8: plain, causal
-    assert len(insts) == len(launch.FLASH3_TILES) * len(build.CUDA_TYPES) * 3 + len(launch.FLASH3_FP8_TILES) * 2
+    insts = build.flash3_instances()  # 16-bit: plain, causal, windowed, each dense and packed; fp8: plain, causal
+    assert len(insts) == len(launch.FLASH3_TILES) * len(build.CUDA_TYPES) * 6 + len(launch.FLASH3_FP8_TILES) * 2
     for d, (bq, bkv) in launch.FLASH3_TILES.items():
         assert bq == 128  # 2 consumer warpgroups x wgmma's M of 64; the kernel's Br
         for dt in build.CUDA_TYPES:
@@ -18,6 +23,10 @@ def test_every_flash3_tile_has_an_instantiation_per_dtype_and_mask():
                 assert build.Flash3Instance(d, bkv, dt, causal) in insts
             assert build.Flash3Instance(d, bkv, dt, False, True) in insts
             assert build.Flash3Instance(d, bkv, dt, False, True).name_expression.endswith(", false, true>")
+            for causal, local in ((False, False), (True, False), (False, True)):  # packed sequences (Varlen)
+                inst = build.Flash3Instance(d, bkv, dt, causal, local, True)
+                assert inst in insts
+                assert inst.name_expression.endswith(f"{str(causal).lower()}, {str(local).lower()}, true>")
     for d, (bq, bkv) in launch.FLASH3_FP8_TILES.items():
         assert bq == 128 and bkv % 32 == 0  # fp8 P V runs in whole k32 steps
         for causal in (False, True):
@@ -46,6 +55,14 @@ def test_flash3_explicit_instantiation_names_the_kernel():
     assert inst.explicit_instantiation.startswith(f"template __global__ void {inst.name_expression}(")
     assert inst.explicit_instantiation.count("const __grid_constant__ iosim::TmaMap") == 3
     assert (kernels_dir() / inst.source).is_file()
+
+
+def test_every_flash3_instantiation_matches_the_kernels_parameter_list():
+    src = (kernels_dir() / build.FLASH3_SOURCE).read_text()
+    sig = re.search(r"flash3_fwd_kernel\((.*?)\)\s*\{", src, re.S).group(1)
+    n_params = len([p for p in sig.split(",") if p.strip()])
+    for inst in build.flash3_instances():
+        assert len(inst.explicit_instantiation.split("(", 1)[1].rstrip(");").split(",")) == n_params, inst
 
 
 def test_the_wgmma_shapes_cover_every_tile():
@@ -108,3 +125,26 @@ def test_kv_blocks_skips_tiles_right_of_the_diagonal_bottom_right_aligned():
     assert flash3_schedule.kv_blocks(1, 256, 256, 128, 128, True) == 2
     assert flash3_schedule.kv_blocks(0, 300, 100, 128, 128, True) == 0  # rows 0..127 see keys j <= i - 200: none
     assert flash3_schedule.kv_blocks(0, 100, 1000, 128, 128, False) == 8
+
+
+@given(lens=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 700)), min_size=1, max_size=6),
+       heads=st.integers(1, 3), causal=st.booleans(), window=st.one_of(st.none(), st.tuples(st.integers(0, 300),
+                                                                                              st.just(0))),
+       blocks=st.integers(1, 9))
+def test_a_packed_batchs_schedule_gives_every_working_tile_to_one_block_once(lens, heads, causal, window, blocks):
+    seqs = tuple(lens)
+    causal = causal and window is None  # a causal window is the Local kernel's (right = 0)
+    tiles, visits = flash3_schedule.varlen_tiles(seqs, heads, 128, 128, causal, window)
+    Tr = max(1, -(-max(n for n, _ in seqs) // 128))
+    want = sorted(m + Tr * (h + heads * b) for b, (n, _) in enumerate(seqs) for h in range(heads)
+                  for m in range(-(-n // 128)))
+    assert sorted(tiles) == want  # no tile past a sequence's end; tiles that see no key are listed (they write zeros)
+    sched = flash3_schedule.varlen_schedule(seqs, heads, 128, 128, causal, window, blocks)
+    offsets, given = sched[:blocks + 1], sched[blocks + 1:]
+    assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[-1] == len(given)
+    assert sorted(given) == want
+    for t, v in zip(tiles, visits, strict=True):  # each tile's K/V tiles: what the kernel's kv_blocks walks
+        m, b = t % Tr, t // (Tr * heads)
+        n, nk = seqs[b]
+        if window is None:
+            assert v == flash3_schedule.kv_blocks(m, n, nk, 128, 128, causal)

@@ -261,20 +261,24 @@ FLASH3_CUDA_TYPES: dict[str, str] = {**CUDA_TYPES, FP8_DTYPE: "iosim::e4m3"}
 
 @dataclass(frozen=True)
 class Flash3Instance:
-    """One template instantiation of flash3_fwd_kernel<D, Bc, T, Causal, Local> (Br is fixed at 128; Local: a
-    sliding window, 16-bit inputs, not causal: a causal window is one with right = 0)."""
+    """One template instantiation of flash3_fwd_kernel<D, Bc, T, Causal, Local, Varlen> (Br is fixed at 128; Local: a
+    sliding window, 16-bit inputs, not causal: a causal window is one with right = 0; Varlen: packed sequences,
+    16-bit inputs)."""
 
     head_dim: int
     block_kv: int
     dtype: str  # "float16" | "bfloat16" | "e4m3" (fp8 inputs, bf16 O)
     causal: bool
     local: bool = False
+    varlen: bool = False  # packed sequences (cu_seqlens; 16-bit inputs)
 
     @property
     def name_expression(self) -> str:
         t = FLASH3_CUDA_TYPES[self.dtype]
         c = "true" if self.causal else "false"
-        return f"{FLASH3_KERNEL}<{self.head_dim}, {self.block_kv}, {t}, {c}{', true' if self.local else ''}>"
+        tail = [*(["true" if self.local else "false"] if self.local or self.varlen else []),
+                *(["true"] if self.varlen else [])]  # Local, Varlen: defaults false
+        return f"{FLASH3_KERNEL}<{', '.join([str(self.head_dim), str(self.block_kv), t, c, *tail])}>"
 
     @property
     def explicit_instantiation(self) -> str:
@@ -282,7 +286,7 @@ class Flash3Instance:
         m = "const __grid_constant__ iosim::TmaMap"
         f = "const float*"
         return (f"template __global__ void {self.name_expression}({m}, {m}, {m}, {o}*, float*, const int*, {f}, {f}, "
-                f"{f}, int, int, int, int, int, float, int, int);")
+                f"{f}, int, int, int, int, int, float, int, int, const int*, const int*, int);")
 
     @property
     def source(self) -> str:
@@ -301,6 +305,8 @@ def flash3_instances() -> list[Flash3Instance]:
         for dt in CUDA_TYPES
         for c in (False, True)
     ] + [Flash3Instance(d, bkv, dt, False, True) for d, (_, bkv) in FLASH3_TILES.items() for dt in CUDA_TYPES] + [
+        Flash3Instance(d, bkv, dt, c, w, True) for d, (_, bkv) in FLASH3_TILES.items() for dt in CUDA_TYPES
+        for c, w in ((False, False), (True, False), (False, True))] + [
         Flash3Instance(d, bkv, FP8_DTYPE, c) for d, (_, bkv) in FLASH3_FP8_TILES.items() for c in (False, True)]
 
 

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from iosim import launch
-from iosim.launch.flash3_schedule import tile_schedule
+from iosim.launch.flash3_schedule import tile_schedule, varlen_schedule, varlen_tiles
+from iosim.launch.varlen import Mask
 
 # CUtensorMapDataType / CUtensorMapSwizzle / CUtensorMapL2promotion values (cuda.h, CUDA 12.0+)
 _TMA_DTYPE = {"float16": 6, "bfloat16": 9, "e4m3": 0}  # e4m3: UINT8 (TMA moves bytes)
@@ -167,8 +168,43 @@ def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *,
     i32, null = cp.int32, cp.uint64(0)
     sq, sk, sv = scales if scales is not None else (null, null, null)
     fn(grid, block, (tm_q, tm_k, tm_v, o, lse, sched if sched is not None else null, sq, sk, sv, i32(B), i32(N),
-                     i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2), i32(window[0]), i32(window[1])),
-       shared_mem=smem)
+                     i32(Nk), i32(H), i32(Hk), cp.float32(scale_log2), i32(window[0]), i32(window[1]), null, null,
+                     i32(0)), shared_mem=smem)
+    return grid, block
+
+
+def launch_varlen(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, seqlens: tuple[tuple[int, int], ...],
+                  cu_seqlens: tuple[Any, Any], *, mask: Mask, scale_log2: float, dtype: str, block_q: int, block_kv: int,
+                  smem: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Launch the Varlen flash3_fwd_kernel (compiled as ``fn``) on packed (total_q, H, d) q and (total_k, H_kv, d) k,
+    v: ``seqlens`` (queries, keys) per sequence on the host, ``cu_seqlens`` (q, k) their cumulative lengths on the
+    device; ``mask`` the causal mask or window (:class:`iosim.launch.varlen.Mask`). The tensor maps see one batch of total rows;
+    the persistent grid (min(working tiles, SMs) blocks) runs the host schedule of
+    :func:`iosim.launch.flash3_schedule.varlen_schedule`, computed once per batch and shape. Returns (grid, block)."""
+    total_q, H, D = (int(x) for x in q.shape)
+    total_k, Hk = int(k.shape[0]), int(k.shape[1])
+    tm_q = tensor_map("q", q.data.ptr, dtype, 1, total_q, H, D, block_q)
+    tm_k = tensor_map("k", k.data.ptr, dtype, 1, total_k, Hk, D, block_kv)
+    tm_v = tensor_map("v", v.data.ptr, dtype, 1, total_k, Hk, D, block_kv)
+    sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+    causal, window = mask
+    key = ("varlen", cp.cuda.Device().id, seqlens, H, block_q, block_kv, causal, window, sms)
+    if key not in _schedules:
+        n_tiles = len(varlen_tiles(seqlens, H, block_q, block_kv, causal, window)[0])
+        blocks = max(1, min(n_tiles, sms))
+        sched = varlen_schedule(seqlens, H, block_q, block_kv, causal, window, blocks)
+        if len(_schedules) >= 256:  # bounded, as the tensor maps' cache
+            for old in list(_schedules)[:128]:
+                del _schedules[old]
+        _schedules[key] = (blocks, cp.asarray(sched, dtype=cp.int32))
+    blocks, sched = _schedules[key]
+    grid, block = (blocks, 1, 1), (launch.FLASH3_THREADS, 1, 1)
+    longest = max(n for n, _ in seqlens)
+    left, right = mask.kernel_window()
+    i32, null = cp.int32, cp.uint64(0)
+    fn(grid, block, (tm_q, tm_k, tm_v, o, lse, sched, null, null, null, i32(len(seqlens)), i32(longest),
+                     i32(total_k), i32(H), i32(Hk), cp.float32(scale_log2), i32(left), i32(right), *cu_seqlens,
+                     i32(total_q)), shared_mem=smem)
     return grid, block
 
 

@@ -1,11 +1,13 @@
 """Packed sequences (varlen) on the GPU with iosim's FlashAttention-2 kernel (``kernels/flash_fwd.cu``, its Varlen
-mode): sequences of different lengths in one call, with no padding read, computed or written; causal (bottom-right
-per sequence), sliding windows, grouped-query heads.
+mode) or, on Hopper, its FlashAttention-3-design kernel (``kernels/flash3_fwd.cu``, ``schedule="flash3"``):
+sequences of different lengths in one call, with no padding read, computed or written; causal (bottom-right per
+sequence), sliding windows, grouped-query heads.
 
     >>> from iosim import gpu
     >>> batch = gpu.varlen_batch(cu_seqlens_q, cu_seqlens_k)        # check and upload the lengths once ...
     >>> o, lse = gpu.attention_varlen(q, k, v, batch, causal=True)   # ... run every layer on them
     >>> o, lse = gpu.attention_varlen(q, k, v, (cu_q, cu_k), window=(4095, 0))  # or give the lengths each call
+    >>> o, lse = gpu.attention_varlen(q, k, v, batch, causal=True, schedule="flash3")  # wgmma, TMA (sm_90a)
 
 q (total_q, heads, head_dim), k and v (total_k, kv_heads, head_dim); O like q, lse (heads, total_q) fp32, natural log.
 A :class:`VarlenBatch` holds the checked lengths on the host (no synchronization per call) and on the device; making
@@ -22,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from iosim import launch
-from iosim.gpu import build
+from iosim.gpu import build, flash3_host
 from iosim.gpu import varlen_inputs as vi
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.attention import KernelLaunch, LaunchRecord, _kernel, _record, flash_smem_checked
@@ -115,10 +117,19 @@ def _check_options(options: AttentionOptions) -> None:
                                   "argument, window=(left, right); no backward); expected None")
 
 
-def _tiles(s: vi.VarlenShapes, mask: geo.Mask, options: AttentionOptions) -> tuple[int, int]:
+def _tiles(s: vi.VarlenShapes, mask: geo.Mask, options: AttentionOptions, schedule: str) -> tuple[int, int]:
     bq, bkv = options.block_q, options.block_kv
     if (bq is None) != (bkv is None):
         raise AttentionInputError(f"block_q={bq!r}, block_kv={bkv!r}: give both or neither")
+    if schedule == "flash3":
+        if s.head_dim not in launch.FLASH3_TILES:
+            raise AttentionInputError(f"head_dim={s.head_dim} with schedule='flash3': expected one of "
+                                      f"{list(launch.FLASH3_TILES)} (or schedule='flash2')")
+        tiles = launch.FLASH3_TILES[s.head_dim]
+        if bq is not None and (bq, bkv) != tiles:
+            raise AttentionInputError(f"(block_q, block_kv)=({bq!r}, {bkv!r}) with schedule='flash3': its tiles are "
+                                      f"fixed, {tiles} at head_dim={s.head_dim}; expected None")
+        return tiles
     if bq is None:
         return geo.varlen_default_tiles(s.head_dim, mask.local)
     tiles = geo.varlen_tiles(s.head_dim, mask.local)
@@ -137,7 +148,8 @@ def _refuse_grad(*xs: Any) -> None:
 
 
 def attention_varlen(q: Any, k: Any, v: Any, seqlens: Any, *, causal: bool = False, window: Any = None,
-                     scale: float | None = None, options: AttentionOptions | None = None) -> Varlen:
+                     scale: float | None = None, options: AttentionOptions | None = None,
+                     schedule: str = "flash2") -> Varlen:
     """softmax(scale Q K^T) V for each of a batch of packed sequences, on the GPU; returns ``Varlen(o, lse)``.
 
     q: (total_q, heads, head_dim); k, v: (total_k, kv_heads, head_dim), heads a multiple of kv_heads (query head h
@@ -152,7 +164,14 @@ def attention_varlen(q: Any, k: Any, v: Any, seqlens: Any, *, causal: bool = Fal
     scale: default 1/sqrt(head_dim). options: :class:`AttentionOptions`' tiles (block_q, block_kv:
     :func:`iosim.launch.varlen.varlen_tiles`) and preallocated outputs (out (total_q, heads, head_dim), lse_out
     (heads, total_q)).
+    schedule: "flash2" (kernels/flash_fwd.cu, mma.sync, any sm_80+ GPU) or "flash3" (kernels/flash3_fwd.cu: TMA,
+    wgmma, warp specialization; Hopper only, head_dim 64, 128 or 256, its tiles fixed). flash3's TMA boxes start
+    at each sequence's first row, so a tile that ends past its sequence reads the next sequence's rows: their keys
+    are masked and their values weighted by zero, so a non-finite value there (never the case for real data in
+    another sequence) would reach this sequence's output as NaN.
     """
+    if schedule not in ("flash2", "flash3"):
+        raise AttentionInputError(f"schedule={schedule!r}: attention_varlen runs 'flash2' or 'flash3'")
     options = options_of(options, AttentionOptions)
     _check_options(options)
     if not isinstance(causal, bool):
@@ -173,13 +192,16 @@ def attention_varlen(q: Any, k: Any, v: Any, seqlens: Any, *, causal: bool = Fal
     batch = _batch_of(seqlens, device)
     vi.check_totals(batch.total_q, batch.total_k, s)
     scale = check_scale(scale, s.head_dim)
-    block_q, block_kv = _tiles(s, mask, options)
+    block_q, block_kv = _tiles(s, mask, options, schedule)
     with cp.cuda.Device(device), (torch_stream(cp, torch, device) if torch is not None else nullcontext()):
+        if schedule == "flash3":
+            flash3_host.require_hopper(cp)
         o_ret, o = output_array(cp, torch, options.out, (s.total_q, s.heads, s.head_dim),
                                 (qc.dtype, q.dtype if torch is not None else None), "out:", device)
         lse_ret, lse = output_array(cp, torch, options.lse_out, (s.heads, s.total_q),
                                     (cp.float32, torch.float32 if torch is not None else None), "lse_out:", device)
-        rec = _launch(cp, (qc, kc, vc, o, lse), batch, s, mask, (block_q, block_kv, scale))
+        run = _launch_flash3 if schedule == "flash3" else _launch
+        rec = run(cp, (qc, kc, vc, o, lse), batch, s, mask, (block_q, block_kv, scale))
     _record(rec)
     return Varlen(o_ret, lse_ret)
 
@@ -200,3 +222,32 @@ def _launch(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask
                             s.head_dim, s.dtype, mask.causal, {"block_q": block_q, "block_kv": block_kv},
                             (KernelLaunch(inst.name_expression, grid, block, smem),), mask.window,
                             batch.seqlens_q, batch.seqlens_k)
+
+
+def _launch_flash3(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask: geo.Mask,
+                   tiles: tuple[int, int, float]) -> LaunchRecord:
+    """The flash3 varlen kernel on (q, k, v, o, lse) (:func:`iosim.gpu.flash3_host.launch_varlen`)."""
+    block_q, block_kv, _ = tiles
+    smem = launch.flash3_smem_bytes(s.head_dim, block_q, block_kv, build.ITEMSIZE[s.dtype])
+    inst = build.Flash3Instance(s.head_dim, block_kv, s.dtype, mask.causal, mask.local, True)
+    launches: tuple[KernelLaunch, ...] = ()
+    if batch.total_q and not batch.total_k:  # no key in the batch (and no tensor a map could point at): no kernel
+        arrays[3].fill(0)
+        arrays[4].fill(-np.inf)
+    elif batch.total_q:
+        launches = (_flash3_kernel(cp, arrays, batch, s, mask, tiles, inst, smem),)
+    return LaunchRecord("flash3", batch.batch, batch.max_seqlen_q, max(batch.seqlens_k), s.heads, s.kv_heads,
+                        s.head_dim, s.dtype, mask.causal,
+                        {"block_q": block_q, "block_kv": block_kv, "stages": launch.FLASH3_STAGES}, launches,
+                        mask.window, batch.seqlens_q, batch.seqlens_k)
+
+
+def _flash3_kernel(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask: geo.Mask,
+                   tiles: tuple[int, int, float], inst: build.Flash3Instance, smem: int) -> KernelLaunch:
+    block_q, block_kv, scale = tiles
+    seqs = tuple(zip(batch.seqlens_q, batch.seqlens_k, strict=True))
+    grid, block = flash3_host.launch_varlen(cp, _kernel(cp, inst, smem), *arrays, seqs,
+                                            (batch.cu_seqlens_q, batch.cu_seqlens_k), mask=mask,
+                                            scale_log2=scale * _LOG2E, dtype=s.dtype, block_q=block_q,
+                                            block_kv=block_kv, smem=smem)
+    return KernelLaunch(inst.name_expression, grid, block, smem)

@@ -10,7 +10,7 @@ time model places the tiles where the kernel does.
 
 from __future__ import annotations
 
-from ..blocks import assign
+from ..blocks import assign, kv_block_ranges
 
 
 def snake(tiles: int, blocks: int) -> list[list[int]]:
@@ -70,6 +70,45 @@ def tile_schedule(batch: int, seq_len: int, kv_len: int, heads: int, block_q: in
     for tiles in per_block:
         offsets.append(offsets[-1] + len(tiles))
     return offsets + [t for tiles in per_block for t in tiles]
+
+
+def varlen_tiles(seqlens: tuple[tuple[int, int], ...], heads: int, block_q: int, block_kv: int, causal: bool,
+                 window: tuple[int | None, int | None] | None = None) -> tuple[list[int], list[int]]:
+    """The Q tiles of packed sequences ``seqlens`` ((queries, keys) each) as the varlen kernel numbers them, t = m +
+    Tr * (h + H * b) with Tr of the longest sequence, and the K/V tiles each visits: sequence by sequence, head by
+    head, a sequence's Q tiles from its last where causal or windowed (they see the most keys). Tiles past a
+    sequence's end are not listed; a tile that sees no key is (it writes O = 0 and lse = -inf)."""
+    Tr = max(1, -(-max(n for n, _ in seqlens) // block_q))
+    tiles, visits = [], []
+    for b, (n, nk) in enumerate(seqlens):
+        if n == 0:
+            continue
+        lo, hi = kv_block_ranges(n, nk, block_q, block_kv, causal, window)
+        order = range(len(lo) - 1, -1, -1) if causal or window is not None else range(len(lo))
+        for h in range(heads):
+            for m in order:
+                tiles.append(m + Tr * (h + heads * b))
+                visits.append(max(int(hi[m] - lo[m]), 0))
+    return tiles, visits
+
+
+def varlen_schedule(seqlens: tuple[tuple[int, int], ...], heads: int, block_q: int, block_kv: int, causal: bool,
+                    window: tuple[int | None, int | None] | None, blocks: int) -> list[int]:
+    """The persistent grid's tiles for packed sequences, as CSR (``[offsets (blocks + 1)..., tiles...]``): the
+    working tiles of :func:`varlen_tiles` handed out in a snake over their list, or each to the block that frees
+    first where that shrinks the busiest block by SCHEDULE_MIN_GAIN (costs: K/V steps + 1), the rule of
+    :func:`tile_schedule`. The varlen kernel always runs a host schedule: the kernel's own snake would hand blocks
+    the numbers of tiles past a sequence's end."""
+    tiles, visits = varlen_tiles(seqlens, heads, block_q, block_kv, causal, window)
+    cost = [v + 1 for v in visits]
+    per_block, loads = assign(cost, blocks)
+    in_snake = snake(len(tiles), blocks)
+    if max(loads, default=0) * SCHEDULE_MIN_GAIN > max((sum(cost[i] for i in s) for s in in_snake), default=0):
+        per_block = in_snake
+    offsets = [0]
+    for items in per_block:
+        offsets.append(offsets[-1] + len(items))
+    return offsets + [tiles[i] for items in per_block for i in items]
 
 
 # the host schedule replaces the snake only where the model's busiest block shrinks by this factor: at d=64

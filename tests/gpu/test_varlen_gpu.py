@@ -84,6 +84,7 @@ def run_varlen(dev, cu, **kw):
                                 block_kv=kw.pop("block_kv", None))
     got = gpu.attention_varlen(*dev, gpu.varlen_batch(*cu), options=opts, **kw)
     assert got.o is out and got.lse is lse_out
+    assert gpu.last_launch().schedule == kw.get("schedule", "flash2")
     cp.cuda.runtime.deviceSynchronize()  # surfaces asynchronous CUDA errors here
     return cp.asnumpy(out).astype(np.float64), cp.asnumpy(lse_out).astype(np.float64)
 
@@ -122,16 +123,44 @@ BATCHES = {
 }
 
 
+def need_schedule(schedule: str) -> None:
+    if schedule == "flash3" and not is_hopper():
+        pytest.skip("schedule='flash3' needs a Hopper GPU (sm_90)")
+
+
 @pytest.mark.parametrize("batch", BATCHES, ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("gqa", GQA)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_varlen_equals_float64_reference_per_sequence(batch, causal, gqa, D, dtype):
+@pytest.mark.parametrize("schedule", ["flash2", "flash3"])
+def test_varlen_equals_float64_reference_per_sequence(batch, causal, gqa, D, dtype, schedule):
+    need_schedule(schedule)
     lens_q, lens_k = BATCHES[batch]
     host, dev, cu = packed(seeded_rng(), lens_q, lens_k, GQA[gqa], D, dtype)
-    o, lse = run_varlen(dev, cu, causal=causal)
-    check_varlen(host, lens_q, o, lse, dtype, causal, None, f"{batch} causal={causal} {gqa} d={D}")
+    o, lse = run_varlen(dev, cu, causal=causal, schedule=schedule)
+    check_varlen(host, lens_q, o, lse, dtype, causal, None, f"{schedule} {batch} causal={causal} {gqa} d={D}")
+
+
+@pytest.mark.parametrize("batch", BATCHES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_flash3_varlen_at_head_dim_256_equals_float64_reference(batch, causal, dtype):
+    need_schedule("flash3")
+    lens_q, lens_k = BATCHES[batch]
+    host, dev, cu = packed(seeded_rng(), lens_q, lens_k, GQA["4:1"], 256, dtype)
+    o, lse = run_varlen(dev, cu, causal=causal, schedule="flash3")
+    check_varlen(host, lens_q, o, lse, dtype, causal, None, f"flash3 {batch} causal={causal} d=256")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash3_varlen_of_many_sequences_more_tiles_than_sms_equals_float64_reference(causal):
+    need_schedule("flash3")
+    rng = seeded_rng()
+    lens = [int(n) for n in rng.integers(0, 700, size=48)]  # ~150 Q tiles x 8 heads: several rounds of the grid
+    host, dev, cu = packed(rng, lens, lens, GQA["4:1"], 128, "bfloat16")
+    o, lse = run_varlen(dev, cu, causal=causal, schedule="flash3")
+    check_varlen(host, lens, o, lse, "bfloat16", causal, None, f"flash3 48 sequences causal={causal}")
 
 
 # windows: the diagonal alone, small ones, one tile wide, wider than every sequence, looking ahead, one-sided
@@ -173,12 +202,14 @@ def test_dense_window_equals_float64_reference(window, shape, D, dtype, schedule
 @pytest.mark.parametrize("batch", ["prefill", "chunked", "empty"], ids=str)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_varlen_window_equals_float64_reference(window, batch, D, dtype):
+@pytest.mark.parametrize("schedule", ["flash2", "flash3"])
+def test_varlen_window_equals_float64_reference(window, batch, D, dtype, schedule):
+    need_schedule(schedule)
     lens_q, lens_k = BATCHES[batch]
     causal = window[1] == 0
     host, dev, cu = packed(seeded_rng(), lens_q, lens_k, GQA["4:1"], D, dtype)
-    o, lse = run_varlen(dev, cu, causal=causal, window=window)
-    check_varlen(host, lens_q, o, lse, dtype, causal, window, f"{batch} window={window} d={D}")
+    o, lse = run_varlen(dev, cu, causal=causal, window=window, schedule=schedule)
+    check_varlen(host, lens_q, o, lse, dtype, causal, window, f"{schedule} {batch} window={window} d={D}")
 
 
 def _every_tile():
@@ -211,6 +242,41 @@ def test_varlen_of_equal_lengths_is_bit_identical_to_the_dense_kernel(causal, D)
                                   causal=causal)
     assert bool((o.reshape(B, N, H, D) == o_dense).all()), "varlen O differs from the dense kernel's"
     assert bool((lse.reshape(H, B, N).transpose(1, 0, 2) == lse_dense).all()), "varlen lse differs"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_flash3_varlen_of_equal_lengths_is_bit_identical_to_the_dense_flash3_kernel(causal, D):
+    from iosim import gpu
+
+    need_schedule("flash3")
+    B, N, Nk, (H, Hk) = 3, 200, 333, GQA["4:1"]
+    rng, cp = seeded_rng(), _cp()
+    q, k, v = (cp.asarray(rng.standard_normal(s).astype(np.float32)).astype(cp.float16)
+               for s in ((B, N, H, D), (B, Nk, Hk, D), (B, Nk, Hk, D)))
+    o_dense, lse_dense = gpu.attention(q, k, v, causal=causal, return_lse=True, schedule="flash3")
+    cu = (np.arange(B + 1) * N, np.arange(B + 1) * Nk)
+    o, lse = gpu.attention_varlen(q.reshape(B * N, H, D), k.reshape(B * Nk, Hk, D), v.reshape(B * Nk, Hk, D), cu,
+                                  causal=causal, schedule="flash3")
+    assert gpu.last_launch().schedule == "flash3" and ", true>" in gpu.last_launch().launches[0].kernel
+    assert bool((o.reshape(B, N, H, D) == o_dense).all()), "flash3 varlen O differs from the dense flash3 kernel's"
+    assert bool((lse.reshape(H, B, N).transpose(1, 0, 2) == lse_dense).all()), "flash3 varlen lse differs"
+
+
+def test_flash3_varlen_refuses_other_tiles_and_head_dims_with_one_clear_error():
+    from iosim import gpu
+
+    need_schedule("flash3")
+    cp = _cp()
+    q = cp.zeros((10, 4, 32), dtype=cp.float16)
+    with pytest.raises(gpu.AttentionInputError, match=r"head_dim=32 with schedule='flash3': expected one of"):
+        gpu.attention_varlen(q, q, q, ([0, 10], [0, 10]), schedule="flash3")
+    q = cp.zeros((10, 4, 64), dtype=cp.float16)
+    with pytest.raises(gpu.AttentionInputError, match=r"with schedule='flash3': its tiles are fixed"):
+        gpu.attention_varlen(q, q, q, ([0, 10], [0, 10]), schedule="flash3",
+                             options=gpu.AttentionOptions(block_q=64, block_kv=64))
+    o, lse = gpu.attention_varlen(q, q[:0], q[:0], ([0, 4, 10], [0, 0, 0]), schedule="flash3")  # no key at all
+    assert bool((o == 0).all()) and bool(cp.isneginf(lse).all()) and gpu.last_launch().launches == ()
 
 
 def test_a_causal_window_unbounded_on_the_left_is_the_causal_kernel_bit_for_bit():
