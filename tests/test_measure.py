@@ -144,10 +144,11 @@ def test_a_window_is_flash2s_and_flash3s():
         M.Attention("flash2", window=(128,))
 
 
-def test_packed_sequences_are_flash2s_and_add_up_to_a_batch_of_one():
+def test_packed_sequences_are_flash2s_and_flash3s_and_add_up_to_a_batch_of_one():
     assert M.Attention("flash2", seq_len=10, seqlens=[[3, 3], [7, 7]]).seqlens == ((3, 3), (7, 7))  # JSON's lists
+    assert M.Attention("flash3", seq_len=10, seqlens=[[3, 3], [7, 7]]).seqlens == ((3, 3), (7, 7))
     for bad in (dict(kind="naive", seq_len=10), dict(kind="flash2", seq_len=11), dict(kind="flash2", seq_len=5, batch=2)):
-        with pytest.raises(M.MeasureError, match="packed sequences are flash2's"):
+        with pytest.raises(M.MeasureError, match="packed sequences are flash2's and flash3's"):
             M.Attention(**bad, seqlens=((3, 3), (7, 7)))
 
 

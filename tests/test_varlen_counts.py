@@ -157,10 +157,67 @@ def test_bad_window_and_seqlens_are_errors(kw, match):
 
 def test_other_schedules_and_the_backward_pass_refuse_them():
     p = AttentionProblem(seq_len=256, head_dim=64)
-    with pytest.raises(ScheduleError, match=r"naive takes no window .* only flash2's and flash3's forward pass window, "
-                                            r"only flash2's seqlens"):
+    with pytest.raises(ScheduleError, match=r"naive takes no window .* only flash2's and flash3's forward pass window "
+                                            r"and seqlens"):
         simulate("naive", p, window=(8, 0))
-    with pytest.raises(ScheduleError, match=r"flash3 takes no seqlens"):
-        simulate("flash3", p, seqlens=[128, 128])
+    with pytest.raises(ScheduleError, match=r"flash3: window=None, seqlens=\[128, 128\] with fp8"):
+        simulate("flash3", p.model_copy(update={"dtype": "fp8"}), seqlens=[128, 128])
     with pytest.raises(ScheduleError, match=r"window, seqlens with pass='both'"):
         simulate("flash2", p, window=(8, 0), pass_="both")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# flash3's packed sequences (kernels/flash3_fwd.cu, Varlen): whole TMA boxes from each sequence's first row
+
+
+def flash3_tma_bytes(lens, Br: int, Bc: int, causal: bool, window, d: int, b: int) -> int:
+    """Bytes one head's TMA boxes read, as the Varlen kernel issues them (its kv_first / kv_blocks per Q tile of a
+    sequence; a box of Br query rows or Bc keys from the sequence's first row, cut only at the packed tensor's end:
+    a tile that ends past its sequence reads the next sequence's rows)."""
+    tq, tk = sum(n for n, _ in lens), sum(n for _, n in lens)
+    left, right = window if window is not None else (None, None)
+    local = window is not None
+    read, q0, k0 = 0, 0, 0
+    for N, Nk in lens:
+        lw = min(2**31 - 1 if left is None else left, Nk) if local else 0
+        rw = min(2**31 - 1 if right is None else right, N) if local else 0
+        for m in range(cdiv(N, Br)):
+            n_end = cdiv(Nk, Bc)
+            if causal or local:
+                last = min((m + 1) * Br, N) - 1 + (Nk - N) + rw
+                n_end = min(n_end, 0 if last < 0 else last // Bc + 1)
+            n_first = max(0, m * Br + (Nk - N) - lw) // Bc if local else 0
+            if n_end <= n_first:
+                continue
+            read += min(Br, tq - q0 - m * Br) * d * b
+            read += sum(2 * min(Bc, tk - k0 - j * Bc) * d * b for j in range(n_first, n_end))
+        q0, k0 = q0 + N, k0 + Nk
+    return read
+
+
+@given(lens=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), min_size=1, max_size=5),
+       causal=st.booleans(), window=st.one_of(st.none(), st.tuples(st.integers(0, 200), st.integers(0, 50))),
+       Bc=st.sampled_from([64, 128]))
+def test_flash3_packed_counts_are_the_kernels_whole_boxes_and_its_own_rows_written(lens, causal, window, Bc):
+    if window is not None and causal:
+        window = (window[0], 0)  # causal means right = 0
+    tq, tk = sum(n for n, _ in lens), sum(n for _, n in lens)
+    if tq == 0 or tk == 0:
+        return
+    p = AttentionProblem(seq_len=tq, kv_len=tk, heads=4, kv_heads=2, head_dim=64, causal=causal, dtype="bf16")
+    t = resolve_tiles("flash3", p, None, 128, Bc, options=ScheduleOptions(window=window, seqlens=lens))
+    c = closed("flash3", p, t)
+    assert without_peak(c) == without_peak(walk("flash3", p, t))
+    assert c.global_read_bytes == 4 * flash3_tma_bytes(lens, 128, Bc, causal, window, 64, 2)
+    assert c.global_write_bytes == 4 * tq * (64 * 2 + STAT_BYTES)  # O and lse of every real row, once
+    assert c.kernels[0].name == "flash3_fwd" and c.kernels[0].grid == 4 * sum(cdiv(n, 128) for n, _ in lens)
+
+
+def test_flash3_one_packed_sequence_moves_what_the_dense_flash3_call_does():
+    for causal in (False, True):
+        p = AttentionProblem(seq_len=777, kv_len=1000, heads=4, head_dim=128, causal=causal, dtype="bf16")
+        packed = simulate("flash3", p, seqlens=[(777, 1000)], l2=False)
+        dense = simulate("flash3", p, l2=False)
+        assert packed.counts.global_read_bytes == dense.counts.global_read_bytes
+        assert packed.counts.global_write_bytes == dense.counts.global_write_bytes
+        assert packed.counts.flops == dense.counts.flops

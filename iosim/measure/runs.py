@@ -41,7 +41,7 @@ class Attention:
     :data:`FP8_KINDS`, dtype "fp8"); Q (batch, seq_len, heads, head_dim), K and V (batch, kv_len, kv_heads,
     head_dim); ``block_q``/``block_kv`` (flash2 only) pick the tiles; ``window`` (left, right), flash2 and flash3
     only: a sliding window, as ``iosim.gpu.AttentionOptions(window=...)`` takes it (None on a side: no bound);
-    ``seqlens`` ((queries, keys), ...), flash2 only: packed sequences run by ``iosim.gpu.attention_varlen``, batch 1
+    ``seqlens`` ((queries, keys), ...), flash2 and flash3: packed sequences run by ``iosim.gpu.attention_varlen``, batch 1
     whose seq_len and kv_len are their totals."""
 
     kind: str
@@ -82,10 +82,10 @@ class Attention:
             pairs = tuple((int(q), int(k)) for q, k in self.seqlens)  # lists from JSON
             object.__setattr__(self, "seqlens", pairs)
             totals = (sum(q for q, _ in pairs), sum(k for _, k in pairs))
-            if self.kind != "flash2" or self.batch != 1 or totals != (self.seq_len, self.kv_len):
+            if self.kind not in ("flash2", "flash3") or self.batch != 1 or totals != (self.seq_len, self.kv_len):
                 raise MeasureError(f"seqlens for kind={self.kind!r}, batch={self.batch}, seq_len={self.seq_len}, "
-                                   f"kv_len={self.kv_len}: packed sequences are flash2's, a batch of 1 whose lengths "
-                                   f"are their totals {totals}")
+                                   f"kv_len={self.kv_len}: packed sequences are flash2's and flash3's, a batch of 1 "
+                                   f"whose lengths are their totals {totals}")
 
     def _check_dtype(self) -> None:
         """fp16 or bf16, except the fp8 kinds: "fp8" and one of the fp8 kernels' head dims."""

@@ -108,7 +108,7 @@ def prepare_attention(run: Attention, torch):
         cu_q, cu_k = (np.cumsum([0] + [s[i] for s in run.seqlens]) for i in (0, 1))
         tiles = gpu.AttentionOptions(block_q=run.block_q, block_kv=run.block_kv)
         return lambda: gpu.attention_varlen(q[0], k[0], v[0], (cu_q, cu_k), causal=run.causal, window=run.window,
-                                            options=tiles)
+                                            options=tiles, schedule=run.kind)
     if run.kind in ("flash2", "naive", "flash3"):
         tiles = {"block_q": run.block_q, "block_kv": run.block_kv} if run.kind == "flash2" else {}
         opts = gpu.AttentionOptions(**tiles, window=run.window)

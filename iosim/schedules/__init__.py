@@ -71,8 +71,8 @@ def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, b
         raise ScheduleError(f"{s.label} takes no {', '.join(foreign)} (given {given}): only flash-decoding takes "
                             "splits (and, with kernel='iosim-decode', kv_lens and page_size); only block-sparse "
                             "density, mask and seed; only flash2's backward pass (pass backward or both) gqa, "
-                            "'expand' (the default) or 'grouped'; only flash2's and flash3's forward pass window, only "
-                            "flash2's seqlens; only fp8-quantize incoherent")
+                            "'expand' (the default) or 'grouped'; only flash2's and flash3's forward pass window and "
+                            "seqlens; only fp8-quantize incoherent")
     if s.make_tiles is not None:
         return s.make_tiles(problem, profile, block_q, block_kv, **options)
     if block_q is None and block_kv is None:

@@ -30,7 +30,9 @@ fp8 (e4m3, ``dtype="fp8"``), two kernels:
 
 from __future__ import annotations
 
-from ..blocks import block_rows, cdiv, kv_block_range
+import numpy as np
+
+from ..blocks import Rows, block_rows, cdiv, kv_block_range, kv_block_ranges
 from ..counts import Counts
 from ..problem import STAT_BYTES, AttentionProblem
 from . import flash2, flash3_fp8
@@ -56,20 +58,23 @@ def default_tiles(p: AttentionProblem, profile) -> Tiles:
     return shrink_to_fit(SCHEDULE, p, Br, Bc, profile)
 
 
-def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, tiling=None, window=None) -> Tiles:
+def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, tiling=None, window=None,
+               seqlens=None) -> Tiles:
     """The tiles given (or the default, :func:`default_tiles`); with ``tiling="iosim"`` (``simulate`` sets it from a
     description with ``fp8_layout: iosim``) and a fp8 problem, tiles that count iosim's fp8 layout; with a sliding
-    ``window`` (left, right), FlashAttention-2's windowed tiles (:class:`iosim.schedules.flash2.Flash2Tiles`: the
-    same K/V blocks are visited, kernels/flash3_fwd.cu's Local instantiations, 16-bit inputs)."""
+    ``window`` (left, right) or packed sequences ``seqlens``, FlashAttention-2's tiles with them
+    (:class:`iosim.schedules.flash2.Flash2Tiles`: the same K/V blocks are visited, kernels/flash3_fwd.cu's Local and
+    Varlen instantiations, 16-bit inputs; packed sequences are counted as that kernel loads them, :func:`program`)."""
     if tiling not in (None, "fa3", "iosim"):
         raise ScheduleError(f"flash3: tiling={tiling!r}; expected 'fa3' or 'iosim'")
     default = default_tiles(p, profile) if block_q is None or block_kv is None else None
     Br = block_q if block_q is not None else default.block_q
     Bc = block_kv if block_kv is not None else default.block_kv
-    if window is not None:
+    if window is not None or seqlens is not None:
         if p.dtype == "fp8":
-            raise ScheduleError(f"flash3: window={window!r} with fp8: the windowed kernel takes 16-bit inputs")
-        return flash2.make_tiles(p, profile, Br, Bc, window=window)
+            raise ScheduleError(f"flash3: window={window!r}, seqlens={seqlens!r} with fp8: the windowed and packed "
+                                "kernels take 16-bit inputs")
+        return flash2.make_tiles(p, profile, Br, Bc, window=window, seqlens=seqlens)
     if tiling == "iosim" and p.dtype == "fp8":
         return flash3_fp8.Fp8LayoutTiles(Br, Bc)
     return default if block_q is None and block_kv is None else Tiles(Br, Bc)
@@ -79,6 +84,8 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
     """One head: one thread block (producer + 2 consumer warpgroups) per Q block."""
     if isinstance(t, flash3_fp8.Fp8LayoutTiles):
         return flash3_fp8.program(x, p, t)
+    if getattr(t, "seqlens", ()):
+        return _packed_program(x, p, t)
     N, Nk = p.seq_len, p.kv_len
     Br, Bc, window = t.block_q, t.block_kv, getattr(t, "window", None)
     Tr = cdiv(N, Br)
@@ -106,6 +113,103 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
                 x.store("lse", q, L_i)
 
 
+def _packed_program(x, p: AttentionProblem, t) -> None:
+    """One head of the packed sequences ``t.seqlens`` as kernels/flash3_fwd.cu's Varlen instantiation runs them: a
+    thread block per Q tile of a sequence (the host's list, iosim.launch.flash3_schedule.varlen_tiles: sequence by
+    sequence, a sequence's last tile first where causal or windowed). Its TMA boxes start at the sequence's first
+    query and key rows of the packed tensors and are whole (Br query rows, Bc keys) up to the tensors' end, so a
+    tile that ends past its sequence reads the next sequence's rows (:func:`_box`); it computes and writes its own
+    rows only. The sequences' lengths (cu_seqlens) and the tile list come by plain loads, as the dense kernel's host
+    schedule does, and are not counted (validation_record measures flash3's TMA bytes as its ``global``)."""
+    Br, Bc, window = t.block_q, t.block_kv, t.window
+    q0, k0 = _starts(t.seqlens)
+    with x.kernel("flash3_fwd", grid=sum(cdiv(n, Br) for n, _ in t.seqlens)):
+        for s, (N, Nk) in enumerate(t.seqlens):
+            tiles = range(cdiv(N, Br))
+            for i in (reversed(tiles) if p.causal or window is not None else tiles):
+                with x.thread_block():
+                    q = block_rows(i, Br, N)
+                    lo, hi = kv_block_range(i, Br, Bc, N, Nk, p.causal, window)
+                    if hi <= lo:  # no row of this tile sees a key: O = 0, lse = -inf, nothing loaded
+                        O_i, L_i = x.empty_output(q)
+                        x.store("O", _shifted(q, q0[s]), O_i)
+                        x.store("lse", _shifted(q, q0[s]), L_i)
+                        continue
+                    Q_i = x.load("Q", _box(i, Br, q0[s], p.seq_len))
+                    O_i, l_i, m_i = x.init_state(q)
+                    for j in x.order(range(lo, hi)):
+                        K_j = x.load("K", _box(j, Bc, k0[s], p.kv_len))
+                        V_j = x.load("V", _box(j, Bc, k0[s], p.kv_len))
+                        S_ij = x.scores(Q_i, K_j, q, block_rows(j, Bc, Nk))
+                        O_i, l_i, m_i = x.online_softmax(S_ij, V_j, O_i, l_i, m_i)
+                    O_i, L_i = x.finalize(O_i, l_i, m_i)
+                    x.store("O", _shifted(q, q0[s]), O_i)
+                    x.store("lse", _shifted(q, q0[s]), L_i)
+
+
+def _starts(seqlens) -> tuple[list[int], list[int]]:
+    """Each packed sequence's first query row and first key row."""
+    q0, k0 = [0], [0]
+    for n, nk in seqlens:
+        q0.append(q0[-1] + n)
+        k0.append(k0[-1] + nk)
+    return q0, k0
+
+
+def _shifted(r: Rows, by: int) -> Rows:
+    return Rows(r.start + by, r.stop + by)
+
+
+def _box(i: int, rows: int, start: int, total: int) -> Rows:
+    """Rows of the ``i``-th box of ``rows`` rows from a sequence's first row ``start`` in a packed tensor of
+    ``total`` rows: whole, up to the tensor's end (TMA reads nothing past it)."""
+    return Rows(start + i * rows, min(start + (i + 1) * rows, total))
+
+
+def _packed_extra(p: AttentionProblem, t) -> tuple[int, int, int]:
+    """What the Varlen kernel's whole boxes add over its sequences' own rows (:func:`_packed_program`): query rows
+    loaded, query rows read by its steps (each loaded row once per K/V tile visited) and key rows loaded."""
+    Br, Bc = t.block_q, t.block_kv
+    q0, k0 = _starts(t.seqlens)
+    dq = drv = dcv = 0
+    for s, (N, Nk) in enumerate(t.seqlens):
+        if N == 0:
+            continue
+        lo, hi = kv_block_ranges(N, Nk, Br, Bc, p.causal, t.window)
+        n = np.maximum(hi - lo, 0)
+        i = np.arange(len(n))
+        extra = np.minimum(Br, p.seq_len - q0[s] - i * Br) - np.minimum(Br, N - i * Br)  # box rows past the sequence
+        dq += int(np.sum(np.where(n > 0, extra, 0)))
+        drv += int(np.sum(extra * n))
+        last = cdiv(Nk, Bc) - 1  # only the sequence's last K/V tile can be ragged
+        if last >= 0:
+            kx = min(Bc, p.kv_len - k0[s] - last * Bc) - (Nk - last * Bc)
+            dcv += kx * int(np.sum((n > 0) & (lo <= last) & (hi > last)))
+    return dq, drv, dcv
+
+
+def _packed_closed_form(p: AttentionProblem, t) -> Counts:
+    """:func:`_packed_program` in closed form: flash2's packed counts at the same tiles, without its reads of the
+    lengths and its exiting blocks, with the whole boxes' extra rows loaded and read."""
+    c = flash2.closed_form(p, t)
+    (k,) = c.kernels
+    d, b = p.head_dim, p.elem_bytes
+    for name in ("cu_seqlens_q", "cu_seqlens_k"):
+        del k.global_read[name]
+    launched = cdiv(max(1, max(n for n, _ in t.seqlens)), t.block_q) * len(t.seqlens)
+    grid = sum(cdiv(n, t.block_q) for n, _ in t.seqlens)
+    k.sram_write -= (2 * 2 * launched + grid) * 4  # flash2's one copy of each length read
+    dq, drv, dcv = _packed_extra(p, t)
+    k.global_read["Q"] += dq * d * b
+    k.global_read["K"] += dcv * d * b
+    k.global_read["V"] += dcv * d * b
+    k.sram_write += (dq + 2 * dcv) * d * b
+    k.sram_read += (drv + 2 * dcv) * d * b
+    k.name, k.grid = "flash3_fwd", grid
+    k.sram_peak = flash2.working_set(p, t)
+    return c
+
+
 def shared_memory(p: AttentionProblem, t: Tiles) -> int:
     """Q_i and STAGES stages of K_j, V_j."""
     b, d = p.elem_bytes, p.head_dim
@@ -125,6 +229,8 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
     the tile program, with one K/V stage. iosim's fp8 layout: :func:`iosim.schedules.flash3_fp8.closed_form`."""
     if isinstance(t, flash3_fp8.Fp8LayoutTiles):
         return flash3_fp8.closed_form(p, t)
+    if getattr(t, "seqlens", ()):
+        return _packed_closed_form(p, t)
     c = flash2.closed_form(p, t)
     (k,) = c.kernels
     k.name = "flash3_fwd"
@@ -138,5 +244,5 @@ def _dram(p: AttentionProblem, t: Tiles) -> list[tuple[int, int]] | None:
 
 # the Hopper pipeline's time (iosim.timing.fa3) instead of the plain roofline
 SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
-                    time_model="hopper", make_tiles=make_tiles, options=("tiling", "window"), dram=_dram,
+                    time_model="hopper", make_tiles=make_tiles, options=("tiling", "window", "seqlens"), dram=_dram,
                     dram_model=flash3_fp8.DRAM_MODEL)
