@@ -38,7 +38,8 @@ BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.0
           "iosim-flash3": (0.05, 0.15),  # as fa3, our flash3 forward under another name (the record times it fp8)
           "iosim-flash3 fp8": (0.05, 0.15), "cudnn fp8": (0.05, 0.15),  # issue 27's, the fp8 groups (group())
           "iosim-flash2 window": (0.05, 0.15), "iosim-flash3 window": (0.05, 0.15),  # issue 28's, sliding windows
-          "iosim-flash2 varlen": (0.05, 0.15), "fa2 varlen": (0.05, 0.15)}  # issue 28's, packed sequences
+          "iosim-flash2 varlen": (0.05, 0.15), "fa2 varlen": (0.05, 0.15),  # issue 28's, packed sequences
+          "iosim-flash3 varlen": (0.05, 0.15)}
 PARTS = ("backward", "decode", "fp8", "window", "varlen")  # <device>-time-<part>.json judged beside the forward record
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
            "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens", "window", "seqlens")

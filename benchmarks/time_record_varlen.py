@@ -16,7 +16,11 @@ sequence's last tile exiting at once, :func:`iosim.timing.fa2.packed_order`) and
 own (``iosim-flash2 varlen``: issue 28's bound, median 5%, worst 15%). No constant is fitted on them. Each batch is
 also run by torch's FlashAttention-2 varlen kernel (``torch.ops.aten._flash_attention_forward`` with cumulative
 lengths; its output checked against ours), rows ``fa2``: a blind check of the same model with FA2's description
-(its grid (Q tiles, sequences, heads), its tiles), judged as ``fa2 varlen``.
+(its grid (Q tiles, sequences, heads), its tiles), judged as ``fa2 varlen``. On a Hopper GPU each batch whose head
+dim the FlashAttention-3-design kernel takes is also run by it (``attention_varlen(..., schedule="flash3")``, its
+output checked against ours), rows ``iosim-flash3`` judged as ``iosim-flash3 varlen`` (the fa3 model's
+:func:`iosim.timing.fa3.packed`: each sequence's Q tiles timed as their own problem, placed as the launch's host
+schedule places them).
 """
 
 # ruff: noqa: B023  (each timing lambda is called at once, inside its loop iteration)
@@ -34,6 +38,7 @@ from iosim.timing import load_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = "iosim-flash2"
+FLASH3 = "iosim-flash3"  # kernels/flash3_fwd.cu's Varlen instantiation, on Hopper GPUs
 PEER = "fa2"  # torch's FlashAttention-2 varlen kernel (torch.ops.aten._flash_attention_forward with cumulative lengths)
 AGREE = 2e-2  # bf16: the packed call and the dense calls agree within this (max |difference|, O of unit-variance inputs)
 
@@ -88,8 +93,8 @@ def sweep() -> list[VarlenShape]:
 def tiles_of(s: VarlenShape, kernel: str = KERNEL) -> tuple[int, int]:
     """The tiles ``kernel`` runs shape ``s`` at: our varlen kernel's default (the Local instantiation's with a
     window), torch's FA2 its description's (the same kernel traits as its dense batch)."""
-    if kernel == PEER:
-        tc = load_kernel(PEER).tiles_for(s.head_dim)
+    if kernel in (PEER, FLASH3):
+        tc = load_kernel(kernel).tiles_for(s.head_dim)
         return tc.block_q, tc.block_kv
     return varlen_default_tiles(s.head_dim, mask_of(s.causal, s.window).local)
 
@@ -129,6 +134,7 @@ def measure(device: str, reps: int) -> dict:
     from iosim import gpu
 
     rows, failed = [], 0
+    hopper = torch.cuda.get_device_capability() == (9, 0)
     for i, s in enumerate(sweep()):
         g = torch.Generator(device="cuda").manual_seed(i)
         tq, tk = s.total
@@ -155,9 +161,19 @@ def measure(device: str, reps: int) -> dict:
         failed += not peer_ok
         peer_ms, _, peer_s = time_call(peer, reps, launches=False)
         rows.append({**row_of(s, PEER), "measured_ms": peer_ms, "timed_s": peer_s, "check_diff": peer_diff})
-        print(f"[{i + 1}/{len(sweep())}] {s.key:<30} {len(s.seqlens):>4} seqs {ms:9.4f} ms  vs dense max |diff| "
-              f"{diff:.2e}{'' if ok else '  FAILED'}; torch FA2 {peer_ms:9.4f} ms, vs ours {peer_diff:.2e}"
-              f"{'' if peer_ok else '  FAILED'}", flush=True)
+        line = (f"[{i + 1}/{len(sweep())}] {s.key:<30} {len(s.seqlens):>4} seqs {ms:9.4f} ms  vs dense max |diff| "
+                f"{diff:.2e}{'' if ok else '  FAILED'}; torch FA2 {peer_ms:9.4f} ms, vs ours {peer_diff:.2e}"
+                f"{'' if peer_ok else '  FAILED'}")
+        if hopper and s.head_dim in load_kernel(FLASH3).tiles:
+            def f3():
+                return gpu.attention_varlen(q, k, v, batch, causal=s.causal, window=s.window, schedule="flash3")
+
+            f3_diff = float((f3().o.float() - out.float()).abs().max())
+            failed += not f3_diff < AGREE
+            f3_ms, _, f3_s = time_call(f3, reps, launches=False)
+            rows.append({**row_of(s, FLASH3), "measured_ms": f3_ms, "timed_s": f3_s, "check_diff": f3_diff})
+            line += f"; flash3 {f3_ms:9.4f} ms, vs ours {f3_diff:.2e}{'' if f3_diff < AGREE else '  FAILED'}"
+        print(line, flush=True)
     return {**device_header(device, reps), "rows": rows, "failed_checks": failed}
 
 
@@ -177,7 +193,7 @@ def dry_run(device: str) -> None:
     from time_judge import simulate_row  # beside this file
 
     for s in sweep():
-        for kernel in (KERNEL, PEER):
+        for kernel in (KERNEL, PEER, FLASH3):
             r = simulate_row(row_of(s, kernel), PROFILE[device])
             print(f"{s.key:<30} {kernel:<13} {len(s.seqlens):>4} seqs  predicted {r.time.predicted_s * 1e3:8.4f} ms "
                   f"({r.time.kernel}, {r.time.bound})")

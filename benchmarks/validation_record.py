@@ -152,17 +152,18 @@ def packed(kind: str, heads: int, seqlens, **kw) -> Attention:
 
 
 def varlen_sweep() -> list[Attention]:
-    """The packed-sequences record's problems (issue 28): our flash2's varlen kernel on skewed lengths, documents,
+    """The packed-sequences record's problems (issue 28): our flash2's and flash3's varlen kernels on skewed lengths, documents,
     cross-attention pairs, a window over packed sequences, many short sequences, and two long ones whose K/V and O
     pass L2 (the dirty lines of one sequence written back under the next)."""
     docs = (815, 214, 677, 133, 902, 455, 371, 788, 120, 640, 509, 266, 873, 301, 590, 448)
     short = tuple(17 + (37 * i) % 114 for i in range(64))
-    return [packed("flash2", 16, (2048, 1024, 512, 256, 100), causal=True),
-            packed("flash2", 16, docs, kv_heads=4, head_dim=64, causal=True),
-            packed("flash2", 8, ((512, 2048), (1024, 1024), (100, 3000))),
-            packed("flash2", 8, (4096, 2048, 3000), causal=True, window=(1023, 0)),
-            packed("flash2", 12, short, head_dim=64, causal=True),
-            packed("flash2", 16, (16384, 8192), kv_heads=4, causal=True)]
+    return [run for kind in ("flash2", "flash3") for run in (
+            packed(kind, 16, (2048, 1024, 512, 256, 100), causal=True),
+            packed(kind, 16, docs, kv_heads=4, head_dim=64, causal=True),
+            packed(kind, 8, ((512, 2048), (1024, 1024), (100, 3000))),
+            packed(kind, 8, (4096, 2048, 3000), causal=True, window=(1023, 0)),
+            packed(kind, 12, short, head_dim=64, causal=True),
+            packed(kind, 16, (16384, 8192), kv_heads=4, causal=True))]
 
 
 def fa2_bwd_tiles(names: list[str], head_dim: int) -> tuple[int, int]:

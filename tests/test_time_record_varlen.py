@@ -56,6 +56,38 @@ def test_each_row_is_predicted_by_the_fa2_model_on_its_sequences(tv, judge):
         assert r.time.uncertainty.group.split(", ")[1] in ("varlen", uncertainty.ALL)  # its regime, or too few rows
 
 
+def test_flash3_rows_are_predicted_by_the_fa3_model_on_their_sequences(tv, judge):
+    for s in tv.sweep():
+        row = tv.row_of(s, tv.FLASH3)
+        assert judge.group(row) == "iosim-flash3 varlen"
+        r = judge.simulate_row(row, H100)
+        assert r.time.kernel == "iosim-flash3" and r.schedule == "flash3" and r.tiles.seqlens == s.seqlens
+        assert (r.tiles.block_q, r.tiles.block_kv) == tv.tiles_of(s, tv.FLASH3) == (128, 64 if s.head_dim == 256 else 128)
+
+
+@given(n=st.integers(1, 5000), nk=st.integers(1, 5000), causal=st.booleans(), d=st.sampled_from([64, 128, 256]))
+@settings(max_examples=25, deadline=None)
+def test_flash3_one_packed_sequence_takes_the_dense_calls_time(n, nk, causal, d):
+    """The fa3 model: one sequence packed is the problem itself (its tiles, placed by the same rule in the same
+    order: the dense launch's snake or host schedule)."""
+    p = AttentionProblem(seq_len=n, kv_len=nk, heads=8, head_dim=d, causal=causal)
+    dense = simulate("flash3", p, H100, kernel="iosim-flash3", l2=False)
+    packed = simulate("flash3", p, H100, kernel="iosim-flash3", l2=False, seqlens=[(n, nk)])
+    assert packed.time.kernels[0].resources["pipeline"] == pytest.approx(dense.time.kernels[0].resources["pipeline"],
+                                                                         rel=1e-9)
+    assert packed.time.predicted_s == pytest.approx(dense.time.predicted_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash3_equal_sequences_packed_take_the_dense_batchs_time(causal):
+    dense = simulate("flash3", AttentionProblem(batch=16, heads=16, seq_len=1024, head_dim=128, causal=causal),
+                     H100, kernel="iosim-flash3", warm=True)
+    packed = simulate("flash3", AttentionProblem(batch=1, heads=16, seq_len=16384, head_dim=128, causal=causal),
+                      H100, kernel="iosim-flash3", warm=True, seqlens=[1024] * 16)
+    assert packed.time.kernels[0].resources["pipeline"] == pytest.approx(dense.time.kernels[0].resources["pipeline"],
+                                                                         rel=1e-12)
+
+
 def test_the_varlen_grids_order_is_the_descriptions():
     """Ours runs every head of a sequence before the next sequence, a causal sequence's last Q tile first; FA2 runs
     every sequence of a head before the next head, its Q tiles in order. Blocks past a sequence's end exit."""

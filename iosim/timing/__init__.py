@@ -111,11 +111,10 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
     if desc is not None and kernel is None and desc.tiles and not any(d >= problem.head_dim for d in desc.tiles):
         desc = None  # the schedule's own kernel has no instantiation for this head_dim: the roofline stands
     windowed, packed = getattr(work.tiles, "window", None) is not None, getattr(work.tiles, "seqlens", ())
-    if (packed and (desc is None or desc.family != "fa2")) or (
-            windowed and (desc is None or desc.family not in ("fa2", "fa3"))):
-        desc = None  # the roofline stands: packed sequences are the fa2 model's (the varlen grid,
-        # iosim.timing.fa2.packed_order), a window's K/V block ranges the fa2 and fa3 models'
-        # (iosim.timing.fa2.block_times and iosim.timing.fa3.block_times)
+    if (packed or windowed) and (desc is None or desc.family not in ("fa2", "fa3")):
+        desc = None  # the roofline stands: packed sequences and windows are the fa2 model's (the varlen grid,
+        # iosim.timing.fa2.packed_order; a window's K/V block ranges, iosim.timing.fa2.block_times) and the fa3
+        # model's (iosim.timing.fa3.packed and block_times)
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline",
                        uncertainty=_band("roofline", profile, problem, roof.predicted_s, True),

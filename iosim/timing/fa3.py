@@ -51,7 +51,7 @@ import numpy as np
 from ..blocks import cdiv, kv_block_ranges, makespan
 from ..counts import KernelCounts
 from ..hardware.gpu import Profile
-from ..launch.flash3_schedule import block_tiles
+from ..launch.flash3_schedule import block_tiles, varlen_schedule, varlen_tiles
 from ..problem import ELEMENT_BYTES, STAT_BYTES, AttentionProblem
 from ..schedules import flash3_fp8
 from .estimate import KernelTime
@@ -204,20 +204,58 @@ def placed(per_block: np.ndarray, p: AttentionProblem, tiles, sms: int, placemen
     return float(max(order[ts].sum() for ts in per_sm if ts)) if len(order) else 0.0
 
 
+def packed(p: AttentionProblem, tiles, profile: Profile, model: HopperModel, sms: int,
+           placement: str) -> tuple[np.ndarray, dict[str, float], float]:
+    """Packed sequences (``tiles.seqlens``; a problem of batch 1) as kernels/flash3_fwd.cu's Varlen instantiation
+    runs them: every Q tile of every sequence and head timed as its sequence's own problem (:func:`block_times`),
+    placed as the launch places them ("iosim": :func:`iosim.launch.flash3_schedule.varlen_schedule`'s lists) or
+    longest first ("dynamic"). Returns the tiles' seconds (one head after another, as one array), their parts
+    summed over the heads, and when the last SM ends."""
+    window, heads = getattr(tiles, "window", None), p.n_heads_total
+    Br, Bc = tiles.block_q, tiles.block_kv
+    per_seq, sums = [], {"tensor": 0.0, "softmax": 0.0, "load": 0.0, "tiles": 0.0}
+    for n, nk in tiles.seqlens:
+        t = np.zeros(0)
+        if n > 0:
+            t, part = block_times(p.model_copy(update={"seq_len": n, "kv_len": nk}), Br, Bc, profile, model,
+                                  window=window)
+            sums = {key: sums[key] + heads * part[key] for key in sums}
+        per_seq.append(t)
+    listed, _ = varlen_tiles(tiles.seqlens, heads, Br, Bc, p.causal, window)
+    Tr = max(1, cdiv(max(n for n, _ in tiles.seqlens), Br))
+    durations = np.array([per_seq[t // (Tr * heads)][t % Tr] for t in listed])
+    if not len(durations):
+        return durations, {key: v / heads for key, v in sums.items()}, 0.0
+    blocks = min(len(durations), sms)
+    if placement == "dynamic":
+        end = makespan(durations, sms, longest_first=True)
+    else:
+        sched = varlen_schedule(tiles.seqlens, heads, Br, Bc, p.causal, window, blocks)
+        where = {t: i for i, t in enumerate(listed)}
+        offsets, order = sched[:blocks + 1], sched[blocks + 1:]
+        end = max(float(sum(durations[where[t]] for t in order[offsets[x]:offsets[x + 1]])) for x in range(blocks))
+    return durations, {key: v / heads for key, v in sums.items()}, end
+
+
 def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile: Profile,
                 model: HopperModel = HopperModel(), placement: str = "dynamic") -> KernelTime:
     """The time of ``kernel`` (flash3_fwd, as counted), its parts and its bound; the L2 bandwidth's absence (the
     loads then cost no time) is named in the roofline's ``unmodeled`` beside it; ``placement``: where the tiles run
-    (:func:`placed`)."""
+    (:func:`placed`); packed sequences (``tiles.seqlens``): :func:`packed`."""
     p = problem
     layout = isinstance(tiles, flash3_fp8.Fp8LayoutTiles)  # iosim's fp8 kernel: O in bf16, its own compulsory bytes
     out_bytes = ELEMENT_BYTES[flash3_fp8.OUTPUT_DTYPE] if layout else None
-    per_block, sums = block_times(p, tiles.block_q, tiles.block_kv, profile, model, out_bytes,
-                                  getattr(tiles, "window", None))
     r = _rates(profile, p.dtype, model)
     sms = r["sms"]
     heads = p.n_heads_total
-    pipeline = placed(per_block, p, tiles, sms, placement)
+    if getattr(tiles, "seqlens", ()):
+        every_tile, sums, pipeline = packed(p, tiles, profile, model, sms, placement)
+        busy = float(every_tile.sum())
+    else:
+        per_block, sums = block_times(p, tiles.block_q, tiles.block_kv, profile, model, out_bytes,
+                                      getattr(tiles, "window", None))
+        pipeline = placed(per_block, p, tiles, sms, placement)
+        busy = float(per_block.sum()) * heads
     k = kernel
     b, d = p.elem_bytes, p.head_dim
     compulsory = heads * (2 * p.seq_len * d * b + p.seq_len * STAT_BYTES) + p.batch * p.kv_heads * 2 * p.kv_len * d * b
@@ -236,6 +274,6 @@ def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile:
         bound = max(("tensor", "softmax", "load"), key=res.get)
     else:
         bound = "global" if res["global"] >= res["hbm"] else "hbm"
-    utilization = (per_block.sum() * heads / sms) / pipeline if pipeline else 1.0
+    utilization = busy / sms / pipeline if pipeline else 1.0
     flops = heads * sums["tiles"] * 4 * tiles.block_q * tiles.block_kv * p.head_dim  # whole tiles (the energy's)
     return KernelTime(k.name, k.grid, float(utilization), res, total, bound, tensor_flops=flops)
