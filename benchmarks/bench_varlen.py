@@ -5,13 +5,14 @@
 (a) ``padded``: packed sequences through iosim.gpu.attention_varlen against the same batch padded to its longest
     sequence through iosim.gpu.attention (the dense kernel), causal and not. The padded call computes the padding too
     (and, non-causal, attends to padded keys: its values differ; it is timed, not checked). Issue 28's bar: varlen is
-    never slower (padded ms / varlen ms >= 1).
+    never slower (padded ms / varlen ms >= 1). On a Hopper GPU each batch runs through flash2 and through flash3
+    (the ``schedule`` column), varlen and padded through the same kernel design.
 (b) ``flex``: sliding windows (causal, w = 256 .. 4096 keys, N = 8192) on the dense batch
     (``AttentionOptions(window=(w - 1, 0))``) and document masks (packed documents, causal within each: attention_varlen)
     against torch.compile'd ``torch.nn.attention.flex_attention`` with the same mask as a BlockMask
     (``create_block_mask``, built once, off the timed path). Issue 28's bar: ours >= 1.0x FlexAttention. A window
     row's ours is the flash3 kernel on a Hopper GPU (``schedule`` column; flash2's time beside it in ``flash2_ms``),
-    flash2 elsewhere; documents run flash2's varlen kernel.
+    flash2 elsewhere; documents likewise (attention_varlen's flash3 or flash2).
 
 bf16, heads = 2048 / d (grouped-query 4:1 with --gqa), the same inputs for every backend. ``--check`` compares every
 row's output (ours and FlexAttention's) with a float64 reference on the GPU before timing; a failed row is reported and
@@ -88,8 +89,12 @@ def packed_inputs(torch, lens, H: int, Hk: int, d: int, seed: int):
     return q, k, v, cu
 
 
-def padded_row(torch, gpu, name: str, d: int, causal: bool, args) -> dict:
-    """(a): one batch, varlen against padded."""
+def hopper(torch) -> bool:
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+def padded_row(torch, gpu, name: str, d: int, causal: bool, schedule: str, args) -> dict:
+    """(a): one batch, varlen against padded, both through ``schedule``'s kernels."""
     lens = PADDED_BATCHES[name]
     H = 2048 // d
     Hk = H // 4 if args.gqa else H
@@ -101,12 +106,14 @@ def padded_row(torch, gpu, name: str, d: int, causal: bool, args) -> dict:
         for src, dst in ((q, qp), (k, kp), (v, vp)):
             dst[b, :n] = src[int(cu[b]):int(cu[b + 1])]
     row = {"part": "padded", "case": name, "d": d, "causal": causal, "heads": H, "kv_heads": Hk, "batch": B,
-           "tokens": sum(lens), "padded_tokens": B * N}
+           "tokens": sum(lens), "padded_tokens": B * N, "schedule": schedule}
+    ours = lambda: gpu.attention_varlen(q, k, v, batch, causal=causal, schedule=schedule).o  # noqa: E731
     if args.check:
-        err = rel(gpu.attention_varlen(q, k, v, batch, causal=causal).o, reference(torch, q, k, v, lens, causal, None))
+        err = rel(ours(), reference(torch, q, k, v, lens, causal, None))
         row.update(check_err=err, check="ok" if err < TOL else "FAIL")
-    row["ours_ms"] = time_ms(lambda: gpu.attention_varlen(q, k, v, batch, causal=causal), args.reps, args.warmup)
-    row["padded_ms"] = time_ms(lambda: gpu.attention(qp, kp, vp, causal=causal), args.reps, args.warmup)
+    row["ours_ms"] = time_ms(ours, args.reps, args.warmup)
+    row["padded_ms"] = time_ms(lambda: gpu.attention(qp, kp, vp, causal=causal, schedule=schedule), args.reps,
+                               args.warmup)
     flops = 4 * d * H * visible_pairs(lens, causal)
     row.update(ours_tflops=flops / row["ours_ms"] / 1e9, padded_over_ours=row["padded_ms"] / row["ours_ms"])
     return row
@@ -139,7 +146,7 @@ def flex_row(torch, gpu, kind: str, size: int, d: int, args) -> dict:
         B, N = len(lens), lens[0]
         qd, kd, vd = (x.view(B, N, x.shape[1], d) for x in (q, k, v))
         opts = gpu.AttentionOptions(window=(size - 1, 0))
-        schedule = "flash3" if torch.cuda.get_device_capability() == (9, 0) else "flash2"
+        schedule = "flash3" if hopper(torch) else "flash2"
         ours = lambda: gpu.attention(  # noqa: E731
             qd, kd, vd, schedule=schedule, causal=True, options=opts).view(q.shape)
         ours2 = lambda: gpu.attention(qd, kd, vd, causal=True, options=opts).view(q.shape)  # noqa: E731
@@ -147,9 +154,10 @@ def flex_row(torch, gpu, kind: str, size: int, d: int, args) -> dict:
         qt, kt, vt = (x.transpose(1, 2) for x in (qd, kd, vd))  # (B, H, N, d) views
         flex = lambda: fn(qt, kt, vt).transpose(1, 2).reshape(q.shape)  # noqa: E731
     else:
-        schedule, ours2 = "flash2", None
+        schedule = "flash3" if hopper(torch) else "flash2"
         batch = gpu.varlen_batch(cu, cu)
-        ours = lambda: gpu.attention_varlen(q, k, v, batch, causal=True).o  # noqa: E731
+        ours = lambda: gpu.attention_varlen(q, k, v, batch, causal=True, schedule=schedule).o  # noqa: E731
+        ours2 = lambda: gpu.attention_varlen(q, k, v, batch, causal=True).o  # noqa: E731
         doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda"))
         fn = flex_fn(torch, lambda b, h, i, j: (doc[i] == doc[j]) & (j <= i), None, H, DOC_TOKENS)
         qt, kt, vt = (x.transpose(0, 1)[None] for x in (q, k, v))  # (1, H, T, d) views
@@ -175,12 +183,12 @@ def flex_row(torch, gpu, kind: str, size: int, d: int, args) -> dict:
 
 def print_table(rows: list[dict], device: str) -> None:
     print(f"\n{device}; bf16; median of CUDA-event times (busy stream); TFLOP/s of the visible pairs\n")
-    print("| part | case | d | causal | ours ms | peer ms | ours TFLOP/s | peer / ours | check |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| part | case | d | causal | ours | ours ms | peer ms | ours TFLOP/s | peer / ours | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         peer, ratio = ("padded_ms", "padded_over_ours") if r["part"] == "padded" else ("flex_ms", "ours_over_flex")
-        print(f"| {r['part']} | {r['case']} | {r['d']} | {r['causal']} | {r['ours_ms']:.4f} | {r[peer]:.4f} | "
-              f"{r['ours_tflops']:.1f} | {r[ratio]:.2f}x | {r.get('check', '-')} |")
+        print(f"| {r['part']} | {r['case']} | {r['d']} | {r['causal']} | {r['schedule']} | {r['ours_ms']:.4f} | "
+              f"{r[peer]:.4f} | {r['ours_tflops']:.1f} | {r[ratio]:.2f}x | {r.get('check', '-')} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name()
     print(f"device: {device}; torch {torch.__version__}; cupy {cp.__version__}", flush=True)
     rows = []
-    runs = [(padded_row, (name, d, causal)) for d in args.d if "padded" in args.parts for name in PADDED_BATCHES
-            for causal in (False, True)]
+    schedules = ("flash2", "flash3") if hopper(torch) else ("flash2",)
+    runs = [(padded_row, (name, d, causal, sched)) for d in args.d if "padded" in args.parts for name in PADDED_BATCHES
+            for causal in (False, True) for sched in schedules]
     runs += [(flex_row, (kind, size, d)) for d in args.d if "flex" in args.parts
              for kind, sizes in (("window", WINDOWS), ("documents", (512, 2048))) for size in sizes]
     for fn, what in runs:

@@ -77,14 +77,15 @@ def _decode_table(rows: list[dict]) -> str:
 
 
 def _varlen_table(rows: list[dict]) -> str:
-    head = ("<tr><th>against</th><th>case</th><th>d</th><th>causal</th><th>ours ms</th><th>peer ms</th>"
+    head = ("<tr><th>against</th><th>case</th><th>d</th><th>causal</th><th>ours</th><th>ours ms</th><th>peer ms</th>"
             "<th>peer ÷ ours</th></tr>")
     body = []
     for r in rows:
         padded = r["part"] == "padded"
         peer_ms, ratio = (r["padded_ms"], r["padded_over_ours"]) if padded else (r["flex_ms"], r["ours_over_flex"])
         body.append(f"<tr><td>{'padded batch' if padded else 'FlexAttention'}</td><td>{html.escape(r['case'])}</td>"
-                    f"<td>{r['d']}</td><td>{r['causal']}</td><td>{float(r['ours_ms']):.4f}</td>"
+                    f"<td>{r['d']}</td><td>{r['causal']}</td><td>{html.escape(r.get('schedule') or 'flash2')}</td>"
+                    f"<td>{float(r['ours_ms']):.4f}</td>"
                     f"<td>{float(peer_ms):.4f}</td><td>{float(ratio):.2f}×</td></tr>")
     return f"<table>{head}{''.join(body)}</table>"
 
