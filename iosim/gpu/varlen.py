@@ -227,27 +227,16 @@ def _launch(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask
 def _launch_flash3(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask: geo.Mask,
                    tiles: tuple[int, int, float]) -> LaunchRecord:
     """The flash3 varlen kernel on (q, k, v, o, lse) (:func:`iosim.gpu.flash3_host.launch_varlen`)."""
-    block_q, block_kv, _ = tiles
+    block_q, block_kv, scale = tiles
     smem = launch.flash3_smem_bytes(s.head_dim, block_q, block_kv, build.ITEMSIZE[s.dtype])
     inst = build.Flash3Instance(s.head_dim, block_kv, s.dtype, mask.causal, mask.local, True)
-    launches: tuple[KernelLaunch, ...] = ()
-    if batch.total_q and not batch.total_k:  # no key in the batch (and no tensor a map could point at): no kernel
-        arrays[3].fill(0)
-        arrays[4].fill(-np.inf)
-    elif batch.total_q:
-        launches = (_flash3_kernel(cp, arrays, batch, s, mask, tiles, inst, smem),)
-    return LaunchRecord("flash3", batch.batch, batch.max_seqlen_q, max(batch.seqlens_k), s.heads, s.kv_heads,
-                        s.head_dim, s.dtype, mask.causal,
-                        {"block_q": block_q, "block_kv": block_kv, "stages": launch.FLASH3_STAGES}, launches,
-                        mask.window, batch.seqlens_q, batch.seqlens_k)
-
-
-def _flash3_kernel(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask: geo.Mask,
-                   tiles: tuple[int, int, float], inst: build.Flash3Instance, smem: int) -> KernelLaunch:
-    block_q, block_kv, scale = tiles
-    seqs = tuple(zip(batch.seqlens_q, batch.seqlens_k, strict=True))
+    seqs = tuple(zip(batch.seqlens_q, batch.seqlens_k, strict=True))  # q, k, v have rows (vi.check_shapes)
     grid, block = flash3_host.launch_varlen(cp, _kernel(cp, inst, smem), *arrays, seqs,
                                             (batch.cu_seqlens_q, batch.cu_seqlens_k), mask=mask,
                                             scale_log2=scale * _LOG2E, dtype=s.dtype, block_q=block_q,
                                             block_kv=block_kv, smem=smem)
-    return KernelLaunch(inst.name_expression, grid, block, smem)
+    return LaunchRecord("flash3", batch.batch, batch.max_seqlen_q, max(batch.seqlens_k), s.heads, s.kv_heads,
+                        s.head_dim, s.dtype, mask.causal,
+                        {"block_q": block_q, "block_kv": block_kv, "stages": launch.FLASH3_STAGES},
+                        (KernelLaunch(inst.name_expression, grid, block, smem),), mask.window, batch.seqlens_q,
+                        batch.seqlens_k)

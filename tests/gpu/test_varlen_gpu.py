@@ -275,8 +275,6 @@ def test_flash3_varlen_refuses_other_tiles_and_head_dims_with_one_clear_error():
     with pytest.raises(gpu.AttentionInputError, match=r"with schedule='flash3': its tiles are fixed"):
         gpu.attention_varlen(q, q, q, ([0, 10], [0, 10]), schedule="flash3",
                              options=gpu.AttentionOptions(block_q=64, block_kv=64))
-    o, lse = gpu.attention_varlen(q, q[:0], q[:0], ([0, 4, 10], [0, 0, 0]), schedule="flash3")  # no key at all
-    assert bool((o == 0).all()) and bool(cp.isneginf(lse).all()) and gpu.last_launch().launches == ()
 
 
 def test_a_causal_window_unbounded_on_the_left_is_the_causal_kernel_bit_for_bit():
