@@ -173,6 +173,9 @@ def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *,
     return grid, block
 
 
+_varlen_schedules: dict[tuple, tuple[int, Any]] = {}  # (blocks, the CSR list on the device) by batch and shape
+
+
 def launch_varlen(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, seqlens: tuple[tuple[int, int], ...],
                   cu_seqlens: tuple[Any, Any], *, mask: Mask, scale_log2: float, dtype: str, block_q: int, block_kv: int,
                   smem: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -188,16 +191,15 @@ def launch_varlen(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, se
     tm_v = tensor_map("v", v.data.ptr, dtype, 1, total_k, Hk, D, block_kv)
     sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
     causal, window = mask
-    key = ("varlen", cp.cuda.Device().id, seqlens, H, block_q, block_kv, causal, window, sms)
-    if key not in _schedules:
-        n_tiles = len(varlen_tiles(seqlens, H, block_q, block_kv, causal, window)[0])
-        blocks = max(1, min(n_tiles, sms))
+    key = (cp.cuda.Device().id, seqlens, H, block_q, block_kv, causal, window, sms)
+    if key not in _varlen_schedules:
+        blocks = max(1, min(len(varlen_tiles(seqlens, H, block_q, block_kv, causal, window)[0]), sms))
         sched = varlen_schedule(seqlens, H, block_q, block_kv, causal, window, blocks)
-        if len(_schedules) >= 256:  # bounded, as the tensor maps' cache
-            for old in list(_schedules)[:128]:
-                del _schedules[old]
-        _schedules[key] = (blocks, cp.asarray(sched, dtype=cp.int32))
-    blocks, sched = _schedules[key]
+        if len(_varlen_schedules) >= 256:  # bounded, as the tensor maps' cache (a serving loop's batches differ)
+            for old in list(_varlen_schedules)[:128]:
+                del _varlen_schedules[old]
+        _varlen_schedules[key] = (blocks, cp.asarray(sched.astype(np.int32)))
+    blocks, sched = _varlen_schedules[key]
     grid, block = (blocks, 1, 1), (launch.FLASH3_THREADS, 1, 1)
     longest = max(n for n, _ in seqlens)
     left, right = mask.kernel_window()

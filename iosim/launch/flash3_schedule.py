@@ -10,6 +10,8 @@ time model places the tiles where the kernel does.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..blocks import assign, kv_block_ranges
 
 
@@ -73,42 +75,50 @@ def tile_schedule(batch: int, seq_len: int, kv_len: int, heads: int, block_q: in
 
 
 def varlen_tiles(seqlens: tuple[tuple[int, int], ...], heads: int, block_q: int, block_kv: int, causal: bool,
-                 window: tuple[int | None, int | None] | None = None) -> tuple[list[int], list[int]]:
+                 window: tuple[int | None, int | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The Q tiles of packed sequences ``seqlens`` ((queries, keys) each) as the varlen kernel numbers them, t = m +
-    Tr * (h + H * b) with Tr of the longest sequence, and the K/V tiles each visits: sequence by sequence, head by
-    head, a sequence's Q tiles from its last where causal or windowed (they see the most keys). Tiles past a
-    sequence's end are not listed; a tile that sees no key is (it writes O = 0 and lse = -inf)."""
+    Tr * (h + H * b) with Tr of the longest sequence, and the K/V tiles each visits (int64 arrays, in list order):
+    sequence by sequence, head by head, a sequence's Q tiles from its last where causal or windowed (they see the
+    most keys). Tiles past a sequence's end are not listed; a tile that sees no key is (it writes O = 0 and
+    lse = -inf)."""
     Tr = max(1, -(-max(n for n, _ in seqlens) // block_q))
-    tiles, visits = [], []
+    tiles, visits = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    h = np.arange(heads, dtype=np.int64)[:, None]
     for b, (n, nk) in enumerate(seqlens):
         if n == 0:
             continue
         lo, hi = kv_block_ranges(n, nk, block_q, block_kv, causal, window)
-        order = range(len(lo) - 1, -1, -1) if causal or window is not None else range(len(lo))
-        for h in range(heads):
-            for m in order:
-                tiles.append(m + Tr * (h + heads * b))
-                visits.append(max(int(hi[m] - lo[m]), 0))
-    return tiles, visits
+        m = np.arange(len(lo), dtype=np.int64)
+        m = m[::-1] if causal or window is not None else m
+        tiles.append((m[None, :] + Tr * (h + heads * b)).ravel())
+        visits.append(np.broadcast_to(np.maximum(hi - lo, 0)[m], (heads, len(m))).ravel())
+    return np.concatenate(tiles), np.concatenate(visits)
 
 
 def varlen_schedule(seqlens: tuple[tuple[int, int], ...], heads: int, block_q: int, block_kv: int, causal: bool,
-                    window: tuple[int | None, int | None] | None, blocks: int) -> list[int]:
-    """The persistent grid's tiles for packed sequences, as CSR (``[offsets (blocks + 1)..., tiles...]``): the
+                    window: tuple[int | None, int | None] | None, blocks: int) -> np.ndarray:
+    """The persistent grid's tiles for packed sequences, as CSR (``[offsets (blocks + 1)..., tiles...]``, int64): the
     working tiles of :func:`varlen_tiles` handed out in a snake over their list, or each to the block that frees
     first where that shrinks the busiest block by SCHEDULE_MIN_GAIN (costs: K/V steps + 1), the rule of
     :func:`tile_schedule`. The varlen kernel always runs a host schedule: the kernel's own snake would hand blocks
-    the numbers of tiles past a sequence's end."""
+    the numbers of tiles past a sequence's end. The greedy list (a heap, tile by tile) is only built where the snake's
+    busiest block is SCHEDULE_MIN_GAIN over the bound no schedule beats (the mean load, the costliest tile): a
+    serving loop's new batch costs milliseconds, not the greedy walk over every tile."""
     tiles, visits = varlen_tiles(seqlens, heads, block_q, block_kv, causal, window)
-    cost = [v + 1 for v in visits]
-    per_block, loads = assign(cost, blocks)
-    in_snake = snake(len(tiles), blocks)
-    if max(loads, default=0) * SCHEDULE_MIN_GAIN > max((sum(cost[i] for i in s) for s in in_snake), default=0):
-        per_block = in_snake
-    offsets = [0]
-    for items in per_block:
-        offsets.append(offsets[-1] + len(items))
-    return offsets + [tiles[i] for items in per_block for i in items]
+    cost = visits + 1
+    i = np.arange(len(tiles))
+    rnd, x = np.divmod(i, blocks)
+    owner = np.where(rnd % 2 == 1, blocks - 1 - x, x)  # the snake: round r gives block x tile r * G + x, reversed on odd r
+    snake_max = float(np.bincount(owner, weights=cost, minlength=blocks).max()) if len(tiles) else 0.0
+    bound = max(float(cost.sum()) / blocks, float(cost.max())) if len(tiles) else 0.0
+    if snake_max >= SCHEDULE_MIN_GAIN * bound and len(tiles):
+        per_block, loads = assign(cost.tolist(), blocks)
+        if max(loads) * SCHEDULE_MIN_GAIN <= snake_max:
+            order = np.concatenate([np.asarray(items, dtype=np.int64) for items in per_block])
+            counts = np.array([len(items) for items in per_block])
+            return np.concatenate([[0], np.cumsum(counts), tiles[order]]).astype(np.int64)
+    order = np.lexsort((i, owner))  # each block's tiles in list order
+    return np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=blocks)), tiles[order]]).astype(np.int64)
 
 
 # the host schedule replaces the snake only where the model's busiest block shrinks by this factor: at d=64

@@ -221,20 +221,25 @@ def packed(p: AttentionProblem, tiles, profile: Profile, model: HopperModel, sms
                                   window=window)
             sums = {key: sums[key] + heads * part[key] for key in sums}
         per_seq.append(t)
-    listed, _ = varlen_tiles(tiles.seqlens, heads, Br, Bc, p.causal, window)
+    per_head = {key: v / heads for key, v in sums.items()}
     Tr = max(1, cdiv(max(n for n, _ in tiles.seqlens), Br))
-    durations = np.array([per_seq[t // (Tr * heads)][t % Tr] for t in listed])
+    start = np.concatenate([[0], np.cumsum([len(t) for t in per_seq])])
+    flat = np.concatenate(per_seq)
+
+    def seconds(t: np.ndarray) -> np.ndarray:  # each tile's, by its number t = m + Tr * (h + H * b)
+        return flat[start[t // (Tr * heads)] + t % Tr]
+
+    listed, _ = varlen_tiles(tiles.seqlens, heads, Br, Bc, p.causal, window)
+    durations = seconds(listed)
     if not len(durations):
-        return durations, {key: v / heads for key, v in sums.items()}, 0.0
+        return durations, per_head, 0.0
     blocks = min(len(durations), sms)
     if placement == "dynamic":
-        end = makespan(durations, sms, longest_first=True)
-    else:
-        sched = varlen_schedule(tiles.seqlens, heads, Br, Bc, p.causal, window, blocks)
-        where = {t: i for i, t in enumerate(listed)}
-        offsets, order = sched[:blocks + 1], sched[blocks + 1:]
-        end = max(float(sum(durations[where[t]] for t in order[offsets[x]:offsets[x + 1]])) for x in range(blocks))
-    return durations, {key: v / heads for key, v in sums.items()}, end
+        return durations, per_head, makespan(durations, sms, longest_first=True)
+    sched = np.asarray(varlen_schedule(tiles.seqlens, heads, Br, Bc, p.causal, window, blocks))
+    offsets, order = sched[:blocks + 1], sched[blocks + 1:]
+    per_block = np.add.reduceat(seconds(order), offsets[:-1]) if len(order) else np.zeros(1)
+    return durations, per_head, float(per_block[np.diff(offsets) > 0].max())
 
 
 def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile: Profile,
