@@ -43,6 +43,8 @@ MORE_PARAMETERS = {
     # Python's own TypeError), and tests/test_pinned_counts.py, which must pass unchanged, calls it with profile,
     # method=, pass_=, l2=, density=, seed=: eleven parameters at the least, however the rest were grouped
     "iosim.simulate:simulate": "the documented public signature, pinned by tests",
+    "iosim.gpu.varlen:attention_varlen": "the documented public signature: FlashAttention's varlen keywords (causal, "
+                                         "window, scale) beside gpu.attention's schedule and options",
     # foreign signatures: the parameter list is another library's, taken one by one
     "iosim.cpu._blas:_sgemm_stub": "cblas_sgemm's parameter list (BLAS)",
     "iosim.cpu._blas:_dgemm_stub": "cblas_dgemm's parameter list (BLAS)",

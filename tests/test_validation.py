@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from iosim import validation as V
-from iosim.blocks import n_kv_blocks_visible
+from iosim.blocks import kv_block_range, n_kv_blocks_visible
 
 MiB = 1 << 20
 
@@ -89,7 +89,10 @@ def test_a_record_round_trips_and_a_bad_one_names_file_and_line(tmp_path):
 def _tma_box_padding(c: V.Check) -> int:
     """Bytes flash3's TMA loads beyond the real rows: the last Q box, and the last K/V box of each Q tile that
     visits it (whole boxes of block_q / block_kv rows; the schedule counts real rows). The fp8 kernel reads V^T,
-    stored and counted with its keys padded to 16, so its last V^T box lacks the keys past that padding."""
+    stored and counted with its keys padded to 16, so its last V^T box lacks the keys past that padding. Packed
+    sequences: :func:`_packed_box_padding`."""
+    if c.seqlens:
+        return _packed_box_padding(c)
     pad_q, pad_kv = -c.seq_len % c.block_q, -c.kv_len % c.block_kv
     pad_v = -(-(-c.kv_len // 16) * 16) % c.block_kv if c.kernel == "flash3-fp8" else pad_kv
     tr, last = -(-c.seq_len // c.block_q), -(-c.kv_len // c.block_kv)
@@ -97,6 +100,21 @@ def _tma_box_padding(c: V.Check) -> int:
                  for i in range(tr))
     row = c.head_dim * V.ELEM_BYTES[c.dtype]
     return c.batch * (c.heads * pad_q * row + c.heads * visits * (pad_kv + pad_v) * row)
+
+
+def _packed_box_padding(c: V.Check) -> int:
+    """Packed sequences on flash3: a tile's boxes start at its sequence's first row and run whole into the next
+    sequence (counted), so only the rows of boxes past the packed tensor's end are read beyond the count."""
+    total_q, total_k = sum(n for n, _ in c.seqlens), sum(n for _, n in c.seqlens)
+    q0 = k0 = rows = 0
+    for n, nk in c.seqlens:
+        for i in range(-(-n // c.block_q)):
+            lo, hi = kv_block_range(i, c.block_q, c.block_kv, n, nk, c.causal, c.window)
+            if hi > lo:
+                rows += max(0, q0 + (i + 1) * c.block_q - total_q)
+                rows += 2 * sum(max(0, k0 + (j + 1) * c.block_kv - total_k) for j in range(lo, hi))
+        q0, k0 = q0 + n, k0 + nk
+    return c.heads * rows * c.head_dim * V.ELEM_BYTES[c.dtype]
 
 
 def _ragged(c) -> bool:
@@ -111,7 +129,8 @@ def _ragged_causal_packed(c) -> bool:
 @pytest.mark.parametrize("device", ["h200", "h100"])
 def test_the_committed_records_are_found_and_global_is_exact(device):
     """Every `global` check of our kernels equals the measured bytes, but flash3's reads (bf16 and fp8) on a ragged
-    edge, which exceed the schedule by exactly the out-of-bounds rows of its whole TMA boxes, and the backward's reads on ragged
+    edge (packed sequences: the packed tensor's end), which exceed the schedule by exactly the out-of-bounds rows of
+    its whole TMA boxes, and the backward's reads on ragged
     tiles, where ncu's cp.async byte counter reads up to 0.01% high and differs between two runs of one problem, and
     packed causal sequences with a ragged end, where the same counter reads 0-5.8 kB high, differing between the three
     launches of one problem (docs/validation.md, packed sequences). torch's FA2 backward (sdpa-flash-bwd) is a blind

@@ -16,7 +16,7 @@ any machine.
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -176,37 +176,52 @@ def launch_kernel(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *,
 _varlen_schedules: dict[tuple, tuple[int, Any]] = {}  # (blocks, the CSR list on the device) by batch and shape
 
 
-def launch_varlen(cp: Any, fn: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, seqlens: tuple[tuple[int, int], ...],
-                  cu_seqlens: tuple[Any, Any], *, mask: Mask, scale_log2: float, dtype: str, block_q: int, block_kv: int,
-                  smem: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """Launch the Varlen flash3_fwd_kernel (compiled as ``fn``) on packed (total_q, H, d) q and (total_k, H_kv, d) k,
-    v: ``seqlens`` (queries, keys) per sequence on the host, ``cu_seqlens`` (q, k) their cumulative lengths on the
-    device; ``mask`` the causal mask or window (:class:`iosim.launch.varlen.Mask`). The tensor maps see one batch of total rows;
-    the persistent grid (min(working tiles, SMs) blocks) runs the host schedule of
-    :func:`iosim.launch.flash3_schedule.varlen_schedule`, computed once per batch and shape. Returns (grid, block)."""
+class VarlenCall(NamedTuple):
+    """What a packed-sequences launch needs besides its arrays: ``seqlens`` (queries, keys) per sequence on the
+    host, ``cu_seqlens`` (q, k) their cumulative lengths on the device, the causal mask or window
+    (:class:`iosim.launch.varlen.Mask`), the dtype name, the tiles, the softmax scale in log2 units and the dynamic
+    shared memory."""
+
+    seqlens: tuple[tuple[int, int], ...]
+    cu_seqlens: tuple[Any, Any]
+    mask: Mask
+    dtype: str
+    block_q: int
+    block_kv: int
+    scale_log2: float
+    smem: int
+
+
+def launch_varlen(cp: Any, fn: Any, arrays: tuple[Any, Any, Any, Any, Any],
+                  call: VarlenCall) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Launch the Varlen flash3_fwd_kernel (compiled as ``fn``) on ``arrays``: packed (total_q, H, d) q, (total_k,
+    H_kv, d) k and v, O like q, lse (H, total_q). The tensor maps see one batch of total rows; the persistent grid
+    (min(working tiles, SMs) blocks) runs the host schedule of :func:`iosim.launch.flash3_schedule.varlen_schedule`,
+    computed once per batch and shape. Returns (grid, block)."""
+    q, k, v, o, lse = arrays
     total_q, H, D = (int(x) for x in q.shape)
     total_k, Hk = int(k.shape[0]), int(k.shape[1])
-    tm_q = tensor_map("q", q.data.ptr, dtype, 1, total_q, H, D, block_q)
-    tm_k = tensor_map("k", k.data.ptr, dtype, 1, total_k, Hk, D, block_kv)
-    tm_v = tensor_map("v", v.data.ptr, dtype, 1, total_k, Hk, D, block_kv)
+    tm_q = tensor_map("q", q.data.ptr, call.dtype, 1, total_q, H, D, call.block_q)
+    tm_k = tensor_map("k", k.data.ptr, call.dtype, 1, total_k, Hk, D, call.block_kv)
+    tm_v = tensor_map("v", v.data.ptr, call.dtype, 1, total_k, Hk, D, call.block_kv)
     sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
-    causal, window = mask
-    key = (cp.cuda.Device().id, seqlens, H, block_q, block_kv, causal, window, sms)
+    causal, window = call.mask
+    tiles = (H, call.block_q, call.block_kv, causal, window)
+    key = (cp.cuda.Device().id, call.seqlens, *tiles, sms)
     if key not in _varlen_schedules:
-        blocks = max(1, min(len(varlen_tiles(seqlens, H, block_q, block_kv, causal, window)[0]), sms))
-        sched = varlen_schedule(seqlens, H, block_q, block_kv, causal, window, blocks)
+        blocks = max(1, min(len(varlen_tiles(call.seqlens, *tiles)[0]), sms))
+        sched = varlen_schedule(call.seqlens, *tiles, blocks)
         if len(_varlen_schedules) >= 256:  # bounded, as the tensor maps' cache (a serving loop's batches differ)
             for old in list(_varlen_schedules)[:128]:
                 del _varlen_schedules[old]
         _varlen_schedules[key] = (blocks, cp.asarray(sched.astype(np.int32)))
     blocks, sched = _varlen_schedules[key]
     grid, block = (blocks, 1, 1), (launch.FLASH3_THREADS, 1, 1)
-    longest = max(n for n, _ in seqlens)
-    left, right = mask.kernel_window()
+    left, right = call.mask.kernel_window()
     i32, null = cp.int32, cp.uint64(0)
-    fn(grid, block, (tm_q, tm_k, tm_v, o, lse, sched, null, null, null, i32(len(seqlens)), i32(longest),
-                     i32(total_k), i32(H), i32(Hk), cp.float32(scale_log2), i32(left), i32(right), *cu_seqlens,
-                     i32(total_q)), shared_mem=smem)
+    fn(grid, block, (tm_q, tm_k, tm_v, o, lse, sched, null, null, null, i32(len(call.seqlens)),
+                     i32(max(n for n, _ in call.seqlens)), i32(total_k), i32(H), i32(Hk), cp.float32(call.scale_log2),
+                     i32(left), i32(right), *call.cu_seqlens, i32(total_q)), shared_mem=call.smem)
     return grid, block
 
 

@@ -230,11 +230,10 @@ def _launch_flash3(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShape
     block_q, block_kv, scale = tiles
     smem = launch.flash3_smem_bytes(s.head_dim, block_q, block_kv, build.ITEMSIZE[s.dtype])
     inst = build.Flash3Instance(s.head_dim, block_kv, s.dtype, mask.causal, mask.local, True)
-    seqs = tuple(zip(batch.seqlens_q, batch.seqlens_k, strict=True))  # q, k, v have rows (vi.check_shapes)
-    grid, block = flash3_host.launch_varlen(cp, _kernel(cp, inst, smem), *arrays, seqs,
-                                            (batch.cu_seqlens_q, batch.cu_seqlens_k), mask=mask,
-                                            scale_log2=scale * _LOG2E, dtype=s.dtype, block_q=block_q,
-                                            block_kv=block_kv, smem=smem)
+    call = flash3_host.VarlenCall(tuple(zip(batch.seqlens_q, batch.seqlens_k, strict=True)),
+                                  (batch.cu_seqlens_q, batch.cu_seqlens_k), mask, s.dtype, block_q, block_kv,
+                                  scale * _LOG2E, smem)
+    grid, block = flash3_host.launch_varlen(cp, _kernel(cp, inst, smem), arrays, call)
     return LaunchRecord("flash3", batch.batch, batch.max_seqlen_q, max(batch.seqlens_k), s.heads, s.kv_heads,
                         s.head_dim, s.dtype, mask.causal,
                         {"block_q": block_q, "block_kv": block_kv, "stages": launch.FLASH3_STAGES},
