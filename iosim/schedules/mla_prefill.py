@@ -1,0 +1,97 @@
+"""MLA prefill: DeepSeek's multi-head latent attention on a chunk of new tokens, counted in closed form (issue 28
+item 3; simulated, no kernel). DeepSeek-V2 (arXiv 2405.04434) §2.1.2-2.1.3, DeepSeek-V3 (arXiv 2412.19437) §2.1.1.
+
+In prefill the up-projections are not absorbed (absorption pays where one query row meets many cached keys, in
+decode: :mod:`iosim.schedules.mla_decode`). The cache holds per token a latent c_KV of ``latent`` = 512 values and a
+rotary key k_R of ``rope`` = 64; the chunk's keys and values are expanded from it per head, and attention runs as
+multi-head attention with keys of NOPE + rope = 192 values and values of VALUE = 128:
+
+    kernel mla_kv_up     K_nope = c_KV W_UK, V = c_KV W_UV   (keys x 512) x (512 x heads*128), twice; K = [K_nope ;
+                         k_R] written per head (k_R copied to every head), V written; W_UK, W_UV read once a call
+    kernel mla_attention FlashAttention-2's tile program (Q tiles outer, K/V tiles streamed, causal bottom-right)
+                         on queries of 192 values, keys of 192 and values of 128: Q once per Q tile that sees a key,
+                         K and V once per (Q tile, K/V tile) visited, O (128 a row) and lse written once
+
+``kv_len`` is the keys a chunk's queries see (the cached prefix and the chunk itself: chunked prefill; equal to
+``seq_len`` for a first prefill). FLOPs are the multiplies (2 per multiply-add) and one exp per visited score; DRAM
+is every distinct byte once (K and V of a head stay in L2 while its Q tiles run), every byte written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..blocks import cdiv, visit_sums
+from ..counts import Counts, KernelCounts
+from ..problem import ELEMENT_BYTES, STAT_BYTES
+from .base import ScheduleError
+from .mla_decode import NOPE, VALUE
+
+
+@dataclass(frozen=True)
+class MlaPrefill:
+    """``batch`` sequences, each a chunk of ``seq_len`` new tokens whose queries see ``kv_len`` keys (the cached
+    prefix and the chunk), causal bottom-right; DeepSeek-V3's shapes by default; tiles of the attention kernel."""
+
+    batch: int
+    seq_len: int
+    kv_len: int
+    heads: int = 128
+    latent: int = 512
+    rope: int = 64
+    dtype: str = "bf16"
+    block_q: int = 128
+    block_kv: int = 128
+    causal: bool = True
+
+    def __post_init__(self):
+        for name in ("batch", "seq_len", "kv_len", "heads", "latent", "rope", "block_q", "block_kv"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ScheduleError(f"MLA prefill: {name}={v!r}; expected a whole number >= 1")
+        if self.kv_len < self.seq_len:
+            raise ScheduleError(f"MLA prefill: kv_len={self.kv_len} < seq_len={self.seq_len}; a chunk's queries see "
+                                "the cached prefix and the chunk itself (kv_len >= seq_len)")
+        if self.dtype not in ELEMENT_BYTES:
+            raise ScheduleError(f"MLA prefill: dtype={self.dtype!r}; expected one of {list(ELEMENT_BYTES)}")
+        if not isinstance(self.causal, bool):
+            raise ScheduleError(f"MLA prefill: causal={self.causal!r}; expected True or False")
+
+    @property
+    def key_dim(self) -> int:
+        return NOPE + self.rope  # 192: a query's and a key's values per head
+
+
+def counts(m: MlaPrefill) -> Counts:
+    """The two kernels' bytes at ``global`` and FLOPs, for the whole batch."""
+    e, B, H, N, Nk, dk = ELEMENT_BYTES[m.dtype], m.batch, m.heads, m.seq_len, m.kv_len, m.key_dim
+    up = KernelCounts("mla_kv_up", grid=B * cdiv(Nk, m.block_kv))
+    up.global_read.update(c_KV=B * Nk * m.latent * e, k_R=B * Nk * m.rope * e,
+                          W_UK=m.latent * H * NOPE * e, W_UV=m.latent * H * VALUE * e)
+    up.global_write.update(K=B * Nk * H * dk * e, V=B * Nk * H * VALUE * e)
+    up.flops.update(matmul=2 * B * Nk * m.latent * H * (NOPE + VALUE))
+    v = visit_sums(N, Nk, m.block_q, m.block_kv, m.causal)
+    heads = B * H
+    a = KernelCounts("mla_attention", grid=heads * cdiv(N, m.block_q))
+    a.global_read.update(Q=heads * v.q_rows * dk * e, K=heads * v.col_visits * dk * e,
+                         V=heads * v.col_visits * VALUE * e)
+    a.global_write.update(O=heads * N * VALUE * e, lse=heads * N * STAT_BYTES)
+    a.flops.update(matmul=2 * heads * v.area * (dk + VALUE), exp=heads * v.area)
+    return Counts([up, a])
+
+
+def dram(m: MlaPrefill) -> list[tuple[int, int]]:
+    """Each kernel's DRAM (read, write) bytes: every distinct byte once (the attention kernel's Q, K and V once, not
+    once per tile), every byte written once."""
+    up, a = counts(m).kernels
+    e, rows = ELEMENT_BYTES[m.dtype], m.batch * m.heads
+    read = rows * (m.seq_len * m.key_dim + m.kv_len * (m.key_dim + VALUE)) * e
+    return [(up.global_read_bytes, up.global_write_bytes), (read, a.global_write_bytes)]
+
+
+def intensity(m: MlaPrefill, attention_only: bool = True) -> float:
+    """FLOPs per DRAM byte: of the attention kernel alone, or of both kernels."""
+    c, d = counts(m).kernels, dram(m)
+    if attention_only:
+        return c[1].total_flops / sum(d[1])
+    return sum(k.total_flops for k in c) / sum(r + w for r, w in d)

@@ -1,0 +1,49 @@
+"""MLA prefill (iosim.schedules.mla_prefill): DeepSeek-V3's latent attention on a chunk of new tokens, keys and values
+expanded from the latent cache, in closed form; counts derived by hand below."""
+
+from __future__ import annotations
+
+import pytest
+
+from iosim import ScheduleError
+from iosim.schedules.mla_prefill import MlaPrefill, counts, dram, intensity
+
+
+def test_one_sequence_of_two_tiles_counted_by_hand():
+    m = MlaPrefill(batch=1, seq_len=256, kv_len=256)  # causal: Q tile 0 sees K/V tile 0, Q tile 1 tiles 0 and 1
+    up, a = counts(m).kernels
+    assert dict(up.global_read) == {"c_KV": 256 * 512 * 2, "k_R": 256 * 64 * 2, "W_UK": 512 * 128 * 128 * 2,
+                                    "W_UV": 512 * 128 * 128 * 2}
+    assert dict(up.global_write) == {"K": 256 * 128 * 192 * 2, "V": 256 * 128 * 128 * 2}
+    assert up.flops["matmul"] == 2 * 256 * 512 * 128 * (128 + 128)
+    keys_streamed = 128 + 256  # K/V rows loaded over the two Q tiles
+    assert a.grid == 128 * 2
+    assert dict(a.global_read) == {"Q": 128 * 256 * 192 * 2, "K": 128 * keys_streamed * 192 * 2,
+                                   "V": 128 * keys_streamed * 128 * 2}
+    assert dict(a.global_write) == {"O": 128 * 256 * 128 * 2, "lse": 128 * 256 * 4}
+    scores = 128 * 128 + 128 * 256  # the visited tiles' scores, masked ones included
+    assert a.flops["matmul"] == 2 * 128 * scores * (192 + 128) and a.flops["exp"] == 128 * scores
+    assert dram(m)[1] == (128 * (256 * 192 + 256 * (192 + 128)) * 2, a.global_write_bytes)  # Q, K, V once
+
+
+def test_a_chunk_after_a_cached_prefix_expands_every_key_it_sees():
+    first = MlaPrefill(batch=2, seq_len=4096, kv_len=4096)
+    chunk = MlaPrefill(batch=2, seq_len=4096, kv_len=16384)  # the last 4096 of 16384 tokens
+    assert counts(chunk).kernels[0].global_write_bytes == 4 * counts(first).kernels[0].global_write_bytes
+    # the chunk's rows see 4x the keys (bottom-right causal): about 7x the first chunk's causal triangle of scores
+    ratio = counts(chunk).kernels[1].flops["exp"] / counts(first).kernels[1].flops["exp"]
+    assert 6.5 < ratio < 7.5
+
+
+def test_attention_intensity_grows_with_the_chunk_and_the_expansion_weighs_on_it():
+    short, long_ = MlaPrefill(batch=1, seq_len=1024, kv_len=1024), MlaPrefill(batch=1, seq_len=16384, kv_len=16384)
+    assert 12 < intensity(long_) / intensity(short) < 16  # causal: FLOPs grow as N^2, bytes as N
+    assert intensity(long_, attention_only=False) < 0.75 * intensity(long_)  # K and V written, then read back
+
+
+@pytest.mark.parametrize("kw,match", [(dict(batch=0), r"batch=0; expected a whole number >= 1"),
+                                      (dict(kv_len=10), r"kv_len=10 < seq_len=100"),
+                                      (dict(dtype="int8"), r"dtype='int8'"), (dict(causal=1), r"causal=1")])
+def test_bad_shapes_are_refused_naming_the_field(kw, match):
+    with pytest.raises(ScheduleError, match=match):
+        MlaPrefill(**{"batch": 1, "seq_len": 100, "kv_len": 100, **kw})
