@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from iosim import ScheduleError
-from iosim.schedules.mla_prefill import MlaPrefill, counts, dram, intensity
+from iosim.schedules.mla_prefill import MlaPrefill, counts, dram, gqa_intensity, intensity
 
 
 def test_one_sequence_of_two_tiles_counted_by_hand():
@@ -47,3 +47,11 @@ def test_attention_intensity_grows_with_the_chunk_and_the_expansion_weighs_on_it
 def test_bad_shapes_are_refused_naming_the_field(kw, match):
     with pytest.raises(ScheduleError, match=match):
         MlaPrefill(**{"batch": 1, "seq_len": 100, "kv_len": 100, **kw})
+
+
+def test_gqa_prefill_intensity_counts_the_same_tiles_and_shares_k_and_v_within_a_group():
+    # 256 tokens, causal, 128-tiles: 128 * 128 + 128 * 256 visited scores a head; Q, K, V, O once
+    got = gqa_intensity(32, 8, 128, 256)
+    flops = 32 * (128 * 128 + 128 * 256) * (4 * 128 + 1)
+    assert got == pytest.approx(flops / (2 * 256 * 32 * 128 * 2 + 2 * 256 * 8 * 128 * 2 + 256 * 32 * 4))
+    assert gqa_intensity(32, 8, 128, 4096) > intensity(MlaPrefill(batch=1, seq_len=4096, kv_len=4096))

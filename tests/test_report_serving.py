@@ -4,16 +4,28 @@ rows, from the committed records; a missing record is named, never raised."""
 from __future__ import annotations
 
 import csv
+from itertools import pairwise
 
 from iosim._resources import benchmarks_dir
 from iosim.report import serving
 
 
-def test_the_section_draws_one_figure_per_gpu_from_the_committed_records():
+def test_the_section_draws_decode_and_window_figures_per_gpu_and_mla_once():
     html, n_fig = serving.serving_section()
-    assert n_fig == len(serving.GPUS)
+    assert n_fig == 2 * len(serving.GPUS) + 1
     assert f'id="{serving.SECTION_ID}"' in html and "fig-serving-h100" in html and "fig-serving-h200" in html
+    assert "fig-serving-window-h100" in html and "fig-serving-window-h200" in html and "fig-serving-mla" in html
     assert "Varlen and sliding windows" in html and "pages of 16" in html
+
+
+def test_a_windows_bytes_grow_with_it_under_full_attentions_and_the_benchmarks_rows_are_drawn():
+    profile = serving.GPUS[0][1]
+    vrows, _ = serving.read_record(f"varlen-{profile}.csv", serving.VARLEN_COLUMNS)
+    sim, (full_bytes, full_s), measured = serving.window_points(profile, vrows)
+    assert [w for w, _, _ in sim] == list(serving.WINDOWS)
+    assert all(a[1] < b[1] and a[2] < b[2] for a, b in pairwise(sim))  # bytes and time grow with w
+    assert sim[-1][1] < full_bytes and sim[-1][2] < full_s
+    assert [w for w, _ in measured] == [256, 1024, 4096] and all(s > 0 for _, s in measured)
 
 
 def test_the_model_is_drawn_on_every_contiguous_row():
@@ -29,5 +41,6 @@ def test_the_model_is_drawn_on_every_contiguous_row():
 def test_a_missing_record_is_named_not_raised(monkeypatch, tmp_path):
     monkeypatch.setattr(serving, "benchmarks_dir", lambda: tmp_path)
     html, n_fig = serving.serving_section()
-    assert n_fig == 0 and "docs/benchmarks/decode-h100-sxm5-80gb.csv: no record" in html
+    assert n_fig == len(serving.GPUS) + 1  # the simulated figures only: windows (no measured crosses) and MLA
+    assert "docs/benchmarks/decode-h100-sxm5-80gb.csv: no record" in html
     assert "docs/benchmarks/varlen-h200-sxm-141gb.csv: no record" in html

@@ -1,11 +1,14 @@
-"""The serving figure: iosim's decode kernel's DRAM bandwidth against KV length, measured (contiguous cache and pages
-of 16 tokens) beside the time model's prediction, as a share of the profile's calibrated DRAM read rate."""
+"""The serving figures: iosim's decode kernel's DRAM bandwidth against KV length, measured (contiguous cache and pages
+of 16 tokens) beside the time model's prediction, as a share of the profile's calibrated DRAM read rate; MLA's
+arithmetic intensity against GQA's beside the GPUs' ridges; a sliding window's bytes and time against full causal
+attention, simulated beside measured."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-from .style import layout
+from .style import LEGEND, TEMPLATE, layout
 
 BATCH_COLORS = ("#1f77b4", "#2ca02c", "#d62728", "#9467bd")
 
@@ -31,3 +34,46 @@ def decode_bandwidth(measured: dict, predicted: dict, title: str) -> go.Figure:
     ns = sorted({p[0] for pts in measured.values() for p in pts})
     fig.add_hline(y=100, line={"dash": "dot", "color": "#888"})
     return fig.update_xaxes(tickvals=ns, ticktext=[str(n) for n in ns])
+
+
+def intensity_bars(cases: list[tuple[str, float]], ridges: list[tuple[str, float]], title: str) -> go.Figure:
+    """FLOPs per DRAM byte of each (label, value) case as bars, each (label, ridge) as a horizontal line: a case
+    over a line is bound by the tensor cores there, under it by DRAM."""
+    fig = go.Figure(go.Bar(x=[c[0] for c in cases], y=[c[1] for c in cases], marker={"color": "#9467bd"},
+                           text=[f"{c[1]:.0f}" for c in cases], textposition="outside", name="FLOPs per DRAM byte",
+                           hovertemplate="%{x}<br>%{y:.1f} FLOP/B<extra></extra>"))
+    ends = [cases[0][0], cases[-1][0]]
+    for i, (label, ridge) in enumerate(ridges):  # in the legend: labels on the plot would overlap (214 beside 203)
+        fig.add_trace(go.Scatter(x=ends, y=[ridge, ridge], mode="lines", name=f"ridge, {label}: {ridge:.0f}",
+                                 line={"dash": ("dot", "dash", "dashdot", "longdash")[i % 4],
+                                       "color": ("#1f77b4", "#ff7f0e")[i // 2 % 2]},
+                                 hovertemplate=f"{label} ridge {ridge:.0f} FLOP/B<extra></extra>"))
+    return layout(fig, title, "", "FLOPs per DRAM byte", log_x=False, log_y=True)
+
+
+def window_against_full(simulated: list[tuple[int, float, float]], full: tuple[float, float],
+                        measured: list[tuple[int, float]], title: str) -> go.Figure:
+    """A sliding window's simulated ``global`` bytes and predicted time against the window (``simulated``: (keys,
+    bytes, seconds)), full causal attention's (``full``: bytes, seconds) as dotted lines, and measured times
+    (``measured``: (keys, seconds)) as markers."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes SM↔L2 (simulated)", "time"))
+    w = [s[0] for s in simulated]
+    fig.add_trace(go.Scatter(x=w, y=[s[1] for s in simulated], mode="lines+markers", name="window, simulated",
+                             line={"color": "#9467bd"}, legendgroup="sim"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=w, y=[s[2] for s in simulated], mode="lines+markers", name="window, predicted",
+                             line={"color": "#9467bd"}, showlegend=False, legendgroup="sim"), row=1, col=2)
+    if measured:
+        fig.add_trace(go.Scatter(x=[m[0] for m in measured], y=[m[1] for m in measured], mode="markers",
+                                 name="window, measured", marker={"color": "#d62728", "size": 10, "symbol": "x"}),
+                      row=1, col=2)
+    for col, value in ((1, full[0]), (2, full[1])):
+        fig.add_trace(go.Scatter(x=[w[0], w[-1]], y=[value, value], mode="lines", name="full causal attention",
+                                 line={"color": "#888", "dash": "dot"}, showlegend=col == 1), row=1, col=col)
+    fig.update_layout(template=TEMPLATE, title={"text": title, "x": 0.01, "xanchor": "left"}, height=420,
+                      legend=LEGEND, margin={"l": 70, "r": 20, "t": 80, "b": 60})
+    fig.update_xaxes(type="log", title="window (keys)", showline=True, mirror=True, linecolor="#888", tickvals=w,
+                     ticktext=[str(x) for x in w])
+    fig.update_yaxes(type="log", showline=True, mirror=True, linecolor="#888", exponentformat="SI")
+    fig.update_yaxes(title="bytes", row=1, col=1)
+    return fig.update_yaxes(title="seconds", row=1, col=2)
+

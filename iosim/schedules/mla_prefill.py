@@ -95,3 +95,14 @@ def intensity(m: MlaPrefill, attention_only: bool = True) -> float:
     if attention_only:
         return c[1].total_flops / sum(d[1])
     return sum(k.total_flops for k in c) / sum(r + w for r, w in d)
+
+
+def gqa_intensity(heads: int, kv_heads: int, head_dim: int, seq_len: int, causal: bool = True, batch: int = 1,
+                  dtype: str = "bf16", block: int = 128) -> float:
+    """The same figure for a grouped-query prefill of ``seq_len`` tokens: FLOPs of QK^T and PV and one exp on the
+    visited tiles' scores (FA2's tile program, ``block`` x ``block``), over Q, K, V and O once and lse."""
+    e, v = ELEMENT_BYTES[dtype], visit_sums(seq_len, seq_len, block, block, causal)
+    flops = batch * heads * v.area * (4 * head_dim + 1)
+    bytes_ = batch * (2 * seq_len * heads * head_dim * e + 2 * seq_len * kv_heads * head_dim * e
+                      + seq_len * heads * STAT_BYTES)
+    return flops / bytes_
