@@ -6,15 +6,18 @@ from __future__ import annotations
 import csv
 from itertools import pairwise
 
+import pytest
+
 from iosim._resources import benchmarks_dir
 from iosim.report import serving
 
 
-def test_the_section_draws_decode_and_window_figures_per_gpu_and_mla_once():
+def test_the_section_draws_decode_varlen_and_window_figures_per_gpu_and_mla_once():
     html, n_fig = serving.serving_section()
-    assert n_fig == 2 * len(serving.GPUS) + 1
+    assert n_fig == 3 * len(serving.GPUS) + 1
     assert f'id="{serving.SECTION_ID}"' in html and "fig-serving-h100" in html and "fig-serving-h200" in html
     assert "fig-serving-window-h100" in html and "fig-serving-window-h200" in html and "fig-serving-mla" in html
+    assert "fig-serving-varlen-h100" in html and "fig-serving-varlen-h200" in html
     assert "Varlen and sliding windows" in html and "pages of 16" in html
 
 
@@ -44,3 +47,14 @@ def test_a_missing_record_is_named_not_raised(monkeypatch, tmp_path):
     assert n_fig == len(serving.GPUS) + 1  # the simulated figures only: windows (no measured crosses) and MLA
     assert "docs/benchmarks/decode-h100-sxm5-80gb.csv: no record" in html
     assert "docs/benchmarks/varlen-h200-sxm-141gb.csv: no record" in html
+
+
+def test_the_padded_batches_work_is_recovered_from_the_rows_tflops():
+    vrows, _ = serving.read_record(f"varlen-{serving.GPUS[0][1]}.csv", serving.VARLEN_COLUMNS)
+    bars, work = serving.padded_points(vrows)
+    assert set(bars) == {"flash2", "flash3"} and len(work) == 12  # 3 batches x causal or not x d 64, 128
+    for label, ratio in work:
+        if label.startswith("equal"):
+            assert ratio == pytest.approx(1.0, rel=1e-3)  # four sequences of 4096: nothing padded
+        else:
+            assert ratio > 2  # skewed 8192 + 14 x 512 + 64: 15.2x the pairs; uniform lengths 2.2x

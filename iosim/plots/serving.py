@@ -8,7 +8,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import LEGEND, TEMPLATE, layout
+from .style import LEGEND, TEMPLATE, color, layout
 
 BATCH_COLORS = ("#1f77b4", "#2ca02c", "#d62728", "#9467bd")
 
@@ -77,3 +77,19 @@ def window_against_full(simulated: list[tuple[int, float, float]], full: tuple[f
     fig.update_yaxes(title="bytes", row=1, col=1)
     return fig.update_yaxes(title="seconds", row=1, col=2)
 
+
+
+def varlen_against_padded(bars: dict[str, list[tuple[str, float]]], work: list[tuple[str, float]],
+                          title: str) -> go.Figure:
+    """Measured padded ÷ varlen time per batch (``bars``: {kernel: [(batch label, ratio)]}) beside the ratio of the
+    (query, key) pairs the padded batch computes to the packed batch's (``work``): what padding wastes."""
+    fig = go.Figure()
+    for kernel, pts in bars.items():
+        fig.add_trace(go.Bar(x=[p[0] for p in pts], y=[p[1] for p in pts], name=f"measured, {kernel}",
+                             marker={"color": color(kernel)}, hovertemplate="%{x}<br>%{y:.2f}×<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[w[0] for w in work], y=[w[1] for w in work], mode="markers",
+                             name="pairs computed, padded ÷ packed",
+                             marker={"color": "#333", "symbol": "diamond", "size": 9},
+                             hovertemplate="%{x}<br>%{y:.2f}× the pairs<extra></extra>"))
+    fig.update_layout(barmode="group")
+    return layout(fig, title, "", "padded ÷ varlen", log_x=False, log_y=True)

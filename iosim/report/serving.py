@@ -19,7 +19,7 @@ import html
 
 from .._resources import benchmarks_dir
 from ..hardware.gpu import get_profile
-from ..plots.serving import decode_bandwidth, intensity_bars, window_against_full
+from ..plots.serving import decode_bandwidth, intensity_bars, varlen_against_padded, window_against_full
 from ..problem import AttentionProblem
 from ..schedules.mla_decode import MlaDecode
 from ..schedules.mla_decode import gqa_intensity as gqa_decode_intensity
@@ -120,6 +120,25 @@ def window_points(profile: str, vrows: list[dict]) -> tuple[list, tuple[float, f
     return sim, run(), sorted(measured)
 
 
+def padded_points(vrows: list[dict]) -> tuple[dict[str, list[tuple[str, float]]], list[tuple[str, float]]]:
+    """The varlen record's padded rows: measured padded ÷ varlen time by kernel, and the ratio of the pairs the
+    padded batch computes (each sequence padded to the longest, batch x N_max's square or causal triangle) to the
+    packed batch's (recovered from the row's TFLOP/s, which count the packed pairs at 4·d FLOPs a pair and head)."""
+    bars: dict[str, list[tuple[str, float]]] = {}
+    work: dict[str, float] = {}
+    for r in vrows:
+        if r["part"] != "padded":
+            continue
+        causal = r["causal"] in ("True", "true", True)
+        label = f"{r['case']}, d = {r['d']}{', causal' if causal else ''}"
+        bars.setdefault(r.get("schedule") or "flash2", []).append((label, float(r["padded_over_ours"])))
+        d, heads, batch = int(r["d"]), int(r["heads"]), int(r["batch"])
+        packed = float(r["ours_tflops"]) * 1e12 * float(r["ours_ms"]) * 1e-3 / (4 * d * heads)
+        n_max = int(r["padded_tokens"]) // batch
+        work[label] = batch * (n_max * (n_max + 1) / 2 if causal else n_max * n_max) / packed
+    return bars, list(work.items())
+
+
 def mla_figure() -> str:
     """MLA's arithmetic intensity against GQA's (iosim.schedules.mla_decode and mla_prefill, counts) beside each GPU's
     ridges (calibrated tensor rate over calibrated DRAM read rate)."""
@@ -145,8 +164,8 @@ def mla_figure() -> str:
 
 
 def serving_section() -> tuple[str, int]:
-    """The section's HTML and its number of figures (per GPU: decode, where it has a record, and the sliding window;
-    MLA against GQA once)."""
+    """The section's HTML and its number of figures (per GPU: decode and varlen against padded, where the GPU has
+    records, and the sliding window; MLA against GQA once)."""
     parts, n_fig = [f'<section id="{SECTION_ID}"><h2>{TITLE}</h2>', INTRO], 0
     for name, profile in GPUS:
         parts.append(f"<h3>{name}</h3>")
@@ -171,6 +190,17 @@ def serving_section() -> tuple[str, int]:
         else:
             parts.append(f"<details><summary>Varlen and sliding windows ({len(vrows)} rows)</summary><div class=wide>"
                          f"{_varlen_table(vrows)}</div></details>")
+        if not why:
+            bars, work = padded_points(vrows)
+            fig = varlen_against_padded(bars, work, f"{name}: packed sequences against the batch padded to the longest")
+            div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{SECTION_ID}-varlen-{name.lower()}",
+                              config=PLOTLY_CONFIG)
+            parts.append(f"<figure>{div}<figcaption>{name}: measured time of the padded batch over the packed one "
+                         "(bench_varlen, bf16; each batch through flash2 and, on Hopper, flash3), beside how many more "
+                         "(query, key) pairs the padded batch computes: varlen saves what padding wastes, less its "
+                         "ragged tiles; equal lengths (no padding) show what the packed kernel itself costs."
+                         "</figcaption></figure>")
+            n_fig += 1
         sim, full, measured = window_points(profile, vrows)
         fig = window_against_full(sim, full, measured, f"{name}: a causal sliding window against full attention")
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{SECTION_ID}-window-{name.lower()}",
