@@ -31,6 +31,16 @@ NOPE = 128  # per-head query/key dims without rotary embedding (DeepSeek-V3: qk_
 VALUE = 128  # per-head value dims (v_head_dim)
 
 
+def check_fields(m, what: str, whole: tuple[str, ...]) -> None:
+    """One error naming the field: each of ``whole`` a whole number >= 1, ``dtype`` one the counts know."""
+    for name in whole:
+        v = getattr(m, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ScheduleError(f"{what}: {name}={v!r}; expected a whole number >= 1")
+    if m.dtype not in ELEMENT_BYTES:
+        raise ScheduleError(f"{what}: dtype={m.dtype!r}; expected one of {list(ELEMENT_BYTES)}")
+
+
 @dataclass(frozen=True)
 class MlaDecode:
     """One decode step of one MLA layer: ``batch`` sequences of ``kv_len`` cached tokens, ``q_len`` new tokens each;
@@ -48,12 +58,7 @@ class MlaDecode:
     block_kv: int = 64
 
     def __post_init__(self):
-        for name in ("batch", "kv_len", "q_len", "heads", "latent", "rope", "block_q", "block_kv"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ScheduleError(f"MLA decode: {name}={v!r}; expected a whole number >= 1")
-        if self.dtype not in ELEMENT_BYTES:
-            raise ScheduleError(f"MLA decode: dtype={self.dtype!r}; expected one of {list(ELEMENT_BYTES)}")
+        check_fields(self, "MLA decode", ("batch", "kv_len", "q_len", "heads", "latent", "rope", "block_q", "block_kv"))
 
     @property
     def key_dim(self) -> int:

@@ -25,7 +25,7 @@ from ..blocks import cdiv, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import ELEMENT_BYTES, STAT_BYTES
 from .base import ScheduleError
-from .mla_decode import NOPE, VALUE
+from .mla_decode import NOPE, VALUE, check_fields
 
 
 @dataclass(frozen=True)
@@ -45,15 +45,11 @@ class MlaPrefill:
     causal: bool = True
 
     def __post_init__(self):
-        for name in ("batch", "seq_len", "kv_len", "heads", "latent", "rope", "block_q", "block_kv"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ScheduleError(f"MLA prefill: {name}={v!r}; expected a whole number >= 1")
+        check_fields(self, "MLA prefill", ("batch", "seq_len", "kv_len", "heads", "latent", "rope", "block_q",
+                                           "block_kv"))
         if self.kv_len < self.seq_len:
             raise ScheduleError(f"MLA prefill: kv_len={self.kv_len} < seq_len={self.seq_len}; a chunk's queries see "
                                 "the cached prefix and the chunk itself (kv_len >= seq_len)")
-        if self.dtype not in ELEMENT_BYTES:
-            raise ScheduleError(f"MLA prefill: dtype={self.dtype!r}; expected one of {list(ELEMENT_BYTES)}")
         if not isinstance(self.causal, bool):
             raise ScheduleError(f"MLA prefill: causal={self.causal!r}; expected True or False")
 
