@@ -32,6 +32,10 @@ class Rows:
     def slice(self) -> slice:
         return slice(self.start, self.stop)
 
+    def shifted(self, by: int) -> Rows:
+        """The same rows ``by`` rows further on (a packed sequence's rows in the packed tensor)."""
+        return Rows(self.start + by, self.stop + by)
+
 
 def block_rows(index: int, block: int, length: int) -> Rows:
     """Rows of block ``index`` when ``length`` rows are cut into blocks of ``block`` (last one ragged)."""

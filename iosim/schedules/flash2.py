@@ -145,15 +145,11 @@ def _packed_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int
             x.broadcast("cu_seqlens_q", Rows(s, s + 1), WARPS)
 
 
-def _shift(r: Rows, by: int) -> Rows:
-    return Rows(r.start + by, r.stop + by)
-
-
 def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int], i: int) -> None:
     """Q block i of a sequence of N queries and Nk keys whose rows start at q0 and k0 (inside its thread block)."""
     Br, Bc, window = tiles
     N, Nk, q0, k0 = seq
-    q = _shift(block_rows(i, Br, N), q0)
+    q = block_rows(i, Br, N).shifted(q0)
     lo, hi = kv_block_range(i, Br, Bc, N, Nk, p.causal, window)
     if hi <= lo:  # no row of this block sees a key
         O_i, L_i = x.empty_output(q)
@@ -163,7 +159,7 @@ def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int
     Q_i = x.load("Q", q)  # line 4: stays in SRAM throughout
     O_i, l_i, m_i = x.init_state(q)  # line 5
     for j in x.order(range(lo, hi)):  # line 6
-        k = _shift(block_rows(j, Bc, Nk), k0)
+        k = block_rows(j, Bc, Nk).shifted(k0)
         K_j = x.load("K", k)  # line 7
         V_j = x.load("V", k)
         S_ij = x.scores(Q_i, K_j, q, k)  # line 8

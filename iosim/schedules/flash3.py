@@ -132,8 +132,8 @@ def _packed_program(x, p: AttentionProblem, t) -> None:
                     lo, hi = kv_block_range(i, Br, Bc, N, Nk, p.causal, window)
                     if hi <= lo:  # no row of this tile sees a key: O = 0, lse = -inf, nothing loaded
                         O_i, L_i = x.empty_output(q)
-                        x.store("O", _shifted(q, q0[s]), O_i)
-                        x.store("lse", _shifted(q, q0[s]), L_i)
+                        x.store("O", q.shifted(q0[s]), O_i)
+                        x.store("lse", q.shifted(q0[s]), L_i)
                         continue
                     Q_i = x.load("Q", _box(i, Br, q0[s], p.seq_len))
                     O_i, l_i, m_i = x.init_state(q)
@@ -143,8 +143,8 @@ def _packed_program(x, p: AttentionProblem, t) -> None:
                         S_ij = x.scores(Q_i, K_j, q, block_rows(j, Bc, Nk))
                         O_i, l_i, m_i = x.online_softmax(S_ij, V_j, O_i, l_i, m_i)
                     O_i, L_i = x.finalize(O_i, l_i, m_i)
-                    x.store("O", _shifted(q, q0[s]), O_i)
-                    x.store("lse", _shifted(q, q0[s]), L_i)
+                    x.store("O", q.shifted(q0[s]), O_i)
+                    x.store("lse", q.shifted(q0[s]), L_i)
 
 
 def _starts(seqlens) -> tuple[list[int], list[int]]:
@@ -154,10 +154,6 @@ def _starts(seqlens) -> tuple[list[int], list[int]]:
         q0.append(q0[-1] + n)
         k0.append(k0[-1] + nk)
     return q0, k0
-
-
-def _shifted(r: Rows, by: int) -> Rows:
-    return Rows(r.start + by, r.stop + by)
 
 
 def _box(i: int, rows: int, start: int, total: int) -> Rows:

@@ -209,19 +209,18 @@ def packed(p: AttentionProblem, tiles, profile: Profile, model: HopperModel, sms
     """Packed sequences (``tiles.seqlens``; a problem of batch 1) as kernels/flash3_fwd.cu's Varlen instantiation
     runs them: every Q tile of every sequence and head timed as its sequence's own problem (:func:`block_times`),
     placed as the launch places them ("iosim": :func:`iosim.launch.flash3_schedule.varlen_schedule`'s lists) or
-    longest first ("dynamic"). Returns the tiles' seconds (one head after another, as one array), their parts
-    summed over the heads, and when the last SM ends."""
+    longest first ("dynamic"). Returns every tile's seconds (in the list's order: sequence, head, Q tile), the
+    parts of one head summed over the sequences, and when the last SM ends."""
     window, heads = getattr(tiles, "window", None), p.n_heads_total
     Br, Bc = tiles.block_q, tiles.block_kv
-    per_seq, sums = [], {"tensor": 0.0, "softmax": 0.0, "load": 0.0, "tiles": 0.0}
+    per_seq, per_head = [], {"tensor": 0.0, "softmax": 0.0, "load": 0.0, "tiles": 0.0}
     for n, nk in tiles.seqlens:
         t = np.zeros(0)
         if n > 0:
             t, part = block_times(p.model_copy(update={"seq_len": n, "kv_len": nk}), Br, Bc, profile, model,
                                   window=window)
-            sums = {key: sums[key] + heads * part[key] for key in sums}
+            per_head = {key: per_head[key] + part[key] for key in per_head}
         per_seq.append(t)
-    per_head = {key: v / heads for key, v in sums.items()}
     Tr = max(1, cdiv(max(n for n, _ in tiles.seqlens), Br))
     start = np.concatenate([[0], np.cumsum([len(t) for t in per_seq])])
     flat = np.concatenate(per_seq)
@@ -236,10 +235,9 @@ def packed(p: AttentionProblem, tiles, profile: Profile, model: HopperModel, sms
     blocks = min(len(durations), sms)
     if placement == "dynamic":
         return durations, per_head, makespan(durations, sms, longest_first=True)
-    sched = np.asarray(varlen_schedule(tiles.seqlens, heads, Br, Bc, p.causal, window, blocks))
-    offsets, order = sched[:blocks + 1], sched[blocks + 1:]
-    per_block = np.add.reduceat(seconds(order), offsets[:-1]) if len(order) else np.zeros(1)
-    return durations, per_head, float(per_block[np.diff(offsets) > 0].max())
+    sched = varlen_schedule(tiles.seqlens, heads, Br, Bc, p.causal, window, blocks)
+    offsets, order = sched[:blocks + 1], sched[blocks + 1:]  # every block holds a tile (blocks <= tiles)
+    return durations, per_head, float(np.add.reduceat(seconds(order), offsets[:-1]).max())
 
 
 def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile: Profile,
