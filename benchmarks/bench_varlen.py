@@ -1,6 +1,6 @@
 """Varlen prefill and sliding-window / document-mask attention: iosim's kernels against padding and FlexAttention.
 
-    python benchmarks/bench_varlen.py --out DIR [--d 64 128] [--check] [--reps 30] [--parts padded flex]
+    python benchmarks/bench_varlen.py --out DIR [--d 64 128] [--check] [--reps 30] [--parts padded flex paged]
 
 (a) ``padded``: packed sequences through iosim.gpu.attention_varlen against the same batch padded to its longest
     sequence through iosim.gpu.attention (the dense kernel), causal and not. The padded call computes the padding too
@@ -13,6 +13,11 @@
     (``create_block_mask``, built once, off the timed path). Issue 28's bar: ours >= 1.0x FlexAttention. A window
     row's ours is the flash3 kernel on a Hopper GPU (``schedule`` column; flash2's time beside it in ``flash2_ms``),
     flash2 elsewhere; documents likewise (attention_varlen's flash3 or flash2).
+(c) ``paged``: chunked prefill, a chunk of new tokens per sequence against its KV cache (bottom-right causal), with
+    the cache paged (pages of 16, 64 or 256 tokens in random order: gpu.varlen_batch(..., block_table=...)) against
+    the same keys packed contiguously, both through flash2's varlen kernel at the paged kernel's tiles. Issue 28's bar
+    for a paged cache: within 10% of the contiguous cache at page size 16, within 3% at 64 and up (contiguous ms /
+    paged ms >= 0.90, >= 0.97). The contiguous call is timed before and after the paged one; its mean is the peer.
 
 bf16, heads = 2048 / d (grouped-query 4:1 with --gqa), the same inputs for every backend. ``--check`` compares every
 row's output (ours and FlexAttention's) with a float64 reference on the GPU before timing; a failed row is reported and
@@ -40,6 +45,9 @@ PADDED_BATCHES = {
 }
 WINDOWS = (256, 1024, 4096)
 DOC_TOKENS = 16384
+# chunked prefill: (new tokens, cached keys including them) per sequence
+PAGED_BATCH = {"chunks": [512, 1024, 2048, 256], "cache": [4096, 8192, 16384, 2304]}
+PAGE_SIZES = (16, 64, 256)
 
 
 def visible_pairs(lens, causal: bool, window: int | None = None) -> int:
@@ -119,6 +127,52 @@ def padded_row(torch, gpu, name: str, d: int, causal: bool, schedule: str, args)
     return row
 
 
+def paged_row(torch, gpu, page_size: int, d: int, args) -> dict:
+    """(c): chunked prefill on a paged cache against the same keys contiguous, one kernel design and tile."""
+    from iosim.launch import varlen as geo
+
+    chunks, cache = PAGED_BATCH["chunks"], PAGED_BATCH["cache"]
+    H = 2048 // d
+    Hk = H // 4 if args.gqa else H
+    q, _, _, cu_q = packed_inputs(torch, chunks, H, Hk, d, seed=d)
+    _, k, v, cu_k = packed_inputs(torch, cache, H, Hk, d, seed=d + 1)
+    kc, vc, table = gpu.paged_kv(k, v, cu_k, page_size, seed=page_size)  # pages in random order
+    flat = gpu.varlen_batch(cu_q, cu_k)
+    paged = gpu.varlen_batch(cu_q, cu_k, block_table=table, page_size=page_size)
+    bq, bkv = geo.FLASH_PAGED_TILES[d]
+    opts = gpu.AttentionOptions(block_q=bq, block_kv=bkv)
+    row = {"part": "paged", "case": f"page {page_size}", "d": d, "causal": True, "heads": H, "kv_heads": Hk,
+           "batch": len(chunks), "tokens": sum(chunks), "padded_tokens": sum(cache), "schedule": "flash2"}
+    ours = lambda: gpu.attention_varlen(q, kc, vc, paged, causal=True).o  # noqa: E731
+    contiguous = lambda: gpu.attention_varlen(q, k, v, flat, causal=True, options=opts).o  # noqa: E731
+    if args.check:
+        err = rel(ours(), reference_chunked(torch, q, k, v, chunks, cache))
+        row.update(check_err=err, check="ok" if err < TOL else "FAIL")
+    before = time_ms(contiguous, args.reps, args.warmup)
+    row["ours_ms"] = time_ms(ours, args.reps, args.warmup)
+    after = time_ms(contiguous, args.reps, args.warmup)
+    row.update(contiguous_ms=(before + after) / 2, contiguous_spread=abs(before - after) / min(before, after))
+    flops = 4 * d * H * sum(n * (nk - n) + n * (n + 1) // 2 for n, nk in zip(chunks, cache, strict=True))
+    row.update(ours_tflops=flops / row["ours_ms"] / 1e9, contiguous_over_ours=row["contiguous_ms"] / row["ours_ms"])
+    return row
+
+
+def reference_chunked(torch, q, k, v, chunks, cache):
+    """float64 O of each chunk against its cache (bottom-right causal), packed like q."""
+    H, Hk = q.shape[1], k.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    q0 = k0 = 0
+    for n, nk in zip(chunks, cache, strict=True):
+        qs = q[q0:q0 + n].double().transpose(0, 1)
+        ks = k[k0:k0 + nk].double().repeat_interleave(H // Hk, dim=1).transpose(0, 1)
+        vs = v[k0:k0 + nk].double().repeat_interleave(H // Hk, dim=1).transpose(0, 1)
+        s = qs @ ks.transpose(1, 2) / math.sqrt(q.shape[2])
+        keep = torch.arange(nk, device=q.device)[None, :] <= torch.arange(n, device=q.device)[:, None] + (nk - n)
+        out[q0:q0 + n] = (s.masked_fill(~keep, -math.inf).softmax(-1) @ vs).transpose(0, 1)
+        q0, k0 = q0 + n, k0 + nk
+    return out
+
+
 def flex_fn(torch, mask_mod, B: int, H: int, T: int):
     """FlexAttention compiled, with its BlockMask for ``mask_mod`` built once: a function of (q, k, v) in
     (B, H, T, d)."""
@@ -186,7 +240,8 @@ def print_table(rows: list[dict], device: str) -> None:
     print("| part | case | d | causal | ours | ours ms | peer ms | ours TFLOP/s | peer / ours | check |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        peer, ratio = ("padded_ms", "padded_over_ours") if r["part"] == "padded" else ("flex_ms", "ours_over_flex")
+        peer, ratio = {"padded": ("padded_ms", "padded_over_ours"), "paged": ("contiguous_ms", "contiguous_over_ours")
+                       }.get(r["part"], ("flex_ms", "ours_over_flex"))
         print(f"| {r['part']} | {r['case']} | {r['d']} | {r['causal']} | {r['schedule']} | {r['ours_ms']:.4f} | "
               f"{r[peer]:.4f} | {r['ours_tflops']:.1f} | {r[ratio]:.2f}x | {r.get('check', '-')} |")
 
@@ -195,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="directory for the CSV")
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--parts", nargs="+", default=["padded", "flex"], choices=["padded", "flex"])
+    ap.add_argument("--parts", nargs="+", default=["padded", "flex", "paged"], choices=["padded", "flex", "paged"])
     ap.add_argument("--gqa", action="store_true", help="4 query heads per kv head (default: as many kv heads)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
@@ -214,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             for causal in (False, True) for sched in schedules]
     runs += [(flex_row, (kind, size, d)) for d in args.d if "flex" in args.parts
              for kind, sizes in (("window", WINDOWS), ("documents", (512, 2048))) for size in sizes]
+    runs += [(paged_row, (page, d)) for d in args.d if "paged" in args.parts for page in PAGE_SIZES]
     for fn, what in runs:
         rows.append(fn(torch, gpu, *what, args))
         print("  " + "  ".join(f"{k_}={v_:.4g}" if isinstance(v_, float) else f"{k_}={v_}"

@@ -10,8 +10,10 @@ on packed sequences of lengths 0, 1, 37, 300 and 130 (keys 5, 1, 0, 333, 130: em
 but no queries and the reverse, rows that see no key), grouped-query heads 4:1; windows (0, 0), (17, 0), (40, 9),
 (0, None), and on the dense batch (null cu_seqlens) one window per tile; on a Hopper GPU also flash3_fwd.cu's windowed
 instantiations (d 64, 128, 256) on the dense batch, the same windows, and its packed-sequence instantiations on the
-same packed batch (plain, causal and the windows). CuPy's memory pool is off, so every array is
-its own allocation and memcheck sees a read past the end of q, k, v or cu_seqlens, or a write past o or lse.
+same packed batch (plain, causal and the windows). The paged kernel (chunked prefill) on the same batch with its keys
+in a paged cache of exactly the pages it needs (pages of 16 and 64 tokens in random order, ``gpu.paged_kv``), each
+head dim, plain, causal and two windows. CuPy's memory pool is off, so every array is its own allocation and memcheck
+sees a read past the end of q, k, v, cu_seqlens or the block table, or a write past o or lse.
 """
 
 from __future__ import annotations
@@ -69,6 +71,16 @@ def main() -> int:
                             block_q=bq, block_kv=bkv, window=(20, 3)))
                         check(cp, o, lse, (d, bq, bkv, "dense window"))
                         n += 1
+    for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):  # the paged kernel
+        for d in geo.FLASH_PAGED_TILES:
+            q, k, v = packed(cp, rng, dtype, d)
+            for page in (16, 64):
+                kc, vc, table = gpu.paged_kv(k, v, cu[1], page, seed=page)
+                paged = gpu.varlen_batch(*cu, block_table=table, page_size=page)
+                for causal, window in ((False, None), (True, None), (True, (17, 0)), (False, (40, 9))):
+                    o, lse = gpu.attention_varlen(q, kc, vc, paged, causal=causal, window=window)
+                    check(cp, o, lse, (d, "paged", page, causal, window))
+                    n += 1
     if cp.cuda.Device().compute_capability == "90":  # flash3's windows: dense batch, N != N_kv, 4:1 heads
         for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):
             for d in (64, 128, 256):

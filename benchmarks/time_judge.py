@@ -39,7 +39,7 @@ BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.0
           "iosim-flash3 fp8": (0.05, 0.15), "cudnn fp8": (0.05, 0.15),  # issue 27's, the fp8 groups (group())
           "iosim-flash2 window": (0.05, 0.15), "iosim-flash3 window": (0.05, 0.15),  # issue 28's, sliding windows
           "iosim-flash2 varlen": (0.05, 0.15), "fa2 varlen": (0.05, 0.15),  # issue 28's, packed sequences
-          "iosim-flash3 varlen": (0.05, 0.15)}
+          "iosim-flash3 varlen": (0.05, 0.15), "iosim-flash2 paged": (0.05, 0.15)}  # issue 28's, chunked prefill
 PARTS = ("backward", "decode", "fp8", "window", "varlen")  # <device>-time-<part>.json judged beside the forward record
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
            "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens", "window", "seqlens")
@@ -63,6 +63,8 @@ def simulate_row(row: dict, profile: str, run: str | float = "record"):
         decode["window"] = tuple(row["window"])
     if row.get("seqlens"):  # packed sequences, (queries, keys) each: the varlen part's rows
         decode["seqlens"] = [tuple(x) for x in row["seqlens"]]
+        if row.get("page_size"):  # their keys in a paged cache (chunked prefill)
+            decode["page_size"] = row["page_size"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InputWarning)
         return simulate(SCHEDULE[kernel], p, profile, block_q=bq, block_kv=bkv, kernel=kernel, l2=True, warm=True,
@@ -78,8 +80,10 @@ def comparable(row: dict) -> bool:
 
 def group(row: dict) -> str:
     """Which verdict a row counts toward: its kernel, or for an fp8 row its kernel and " fp8", for a windowed row its
-    kernel and " window", for packed sequences its kernel and " varlen" (judged apart from the kernel's dense rows, by
-    their own bound)."""
+    kernel and " window", for packed sequences its kernel and " varlen", " paged" where their keys were in a paged
+    cache (judged apart from the kernel's dense rows, by their own bound)."""
+    if row.get("seqlens") and row.get("page_size"):
+        return f"{row['kernel']} paged"
     if row.get("seqlens"):
         return f"{row['kernel']} varlen"
     if row.get("window") is not None:

@@ -14,7 +14,9 @@ docs/validation.md and writes docs/validation/<device>-parity.html. With ``--mea
 ``--part backward`` measures the backward sweep (:func:`backward_sweep`) into <device>-backward.tar.xz instead,
 ``--part window`` the sliding-window sweep (:func:`window_sweep`: flash2 and flash3, hbm from the L2 model's windowed
 program) into <device>-window.tar.xz, ``--part varlen`` packed sequences (:func:`varlen_sweep`: flash2's varlen
-kernel, hbm from the L2 model walking the varlen grid as one program, :mod:`iosim.l2.packed`) into <device>-varlen.tar.xz.
+kernel, hbm from the L2 model walking the varlen grid as one program, :mod:`iosim.l2.packed`) into <device>-varlen.tar.xz,
+``--part paged`` chunked prefill against a paged KV cache (:func:`paged_sweep`: flash2's paged kernel) into
+<device>-paged.tar.xz.
 ``--dry-run`` measures nothing: it simulates every problem of the part's sweep as its records would be (the tiles
 the kernels would report), so that a typo fails on a CPU, not on the GPU. ``--part fp8``: iosim's fp8 forward and its
 quantize kernels (benchmarks/validation_fp8.py says what is measured and compared) into <device>-fp8.tar.xz.
@@ -47,6 +49,7 @@ from iosim.hardware.gpu import get_profile
 from iosim.l2 import L2Inputs, simulate_l2
 from iosim.l2.packed import packed_dram
 from iosim.launch import FLASH_BWD_TILES, backward_launch_model, launch_model, resident_blocks
+from iosim.launch.varlen import FLASH_PAGED_TILES
 from iosim.measure import Attention, Options, measure
 from iosim.measure.records import Measured, merge_repeats, read_records
 from iosim.problem import AttentionProblem
@@ -58,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data/validation"
 DOCS = ROOT / "docs/validation"
 PROFILE = {"h200": "h200-sxm-141gb", "h100": "h100-sxm5-80gb"}  # device -> the profile its record is simulated on
-ARCHIVES = ("sweep", "flash3", "flash2", "backward", "fp8", "window", "varlen")  # data/validation/<device>-<part>.tar.xz: attention
+ARCHIVES = ("sweep", "flash3", "flash2", "backward", "fp8", "window", "varlen", "paged")  # data/validation/<device>-<part>.tar.xz: attention
 # kernels; a part named after a kind replaces the earlier parts' problems of that kind (flash2 on the H100: three
 # launches each); a part that is missing is skipped
 BACKWARD = ("flash2-bwd", "sdpa-flash-bwd", "sdpa-cudnn-bwd")  # iosim.measure.BACKWARD_KINDS
@@ -166,6 +169,15 @@ def varlen_sweep() -> list[Attention]:
             packed(kind, 16, (16384, 8192), kv_heads=4, causal=True))]
 
 
+def paged_sweep() -> list[Attention]:
+    """The paged-cache record's problems (issue 28, chunked prefill): a chunk of new tokens per sequence against its
+    cache, pages smaller than a K/V tile, not a power of two, one tile and several tiles long, and a window."""
+    chunks = ((512, 4096), (1024, 8192), (256, 2304), (2048, 2048))
+    return [packed("flash2", 32, chunks, kv_heads=8, causal=True, page_size=ps) for ps in (16, 48, 64, 256)] + [
+        packed("flash2", 16, ((300, 5000), (77, 77), (1000, 3000)), head_dim=64, causal=True, window=(1023, 0),
+               page_size=32)]
+
+
 def fa2_bwd_tiles(names: list[str], head_dim: int) -> tuple[int, int]:
     """(Br, Bc) of FlashAttention-2's backward from its kernel names (Flash_bwd_kernel_traits<d, Br, Bc, ...>), or
     FA2's table (FA2_BWD_TILES) where no name has them."""
@@ -231,7 +243,7 @@ def simulate_measured(m: Measured, profile: str) -> list[Check] | None:
     schedule = run.kind if run.kind in ("naive", "flash3") else "flash2"
     prof = get_profile(profile)
     r = simulate(schedule, p, prof, block_q=bq, block_kv=bkv, l2=False, window=run.window,  # global; hbm below
-                 seqlens=run.seqlens)
+                 seqlens=run.seqlens, page_size=run.page_size)
     regs = [k.get("registers_per_thread") for k in m.kernels]
     lm = launch_model(schedule, p, r.tiles, variant=variant, registers=regs)
     resident = [resident_blocks(prof, k.threads, k.smem, k.registers)[0] for k in lm.kernels]
@@ -261,7 +273,8 @@ def _checks(m: Measured, profile: str, r, l2, tiles: tuple[int, int]) -> list[Ch
     out = []
     for (b, d), sim in simulated.items():
         launches = tuple(int(x[f"dram_{d}_bytes"]) for x in m.launches) if b == "hbm" else ()
-        out.append(Check(*base, b, d, int(sim), int(measured[(b, d)]), launches, run.window, run.seqlens))
+        out.append(Check(*base, b, d, int(sim), int(measured[(b, d)]), launches, run.window, run.seqlens,
+                         run.page_size))
     return out
 
 
@@ -331,7 +344,7 @@ def measure_sweep(device: str, repeat: int, kinds: list[str] | None = None, part
 def part_sweep(part: str) -> list[Attention]:
     """The problems ``--measure --part PART`` runs: the backward's, fp8's, or the forward sweep (any other name)."""
     return {"backward": backward_sweep, "fp8": fp8_sweep, "window": window_sweep,
-            "varlen": varlen_sweep}.get(part, sweep)()
+            "varlen": varlen_sweep, "paged": paged_sweep}.get(part, sweep)()
 
 
 def dry_run(part: str, profile: str, repeat: int) -> None:
@@ -342,7 +355,7 @@ def dry_run(part: str, profile: str, repeat: int) -> None:
     if part == "fp8":
         fp8_dry_run(profile, repeat)
         return
-    if part in ("window", "varlen"):
+    if part in ("window", "varlen", "paged"):
         tiled_dry_run(profile, repeat, part)
         return
     problems = part_sweep(part)
@@ -373,13 +386,16 @@ def tiled_dry_run(profile: str, repeat: int, part: str = "window") -> None:
     prof = get_profile(profile)
     problems = part_sweep(part)
     for run in problems:
-        bq, bkv = window_tiles(run.kind, run.head_dim, run.causal, run.window)
+        bq, bkv = (FLASH_PAGED_TILES[run.head_dim] if run.page_size else
+                   window_tiles(run.kind, run.head_dim, run.causal, run.window))
         p = AttentionProblem.make(batch=run.batch, heads=run.heads, kv_heads=run.kv_heads, seq_len=run.seq_len,
                                   kv_len=run.kv_len, head_dim=run.head_dim, dtype=run.dtype, causal=run.causal)
-        r = simulate(run.kind, p, prof, block_q=bq, block_kv=bkv, l2=False, window=run.window, seqlens=run.seqlens)
+        r = simulate(run.kind, p, prof, block_q=bq, block_kv=bkv, l2=False, window=run.window, seqlens=run.seqlens,
+                     page_size=run.page_size)
         l2 = packed_dram(p, r.tiles, prof) if run.seqlens else simulate_l2(run.kind, p, r.tiles, prof)
         g = r.traffic["global"]
         what = f"{len(run.seqlens)} sequences" if run.seqlens else f"window {run.window}"
+        what += f" paged {run.page_size}" if run.page_size else ""
         print(f"{run.kind} N{run.seq_len} Nk{run.kv_len} H{run.heads}/{run.kv_heads} d{run.head_dim} {what} "
               f"{bq}x{bkv}: global {g['read_bytes']:,}/{g['write_bytes']:,} hbm {l2.read_bytes:,}/{l2.write_bytes:,}")
     print(f"{len(problems)} problems x {repeat} launches")
@@ -404,7 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--part", default="sweep", help="with --measure: the archive's part name (default sweep); "
                     "backward: the backward sweep, into <device>-backward.tar.xz; fp8: the fp8 forward and its "
                     "quantize kernels, into <device>-fp8.tar.xz; window: flash2 and flash3 with sliding windows, "
-                    "into <device>-window.tar.xz; varlen: flash2 on packed sequences, into <device>-varlen.tar.xz")
+                    "into <device>-window.tar.xz; varlen: flash2 on packed sequences, into <device>-varlen.tar.xz; "
+                    "paged: flash2's chunked prefill on a paged cache, into <device>-paged.tar.xz")
     ap.add_argument("--dry-run", action="store_true", help="simulate the part's sweep as recorded; measure nothing")
     ap.add_argument("--no-figure", action="store_true", help="skip the parity figure (needs plotly)")
     args = ap.parse_args(argv)

@@ -41,8 +41,9 @@ BACKWARD_SUFFIX = "-bwd"  # a backward pass's kernels: flash2-bwd, sdpa-flash-bw
 ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1}
 FIELDS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
           "causal", "block_q", "block_kv", "boundary", "direction", "simulated_bytes", "measured_bytes",
-          "measured_launches", "window", "seqlens")  # window: "left:right" (a side empty: no bound), empty for none;
-# seqlens: packed sequences, "queries:keys" each, space-separated (iosim.timing.uncertainty.seqlens_text)
+          "measured_launches", "window", "seqlens", "page_size")  # window: "left:right" (a side empty: no bound),
+# empty for none; seqlens: packed sequences, "queries:keys" each, space-separated (iosim.timing.uncertainty.seqlens_text);
+# page_size: the tokens of a page where the keys were in a paged cache (chunked prefill), empty otherwise
 
 
 class RecordError(ValueError):
@@ -53,7 +54,7 @@ class RecordError(ValueError):
 class Check:
     """One row of a record: the problem, where (boundary, direction), simulated and measured bytes, the measured
     bytes of each repeated launch (empty where there was one), a sliding window (left, right) where the call had one,
-    and the packed sequences ((queries, keys), ...) of a varlen call."""
+    the packed sequences ((queries, keys), ...) of a varlen call, and the page size where its keys were paged."""
 
     kernel: str
     profile: str
@@ -74,6 +75,7 @@ class Check:
     launches: tuple[int, ...] = ()
     window: tuple[int | None, int | None] | None = None
     seqlens: tuple[tuple[int, int], ...] | None = None
+    page_size: int | None = None
 
     @property
     def label(self) -> str:
@@ -82,12 +84,15 @@ class Check:
                 f"{' causal' if self.causal else ''} {self.block_q}x{self.block_kv}"
                 + (f" B={self.batch}" if self.batch != 1 else "")
                 + (f" window={window_text(self.window)}" if self.window is not None else "")
-                + (f" {len(self.seqlens)} sequences" if self.seqlens else ""))
+                + (f" {len(self.seqlens)} sequences" if self.seqlens else "")
+                + (f" paged {self.page_size}" if self.page_size else ""))
 
     @property
     def group(self) -> str:
         """The record table's kernel column: the kernel, and "varlen" for packed sequences, "window" where the call
         had one."""
+        if self.page_size:
+            return f"{self.kernel} paged"
         if self.seqlens:
             return f"{self.kernel} varlen"
         return f"{self.kernel} window" if self.window is not None else self.kernel
@@ -200,7 +205,8 @@ def read_checks(path: str | Path) -> list[Check]:
                                  int(r["seq_len"]), int(r["kv_len"]), int(r["head_dim"]), r["dtype"],
                                  _bool(r["causal"]), int(r["block_q"]), int(r["block_kv"]), r["boundary"],
                                  r["direction"], int(float(r["simulated_bytes"])), int(float(r["measured_bytes"])),
-                                 launches, _window(r.get("window")), _seqlens(r.get("seqlens"))))
+                                 launches, _window(r.get("window")), _seqlens(r.get("seqlens")),
+                                 int(r["page_size"]) if r.get("page_size") else None))
             except (KeyError, ValueError, TypeError) as exc:
                 raise RecordError(f"{path}, line {i}: {type(exc).__name__}: {exc}; expected the columns "
                                   f"{', '.join(FIELDS)}") from None
@@ -234,7 +240,8 @@ def write_checks(path: str | Path, checks: list[Check], device: str) -> None:
         for c in checks:
             w.writerow([c.kernel, device, c.profile, c.batch, c.heads, c.kv_heads, c.seq_len, c.kv_len, c.head_dim,
                         c.dtype, c.causal, c.block_q, c.block_kv, c.boundary, c.direction, c.simulated, c.measured,
-                        ";".join(map(str, c.launches)), window_text(c.window), seqlens_text(c.seqlens)])
+                        ";".join(map(str, c.launches)), window_text(c.window), seqlens_text(c.seqlens),
+                        c.page_size or ""])
 
 
 @dataclass(frozen=True)

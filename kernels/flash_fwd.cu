@@ -22,6 +22,13 @@
 // b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 (keys likewise), lse (H, total_q); no padding is read, computed or
 // written; grid (ceil(max_seqlen_q / Br), H, B), a block past its sequence's last Q tile exits at once; causal is
 // bottom-right per sequence. Null cu_seqlens: the dense batch (what a window on iosim.gpu.attention runs).
+// Paged (template Paged, with Varlen; iosim.gpu.attention_varlen with a block table): chunked prefill against a paged
+// KV cache. k, v (num_pages, page_size, H_kv, d); key t of sequence b is slot t % page_size of page
+// block_table[b * table_stride + t / page_size] (pages in any order); sequence b's keys are the first n_k =
+// cu_seqlens_k[b + 1] - cu_seqlens_k[b] of its pages (the cache's lengths, FlashAttention's seqused_k), its queries the
+// packed rows of q as in Varlen (a chunk of new tokens: bottom-right causal puts them at the cache's end). Each thread
+// finds the page of every K/V row it copies (K and V share the lookup); where page_size is a multiple of Bc a tile
+// lies in one page and each thread reads one table entry per tile instead. cp.async copies are 16 bytes, as before.
 // Sliding window (template Local; runtime bounds left, right: FlashAttention's window_size): row i sees keys
 // i + off - left .. i + off + right (off = kv_len - seq_len; a causal window is right = 0). K/V tiles wholly outside
 // a Q tile's window are never loaded (the loop runs n_min .. n_max - 1); tiles partly outside take the mask pass,
@@ -62,12 +69,40 @@ __device__ __forceinline__ int ld_global_again(const int* p) {
     return x;
 }
 
-template <int D, int Br, int Bc, typename T, bool Causal, bool Local = false, bool Varlen = false>
+// K_j and V_j (ROWS keys from key t0 of one sequence, nvalid of them real) from a paged cache into swizzled shared
+// memory: kg, vg point at the cache's first row for this kv head; table at the sequence's block-table row. Rows >=
+// nvalid are zero-filled (source: the cache's first row, never read), as load_tile_async does.
+template <int ROWS, int D, int THREADS, typename T>
+__device__ __forceinline__ void load_kv_paged(T* sk, T* sv, const T* kg, const T* vg, long long stride, int t0,
+                                              int nvalid, const int* __restrict__ table, int page_size, int tid) {
+    constexpr int C = D / 8;
+    constexpr int TOTAL = ROWS * C;
+    const bool one_page = page_size % ROWS == 0;  // t0 is a multiple of ROWS: the tile lies in one page
+    long long first = 0;                           // one_page: the cache row of key t0
+    if (one_page) first = (long long)__ldg(table + t0 / page_size) * page_size + t0 % page_size;
+#pragma unroll
+    for (int it = 0; it < (TOTAL + THREADS - 1) / THREADS; ++it) {
+        const int idx = it * THREADS + tid;
+        if (TOTAL % THREADS == 0 || idx < TOTAL) {
+            const int r = idx / C, c = idx % C;
+            const bool ok = r < nvalid;
+            long long row = 0;
+            if (ok) {
+                const int t = t0 + r;
+                row = one_page ? first + r : (long long)__ldg(table + t / page_size) * page_size + t % page_size;
+            }
+            cp_async_16(smem_u32(sk + swz<D>(r, c)), kg + row * stride + c * 8, ok ? 16 : 0);
+            cp_async_16(smem_u32(sv + swz<D>(r, c)), vg + row * stride + c * 8, ok ? 16 : 0);
+        }
+    }
+}
+
+template <int D, int Br, int Bc, typename T, bool Causal, bool Local = false, bool Varlen = false, bool Paged = false>
 __global__ void __launch_bounds__(128)
     flash_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                      float* __restrict__ lse, int seq_len, int kv_len, int heads, int kv_heads, float scale_log2,
                      const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int window_left,
-                     int window_right) {
+                     int window_right, const int* __restrict__ block_table, int table_stride, int page_size) {
     constexpr int kWarps = 4, kThreads = 32 * kWarps;
     constexpr int MT = Br / (16 * kWarps);  // 16-row stripes per warp
     constexpr int NT = Bc / 8;              // n8 tiles of S per stripe
@@ -76,6 +111,7 @@ __global__ void __launch_bounds__(128)
     constexpr bool kQInRegs = (MT == 1 && D <= 128);  // Q fragments live in registers for the whole loop
     static_assert(Br % (16 * kWarps) == 0 && Bc % 16 == 0 && D % 32 == 0, "tile shape");
     static_assert(!(Causal && Local), "a causal window is Local with right = 0");
+    static_assert(!Paged || Varlen, "a paged cache takes the varlen arguments");
 
     constexpr int Stages = flash_stages(D);
     IOSIM_TRACE_BLOCK();  // no-op unless compiled with -DIOSIM_BLOCK_TRACE (kernels/common.cuh)
@@ -115,8 +151,21 @@ __global__ void __launch_bounds__(128)
     const T* qg = Varlen ? q + (q0 + m0) * q_stride + (long long)h * D
                          : q + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
     T* og = Varlen ? nullptr : o + ((long long)b * seq_len + m0) * q_stride + (long long)h * D;
+    if constexpr (Paged) k0 = 0;  // the keys live in the pages of block_table's row b
     const T* kg = Varlen ? k + k0 * kv_stride + (long long)hk * D : k + (long long)b * kv_len * kv_stride + (long long)hk * D;
     const T* vg = Varlen ? v + k0 * kv_stride + (long long)hk * D : v + (long long)b * kv_len * kv_stride + (long long)hk * D;
+    const int* table = Paged ? block_table + (long long)b * table_stride : nullptr;
+    // Alg. line 7: K_j, V_j into ring slot `slot` (contiguous rows, or the pages of a paged cache)
+    auto load_kv = [&](int slot, int jj) {
+        if constexpr (Paged) {
+            load_kv_paged<Bc, D, kThreads>(sK + slot * Bc * D, sV + slot * Bc * D, kg, vg, kv_stride, jj * Bc,
+                                           n_k - jj * Bc, table, page_size, tid);
+        } else {
+            const long long off = (long long)jj * Bc * kv_stride;
+            load_tile_async<Bc, D, kThreads>(sK + slot * Bc * D, kg + off, kv_stride, n_k - jj * Bc, tid);
+            load_tile_async<Bc, D, kThreads>(sV + slot * Bc * D, vg + off, kv_stride, n_k - jj * Bc, tid);
+        }
+    };
     float* lseg = Varlen ? nullptr : lse + ((long long)b * heads + h) * seq_len + m0;
     // Varlen: O's and lse's rows of the tile, found when they are written (varlen_out) rather than held in registers
     // across the K/V loop; the dense batch's are made of kernel parameters, which cost no register to keep
@@ -163,11 +212,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int s = 0; s < Stages - 1; ++s) {
         const int js = Local ? n_min + s : s;
-        if (js < n_blocks) {
-            const long long off = (long long)js * Bc * kv_stride;
-            load_tile_async<Bc, D, kThreads>(sK + s * Bc * D, kg + off, kv_stride, n_k - js * Bc, tid);
-            load_tile_async<Bc, D, kThreads>(sV + s * Bc * D, vg + off, kv_stride, n_k - js * Bc, tid);
-        }
+        if (js < n_blocks) load_kv(s, js);
         cp_async_commit();
     }
 
@@ -198,11 +243,8 @@ __global__ void __launch_bounds__(128)
         // one barrier per tile: tile j is visible to every warp, and every warp is done with tile j-1 (slot `fill`)
         __syncthreads();
         const int jn = j + Stages - 1;
-        if (jn < n_blocks) {  // Alg. line 6 for tile j+Stages-1, overlapped with the math of tiles j ..
-            const long long off = (long long)jn * Bc * kv_stride;
-            load_tile_async<Bc, D, kThreads>(sK + fill * Bc * D, kg + off, kv_stride, n_k - jn * Bc, tid);
-            load_tile_async<Bc, D, kThreads>(sV + fill * Bc * D, vg + off, kv_stride, n_k - jn * Bc, tid);
-        }
+        if (jn < n_blocks) load_kv(fill, jn);  // Alg. line 6 for tile j+Stages-1, overlapped with tiles j ..
+
         cp_async_commit();  // always one group per iteration, so the wait count above stays exact
         stage = (stage + 1 == Stages) ? 0 : stage + 1;
         fill = (fill + 1 == Stages) ? 0 : fill + 1;

@@ -70,9 +70,11 @@ def test_instantiation_list_covers_every_tile_dtype_and_mask():
     n_tiles = sum(len(t) for t in launch.FLASH_TILES.values())
     n_varlen = sum(len(t) for t in varlen.FLASH_VARLEN_TILES.values())
     n_local = sum(len(t) for t in varlen.FLASH_LOCAL_TILES.values())
-    # dense: every tile, dtype, causal or not; varlen: plain and causal, and a window (Local), per dtype
-    assert len(insts) == len(set(insts)) == n_tiles * 2 * 2 + n_varlen * 2 * 2 + n_local * 2
-    assert {(i.head_dim, i.block_q, i.block_kv) for i in insts if i.local} == \
+    n_paged = len(varlen.FLASH_PAGED_TILES)
+    # dense: every tile, dtype, causal or not; varlen: plain and causal, and a window (Local), per dtype; paged:
+    # plain, causal and a window per dtype at one tile per head dim
+    assert len(insts) == len(set(insts)) == n_tiles * 2 * 2 + n_varlen * 2 * 2 + n_local * 2 + n_paged * 3 * 2
+    assert {(i.head_dim, i.block_q, i.block_kv) for i in insts if i.local and not i.paged} == \
         {(d, bq, bkv) for d, t in varlen.FLASH_LOCAL_TILES.items() for bq, bkv in t}
     assert {64, 128} <= set(launch.HEAD_DIMS)
     for d in launch.HEAD_DIMS:
@@ -86,6 +88,8 @@ def test_instantiation_list_covers_every_tile_dtype_and_mask():
         "iosim::flash_fwd_kernel<64, 64, 64, __half, false, true, true>"
     with pytest.raises(ValueError, match="causal and local"):
         build.FlashInstance(64, 64, 64, "float16", True, True, True)
+    with pytest.raises(ValueError, match="paged need varlen"):
+        build.FlashInstance(64, 64, 64, "float16", True, False, False, True)
     naive = build.naive_instances()
     # qk x2 and pv per d; the softmax per chunks of a row per thread
     assert len(naive) == len(set(naive)) == 2 * (3 * len(launch.HEAD_DIMS) + len(build.SOFTMAX_CHUNKS))

@@ -243,7 +243,9 @@ def test_a_ragged_or_paged_batch_without_the_kernel_says_which_kernel_takes_it()
         simulate("flash-decoding", p, kv_lens=[100, 50])
     with pytest.raises(ScheduleError, match=r"only flash-decoding takes splits \(and, with kernel='iosim-decode', "
                                             r"kv_lens and page_size\)"):
-        simulate("flash2", p, page_size=16)
+        simulate("flash1", p, page_size=16)
+    with pytest.raises(ScheduleError, match=r"page_size=16 without seqlens: flash2 reads a paged cache in its varlen"):
+        simulate("flash2", p, page_size=16)  # flash2 takes pages in its chunked-prefill mode
 
 
 def test_the_numeric_executor_refuses_the_kernels_tiles_with_where_its_numbers_are_checked():

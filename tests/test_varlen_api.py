@@ -201,16 +201,65 @@ def test_windowed_tiles_avoid_the_one_that_spills_and_defaults_follow_the_dense_
             assert set(tiles) <= set(gpu.FLASH_TILES[d]), d
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# a paged cache (chunked prefill): the block table and the cache's shape
+
+
+def test_a_block_table_names_a_page_for_every_live_key_and_nothing_else_is_read():
+    lens = np.array([40, 0, 16])
+    table = np.array([[5, 2, 9, -7], [-1, -1, -1, -1], [0, -3, 99, 99]])
+    checked, max_page = vi.check_page_table(table, lens, 16)
+    assert checked.dtype == np.int32 and max_page == 9
+    assert checked.tolist() == [[5, 2, 9, 0], [0, 0, 0, 0], [0, 0, 0, 0]]  # entries past each last page: never read
+
+
+@pytest.mark.parametrize("table,lens,page,match", [
+    ([[3, -1]], [17], 16, r"block_table\[0, 1\] = -1"),
+    ([[3, 4]], [33], 16, "at most max_pages \\* page_size = 2 \\* 16 = 32"),
+    ([[3, 4, 5]], [33], 16, None),
+    ([[3]], [5], 0, "page_size=0"),
+    ([[3]], [5], True, "page_size=True"),
+    ([3, 4], [5], 16, r"shape \(2,\)"),
+    ([[3], [4]], [5], 16, r"\(1, >= 1\)"),
+])
+def test_a_block_table_that_cannot_hold_the_keys_is_an_error(table, lens, page, match):
+    if match is None:
+        vi.check_page_table(np.array(table), np.array(lens), page)
+        return
+    with pytest.raises(AttentionInputError, match=match):
+        vi.check_page_table(np.array(table), np.array(lens), page)
+
+
+def test_a_paged_cache_has_the_batchs_pages_and_every_page_the_table_names():
+    assert vi.check_paged_cache((10, 16, 2, 64), (10, 16, 2, 64), 16, 9) == (160, 2, 64)
+    for shapes, page, max_page, match in [(((10, 16, 2, 64), (10, 16, 2, 64)), 16, 10, "names page 10"),
+                                          (((10, 16, 2, 64), (10, 16, 2, 64)), 32, 0, "pages of 16 tokens"),
+                                          (((160, 2, 64), (160, 2, 64)), 16, 0, "4 dims"),
+                                          (((10, 16, 2, 64), (10, 16, 1, 64)), 16, 0, "v: shape")]:
+        with pytest.raises(AttentionInputError, match=match):
+            vi.check_paged_cache(*shapes, page, max_page)
+
+
+def test_the_paged_kernel_is_compiled_once_per_head_dim_dtype_and_mask_at_tiles_that_do_not_spill():
+    paged = [i for i in build.flash_instances() if i.paged]
+    assert len(paged) == 3 * len(geo.FLASH_PAGED_TILES) * 2  # plain, causal, window
+    assert {(i.head_dim, (i.block_q, i.block_kv)) for i in paged} == set(geo.FLASH_PAGED_TILES.items())
+    assert geo.FLASH_PAGED_TILES[128] == (64, 64)  # 128 x 32 spills with the lookups
+    for d, tiles in geo.FLASH_PAGED_TILES.items():
+        assert tiles in geo.FLASH_VARLEN_TILES[d] and tiles in geo.FLASH_LOCAL_TILES[d]  # a contiguous twin exists
+
+
 def test_every_instantiation_matches_the_kernels_parameter_list():
     src = (kernels_dir() / build.FLASH_SOURCE).read_text()
     sig = re.search(r"flash_fwd_kernel\((.*?)\)\s*\{", src, re.S).group(1)
     n_params = len([p for p in sig.split(",") if p.strip()])
-    assert n_params == 14
+    assert n_params == 17
     for inst in build.flash_instances():
         params = inst.explicit_instantiation.split("(", 1)[1].rstrip(");")
         assert len(params.split(",")) == n_params, inst
-        assert (", true, true>" in inst.name_expression) == inst.local
-        assert inst.name_expression.count(",") == (6 if inst.varlen else 4), inst
+        flags = inst.name_expression.rstrip(">").split(", ")[4:]  # Causal, Local, Varlen, Paged; defaults left out
+        given = ["true" if f else "false" for f in (inst.causal, inst.local, inst.varlen, inst.paged)]
+        assert flags == given[: 4 if inst.paged else 3 if inst.varlen else 1], inst
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -21,15 +21,13 @@ def tiles(p, Br, Bc, **options):
     return resolve_tiles("flash2", p, None, Br, Bc, options=ScheduleOptions(**options))
 
 
-def kernel_bytes(N: int, Nk: int, Br: int, Bc: int, causal: bool, window, d: int, b: int) -> tuple[int, int]:
-    """(bytes read, bytes written) of one head of one sequence as flash_fwd.cu's varlen kernel moves them: its
-    n_min / n_max per Q tile (the last row m0 + Br - 1 unclamped, the window's bounds clamped to the lengths), Q
-    loaded only by a tile that visits a K/V tile, K and V rows of each visited tile (a ragged last tile: its real
-    rows), O and lse of every row written."""
+def visited(N: int, Nk: int, Br: int, Bc: int, causal: bool, window):
+    """(Q tile's first row, K/V tiles n_min .. n_max - 1) of every Q tile of one sequence that visits a K/V tile, as
+    flash_fwd.cu's varlen kernel finds them: the last row m0 + Br - 1 unclamped, the window's bounds clamped to the
+    lengths."""
     left, right = window if window is not None else (None, None)
     local = window is not None and not (left is None and right == 0) and window != (None, None)
     causal = causal or (window is not None and left is None and right == 0)
-    read = 0
     for m_block in range(cdiv(N, Br)):
         m0, off = m_block * Br, Nk - N
         n_max, n_min = cdiv(Nk, Bc), 0
@@ -43,11 +41,35 @@ def kernel_bytes(N: int, Nk: int, Br: int, Bc: int, causal: bool, window, d: int
             n_max = min(n_max, 0 if last < 0 else last // Bc + 1)
             first = m0 + off - lw
             n_min = 0 if first <= 0 else first // Bc
-        if n_max <= n_min:
-            continue
+        if n_max > n_min:
+            yield m0, range(n_min, n_max)
+
+
+def kernel_bytes(N: int, Nk: int, Br: int, Bc: int, causal: bool, window, d: int, b: int) -> tuple[int, int]:
+    """(bytes read, bytes written) of one head of one sequence as flash_fwd.cu's varlen kernel moves them: Q loaded
+    only by a tile that visits a K/V tile, K and V rows of each visited tile (a ragged last tile: its real rows), O
+    and lse of every row written."""
+    read = 0
+    for m0, kv in visited(N, Nk, Br, Bc, causal, window):
         read += min(Br, N - m0) * d * b  # Q_i
-        read += sum(2 * min(Bc, Nk - j * Bc) * d * b for j in range(n_min, n_max))  # K_j, V_j
+        read += sum(2 * min(Bc, Nk - j * Bc) * d * b for j in kv)  # K_j, V_j
     return read, N * d * b + N * STAT_BYTES
+
+
+def table_loads(N: int, Nk: int, Br: int, Bc: int, causal: bool, window, page_size: int, d: int) -> int:
+    """Block-table entries (4 B each) one head of one sequence loads in the paged kernel, thread by thread as
+    load_kv_paged does: a tile in one page (page_size a multiple of Bc): each of the 128 threads loads its entry;
+    otherwise each thread loads the entry of every real row of each of its 16-byte copies (rows idx // (d / 8) of
+    idx = it * 128 + tid)."""
+    chunks, n = d // 8, 0
+    for _, kv in visited(N, Nk, Br, Bc, causal, window):
+        for j in kv:
+            if page_size % Bc == 0:
+                n += 128
+                continue
+            real = min(Bc, Nk - j * Bc)
+            n += sum(1 for idx in range(Bc * chunks) if idx // chunks < real)
+    return n
 
 
 windows = st.one_of(st.none(), st.tuples(st.one_of(st.none(), st.integers(0, 300)),
@@ -88,6 +110,45 @@ def test_a_packed_batch_moves_the_sum_of_its_sequences_bytes_and_no_padding(lens
     assert c.global_read_bytes == read * 2 + 2 * 4 * 4 * (4 * launched + working)
     assert c.global_write_bytes == tq * (64 * 2 + STAT_BYTES) * 2  # O and lse once per real row
     assert c.kernels[0].grid == 2 * launched
+
+
+@given(lens=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), min_size=1, max_size=4),
+       causal=st.booleans(), window=windows, page=st.sampled_from([1, 16, 48, 64, 128]),
+       tiles_=st.sampled_from([(64, 64), (128, 64), (64, 32)]), d=st.sampled_from([64, 128]))
+def test_a_paged_cache_moves_the_packed_bytes_plus_the_block_table_entries_each_thread_loads(lens, causal, window,
+                                                                                            page, tiles_, d):
+    if causal and window is not None:
+        window = (window[0], 0)
+    tq, tk = sum(n for n, _ in lens), sum(n for _, n in lens)
+    if tq == 0 or tk == 0:
+        return
+    p = AttentionProblem(seq_len=tq, kv_len=tk, heads=4, kv_heads=2, head_dim=d, causal=causal, dtype="bf16")
+    packed = closed("flash2", p, tiles(p, *tiles_, window=window, seqlens=lens))
+    t = tiles(p, *tiles_, window=window, seqlens=lens, page_size=page)
+    c = closed("flash2", p, t)
+    assert without_peak(c) == without_peak(walk("flash2", p, t))
+    entries = sum(table_loads(n, nk, *tiles_, causal, window, page, d) for n, nk in lens) * p.heads
+    assert c.kernels[0].global_read.get("block_table", 0) == 4 * entries
+    assert c.global_read_bytes == packed.global_read_bytes + 4 * entries  # K, V, Q, O, lse: the packed call's
+    assert c.global_write_bytes == packed.global_write_bytes and c.flops == packed.flops
+
+
+def test_the_paged_l2_model_adds_the_block_tables_live_sectors_once():
+    from iosim.l2.packed import table_sectors
+
+    p = AttentionProblem(seq_len=300, kv_len=3000, heads=8, kv_heads=2, head_dim=128, causal=True, dtype="bf16")
+    seqs = [(100, 1000), (100, 1900), (100, 100)]
+    t = tiles(p, 64, 64, seqlens=seqs, page_size=16)  # rows of 119 entries: 63 + 119 + 7 live
+    assert t.table_width == 119
+    # live entries 0-62, 119-237, 238-244: sectors of 8 entries 0-7, 14-29 and 29-30
+    assert table_sectors(t) == 8 + 16 + 1
+    plain = simulate("flash2", p, seqlens=seqs, block_q=64, block_kv=64)
+    paged = simulate("flash2", p, seqlens=seqs, block_q=64, block_kv=64, page_size=16)
+    assert paged.hbm_read[0] == plain.hbm_read[0] + 32 * table_sectors(t)
+    with pytest.raises(ScheduleError, match="page_size=16 without seqlens"):
+        simulate("flash2", p, page_size=16)
+    with pytest.raises(ScheduleError, match="page_size=0"):
+        simulate("flash2", p, seqlens=seqs, page_size=0)
 
 
 def test_window_bytes_grow_as_n_times_w_not_n_squared():

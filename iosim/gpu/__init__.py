@@ -23,7 +23,7 @@ from iosim.gpu.inputs import (
     BackwardOptions,
     SharedMemoryError,
 )
-from iosim.gpu.varlen import Varlen, VarlenBatch, attention_varlen, varlen_batch
+from iosim.gpu.varlen import Varlen, VarlenBatch, attention_varlen, paged_kv, varlen_batch
 from iosim.launch import (
     FLASH3_FP8_TILES,
     FLASH3_TILES,
@@ -63,6 +63,7 @@ __all__ = [
     "flash_smem_bytes",
     "fp8_blocks",
     "last_launch",
+    "paged_kv",
     "plan_decode",
     "quantize_fp8",
     "varlen_batch",

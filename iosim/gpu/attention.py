@@ -66,6 +66,7 @@ class LaunchRecord:
     # attention_varlen: each sequence's queries and keys (seq_len, kv_len: the longest query and key sequence)
     seqlens_q: tuple[int, ...] | None = None
     seqlens_k: tuple[int, ...] | None = None
+    page_size: int | None = None  # attention_varlen against a paged cache (chunked prefill): tokens per page
 
 
 _last: LaunchRecord | None = None
@@ -171,8 +172,13 @@ class _Call:
 
 
 def _no_varlen(cp: Any) -> tuple:
-    """The dense kernel's last four arguments: no cu_seqlens (null pointers), no window."""
-    return cp.uint64(0), cp.uint64(0), cp.int32(0), cp.int32(0)
+    """The dense kernel's last seven arguments: no cu_seqlens (null pointers), no window, no block table."""
+    return cp.uint64(0), cp.uint64(0), cp.int32(0), cp.int32(0), *_no_pages(cp)
+
+
+def _no_pages(cp: Any) -> tuple:
+    """The flash2 kernel's last three arguments where k and v are not a paged cache: null table, stride, page size."""
+    return cp.uint64(0), cp.int32(0), cp.int32(0)
 
 
 def _run_flash3(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
@@ -249,7 +255,7 @@ def _run_local(c: _Call, block_q: int | None, block_kv: int | None):
     left, right = c.mask.kernel_window()
     _kernel(cp, inst, smem)(grid, block, (c.q, c.k, c.v, c.o, c.lse, i32(N), i32(Nk), i32(H), i32(Hk),
                                           cp.float32(c.scale * _LOG2E), cp.uint64(0), cp.uint64(0), i32(left),
-                                          i32(right)), shared_mem=smem)
+                                          i32(right), *_no_pages(cp)), shared_mem=smem)
     return (KernelLaunch(inst.name_expression, grid, block, smem),), {"block_q": block_q, "block_kv": block_kv}
 
 

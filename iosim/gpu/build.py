@@ -73,12 +73,13 @@ def default_tiles(head_dim: int, dtype: str = "bfloat16", causal: bool = False) 
 
 @dataclass(frozen=True)
 class FlashInstance:
-    """One template instantiation of flash_fwd_kernel<D, Br, Bc, T, Causal, Local, Varlen>.
+    """One template instantiation of flash_fwd_kernel<D, Br, Bc, T, Causal, Local, Varlen, Paged>.
 
     ``local``: a sliding window (runtime bounds; a causal window is local with right = 0, so never with
     ``causal``); ``varlen``: packed sequences with cumulative lengths, or the dense batch with a window (null
-    cu_seqlens). The dense kernel (both False) is named by its first five arguments, as before the two were added:
-    its code is what it was (the two default to false)."""
+    cu_seqlens); ``paged``: varlen queries against a paged KV cache (a block table; chunked prefill). The dense
+    kernel (all False) is named by its first five arguments, as before the others were added: its code is what it
+    was (they default to false)."""
 
     head_dim: int
     block_q: int
@@ -87,18 +88,22 @@ class FlashInstance:
     causal: bool
     local: bool = False
     varlen: bool = False
+    paged: bool = False
 
     def __post_init__(self):
         if self.causal and self.local:
             raise ValueError("FlashInstance: causal and local together; a causal window is local with right = 0")
-        if self.local and not self.varlen:
-            raise ValueError("FlashInstance: local needs varlen (the kernel takes the window with the varlen arguments)")
+        if (self.local or self.paged) and not self.varlen:
+            raise ValueError("FlashInstance: local and paged need varlen (the kernel takes the window and the "
+                             "cache's lengths with the varlen arguments)")
 
     @property
     def name_expression(self) -> str:  # what cupy.RawModule(name_expressions=...) and get_function take
         t = CUDA_TYPES[self.dtype]
         flags = ", ".join("true" if f else "false" for f in (self.causal, self.local, self.varlen))
-        if not (self.local or self.varlen):
+        if self.paged:
+            flags += ", true"
+        elif not (self.local or self.varlen):
             flags = "true" if self.causal else "false"
         return f"{FLASH_KERNEL}<{self.head_dim}, {self.block_q}, {self.block_kv}, {t}, {flags}>"
 
@@ -107,7 +112,7 @@ class FlashInstance:
         t = CUDA_TYPES[self.dtype]
         return (
             f"template __global__ void {self.name_expression}(const {t}*, const {t}*, const {t}*, {t}*, float*, "
-            "int, int, int, int, float, const int*, const int*, int, int);"
+            "int, int, int, int, float, const int*, const int*, int, int, const int*, int, int);"
         )
 
     @property
@@ -118,12 +123,16 @@ class FlashInstance:
 def flash_instances() -> list[FlashInstance]:
     """Every flash2 instantiation the library can launch: the dense kernel per tile, dtype and causality; the
     varlen kernel per dtype, plain and causal at each of :data:`iosim.launch.varlen.FLASH_VARLEN_TILES` and with a
-    window (Local) at each of :data:`~iosim.launch.varlen.FLASH_LOCAL_TILES`."""
+    window (Local) at each of :data:`~iosim.launch.varlen.FLASH_LOCAL_TILES`; the paged kernel (chunked prefill) per
+    dtype, plain, causal and with a window, at :data:`iosim.launch.varlen.FLASH_PAGED_TILES`."""
     out = [FlashInstance(d, bq, bkv, dt, c) for d, tiles in FLASH_TILES.items() for bq, bkv in tiles
            for dt in CUDA_TYPES for c in (False, True)]
     for local, table in ((False, varlen.FLASH_VARLEN_TILES), (True, varlen.FLASH_LOCAL_TILES)):
         out += [FlashInstance(d, bq, bkv, dt, c, local, True) for d, tiles in table.items() for bq, bkv in tiles
                 for dt in CUDA_TYPES for c in ((False,) if local else (False, True))]
+    for local in (False, True):
+        out += [FlashInstance(d, *varlen.FLASH_PAGED_TILES[d], dt, c, local, True, True)
+                for d in FLASH_TILES for dt in CUDA_TYPES for c in ((False,) if local else (False, True))]
     return out
 
 

@@ -8,8 +8,13 @@ sequence), sliding windows, grouped-query heads.
     >>> o, lse = gpu.attention_varlen(q, k, v, batch, causal=True)   # ... run every layer on them
     >>> o, lse = gpu.attention_varlen(q, k, v, (cu_q, cu_k), window=(4095, 0))  # or give the lengths each call
     >>> o, lse = gpu.attention_varlen(q, k, v, batch, causal=True, schedule="flash3")  # wgmma, TMA (sm_90a)
+    >>> chunk = gpu.varlen_batch(cu_seqlens_q, cu_cache_lens, block_table=bt, page_size=16)  # chunked prefill:
+    >>> o, lse = gpu.attention_varlen(q, k_pages, v_pages, chunk, causal=True)  # new tokens against a paged cache
 
 q (total_q, heads, head_dim), k and v (total_k, kv_heads, head_dim); O like q, lse (heads, total_q) fp32, natural log.
+With a block table (chunked prefill), k and v are a paged cache (num_pages, page_size, kv_heads, head_dim): sequence
+b's keys are the first cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens of its pages, token t in slot t % page_size of page
+block_table[b, t // page_size] (FlashAttention's seqused_k and block_table), read by flash2's kernel.
 A :class:`VarlenBatch` holds the checked lengths on the host (no synchronization per call) and on the device; making
 one reads them on the host (one small synchronizing copy where they are on the GPU). Geometry:
 :mod:`iosim.launch.varlen`; the argument checks: :mod:`iosim.gpu.varlen_inputs`.
@@ -28,6 +33,7 @@ from iosim.gpu import build, flash3_host
 from iosim.gpu import varlen_inputs as vi
 from iosim.gpu._cupy import require_cupy
 from iosim.gpu.attention import KernelLaunch, LaunchRecord, _kernel, _record, flash_smem_checked
+from iosim.gpu.decode_inputs import host_ints
 from iosim.gpu.inputs import (
     AttentionInputError,
     AttentionOptions,
@@ -64,6 +70,13 @@ class VarlenBatch:
     cu_seqlens_q: Any  # CuPy int32 (batch + 1,)
     cu_seqlens_k: Any
     device: int
+    block_table: Any = None  # CuPy int32 (batch, max_pages) of a paged cache, or None
+    page_size: int = 0  # tokens per page of the paged cache (0: k and v packed)
+    max_page: int = -1  # the largest page the table names (checked against the cache at each call)
+
+    @property
+    def paged(self) -> bool:
+        return self.block_table is not None
 
     @property
     def batch(self) -> int:
@@ -79,22 +92,68 @@ class VarlenBatch:
 
 
 def varlen_batch(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int | None = None, *,
-                 device: int | None = None) -> VarlenBatch:
+                 block_table: Any = None, page_size: int | None = None, device: int | None = None) -> VarlenBatch:
     """Check cumulative lengths (batch + 1 integers each: 0, then each sequence's end; a list, NumPy, CuPy or torch
     array) and upload them to ``device`` (default: the current one). ``max_seqlen_q``: the grid's longest query
-    sequence, at least the longest (default: the longest)."""
+    sequence, at least the longest (default: the longest).
+
+    ``block_table`` (batch, max_pages) and ``page_size``: the keys live in a paged cache (chunked prefill); sequence
+    b's keys are the first cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens of its pages, token t in slot t % page_size
+    of page block_table[b, t // page_size] (pages in any order; entries past a sequence's last page never read)."""
     cp = require_cupy()
     cu_q = vi.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q")
     cu_k = vi.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     vi.check_batches(cu_q, cu_k)
     lens_q, lens_k = np.diff(cu_q), np.diff(cu_k)
     longest = vi.check_max_seqlen(max_seqlen_q, lens_q)
+    if (block_table is None) != (page_size is None):
+        raise AttentionInputError(f"block_table={'given' if block_table is not None else None}, page_size="
+                                  f"{page_size!r}: give both (a paged cache) or neither")
+    table, max_page = None, -1
+    if block_table is not None:
+        table, max_page = vi.check_page_table(host_ints(block_table, "block_table"), lens_k, page_size)
     device = cp.cuda.runtime.getDevice() if device is None else int(device)
     with cp.cuda.Device(device):
         dq, dk = cp.asarray(cu_q), cp.asarray(cu_k)
+        dt = cp.asarray(table) if table is not None else None
         cp.cuda.get_current_stream().synchronize()  # uploaded before a call on another stream (torch's) reads them
-    return VarlenBatch(tuple(int(n) for n in lens_q), tuple(int(n) for n in lens_k), longest, dq, dk, device)
+    return VarlenBatch(tuple(int(n) for n in lens_q), tuple(int(n) for n in lens_k), longest, dq, dk, device, dt,
+                       int(page_size or 0), max_page)
 
+
+
+def paged_kv(k: Any, v: Any, cu_seqlens_k: Any, page_size: int, *, seed: int | None = None) -> tuple[Any, Any, Any]:
+    """Copy packed keys and values (total_k, kv_heads, head_dim) into a paged cache: returns (k_pages, v_pages,
+    block_table), the pages (num_pages, page_size, kv_heads, head_dim) as k's array type (CuPy or torch) and the
+    table (batch, max_pages) int32 on the host, each sequence in ceil(n / page_size) pages of its own (the rest of
+    its last page zero). ``seed``: pages in a random order drawn from it (as a serving engine's allocator leaves
+    them); None: in sequence order. For tests and benchmarks of :func:`varlen_batch`'s paged mode."""
+    cu = vi.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
+    if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)) or page_size < 1:
+        raise AttentionInputError(f"page_size={page_size!r}; expected an integer >= 1")
+    if int(cu[-1]) != int(k.shape[0]) or tuple(v.shape) != tuple(k.shape):
+        raise AttentionInputError(f"k, v: shapes {tuple(k.shape)}, {tuple(v.shape)}; expected equal, with "
+                                  f"cu_seqlens_k[-1] = {int(cu[-1])} rows")
+    lens = np.diff(cu)
+    used = -(-lens // page_size)
+    first = np.concatenate([[0], np.cumsum(used)])  # each sequence's first page, in sequence order
+    where = np.arange(first[-1]) if seed is None else np.random.default_rng(seed).permutation(int(first[-1]))
+    table = np.zeros((len(lens), max(1, int(used.max(initial=0)))), dtype=np.int32)
+    src = np.full(max(1, int(first[-1])) * page_size, -1, dtype=np.int64)  # cache slot -> packed row, -1: none
+    for b, n in enumerate(lens):
+        pages = where[first[b]:first[b + 1]]
+        table[b, :len(pages)] = pages
+        t = np.arange(n)
+        src[pages[t // page_size] * page_size + t % page_size] = cu[b] + t
+    torch = torch_of(k)
+    xp_index = (lambda a: torch.as_tensor(a, device=k.device)) if torch is not None else require_cupy().asarray
+    idx, empty = xp_index(np.maximum(src, 0)), xp_index(src < 0)
+    out = []
+    for x in (k, v):
+        pages = x[idx]  # a gather: every cache slot from its packed row (row 0 for an empty slot, zeroed next)
+        pages[empty] = 0
+        out.append(pages.reshape(len(src) // page_size, page_size, *x.shape[1:]))
+    return out[0], out[1], table
 
 
 def _batch_of(seqlens: Any, device: int) -> VarlenBatch:
@@ -117,7 +176,8 @@ def _check_options(options: AttentionOptions) -> None:
                                   "argument, window=(left, right); no backward); expected None")
 
 
-def _tiles(s: vi.VarlenShapes, mask: geo.Mask, options: AttentionOptions, schedule: str) -> tuple[int, int]:
+def _tiles(s: vi.VarlenShapes, mask: geo.Mask, options: AttentionOptions, schedule: str,
+           paged: bool) -> tuple[int, int]:
     bq, bkv = options.block_q, options.block_kv
     if (bq is None) != (bkv is None):
         raise AttentionInputError(f"block_q={bq!r}, block_kv={bkv!r}: give both or neither")
@@ -131,11 +191,12 @@ def _tiles(s: vi.VarlenShapes, mask: geo.Mask, options: AttentionOptions, schedu
                                       f"fixed, {tiles} at head_dim={s.head_dim}; expected None")
         return tiles
     if bq is None:
-        return geo.varlen_default_tiles(s.head_dim, mask.local)
-    tiles = geo.varlen_tiles(s.head_dim, mask.local)
+        return geo.FLASH_PAGED_TILES[s.head_dim] if paged else geo.varlen_default_tiles(s.head_dim, mask.local)
+    tiles = geo.varlen_paged_tiles(s.head_dim, mask.local) if paged else geo.varlen_tiles(s.head_dim, mask.local)
     if (bq, bkv) not in tiles:
         raise AttentionInputError(f"(block_q, block_kv)=({bq!r}, {bkv!r}) is not compiled for attention_varlen at "
-                                  f"head_dim={s.head_dim}{' with a window' if mask.local else ''}; expected one of "
+                                  f"head_dim={s.head_dim}{' with a window' if mask.local else ''}"
+                                  f"{' on a paged cache' if paged else ''}; expected one of "
                                   f"{list(tiles)}")
     return bq, bkv
 
@@ -157,7 +218,11 @@ def attention_varlen(q: Any, k: Any, v: Any, seqlens: Any, *, causal: bool = Fal
     or CUDA torch tensors (torch in, torch out, on torch's current stream).
     seqlens: :func:`varlen_batch` (cu_seqlens_q, cu_seqlens_k[, max_seqlen_q]), or that tuple (checked and uploaded
     on every call then): sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q and cu_seqlens_k[b] ..
-    cu_seqlens_k[b + 1] - 1 of k and v; lengths may be 0.
+    cu_seqlens_k[b + 1] - 1 of k and v; lengths may be 0. A batch made with a block table (chunked prefill): k and v
+    are its paged cache, (num_pages, page_size, kv_heads, head_dim), and sequence b's keys are the first
+    cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens of its pages; causal puts its queries at the end of them (a chunk
+    of new tokens whose keys the cache already holds). schedule "flash2" only; tiles fixed per head dim and mask
+    (:data:`iosim.launch.varlen.FLASH_PAGED_TILES`).
     causal: query i of a sequence (n queries, n_k keys) sees keys j <= i + n_k - n (bottom-right). window: (left,
     right), FlashAttention's window_size: query i sees keys i + n_k - n - left .. i + n_k - n + right, each bound an
     integer >= 0 or None (no bound); causal means right = 0. A row that sees no key: O = 0, lse = -inf.
@@ -181,18 +246,26 @@ def attention_varlen(q: Any, k: Any, v: Any, seqlens: Any, *, causal: bool = Fal
     cp = require_cupy()
     torch = torch_of(q)
     qc, kc, vc = (_as_cupy(cp, x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
-    s = vi.check_shapes(qc.shape, kc.shape, vc.shape, tuple(dtype_name(x.dtype) for x in (qc, kc, vc)))
-    for x, name in ((qc, "q"), (kc, "k"), (vc, "v")):
-        if not x.flags.c_contiguous or x.data.ptr % 16:
-            raise AttentionInputError(f"{name}: expected a contiguous array with a 16-byte aligned data pointer")
     devs = {x.device.id for x in (qc, kc, vc)}
     if len(devs) != 1:
         raise AttentionInputError(f"q, k, v are on devices {sorted(devs)}; expected all on one device")
     device = devs.pop()
     batch = _batch_of(seqlens, device)
-    vi.check_totals(batch.total_q, batch.total_k, s)
+    k_shape = kc.shape
+    if batch.paged:
+        if schedule != "flash2":
+            raise AttentionInputError(f"schedule={schedule!r} with a paged cache (the batch has a block_table): "
+                                      "chunked prefill runs schedule='flash2' (flash3's TMA boxes read whole "
+                                      "contiguous tiles)")
+        k_shape = vi.check_paged_cache(kc.shape, vc.shape, batch.page_size, batch.max_page)
+    s = vi.check_shapes(qc.shape, k_shape, k_shape if batch.paged else vc.shape,
+                        tuple(dtype_name(x.dtype) for x in (qc, kc, vc)))
+    for x, name in ((qc, "q"), (kc, "k"), (vc, "v")):
+        if not x.flags.c_contiguous or x.data.ptr % 16:
+            raise AttentionInputError(f"{name}: expected a contiguous array with a 16-byte aligned data pointer")
+    vi.check_totals(batch.total_q, s.total_k if batch.paged else batch.total_k, s)
     scale = check_scale(scale, s.head_dim)
-    block_q, block_kv = _tiles(s, mask, options, schedule)
+    block_q, block_kv = _tiles(s, mask, options, schedule, batch.paged)
     with cp.cuda.Device(device), (torch_stream(cp, torch, device) if torch is not None else nullcontext()):
         if schedule == "flash3":
             flash3_host.require_hopper(cp)
@@ -211,17 +284,20 @@ def _launch(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask
     """The varlen kernel on (q, k, v, o, lse); returns what it launched."""
     block_q, block_kv, scale = tiles
     smem = flash_smem_checked(cp, s.head_dim, block_q, block_kv, s.dtype)
-    inst = build.FlashInstance(s.head_dim, block_q, block_kv, s.dtype, mask.causal, mask.local, True)
+    inst = build.FlashInstance(s.head_dim, block_q, block_kv, s.dtype, mask.causal, mask.local, True, batch.paged)
     grid = geo.varlen_grid(batch.max_seqlen_q, s.heads, batch.batch, block_q)
     block, i32 = (launch.FLASH_THREADS, 1, 1), cp.int32
     left, right = mask.kernel_window()
+    table = batch.block_table if batch.paged else cp.uint64(0)  # null: k and v packed
+    stride = int(batch.block_table.shape[1]) if batch.paged else 0
     _kernel(cp, inst, smem)(grid, block, (*arrays, i32(s.total_q), i32(s.total_k), i32(s.heads),
-                                              i32(s.kv_heads), cp.float32(scale * _LOG2E), batch.cu_seqlens_q,
-                                              batch.cu_seqlens_k, i32(left), i32(right)), shared_mem=smem)
+                                          i32(s.kv_heads), cp.float32(scale * _LOG2E), batch.cu_seqlens_q,
+                                          batch.cu_seqlens_k, i32(left), i32(right), table, i32(stride),
+                                          i32(batch.page_size)), shared_mem=smem)
     return LaunchRecord("flash2", batch.batch, batch.max_seqlen_q, max(batch.seqlens_k), s.heads, s.kv_heads,
-                            s.head_dim, s.dtype, mask.causal, {"block_q": block_q, "block_kv": block_kv},
-                            (KernelLaunch(inst.name_expression, grid, block, smem),), mask.window,
-                            batch.seqlens_q, batch.seqlens_k)
+                        s.head_dim, s.dtype, mask.causal, {"block_q": block_q, "block_kv": block_kv},
+                        (KernelLaunch(inst.name_expression, grid, block, smem),), mask.window,
+                        batch.seqlens_q, batch.seqlens_k, batch.page_size or None)
 
 
 def _launch_flash3(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask: geo.Mask,

@@ -157,3 +157,55 @@ def check_batches(cu_q: np.ndarray, cu_k: np.ndarray) -> None:
     if cu_q.shape != cu_k.shape:
         raise AttentionInputError(f"cu_seqlens_k: {cu_k.shape[0] - 1} sequences; expected {cu_q.shape[0] - 1}, as "
                                   "cu_seqlens_q (one key range per query sequence)")
+
+
+def check_page_table(table: np.ndarray, lens_k: np.ndarray, page_size: Any) -> tuple[np.ndarray, int]:
+    """A paged cache's block table (batch, max_pages) for sequences of ``lens_k`` keys in pages of ``page_size``
+    tokens: the first ceil(n_b / page_size) entries of row b name pages (>= 0, any order, shared or not; the cache's
+    page count is checked where the cache is seen, :func:`check_paged_cache`), the rest are never read. Returns the
+    table as int32 (unread entries 0) and its largest page."""
+    if isinstance(page_size, (bool, np.bool_)) or not isinstance(page_size, (int, np.integer)) or page_size < 1:
+        raise AttentionInputError(f"page_size={page_size!r}; expected an integer >= 1, the tokens of one page of the "
+                                  "cache (k and v: (num_pages, page_size, kv_heads, head_dim))")
+    page_size = int(page_size)
+    if table.ndim != 2 or table.shape[0] != lens_k.shape[0] or table.shape[1] < 1:
+        raise AttentionInputError(f"block_table: shape {table.shape}; expected (batch, max_pages) = "
+                                  f"({lens_k.shape[0]}, >= 1), one row of pages per sequence")
+    capacity = table.shape[1] * page_size
+    over = np.flatnonzero(lens_k > capacity)
+    if over.size:
+        b = int(over[0])
+        raise AttentionInputError(f"cu_seqlens_k: sequence {b} holds {int(lens_k[b])} keys; expected at most "
+                                  f"max_pages * page_size = {table.shape[1]} * {page_size} = {capacity}, what its "
+                                  "block_table row can name")
+    used = -(-lens_k.astype(np.int64) // page_size)
+    live = np.arange(table.shape[1])[None, :] < used[:, None]
+    bad = np.argwhere(live & ((table < 0) | (table >= MAX_TOKENS)))
+    if bad.size:
+        b, p = (int(x) for x in bad[0])
+        raise AttentionInputError(f"block_table[{b}, {p}] = {int(table[b, p])}; expected a page of the cache, >= 0 "
+                                  f"(sequence {b} holds {int(lens_k[b])} keys in {int(used[b])} pages of {page_size})")
+    table = np.ascontiguousarray(np.where(live, table, 0), dtype=np.int32)
+    return table, int(table.max())
+
+
+def check_paged_cache(k_shape: Any, v_shape: Any, page_size: int, max_page: int) -> tuple[int, int, int]:
+    """k and v of a paged cache, (num_pages, page_size, kv_heads, head_dim), the batch's page size, holding every
+    page its block table names. Returns k's shape as packed rows (num_pages * page_size, kv_heads, head_dim), what
+    :func:`check_shapes` checks next."""
+    shape = tuple(int(s) for s in k_shape)
+    if len(shape) != 4:
+        raise AttentionInputError(f"k: shape {shape} has {len(shape)} dims; expected 4 dims (num_pages, page_size, "
+                                  "kv_heads, head_dim), a paged cache (the batch has a block_table)")
+    if tuple(int(s) for s in v_shape) != shape:
+        raise AttentionInputError(f"v: shape {tuple(v_shape)} differs from k's {shape}; expected equal")
+    num_pages, ps, hk, d = shape
+    if ps != page_size:
+        raise AttentionInputError(f"k: pages of {ps} tokens (shape {shape}); expected {page_size}, the batch's "
+                                  "page_size (gpu.varlen_batch(..., page_size=...))")
+    if max_page >= num_pages:
+        raise AttentionInputError(f"block_table names page {max_page}; expected pages 0 to {num_pages - 1}, the "
+                                  f"cache's (k: shape {shape})")
+    if num_pages * ps >= MAX_TOKENS:
+        raise AttentionInputError(f"k: {num_pages * ps} cache rows; expected fewer than 2^30 = {MAX_TOKENS}")
+    return num_pages * ps, hk, d

@@ -42,7 +42,8 @@ class Attention:
     head_dim); ``block_q``/``block_kv`` (flash2 only) pick the tiles; ``window`` (left, right), flash2 and flash3
     only: a sliding window, as ``iosim.gpu.AttentionOptions(window=...)`` takes it (None on a side: no bound);
     ``seqlens`` ((queries, keys), ...), flash2 and flash3: packed sequences run by ``iosim.gpu.attention_varlen``, batch 1
-    whose seq_len and kv_len are their totals."""
+    whose seq_len and kv_len are their totals; ``page_size`` (flash2, with seqlens): the keys in a paged cache of
+    pages that many tokens long, each sequence's pages in a seeded random order (chunked prefill)."""
 
     kind: str
     seq_len: int = 1024
@@ -57,6 +58,7 @@ class Attention:
     block_kv: int | None = None
     window: tuple[int | None, int | None] | None = None
     seqlens: tuple[tuple[int, int], ...] | None = None
+    page_size: int | None = None
 
     def __post_init__(self):
         if self.kind not in ATTENTION_KINDS:
@@ -86,6 +88,9 @@ class Attention:
                 raise MeasureError(f"seqlens for kind={self.kind!r}, batch={self.batch}, seq_len={self.seq_len}, "
                                    f"kv_len={self.kv_len}: packed sequences are flash2's and flash3's, a batch of 1 "
                                    f"whose lengths are their totals {totals}")
+        if self.page_size is not None and (self.kind != "flash2" or self.seqlens is None or self.page_size < 1):
+            raise MeasureError(f"page_size={self.page_size} for kind={self.kind!r}: a paged cache is flash2's, with "
+                               "seqlens (chunked prefill), pages of >= 1 token")
 
     def _check_dtype(self) -> None:
         """fp16 or bf16, except the fp8 kinds: "fp8" and one of the fp8 kernels' head dims."""

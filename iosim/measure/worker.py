@@ -107,6 +107,11 @@ def prepare_attention(run: Attention, torch):
     if run.seqlens is not None:  # packed: (total, heads, head_dim), the batch's one sequence cut at cu_seqlens
         cu_q, cu_k = (np.cumsum([0] + [s[i] for s in run.seqlens]) for i in (0, 1))
         tiles = gpu.AttentionOptions(block_q=run.block_q, block_kv=run.block_kv)
+        if run.page_size is not None:
+            kc, vc, table = gpu.paged_kv(k[0], v[0], cu_k, run.page_size, seed=run.page_size)
+            batch = gpu.varlen_batch(cu_q, cu_k, block_table=table, page_size=run.page_size)
+            return lambda: gpu.attention_varlen(q[0], kc, vc, batch, causal=run.causal, window=run.window,
+                                                options=tiles)
         return lambda: gpu.attention_varlen(q[0], k[0], v[0], (cu_q, cu_k), causal=run.causal, window=run.window,
                                             options=tiles, schedule=run.kind)
     if run.kind in ("flash2", "naive", "flash3"):

@@ -25,7 +25,11 @@ Two options, as kernels/flash_fwd.cu runs them (:class:`Flash2Tiles`): a sliding
 lo_i .. hi_i - 1 that hold a key some row of Q_i sees (:func:`iosim.blocks.kv_block_range`), so K/V bytes grow as
 N·w, not N²; ``seqlens``, packed sequences (varlen): a problem of batch 1 whose seq_len and kv_len are the packed
 totals, each sequence tiled on its own (a ragged last Q block and K/V block at each sequence's end, nothing read
-or computed past it).
+or computed past it); ``page_size`` with ``seqlens``, chunked prefill against a paged KV cache (the kernel's Paged
+mode): each sequence's keys sit in pages of that many tokens, found through a block table (a row per sequence, as
+wide as the batch's most pages), K and V bytes as packed, plus the table's entries as the kernel reads them: where
+page_size is a multiple of Bc every thread reads the one entry of each K/V tile it loads (a tile lies in one page),
+otherwise each of the d/8 threads that copy a key row's 16-byte chunks reads that row's entry.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import Rows, VisitSums, block_rows, cdiv, kv_block_range, visit_sums
+from ..blocks import Rows, VisitSums, block_rows, cdiv, kv_block_range, kv_block_ranges, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
 from .base import Schedule, ScheduleError, Tiles
@@ -44,6 +48,8 @@ NAME = "flash2"
 SUMMARY = "FlashAttention-2: Q outer loop, O and statistics on chip, O written once, causal block skipping"
 STATS = ("lse",)
 WARPS = 4  # kernels/flash_fwd.cu's warps a thread block; its varlen kernel reads the lengths once a warp
+THREADS = 32 * WARPS
+CHUNK_BYTES = 16  # a cp.async copy: the paged kernel looks a row's page up once per copy
 
 # FlashAttention-2's forward tiles (Br, Bc) by head dim: csrc/flash_attn/src/flash_fwd_launch_template.h,
 # run_mha_fwd_hdim* for sm80/sm90 without dropout. The largest head dim <= the key is used.
@@ -65,10 +71,17 @@ class Flash2Tiles(Tiles):
 
     window: tuple[int | None, int | None] | None = None
     seqlens: tuple[tuple[int, int], ...] = ()
+    page_size: int | None = None  # with seqlens: keys in a paged cache (chunked prefill)
 
     def describe_options(self) -> dict:
         out = {"window": list(self.window)} if self.window is not None else {}
+        out |= {"page_size": self.page_size} if self.page_size is not None else {}
         return out | ({"seqlens": [list(s) for s in self.seqlens]} if self.seqlens else {})
+
+    @property
+    def table_width(self) -> int:
+        """Entries of a block-table row: the most pages any sequence holds (at least 1)."""
+        return max(1, max(cdiv(nk, self.page_size) for _, nk in self.seqlens)) if self.page_size else 0
 
 
 def _window(window, causal: bool) -> tuple[int | None, int | None]:
@@ -97,16 +110,29 @@ def _seqlens(seqlens, p: AttentionProblem) -> tuple[tuple[int, int], ...]:
     return pairs
 
 
-def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, window=None, seqlens=None) -> Tiles:
-    """The tiles (given, or FA2's default) with the window and the packed sequences checked; plain Tiles where
-    neither is given (the counts are then the dense schedule's)."""
+def _page_size(page_size, seqlens) -> int | None:
+    if page_size is None:
+        return None
+    if seqlens is None:
+        raise ScheduleError(f"page_size={page_size!r} without seqlens: flash2 reads a paged cache in its varlen "
+                            "(chunked prefill) mode; give seqlens, each sequence's (queries, keys)")
+    if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)) or page_size < 1:
+        raise ScheduleError(f"page_size={page_size!r}: expected an integer >= 1, tokens per page of the cache")
+    return int(page_size)
+
+
+def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, window=None, seqlens=None,
+               page_size=None) -> Tiles:
+    """The tiles (given, or FA2's default) with the window, the packed sequences and the paged cache checked; plain
+    Tiles where none is given (the counts are then the dense schedule's)."""
     base = default_tiles(p, profile) if block_q is None or block_kv is None else None
     Br = block_q if block_q is not None else base.block_q
     Bc = block_kv if block_kv is not None else base.block_kv
-    if window is None and seqlens is None:
+    if window is None and seqlens is None and page_size is None:
         return base if block_q is None and block_kv is None else Tiles(Br, Bc)
     return Flash2Tiles(Br, Bc, window=None if window is None else _window(window, p.causal),
-                       seqlens=() if seqlens is None else _seqlens(seqlens, p))
+                       seqlens=() if seqlens is None else _seqlens(seqlens, p),
+                       page_size=_page_size(page_size, seqlens))
 
 
 def sequences(p: AttentionProblem, t: Tiles) -> tuple[tuple[int, int], ...]:
@@ -122,15 +148,17 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
         q0 = np.cumsum([0] + [n for n, _ in seqs])  # each sequence's first row in the packed Q, O and lse
         k0 = np.cumsum([0] + [n for _, n in seqs])
         tr = cdiv(max(1, max(n for n, _ in seqs)), Br)
+        ps = getattr(t, "page_size", None)
         with x.kernel("flash2_fwd", grid=tr * len(seqs)):
             for s, (N, Nk) in enumerate(seqs):
+                pages = (ps, s * t.table_width) if ps else None  # sequence s's block-table row
                 for i in range(tr):
-                    _packed_block(x, p, (Br, Bc, window), (N, Nk, int(q0[s]), int(k0[s])), s, i)
+                    _packed_block(x, p, (Br, Bc, window, pages), (N, Nk, int(q0[s]), int(k0[s])), s, i)
         return
     with x.kernel("flash2_fwd", grid=cdiv(p.seq_len, Br)):
         for i in range(cdiv(p.seq_len, Br)):  # line 3: one thread block per Q block
             with x.thread_block():
-                _q_block(x, p, (Br, Bc, window), (p.seq_len, p.kv_len, 0, 0), i)
+                _q_block(x, p, (Br, Bc, window, None), (p.seq_len, p.kv_len, 0, 0), i)
 
 
 def _packed_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int], s: int, i: int) -> None:
@@ -147,7 +175,7 @@ def _packed_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int
 
 def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int], i: int) -> None:
     """Q block i of a sequence of N queries and Nk keys whose rows start at q0 and k0 (inside its thread block)."""
-    Br, Bc, window = tiles
+    Br, Bc, window, pages = tiles
     N, Nk, q0, k0 = seq
     q = block_rows(i, Br, N).shifted(q0)
     lo, hi = kv_block_range(i, Br, Bc, N, Nk, p.causal, window)
@@ -160,13 +188,49 @@ def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int
     O_i, l_i, m_i = x.init_state(q)  # line 5
     for j in x.order(range(lo, hi)):  # line 6
         k = block_rows(j, Bc, Nk).shifted(k0)
-        K_j = x.load("K", k)  # line 7
+        if pages:
+            _table_reads(x, p, pages, Bc, block_rows(j, Bc, Nk))
+        K_j = x.load("K", k)  # line 7 (paged: K and V rows in the pages the table names, the same bytes)
         V_j = x.load("V", k)
         S_ij = x.scores(Q_i, K_j, q, k)  # line 8
         O_i, l_i, m_i = x.online_softmax(S_ij, V_j, O_i, l_i, m_i)  # lines 9-10
     O_i, L_i = x.finalize(O_i, l_i, m_i)  # lines 12-13
     x.store("O", q, O_i)  # line 14
     x.store("lse", q, L_i)  # line 15
+
+
+def _table_reads(x, p: AttentionProblem, pages: tuple[int, int], Bc: int, k: Rows) -> None:
+    """The block-table entries the paged kernel reads to load keys ``k`` of a sequence (its row of the table starts
+    at entry ``pages[1]``): one entry per thread where the tile lies in one page, else one per 16-byte copy."""
+    ps, row0 = pages
+    if ps % Bc == 0:
+        e = row0 + k.start // ps
+        x.broadcast("block_table", Rows(e, e + 1), THREADS)
+        return
+    copies = p.head_dim * p.elem_bytes // CHUNK_BYTES  # threads that copy one key row
+    for e in range(k.start // ps, (k.stop - 1) // ps + 1):
+        rows = min(k.stop, (e + 1) * ps) - max(k.start, e * ps)
+        x.broadcast("block_table", Rows(row0 + e, row0 + e + 1), rows * copies)
+
+
+def _table_sums(p: AttentionProblem, t: Flash2Tiles, N: int, Nk: int) -> tuple[int, int]:
+    """(entries loaded by all threads, entries held: one per broadcast) of one sequence's visited K/V tiles, as
+    :func:`_table_reads` counts them."""
+    lo, hi = kv_block_ranges(N, Nk, t.block_q, t.block_kv, p.causal, t.window)
+    visits = np.zeros(cdiv(Nk, t.block_kv) + 1, dtype=np.int64)  # visits[j]: Q blocks that visit K/V tile j
+    for a, z in zip(lo.tolist(), hi.tolist(), strict=True):
+        if z > a:
+            visits[a] += 1
+            visits[z] -= 1
+    visits = np.cumsum(visits)[:-1]
+    ps, Bc = t.page_size, t.block_kv
+    j = np.arange(visits.size, dtype=np.int64)
+    if ps % Bc == 0:  # a tile in one page: every thread loads its entry
+        return int(visits.sum()) * THREADS, int(visits.sum())
+    rows = np.minimum((j + 1) * Bc, Nk) - j * Bc
+    pages = (np.minimum((j + 1) * Bc, Nk) - 1) // ps - (j * Bc) // ps + 1
+    copies = p.head_dim * p.elem_bytes // CHUNK_BYTES
+    return int((visits * rows).sum()) * copies, int((visits * pages).sum())
 
 
 def shared_memory(p: AttentionProblem, t: Tiles) -> int:
@@ -206,6 +270,9 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
             lengths = {"cu_seqlens_q": (2 * launched + grid) * WARPS * 4, "cu_seqlens_k": 2 * launched * WARPS * 4}
             on_chip = (2 * 2 * launched + grid) * 4  # one copy of each length a block reads
             grid = launched
+        if t.page_size:
+            loads, held = (sum(x) for x in zip(*(_table_sums(p, t, n, nk) for n, nk in t.seqlens), strict=True))
+            lengths["block_table"], on_chip = loads * 4, on_chip + held * 4
     else:
         v = visit_sums(N, Nk, t.block_q, t.block_kv, p.causal)
         grid = cdiv(N, t.block_q)
@@ -228,4 +295,4 @@ def closed_form(p: AttentionProblem, t: Tiles) -> Counts:
 
 
 SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
-                    make_tiles=make_tiles, options=("window", "seqlens"))
+                    make_tiles=make_tiles, options=("window", "seqlens", "page_size"))
