@@ -26,9 +26,10 @@
 // KV cache. k, v (num_pages, page_size, H_kv, d); key t of sequence b is slot t % page_size of page
 // block_table[b * table_stride + t / page_size] (pages in any order); sequence b's keys are the first n_k =
 // cu_seqlens_k[b + 1] - cu_seqlens_k[b] of its pages (the cache's lengths, FlashAttention's seqused_k), its queries the
-// packed rows of q as in Varlen (a chunk of new tokens: bottom-right causal puts them at the cache's end). Each thread
-// finds the page of every K/V row it copies (K and V share the lookup); where page_size is a multiple of Bc a tile
-// lies in one page and each thread reads one table entry per tile instead. cp.async copies are 16 bytes, as before.
+// packed rows of q as in Varlen (a chunk of new tokens: bottom-right causal puts them at the cache's end). Thread r < Bc
+// finds the cache row of key r of a tile (one block-table load, issued one K/V tile ahead so its latency hides under
+// the tile's math) and leaves it in a ring of 3 row lists in shared memory (kPagedRing, after the K/V ring), which
+// the 16-byte cp.async copies of K and V then read; a barrier between writing a list and reading it is the loop's.
 // Sliding window (template Local; runtime bounds left, right: FlashAttention's window_size): row i sees keys
 // i + off - left .. i + off + right (off = kv_len - seq_len; a causal window is right = 0). K/V tiles wholly outside
 // a Q tile's window are never loaded (the loop runs n_min .. n_max - 1); tiles partly outside take the mask pass,
@@ -69,28 +70,25 @@ __device__ __forceinline__ int ld_global_again(const int* p) {
     return x;
 }
 
-// K_j and V_j (ROWS keys from key t0 of one sequence, nvalid of them real) from a paged cache into swizzled shared
-// memory: kg, vg point at the cache's first row for this kv head; table at the sequence's block-table row. Rows >=
-// nvalid are zero-filled (source: the cache's first row, never read), as load_tile_async does.
+// row lists the paged kernel keeps in shared memory (one per K/V tile in flight past the loop's barrier); mirrored by
+// iosim/launch/forward.py flash_smem_terms(paged=True)
+constexpr int kPagedRing = 3;
+
+// K_j and V_j (ROWS keys, nvalid of them real) from a paged cache into swizzled shared memory: kg, vg point at the
+// cache's first row for this kv head, rows[r] is key r's cache row (a list in shared memory). Rows >= nvalid are
+// zero-filled (source: the cache's first row, never read), as load_tile_async does.
 template <int ROWS, int D, int THREADS, typename T>
-__device__ __forceinline__ void load_kv_paged(T* sk, T* sv, const T* kg, const T* vg, long long stride, int t0,
-                                              int nvalid, const int* __restrict__ table, int page_size, int tid) {
+__device__ __forceinline__ void load_kv_paged(T* sk, T* sv, const T* kg, const T* vg, long long stride,
+                                              const int* rows, int nvalid, int tid) {
     constexpr int C = D / 8;
     constexpr int TOTAL = ROWS * C;
-    const bool one_page = page_size % ROWS == 0;  // t0 is a multiple of ROWS: the tile lies in one page
-    long long first = 0;                           // one_page: the cache row of key t0
-    if (one_page) first = (long long)__ldg(table + t0 / page_size) * page_size + t0 % page_size;
 #pragma unroll
     for (int it = 0; it < (TOTAL + THREADS - 1) / THREADS; ++it) {
         const int idx = it * THREADS + tid;
         if (TOTAL % THREADS == 0 || idx < TOTAL) {
             const int r = idx / C, c = idx % C;
             const bool ok = r < nvalid;
-            long long row = 0;
-            if (ok) {
-                const int t = t0 + r;
-                row = one_page ? first + r : (long long)__ldg(table + t / page_size) * page_size + t % page_size;
-            }
+            const long long row = ok ? rows[r] : 0;
             cp_async_16(smem_u32(sk + swz<D>(r, c)), kg + row * stride + c * 8, ok ? 16 : 0);
             cp_async_16(smem_u32(sv + swz<D>(r, c)), vg + row * stride + c * 8, ok ? 16 : 0);
         }
@@ -120,6 +118,7 @@ __global__ void __launch_bounds__(128)
     T* sQ = reinterpret_cast<T*>(smem_raw);  // Br x D
     T* sK = sQ + Br * D;                     // Stages x Bc x D
     T* sV = sK + Stages * Bc * D;            // Stages x Bc x D
+    int* sRows = reinterpret_cast<int*>(sV + Stages * Bc * D);  // Paged: kPagedRing x Bc cache rows
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -155,11 +154,21 @@ __global__ void __launch_bounds__(128)
     const T* kg = Varlen ? k + k0 * kv_stride + (long long)hk * D : k + (long long)b * kv_len * kv_stride + (long long)hk * D;
     const T* vg = Varlen ? v + k0 * kv_stride + (long long)hk * D : v + (long long)b * kv_len * kv_stride + (long long)hk * D;
     const int* table = Paged ? block_table + (long long)b * table_stride : nullptr;
+    // Paged: the block-table entry of key tid of tile jj (thread tid < Bc; 0 past the keys), and the cache row it
+    // names, which thread tid leaves in row list jj % kPagedRing
+    auto page_of = [&](int jj) {
+        const int t = jj * Bc + tid;
+        return (tid < Bc && t < n_k) ? __ldg(table + t / page_size) : 0;
+    };
+    auto put_row = [&](int jj, int page) {
+        const int t = jj * Bc + tid;
+        if (tid < Bc) sRows[(jj % kPagedRing) * Bc + tid] = page * page_size + t % page_size;
+    };
     // Alg. line 7: K_j, V_j into ring slot `slot` (contiguous rows, or the pages of a paged cache)
     auto load_kv = [&](int slot, int jj) {
         if constexpr (Paged) {
-            load_kv_paged<Bc, D, kThreads>(sK + slot * Bc * D, sV + slot * Bc * D, kg, vg, kv_stride, jj * Bc,
-                                           n_k - jj * Bc, table, page_size, tid);
+            load_kv_paged<Bc, D, kThreads>(sK + slot * Bc * D, sV + slot * Bc * D, kg, vg, kv_stride,
+                                           sRows + (jj % kPagedRing) * Bc, n_k - jj * Bc, tid);
         } else {
             const long long off = (long long)jj * Bc * kv_stride;
             load_tile_async<Bc, D, kThreads>(sK + slot * Bc * D, kg + off, kv_stride, n_k - jj * Bc, tid);
@@ -207,6 +216,14 @@ __global__ void __launch_bounds__(128)
 
     // Alg. line 4: Q_i into SRAM (group 0); line 6 for j = n_min .. n_min+Stages-2: K_j, V_j (one group each, maybe
     // empty) into ring slots 0 .. Stages-2 (n_min = 0 but for Local)
+    int next_page = 0;  // Paged: page_of(the next tile the loop loads), loaded a tile ahead
+    if constexpr (Paged) {  // the row lists of the tiles loaded before the loop, and the first one it loads
+#pragma unroll
+        for (int s = 0; s < Stages - 1; ++s)
+            if (n_min + s < n_blocks) put_row(n_min + s, page_of(n_min + s));
+        if (n_min + Stages - 1 < n_blocks) next_page = page_of(n_min + Stages - 1);
+        __syncthreads();  // the lists are visible to every thread before its copies read them
+    }
     load_tile_async<Br, D, kThreads>(sQ, qg, q_stride, q_valid, tid);
     cp_async_commit();
 #pragma unroll
@@ -239,11 +256,17 @@ __global__ void __launch_bounds__(128)
     for (int j = Local ? n_min : 0; j < n_blocks; ++j) {
         const T* sKs = sK + stage * Bc * D;
         const T* sVs = sV + stage * Bc * D;
+        if constexpr (Paged) {  // the row list of tile j+Stages-1 from the entry loaded during tile j-1's math
+            if (j + Stages - 1 < n_blocks) put_row(j + Stages - 1, next_page);
+        }
         cp_async_wait<Stages - 2>();  // all but the newest Stages-2 groups have landed: Q, K_j, V_j
         // one barrier per tile: tile j is visible to every warp, and every warp is done with tile j-1 (slot `fill`)
         __syncthreads();
         const int jn = j + Stages - 1;
         if (jn < n_blocks) load_kv(fill, jn);  // Alg. line 6 for tile j+Stages-1, overlapped with tiles j ..
+        if constexpr (Paged) {  // the next tile's entries, in flight during this tile's math
+            if (jn + 1 < n_blocks) next_page = page_of(jn + 1);
+        }
 
         cp_async_commit();  // always one group per iteration, so the wait count above stays exact
         stage = (stage + 1 == Stages) ? 0 : stage + 1;

@@ -56,20 +56,11 @@ def kernel_bytes(N: int, Nk: int, Br: int, Bc: int, causal: bool, window, d: int
     return read, N * d * b + N * STAT_BYTES
 
 
-def table_loads(N: int, Nk: int, Br: int, Bc: int, causal: bool, window, page_size: int, d: int) -> int:
-    """Block-table entries (4 B each) one head of one sequence loads in the paged kernel, thread by thread as
-    load_kv_paged does: a tile in one page (page_size a multiple of Bc): each of the 128 threads loads its entry;
-    otherwise each thread loads the entry of every real row of each of its 16-byte copies (rows idx // (d / 8) of
-    idx = it * 128 + tid)."""
-    chunks, n = d // 8, 0
-    for _, kv in visited(N, Nk, Br, Bc, causal, window):
-        for j in kv:
-            if page_size % Bc == 0:
-                n += 128
-                continue
-            real = min(Bc, Nk - j * Bc)
-            n += sum(1 for idx in range(Bc * chunks) if idx // chunks < real)
-    return n
+def table_loads(N: int, Nk: int, Br: int, Bc: int, causal: bool, window, page_size: int) -> int:
+    """Block-table entries (4 B each) one head of one sequence loads in the paged kernel, as page_of does: thread
+    tid < Bc loads the entry of key tid of each visited K/V tile, where that key is real."""
+    return sum(sum(1 for tid in range(128) if tid < Bc and j * Bc + tid < Nk)
+               for _, kv in visited(N, Nk, Br, Bc, causal, window) for j in kv)
 
 
 windows = st.one_of(st.none(), st.tuples(st.one_of(st.none(), st.integers(0, 300)),
@@ -127,7 +118,7 @@ def test_a_paged_cache_moves_the_packed_bytes_plus_the_block_table_entries_each_
     t = tiles(p, *tiles_, window=window, seqlens=lens, page_size=page)
     c = closed("flash2", p, t)
     assert without_peak(c) == without_peak(walk("flash2", p, t))
-    entries = sum(table_loads(n, nk, *tiles_, causal, window, page, d) for n, nk in lens) * p.heads
+    entries = sum(table_loads(n, nk, *tiles_, causal, window, page) for n, nk in lens) * p.heads
     assert c.kernels[0].global_read.get("block_table", 0) == 4 * entries
     assert c.global_read_bytes == packed.global_read_bytes + 4 * entries  # K, V, Q, O, lse: the packed call's
     assert c.global_write_bytes == packed.global_write_bytes and c.flops == packed.flops

@@ -222,13 +222,14 @@ def _run_flash2(c: _Call, block_q: int | None, block_kv: int | None, block_trace
     return (KernelLaunch(inst.name_expression, grid, block, smem),), {"block_q": block_q, "block_kv": block_kv}
 
 
-def flash_smem_checked(cp: Any, head_dim: int, block_q: int, block_kv: int, dtype: str) -> int:
-    """The flash2 kernel's shared memory per block, or SharedMemoryError where the device allows less."""
+def flash_smem_checked(cp: Any, head_dim: int, block_q: int, block_kv: int, dtype: str, paged: bool = False) -> int:
+    """The flash2 kernel's shared memory per block (``paged``: the paged kernel's), or SharedMemoryError where the
+    device allows less."""
     itemsize, limit = build.ITEMSIZE[dtype], _smem_limit(cp)
-    smem = launch.flash_smem_bytes(head_dim, block_q, block_kv, itemsize)
+    smem = launch.flash_smem_bytes(head_dim, block_q, block_kv, itemsize, paged)
     if smem > limit:
         terms = ", ".join(f"{n} {b} B" for n, b in launch.flash_smem_terms(head_dim, block_q, block_kv,
-                                                                          itemsize).items())
+                                                                          itemsize, paged).items())
         raise SharedMemoryError(f"block_q={block_q}, block_kv={block_kv}, head_dim={head_dim}, {dtype}: needs {smem} B "
                                 f"of shared memory per block ({terms}); this device allows {limit} B")
     return smem

@@ -283,7 +283,7 @@ def _launch(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask
             tiles: tuple[int, int, float]) -> LaunchRecord:
     """The varlen kernel on (q, k, v, o, lse); returns what it launched."""
     block_q, block_kv, scale = tiles
-    smem = flash_smem_checked(cp, s.head_dim, block_q, block_kv, s.dtype)
+    smem = flash_smem_checked(cp, s.head_dim, block_q, block_kv, s.dtype, batch.paged)
     inst = build.FlashInstance(s.head_dim, block_q, block_kv, s.dtype, mask.causal, mask.local, True, batch.paged)
     grid = geo.varlen_grid(batch.max_seqlen_q, s.heads, batch.batch, block_q)
     block, i32 = (launch.FLASH_THREADS, 1, 1), cp.int32

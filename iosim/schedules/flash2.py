@@ -27,9 +27,8 @@ N·w, not N²; ``seqlens``, packed sequences (varlen): a problem of batch 1 whos
 totals, each sequence tiled on its own (a ragged last Q block and K/V block at each sequence's end, nothing read
 or computed past it); ``page_size`` with ``seqlens``, chunked prefill against a paged KV cache (the kernel's Paged
 mode): each sequence's keys sit in pages of that many tokens, found through a block table (a row per sequence, as
-wide as the batch's most pages), K and V bytes as packed, plus the table's entries as the kernel reads them: where
-page_size is a multiple of Bc every thread reads the one entry of each K/V tile it loads (a tile lies in one page),
-otherwise each of the d/8 threads that copy a key row's 16-byte chunks reads that row's entry.
+wide as the batch's most pages), K and V bytes as packed, plus the table's entries as the kernel reads them: one
+thread per key of each visited K/V tile loads its page's entry (4 B), a tile ahead of the copies that use it.
 """
 
 from __future__ import annotations
@@ -49,7 +48,6 @@ SUMMARY = "FlashAttention-2: Q outer loop, O and statistics on chip, O written o
 STATS = ("lse",)
 WARPS = 4  # kernels/flash_fwd.cu's warps a thread block; its varlen kernel reads the lengths once a warp
 THREADS = 32 * WARPS
-CHUNK_BYTES = 16  # a cp.async copy: the paged kernel looks a row's page up once per copy
 
 # FlashAttention-2's forward tiles (Br, Bc) by head dim: csrc/flash_attn/src/flash_fwd_launch_template.h,
 # run_mha_fwd_hdim* for sm80/sm90 without dropout. The largest head dim <= the key is used.
@@ -189,7 +187,7 @@ def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int
     for j in x.order(range(lo, hi)):  # line 6
         k = block_rows(j, Bc, Nk).shifted(k0)
         if pages:
-            _table_reads(x, p, pages, Bc, block_rows(j, Bc, Nk))
+            _table_reads(x, pages, block_rows(j, Bc, Nk))
         K_j = x.load("K", k)  # line 7 (paged: K and V rows in the pages the table names, the same bytes)
         V_j = x.load("V", k)
         S_ij = x.scores(Q_i, K_j, q, k)  # line 8
@@ -199,22 +197,17 @@ def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int
     x.store("lse", q, L_i)  # line 15
 
 
-def _table_reads(x, p: AttentionProblem, pages: tuple[int, int], Bc: int, k: Rows) -> None:
+def _table_reads(x, pages: tuple[int, int], k: Rows) -> None:
     """The block-table entries the paged kernel reads to load keys ``k`` of a sequence (its row of the table starts
-    at entry ``pages[1]``): one entry per thread where the tile lies in one page, else one per 16-byte copy."""
+    at entry ``pages[1]``): one thread a key loads the entry of the key's page."""
     ps, row0 = pages
-    if ps % Bc == 0:
-        e = row0 + k.start // ps
-        x.broadcast("block_table", Rows(e, e + 1), THREADS)
-        return
-    copies = p.head_dim * p.elem_bytes // CHUNK_BYTES  # threads that copy one key row
     for e in range(k.start // ps, (k.stop - 1) // ps + 1):
-        rows = min(k.stop, (e + 1) * ps) - max(k.start, e * ps)
-        x.broadcast("block_table", Rows(row0 + e, row0 + e + 1), rows * copies)
+        keys = min(k.stop, (e + 1) * ps) - max(k.start, e * ps)
+        x.broadcast("block_table", Rows(row0 + e, row0 + e + 1), keys)
 
 
 def _table_sums(p: AttentionProblem, t: Flash2Tiles, N: int, Nk: int) -> tuple[int, int]:
-    """(entries loaded by all threads, entries held: one per broadcast) of one sequence's visited K/V tiles, as
+    """(entries loaded, entries held: one per page a tile's keys lie in) of one sequence's visited K/V tiles, as
     :func:`_table_reads` counts them."""
     lo, hi = kv_block_ranges(N, Nk, t.block_q, t.block_kv, p.causal, t.window)
     visits = np.zeros(cdiv(Nk, t.block_kv) + 1, dtype=np.int64)  # visits[j]: Q blocks that visit K/V tile j
@@ -225,12 +218,9 @@ def _table_sums(p: AttentionProblem, t: Flash2Tiles, N: int, Nk: int) -> tuple[i
     visits = np.cumsum(visits)[:-1]
     ps, Bc = t.page_size, t.block_kv
     j = np.arange(visits.size, dtype=np.int64)
-    if ps % Bc == 0:  # a tile in one page: every thread loads its entry
-        return int(visits.sum()) * THREADS, int(visits.sum())
-    rows = np.minimum((j + 1) * Bc, Nk) - j * Bc
-    pages = (np.minimum((j + 1) * Bc, Nk) - 1) // ps - (j * Bc) // ps + 1
-    copies = p.head_dim * p.elem_bytes // CHUNK_BYTES
-    return int((visits * rows).sum()) * copies, int((visits * pages).sum())
+    rows = np.minimum((j + 1) * Bc, Nk) - j * Bc  # keys of tile j: one entry loaded each
+    pages = (np.minimum((j + 1) * Bc, Nk) - 1) // ps - (j * Bc) // ps + 1  # pages they lie in: one held each
+    return int((visits * rows).sum()), int((visits * pages).sum())
 
 
 def shared_memory(p: AttentionProblem, t: Tiles) -> int:
