@@ -62,8 +62,9 @@ namespace iosim {
 // depth of the K/V cp.async ring; mirrored by iosim/gpu/build.py flash_stages() for the shared-memory budget
 __host__ __device__ constexpr int flash_stages(int D) { return D >= 256 ? 2 : 3; }
 
-// *p, read again: an asm load the compiler cannot merge with an earlier read of p, so a value found once before the
-// K/V loop is found again after it instead of living in a register across it (d = 128 sits at 255 registers)
+// *p by an asm volatile load: the compiler neither merges it with an earlier read of p (a value found once before the
+// K/V loop is found again after it instead of living in a register across it: d = 128 sits at 255 registers) nor
+// moves it past the asm around it (cp.async, ldmatrix, mma), so it issues where it is written
 __device__ __forceinline__ int ld_global_again(const int* p) {
     int x;
     asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(x) : "l"(p));
@@ -158,7 +159,8 @@ __global__ void __launch_bounds__(128)
     // names, which thread tid leaves in row list jj % kPagedRing
     auto page_of = [&](int jj) {
         const int t = jj * Bc + tid;
-        return (tid < Bc && t < n_k) ? __ldg(table + t / page_size) : 0;
+        // issued before the tile's math, used after it: ptxas would otherwise sink a plain load to its use
+        return (tid < Bc && t < n_k) ? ld_global_again(table + t / page_size) : 0;
     };
     auto put_row = [&](int jj, int page) {
         const int t = jj * Bc + tid;
