@@ -4,6 +4,7 @@
     compute-sanitizer --tool memcheck  python3 benchmarks/sanitize_varlen.py
     compute-sanitizer --tool racecheck python3 benchmarks/sanitize_varlen.py
     compute-sanitizer --tool synccheck python3 benchmarks/sanitize_varlen.py
+    compute-sanitizer --tool memcheck  python3 benchmarks/sanitize_varlen.py --paged  # the paged kernel alone
 
 Every varlen instantiation (each tile of iosim.launch.varlen's lists, plain, causal and windowed, fp16 and bf16),
 on packed sequences of lengths 0, 1, 37, 300 and 130 (keys 5, 1, 0, 333, 130: empty sequences, a sequence with keys
@@ -52,7 +53,8 @@ def main() -> int:
     cu = [np.concatenate([[0], np.cumsum(lens)]).astype(np.int32) for lens in (LENS_Q, LENS_K)]
     batch = gpu.varlen_batch(*cu)
     n = 0
-    for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):
+    paged_only = "--paged" in sys.argv[1:]
+    for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)) if not paged_only else ():
         for local, table in ((False, geo.FLASH_VARLEN_TILES), (True, geo.FLASH_LOCAL_TILES)):
             for d, tiles in table.items():
                 q, k, v = packed(cp, rng, dtype, d)
@@ -81,7 +83,7 @@ def main() -> int:
                     o, lse = gpu.attention_varlen(q, kc, vc, paged, causal=causal, window=window)
                     check(cp, o, lse, (d, "paged", page, causal, window))
                     n += 1
-    if cp.cuda.Device().compute_capability == "90":  # flash3's windows: dense batch, N != N_kv, 4:1 heads
+    if cp.cuda.Device().compute_capability == "90" and not paged_only:  # flash3's windows: dense batch, N != N_kv, 4:1 heads
         for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):
             for d in (64, 128, 256):
                 qd = cp.asarray(rng.standard_normal((2, 300, 8, d)).astype(np.float32)).astype(dtype)

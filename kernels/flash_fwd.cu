@@ -30,6 +30,9 @@
 // finds the cache row of key r of a tile (one block-table load, issued one K/V tile ahead so its latency hides under
 // the tile's math) and leaves it in a ring of 3 row lists in shared memory (kPagedRing, after the K/V ring), which
 // the 16-byte cp.async copies of K and V then read; a barrier between writing a list and reading it is the loop's.
+// Where page_size is a multiple of Bc a tile lies in one page: thread 0 alone finds its first row, and the copies run
+// as the contiguous kernel's from there (v1 looked every row up and ran 0.86-0.89x the contiguous cache at every
+// page size on an H100: +7% instructions, +6% cycles per instruction; docs/kernels.md).
 // Sliding window (template Local; runtime bounds left, right: FlashAttention's window_size): row i sees keys
 // i + off - left .. i + off + right (off = kv_len - seq_len; a causal window is right = 0). K/V tiles wholly outside
 // a Q tile's window are never loaded (the loop runs n_min .. n_max - 1); tiles partly outside take the mask pass,
@@ -157,20 +160,28 @@ __global__ void __launch_bounds__(128)
     const int* table = Paged ? block_table + (long long)b * table_stride : nullptr;
     // Paged: the block-table entry of key tid of tile jj (thread tid < Bc; 0 past the keys), and the cache row it
     // names, which thread tid leaves in row list jj % kPagedRing
+    const int finders = (Paged && page_size % Bc == 0) ? 1 : Bc;  // threads that find a tile's rows
     auto page_of = [&](int jj) {
         const int t = jj * Bc + tid;
         // issued before the tile's math, used after it: ptxas would otherwise sink a plain load to its use
-        return (tid < Bc && t < n_k) ? ld_global_again(table + t / page_size) : 0;
+        return (tid < finders && t < n_k) ? ld_global_again(table + t / page_size) : 0;
     };
     auto put_row = [&](int jj, int page) {
         const int t = jj * Bc + tid;
-        if (tid < Bc) sRows[(jj % kPagedRing) * Bc + tid] = page * page_size + t % page_size;
+        if (tid < finders) sRows[(jj % kPagedRing) * Bc + tid] = page * page_size + t % page_size;
     };
     // Alg. line 7: K_j, V_j into ring slot `slot` (contiguous rows, or the pages of a paged cache)
     auto load_kv = [&](int slot, int jj) {
         if constexpr (Paged) {
-            load_kv_paged<Bc, D, kThreads>(sK + slot * Bc * D, sV + slot * Bc * D, kg, vg, kv_stride,
-                                           sRows + (jj % kPagedRing) * Bc, n_k - jj * Bc, tid);
+            const int* rows = sRows + (jj % kPagedRing) * Bc;
+            if (finders == 1) {  // one page: Bc consecutive rows from rows[0]
+                const long long off = (long long)rows[0] * kv_stride;
+                load_tile_async<Bc, D, kThreads>(sK + slot * Bc * D, kg + off, kv_stride, n_k - jj * Bc, tid);
+                load_tile_async<Bc, D, kThreads>(sV + slot * Bc * D, vg + off, kv_stride, n_k - jj * Bc, tid);
+            } else {
+                load_kv_paged<Bc, D, kThreads>(sK + slot * Bc * D, sV + slot * Bc * D, kg, vg, kv_stride, rows,
+                                               n_k - jj * Bc, tid);
+            }
         } else {
             const long long off = (long long)jj * Bc * kv_stride;
             load_tile_async<Bc, D, kThreads>(sK + slot * Bc * D, kg + off, kv_stride, n_k - jj * Bc, tid);

@@ -27,8 +27,10 @@ N·w, not N²; ``seqlens``, packed sequences (varlen): a problem of batch 1 whos
 totals, each sequence tiled on its own (a ragged last Q block and K/V block at each sequence's end, nothing read
 or computed past it); ``page_size`` with ``seqlens``, chunked prefill against a paged KV cache (the kernel's Paged
 mode): each sequence's keys sit in pages of that many tokens, found through a block table (a row per sequence, as
-wide as the batch's most pages), K and V bytes as packed, plus the table's entries as the kernel reads them: one
-thread per key of each visited K/V tile loads its page's entry (4 B), a tile ahead of the copies that use it.
+wide as the batch's most pages), K and V bytes as packed, plus the table's entries as the kernel reads them, a tile
+ahead of the copies that use them: where page_size is a multiple of Bc one thread loads the tile's one entry;
+otherwise one thread a key loads its page's entry, and the load instruction moves each distinct entry of a warp's 32
+keys once (4 B; what Nsight Compute's SASS counter measured for these loads, docs/validation.md).
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int
     for j in x.order(range(lo, hi)):  # line 6
         k = block_rows(j, Bc, Nk).shifted(k0)
         if pages:
-            _table_reads(x, pages, block_rows(j, Bc, Nk))
+            _table_reads(x, pages, Bc, block_rows(j, Bc, Nk))
         K_j = x.load("K", k)  # line 7 (paged: K and V rows in the pages the table names, the same bytes)
         V_j = x.load("V", k)
         S_ij = x.scores(Q_i, K_j, q, k)  # line 8
@@ -197,13 +199,15 @@ def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int
     x.store("lse", q, L_i)  # line 15
 
 
-def _table_reads(x, pages: tuple[int, int], k: Rows) -> None:
-    """The block-table entries the paged kernel reads to load keys ``k`` of a sequence (its row of the table starts
-    at entry ``pages[1]``): one thread a key loads the entry of the key's page."""
+def _table_reads(x, pages: tuple[int, int], Bc: int, k: Rows) -> None:
+    """The block-table entries the paged kernel reads to load keys ``k`` (a K/V tile) of a sequence (its row of the
+    table starts at entry ``pages[1]``): the tile's one entry where it lies in one page, else each warp's distinct
+    entries (a warp finds the pages of 32 keys)."""
     ps, row0 = pages
     for e in range(k.start // ps, (k.stop - 1) // ps + 1):
-        keys = min(k.stop, (e + 1) * ps) - max(k.start, e * ps)
-        x.broadcast("block_table", Rows(row0 + e, row0 + e + 1), keys)
+        lo, hi = max(k.start, e * ps), min(k.stop, (e + 1) * ps)  # keys of the tile in page e
+        warps = 1 if ps % Bc == 0 else (hi - 1) // 32 - lo // 32 + 1  # (the tile starts at a multiple of 32)
+        x.broadcast("block_table", Rows(row0 + e, row0 + e + 1), warps)
 
 
 def _table_sums(p: AttentionProblem, t: Flash2Tiles, N: int, Nk: int) -> tuple[int, int]:
@@ -218,9 +222,16 @@ def _table_sums(p: AttentionProblem, t: Flash2Tiles, N: int, Nk: int) -> tuple[i
     visits = np.cumsum(visits)[:-1]
     ps, Bc = t.page_size, t.block_kv
     j = np.arange(visits.size, dtype=np.int64)
-    rows = np.minimum((j + 1) * Bc, Nk) - j * Bc  # keys of tile j: one entry loaded each
-    pages = (np.minimum((j + 1) * Bc, Nk) - 1) // ps - (j * Bc) // ps + 1  # pages they lie in: one held each
-    return int((visits * rows).sum()), int((visits * pages).sum())
+    end = np.minimum((j + 1) * Bc, Nk)  # one past tile j's last key
+    pages = (end - 1) // ps - (j * Bc) // ps + 1  # the pages its keys lie in: one held each
+    if ps % Bc == 0:  # one page a tile: one entry loaded
+        return int(visits.sum()), int(visits.sum())
+    loads = np.zeros_like(j)
+    for w in range(cdiv(Bc, 32)):  # warp w finds keys 32 w .. 32 w + 31 of the tile: its distinct pages
+        first = j * Bc + 32 * w
+        last = np.minimum(first + 32, end) - 1
+        loads += np.where(first < end, last // ps - first // ps + 1, 0)
+    return int((visits * loads).sum()), int((visits * pages).sum())
 
 
 def shared_memory(p: AttentionProblem, t: Tiles) -> int:
