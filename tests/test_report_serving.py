@@ -19,6 +19,7 @@ def test_the_section_draws_decode_varlen_and_window_figures_per_gpu_and_mla_once
     assert "fig-serving-window-h100" in html and "fig-serving-window-h200" in html and "fig-serving-mla" in html
     assert "fig-serving-varlen-h100" in html and "fig-serving-varlen-h200" in html
     assert "Varlen and sliding windows" in html and "pages of 16" in html
+    assert html.count("contiguous cache (chunked prefill on pages)") == 6 * len(serving.GPUS)  # the paged rows
 
 
 def test_a_windows_bytes_grow_with_it_under_full_attentions_and_the_benchmarks_rows_are_drawn():

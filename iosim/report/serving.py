@@ -89,10 +89,15 @@ def _varlen_table(rows: list[dict]) -> str:
     head = ("<tr><th>against</th><th>case</th><th>d</th><th>causal</th><th>ours</th><th>ours ms</th><th>peer ms</th>"
             "<th>peer ÷ ours</th></tr>")
     body = []
+    peers = {"padded": ("padded batch", "padded_ms", "padded_over_ours"), "flex": ("FlexAttention", "flex_ms",
+                                                                                 "ours_over_flex"),
+             "paged": ("contiguous cache (chunked prefill on pages)", "contiguous_ms", "contiguous_over_ours")}
     for r in rows:
-        padded = r["part"] == "padded"
-        peer_ms, ratio = (r["padded_ms"], r["padded_over_ours"]) if padded else (r["flex_ms"], r["ours_over_flex"])
-        body.append(f"<tr><td>{'padded batch' if padded else 'FlexAttention'}</td><td>{html.escape(r['case'])}</td>"
+        if r["part"] not in peers:
+            continue
+        against, ms_key, ratio_key = peers[r["part"]]
+        peer_ms, ratio = r[ms_key], r[ratio_key]
+        body.append(f"<tr><td>{against}</td><td>{html.escape(r['case'])}</td>"
                     f"<td>{r['d']}</td><td>{r['causal']}</td><td>{html.escape(r.get('schedule') or 'flash2')}</td>"
                     f"<td>{float(r['ours_ms']):.4f}</td>"
                     f"<td>{float(peer_ms):.4f}</td><td>{float(ratio):.2f}×</td></tr>")
