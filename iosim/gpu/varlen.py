@@ -121,7 +121,6 @@ def varlen_batch(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int | None 
                        int(page_size or 0), max_page)
 
 
-
 def paged_kv(k: Any, v: Any, cu_seqlens_k: Any, page_size: int, *, seed: int | None = None) -> tuple[Any, Any, Any]:
     """Copy packed keys and values (total_k, kv_heads, head_dim) into a paged cache: returns (k_pages, v_pages,
     block_table), the pages (num_pages, page_size, kv_heads, head_dim) as k's array type (CuPy or torch) and the
@@ -192,7 +191,7 @@ def _tiles(s: vi.VarlenShapes, mask: geo.Mask, options: AttentionOptions, schedu
         return tiles
     if bq is None:
         return geo.FLASH_PAGED_TILES[s.head_dim] if paged else geo.varlen_default_tiles(s.head_dim, mask.local)
-    tiles = geo.varlen_paged_tiles(s.head_dim, mask.local) if paged else geo.varlen_tiles(s.head_dim, mask.local)
+    tiles = (geo.FLASH_PAGED_TILES[s.head_dim],) if paged else geo.varlen_tiles(s.head_dim, mask.local)
     if (bq, bkv) not in tiles:
         raise AttentionInputError(f"(block_q, block_kv)=({bq!r}, {bkv!r}) is not compiled for attention_varlen at "
                                   f"head_dim={s.head_dim}{' with a window' if mask.local else ''}"
@@ -221,7 +220,7 @@ def attention_varlen(q: Any, k: Any, v: Any, seqlens: Any, *, causal: bool = Fal
     cu_seqlens_k[b + 1] - 1 of k and v; lengths may be 0. A batch made with a block table (chunked prefill): k and v
     are its paged cache, (num_pages, page_size, kv_heads, head_dim), and sequence b's keys are the first
     cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens of its pages; causal puts its queries at the end of them (a chunk
-    of new tokens whose keys the cache already holds). schedule "flash2" only; tiles fixed per head dim and mask
+    of new tokens whose keys the cache already holds). schedule "flash2" only, one tile per head dim
     (:data:`iosim.launch.varlen.FLASH_PAGED_TILES`).
     causal: query i of a sequence (n queries, n_k keys) sees keys j <= i + n_k - n (bottom-right). window: (left,
     right), FlashAttention's window_size: query i sees keys i + n_k - n - left .. i + n_k - n + right, each bound an

@@ -26,7 +26,7 @@ FLASH_LOCAL_TILES: dict[int, tuple[tuple[int, int], ...]] = {32: ((128, 64),), 6
                                                              128: ((64, 64),), 256: FLASH_TILES[256]}
 
 # The paged kernel's one tile per head dim (chunked prefill, varlen queries against a paged KV cache): the windowed
-# kernel's, as at d = 128 the table lookups spill 128 x 32 on sm_80 and sm_90 too (12-44 B at 255 registers).
+# kernel's, as at d = 128 the table lookups spill 128 x 32 on sm_80 and sm_90 too (8-44 B at 255 registers).
 FLASH_PAGED_TILES: dict[int, tuple[int, int]] = {d: tiles[0] if d != 128 else (64, 64)
                                                  for d, tiles in FLASH_LOCAL_TILES.items()}
 
@@ -72,11 +72,6 @@ def varlen_default_tiles(head_dim: int, local: bool) -> tuple[int, int]:
     """The dense kernel's default tile where the varlen kernel has it, else its first."""
     tiles = varlen_tiles(head_dim, local)
     return FLASH_DEFAULT_TILES[head_dim] if FLASH_DEFAULT_TILES[head_dim] in tiles else tiles[0]
-
-
-def varlen_paged_tiles(head_dim: int, local: bool) -> tuple[tuple[int, int], ...]:
-    """The (block_q, block_kv) the paged kernel (chunked prefill against a paged cache) takes, window or not."""
-    return (FLASH_PAGED_TILES[head_dim],)
 
 
 def varlen_grid(max_seqlen_q: int, heads: int, batch: int, block_q: int) -> tuple[int, int, int]:

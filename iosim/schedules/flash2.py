@@ -49,7 +49,6 @@ NAME = "flash2"
 SUMMARY = "FlashAttention-2: Q outer loop, O and statistics on chip, O written once, causal block skipping"
 STATS = ("lse",)
 WARPS = 4  # kernels/flash_fwd.cu's warps a thread block; its varlen kernel reads the lengths once a warp
-THREADS = 32 * WARPS
 
 # FlashAttention-2's forward tiles (Br, Bc) by head dim: csrc/flash_attn/src/flash_fwd_launch_template.h,
 # run_mha_fwd_hdim* for sm80/sm90 without dropout. The largest head dim <= the key is used.
