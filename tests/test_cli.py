@@ -80,6 +80,9 @@ def test_simulate_gqa_grouped_counts_iosims_backward_kernel_and_refuses_the_forw
     (["simulate", "flash2", "--seq-len", "64", "--window", "1,2,3"], "expected LEFT,RIGHT"),
     (["simulate", "flash2", "--seq-len", "64", "--causal", "--window", "8,1"], "causal means right = 0"),
     (["simulate", "naive", "--seq-len", "64", "--window", "8,0"], "naive takes no window"),
+    (["simulate", "flash2", "--seq-len", "64", "--seqlens", "32:64:1"], "expected N or Q:K"),
+    (["simulate", "flash2", "--seq-len", "64", "--seqlens", "32,16"], "seq_len=48 and kv_len=48, the packed totals"),
+    (["simulate", "flash2", "--seq-len", "64", "--page-size", "16"], "page_size=16 without seqlens"),
 ])
 def test_bad_input_gets_one_line_and_exit_code_2(args, fragment):
     out = run(*args)
@@ -156,6 +159,18 @@ def test_progress_bar_is_silent_before_its_delay_and_draws_after_it():
         with ProgressBar(stream=out, delay=delay) as bar:
             simulate("flash2", p, "h200-sxm-141gb", l2=True, l2_progress=bar)
         assert (out.getvalue() != "") == drawn, (delay, out.getvalue()[:80])
+
+
+def test_simulate_takes_packed_sequences_and_a_paged_cache_as_the_api_does():
+    """--seqlens N|Q:K,... and --page-size count what simulate(..., seqlens=..., page_size=...) counts."""
+    out = run("simulate", "flash2", "--seq-len", "1100", "--kv-len", "5100", "--heads", "4", "--kv-heads", "2",
+              "--dtype", "bf16", "--causal", "--seqlens", "100,1000:5000", "--page-size", "16", "--no-l2", "--json")
+    assert out.returncode == 0, out.stderr
+    j = json.loads(out.stdout)
+    p = AttentionProblem(seq_len=1100, kv_len=5100, heads=4, kv_heads=2, dtype="bf16", causal=True)
+    api = simulate("flash2", p, seqlens=[(100, 100), (1000, 5000)], page_size=16, l2=False).to_json()
+    assert j["traffic"] == api["traffic"] and j["tiles_by_pass"]["forward"]["page_size"] == 16
+    assert j["tiles_by_pass"]["forward"]["seqlens"] == [[100, 100], [1000, 5000]]
 
 
 def test_simulate_takes_a_sliding_window_as_the_api_does():

@@ -51,6 +51,9 @@ def test_a_thin_regime_falls_back_to_the_kernels_rows_and_an_unrecorded_profile_
     # decode (one query row against 4,096 keys) is its own regime; on p2 it has 1 row: p2's kernel rows
     assert uncertainty.regime("k", 1, 4096, False) == "decode"
     assert uncertainty.regime("k-bwd", 1, 4096, False) == "non-causal"  # a backward is never decode
+    assert uncertainty.regime("k", 1, 4096, False, packed=True) == "varlen"
+    assert uncertainty.regime("k", 1, 4096, False, packed=True, paged=True) == "paged"  # chunked prefill on pages
+    assert uncertainty.regime("k", 1, 4096, False, paged=True) == "decode"  # a paged decode is decode
     none = uncertainty.band("other-kernel", "p1", AttentionProblem(seq_len=512, head_dim=64), 1.0, fake_record)
     assert (none.low_s, none.high_s, none.group, none.rows) == (None, None, uncertainty.NO_RECORD, 0)
 

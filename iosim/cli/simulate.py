@@ -76,6 +76,28 @@ class Window(click.ParamType):
         return tuple(None if x.lower() in ("none", "") else COUNT.convert(x, param, ctx) for x in parts)
 
 
+class SeqLens(click.ParamType):
+    """Packed sequences separated by commas, each ``N`` (self-attention: N queries and N keys) or ``Q:K``
+    (``512:4096,1024:8192``: chunks of new tokens against the keys in a cache)."""
+
+    name = "n|q:k,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        out = []
+        for part in (x for x in str(value).replace(" ", "").split(",") if x):
+            sides = part.split(":")
+            if len(sides) not in (1, 2):
+                self.fail(f"{part!r}: expected N or Q:K (queries:keys), e.g. 512:4096", param, ctx)
+            q, k = (COUNT.convert(x, param, ctx) for x in (sides * 2)[:2]) if len(sides) == 1 else \
+                (COUNT.convert(x, param, ctx) for x in sides)
+            out.append((q, k))
+        if not out:
+            self.fail(f"{value!r}: expected each sequence's length, e.g. 512:4096,1024:8192", param, ctx)
+        return out
+
+
 def problem_options(f):
     """The attention-problem flags, shared by every command that takes a problem."""
     opts = [
@@ -111,8 +133,12 @@ def problem_options(f):
               help="flash-decoding --kernel iosim-decode: keys of each sequence, comma-separated, one per sequence, "
                    "each at most --kv-len (a ragged batch) [default: every sequence --kv-len long]")
 @click.option("--page-size", type=COUNT, default=None,
-              help="flash-decoding --kernel iosim-decode: tokens per page of a paged KV cache, a multiple of 16 "
+              help="flash-decoding --kernel iosim-decode: tokens per page of a paged KV cache, a multiple of 16; "
+                   "flash2 with --seqlens: the sequences' keys in a paged cache (chunked prefill), any size "
                    "[default: a contiguous cache]")
+@click.option("--seqlens", type=SeqLens(), default=None,
+              help="flash2, flash3 forward: packed sequences (varlen), comma-separated, each N or Q:K (queries:keys); "
+                   "the problem is batch 1 of their totals (--seq-len, --kv-len) [default: the dense batch]")
 @click.option("--density", type=float, default=None,
               help="block-sparse: fraction of non-zero blocks of a drawn mask [default: 1]")
 @click.option("--mask", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -142,7 +168,7 @@ def problem_options(f):
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
 def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, use_l2, as_json,
                  l2_exact=False, kernel=None, warm=False, gqa=None, kv_lens=None, page_size=None, window=None,
-                 run="record", **problem_kw):
+                 seqlens=None, run="record", **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time.
 
     With a CPU profile (``iosim profiles list``, or a file with ``kind: cpu``), the boundaries are the CPU's
@@ -152,7 +178,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
         gpu_only = {"--method walk": method != "closed", "--pass": pass_ != "forward", "--splits": splits,
                     "--density": density, "--mask": mask, "--seed": seed, "--l2-exact": l2_exact, "--kernel": kernel,
                     "--warm": warm, "--gqa": gqa, "--kv-lens": kv_lens, "--page-size": page_size, "--window": window,
-                    "--run": run != "record"}
+                    "--seqlens": seqlens, "--run": run != "record"}
         given = [k for k, v in gpu_only.items() if v]
         if given:
             raise click.UsageError(f"{', '.join(given)}: not for a CPU profile ({profile}); the CPU model takes the "
@@ -164,7 +190,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
         result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
                           pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, l2=use_l2,
                           l2_exact=l2_exact, l2_progress=bar, kernel=kernel, warm=warm, kv_lens=kv_lens,
-                          page_size=page_size, window=window, run=run)
+                          page_size=page_size, window=window, seqlens=seqlens, run=run)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:

@@ -130,8 +130,9 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
         power = None  # fp8's energy per FLOP, so its power, is not measured in this calibration
     out, clocks = clock.limited(at_start, power, lambda f, t: _energy(work, t, desc.family, profile, at_start, f), run)
     total = sum(k.predicted_s for k in out)
+    layout = uncertainty.Layout(windowed, bool(packed), bool(getattr(work.tiles, "page_size", None)))
     band = _band(desc.name if _is_builtin(desc) else "", profile, problem, total, r.calibration != "uncalibrated",
-                 windowed, bool(packed))
+                 layout)
     joules = clocks.joules if clocks is not None else _energy(work, total, desc.family, profile, out)
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
                         calibration=r.calibration, dram_free=dram_free, uncertainty=band, energy_j=joules,
@@ -177,12 +178,11 @@ def _is_builtin(desc: KernelDesc) -> bool:
 
 
 def _band(kernel: str, profile: Profile, problem: AttentionProblem, predicted_s: float,
-          calibrated: bool, windowed: bool = False, packed: bool = False) -> uncertainty.Uncertainty:
+          calibrated: bool, layout: uncertainty.Layout = uncertainty.DENSE) -> uncertainty.Uncertainty:
     """The records' band around ``predicted_s`` (:mod:`iosim.timing.uncertainty`); "no record" for a kernel the
-    records do not time, or rates that were not measured; ``windowed``: a sliding window's call, ``packed``: packed
-    sequences (each its own regime)."""
-    return uncertainty.band(kernel, profile.name, problem, predicted_s, calibrated=calibrated, windowed=windowed,
-                            packed=packed)
+    records do not time, or rates that were not measured; ``layout``: a sliding window's call, packed sequences,
+    packed sequences on a paged cache (each its own regime)."""
+    return uncertainty.band(kernel, profile.name, problem, predicted_s, calibrated=calibrated, layout=layout)
 
 
 def _backward_times(c: Conditions, work: Workload) -> list[KernelTime]:

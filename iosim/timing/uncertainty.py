@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 from .._resources import data_dir
 from .estimate import Uncertainty
@@ -42,15 +43,29 @@ ALL = "all regimes"
 NO_RECORD = "no record"
 UNCALIBRATED = "no record for datasheet rates"
 
-__all__ = ["ALL", "NO_RECORD", "POOLED", "UNCALIBRATED", "band", "groups", "quantile", "record_kernel", "regime",
-           "table"]
+__all__ = ["ALL", "DENSE", "NO_RECORD", "POOLED", "UNCALIBRATED", "Layout", "band", "groups", "quantile", "record_kernel",
+           "regime", "table"]
 
 
-def regime(kernel: str, seq_len: int, kv_len: int, causal: bool, windowed: bool = False, packed: bool = False) -> str:
-    """``varlen`` (packed sequences), ``window`` (a sliding window's call), ``decode`` (a short forward against a
-    longer K/V), ``causal`` or ``non-causal``."""
+class Layout(NamedTuple):
+    """How a call lays its keys out, where that makes a regime of its own: a sliding window, packed sequences, and
+    packed sequences whose keys are in a paged cache."""
+
+    windowed: bool = False
+    packed: bool = False
+    paged: bool = False
+
+
+DENSE = Layout()  # the dense batch: no window, no packed sequences
+
+
+def regime(kernel: str, seq_len: int, kv_len: int, causal: bool, windowed: bool = False, packed: bool = False,
+           paged: bool = False) -> str:
+    """``paged`` (packed sequences whose keys are in a paged cache: chunked prefill), ``varlen`` (packed sequences),
+    ``window`` (a sliding window's call), ``decode`` (a short forward against a longer K/V), ``causal`` or
+    ``non-causal``."""
     if packed:
-        return "varlen"
+        return "paged" if paged else "varlen"
     if windowed:
         return "window"
     if not kernel.endswith("-bwd") and seq_len <= DECODE_MAX_ROWS and seq_len < kv_len:
@@ -84,7 +99,8 @@ def groups(folder: str | None = None) -> dict[tuple[str, str, str], tuple[float,
                     continue
                 ratio = float(r["measured_s"]) / float(r["predicted_s"])
                 reg = regime(r["kernel"], int(r["seq_len"]), int(r["kv_len"] or r["seq_len"]),
-                             r["causal"].strip().lower() == "true", bool(r.get("window")), bool(r.get("seqlens")))
+                             r["causal"].strip().lower() == "true", bool(r.get("window")), bool(r.get("seqlens")),
+                             bool(r.get("page_size")))
                 kernel = record_kernel(r["kernel"], r.get("dtype"))
                 for scope in (r["profile"], POOLED):
                     for g in (reg, ALL):
@@ -97,7 +113,7 @@ def _profiles(folder: str | None) -> list[str]:
 
 
 def band(kernel: str, profile: str, problem, predicted_s: float, folder: str | None = None,
-         calibrated: bool = True, windowed: bool = False, packed: bool = False) -> Uncertainty:
+         calibrated: bool = True, layout: Layout = DENSE) -> Uncertainty:
     """The band of ``predicted_s`` for ``kernel`` on ``profile`` (a name) and ``problem`` (seq_len, kv_len,
     causal; dtype, where given: fp8 takes the kernel's fp8 rows): that profile's record if it has one, else all
     records pooled; the regime's rows, else the kernel's.
@@ -108,7 +124,7 @@ def band(kernel: str, profile: str, problem, predicted_s: float, folder: str | N
     recorded = _profiles(folder)
     scope = profile if profile in recorded else POOLED
     device = profile if scope == profile else f"{POOLED}: {', '.join(recorded)}"
-    reg = regime(kernel, problem.seq_len, problem.kv_len, problem.causal, windowed, packed)
+    reg = regime(kernel, problem.seq_len, problem.kv_len, problem.causal, *layout)
     kernel = record_kernel(kernel, getattr(problem, "dtype", None))
     for key in ((scope, kernel, reg), (scope, kernel, ALL)):
         ratios = g.get(key, ())
