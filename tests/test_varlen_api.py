@@ -155,6 +155,8 @@ def test_max_seqlen_q_defaults_to_the_longest_and_may_not_be_shorter():
 @pytest.mark.parametrize("shapes,dtypes,error,match", [
     (((2, 10, 4, 64), (12, 2, 64), (12, 2, 64)), "float16", AttentionInputError, r"q: shape \(2, 10, 4, 64\) has 4 dims; "
      r"expected 3 dims \(total_q, heads, head_dim\)"),
+    (((10, 4, 64), (3, 16, 2, 64), (3, 16, 2, 64)), "float16", AttentionInputError, r"k: shape \(3, 16, 2, 64\) has 4 "
+     r"dims; .* or, for k and v, a paged cache through gpu.varlen_batch\(..., block_table=..., page_size=...\)"),
     (((10, 4, 64), (12, 2, 64), (12, 3, 64)), "float16", AttentionInputError, r"v: shape \(12, 3, 64\) differs"),
     (((10, 4, 64), (12, 3, 64), (12, 3, 64)), "float16", AttentionInputError, r"kv_heads=3 does not divide"),
     (((10, 4, 48), (12, 2, 48), (12, 2, 48)), "float16", AttentionInputError, r"head_dim=48 is not supported"),

@@ -72,8 +72,11 @@ class VarlenShapes:
 def _shape3(shape: Any, name: str, dims: str) -> tuple[int, int, int]:
     shape = tuple(int(s) for s in shape)
     if len(shape) != 3:
+        paged = " or, for k and v, a paged cache through gpu.varlen_batch(..., block_table=..., page_size=...)" \
+            if name != "q" and len(shape) == 4 else ""
         raise AttentionInputError(f"{name}: shape {shape} has {len(shape)} dims; expected 3 dims {dims} (packed "
-                                  "sequences; a (batch, seq_len, heads, head_dim) batch is iosim.gpu.attention's)")
+                                  f"sequences; a (batch, seq_len, heads, head_dim) batch is iosim.gpu.attention's"
+                                  f"{paged})")
     if any(s < 1 for s in shape):
         raise AttentionInputError(f"{name}: shape {shape} has an empty dimension; expected all >= 1")
     return shape  # type: ignore[return-value]
