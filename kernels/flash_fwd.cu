@@ -31,8 +31,8 @@
 // the tile's math) and leaves it in a ring of 3 row lists in shared memory (kPagedRing, after the K/V ring), which
 // the 16-byte cp.async copies of K and V then read; a barrier between writing a list and reading it is the loop's.
 // Where page_size is a multiple of Bc a tile lies in one page: thread 0 alone finds its first row, and the copies run
-// as the contiguous kernel's from there (v1 looked every row up and ran 0.86-0.89x the contiguous cache at every
-// page size on an H100: +7% instructions, +6% cycles per instruction; docs/kernels.md).
+// as the contiguous kernel's from there. Measured (H100, H200): 0.85-0.90x the contiguous cache on the same tiles,
+// page size and placement alike (the first versions: 0.61-0.89x); the cause of the rest is open (docs/kernels.md).
 // Sliding window (template Local; runtime bounds left, right: FlashAttention's window_size): row i sees keys
 // i + off - left .. i + off + right (off = kv_len - seq_len; a causal window is right = 0). K/V tiles wholly outside
 // a Q tile's window are never loaded (the loop runs n_min .. n_max - 1); tiles partly outside take the mask pass,
