@@ -242,6 +242,34 @@ def test_a_paged_cache_has_the_batchs_pages_and_every_page_the_table_names():
             vi.check_paged_cache(*shapes, page, max_page)
 
 
+@pytest.mark.parametrize("seed", [None, 7])
+def test_paged_kv_puts_every_key_in_the_slot_its_table_names_and_zeros_the_rest(seed):
+    lens = [0, 1, 47, 48, 130]
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    k = np.random.default_rng(0).standard_normal((cu[-1], 2, 8)).astype(np.float32)
+    kc, vc, table = gpu.paged_kv(k, -k, cu, 48, seed=seed)
+    assert kc.shape == (1 + 1 + 1 + 3, 48, 2, 8) and table.shape == (5, 3) and table.dtype == np.int32
+    filled = np.zeros(kc.shape[:2], dtype=bool)
+    for b, n in enumerate(lens):
+        pages = table[b, : -(-n // 48)]
+        assert len(set(pages.tolist())) == len(pages)  # a sequence's pages are its own
+        for t in range(n):
+            assert np.array_equal(kc[pages[t // 48], t % 48], k[cu[b] + t])
+            filled[pages[t // 48], t % 48] = True
+    assert filled.sum() == cu[-1] and not kc[~filled].any() and np.array_equal(vc, -kc)
+    checked, max_page = vi.check_page_table(table, np.array(lens), 48)  # the table the batch takes as it is
+    assert max_page == kc.shape[0] - 1 and (checked[table >= 0] == table[table >= 0]).all()
+    assert (table[4].tolist() == [3, 4, 5]) == (seed is None)  # sequence order, or drawn at random
+
+
+def test_paged_kv_refuses_a_page_size_and_lengths_that_do_not_fit():
+    k = np.zeros((10, 1, 8), dtype=np.float32)
+    with pytest.raises(AttentionInputError, match="page_size=0"):
+        gpu.paged_kv(k, k, [0, 10], 0)
+    with pytest.raises(AttentionInputError, match=r"cu_seqlens_k\[-1\] = 9 rows"):
+        gpu.paged_kv(k, k, [0, 9], 16)
+
+
 def test_the_paged_kernel_is_compiled_once_per_head_dim_dtype_and_mask_at_tiles_that_do_not_spill():
     paged = [i for i in build.flash_instances() if i.paged]
     assert len(paged) == 3 * len(geo.FLASH_PAGED_TILES) * 2  # plain, causal, window

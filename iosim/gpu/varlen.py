@@ -123,9 +123,9 @@ def varlen_batch(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int | None 
 
 def paged_kv(k: Any, v: Any, cu_seqlens_k: Any, page_size: int, *, seed: int | None = None) -> tuple[Any, Any, Any]:
     """Copy packed keys and values (total_k, kv_heads, head_dim) into a paged cache: returns (k_pages, v_pages,
-    block_table), the pages (num_pages, page_size, kv_heads, head_dim) as k's array type (CuPy or torch) and the
-    table (batch, max_pages) int32 on the host, each sequence in ceil(n / page_size) pages of its own (the rest of
-    its last page zero). ``seed``: pages in a random order drawn from it (as a serving engine's allocator leaves
+    block_table), the pages (num_pages, page_size, kv_heads, head_dim) as k's array type (CuPy, torch or NumPy)
+    and the table (batch, max_pages) int32 on the host, each sequence in ceil(n / page_size) pages of its own (the
+    rest of its last page zero). ``seed``: pages in a random order drawn from it (as a serving engine's allocator leaves
     them); None: in sequence order. For tests and benchmarks of :func:`varlen_batch`'s paged mode."""
     cu = vi.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)) or page_size < 1:
@@ -145,7 +145,10 @@ def paged_kv(k: Any, v: Any, cu_seqlens_k: Any, page_size: int, *, seed: int | N
         t = np.arange(n)
         src[pages[t // page_size] * page_size + t % page_size] = cu[b] + t
     torch = torch_of(k)
-    xp_index = (lambda a: torch.as_tensor(a, device=k.device)) if torch is not None else require_cupy().asarray
+    if torch is not None:
+        xp_index = lambda a: torch.as_tensor(a, device=k.device)  # noqa: E731
+    else:
+        xp_index = np.asarray if isinstance(k, np.ndarray) else require_cupy().asarray
     idx, empty = xp_index(np.maximum(src, 0)), xp_index(src < 0)
     out = []
     for x in (k, v):
