@@ -139,10 +139,10 @@ def test_the_paged_l2_model_adds_the_block_tables_live_sectors_once():
     t = tiles(p, 64, 64, seqlens=seqs, page_size=16)  # rows of 119 entries: 63 + 119 + 7 live
     assert t.table_width == 119
     # live entries 0-62, 119-237, 238-244: sectors of 8 entries 0-7, 14-29 and 29-30
-    assert table_sectors(t) == 8 + 16 + 1
+    assert table_sectors(t, 32) == 8 + 16 + 1
     plain = simulate("flash2", p, seqlens=seqs, block_q=64, block_kv=64)
     paged = simulate("flash2", p, seqlens=seqs, block_q=64, block_kv=64, page_size=16)
-    assert paged.hbm_read[0] == plain.hbm_read[0] + 32 * table_sectors(t)
+    assert paged.hbm_read[0] == plain.hbm_read[0] + 32 * table_sectors(t, 32)
     with pytest.raises(ScheduleError, match="page_size=16 without seqlens"):
         simulate("flash2", p, page_size=16)
     with pytest.raises(ScheduleError, match="page_size=0"):

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import cdiv, kv_block_range
+from ..hardware.gpu import get_profile
 from ..launch import launch_model
 from ..problem import AttentionProblem
 from ..schedules import Tiles
-from ..schedules.decode_layout import SECTOR as SECTOR_BYTES
 from ..schedules.flash2 import Flash2Tiles
 from .atoms import atomize
 from .model import PROFILE_INPUTS, L2Inputs, WalkOptions, _run
@@ -125,19 +125,20 @@ def packed_dram(problem: AttentionProblem, tiles: Flash2Tiles, profile, walk: Wa
     text = (f"l2-lru over the varlen grid walked as one program (every head of every sequence in launch order): "
             f"{r.describe()}; L2 flushed before the kernel, dirty lines left at the end not written "
             "(Nsight Compute's conditions); iosim.l2.packed")
-    table = table_sectors(tiles) * SECTOR_BYTES
+    sector = int(get_profile(profile).require("l2.sector_size"))
+    table = table_sectors(tiles, sector) * sector
     if table:
         text += f"; plus the block table's live sectors read once, {table} B"
     return PackedDram(r.read_bytes + table, r.write_bytes, text)
 
 
-def table_sectors(tiles: Flash2Tiles) -> int:
-    """32-byte sectors of a paged cache's block table (a row of ``table_width`` int32 entries per sequence) that hold
+def table_sectors(tiles: Flash2Tiles, sector_bytes: int) -> int:
+    """Sectors (``sector_bytes``, the profile's L2 sector) of a paged cache's block table (a row of ``table_width`` int32 entries per sequence) that hold
     an entry the kernel reads (each sequence's first ceil(keys / page_size)): each is read from DRAM once, kept in L2
     for the rest of the kernel (a few kilobytes). The walk above leaves the table out, as it does the lengths."""
     if not getattr(tiles, "page_size", None):
         return 0
-    per = SECTOR_BYTES // 4
+    per = sector_bytes // 4
     sectors = set()
     for s, (_, nk) in enumerate(tiles.seqlens):
         first = s * tiles.table_width
