@@ -147,12 +147,19 @@ def check_seqlens(seqlens: np.ndarray | None, s: DecodeShapes) -> np.ndarray:
 def check_block_table(table: np.ndarray, seqlens: np.ndarray, s: DecodeShapes) -> np.ndarray:
     """Each sequence's pages, (batch, max_pages) int32: the first ceil(n_b / page_size) entries of row b must name
     pages of the cache (0 to num_pages - 1, any order, shared or not); the rest are never read."""
-    used = -(-seqlens.astype(np.int64) // s.page_size)  # pages each sequence reads
-    live = np.arange(s.max_pages)[None, :] < used[:, None]
-    bad = np.argwhere(live & ((table < 0) | (table >= s.num_pages)))
+    return pages_read(table, seqlens, s.page_size, s.num_pages)
+
+
+def pages_read(table: np.ndarray, seqlens: np.ndarray, page_size: int, num_pages: int | None) -> np.ndarray:
+    """The block table (batch, max_pages) as int32 with the entries no key is read through set to 0, after checking
+    the others: the first ceil(n_b / page_size) of row b, each 0 to num_pages - 1 (None: >= 0, the cache's size is
+    checked where the cache is seen, and each must fit int32). Shared by decode and attention_varlen's paged cache."""
+    used = -(-seqlens.astype(np.int64) // page_size)  # pages each sequence reads
+    live = np.arange(table.shape[1])[None, :] < used[:, None]
+    bad = np.argwhere(live & ((table < 0) | (table >= (num_pages if num_pages is not None else 2**31))))
     if bad.size:
         b, p = (int(x) for x in bad[0])
-        raise AttentionInputError(f"block_table[{b}, {p}] = {int(table[b, p])}; expected a page of k_cache, 0 to "
-                                  f"{s.num_pages - 1} (sequence {b} holds {int(seqlens[b])} keys in {int(used[b])} "
-                                  f"pages of {s.page_size})")
+        which = f"of k_cache, 0 to {num_pages - 1}" if num_pages is not None else "of the cache, 0 to 2^31 - 1"
+        raise AttentionInputError(f"block_table[{b}, {p}] = {int(table[b, p])}; expected a page {which} (sequence {b} "
+                                  f"holds {int(seqlens[b])} keys in {int(used[b])} pages of {page_size})")
     return np.ascontiguousarray(np.where(live, table, 0), dtype=np.int32)

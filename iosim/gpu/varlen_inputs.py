@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from iosim.gpu.build import CUDA_TYPES
-from iosim.gpu.decode_inputs import host_ints
+from iosim.gpu.decode_inputs import host_ints, pages_read
 from iosim.gpu.inputs import AttentionInputError, AttentionTypeError
 from iosim.launch import HEAD_DIMS
 
@@ -181,14 +181,7 @@ def check_page_table(table: np.ndarray, lens_k: np.ndarray, page_size: Any) -> t
         raise AttentionInputError(f"cu_seqlens_k: sequence {b} holds {int(lens_k[b])} keys; expected at most "
                                   f"max_pages * page_size = {table.shape[1]} * {page_size} = {capacity}, what its "
                                   "block_table row can name")
-    used = -(-lens_k.astype(np.int64) // page_size)
-    live = np.arange(table.shape[1])[None, :] < used[:, None]
-    bad = np.argwhere(live & ((table < 0) | (table >= MAX_TOKENS)))
-    if bad.size:
-        b, p = (int(x) for x in bad[0])
-        raise AttentionInputError(f"block_table[{b}, {p}] = {int(table[b, p])}; expected a page of the cache, >= 0 "
-                                  f"(sequence {b} holds {int(lens_k[b])} keys in {int(used[b])} pages of {page_size})")
-    table = np.ascontiguousarray(np.where(live, table, 0), dtype=np.int32)
+    table = pages_read(table, lens_k, page_size, None)
     return table, int(table.max())
 
 
