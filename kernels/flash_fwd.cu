@@ -27,12 +27,14 @@
 // block_table[b * table_stride + t / page_size] (pages in any order); sequence b's keys are the first n_k =
 // cu_seqlens_k[b + 1] - cu_seqlens_k[b] of its pages (the cache's lengths, FlashAttention's seqused_k), its queries the
 // packed rows of q as in Varlen (a chunk of new tokens: bottom-right causal puts them at the cache's end). Thread r < Bc
-// finds the cache row of key r of a tile (one block-table load, issued one K/V tile ahead so its latency hides under
-// the tile's math) and leaves it in a ring of 3 row lists in shared memory (kPagedRing, after the K/V ring), which
-// the 16-byte cp.async copies of K and V then read; a barrier between writing a list and reading it is the loop's.
-// Where page_size is a multiple of Bc a tile lies in one page: thread 0 alone finds its first row, and the copies run
-// as the contiguous kernel's from there. Measured (H100, H200): 0.85-0.90x the contiguous cache on the same tiles,
-// page size and placement alike (the first versions: 0.61-0.89x); the cause of the rest is open (docs/kernels.md).
+// finds the cache row of key r of a tile and leaves it in the row list of the ring slot the tile goes to (Stages lists
+// of Bc rows in shared memory, after the K/V ring), which the 16-byte cp.async copies of K and V then read. Where
+// page_size is a multiple of Bc a tile lies in one page: thread 0 alone finds its first row, and the copies run as the
+// contiguous kernel's from there. The loop keeps the lookups off the barrier every warp waits at: the entry of tile
+// jn+2 is loaded after tile j's barrier (jn = j+Stages-1, the tile it copies), its row list stored after the next
+// barrier, a tile before its copies read it, and the entry and slot of each key are moved on a tile at a time without
+// a division (PageCursor). Measured (H100): 0.93-0.96x the contiguous cache on the same tiles (the first versions,
+// with a division and the list's store before the barrier: 0.61-0.90x); docs/kernels.md has the search.
 // Sliding window (template Local; runtime bounds left, right: FlashAttention's window_size): row i sees keys
 // i + off - left .. i + off + right (off = kv_len - seq_len; a causal window is right = 0). K/V tiles wholly outside
 // a Q tile's window are never loaded (the loop runs n_min .. n_max - 1); tiles partly outside take the mask pass,
@@ -74,9 +76,19 @@ __device__ __forceinline__ int ld_global_again(const int* p) {
     return x;
 }
 
-// row lists the paged kernel keeps in shared memory (one per K/V tile in flight past the loop's barrier); mirrored by
-// iosim/launch/forward.py flash_smem_terms(paged=True)
-constexpr int kPagedRing = 3;
+// Paged: where key t of a sequence lives, entry t / page_size of its block-table row and slot t % page_size of that
+// page, moved on a tile (Bc keys: `pages` whole pages and `keys` more) without a division
+struct PageCursor {
+    int entry, slot;
+    __device__ __forceinline__ void advance(int pages, int keys, int page_size) {
+        entry += pages;
+        slot += keys;
+        if (slot >= page_size) {
+            slot -= page_size;
+            ++entry;
+        }
+    }
+};
 
 // K_j and V_j (ROWS keys, nvalid of them real) from a paged cache into swizzled shared memory: kg, vg point at the
 // cache's first row for this kv head, rows[r] is key r's cache row (a list in shared memory). Rows >= nvalid are
@@ -122,7 +134,9 @@ __global__ void __launch_bounds__(128)
     T* sQ = reinterpret_cast<T*>(smem_raw);  // Br x D
     T* sK = sQ + Br * D;                     // Stages x Bc x D
     T* sV = sK + Stages * Bc * D;            // Stages x Bc x D
-    int* sRows = reinterpret_cast<int*>(sV + Stages * Bc * D);  // Paged: kPagedRing x Bc cache rows
+    // Paged: Stages x Bc cache rows, the list of the K/V tile in ring slot s at s (iosim/launch/forward.py
+    // flash_smem_terms(paged=True) mirrors it)
+    int* sRows = reinterpret_cast<int*>(sV + Stages * Bc * D);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -158,22 +172,23 @@ __global__ void __launch_bounds__(128)
     const T* kg = Varlen ? k + k0 * kv_stride + (long long)hk * D : k + (long long)b * kv_len * kv_stride + (long long)hk * D;
     const T* vg = Varlen ? v + k0 * kv_stride + (long long)hk * D : v + (long long)b * kv_len * kv_stride + (long long)hk * D;
     const int* table = Paged ? block_table + (long long)b * table_stride : nullptr;
-    // Paged: the block-table entry of key tid of tile jj (thread tid < Bc; 0 past the keys), and the cache row it
-    // names, which thread tid leaves in row list jj % kPagedRing
+    // Paged: thread tid < Bc finds the cache row of key tid of each tile (one thread, of the tile's first key, where a
+    // tile lies in one page) and leaves it in the row list of the ring slot the tile goes to; the K/V loop does it
+    // without a division
     const int finders = (Paged && page_size % Bc == 0) ? 1 : Bc;  // threads that find a tile's rows
+    // the block-table entry of key tid of tile jj (0 past the keys): issued before the tile's math, used after it
+    // (ptxas would otherwise sink a plain load to its use)
     auto page_of = [&](int jj) {
         const int t = jj * Bc + tid;
-        // issued before the tile's math, used after it: ptxas would otherwise sink a plain load to its use
         return (tid < finders && t < n_k) ? ld_global_again(table + t / page_size) : 0;
     };
-    auto put_row = [&](int jj, int page) {
-        const int t = jj * Bc + tid;
-        if (tid < finders) sRows[(jj % kPagedRing) * Bc + tid] = page * page_size + t % page_size;
+    auto put_row = [&](int slot, int jj, int page) {
+        if (tid < finders) sRows[slot * Bc + tid] = page * page_size + (jj * Bc + tid) % page_size;
     };
-    // Alg. line 7: K_j, V_j into ring slot `slot` (contiguous rows, or the pages of a paged cache)
+    // Alg. line 7: K_j, V_j into ring slot `slot` (contiguous rows, or the pages of a paged cache: the slot's row list)
     auto load_kv = [&](int slot, int jj) {
         if constexpr (Paged) {
-            const int* rows = sRows + (jj % kPagedRing) * Bc;
+            const int* rows = sRows + slot * Bc;
             if (finders == 1) {  // one page: Bc consecutive rows from rows[0]
                 const long long off = (long long)rows[0] * kv_stride;
                 load_tile_async<Bc, D, kThreads>(sK + slot * Bc * D, kg + off, kv_stride, n_k - jj * Bc, tid);
@@ -229,12 +244,19 @@ __global__ void __launch_bounds__(128)
 
     // Alg. line 4: Q_i into SRAM (group 0); line 6 for j = n_min .. n_min+Stages-2: K_j, V_j (one group each, maybe
     // empty) into ring slots 0 .. Stages-2 (n_min = 0 but for Local)
-    int next_page = 0;  // Paged: page_of(the next tile the loop loads), loaded a tile ahead
-    if constexpr (Paged) {  // the row lists of the tiles loaded before the loop, and the first one it loads
+    // Paged: the loop stores the row list of tile jn+1 (jn = j+Stages-1, the tile it loads) after its barrier, into
+    // the slot tile jn+1 will use (tile j's, read before that barrier), from next_page, the entry loaded a tile
+    // earlier; `at` is where key tid of tile jn+1 lives
+    int next_page = 0;
+    PageCursor at{0, 0};
+    const int step_pages = Paged ? Bc / page_size : 0, step_keys = Paged ? Bc % page_size : 0;
+    if constexpr (Paged) {  // the row lists of the tiles loaded before the loop and at its first tile
 #pragma unroll
-        for (int s = 0; s < Stages - 1; ++s)
-            if (n_min + s < n_blocks) put_row(n_min + s, page_of(n_min + s));
-        if (n_min + Stages - 1 < n_blocks) next_page = page_of(n_min + Stages - 1);
+        for (int s = 0; s < Stages; ++s)
+            if (n_min + s < n_blocks) put_row(s, n_min + s, page_of(n_min + s));
+        if (n_min + Stages < n_blocks) next_page = page_of(n_min + Stages);
+        const int t = (n_min + Stages) * Bc + tid;
+        at = PageCursor{t / page_size, t % page_size};
         __syncthreads();  // the lists are visible to every thread before its copies read them
     }
     load_tile_async<Br, D, kThreads>(sQ, qg, q_stride, q_valid, tid);
@@ -269,16 +291,22 @@ __global__ void __launch_bounds__(128)
     for (int j = Local ? n_min : 0; j < n_blocks; ++j) {
         const T* sKs = sK + stage * Bc * D;
         const T* sVs = sV + stage * Bc * D;
-        if constexpr (Paged) {  // the row list of tile j+Stages-1 from the entry loaded during tile j-1's math
-            if (j + Stages - 1 < n_blocks) put_row(j + Stages - 1, next_page);
-        }
         cp_async_wait<Stages - 2>();  // all but the newest Stages-2 groups have landed: Q, K_j, V_j
         // one barrier per tile: tile j is visible to every warp, and every warp is done with tile j-1 (slot `fill`)
         __syncthreads();
         const int jn = j + Stages - 1;
+        int ready = 0;  // Paged: tile jn+1's entry
+        PageCursor next = at;
+        if constexpr (Paged) {  // tile jn+2's entry, issued before this tile's copies, in flight for its math
+            ready = next_page;
+            next.advance(step_pages, step_keys, page_size);
+            if (jn + 2 < n_blocks)
+                next_page = (tid < finders && (jn + 2) * Bc + tid < n_k) ? ld_global_again(table + next.entry) : 0;
+        }
         if (jn < n_blocks) load_kv(fill, jn);  // Alg. line 6 for tile j+Stages-1, overlapped with tiles j ..
-        if constexpr (Paged) {  // the next tile's entries, in flight during this tile's math
-            if (jn + 1 < n_blocks) next_page = page_of(jn + 1);
+        if constexpr (Paged) {  // tile jn+1's row list, after the barrier: no warp waits for it until the next one
+            if (jn + 1 < n_blocks && tid < finders) sRows[stage * Bc + tid] = ready * page_size + at.slot;
+            at = next;
         }
 
         cp_async_commit();  // always one group per iteration, so the wait count above stays exact
