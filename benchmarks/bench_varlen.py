@@ -18,6 +18,11 @@
     the same keys packed contiguously, both through flash2's varlen kernel at the paged kernel's tiles. Issue 28's bar
     for a paged cache: within 10% of the contiguous cache at page size 16, within 3% at 64 and up (contiguous ms /
     paged ms >= 0.90, >= 0.97). The contiguous call is timed before and after the paged one; its mean is the peer.
+    Beside it, FlexAttention on the same pages through torch's paged-attention utility
+    (``torch.nn.attention.experimental._paged_attention.PagedAttention``: the cache as (1, kv_heads, pages x
+    page_size, d), a logical BlockMask of KV blocks of one page converted to the pages), the chunks padded to the
+    longest as its batch (``flex_paged_ms``, ``paged_over_flex``); where it does not run (its KV block is a page, and
+    a page smaller than its kernel's block is refused) the row says why (``flex_paged_error``).
 
 bf16, heads = 2048 / d (grouped-query 4:1 with --gqa), the same inputs for every backend. ``--check`` compares every
 row's output (ours and FlexAttention's) with a float64 reference on the GPU before timing; a failed row is reported and
@@ -154,7 +159,48 @@ def paged_row(torch, gpu, page_size: int, d: int, args) -> dict:
     row.update(contiguous_ms=(before + after) / 2, contiguous_spread=abs(before - after) / min(before, after))
     flops = 4 * d * H * sum(n * (nk - n) + n * (n + 1) // 2 for n, nk in zip(chunks, cache, strict=True))
     row.update(ours_tflops=flops / row["ours_ms"] / 1e9, contiguous_over_ours=row["contiguous_ms"] / row["ours_ms"])
+    try:
+        flex = flex_paged_fn(torch, k, v, chunks, cache, page_size)
+        qb = torch.zeros(len(chunks), H, max(chunks), d, device="cuda", dtype=q.dtype)
+        for b, n in enumerate(chunks):  # chunk b at the start of row b, zeros after it (rows the mask leaves out)
+            qb[b, :, :n] = q[int(cu_q[b]):int(cu_q[b]) + n].transpose(0, 1)
+        packed = lambda: torch.cat([flex(qb)[b, :, :n].transpose(0, 1) for b, n in enumerate(chunks)])  # noqa: E731
+        if args.check:
+            ferr = rel(packed(), reference_chunked(torch, q, k, v, chunks, cache))
+            row.update(flex_paged_err=ferr, check=row["check"] if ferr < TOL else "FAIL")
+        row["flex_paged_ms"] = time_ms(lambda: flex(qb), args.reps, args.warmup)
+        row["paged_over_flex"] = row["flex_paged_ms"] / row["ours_ms"]
+    except Exception as e:  # the peer's own refusal, reported in the row and the table
+        row["flex_paged_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
     return row
+
+
+def flex_paged_fn(torch, k, v, chunks, cache, page_size: int):
+    """FlexAttention on a paged cache through torch's PagedAttention utility, compiled, its converted BlockMask built
+    once: a function of q (B, H, max chunk, d), chunk b against the first cache[b] keys of sequence b (packed k, v),
+    bottom-right causal."""
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, Hk, d = len(chunks), k.shape[1], k.shape[2]
+    pages = [-(-n // page_size) for n in cache]
+    pa = PagedAttention(n_pages=sum(pages), page_size=page_size, max_batch_size=B, device="cuda")
+    k_cache = torch.zeros(1, Hk, sum(pages) * page_size, d, device="cuda", dtype=k.dtype)
+    v_cache = torch.zeros_like(k_cache)
+    k0 = 0
+    for b, n in enumerate(cache):
+        idx = torch.tensor([b], device="cuda")
+        pa.reserve(idx, torch.tensor(n, device="cuda"))
+        pos = torch.arange(n, device="cuda")[None]
+        pa.assign(idx, pos, k[k0:k0 + n].transpose(0, 1)[None], v[k0:k0 + n].transpose(0, 1)[None], k_cache, v_cache)
+        k0 += n
+    n_q = torch.tensor(chunks, device="cuda")
+    offset = torch.tensor(cache, device="cuda") - n_q
+    logical = create_block_mask(lambda b, h, i, j: (i < n_q[b]) & (j <= i + offset[b]), B=B, H=None,
+                                Q_LEN=max(chunks), KV_LEN=max(cache), device="cuda", BLOCK_SIZE=(128, page_size))
+    mask = pa.convert_logical_block_mask(logical, kv_len=torch.tensor(cache, device="cuda"))
+    flex = torch.compile(flex_attention, dynamic=False)
+    return lambda qb: flex(qb, k_cache, v_cache, block_mask=mask, enable_gqa=qb.shape[1] != Hk)
 
 
 def reference_chunked(torch, q, k, v, chunks, cache):
@@ -244,6 +290,10 @@ def print_table(rows: list[dict], device: str) -> None:
                        }.get(r["part"], ("flex_ms", "ours_over_flex"))
         print(f"| {r['part']} | {r['case']} | {r['d']} | {r['causal']} | {r['schedule']} | {r['ours_ms']:.4f} | "
               f"{r[peer]:.4f} | {r['ours_tflops']:.1f} | {r[ratio]:.2f}x | {r.get('check', '-')} |")
+        if r["part"] == "paged":  # the second peer: FlexAttention on the same pages
+            flex = (f"{r['flex_paged_ms']:.4f} | | {r['paged_over_flex']:.2f}x" if "flex_paged_ms" in r
+                    else f"did not run: {r.get('flex_paged_error', '?')} | | -")
+            print(f"| paged, FlexAttention | {r['case']} | {r['d']} | True | flex | | {flex} | |")
 
 
 def main(argv: list[str] | None = None) -> int:
