@@ -1,0 +1,264 @@
+"""MLA decode against a torch reference (issue 28 item 4): DeepSeek-V3's absorbed decode step run by torch, each of
+its kernels' DRAM bytes (Nsight Compute) and time beside what iosim.schedules.mla_decode counts and the roofline
+predicts for the same step.
+
+    python benchmarks/mla_record.py --measure --device h100 [--out DIR]   # on the GPU (about a minute)
+    python benchmarks/mla_record.py --device h100                         # anywhere: the table from the record
+
+The reference (bf16, 128 query heads, a latent cache of 512 + 64 values a token, one new token a sequence) runs the
+schedule's three kernels with torch's own: q_nope · W_UK per head (``torch.bmm``), attention of every head's row on
+the latent cache as one kv head (``scaled_dot_product_attention`` with the memory-efficient backend: queries of 576
+values, keys the cache's 576, values its first 512, the 128 heads as 128 query rows of one sequence), and the latent
+output · W_UV per head (``torch.bmm``); between the first two, ``torch.cat`` joins q_latent and q_rope (a copy the
+schedule, whose attention kernel takes them joined, does not have: measured and shown, not judged). Before any
+timing the reference is checked against the same step computed without absorption in float64 (keys and values
+expanded per head from the latent), which is what absorption must equal.
+
+Bytes: one process per shape under ``ncu --cache-control all --profile-from-start off`` (L2 flushed before each
+kernel), the window the step's kernels; each kernel is given to its stage by the kernel list torch's profiler records
+for each stage (run first, without ncu), and a stage's DRAM reads and writes are its kernels' sum, judged by
+iosim.validation's rule for ``hbm`` (5% reads, 10% writes, or 1% of the stage's compulsory bytes). Time: the median
+of ``--reps`` CUDA-event intervals of each stage on a busy stream (benchmarks/cuda_events.py), beside
+:func:`iosim.timing.roofline.predict` of the schedule's counts and DRAM bytes (no MLA kernel description exists:
+the roofline is a floor, not a kernel model). Writes ``<out>/<device>-mla.json`` (default data/validation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cuda_events import time_ms  # beside this file
+from time_record import PROFILE, device_header  # beside this file
+
+from iosim.hardware.gpu import get_profile
+from iosim.schedules.mla_decode import NOPE, VALUE, MlaDecode, counts, dram
+from iosim.timing.roofline import predict
+from iosim.validation import BOUND, FLOOR
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = ((64, 4096), (64, 32768), (1, 32768), (128, 2048))  # (sequences, cached tokens): one new token each
+STAGES = ("q_absorb", "cat", "attention", "o_absorb")
+JUDGED = {"q_absorb": 0, "attention": 1, "o_absorb": 2}  # stage -> the schedule's kernel (mla_decode.counts)
+SCALE = (NOPE + 64) ** -0.5  # DeepSeek-V3's softmax scale: a query's 128 + 64 values per head
+CHECK_TOL = 1e-2  # bf16 step against float64: relative Frobenius error
+
+
+def inputs(torch, batch: int, kv_len: int, m: MlaDecode, seed: int = 0) -> dict:
+    """The step's tensors in the layouts a serving stack keeps: q_nope (B, H, 128), q_rope (B, H, 64), the cache
+    (B, kv_len, 576) (c_KV then k_R), W_UK (H, 128, 512), W_UV (H, 512, 128); unit-variance values, weights scaled
+    by 1/sqrt(fan-in)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    bf = dict(device="cuda", dtype=torch.bfloat16, generator=g)
+    H = m.heads
+    return {"q_nope": torch.randn(batch, H, NOPE, **bf), "q_rope": torch.randn(batch, H, m.rope, **bf),
+            "cache": torch.randn(batch, kv_len, m.key_dim, **bf),
+            "w_uk": torch.randn(H, NOPE, m.latent, **bf) / NOPE ** 0.5,
+            "w_uv": torch.randn(H, m.latent, VALUE, **bf) / m.latent ** 0.5}
+
+
+BACKENDS = ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")  # SDPA's, tried in turn: the first that takes the shape
+
+
+def stages(torch, x: dict, m: MlaDecode, backend: str = BACKENDS[0]) -> dict:
+    """The four stages as functions; each reads what the previous one left in ``x``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    F = torch.nn.functional
+
+    def q_absorb():
+        x["q_latent"] = torch.bmm(x["q_nope"].transpose(0, 1), x["w_uk"])  # (H, B, 512)
+
+    def cat():
+        x["q"] = torch.cat([x["q_latent"].transpose(0, 1), x["q_rope"]], dim=-1)  # (B, H, 576)
+
+    def attention():
+        c = x["cache"][:, None]  # one kv head: (B, 1, N, 576)
+        with sdpa_kernel([getattr(SDPBackend, backend)]):
+            x["o_latent"] = F.scaled_dot_product_attention(x["q"][:, None], c, c[..., :m.latent], scale=SCALE)[:, 0]
+
+    def o_absorb():
+        x["o"] = torch.bmm(x["o_latent"].transpose(0, 1), x["w_uv"])  # (H, B, 128)
+
+    return dict(zip(STAGES, (q_absorb, cat, attention, o_absorb), strict=True))
+
+
+def expanded_reference(torch, x: dict, m: MlaDecode):
+    """O (H, B, 128) of the step without absorption, in float64: per head K = [c_KV W_UK^T ; k_R], V = c_KV W_UV."""
+    c = x["cache"].double()
+    lat, rope = c[..., :m.latent], c[..., m.latent:]
+    k_nope = torch.einsum("btc,hdc->bhtd", lat, x["w_uk"].double())  # (B, H, N, 128)
+    v = torch.einsum("btc,hcv->bhtv", lat, x["w_uv"].double())  # (B, H, N, 128)
+    s = (torch.einsum("bhd,bhtd->bht", x["q_nope"].double(), k_nope)
+         + torch.einsum("bhr,btr->bht", x["q_rope"].double(), rope)) * SCALE
+    return torch.einsum("bht,bhtv->bhv", s.softmax(-1), v).transpose(0, 1)
+
+
+def check(torch, m: MlaDecode) -> tuple[str, float]:
+    """(SDPA backend, relative error of the bf16 absorbed step against the float64 expanded one), 2 sequences of 300
+    tokens; the backend is the first of BACKENDS that takes the shape."""
+    x = inputs(torch, 2, 300, m, seed=1)
+    for backend in BACKENDS:
+        try:
+            for fn in stages(torch, x, m, backend).values():
+                fn()
+            break
+        except RuntimeError as e:
+            print(f"SDPA {backend} refused the step: {str(e).splitlines()[0][:200]}", flush=True)
+    else:
+        raise RuntimeError("no SDPA backend ran the MLA step")
+    ref = expanded_reference(torch, x, m)
+    return backend, float((x["o"].double() - ref).norm() / ref.norm())
+
+
+def child(shape_index: int, backend: str) -> None:
+    """Under ncu (--profile-from-start off): one shape's step, warmed up, then once inside the profiled window."""
+    import torch
+
+    batch, kv_len = SHAPES[shape_index]
+    m = MlaDecode(batch=batch, kv_len=kv_len)
+    x = inputs(torch, batch, kv_len, m)
+    fns = stages(torch, x, m, backend)
+    for _ in range(2):
+        for fn in fns.values():
+            fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def kernel_lists(torch, fns: dict) -> dict[str, list[str]]:
+    """The kernels each stage launches, in order (torch's profiler, one warm call of each stage)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        out[name] = [e.name for e in prof.events() if e.device_type.name == "CUDA" and "Memcpy" not in e.name
+                     and "Memset" not in e.name]
+    return out
+
+
+def ncu_kernels(shape_index: int, backend: str) -> list[dict]:
+    """(name, dram read, dram write) of each kernel of one shape's profiled step, in launch order."""
+    cmd = ["ncu", "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off", "--csv",
+           "--print-units", "base", "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum",
+           sys.executable, __file__, "--child", str(shape_index), "--backend", backend]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})
+    import csv
+
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"ncu failed ({proc.returncode}): {proc.stderr[-400:]}")
+    kernels: dict[str, dict] = {}
+    for r in csv.DictReader(lines):
+        k = kernels.setdefault(r["ID"], {"name": r["Kernel Name"], "read": 0, "write": 0})
+        k["read" if r["Metric Name"] == "dram__bytes_read.sum" else "write"] = int(float(r["Metric Value"].replace(",", "")))
+    return [kernels[i] for i in sorted(kernels, key=int)]
+
+
+def measure(device: str, reps: int, out: Path) -> int:
+    import torch
+
+    m0 = MlaDecode(batch=1, kv_len=1)
+    backend, err = check(torch, m0)
+    print(f"absorbed bf16 step (SDPA {backend}) against float64 without absorption: {err:.2e} (tolerance "
+          f"{CHECK_TOL})", flush=True)
+    record = device_header(device, reps) | {"check_error": err, "sdpa_backend": backend, "rows": []}
+    for i, (batch, kv_len) in enumerate(SHAPES):
+        m = MlaDecode(batch=batch, kv_len=kv_len)
+        x = inputs(torch, batch, kv_len, m)
+        fns = stages(torch, x, m, backend)
+        names = kernel_lists(torch, fns)
+        times = {s: time_ms(fn, reps, 3) for s, fn in fns.items()}
+        launched = ncu_kernels(i, backend)
+        row = {"batch": batch, "kv_len": kv_len, "stages": {}}
+        at = 0
+        for s in STAGES:
+            ks = launched[at:at + len(names[s])]
+            at += len(names[s])
+            row["stages"][s] = {"kernels": [k["name"][:80] for k in ks], "profiler_kernels": names[s],
+                                "dram_read": sum(k["read"] for k in ks), "dram_write": sum(k["write"] for k in ks),
+                                "ms": times[s]}
+        row["unassigned_kernels"] = [k["name"][:80] for k in launched[at:]]
+        record["rows"].append(row)
+        print(f"[{i + 1}/{len(SHAPES)}] B={batch} N={kv_len}: " + "; ".join(
+            f"{s} {v['ms']:.4f} ms {v['dram_read'] / 1e6:.2f}/{v['dram_write'] / 1e6:.2f} MB"
+            for s, v in row["stages"].items()), flush=True)
+        del x, fns
+        torch.cuda.empty_cache()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{device}-mla.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0 if err < CHECK_TOL else 1
+
+
+def within(sim: int, meas: int, direction: str, compulsory: int) -> bool:
+    """iosim.validation's hbm rule on one stage: the bound, or the floor of 1% of its compulsory bytes."""
+    return abs(sim - meas) <= max(BOUND[direction] * meas, FLOOR * compulsory)
+
+
+def table(device: str, path: Path) -> int:
+    """Each shape's judged stages: simulated DRAM bytes against measured, roofline time against measured."""
+    rec = json.loads(path.read_text())
+    profile = get_profile(PROFILE[device])
+    print(f"{rec.get('device', device)}, commit {rec.get('commit', '?')}; SDPA {rec['sdpa_backend']}; absorbed step "
+          f"against float64 {rec['check_error']:.1e}\n")
+    print("| sequences x keys | kernel | DRAM read MB, sim / meas | write MB, sim / meas | within the rule | "
+          "roofline ms / measured ms |")
+    print("|---|---|---|---|---|---|")
+    failed = 0
+    for row in rec["rows"]:
+        m = MlaDecode(batch=row["batch"], kv_len=row["kv_len"])
+        c, d = counts(m).kernels, dram(m)
+        est = predict(counts(m), [r + w for r, w in d], m.dtype, profile)
+        for s, k in JUDGED.items():
+            meas = row["stages"][s]
+            compulsory = sum(d[k])
+            ok = (within(d[k][0], meas["dram_read"], "read", compulsory)
+                  and within(d[k][1], meas["dram_write"], "write", compulsory))
+            failed += not ok
+            print(f"| {row['batch']} x {row['kv_len']} | {c[k].name} | {d[k][0] / 1e6:.2f} / "
+                  f"{meas['dram_read'] / 1e6:.2f} | {d[k][1] / 1e6:.2f} / {meas['dram_write'] / 1e6:.2f} | "
+                  f"{'yes' if ok else 'no'} | {est.kernels[k].predicted_s * 1e3:.4f} / {meas['ms']:.4f} |")
+        cat = row["stages"]["cat"]
+        print(f"| {row['batch']} x {row['kv_len']} | (torch.cat, not in the schedule) | - / "
+              f"{cat['dram_read'] / 1e6:.2f} | - / {cat['dram_write'] / 1e6:.2f} | | - / {cat['ms']:.4f} |")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=sorted(PROFILE))
+    ap.add_argument("--measure", action="store_true", help="measure on this GPU")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", type=Path, default=None, help="folder for the JSON (default data/validation)")
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--backend", default=BACKENDS[0], help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        child(args.child, args.backend)
+        return 0
+    if args.device is None:
+        ap.error("--device is required")
+    out = args.out or ROOT / "data/validation"
+    if args.measure:
+        rc = measure(args.device, args.reps, out)
+        return rc or table(args.device, out / f"{args.device}-mla.json")
+    return table(args.device, out / f"{args.device}-mla.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
