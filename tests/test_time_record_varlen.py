@@ -186,3 +186,19 @@ def test_the_packed_walk_reads_what_the_blocks_need_at_least_once(lens, causal, 
     once = simulate("flash2", p, H100, seqlens=lens, window=window, block_q=128, block_kv=64, l2=False)
     assert r.hbm_read[0] <= once.hbm_read[0]  # at most what the blocks request (global)
     assert r.hbm_read[0] >= g["Q"] and r.hbm_write[0] <= tq * p.heads * (64 * 2 + 4)
+
+
+def test_a_paged_cache_adds_its_instructions_to_every_k_v_step_of_the_fa2_model():
+    # the paged instantiation's PAGED_OPS warp instructions a step, at the ALU issue rate, on each of the block's warps
+    desc, r = load_kernel("iosim-flash2"), rates(get_profile(H100), "bf16")
+    tc = TileConfig(block_q=64, block_kv=64, registers=249, smem="iosim", q_in_registers=True)
+    plain, paged = (fa2.step(64, 64, 128, 2, 2, desc, tc, r, ops) for ops in (0.0, fa2.PAGED_OPS))
+    per_sp, sp = max(desc.warps / fa2.SUBPARTITIONS, 1.0), r.sms * fa2.SUBPARTITIONS
+    assert paged.softmax_s - plain.softmax_s == pytest.approx(per_sp * fa2.WARP_LANES * fa2.PAGED_OPS / (r.alu / sp))
+    assert (paged.mma_s, paged.ldmatrix_s, paged.load_s) == (plain.mma_s, plain.ldmatrix_s, plain.load_s)
+    # and simulate() prices it where the keys are paged, the same batch contiguous otherwise
+    p = AttentionProblem(batch=1, seq_len=1280, kv_len=1280, heads=32, kv_heads=8, head_dim=128, causal=True)
+    seqs = [(256, 640), (1024, 640)]
+    times = [simulate("flash2", p, H100, seqlens=seqs, page_size=ps, block_q=64, block_kv=64).time.predicted_s
+             for ps in (None, 64)]
+    assert times[1] > times[0]

@@ -40,6 +40,13 @@ from .kernels import KernelDesc, TileConfig
 from .rates import Rates
 
 SOFTMAX_OPS = 3.5  # fp32 lane operations per score: row max, x·scale - m·scale (FFMA), row sum, ½ convert-and-pack
+# Warp instructions per K/V step that kernels/flash_fwd.cu's Paged instantiation runs beyond the contiguous one on the
+# same tiles: Nsight Compute's source counters (H100, d = 128, 64 x 64 tiles, pages of 64, 576015e) count 887 against
+# 834 a warp a tile, integer address arithmetic (the copies' rows from the tile's row list; shared-memory addresses
+# ptxas recomputes under the paged state's registers). Priced at the ALU issue rate, as SOFTMAX_OPS; measured at
+# d = 128 only, and taken at every head dim (docs/kernels.md, chunked prefill).
+PAGED_OPS = 887 - 834
+WARP_LANES = 32
 SUBPARTITIONS = 4  # warp schedulers per SM (each with its own tensor core and quarter of the SFU and FP32 lanes)
 
 
@@ -84,14 +91,16 @@ def smem_bytes_moved(p: AttentionProblem, tc: TileConfig, W: int, blocks: int, s
     return steps * (2 * Bc * d * e + ldmatrix_bytes(Br, Bc, d, e, W, tc)) + blocks * 2 * Br * d * e
 
 
-def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileConfig, r: Rates) -> StepParts:
-    """One K/V step of ``k`` resident blocks on one SM (``rows`` query rows per block)."""
+def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileConfig, r: Rates,
+         extra_ops: float = 0.0) -> StepParts:
+    """One K/V step of ``k`` resident blocks on one SM (``rows`` query rows per block); ``extra_ops``: warp
+    instructions each warp runs per step beyond the kernel's math (the paged instantiation's PAGED_OPS)."""
     W = desc.warps
     rw = rows / W  # rows per warp
     per_sp = max(W / SUBPARTITIONS, 1.0)  # the block's warps on one sub-partition
     sp = r.sms * SUBPARTITIONS
     mma = per_sp * 4 * rw * Bc * d / (r.mma_at(W) / sp)
-    soft = per_sp * (rw * Bc / (r.ex2 / sp) + (SOFTMAX_OPS * rw * Bc + rw * d) / (r.alu / sp))
+    soft = per_sp * (rw * Bc / (r.ex2 / sp) + (SOFTMAX_OPS * rw * Bc + rw * d + WARP_LANES * extra_ops) / (r.alu / sp))
     ldm = ldmatrix_bytes(rows, Bc, d, e, W, tc) / (r.smem / r.sms)
     load = 2 * Bc * d * e / (r.l2 / r.sms)
     mma_k = per_sp * 4 * rw * Bc * d / (r.mma_at(k * W) / sp)  # the tensor cores shared by k blocks' warps
@@ -106,14 +115,15 @@ def visits(p: AttentionProblem, Br: int, Bc: int, window: tuple[int | None, int 
 
 
 def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates,
-                latency: float = 0.0, window: tuple[int | None, int | None] | None = None) -> np.ndarray:
+                latency: float = 0.0, window: tuple[int | None, int | None] | None = None,
+                extra_ops: float = 0.0) -> np.ndarray:
     """Seconds of each Q block of one head with ``k`` blocks resident per SM; ``latency``: one dependent load (its
     Q_i and first K/V tile wait for two: nothing of the block hides them); ``window``: a sliding window's K/V
-    ranges."""
+    ranges; ``extra_ops``: as :func:`step`'s."""
     Br, Bc, d, e = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes
     n = visits(p, Br, Bc, window)
     per_sm_l2 = r.l2 / r.sms
-    t_step = step(Br, Bc, d, e, k, desc, tc, r).step_s  # a ragged Q block still runs whole mma tiles
+    t_step = step(Br, Bc, d, e, k, desc, tc, r, extra_ops).step_s  # a ragged Q block still runs whole mma tiles
     prologue = k * (Br + 2 * Bc) * d * e / per_sm_l2 + r.block_s + 2 * latency  # Q_i and the first K/V tile
     epilogue = k * Br * d * e / per_sm_l2  # O written once
     return prologue + n * t_step + epilogue
@@ -126,7 +136,8 @@ def sequence(p: AttentionProblem, n: int, nk: int) -> AttentionProblem:
 
 
 def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates, latency: float,
-                 seqs: tuple[tuple[int, int], ...], window: tuple[int | None, int | None] | None) -> np.ndarray:
+                 seqs: tuple[tuple[int, int], ...], window: tuple[int | None, int | None] | None,
+                 extra_ops: float = 0.0) -> np.ndarray:
     """Seconds of each thread block of packed sequences ``seqs`` ((queries, keys) each), in the launch order of the
     description's varlen grid (``varlen_grid``): kernels/flash_fwd.cu's (ceil(longest / Br), heads, sequences), a
     sequence's Q blocks from its last where causal or windowed (they see the most keys); FlashAttention-2's
@@ -140,7 +151,7 @@ def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, 
     for n, nk in seqs:
         t = np.zeros(0)
         if n > 0:
-            t = block_times(sequence(p, n, nk), desc, tc, k, r, latency, window)
+            t = block_times(sequence(p, n, nk), desc, tc, k, r, latency, window, extra_ops)
             t = t[::-1] if reverse else t
         per_seq.append(np.concatenate([t, np.full(Tr - len(t), exit_s)]))
     if desc.varlen_grid == "tiles-sequences-heads":  # every sequence of head 0, then of head 1, ...
@@ -167,10 +178,10 @@ def tiles_of(desc: KernelDesc, head_dim: int, block_q: int | None, block_kv: int
 
 def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], tc: TileConfig,
                 window: tuple[int | None, int | None] | None = None,
-                seqs: tuple[tuple[int, int], ...] = ()) -> KernelTime:
+                seqs: tuple[tuple[int, int], ...] = (), paged: bool = False) -> KernelTime:
     """The time of ``kernel`` at tiles ``tc``, its DRAM (read, write) bytes ``dram``, and its parts; ``window``: the
     call's sliding window (None: dense); ``seqs``: packed sequences ((queries, keys) each; a problem of batch 1,
-    the varlen grid of :func:`packed_order`)."""
+    the varlen grid of :func:`packed_order`); ``paged``: their keys in a paged cache (each step PAGED_OPS more)."""
     p, desc, r, latency = c.problem, c.desc, c.rates, c.latency
     k = residency(tc, desc, p.head_dim, p.elem_bytes, c.profile)
     heads = p.n_heads_total
@@ -179,13 +190,13 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
     if working < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
         k = max(1, math.ceil(working / r.sms))
     if seqs:
-        order = packed_order(p, desc, tc, k, r, latency, seqs, window)
+        order = packed_order(p, desc, tc, k, r, latency, seqs, window, PAGED_OPS if paged else 0.0)
     else:
         order = launch_order(block_times(p, desc, tc, k, r, latency, window), heads, desc, p.causal)
     blocks = makespan(order, r.sms * k)
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.first_launch_s() + latency  # the last stores drain
-    sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r)
+    sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r, PAGED_OPS if paged else 0.0)
     busy = float(order.sum()) / (r.sms * k * blocks) if blocks else 1.0  # share of the chip's block slots in use
     parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "launch": r.first_launch_s(), "resident_blocks": k,
              "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,
