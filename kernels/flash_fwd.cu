@@ -33,7 +33,7 @@
 // contiguous kernel's from there. The loop keeps the lookups off the barrier every warp waits at: the entry of tile
 // jn+2 is loaded after tile j's barrier (jn = j+Stages-1, the tile it copies), its row list stored after the next
 // barrier, a tile before its copies read it, and the entry and slot of each key are moved on a tile at a time without
-// a division (PageCursor). Measured (H100): 0.93-0.96x the contiguous cache on the same tiles (the first versions,
+// a division (PageCursor). Measured (H100, H200): 0.93-0.96x the contiguous cache on the same tiles (the first versions,
 // with a division and the list's store before the barrier: 0.61-0.90x); docs/kernels.md has the search.
 // Sliding window (template Local; runtime bounds left, right: FlashAttention's window_size): row i sees keys
 // i + off - left .. i + off + right (off = kv_len - seq_len; a causal window is right = 0). K/V tiles wholly outside
