@@ -192,7 +192,8 @@ def test_a_paged_cache_adds_its_instructions_to_every_k_v_step_of_the_fa2_model(
     # the paged instantiation's PAGED_OPS warp instructions a step, at the ALU issue rate, on each of the block's warps
     desc, r = load_kernel("iosim-flash2"), rates(get_profile(H100), "bf16")
     tc = TileConfig(block_q=64, block_kv=64, registers=249, smem="iosim", q_in_registers=True)
-    plain, paged = (fa2.step(64, 64, 128, 2, 2, desc, tc, r, ops) for ops in (0.0, fa2.PAGED_OPS))
+    plain, paged = (fa2.step(64, 64, 128, 2, 2, desc, tc.model_copy(update={"step_ops": ops}), r)
+                    for ops in (0.0, fa2.PAGED_OPS))
     per_sp, sp = max(desc.warps / fa2.SUBPARTITIONS, 1.0), r.sms * fa2.SUBPARTITIONS
     assert paged.softmax_s - plain.softmax_s == pytest.approx(per_sp * fa2.WARP_LANES * fa2.PAGED_OPS / (r.alu / sp))
     assert (paged.mma_s, paged.ldmatrix_s, paged.load_s) == (plain.mma_s, plain.ldmatrix_s, plain.load_s)

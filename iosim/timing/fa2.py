@@ -91,16 +91,15 @@ def smem_bytes_moved(p: AttentionProblem, tc: TileConfig, W: int, blocks: int, s
     return steps * (2 * Bc * d * e + ldmatrix_bytes(Br, Bc, d, e, W, tc)) + blocks * 2 * Br * d * e
 
 
-def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileConfig, r: Rates,
-         extra_ops: float = 0.0) -> StepParts:
-    """One K/V step of ``k`` resident blocks on one SM (``rows`` query rows per block); ``extra_ops``: warp
-    instructions each warp runs per step beyond the kernel's math (the paged instantiation's PAGED_OPS)."""
+def step(rows: int, Bc: int, d: int, e: int, k: int, desc: KernelDesc, tc: TileConfig, r: Rates) -> StepParts:
+    """One K/V step of ``k`` resident blocks on one SM (``rows`` query rows per block); each warp also issues the
+    tiles' ``step_ops`` instructions (a paged cache's PAGED_OPS)."""
     W = desc.warps
     rw = rows / W  # rows per warp
     per_sp = max(W / SUBPARTITIONS, 1.0)  # the block's warps on one sub-partition
     sp = r.sms * SUBPARTITIONS
     mma = per_sp * 4 * rw * Bc * d / (r.mma_at(W) / sp)
-    soft = per_sp * (rw * Bc / (r.ex2 / sp) + (SOFTMAX_OPS * rw * Bc + rw * d + WARP_LANES * extra_ops) / (r.alu / sp))
+    soft = per_sp * (rw * Bc / (r.ex2 / sp) + (SOFTMAX_OPS * rw * Bc + rw * d + WARP_LANES * tc.step_ops) / (r.alu / sp))
     ldm = ldmatrix_bytes(rows, Bc, d, e, W, tc) / (r.smem / r.sms)
     load = 2 * Bc * d * e / (r.l2 / r.sms)
     mma_k = per_sp * 4 * rw * Bc * d / (r.mma_at(k * W) / sp)  # the tensor cores shared by k blocks' warps
@@ -115,15 +114,14 @@ def visits(p: AttentionProblem, Br: int, Bc: int, window: tuple[int | None, int 
 
 
 def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates,
-                latency: float = 0.0, window: tuple[int | None, int | None] | None = None,
-                extra_ops: float = 0.0) -> np.ndarray:
+                latency: float = 0.0, window: tuple[int | None, int | None] | None = None) -> np.ndarray:
     """Seconds of each Q block of one head with ``k`` blocks resident per SM; ``latency``: one dependent load (its
     Q_i and first K/V tile wait for two: nothing of the block hides them); ``window``: a sliding window's K/V
-    ranges; ``extra_ops``: as :func:`step`'s."""
+    ranges."""
     Br, Bc, d, e = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes
     n = visits(p, Br, Bc, window)
     per_sm_l2 = r.l2 / r.sms
-    t_step = step(Br, Bc, d, e, k, desc, tc, r, extra_ops).step_s  # a ragged Q block still runs whole mma tiles
+    t_step = step(Br, Bc, d, e, k, desc, tc, r).step_s  # a ragged Q block still runs whole mma tiles
     prologue = k * (Br + 2 * Bc) * d * e / per_sm_l2 + r.block_s + 2 * latency  # Q_i and the first K/V tile
     epilogue = k * Br * d * e / per_sm_l2  # O written once
     return prologue + n * t_step + epilogue
@@ -136,8 +134,7 @@ def sequence(p: AttentionProblem, n: int, nk: int) -> AttentionProblem:
 
 
 def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates, latency: float,
-                 seqs: tuple[tuple[int, int], ...], window: tuple[int | None, int | None] | None,
-                 extra_ops: float = 0.0) -> np.ndarray:
+                 seqs: tuple[tuple[int, int], ...], window: tuple[int | None, int | None] | None) -> np.ndarray:
     """Seconds of each thread block of packed sequences ``seqs`` ((queries, keys) each), in the launch order of the
     description's varlen grid (``varlen_grid``): kernels/flash_fwd.cu's (ceil(longest / Br), heads, sequences), a
     sequence's Q blocks from its last where causal or windowed (they see the most keys); FlashAttention-2's
@@ -151,7 +148,7 @@ def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, 
     for n, nk in seqs:
         t = np.zeros(0)
         if n > 0:
-            t = block_times(sequence(p, n, nk), desc, tc, k, r, latency, window, extra_ops)
+            t = block_times(sequence(p, n, nk), desc, tc, k, r, latency, window)
             t = t[::-1] if reverse else t
         per_seq.append(np.concatenate([t, np.full(Tr - len(t), exit_s)]))
     if desc.varlen_grid == "tiles-sequences-heads":  # every sequence of head 0, then of head 1, ...
@@ -183,6 +180,8 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
     call's sliding window (None: dense); ``seqs``: packed sequences ((queries, keys) each; a problem of batch 1,
     the varlen grid of :func:`packed_order`); ``paged``: their keys in a paged cache (each step PAGED_OPS more)."""
     p, desc, r, latency = c.problem, c.desc, c.rates, c.latency
+    if paged:
+        tc = tc.model_copy(update={"step_ops": tc.step_ops + PAGED_OPS})
     k = residency(tc, desc, p.head_dim, p.elem_bytes, c.profile)
     heads = p.n_heads_total
     grid = (cdiv(max(1, max(n for n, _ in seqs)), tc.block_q) * len(seqs) if seqs else cdiv(p.seq_len, tc.block_q)) * heads
@@ -190,13 +189,13 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
     if working < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
         k = max(1, math.ceil(working / r.sms))
     if seqs:
-        order = packed_order(p, desc, tc, k, r, latency, seqs, window, PAGED_OPS if paged else 0.0)
+        order = packed_order(p, desc, tc, k, r, latency, seqs, window)
     else:
         order = launch_order(block_times(p, desc, tc, k, r, latency, window), heads, desc, p.causal)
     blocks = makespan(order, r.sms * k)
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.first_launch_s() + latency  # the last stores drain
-    sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r, PAGED_OPS if paged else 0.0)
+    sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r)
     busy = float(order.sum()) / (r.sms * k * blocks) if blocks else 1.0  # share of the chip's block slots in use
     parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "launch": r.first_launch_s(), "resident_blocks": k,
              "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,

@@ -64,6 +64,9 @@ class TileConfig(_Strict):
     others: tuple[OtherTiles, ...] = Field(
         default=(), description="the kernel's other compiled tiles at this head dim, each with its registers (what "
         "`iosim tune` ranks; the rest of this entry applies to them too)")
+    step_ops: float = Field(default=0.0, ge=0, description="forward (fa2 family): warp instructions each warp runs "
+                            "per K/V step beyond the math the model prices, at the ALU issue rate (set per call for a "
+                            "paged cache: iosim.timing.fa2.PAGED_OPS)")
 
     def with_tiles(self, block_q: int, block_kv: int) -> TileConfig:
         """This entry at other tiles: the registers of the instantiation where ``others`` lists it."""
