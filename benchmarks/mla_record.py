@@ -20,12 +20,15 @@ for each stage (run first, without ncu), and a stage's DRAM reads and writes are
 iosim.validation's rule for ``hbm`` (5% reads, 10% writes, or 1% of the stage's compulsory bytes). Time: the median
 of ``--reps`` CUDA-event intervals of each stage on a busy stream (benchmarks/cuda_events.py), beside
 :func:`iosim.timing.roofline.predict` of the schedule's counts and DRAM bytes (no MLA kernel description exists:
-the roofline is a floor, not a kernel model). Writes ``<out>/<device>-mla.json`` (default data/validation).
+the roofline is a floor, not a kernel model). Writes ``<out>/<device>-mla.json`` (default data/validation) and,
+from it, ``docs/validation/<device>-mla.csv`` (each stage's measured bytes and time; the report's serving section
+sets the schedule's counts and the roofline beside them).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import subprocess
@@ -46,6 +49,7 @@ STAGES = ("q_absorb", "cat", "attention", "o_absorb")
 JUDGED = {"q_absorb": 0, "attention": 1, "o_absorb": 2}  # stage -> the schedule's kernel (mla_decode.counts)
 SCALE = (NOPE + 64) ** -0.5  # DeepSeek-V3's softmax scale: a query's 128 + 64 values per head
 CHECK_TOL = 1e-2  # bf16 step against float64: relative Frobenius error
+CSV_FIELDS = ("batch", "kv_len", "stage", "torch_kernels", "dram_read", "dram_write", "ms", "sdpa_backend", "commit")
 
 
 def inputs(torch, batch: int, kv_len: int, m: MlaDecode, seed: int = 0) -> dict:
@@ -236,6 +240,22 @@ def table(device: str, path: Path) -> None:
               f"{cat['dram_read'] / 1e6:.2f} | | - / {cat['dram_write'] / 1e6:.2f} | | - / {cat['ms']:.4f} |")
 
 
+def write_csv(path: Path, csv_path: Path) -> None:
+    """The record at ``path`` as the report reads it: one row a stage of each shape, measured only."""
+    rec = json.loads(path.read_text())
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for row in rec["rows"]:
+            for s in STAGES:
+                st = row["stages"][s]
+                w.writerow({"batch": row["batch"], "kv_len": row["kv_len"], "stage": s,
+                            "torch_kernels": short(st["kernels"]), "dram_read": st["dram_read"],
+                            "dram_write": st["dram_write"], "ms": f"{st['ms']:.6f}",
+                            "sdpa_backend": rec["sdpa_backend"], "commit": rec.get("commit", "")})
+    print(f"wrote {csv_path}")
+
+
 def short(kernels: list[str]) -> str:
     """A stage's kernels, each by its name without namespaces, template arguments and parameters."""
     names = []
@@ -260,12 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.device is None:
         ap.error("--device is required")
     out = args.out or ROOT / "data/validation"
-    if args.measure:
-        rc = measure(args.device, args.reps, out)
-        table(args.device, out / f"{args.device}-mla.json")
-        return rc
-    table(args.device, out / f"{args.device}-mla.json")
-    return 0
+    rc = measure(args.device, args.reps, out) if args.measure else 0
+    record = out / f"{args.device}-mla.json"
+    table(args.device, record)
+    if args.out is None:  # the committed record: the report's CSV follows it
+        write_csv(record, ROOT / "docs/validation" / f"{args.device}-mla.csv")
+    return rc
 
 
 if __name__ == "__main__":

@@ -220,8 +220,8 @@ def record_dir() -> Path:
 
 def devices() -> list[str]:
     """Devices with a byte record (``<device>.csv``; beside them, the time records ``<device>-time.csv`` and their
-    held-out part ``<device>-time-heldout.csv``)."""
-    return sorted(p.stem for p in record_dir().glob("*.csv") if not p.stem.endswith(("-time", "-time-heldout")))
+    held-out part ``<device>-time-heldout.csv``, and the MLA reference's ``<device>-mla.csv``)."""
+    return sorted(p.stem for p in record_dir().glob("*.csv") if not p.stem.endswith(("-time", "-time-heldout", "-mla")))
 
 
 def load_record(device: str) -> list[Check]:

@@ -59,3 +59,27 @@ def test_the_padded_batches_work_is_recovered_from_the_rows_tflops():
             assert ratio == pytest.approx(1.0, rel=1e-3)  # four sequences of 4096: nothing padded
         else:
             assert ratio > 2  # skewed 8192 + 14 x 512 + 64: 15.2x the pairs; uniform lengths 2.2x
+
+
+def test_the_paged_rows_have_flexattention_on_the_same_pages_beside_them():
+    html, _ = serving.serving_section()
+    assert html.count("FlexAttention on the same pages") == 6 * len(serving.GPUS)
+
+
+@pytest.mark.parametrize("name,profile", serving.GPUS)
+def test_the_mla_reference_is_tabled_beside_the_counts_and_the_roofline(name, profile):
+    from iosim._resources import validation_dir
+    from iosim.schedules.mla_decode import MlaDecode, dram
+
+    with open(validation_dir() / serving.MLA_RECORDS[name], newline="") as f:
+        rows = list(csv.DictReader(f))
+    got = serving.mla_measured(name, profile)
+    assert got.count("<tr><td>") == len(rows) == 16  # 4 shapes x (3 stages of the schedule + torch.cat)
+    first = next(r for r in rows if r["stage"] == "attention")
+    sim = dram(MlaDecode(batch=int(first["batch"]), kv_len=int(first["kv_len"])))[1][0]
+    assert f"{sim / 1e6:.1f} / {int(first['dram_read']) / 1e6:.1f}" in got
+
+
+def test_a_missing_mla_record_is_named(monkeypatch):
+    monkeypatch.setitem(serving.MLA_RECORDS, "H100", "no-such-mla.csv")
+    assert "no MLA record" in serving.mla_measured("H100", serving.GPUS[0][1])

@@ -17,23 +17,29 @@ from __future__ import annotations
 import csv
 import html
 
-from .._resources import benchmarks_dir
+from .._resources import benchmarks_dir, validation_dir
 from ..hardware.gpu import get_profile
 from ..plots.serving import decode_bandwidth, intensity_bars, varlen_against_padded, window_against_full
 from ..problem import AttentionProblem
 from ..schedules.mla_decode import MlaDecode
+from ..schedules.mla_decode import counts as mla_decode_counts
+from ..schedules.mla_decode import dram as mla_decode_dram
 from ..schedules.mla_decode import gqa_intensity as gqa_decode_intensity
 from ..schedules.mla_decode import intensity as mla_decode_intensity
 from ..schedules.mla_prefill import MlaPrefill
 from ..schedules.mla_prefill import gqa_intensity as gqa_prefill_intensity
 from ..schedules.mla_prefill import intensity as mla_prefill_intensity
 from ..simulate import simulate
+from ..timing import roofline
 from ..timing.rates import rates
 from .figures import PLOTLY_CONFIG
 
 SECTION_ID = "serving"
 TITLE = "Serving: decode, varlen, sliding windows"
 GPUS = (("H100", "h100-sxm5-80gb"), ("H200", "h200-sxm-141gb"))
+MLA_RECORDS = {"H100": "h100-mla.csv", "H200": "h200-mla.csv"}  # docs/validation (benchmarks/mla_record.py)
+MLA_COLUMNS = {"batch", "kv_len", "stage", "torch_kernels", "dram_read", "dram_write", "ms"}
+MLA_STAGES = {"q_absorb": 0, "attention": 1, "o_absorb": 2}  # -> mla_decode.counts' kernel
 DECODE_COLUMNS = {"n", "batch", "heads", "kv_heads", "d", "layout", "ours_ms", "pct_of_dram", "torch_best",
                   "speedup_vs_torch_best"}
 VARLEN_COLUMNS = {"part", "case", "d", "causal", "ours_ms", "padded_over_ours", "ours_over_flex", "flex_ms",
@@ -101,6 +107,11 @@ def _varlen_table(rows: list[dict]) -> str:
                     f"<td>{r['d']}</td><td>{r['causal']}</td><td>{html.escape(r.get('schedule') or 'flash2')}</td>"
                     f"<td>{float(r['ours_ms']):.4f}</td>"
                     f"<td>{float(peer_ms):.4f}</td><td>{float(ratio):.2f}×</td></tr>")
+        if r["part"] == "paged" and r.get("flex_paged_ms"):  # the same pages through FlexAttention's PagedAttention
+            body.append(f"<tr><td>FlexAttention on the same pages ({html.escape(r.get('flex_paged_options', ''))})"
+                        f"</td><td>{html.escape(r['case'])}</td><td>{r['d']}</td><td>{r['causal']}</td>"
+                        f"<td>{html.escape(r.get('schedule') or 'flash2')}</td><td>{float(r['ours_ms']):.4f}</td>"
+                        f"<td>{float(r['flex_paged_ms']):.4f}</td><td>{float(r['paged_over_flex']):.2f}×</td></tr>")
     return f"<table>{head}{''.join(body)}</table>"
 
 
@@ -168,6 +179,39 @@ def mla_figure() -> str:
             "</figure>")
 
 
+def mla_measured(name: str, profile: str) -> str:
+    """MLA decode run by torch (benchmarks/mla_record.py) beside the schedule: each stage's DRAM bytes, simulated
+    (mla_decode.dram) and measured, and the roofline's time beside the measured one."""
+    try:
+        with open(validation_dir() / MLA_RECORDS[name], newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        return f"<p class=note>{name}: no MLA record (python benchmarks/mla_record.py --measure).</p>"
+    if not rows or not MLA_COLUMNS <= set(rows[0]):
+        return f"<p class=note>{name}: {MLA_RECORDS[name]} is not the expected record.</p>"
+    body, prof = [], get_profile(profile)
+    for r in rows:
+        m = MlaDecode(batch=int(r["batch"]), kv_len=int(r["kv_len"]))
+        k = MLA_STAGES.get(r["stage"])
+        if k is None:  # torch.cat: a copy the schedule does not have
+            sim_r = sim_w = sim_t = "—"
+        else:
+            d = mla_decode_dram(m)
+            t = roofline.predict(mla_decode_counts(m), [a + b for a, b in d], m.dtype, prof).kernels[k].predicted_s
+            sim_r, sim_w, sim_t = f"{d[k][0] / 1e6:.1f}", f"{d[k][1] / 1e6:.2f}", f"{t * 1e3:.3f}"
+        body.append(f"<tr><td>{r['batch']} × {r['kv_len']}</td><td>{html.escape(r['stage'])}</td>"
+                    f"<td>{html.escape(r['torch_kernels'])}</td><td>{sim_r} / {int(r['dram_read']) / 1e6:.1f}</td>"
+                    f"<td>{sim_w} / {int(r['dram_write']) / 1e6:.2f}</td><td>{sim_t} / {float(r['ms']):.3f}</td></tr>")
+    head = ("<tr><th>sequences × keys</th><th>stage</th><th>torch's kernel</th><th>DRAM read MB, simulated / "
+            "measured</th><th>written MB, simulated / measured</th><th>ms, roofline / measured</th></tr>")
+    return (f"<details><summary>{name}: MLA decode, a torch reference measured against the counts ({len(rows)} rows)"
+            f"</summary><div class=wide><table>{head}{''.join(body)}</table></div><p class=note>DeepSeek-V3's "
+            "absorbed step run by torch (bmm, SDPA's memory-efficient kernel on the latent cache, bmm); DRAM bytes "
+            "by Nsight Compute, L2 flushed before each kernel. The projections' reads match the counts; torch's "
+            "attention kernel is not the schedule's (FlashMLA's design): it keeps its fp32 accumulator in global "
+            "memory (docs/serving.md).</p></details>")
+
+
 def serving_section() -> tuple[str, int]:
     """The section's HTML and its number of figures (per GPU: decode and varlen against padded, where the GPU has
     records, and the sliding window; MLA against GQA once)."""
@@ -216,5 +260,6 @@ def serving_section() -> tuple[str, int]:
                      "</figcaption></figure>")
         n_fig += 1
     parts.append(mla_figure())
+    parts += [mla_measured(name, profile) for name, profile in GPUS]
     parts.append("</section>")
     return "\n".join(parts), n_fig + 1
