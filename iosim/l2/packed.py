@@ -133,9 +133,10 @@ def packed_dram(problem: AttentionProblem, tiles: Flash2Tiles, profile, walk: Wa
 
 
 def table_sectors(tiles: Flash2Tiles, sector_bytes: int) -> int:
-    """Sectors (``sector_bytes``, the profile's L2 sector) of a paged cache's block table (a row of ``table_width`` int32 entries per sequence) that hold
-    an entry the kernel reads (each sequence's first ceil(keys / page_size)): each is read from DRAM once, kept in L2
-    for the rest of the kernel (a few kilobytes). The walk above leaves the table out, as it does the lengths."""
+    """Sectors (``sector_bytes``, the profile's L2 sector) of a paged cache's block table (a row of ``table_width``
+    int32 entries per sequence) that hold an entry the kernel reads (each sequence's first ceil(keys / page_size)):
+    each is read from DRAM once, kept in L2 for the rest of the kernel (a few kilobytes). The walk above leaves the
+    table out, as it does the lengths."""
     if not getattr(tiles, "page_size", None):
         return 0
     per = sector_bytes // 4

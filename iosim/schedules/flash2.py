@@ -27,8 +27,8 @@ N·w, not N²; ``seqlens``, packed sequences (varlen): a problem of batch 1 whos
 totals, each sequence tiled on its own (a ragged last Q block and K/V block at each sequence's end, nothing read
 or computed past it); ``page_size`` with ``seqlens``, chunked prefill against a paged KV cache (the kernel's Paged
 mode): each sequence's keys sit in pages of that many tokens, found through a block table (a row per sequence, as
-wide as the batch's most pages), K and V bytes as packed, plus the table's entries as the kernel reads them, a tile
-ahead of the copies that use them: where page_size is a multiple of Bc one thread loads the tile's one entry;
+wide as the batch's most pages), K and V bytes as packed, plus the table's entries as the kernel reads them, ahead
+of the copies that use them: where page_size is a multiple of Bc one thread loads the tile's one entry;
 otherwise one thread a key loads its page's entry, and the load instruction moves each distinct entry of a warp's 32
 keys once (4 B; what Nsight Compute's SASS counter measured for these loads, docs/validation.md).
 """
