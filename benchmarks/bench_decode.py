@@ -1,12 +1,16 @@
 """Decode throughput: iosim's Flash-Decoding kernel (contiguous and paged KV caches) against torch's decode paths.
 
     python benchmarks/bench_decode.py --out DIR [--n 8192 16384 32768] [--batch 16 32 64]
-                                      [--pages contig 16 64 256] [--check] [--flex] [--reps 30]
+                                      [--pages contig 16 64 256] [--cache bf16 fp8] [--check] [--flex] [--reps 30]
 
 Shape (issue 28's bar): bf16, d = 128, 32 query heads on 4 kv heads (GQA 8:1), q_len 1, every sequence --n keys.
 Per (n, batch) one contiguous cache (batch, n, kv_heads, d) is drawn; each paged layout is the same keys and values
 in pages of 16/64/256 tokens stored in a shuffled order (block table of a random permutation), so every row reads
-the same values. Peers, on the contiguous cache in the same run: torch SDPA's flash backend (q (B, H, 1, d),
+the same values. ``--cache fp8``: each layout again with the cache quantized to e4m3 by iosim.gpu.quantize_kv_fp8
+(one scale per kv head); its rows count K and V at one byte, are checked against float64 on the dequantized cache
+(what the kernel computes on), report the quantization's error against the bf16 reference beside it
+(``fp8_vs_bf16_err``), and compare their time with our bf16 row of the same layout (no torch decode path takes an
+fp8 cache: the peers' columns are the bf16 peers'). Peers, on the contiguous cache in the same run: torch SDPA's flash backend (q (B, H, 1, d),
 enable_gqa=True), the same backend on the folded form (the 8 query heads of a kv head as 8 query rows, what
 FlashAttention-2 does inside for one token), cuDNN on the folded form, and with --flex torch.compile'd
 flex_attention (enable_gqa=True); "torch best" is the fastest of those that ran.
@@ -115,14 +119,17 @@ def torch_peers(torch, q, k, v, args) -> dict[str, tuple[float, object]]:
     return out
 
 
-def run_ours(torch, gpu, q, k, v, page, args, seed):
-    """(ms, o, lse, plan) of our kernel on the contiguous cache (page None) or a paged copy of it."""
+def run_ours(torch, gpu, q, k, v, page, args, seed, scales=None):
+    """(ms, o, lse, plan) of our kernel on the contiguous cache (page None) or a paged copy of it; ``scales``: an
+    fp8 cache's (k_scale, v_scale), k and v then its uint8 e4m3 bits."""
     B, n = k.shape[:2]
     lens = [n] * B
     if page is None:
         kc, vc, table = k, v, None
     else:
         kc, vc, table = paged_copy(torch, k, v, page, seed)
+    if scales is not None:
+        kc, vc = gpu.QuantizedKV(kc, scales[0]), gpu.QuantizedKV(vc, scales[1])
     plan = gpu.plan_decode(q, kc, vc, seqlens_k=lens, block_table=table, splits=args.splits)
     o = torch.empty_like(q)
     lse = torch.empty((B, q.shape[2], 1), dtype=torch.float32, device=q.device)
@@ -143,43 +150,61 @@ def bench_shape(torch, gpu, n: int, B: int, args, bw: float) -> list[dict]:
     ref = reference_f64(torch, q, k, v) if args.check else None
     peers = torch_peers(torch, q, k, v, args)
     best = min(peers.items(), key=lambda kv: kv[1][0]) if peers else (None, (math.nan, None))
-    rows = []
-    for layout in args.pages:
-        page = None if layout == "contig" else int(layout)
-        if page is not None and n % page:
-            print(f"  page {page}: skipped (n = {n} is not a whole number of pages)", flush=True)
-            continue
-        ms, o, lse, plan = run_ours(torch, gpu, q, k, v, page, args, seed=n + B)
-        row = {"n": n, "batch": B, "heads": H, "kv_heads": Hk, "d": d, "layout": layout, "splits": plan.splits,
-               "chunk": plan.split.chunk, "ours_ms": ms, "GB_per_s": nbytes / (ms * 1e-3) / 1e9,
-               "pct_of_dram": 100 * nbytes / (ms * 1e-3) / bw, "torch_best": best[0], "torch_best_ms": best[1][0],
-               "speedup_vs_torch_best": best[1][0] / ms}
-        row.update({f"{name}_ms": t for name, (t, _) in peers.items()})
-        if ref is not None:
-            err, lerr = rel(o, ref[0]), float((lse.double() - ref[1]).abs().max() / ref[1].abs().max().clamp(min=1))
-            row.update(check_err=err, check_lse_err=lerr, check="ok" if err < TOL and lerr < TOL else "FAIL")
-            if "sdpa-flash" in peers:
-                row["sdpa_flash_err"] = rel(peers["sdpa-flash"][1], ref[0])
-        rows.append(row)
-        print("  " + "  ".join(f"{k_}={v_:.4g}" if isinstance(v_, float) else f"{k_}={v_}"
-                               for k_, v_ in row.items()), flush=True)
-        del o, lse, plan
-        torch.cuda.empty_cache()
+    caches = {"bf16": (k, v, None, ref, nbytes)}
+    if "fp8" in args.cache:
+        kq, vq = gpu.quantize_kv_fp8(k), gpu.quantize_kv_fp8(v)
+        deq = [x.values.float() * x.scale.view(1, 1, Hk, 1) for x in (kq, vq)]
+        caches["fp8"] = (kq.values.view(torch.uint8), vq.values.view(torch.uint8), (kq.scale, vq.scale),
+                         reference_f64(torch, q, *deq) if args.check else None,
+                         2 * k.numel() + 2 * q.numel() * q.element_size())
+        del deq
+    rows, bf16_ms = [], {}
+    for cache in args.cache:
+        kc, vc, scales, cref, cbytes = caches[cache]
+        for layout in args.pages:
+            page = None if layout == "contig" else int(layout)
+            if page is not None and n % page:
+                print(f"  page {page}: skipped (n = {n} is not a whole number of pages)", flush=True)
+                continue
+            ms, o, lse, plan = run_ours(torch, gpu, q, kc, vc, page, args, seed=n + B, scales=scales)
+            row = {"n": n, "batch": B, "heads": H, "kv_heads": Hk, "d": d, "cache": cache, "layout": layout,
+                   "splits": plan.splits, "chunk": plan.split.chunk, "ours_ms": ms,
+                   "GB_per_s": cbytes / (ms * 1e-3) / 1e9, "pct_of_dram": 100 * cbytes / (ms * 1e-3) / bw,
+                   "torch_best": best[0], "torch_best_ms": best[1][0], "speedup_vs_torch_best": best[1][0] / ms}
+            row.update({f"{name}_ms": t for name, (t, _) in peers.items()})
+            if cache == "bf16":
+                bf16_ms[layout] = ms
+            elif layout in bf16_ms:
+                row["speedup_vs_our_bf16"] = bf16_ms[layout] / ms
+            if cref is not None:
+                err = rel(o, cref[0])
+                lerr = float((lse.double() - cref[1]).abs().max() / cref[1].abs().max().clamp(min=1))
+                row.update(check_err=err, check_lse_err=lerr, check="ok" if err < TOL and lerr < TOL else "FAIL")
+                if cache == "fp8":
+                    row["fp8_vs_bf16_err"] = rel(o, ref[0])
+                elif "sdpa-flash" in peers:
+                    row["sdpa_flash_err"] = rel(peers["sdpa-flash"][1], ref[0])
+            rows.append(row)
+            print("  " + "  ".join(f"{k_}={v_:.4g}" if isinstance(v_, float) else f"{k_}={v_}"
+                                   for k_, v_ in row.items()), flush=True)
+            del o, lse, plan
+            torch.cuda.empty_cache()
     return rows
 
 
 def print_table(rows: list[dict], device: str, bw_name: str) -> None:
     print(f"\n{device}; bandwidth % of {bw_name}; median of CUDA-event times (busy stream)\n")
-    print("| n | batch | layout | splits | ours ms | GB/s | % DRAM | torch best | torch ms | ours / torch | "
-          "paged / contig | check |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    contig = {(r["n"], r["batch"]): r["ours_ms"] for r in rows if r["layout"] == "contig"}
+    print("| n | batch | cache | layout | splits | ours ms | GB/s | % DRAM | torch best | torch ms | ours / torch | "
+          "paged / contig | fp8 / bf16 | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    contig = {(r["n"], r["batch"], r["cache"]): r["ours_ms"] for r in rows if r["layout"] == "contig"}
     for r in rows:
-        c = contig.get((r["n"], r["batch"]))
+        c = contig.get((r["n"], r["batch"], r["cache"]))
         ratio = f"{r['ours_ms'] / c:.3f}" if c else "-"
-        print(f"| {r['n']} | {r['batch']} | {r['layout']} | {r['splits']} | {r['ours_ms']:.4f} | "
+        fp8 = f"{r['speedup_vs_our_bf16']:.2f}x" if "speedup_vs_our_bf16" in r else "-"
+        print(f"| {r['n']} | {r['batch']} | {r['cache']} | {r['layout']} | {r['splits']} | {r['ours_ms']:.4f} | "
               f"{r['GB_per_s']:.0f} | {r['pct_of_dram']:.1f} | {r['torch_best']} | {r['torch_best_ms']:.4f} | "
-              f"{r['speedup_vs_torch_best']:.2f}x | {ratio} | {r.get('check', '-')} |")
+              f"{r['speedup_vs_torch_best']:.2f}x | {ratio} | {fp8} | {r.get('check', '-')} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, nargs="+", default=[8192, 16384, 32768], help="keys per sequence")
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--pages", nargs="+", default=["contig", "16", "64", "256"], help="contig and/or page sizes")
+    ap.add_argument("--cache", nargs="+", default=["bf16"], choices=["bf16", "fp8"],
+                    help="the cache's dtype: bf16 and/or fp8 (e4m3, quantized per kv head)")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--d", type=int, default=128)

@@ -41,7 +41,7 @@ from time_record import PROFILE, device_header  # beside this file
 from iosim.hardware.gpu import get_profile
 from iosim.schedules.mla_decode import NOPE, VALUE, MlaDecode, counts, dram
 from iosim.timing.roofline import predict
-from iosim.validation import BOUND, FLOOR
+from iosim.validation import hbm_rule
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ((64, 4096), (64, 32768), (1, 32768), (128, 2048))  # (sequences, cached tokens): one new token each
@@ -211,7 +211,7 @@ def measure(device: str, reps: int, out: Path) -> int:
 
 def within(sim: int, meas: int, direction: str, compulsory: int) -> bool:
     """iosim.validation's hbm rule on one stage: the bound, or the floor of 1% of its compulsory bytes."""
-    return abs(sim - meas) <= max(BOUND[direction] * meas, FLOOR * compulsory)
+    return bool(hbm_rule(sim, meas, direction, compulsory))
 
 
 def table(device: str, path: Path) -> None:

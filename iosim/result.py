@@ -180,6 +180,8 @@ class PassTilesJSON(TilesJSON):
     page_size: int | None = Field(None, description="flash-decoding with iosim-decode: tokens per page of a paged "
                                   "cache (null: contiguous)")
     kv_lens: list[int] | None = Field(None, description="flash-decoding with iosim-decode: keys of each sequence")
+    kv_dtype: Literal["fp8"] | None = Field(None, description="flash-decoding with iosim-decode: the cache's dtype "
+                                            "where it is not the problem's (fp8: e4m3, a scale per kv head)")
     density: float | None = Field(None, description="block-sparse: fraction of non-zero blocks")
     mask: str | None = Field(None, description="block-sparse: where the block mask came from")
     gqa: Literal["expand", "grouped"] | None = Field(None, description="flash2 backward: grouped-query design")

@@ -20,7 +20,7 @@ from .hardware.gpu import Profile, get_profile
 from .l2 import L2ModelError, WalkOptions, simulate_l2, unsupported
 from .l2.packed import packed_dram
 from .launch import decode as launch_decode
-from .problem import AttentionProblem, InputWarning
+from .problem import ELEMENT_BYTES, AttentionProblem, InputWarning
 from .result import Result
 from .schedules import (
     PASSES,
@@ -199,7 +199,9 @@ def decode_kernel_options(problem: AttentionProblem, profile: Profile, desc, opt
     rows = problem.group * problem.seq_len
     stripes = decode_layout.stripes(rows, problem.head_dim)
     registers = desc.decode_registers(problem.head_dim, stripes)
-    slots = launch_decode.decode_slots(profile, problem.head_dim, stripes, problem.elem_bytes, registers)
+    kv_dtype = decode_layout.check_kv_dtype(options.kv_dtype)
+    kv_itemsize = ELEMENT_BYTES[kv_dtype] if kv_dtype else None
+    slots = launch_decode.decode_slots(profile, problem.head_dim, stripes, problem.elem_bytes, registers, kv_itemsize)
     blocks = problem.kv_heads * decode_layout.row_blocks(rows, problem.head_dim)
     try:
         split = launch_decode.decode_split(lens, blocks, slots, options.splits)
@@ -213,7 +215,7 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
              pass_: Pass = "forward", l2: bool = True, l2_exact: bool = False, l2_progress=None,
              kernel: str | None = None, warm: bool = False, splits: int | None = None, density: float | None = None,
              mask=None, seed: int | None = None, gqa: Literal["expand", "grouped"] | None = None, kv_lens=None,
-             page_size: int | None = None, window: tuple[int | None, int | None] | None = None,
+             page_size: int | None = None, kv_dtype: str | None = None, window: tuple | None = None,
              seqlens=None, incoherent: bool | None = None, run: str | float = "record") -> Result:
     """Count and time ``schedule`` on ``problem`` for ``profile`` (default h100-sxm5-80gb).
 
@@ -222,11 +224,11 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     unless ``block_q``/``block_kv`` are given. The schedules' own options (None = not given; a schedule given
     one it does not take raises ScheduleError; a misspelled one is Python's TypeError): ``splits``
     (flash-decoding), ``kv_lens`` (keys of each sequence, a list or 1-d array, each 0 to ``kv_len``: a ragged
-    batch) and ``page_size`` (tokens per page of a paged cache, a multiple of 16; None: contiguous), both of
-    flash-decoding with ``kernel="iosim-decode"``, whose tile program is iosim's decode kernel's
-    (docs/serving.md), ``density``, ``mask`` (a file or an array), ``seed`` (block-sparse), ``gqa`` (flash2's
-    backward pass: "expand", the default, as FlashAttention-2; "grouped", as iosim's kernel:
-    docs/schedules/backward.md), ``window`` (flash2's and flash3's forward: a sliding window (left, right), None for no
+    batch), ``page_size`` (tokens per page of a paged cache, a multiple of 16; None: contiguous) and ``kv_dtype``
+    ("fp8": the cache in e4m3, a scale per kv head), all three of flash-decoding with ``kernel="iosim-decode"``,
+    whose tile program is iosim's decode kernel's (docs/serving.md), ``density``, ``mask`` (a file or an array),
+    ``seed`` (block-sparse), ``gqa`` (flash2's backward pass: "expand", the default, as FlashAttention-2; "grouped",
+    as iosim's kernel: docs/schedules/backward.md), ``window`` (flash2's and flash3's forward: a sliding window (left, right), None for no
     bound on a side) and ``seqlens`` (flash2's forward: packed sequences, one length or a (queries, keys) pair each,
     adding up to a batch-1 problem's seq_len and kv_len: ``hbm`` from the L2 model walking the varlen grid as one
     program (:mod:`iosim.l2.packed`), the time from the fa2 model on the varlen grid, :func:`iosim.timing.fa2.packed_order`),
@@ -257,8 +259,8 @@ def simulate(schedule: str, problem: AttentionProblem | Mapping, profile: str | 
     if (desc is not None and desc.pass_ == "backward" and gqa is None and problem.heads != problem.kv_heads
             and "gqa" in get_schedule(schedule, "backward").options):
         gqa = desc.gqa  # the kernel's design of grouped-query heads, counted as it runs
-    options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, kv_lens=kv_lens,
-                              page_size=page_size, window=window, seqlens=seqlens, incoherent=incoherent)
+    options = ScheduleOptions(splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, kv_lens=kv_lens, window=window,
+                              page_size=page_size, kv_dtype=kv_dtype, seqlens=seqlens, incoherent=incoherent)
     if desc is not None and desc.family == "decode":
         options = decode_kernel_options(problem, prof, desc, options)
     if desc is not None and schedule == "flash3" and desc.fp8_layout == "iosim" and problem.dtype == "fp8":

@@ -145,6 +145,14 @@ def lower_bound(check: Check) -> bool:
     return shared >= int(get_profile(check.profile).require("l2.capacity"))
 
 
+def hbm_rule(sim: int, meas: int, direction: str, compulsory: int) -> str:
+    """Which part of the ``hbm`` rule a simulated count passes by: "bound" (within BOUND[direction] of the
+    measurement), "floor" (within FLOOR of the compulsory bytes) or "" (neither)."""
+    if abs(sim - meas) <= BOUND[direction] * meas:
+        return "bound"
+    return "floor" if abs(sim - meas) <= FLOOR * compulsory else ""
+
+
 def judge(check: Check) -> Verdict:
     """The rule of the module docstring applied to one check."""
     sim, meas = check.simulated, check.measured
@@ -152,12 +160,8 @@ def judge(check: Check) -> Verdict:
     if check.boundary == "global":
         return Verdict(check, err, sim == meas, "exact" if sim == meas else "", False)
     bound = BOUND[check.direction]
-    by = ""
-    if abs(sim - meas) <= bound * meas:
-        by = "bound"
-    elif abs(sim - meas) <= FLOOR * check.compulsory:
-        by = "floor"
-    elif check.launches and min(check.launches) * (1 - bound) <= sim <= max(check.launches) * (1 + bound):
+    by = hbm_rule(sim, meas, check.direction, check.compulsory)
+    if not by and check.launches and min(check.launches) * (1 - bound) <= sim <= max(check.launches) * (1 + bound):
         by = "range"
     return Verdict(check, err, bool(by), by, lower_bound(check))
 

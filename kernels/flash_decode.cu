@@ -6,6 +6,8 @@
 //   O (B, L, H, d) like q; lse (B, H, L) fp32, natural log (-inf, with O = 0, for a row that sees no key).
 //   K and V: contiguous (B, N_max, H_kv, d), or paged (num_pages, page_size, H_kv, d) with block_table (B, max_pages)
 //   int32: token t of sequence b is slot t % page_size of page block_table[b][t / page_size] (pages in any order).
+//   An fp8 cache (KV = e4m3, q and O fp16/bf16): K = k_scale[kv head] * e4m3(k), V = v_scale[kv head] * e4m3(v), fp32
+//   scales per kv head (iosim.gpu.quantize_kv_fp8).
 //
 // Schedule (kernel 1, flash_decode_kernel; grid = (row blocks, splits, B * H_kv), 4 warps):
 //   grouped-query packing: the G = H / H_kv query heads of one kv head and the L tokens are the rows of one Q
@@ -21,6 +23,10 @@
 //   the next tile is read one tile ahead, so the block-table load never stalls a copy.
 //   per tile: S = Q K^T (16 x 16 per stripe), online softmax in exp2 (FlashAttention-2 lines 8-10), O += P V with P
 //   rounded to the input dtype; keys past n_b and above the causal diagonal get -inf (one comparison: j > limit).
+//   fp8 cache: the ring holds the e4m3 bytes (half the bytes in flight per slot); once a tile has landed each warp
+//   turns it into one fp16/bf16 K tile and V tile of its own (exact: e4m3x4_to_half2x2_div256, values / 256), so the
+//   ldmatrix and mma.sync path is the 16-bit one; k_scale * 256 is folded into the softmax scale, v_scale * 256 into
+//   the epilogue's 1 / l. No other per-tile work.
 //   epilogue: the 4 warps' (m, l, O) meet in shared memory (over the K/V ring) and merge by the log-sum-exp rule;
 //   one split: O in the input dtype and lse; several: O_s / l_s in fp32 and lse_s, per split.
 // Kernel 2, flash_decode_combine_kernel (only when splits > 1; one warp per output row (b, i, h)):
@@ -32,7 +38,8 @@
 // rate at any M <= 16. The floor and the bytes in flight: docs/kernels.md, "flash_decode.cu".
 //
 // Versions:
-//   v1  this one (measurement: docs/kernels.md).
+//   v1  16-bit caches (measurement: docs/kernels.md).
+//   v2  this one: the fp8 (e4m3) cache.
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -42,33 +49,45 @@ constexpr int kDecodeWarps = 4;  // warps per block; they split the keys of a sp
 constexpr int kDecodeTile = 16;  // keys per warp tile (mma n16); page sizes are multiples of it
 // depth of each warp's K/V ring; mirrored by iosim/launch_decode.py decode_stages() for the shared-memory budget
 __host__ __device__ constexpr int decode_stages(int D) { return D >= 256 ? 2 : (D >= 128 ? 3 : 4); }
+// bytes of one warp's ring slots (K tile then V tile per slot) and, for an fp8 cache, its 16-bit K and V tiles;
+// mirrored by iosim/launch/decode.py decode_smem_terms()
+template <int D, typename T, typename KV>
+__host__ __device__ constexpr int decode_warp_bytes() {
+    return decode_stages(D) * 2 * kDecodeTile * D * (int)sizeof(KV) +
+           (is_same<KV, T>::value ? 0 : 2 * kDecodeTile * D * (int)sizeof(T));
+}
 // fp32 row stride of a warp's O in the merge area: 8 floats of padding, so the float2 stores of a quad's 8 rows
 // fall on distinct banks two wavefronts at a time
 __host__ __device__ constexpr int decode_merge_stride(int D) { return D + 8; }
 
-template <int D, int MT, typename T>
+template <int D, int MT, typename T, typename KV>
 __global__ void __launch_bounds__(128)
-    flash_decode_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-                        float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part,
-                        const int* __restrict__ seqlens_k, const int* __restrict__ block_table, int q_len, int heads,
-                        int kv_heads, int page_size, int table_stride, int chunk, int n_splits, float scale_log2) {
+    flash_decode_kernel(const T* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
+                        T* __restrict__ o, float* __restrict__ lse, float* __restrict__ o_part,
+                        float* __restrict__ lse_part, const int* __restrict__ seqlens_k,
+                        const int* __restrict__ block_table, const float* __restrict__ k_scale,
+                        const float* __restrict__ v_scale, int q_len, int heads, int kv_heads, int page_size,
+                        int table_stride, int chunk, int n_splits, float scale_log2) {
     constexpr int kThreads = 32 * kDecodeWarps;
+    constexpr bool kFp8 = is_same<KV, e4m3>::value;  // else KV = T
+    static_assert(kFp8 || is_same<KV, T>::value, "the cache holds q's dtype or e4m3");
     constexpr int Br = 16 * MT;             // rows of Q per block
     constexpr int Stages = decode_stages(D);
-    constexpr int C = D / 8;                // 16-byte chunks per row
+    constexpr int C = D / 8;                // 16-byte chunks per row of q's dtype
+    constexpr int CK = D * (int)sizeof(KV) / 16;  // 16-byte chunks per row of the cache
     constexpr int KD = D / 16;              // k16 steps of Q K^T
     constexpr int ND = D / 8;               // n8 tiles of O per stripe
     constexpr int kSlot = 2 * kDecodeTile * D;  // elements of one ring slot: K tile then V tile
     constexpr bool kQInRegs = (MT == 1 && D <= 128);
     constexpr int kMS = decode_merge_stride(D);
     static_assert(D % 64 == 0 && (MT == 1 || MT == 2), "head dim 64, 128 or 256; 1 or 2 row stripes");
-    static_assert(kDecodeWarps * Br * (kMS + 2) * 4 <= kDecodeWarps * Stages * kSlot * (int)sizeof(T),
+    static_assert(kDecodeWarps * Br * (kMS + 2) * 4 <= kDecodeWarps * decode_warp_bytes<D, T, KV>(),
                   "the merge area must fit over the K/V ring");
     IOSIM_TRACE_BLOCK();
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    T* sQ = reinterpret_cast<T*>(smem_raw);  // Br x D
-    T* sRing = sQ + Br * D;                  // warps x Stages x (K 16 x D, V 16 x D)
+    T* sQ = reinterpret_cast<T*>(smem_raw);                                  // Br x D
+    unsigned char* sRing = reinterpret_cast<unsigned char*>(sQ + Br * D);  // warps x decode_warp_bytes
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -98,6 +117,13 @@ __global__ void __launch_bounds__(128)
         return;
     }
 
+    // the cache's scales (fp8): K's and 2^8 into the softmax's base-2 scale, V's and 2^8 into the epilogue
+    float v_factor = 1.f;
+    if constexpr (kFp8) {
+        scale_log2 *= __ldg(k_scale + hk) * 256.f;
+        v_factor = __ldg(v_scale + hk) * 256.f;
+    }
+
     // Q_i into shared memory, rows past M zero-filled (group 0 of every thread)
     for (int idx = tid; idx < Br * C; idx += kThreads) {
         const int r = idx / C, c = idx % C;
@@ -110,29 +136,55 @@ __global__ void __launch_bounds__(128)
     const int n_tiles = (key_end - key_begin + kDecodeTile - 1) / kDecodeTile;
     const int n_w = n_tiles > warp ? (n_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
     const long long kv_stride = (long long)kv_heads * D;  // elements between consecutive tokens of one kv head
-    T* ring = sRing + warp * Stages * kSlot;
+    KV* ring = reinterpret_cast<KV*>(sRing + warp * decode_warp_bytes<D, T, KV>());
+    T* sK16 = reinterpret_cast<T*>(ring + Stages * kSlot);  // fp8: this warp's 16-bit K tile, then V tile
     auto tile_token = [&](int i) { return key_begin + (warp + kDecodeWarps * i) * kDecodeTile; };
     auto page_of = [&](int i) -> long long {  // physical page of tile i (contiguous cache: the sequence's own)
         if (block_table == nullptr) return b;
         return i < n_w ? __ldg(block_table + (long long)b * table_stride + tile_token(i) / page_size) : 0;
     };
-    // K_j, V_j (16 x D each) of tile i into ring slot `slot`; rows at or past n_b are zero-filled, never read
+    // K_j, V_j (16 x D each) of tile i into ring slot `slot`; rows at or past n_b are zero-filled, never read.
+    // 16-bit cache: swizzled rows (ldmatrix reads the slot); fp8: plain rows of D bytes (convert_tile reads them)
     auto load_tile = [&](int i, long long page, int slot) {
         const int tok = tile_token(i);
         const long long row0 = (page * page_size + tok % page_size) * kv_heads + hk;  // first token's row
-        const T* kg = k + row0 * D;
-        const T* vg = v + row0 * D;
-        T* sK = ring + slot * kSlot;
-        T* sV = sK + kDecodeTile * D;
+        const KV* kg = k + row0 * D;
+        const KV* vg = v + row0 * D;
+        KV* sK = ring + slot * kSlot;
+        KV* sV = sK + kDecodeTile * D;
         const int valid = seqlen - tok;
 #pragma unroll
-        for (int it = 0; it < kDecodeTile * C / 32; ++it) {
+        for (int it = 0; it < kDecodeTile * CK / 32; ++it) {
             const int idx = it * 32 + lane;
-            const int r = idx / C, c = idx % C;
+            const int r = idx / CK, c = idx % CK;
             const bool ok = r < valid;
-            const long long off = (ok ? r : 0) * kv_stride + c * 8;
-            cp_async_16(smem_u32(sK + swz<D>(r, c)), kg + off, ok ? 16 : 0);
-            cp_async_16(smem_u32(sV + swz<D>(r, c)), vg + off, ok ? 16 : 0);
+            const long long off = (ok ? r : 0) * kv_stride + c * (16 / (int)sizeof(KV));
+            const int dst = kFp8 ? idx * 16 : swz<D>(r, c);
+            cp_async_16(smem_u32(sK + dst), kg + off, ok ? 16 : 0);
+            cp_async_16(smem_u32(sV + dst), vg + off, ok ? 16 : 0);
+        }
+    };
+    // fp8: the e4m3 K and V tiles of ring slot `slot` as this warp's swizzled 16-bit tiles, values / 256; 8 bytes a
+    // lane a step, so the 8 lanes of a store phase write 8 chunks of one row (distinct banks)
+    auto convert_tile = [&](int slot) {
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(ring + slot * kSlot);
+#pragma unroll
+        for (int it = 0; it < 2 * kDecodeTile * C / 32; ++it) {  // K's chunks, then V's
+            const int idx = it * 32 + lane;
+            const int t = idx / (kDecodeTile * C), r = (idx / C) % kDecodeTile, c = idx % C;
+            const uint2 w = *reinterpret_cast<const uint2*>(src + idx * 8);
+            unsigned h[4];
+            e4m3x4_to_half2x2_div256(w.x, h[0], h[1]);
+            e4m3x4_to_half2x2_div256(w.y, h[2], h[3]);
+            if constexpr (is_same<T, __nv_bfloat16>::value) {  // fp16 -> fp32 -> bf16: exact (4 significant bits)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float a, b;
+                    unpack2<__half>(h[e], a, b);
+                    h[e] = pack2<T>(a, b);
+                }
+            }
+            *reinterpret_cast<uint4*>(sK16 + t * kDecodeTile * D + swz<D>(r, c)) = make_uint4(h[0], h[1], h[2], h[3]);
         }
     };
 
@@ -195,7 +247,14 @@ __global__ void __launch_bounds__(128)
             load_tile(jn, page, fill);
         }
         cp_async_commit();  // one group per iteration, so the wait count stays exact
-        const T* sK = ring + stage * kSlot;
+        const T* sK;
+        if constexpr (kFp8) {
+            convert_tile(stage);
+            __syncwarp();  // every lane's part of the 16-bit tiles is written
+            sK = sK16;
+        } else {
+            sK = ring + stage * kSlot;
+        }
         const T* sV = sK + kDecodeTile * D;
         stage = stage + 1 == Stages ? 0 : stage + 1;
         fill = fill + 1 == Stages ? 0 : fill + 1;
@@ -330,7 +389,7 @@ __global__ void __launch_bounds__(128)
             acc.z += f * x.z;
             acc.w += f * x.w;
         }
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float inv = l > 0.f ? v_factor / l : 0.f;
         const float row_lse = l > 0.f ? (m_scaled + __log2f(l)) * 0.69314718055994531f : -INFINITY;
         const long long orow = out_row(r0 + r);
         if (n_splits == 1) {

@@ -78,11 +78,8 @@ __device__ __forceinline__ unsigned long long smem_desc_sw(unsigned addr) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// fp8 e4m3 (the fp8 instantiations of flash3_fwd.cu): a one-byte input type, and four fp32 values rounded to e4m3
-// (cvt.rn.satfinite: nearest even, saturating at +-448) packed into one register, the first in the lowest byte
-struct e4m3 {
-    unsigned char bits;
-};
+// fp8 e4m3 (the fp8 instantiations of flash3_fwd.cu; the type itself is common.cuh's): four fp32 values rounded to
+// e4m3 (cvt.rn.satfinite: nearest even, saturating at +-448) packed into one register, the first in the lowest byte
 __device__ __forceinline__ unsigned pack4_e4m3(float a0, float a1, float a2, float a3) {
     unsigned short lo, hi;  // cvt ... d, a, b puts a in the upper byte of d, b in the lower
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(a1), "f"(a0));

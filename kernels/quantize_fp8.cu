@@ -15,7 +15,8 @@
 // registers below a stride of D/32, by shuffles above. Two passes over the block: the amax (after the rotation), then
 // the quantization (the second read of x is served by L1/L2).
 // Modes: amax_out != null: write each block's amax there, nothing else (per-tensor scaling takes their max on the
-// host); fixed_scale != null: every block uses *fixed_scale (per-tensor); else each block its own scale.
+// host); fixed_scale != null: every block of head h uses fixed_scale[h] (per-tensor: one value for every head; an fp8
+// KV cache: one per kv head, iosim.gpu.quantize_kv_fp8); else each block its own scale.
 #include "common.cuh"
 #include "hopper.cuh"  // e4m3 packing (cvt.rn.satfinite.e4m3x2, sm_89+)
 
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(kQuantThreads)
 
     float scale;
     if (fixed_scale != nullptr && amax_out == nullptr) {
-        scale = __ldg(fixed_scale);
+        scale = __ldg(fixed_scale + h);
     } else {
         float amax = 0.f;
         for (int r = r0 + warp; r < r1; r += kQuantThreads / 32) {

@@ -136,6 +136,11 @@ def test_shared_memory_is_q_plus_four_rings_and_the_merge_area_fits_over_the_rin
         ring = geo.decode_smem_terms(d, mt)["K_j, V_j"]
         assert geo.decode_merge_bytes(d, mt) <= ring, (d, mt)
         assert geo.decode_smem_bytes(d, mt) <= A100_SMEM_PER_BLOCK, (d, mt)  # sm_80 holds every block
+        # an fp8 cache: the ring at one byte an element plus each warp's 16-bit K and V tiles; the merge fits over both
+        fp8 = geo.decode_smem_terms(d, mt, 2, 1)
+        assert fp8["K_j, V_j"] == ring // 2 and fp8["K_j, V_j (16-bit)"] == 4 * 2 * 16 * d * 2
+        assert geo.decode_merge_bytes(d, mt) <= fp8["K_j, V_j"] + fp8["K_j, V_j (16-bit)"], (d, mt)
+        assert geo.decode_smem_bytes(d, mt, 2, 1) <= geo.decode_smem_bytes(d, mt), (d, mt)
 
 
 def test_every_config_keeps_enough_bytes_in_flight_per_sm():
@@ -165,11 +170,15 @@ def test_instantiations_cover_every_stripe_head_dim_and_dtype():
     insts = decode_instances()
     split = [i for i in insts if i.kind == "split"]
     combine = [i for i in insts if i.kind == "combine"]
-    assert len(insts) == len(set(insts)) == 2 * len(geo.DECODE_STRIPES) + 2 * len(geo.DECODE_HEAD_DIMS)
-    assert {(i.head_dim, i.stripes) for i in split} == set(geo.DECODE_STRIPES)
+    assert len(insts) == len(set(insts)) == 4 * len(geo.DECODE_STRIPES) + 2 * len(geo.DECODE_HEAD_DIMS)
+    assert {(i.head_dim, i.stripes, i.fp8_cache) for i in split} == {(d, mt, f) for d, mt in geo.DECODE_STRIPES
+                                                                       for f in (False, True)}
     assert {i.head_dim for i in combine} == set(geo.DECODE_HEAD_DIMS)
     inst = DecodeInstance("split", 128, "bfloat16", 2)
-    assert inst.name_expression == "iosim::flash_decode_kernel<128, 2, __nv_bfloat16>"
+    assert inst.name_expression == "iosim::flash_decode_kernel<128, 2, __nv_bfloat16, __nv_bfloat16>"
+    fp8 = DecodeInstance("split", 64, "float16", 1, fp8_cache=True)
+    assert fp8.name_expression == "iosim::flash_decode_kernel<64, 1, __half, iosim::e4m3>"
+    assert "const iosim::e4m3*, const iosim::e4m3*, __half*" in fp8.explicit_instantiation
     assert DecodeInstance("combine", 64, "float16").name_expression == "iosim::flash_decode_combine_kernel<64, __half>"
     # the explicit instantiation lists as many parameters as the kernel's definition
     src = _kernel_source()
@@ -232,6 +241,28 @@ def test_dtype_errors_name_the_argument():
         di.check_shapes((1, 1, 2, 64), (1, 8, 2, 64), (1, 8, 2, 64), ("float32",) * 3)
     with pytest.raises(AttentionTypeError, match="v_cache: dtype float16 differs from q's bfloat16"):
         di.check_shapes((1, 1, 2, 64), (1, 8, 2, 64), (1, 8, 2, 64), ("bfloat16", "bfloat16", "float16"))
+    with pytest.raises(AttentionTypeError, match="v_cache: dtype bfloat16 while k_cache is fp8"):
+        di.check_shapes((1, 1, 2, 64), (1, 8, 2, 64), (1, 8, 2, 64), ("bfloat16", "uint8", "bfloat16"))
+
+
+@pytest.mark.parametrize("cache", ["uint8", "float8_e4m3fn"])
+def test_an_fp8_cache_takes_its_scales_per_kv_head(cache):
+    s = di.check_shapes((1, 1, 4, 64), (1, 8, 2, 64), (1, 8, 2, 64), ("bfloat16", cache, cache))
+    assert s.fp8_cache and s.kv_dtype == di.FP8_CACHE and s.dtype == "bfloat16"
+    k, v = di.check_kv_scales(0.5, np.array([1.0, 2.0]), s)
+    assert k.dtype == np.float32 and k.tolist() == [0.5, 0.5] and v.tolist() == [1.0, 2.0]
+    with pytest.raises(AttentionInputError, match=r"v_cache: e4m3 values without their scale; expected "
+                                                  r"QuantizedKV\(values, scale\), scale a number or \(2,\) floats"):
+        di.check_kv_scales(1.0, None, s)
+    with pytest.raises(AttentionInputError, match=r"k_cache.scale\[0\] = inf; expected a finite scale > 0"):
+        di.check_kv_scales(np.inf, 1.0, s)
+    with pytest.raises(AttentionInputError, match=r"k_cache.scale: float64 of shape \(3,\); expected a number or "
+                                                  r"\(2,\)"):
+        di.check_kv_scales([1.0, 2.0, 3.0], 1.0, s)
+    plain = di.check_shapes((1, 1, 4, 64), (1, 8, 2, 64), (1, 8, 2, 64), ("float16",) * 3)
+    assert not plain.fp8_cache and di.check_kv_scales(None, None, plain) is None
+    with pytest.raises(AttentionInputError, match="v_cache: a QuantizedKV of float16 values; expected e4m3"):
+        di.check_kv_scales(None, 1.0, plain)
 
 
 def test_page_sizes_must_be_whole_tiles_and_the_table_must_match_the_batch():
@@ -371,13 +402,30 @@ def test_a_paged_plan_launches_the_split_then_the_combine_kernel_with_the_checke
     assert a[5].shape == (192, 3, 128) and a[5].dtype == np.float32 and a[6].shape == (192, 3)  # partials
     assert a[7].tolist() == [600, 1, 0] and a[7].dtype == np.int32
     assert a[8].dtype == np.int32 and a[8].tolist()[1] == [15] + [0] * 9  # unread entries zeroed
+    assert int(a[9]) == int(a[10]) == 0  # no k_scale, v_scale: a 16-bit cache
     # q_len, heads, kv_heads, page_size, table stride, chunk, splits, scale * log2(e)
-    assert [int(x) for x in a[9:16]] == [4, 16, 2, 64, 10, 208, 3]
-    assert float(a[16]) == pytest.approx(1.4426950408889634 / 128 ** 0.5, rel=1e-6)
+    assert [int(x) for x in a[11:18]] == [4, 16, 2, 64, 10, 208, 3]
+    assert float(a[18]) == pytest.approx(1.4426950408889634 / 128 ** 0.5, rel=1e-6)
     assert combine.inst == DecodeInstance("combine", 128, "float16") and combine.grid == (48, 1, 1)
     c = combine.args
     assert c[0] is a[5] and c[1] is a[6] and c[2] is a[7] and c[3] is o and c[4] is lse
     assert [int(x) for x in c[5:]] == [192, 4, 16, 208, 3]  # rows, q_len, heads, chunk, splits
+
+
+def test_an_fp8_plan_launches_the_e4m3_instance_with_its_scales_and_smaller_ring(fake_cupy):
+    from iosim import gpu
+
+    q = _dev(np.zeros((2, 1, 8, 128), np.float16))
+    bits = _dev(np.zeros((2, 300, 2, 128), np.uint8))  # e4m3 bits, contiguous
+    k, v = gpu.QuantizedKV(bits, [0.5, 0.25]), gpu.QuantizedKV(bits, 2.0)
+    plan = gpu.plan_decode(q, k, v, splits=1)
+    plan.run(q, k, v)
+    (split,) = fake_cupy
+    assert split.inst == DecodeInstance("split", 128, "float16", 1, fp8_cache=True)
+    assert split.smem == geo.decode_smem_bytes(128, 1, 2, 1) == 4096 + 49152 + 32768
+    assert np.asarray(split.args[9]).tolist() == [0.5, 0.25] and np.asarray(split.args[10]).tolist() == [2.0, 2.0]
+    with pytest.raises(AttentionInputError, match="k_cache: e4m3 values without their scale"):
+        gpu.plan_decode(q, bits, v)
 
 
 def test_a_contiguous_cache_is_one_page_per_sequence_and_one_split_needs_no_combine(fake_cupy):
@@ -390,9 +438,9 @@ def test_a_contiguous_cache_is_one_page_per_sequence_and_one_split_needs_no_comb
     assert got.o is o and got.lse.shape == (2, 8, 1)
     (split,) = fake_cupy
     a = split.args
-    assert a[5] == 0 and a[6] == 0 and a[8] == 0  # null partials and block table
-    assert [int(x) for x in a[9:16]] == [1, 8, 8, 300, 1, 304, 1]  # page_size = max_len, chunk: 300 in tiles
-    assert float(a[16]) == pytest.approx(0.25 * 1.4426950408889634, rel=1e-6)
+    assert a[5] == 0 and a[6] == 0 and a[8] == 0 and a[9] == a[10] == 0  # null partials, table, scales
+    assert [int(x) for x in a[11:18]] == [1, 8, 8, 300, 1, 304, 1]  # page_size = max_len, chunk: 300 in tiles
+    assert float(a[18]) == pytest.approx(0.25 * 1.4426950408889634, rel=1e-6)
     with pytest.raises(AttentionInputError, match=r"out: o \(2, 1, 8, 64\) float32"):
         gpu.decode(q, k, k, out=(_dev(np.zeros(q.shape, np.float32)), None))
     with pytest.raises(AttentionInputError, match="expected the plan's"):

@@ -17,6 +17,7 @@ from iosim.blocks import cdiv
 from iosim.launch import decode as geo
 from iosim.numeric import execute
 from iosim.schedules import decode_layout
+from iosim.schedules import paged_decoding as pd
 from iosim.schedules.decode_layout import PagedDecodingTiles, make_tiles
 from iosim.simulate import closed, walk
 from iosim.timing import load_kernel
@@ -24,7 +25,8 @@ from iosim.timing import load_kernel
 
 @st.composite
 def batches(draw, max_len=200):
-    """A problem the kernel takes and its tiles: ragged lengths (0 included), paged or not, forced splits."""
+    """A problem the kernel takes and its tiles: ragged lengths (0 included), paged or not, forced splits, the cache
+    in the problem's dtype or fp8."""
     kv_heads = draw(st.integers(1, 2))
     L = draw(st.integers(1, 16))
     p = AttentionProblem(batch=draw(st.integers(1, 3)), heads=kv_heads * draw(st.sampled_from([1, 2, 5, 8])),
@@ -33,7 +35,7 @@ def batches(draw, max_len=200):
                          causal=L > 1 or draw(st.booleans()))
     lens = draw(st.lists(st.integers(0, p.kv_len), min_size=p.batch, max_size=p.batch))
     page = draw(st.sampled_from([None, 16, 32, 64, 256]))
-    return p, make_tiles(p, lens, page, draw(st.integers(1, 12)))
+    return p, make_tiles(p, lens, page, draw(st.integers(1, 12)), draw(st.sampled_from([None, "fp8"])))
 
 
 @given(batches())
@@ -50,7 +52,7 @@ def test_kv_bytes_are_each_sequences_keys_once_per_kv_head_and_row_block(case):
     p, t = case
     c = closed("flash-decoding", p, t)
     row_blocks = cdiv(p.group * p.seq_len, t.block_q)
-    kv = row_blocks * sum(t.kv_lens) * p.kv_heads * p.head_dim * p.elem_bytes
+    kv = row_blocks * sum(t.kv_lens) * p.kv_heads * p.head_dim * (1 if t.kv_dtype == "fp8" else p.elem_bytes)
     assert c.global_read["K"] == c.global_read["V"] == kv
     tiles = sum(cdiv(n, 16) for n in t.kv_lens)  # every tile of 16 keys holds keys: its rows past n_b are not read
     assert c.flops["matmul"] == row_blocks * tiles * p.kv_heads * 4 * t.block_q * 16 * p.head_dim
@@ -78,6 +80,30 @@ def test_one_split_moves_what_flash_decode_cu_loads_and_stores_counted_by_hand()
     }
     assert dict(k.global_write) == {"O": 2 * 8 * 64 * 2, "lse": 2 * 8 * 4}
     assert k.flops["matmul"] == (3 + 2) * 2 * 4 * 16 * 16 * 64  # whole 16 x 16 tiles of the stripe
+
+
+def test_an_fp8_cache_halves_k_and_v_and_every_working_thread_loads_two_scales_counted_by_hand():
+    p = AttentionProblem(batch=2, heads=8, kv_heads=2, seq_len=1, kv_len=64, head_dim=64, dtype="bf16")
+    t = make_tiles(p, [40, 0], 16, 1, "fp8")
+    (k,) = closed("flash-decoding", p, t).kernels
+    # 4 blocks; sequence 1 has no key: its 2 blocks write O = 0, lse = -inf and load no scale
+    assert dict(k.global_read) == {
+        "seqlens_k": 4 * 128 * 4, "Q": 2 * 4 * 64 * 2,
+        "K": 40 * 2 * 64 * 1, "V": 40 * 2 * 64 * 1,  # one byte a value
+        "block_table": 3 * 2 * 32 * 4,
+        "k_scale": 2 * 128 * 4, "v_scale": 2 * 128 * 4,  # every thread of the 2 blocks with keys, its kv head's
+    }
+    assert dict(k.global_write) == {"O": 2 * 8 * 64 * 2, "lse": 2 * 8 * 4}  # O in q's dtype
+    plain = closed("flash-decoding", p, make_tiles(p, [40, 0], 16, 1)).kernels[0]
+    assert k.flops == plain.flops
+    # DRAM: the keys at a byte, and one 32-byte sector for each scale vector (2 kv heads x 4 B)
+    (r8, _), = decode_layout.dram(p, t)
+    (r16, _), = decode_layout.dram(p, make_tiles(p, [40, 0], 16, 1))
+    assert r16 - r8 == 2 * 40 * 2 * 64 - 2 * 32
+    # shared memory: the ring at a byte, plus each warp's 16-bit K and V tile (iosim.launch.decode's terms)
+    assert pd.shared_memory(p, t) == geo.decode_smem_bytes(64, 1, 2, 1)
+    with pytest.raises(ScheduleError, match="kv_dtype='fp16': expected None"):
+        make_tiles(p, [40, 0], 16, 1, "fp16")
 
 
 def test_two_splits_add_the_partials_and_the_combine_kernel_counted_by_hand():
@@ -242,7 +268,7 @@ def test_a_ragged_or_paged_batch_without_the_kernel_says_which_kernel_takes_it()
     with pytest.raises(ScheduleError, match=r"give kernel='iosim-decode'"):
         simulate("flash-decoding", p, kv_lens=[100, 50])
     with pytest.raises(ScheduleError, match=r"only flash-decoding takes splits \(and, with kernel='iosim-decode', "
-                                            r"kv_lens and page_size\)"):
+                                            r"kv_lens, page_size and kv_dtype\)"):
         simulate("flash1", p, page_size=16)
     with pytest.raises(ScheduleError, match=r"page_size=16 without seqlens: flash2 reads a paged cache in its varlen"):
         simulate("flash2", p, page_size=16)  # flash2 takes pages in its chunked-prefill mode

@@ -136,6 +136,9 @@ def problem_options(f):
               help="flash-decoding --kernel iosim-decode: tokens per page of a paged KV cache, a multiple of 16; "
                    "flash2 with --seqlens: the sequences' keys in a paged cache (chunked prefill), any size "
                    "[default: a contiguous cache]")
+@click.option("--kv-dtype", type=click.Choice(["fp8"]), default=None,
+              help="flash-decoding --kernel iosim-decode: the KV cache in fp8 (e4m3, a scale per kv head; Q and O in "
+                   "--dtype) [default: the cache in --dtype]")
 @click.option("--seqlens", type=SeqLens(), default=None,
               help="flash2, flash3 forward: packed sequences (varlen), comma-separated, each N or Q:K (queries:keys); "
                    "the problem is batch 1 of their totals (--seq-len, --kv-len) [default: the dense batch]")
@@ -167,8 +170,8 @@ def problem_options(f):
                    "(steady), or the mean call of a run of SECONDS (docs/timing.md)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (the public contract, docs/json.md)")
 def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, density, mask, seed, use_l2, as_json,
-                 l2_exact=False, kernel=None, warm=False, gqa=None, kv_lens=None, page_size=None, window=None,
-                 seqlens=None, run="record", **problem_kw):
+                 l2_exact=False, kernel=None, warm=False, gqa=None, kv_lens=None, page_size=None, kv_dtype=None,
+                 window=None, seqlens=None, run="record", **problem_kw):
     """Count the bytes SCHEDULE moves at each memory boundary, its FLOPs and its predicted time.
 
     With a CPU profile (``iosim profiles list``, or a file with ``kind: cpu``), the boundaries are the CPU's
@@ -177,7 +180,8 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
     if profile is not None and is_cpu_profile(profile):
         gpu_only = {"--method walk": method != "closed", "--pass": pass_ != "forward", "--splits": splits,
                     "--density": density, "--mask": mask, "--seed": seed, "--l2-exact": l2_exact, "--kernel": kernel,
-                    "--warm": warm, "--gqa": gqa, "--kv-lens": kv_lens, "--page-size": page_size, "--window": window,
+                    "--warm": warm, "--gqa": gqa, "--kv-lens": kv_lens, "--page-size": page_size, "--kv-dtype": kv_dtype,
+                    "--window": window,
                     "--seqlens": seqlens, "--run": run != "record"}
         given = [k for k, v in gpu_only.items() if v]
         if given:
@@ -190,7 +194,7 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
         result = simulate(schedule, problem, profile, block_q=block_q, block_kv=block_kv, method=method,
                           pass_=pass_, splits=splits, density=density, mask=mask, seed=seed, gqa=gqa, l2=use_l2,
                           l2_exact=l2_exact, l2_progress=bar, kernel=kernel, warm=warm, kv_lens=kv_lens,
-                          page_size=page_size, window=window, seqlens=seqlens, run=run)
+                          page_size=page_size, kv_dtype=kv_dtype, window=window, seqlens=seqlens, run=run)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:

@@ -4,13 +4,15 @@ expected (:class:`~iosim.gpu.inputs.AttentionInputError` for values, :class:`~io
 for types and dtypes).
 
 Layouts: q (batch, q_len, heads, head_dim); a contiguous cache k, v (batch, max_len, kv_heads, head_dim); a paged
-cache k, v (num_pages, page_size, kv_heads, head_dim) with block_table (batch, max_pages); seqlens_k (batch,).
+cache k, v (num_pages, page_size, kv_heads, head_dim) with block_table (batch, max_pages); seqlens_k (batch,). The
+cache holds q's dtype, or fp8: :class:`QuantizedKV` pairs of e4m3 values (torch ``float8_e4m3fn``, or uint8 holding
+e4m3 bits) and their fp32 scale per kv head (:func:`check_kv_scales`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,6 +21,17 @@ from iosim.gpu.inputs import AttentionInputError, AttentionTypeError, torch_of
 from iosim.launch import decode as geo
 
 GRID_Z_MAX = 65535  # CUDA's grid.z limit: batch * kv_heads blocks along it
+FP8_CACHE = "e4m3"  # DecodeShapes.kv_dtype of an fp8 cache
+FP8_CACHE_DTYPES = ("float8_e4m3fn", "uint8")  # the dtype names it may arrive with (uint8: e4m3 bits, e.g. CuPy)
+
+
+class QuantizedKV(NamedTuple):
+    """An fp8 K or V cache: ``values`` e4m3, in any layout a cache takes (torch float8_e4m3fn, or a uint8 array of
+    e4m3 bits, e.g. CuPy), and ``scale``, fp32 per kv head (a number, or kv_heads of them): K = scale[h] · e4m3.
+    :func:`iosim.gpu.quantize_kv_fp8` returns one; :func:`iosim.gpu.decode` takes one for k_cache and v_cache."""
+
+    values: Any
+    scale: Any
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,11 @@ class DecodeShapes:
     page_size: int
     num_pages: int
     max_pages: int  # the block table's row stride (1 for a contiguous cache)
+    kv_dtype: str = ""  # the cache's: q's dtype, or FP8_CACHE ("" = q's, for shapes made before the cache is seen)
+
+    @property
+    def fp8_cache(self) -> bool:
+        return self.kv_dtype == FP8_CACHE
 
     @property
     def group(self) -> int:
@@ -67,7 +85,8 @@ def _shape4(shape: Any, name: str, dims: str) -> tuple[int, int, int, int]:
 def check_shapes(q_shape: Any, k_shape: Any, v_shape: Any, dtypes: tuple[str, str, str],
                  table_shape: Any = None) -> DecodeShapes:
     """q, k, v (and the block table's shape where the cache is paged) against each other and what the kernel
-    takes; ``dtypes``: the dtype names of q, k, v ('float16', 'bfloat16')."""
+    takes; ``dtypes``: the dtype names of q, k, v ('float16', 'bfloat16'; the cache's may be an fp8 one,
+    :data:`FP8_CACHE_DTYPES`)."""
     paged = table_shape is not None
     kv_dims = "(num_pages, page_size, kv_heads, head_dim)" if paged else "(batch, max_len, kv_heads, head_dim)"
     B, L, H, D = _shape4(q_shape, "q", "(batch, q_len, heads, head_dim)")
@@ -77,9 +96,15 @@ def check_shapes(q_shape: Any, k_shape: Any, v_shape: Any, dtypes: tuple[str, st
                                   "expected equal")
     if dtypes[0] not in CUDA_TYPES:
         raise AttentionTypeError(f"q: dtype {dtypes[0]} is not supported; expected float16 or bfloat16")
+    fp8 = dtypes[1] in FP8_CACHE_DTYPES
     for name, dt in (("k_cache", dtypes[1]), ("v_cache", dtypes[2])):
-        if dt != dtypes[0]:
-            raise AttentionTypeError(f"{name}: dtype {dt} differs from q's {dtypes[0]}; expected the same dtype")
+        if fp8 and dt not in FP8_CACHE_DTYPES:
+            raise AttentionTypeError(f"{name}: dtype {dt} while k_cache is fp8 ({dtypes[1]}); expected both fp8 "
+                                     "(float8_e4m3fn, or uint8 holding e4m3 bits)")
+        if not fp8 and dt != dtypes[0]:
+            raise AttentionTypeError(f"{name}: dtype {dt} differs from q's {dtypes[0]}; expected q's dtype, or an fp8 "
+                                     "cache (float8_e4m3fn, or uint8 holding e4m3 bits) with k_scale and v_scale")
+    kv_dtype = FP8_CACHE if fp8 else dtypes[0]
     if not 1 <= L <= geo.MAX_QUERY_TOKENS:
         raise AttentionInputError(f"q: q_len={L} new tokens per sequence; expected 1 to {geo.MAX_QUERY_TOKENS} "
                                   "(longer chunks are prefill: iosim.gpu.attention)")
@@ -98,14 +123,46 @@ def check_shapes(q_shape: Any, k_shape: Any, v_shape: Any, dtypes: tuple[str, st
             raise AttentionInputError(f"k_cache: batch {n0} differs from q's batch {B}; expected equal (a "
                                       "contiguous cache is (batch, max_len, kv_heads, head_dim); a paged one needs "
                                       "block_table)")
-        return DecodeShapes(B, L, H, Hk, D, dtypes[0], False, n1, B, 1)
+        return DecodeShapes(B, L, H, Hk, D, dtypes[0], False, n1, B, 1, kv_dtype)
     if n1 % geo.DECODE_TILE:
         raise AttentionInputError(f"k_cache: page_size={n1} tokens; expected a multiple of {geo.DECODE_TILE} (a tile "
                                   f"of {geo.DECODE_TILE} keys never crosses a page), e.g. 16, 64 or 256")
     table_shape = tuple(int(s) for s in table_shape)
     if len(table_shape) != 2 or table_shape[0] != B or table_shape[1] < 1:
         raise AttentionInputError(f"block_table: shape {table_shape}; expected (batch, max_pages) = ({B}, >= 1)")
-    return DecodeShapes(B, L, H, Hk, D, dtypes[0], True, n1, n0, table_shape[1])
+    return DecodeShapes(B, L, H, Hk, D, dtypes[0], True, n1, n0, table_shape[1], kv_dtype)
+
+
+def check_kv_scales(k_scale: Any, v_scale: Any, s: DecodeShapes) -> tuple[np.ndarray, np.ndarray] | None:
+    """An fp8 cache's scales (the ``scale`` of its :class:`QuantizedKV` pair; None where k_cache or v_cache came
+    without one) as host float32 (kv_heads,) arrays: each a number (every head) or kv_heads of them, finite and > 0.
+    None for a cache in q's dtype, which takes none."""
+    for name, x in (("k_cache", k_scale), ("v_cache", v_scale)):
+        if s.fp8_cache and x is None:
+            raise AttentionInputError(f"{name}: e4m3 values without their scale; expected QuantizedKV(values, scale), "
+                                      f"scale a number or ({s.kv_heads},) floats (iosim.gpu.quantize_kv_fp8 returns one)")
+        if not s.fp8_cache and x is not None:
+            raise AttentionInputError(f"{name}: a QuantizedKV of {s.kv_dtype} values; expected e4m3 values "
+                                      "(float8_e4m3fn, or uint8 holding e4m3 bits), or a plain array without a scale")
+    if not s.fp8_cache:
+        return None
+    return host_scales(k_scale, "k_cache.scale", s.kv_heads), host_scales(v_scale, "v_cache.scale", s.kv_heads)
+
+
+def host_scales(x: Any, name: str, heads: int) -> np.ndarray:
+    """Scales per kv head as a host float32 (heads,) array: a number (every head) or ``heads`` of them, a list,
+    NumPy, CuPy or torch array, each finite and > 0."""
+    torch = torch_of(x)
+    a = np.asarray(x.detach().cpu().numpy() if torch is not None else
+                   x.get() if hasattr(x, "__cuda_array_interface__") else x)
+    if a.dtype.kind not in "fiu" or a.ndim > 1 or a.size not in (1, heads):
+        raise AttentionInputError(f"{name}: {a.dtype} of shape {a.shape}; expected a number or ({heads},) floats, "
+                                  "one per kv head")
+    a = np.broadcast_to(a.astype(np.float32).reshape(-1), (heads,))
+    bad = np.flatnonzero(~(np.isfinite(a) & (a > 0)))
+    if bad.size:
+        raise AttentionInputError(f"{name}[{int(bad[0])}] = {float(a[bad[0]])}; expected a finite scale > 0")
+    return np.ascontiguousarray(a)
 
 
 def host_ints(x: Any, name: str) -> np.ndarray:

@@ -7,10 +7,14 @@ once per kv head, the keys split across thread blocks and merged by their log-su
     >>> o, lse = gpu.decode(q, k_pages, v_pages, seqlens_k=lens, block_table=bt)    # paged (pages, page, H_kv, d)
     >>> plan = gpu.plan_decode(q, k_pages, v_pages, seqlens_k=lens, block_table=bt)  # check and upload once ...
     >>> o, lse = plan.run(q, k_pages, v_pages)                                       # ... run many times (layers)
+    >>> kq, vq = gpu.quantize_kv_fp8(k_pages), gpu.quantize_kv_fp8(v_pages)           # an fp8 (e4m3) cache:
+    >>> o, lse = gpu.decode(q, kq, vq, seqlens_k=lens, block_table=bt)                # QuantizedKV(values, scale)
 
 A plan holds the checked lengths and block table on the device and the split choice; building one reads the
 lengths and table on the host (one small synchronizing copy where they are on the GPU). ``run`` checks only shapes,
-dtypes and layout and never synchronizes. Geometry and the split heuristic: :mod:`iosim.launch.decode`; the
+dtypes and layout and never synchronizes. An fp8 cache (:class:`~iosim.gpu.decode_inputs.QuantizedKV` pairs of e4m3
+values and a scale per kv head) halves the bytes decode streams: the kernel turns each tile of e4m3 into q's dtype in
+shared memory (exactly) and folds the scales into the softmax scale and the output. Geometry and the split heuristic: :mod:`iosim.launch.decode`; the
 argument checks: :mod:`iosim.gpu.decode_inputs`.
 """
 
@@ -24,7 +28,16 @@ from iosim.gpu import build
 from iosim.gpu._cupy import GPUUnavailableError, require_cupy
 from iosim.gpu.attention import KernelLaunch, _kernel, _smem_limit
 from iosim.gpu.build_decode import DecodeInstance
-from iosim.gpu.decode_inputs import DecodeShapes, check_block_table, check_seqlens, check_shapes, host_ints
+from iosim.gpu.decode_inputs import (
+    DecodeShapes,
+    QuantizedKV,
+    check_block_table,
+    check_kv_scales,
+    check_seqlens,
+    check_shapes,
+    host_ints,
+    host_scales,
+)
 from iosim.gpu.inputs import (
     AttentionInputError,
     SharedMemoryError,
@@ -72,10 +85,14 @@ class DecodePlan:
     def run(self, q: Any, k_cache: Any, v_cache: Any, out: tuple[Any, Any] | None = None) -> Decoded:
         """O and lse for q against the cache; ``out``: an optional (o, lse) pair of preallocated outputs (either
         may be None), CuPy arrays or CUDA torch tensors, every element overwritten and returned as given. torch in,
-        torch out: the kernels then run on torch's current stream."""
+        torch out: the kernels then run on torch's current stream. An fp8 cache's scales come with each call's
+        QuantizedKV pairs (another layer's may differ): float32 (kv_heads,) device arrays are read as they are
+        (shape, dtype and device checked, values not: plan_decode checked the plan's); numbers and host arrays are
+        checked and copied to the device."""
         cp = require_cupy()
-        qc, kc, vc = (_as_cupy(cp, x, n) for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
+        qc, kc, vc, raw = _as_inputs(cp, q, k_cache, v_cache)
         self._check_same(qc, kc, vc)
+        scales = self._scales(cp, *raw)
         torch = torch_of(q)
         s = self.shapes
         with cp.cuda.Device(self.device), (torch_stream(cp, torch, self.device) if torch else nullcontext()):
@@ -83,16 +100,33 @@ class DecodePlan:
                                     (qc.dtype, q.dtype if torch else None), "out: o", self.device)
             lse_ret, lse = output_array(cp, torch, out[1] if out else None, (s.batch, s.heads, s.q_len),
                                         (cp.float32, torch.float32 if torch else None), "out: lse", self.device)
-            self._launch(cp, qc, kc, vc, o, lse)
+            self._launch(cp, qc, kc, vc, o, lse, scales)
         return Decoded(o_ret, lse_ret)
+
+    def _scales(self, cp: Any, k_scale: Any, v_scale: Any) -> tuple[Any, Any] | None:
+        """An fp8 cache's scales as device float32 (kv_heads,) arrays; None for a cache in q's dtype."""
+        s = self.shapes
+        if not s.fp8_cache or k_scale is None or v_scale is None:
+            check_kv_scales(k_scale, v_scale, s)  # says which is missing or misplaced
+            return None
+        out = []
+        for x, name in ((k_scale, "k_cache.scale"), (v_scale, "v_cache.scale")):
+            if not (hasattr(x, "__cuda_array_interface__") or getattr(x, "is_cuda", False)):
+                out.append(cp.asarray(host_scales(x, name, s.kv_heads)))
+                continue
+            xc = _as_cupy(cp, x, name)
+            if xc.shape != (s.kv_heads,) or xc.dtype != cp.float32 or xc.device.id != self.device:
+                raise AttentionInputError(f"{name}: {xc.dtype} {tuple(xc.shape)} on device {xc.device.id}; expected "
+                                          f"float32 ({s.kv_heads},) on device {self.device}")
+            out.append(cp.ascontiguousarray(xc))
+        return out[0], out[1]
 
     def _check_same(self, q: Any, k: Any, v: Any) -> None:
         for x, name, dims in ((q, "q", "(batch, q_len, heads, head_dim)"), (k, "k_cache", "4 dims"),
                               (v, "v_cache", "4 dims")):
             _check_array(x, name, dims)
         s = self.shapes
-        want = check_shapes(q.shape, k.shape, v.shape, tuple(dtype_name(x.dtype) for x in (q, k, v)),
-                            (s.batch, s.max_pages) if s.paged else None)
+        want = check_shapes(q.shape, k.shape, v.shape, _dtype_names(q, k, v), (s.batch, s.max_pages) if s.paged else None)
         if want != s:
             raise AttentionInputError(f"q, k_cache: shapes {tuple(q.shape)}, {tuple(k.shape)}, {want.dtype}, give "
                                       f"{want}; expected the plan's {s} (plan_decode again for another layout)")
@@ -101,7 +135,7 @@ class DecodePlan:
             raise AttentionInputError(f"q, k_cache, v_cache are on devices {sorted(devs)}; expected device "
                                       f"{self.device}, the plan's")
 
-    def _launch(self, cp: Any, q: Any, k: Any, v: Any, o: Any, lse: Any) -> None:
+    def _launch(self, cp: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, scales: tuple[Any, Any] | None) -> None:
         s, sp, i32 = self.shapes, self.split, cp.int32
         main = self.launches[0]
         o_part = lse_part = cp.uint64(0)  # null pointers: one split writes O and lse itself
@@ -111,9 +145,11 @@ class DecodePlan:
             if POISON_PARTIALS:
                 o_part.fill(float("nan"))
                 lse_part.fill(float("nan"))
-        table = self.table if self.table is not None else cp.uint64(0)
-        fn = _kernel(cp, DecodeInstance("split", s.head_dim, s.dtype, s.stripes), main.smem_bytes)
-        fn(main.grid, main.block, (q, k, v, o, lse, o_part, lse_part, self.seqlens, table, i32(s.q_len),
+        null = cp.uint64(0)
+        table = self.table if self.table is not None else null
+        k_scale, v_scale = scales if scales is not None else (null, null)
+        fn = _kernel(cp, _split_instance(s), main.smem_bytes)
+        fn(main.grid, main.block, (q, k, v, o, lse, o_part, lse_part, self.seqlens, table, k_scale, v_scale, i32(s.q_len),
                                    i32(s.heads), i32(s.kv_heads), i32(s.page_size), i32(s.max_pages),
                                    i32(sp.chunk), i32(sp.splits), cp.float32(self.scale * _LOG2E)),
            shared_mem=main.smem_bytes)
@@ -125,17 +161,37 @@ class DecodePlan:
 
 
 
+def _split_instance(s: DecodeShapes) -> DecodeInstance:
+    return DecodeInstance("split", s.head_dim, s.dtype, s.stripes, s.fp8_cache)
+
+
+def _as_inputs(cp: Any, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any, tuple[Any, Any]]:
+    """q, k, v as CuPy arrays (a torch float8_e4m3fn cache as its uint8 bits: CuPy has no fp8 dtype), and the
+    (k, v) scales of QuantizedKV caches (None for a plain array)."""
+    def cache(x: Any) -> Any:
+        torch = torch_of(x)
+        return x.view(torch.uint8) if torch is not None and x.dtype == torch.float8_e4m3fn else x
+
+    (k, ks), (v, vs) = ((x.values, x.scale) if isinstance(x, QuantizedKV) else (x, None) for x in (k, v))
+    return _as_cupy(cp, q, "q"), _as_cupy(cp, cache(k), "k_cache"), _as_cupy(cp, cache(v), "v_cache"), (ks, vs)
+
+
+def _dtype_names(*xs: Any) -> tuple[str, ...]:
+    return tuple(dtype_name(x.dtype) for x in xs)
+
+
 def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, block_table: Any = None,
                 scale: float | None = None, splits: int | None = None) -> DecodePlan:
-    """Check a decode call's layout and lengths, choose the splits, upload the lengths and block table: the
-    arguments of :func:`decode` without the output."""
+    """Check a decode call's layout, lengths and an fp8 cache's scales, choose the splits, upload the lengths and
+    block table: the arguments of :func:`decode` without the output."""
     cp = require_cupy()
-    qc, kc, vc = (_as_cupy(cp, x, n) for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
+    qc, kc, vc, raw = _as_inputs(cp, q, k_cache, v_cache)
     table_host = host_ints(block_table, "block_table") if block_table is not None else None
-    s = check_shapes(qc.shape, kc.shape, vc.shape, tuple(dtype_name(x.dtype) for x in (qc, kc, vc)),
+    s = check_shapes(qc.shape, kc.shape, vc.shape, _dtype_names(qc, kc, vc),
                      table_host.shape if table_host is not None else None)
     lens = check_seqlens(host_ints(seqlens_k, "seqlens_k") if seqlens_k is not None else None, s)
     table_host = check_block_table(table_host, lens, s) if s.paged else None
+    check_kv_scales(*raw, s)
     scale = check_scale(scale, s.head_dim)
     devs = {x.device.id for x in (qc, kc, vc)}
     if len(devs) != 1:
@@ -148,13 +204,16 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
             raise GPUUnavailableError(f"iosim.gpu.decode needs compute capability 8.0 or newer (cp.async, bf16 "
                                       f"mma.sync); device {device} is {cc / 10:.1f}")
         itemsize = build.ITEMSIZE[s.dtype]
-        smem = geo.decode_smem_bytes(s.head_dim, s.stripes, itemsize)
+        kv_itemsize = 1 if s.fp8_cache else itemsize
+        smem = geo.decode_smem_bytes(s.head_dim, s.stripes, itemsize, kv_itemsize)
         if smem > _smem_limit(cp):
-            terms = ", ".join(f"{n} {b} B" for n, b in geo.decode_smem_terms(s.head_dim, s.stripes, itemsize).items())
+            terms = geo.decode_smem_terms(s.head_dim, s.stripes, itemsize, kv_itemsize)
             raise SharedMemoryError(f"decode at head_dim={s.head_dim}: needs {smem} B of shared memory per block "
-                                    f"({terms}); this device allows {_smem_limit(cp)} B")
-        fn = _kernel(cp, DecodeInstance("split", s.head_dim, s.dtype, s.stripes), smem)  # compiled (cached) now
-        regs = int(getattr(fn, "num_regs", 0) or geo.DECODE_REGISTERS[(s.head_dim, s.stripes)])
+                                    f"({', '.join(f'{n} {b} B' for n, b in terms.items())}); this device allows "
+                                    f"{_smem_limit(cp)} B")
+        fn = _kernel(cp, _split_instance(s), smem)  # compiled (cached) now
+        table_regs = geo.DECODE_REGISTERS_FP8 if s.fp8_cache else geo.DECODE_REGISTERS
+        regs = int(getattr(fn, "num_regs", 0) or table_regs[(s.head_dim, s.stripes)])
         per_sm = geo.decode_blocks_per_sm(smem, regs, int(attrs["MaxSharedMemoryPerMultiprocessor"]),
                                           int(attrs.get("MaxRegistersPerMultiprocessor", 65536)))
         slots = int(attrs["MultiProcessorCount"]) * max(1, per_sm)
@@ -166,7 +225,7 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
         seqlens = cp.asarray(lens)
         table = cp.asarray(table_host) if table_host is not None else None
         cp.cuda.get_current_stream().synchronize()  # the uploads are done before a run on another stream reads them
-    launches = [KernelLaunch(DecodeInstance("split", s.head_dim, s.dtype, s.stripes).name_expression,
+    launches = [KernelLaunch(_split_instance(s).name_expression,
                              geo.decode_grid(s.batch, s.kv_heads, s.rows, s.head_dim, split.splits),
                              (geo.DECODE_THREADS, 1, 1), smem)]
     if split.splits > 1:
@@ -185,6 +244,9 @@ def decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, block_t
     cache already holds the new tokens' keys and values.
     k_cache, v_cache: contiguous (batch, max_len, kv_heads, head_dim), or paged (num_pages, page_size, kv_heads,
     head_dim) with ``block_table``; heads a multiple of kv_heads (query head h reads kv head h // (heads // kv_heads)).
+    In q's dtype, or fp8: each a ``QuantizedKV(values, scale)``, e4m3 values (torch float8_e4m3fn, or uint8 arrays of
+    e4m3 bits) and fp32 scales per kv head (a number, or (kv_heads,) floats; K = scale[h] · e4m3), as
+    :func:`iosim.gpu.quantize_kv_fp8` returns.
     seqlens_k: keys per sequence (batch,), integers 0 to the cache's capacity; a list, NumPy, CuPy or torch array.
     None with a contiguous cache: every sequence is max_len long.
     block_table: (batch, max_pages) integers: token t of sequence b is slot t % page_size of page

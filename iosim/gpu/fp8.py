@@ -117,29 +117,42 @@ def quantize_fp8(x: Any, *, block: int = 128, per_tensor: bool = False, incohere
     xa, dt = _check_x(cp, x, block, transpose, incoherent)
     torch = torch_of(x)
     B, N, H, D = (int(s) for s in xa.shape)
-    nb, rows_pad = -(-N // block), -(-N // launch.FP8_KEY_GROUP) * launch.FP8_KEY_GROUP
     with cp.cuda.Device(xa.device.id), _stream(cp, torch, xa.device.id):
-        out = cp.empty((B, H, D, rows_pad) if transpose else (B, N, H, D), dtype=cp.uint8)
-        scales = cp.empty((B, H, nb), dtype=cp.float32)
-        signs = cp.asarray(rotation_signs(D, incoherent)) if incoherent is not None else None
-        smem = D * block if transpose else 0
-        fn = _kernel(cp, build_fp8.QuantizeInstance(dt, D, transpose), smem)
-        null = cp.uint64(0)
-
-        def run(fixed: Any, amax: Any) -> None:
-            fn((nb, H, B), (_QUANT_THREADS, 1, 1), (xa, out, scales, signs if signs is not None else null,
-                                                    fixed if fixed is not None else null,
-                                                    amax if amax is not None else null, cp.int32(N), cp.int32(H),
-                                                    cp.int32(block), cp.int32(rows_pad)), shared_mem=smem)
-
+        run, out, scales = quantize_launcher(cp, xa, dt, block, transpose, incoherent)
         fixed = None
         if per_tensor:
-            amax = cp.empty((B, H, nb), dtype=cp.float32)
-            run(None, amax)
+            amax = run(None, True)
             m = amax.max()
-            fixed = cp.where(m > 0, m / cp.float32(E4M3_MAX), cp.float32(1.0)).astype(cp.float32).reshape(1)
-        run(fixed, None)
+            fixed = cp.full(H, 1.0, dtype=cp.float32)  # the tensor's scale for every head
+            fixed *= cp.where(m > 0, m / cp.float32(E4M3_MAX), cp.float32(1.0)).astype(cp.float32)
+        run(fixed, False)
     return Fp8Tensor(out, scales, (B, N, H, D), block, transpose, incoherent, per_tensor, torch is not None)
+
+
+def quantize_launcher(cp: Any, xa: Any, dt: str, block: int, transpose: bool = False,
+                      incoherent: int | None = None) -> tuple[Any, Any, Any]:
+    """(run, values, scales) for kernels/quantize_fp8.cu on the checked CuPy array ``xa`` (B, N, H, d):
+    ``run(fixed, amax)`` launches it on the current stream: ``amax`` True returns each block's amax (B, H, blocks)
+    and writes nothing else; else it writes ``values`` and ``scales``, every block of head h with scale
+    ``fixed[h]`` (a CuPy float32 (H,) array) or, where ``fixed`` is None, its own."""
+    B, N, H, D = (int(s) for s in xa.shape)
+    nb, rows_pad = -(-N // block), -(-N // launch.FP8_KEY_GROUP) * launch.FP8_KEY_GROUP
+    out = cp.empty((B, H, D, rows_pad) if transpose else (B, N, H, D), dtype=cp.uint8)
+    scales = cp.empty((B, H, nb), dtype=cp.float32)
+    signs = cp.asarray(rotation_signs(D, incoherent)) if incoherent is not None else None
+    smem = D * block if transpose else 0
+    fn = _kernel(cp, build_fp8.QuantizeInstance(dt, D, transpose), smem)
+    null = cp.uint64(0)
+
+    def run(fixed: Any, amax: bool) -> Any:
+        amax_out = cp.empty((B, H, nb), dtype=cp.float32) if amax else None
+        fn((nb, H, B), (_QUANT_THREADS, 1, 1), (xa, out, scales, signs if signs is not None else null,
+                                                fixed if fixed is not None else null,
+                                                amax_out if amax_out is not None else null, cp.int32(N), cp.int32(H),
+                                                cp.int32(block), cp.int32(rows_pad)), shared_mem=smem)
+        return amax_out
+
+    return run, out, scales
 
 
 def _stream(cp: Any, torch: Any, device: int) -> Any:

@@ -52,6 +52,9 @@ MAX_SPLITS = tiling.MAX_SPLITS  # splits at most (FlashAttention-2's cap): bound
 DECODE_REGISTERS: dict[tuple[int, int], int] = {(64, 1): 114, (64, 2): 151, (128, 1): 160, (128, 2): 224,
                                                 (256, 1): 202}
 DECODE_STRIPES: tuple[tuple[int, int], ...] = tuple(DECODE_REGISTERS)  # the (d, stripes) the library compiles
+# the same for an fp8 (e4m3) cache (nvcc 13.0, sm_90; fp16 and bf16 alike)
+DECODE_REGISTERS_FP8: dict[tuple[int, int], int] = {(64, 1): 96, (64, 2): 145, (128, 1): 154, (128, 2): 234,
+                                                    (256, 1): 228}
 
 
 class DecodeGeometryError(ValueError):
@@ -75,20 +78,24 @@ def decode_row_blocks(rows: int, head_dim: int) -> int:
     return tiling.row_blocks(rows, head_dim)
 
 
-def decode_smem_terms(head_dim: int, stripes: int, itemsize: int = 2) -> dict[str, int]:
-    """Dynamic shared memory of one split-kernel block, term by term, in bytes. The warps' merge area (fp32 O, m and
-    l of every warp, :func:`decode_merge_bytes`) reuses the ring once the loop is done."""
-    d = head_dim
-    return {
+def decode_smem_terms(head_dim: int, stripes: int, itemsize: int = 2, kv_itemsize: int | None = None) -> dict[str, int]:
+    """Dynamic shared memory of one split-kernel block, term by term, in bytes (``kv_itemsize``: the cache's, 1 for
+    fp8; None: ``itemsize``). The warps' merge area (fp32 O, m and l of every warp, :func:`decode_merge_bytes`) reuses
+    the ring once the loop is done."""
+    d, kv = head_dim, kv_itemsize or itemsize
+    terms = {
         # Q_i: 16·stripes packed rows x d, loaded once; every warp reads all of it
         "Q_i": STRIPE_ROWS * stripes * d * itemsize,
-        # each warp's ring of decode_stages(d) slots of one K tile and one V tile (16 keys x d)
-        "K_j, V_j": DECODE_WARPS * decode_stages(d) * 2 * DECODE_TILE * d * itemsize,
+        # each warp's ring of decode_stages(d) slots of one K tile and one V tile (16 keys x d), in the cache's dtype
+        "K_j, V_j": DECODE_WARPS * decode_stages(d) * 2 * DECODE_TILE * d * kv,
     }
+    if kv != itemsize:  # fp8: each warp's tile turned to q's dtype, the operand of its ldmatrix and mma.sync
+        terms["K_j, V_j (16-bit)"] = DECODE_WARPS * 2 * DECODE_TILE * d * itemsize
+    return terms
 
 
-def decode_smem_bytes(head_dim: int, stripes: int, itemsize: int = 2) -> int:
-    return sum(decode_smem_terms(head_dim, stripes, itemsize).values())
+def decode_smem_bytes(head_dim: int, stripes: int, itemsize: int = 2, kv_itemsize: int | None = None) -> int:
+    return sum(decode_smem_terms(head_dim, stripes, itemsize, kv_itemsize).values())
 
 
 def decode_merge_bytes(head_dim: int, stripes: int) -> int:
@@ -106,16 +113,18 @@ def decode_blocks_per_sm(smem_bytes: int, registers: int, smem_per_sm: int, regs
     return max(0, min(by_regs, by_smem, threads_per_sm // DECODE_THREADS, max_blocks))
 
 
-def decode_slots(profile: Profile, head_dim: int, stripes: int, itemsize: int, registers: int) -> int:
+def decode_slots(profile: Profile, head_dim: int, stripes: int, itemsize: int, registers: int,
+                 kv_itemsize: int | None = None) -> int:
     """Split-kernel blocks the GPU of ``profile`` holds at once (:func:`iosim.launch.model.resident_blocks`: the
     same limits as :func:`decode_blocks_per_sm`, from the profile instead of the device's attributes)."""
-    return resident_blocks(profile, DECODE_THREADS, decode_smem_bytes(head_dim, stripes, itemsize), registers)[0]
+    smem = decode_smem_bytes(head_dim, stripes, itemsize, kv_itemsize)
+    return resident_blocks(profile, DECODE_THREADS, smem, registers)[0]
 
 
 def decode_bytes_in_flight(head_dim: int, blocks_per_sm: int, itemsize: int = 2) -> int:
-    """K/V bytes one SM keeps requested from memory in the loop's steady state: each warp has ``stages - 1`` tiles in
-    flight while it computes one. Little's law wants bandwidth x latency / SMs: at 3.07 TB/s (the H100's measured
-    DRAM read) and ~800 ns under load, 18.6 KB; the H200 (4.48 TB/s) 27 KB."""
+    """K/V bytes one SM keeps requested from memory in the loop's steady state (``itemsize``: the cache's): each warp
+    has ``stages - 1`` tiles in flight while it computes one. Little's law wants bandwidth x latency / SMs: at 3.07
+    TB/s (the H100's measured DRAM read) and ~800 ns under load, 18.6 KB; the H200 (4.48 TB/s) 27 KB."""
     tile = 2 * DECODE_TILE * head_dim * itemsize
     return blocks_per_sm * DECODE_WARPS * (decode_stages(head_dim) - 1) * tile
 

@@ -60,7 +60,7 @@ def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, b
                   pass_: str = "forward", options: ScheduleOptions | None = None) -> Tiles:
     """Explicit tiles if given (both, or one of them with the default for the other), else the default.
 
-    ``options`` (:class:`ScheduleOptions`: ``splits``, ``kv_lens``, ``page_size``, ``density``, ``mask``, ``seed``,
+    ``options`` (:class:`ScheduleOptions`: ``splits``, ``kv_lens``, ``page_size``, ``kv_dtype``, ``density``, ``mask``, ``seed``,
     ``gqa``; None = not given)
     go to schedules that take them (a record with ``make_tiles``); giving one to any other schedule is an error."""
     s = get_schedule(schedule, pass_)
@@ -69,7 +69,7 @@ def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, b
     if foreign:
         given = ", ".join(f"{k}={v!r}" for k, v in foreign.items())
         raise ScheduleError(f"{s.label} takes no {', '.join(foreign)} (given {given}): only flash-decoding takes "
-                            "splits (and, with kernel='iosim-decode', kv_lens and page_size); only block-sparse "
+                            "splits (and, with kernel='iosim-decode', kv_lens, page_size and kv_dtype); only block-sparse "
                             "density, mask and seed; only flash2's backward pass (pass backward or both) gqa, "
                             "'expand' (the default) or 'grouped'; only flash2's and flash3's forward pass window and "
                             "seqlens; only fp8-quantize incoherent")

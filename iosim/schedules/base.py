@@ -39,7 +39,8 @@ class Tiles:
 @dataclass(frozen=True, eq=False)
 class ScheduleOptions:
     """The options some schedules' tiles take, None = not given: flash-decoding's ``splits`` (K/V splits), and with
-    iosim's decode kernel ``kv_lens`` (keys of each sequence) and ``page_size`` (tokens per page of a paged cache);
+    iosim's decode kernel ``kv_lens`` (keys of each sequence), ``page_size`` (tokens per page of a paged cache) and
+    ``kv_dtype`` (the cache's dtype where it is not the problem's: "fp8", e4m3 with a scale per kv head);
     block-sparse's ``density`` (fraction of non-zero blocks of a drawn mask), ``mask`` (a .npy or text file, or an
     array: one row of 0/1 per Q block) and ``seed`` (of the drawn mask); flash2 backward's ``gqa`` ("expand", as
     FlashAttention-2, or "grouped", as iosim's kernel); flash2's ``window`` (left, right) and ``seqlens`` (packed
@@ -55,6 +56,7 @@ class ScheduleOptions:
     gqa: str | None = None
     kv_lens: object = None
     page_size: int | None = None
+    kv_dtype: str | None = None
     tiling: str | None = None
     window: tuple | None = None
     seqlens: tuple | None = None

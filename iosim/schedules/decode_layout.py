@@ -7,12 +7,13 @@ block's 4 warps split its keys in tiles of 16 (warp w takes tiles w, w + 4, ...)
 into ``splits`` chunks of whole tiles, a thread block per (row block, split, sequence, kv head).
 
 The batch (:class:`PagedDecodingTiles`): ``kv_lens``, the keys of each sequence (a ragged batch; the problem's
-``kv_len`` is the cache's capacity per sequence, as ``max_len`` is to :func:`iosim.gpu.decode`), and ``page_size``,
-the tokens of a page of a paged cache (None: contiguous). Each is checked where it enters, with one error naming it
-(:func:`check_layout`).
+``kv_len`` is the cache's capacity per sequence, as ``max_len`` is to :func:`iosim.gpu.decode`), ``page_size``,
+the tokens of a page of a paged cache (None: contiguous), and ``kv_dtype``, the cache's dtype where it is not the
+problem's ("fp8": e4m3, one fp32 scale per kv head for K and one for V; Q and O stay in the problem's dtype). Each is
+checked where it enters, with one error naming it (:func:`check_layout`).
 
-Paged or not, a 16-key tile of one kv head is 16 rows of 2·d bytes at multiples of 2·d: whole 128-byte lines at
-every head dim the kernel takes, and a tile never crosses a page (page sizes are multiples of 16), so pages add no
+Paged or not, a 16-key tile of one kv head is 16 rows of 2·d bytes (d in fp8) at multiples of that: whole 64- or
+128-byte lines at every head dim the kernel takes, and a tile never crosses a page (page sizes are multiples of 16), so pages add no
 partial line or sector; keys past a sequence's end are zero-filled, not read, so a partial last page adds nothing
 either. What a page costs in bytes is its block-table entry: every lane of a warp loads the entry of each tile
 (:func:`dram` counts the distinct 32-byte sectors those loads touch).
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import cdiv
-from ..problem import STAT_BYTES, AttentionProblem
+from ..problem import ELEMENT_BYTES, STAT_BYTES, AttentionProblem
 from .base import ScheduleError, Tiles
 
 TILE_KEYS = 16  # keys per warp tile (mma n16): a page size must be a multiple of it
@@ -37,6 +38,7 @@ MAX_QUERY_TOKENS = 16  # new tokens per sequence (speculative decoding, small ch
 MAX_SPLITS = 128
 HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 DTYPES: tuple[str, ...] = ("fp16", "bf16")
+KV_DTYPES: tuple[str, ...] = ("fp8",)  # a cache's dtype besides the problem's: e4m3 with a scale per kv head
 SECTOR = 32  # bytes: the DRAM and L2 access granularity
 INDEX_BYTES = 4  # int32 lengths and block-table entries
 
@@ -71,13 +73,19 @@ def even_split(longest: int, splits: int) -> tuple[int, int]:
 class PagedDecodingTiles(Tiles):
     """iosim's decode kernel on one batch: ``block_q`` = 16·stripes packed rows a block, ``block_kv`` = 16 keys a
     warp tile; ``splits`` chunks of ``chunk`` keys; ``kv_lens`` per sequence; ``page_size`` tokens a page (None:
-    contiguous); ``max_pages`` the block table's row stride (1 for a contiguous cache)."""
+    contiguous); ``max_pages`` the block table's row stride (1 for a contiguous cache); ``kv_dtype`` the cache's
+    dtype (None: the problem's; "fp8": e4m3, with k_scale and v_scale per kv head)."""
 
     splits: int = 1
     chunk: int = TILE_KEYS
     kv_lens: tuple[int, ...] = ()
     page_size: int | None = None
     max_pages: int = 1
+    kv_dtype: str | None = None
+
+    def kv_bytes(self, p: AttentionProblem) -> int:
+        """Bytes of one element of the cache."""
+        return ELEMENT_BYTES[self.kv_dtype] if self.kv_dtype else p.elem_bytes
 
     @property
     def paged(self) -> bool:
@@ -89,7 +97,7 @@ class PagedDecodingTiles(Tiles):
 
     def describe_options(self) -> dict:
         return {"splits": self.splits, "chunk": self.chunk, "page_size": self.page_size,
-                "kv_lens": list(self.kv_lens)}
+                "kv_lens": list(self.kv_lens)} | ({"kv_dtype": self.kv_dtype} if self.kv_dtype else {})
 
 
 def _whole(value, name: str) -> int:
@@ -139,12 +147,22 @@ def check_layout(p: AttentionProblem, kv_lens, page_size) -> tuple[tuple[int, ..
     return lens, page_size
 
 
-def make_tiles(p: AttentionProblem, kv_lens=None, page_size=None, splits: int | None = None) -> PagedDecodingTiles:
+def check_kv_dtype(kv_dtype) -> str | None:
+    """The cache's dtype: None (the problem's) or one of :data:`KV_DTYPES`."""
+    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+        raise ScheduleError(f"kv_dtype={kv_dtype!r}: expected None (the cache in the problem's dtype) or one of "
+                            f"{list(KV_DTYPES)} (e4m3 with a scale per kv head, as iosim.gpu.decode takes it)")
+    return kv_dtype
+
+
+def make_tiles(p: AttentionProblem, kv_lens=None, page_size=None, splits: int | None = None,
+               kv_dtype: str | None = None) -> PagedDecodingTiles:
     """The kernel's tiles on ``p`` with ``splits`` splits (1 to 128; None: 1) made effective by
     :func:`even_split`; the split heuristic, which needs the GPU's residency, is :func:`iosim.launch.decode
     .decode_split` (``simulate`` calls it)."""
     check_problem(p)
     lens, page = check_layout(p, kv_lens, page_size)
+    kv_dtype = check_kv_dtype(kv_dtype)
     if splits is None:
         splits = 1
     if _whole(splits, "splits") < 1 or splits > MAX_SPLITS:
@@ -152,7 +170,8 @@ def make_tiles(p: AttentionProblem, kv_lens=None, page_size=None, splits: int | 
     n_splits, chunk = even_split(max(lens, default=0), int(splits))
     rows = p.group * p.seq_len
     return PagedDecodingTiles(STRIPE_ROWS * stripes(rows, p.head_dim), TILE_KEYS, splits=n_splits, chunk=chunk,
-                              kv_lens=lens, page_size=page, max_pages=cdiv(p.kv_len, page) if page else 1)
+                              kv_lens=lens, page_size=page, max_pages=cdiv(p.kv_len, page) if page else 1,
+                              kv_dtype=kv_dtype)
 
 
 def _sectors(start: np.ndarray, nbytes: np.ndarray) -> int:
@@ -169,13 +188,16 @@ def dram(p: AttentionProblem, t: PagedDecodingTiles) -> list[tuple[int, int]]:
     """DRAM (read, write) bytes of each kernel, a closed form (not the L2 walk): every distinct byte read crosses
     once, at 32-byte sectors (the row blocks of a kv head run side by side and share its K/V in L2; the cache does
     not stay in L2 between calls), and every byte written crosses once. Split kernel: Q of the sequences that hold
-    keys, their K and V, the sectors of the block-table entries they read and of the lengths; it writes O and lse,
-    or the fp32 partials the combine kernel reads back (with the lengths) before it writes O and lse."""
+    keys, their K and V (in the cache's dtype; fp8: and the sectors of the two scale vectors), the sectors of the
+    block-table entries they read and of the lengths; it writes O and lse, or the fp32 partials the combine kernel
+    reads back (with the lengths) before it writes O and lse."""
     d, e, L, H = p.head_dim, p.elem_bytes, p.seq_len, p.heads
     lens = np.asarray(t.kv_lens, dtype=np.int64)
     live = lens > 0
     lengths = _sectors(np.zeros(1, np.int64), np.array([INDEX_BYTES * p.batch]))
-    read = int(live.sum()) * L * H * d * e + 2 * int(lens.sum()) * p.kv_heads * d * e + lengths
+    read = int(live.sum()) * L * H * d * e + 2 * int(lens.sum()) * p.kv_heads * d * t.kv_bytes(p) + lengths
+    if t.kv_dtype and live.any():  # k_scale and v_scale: kv_heads fp32 each
+        read += 2 * _sectors(np.zeros(1, np.int64), np.array([STAT_BYTES * p.kv_heads]))
     if t.paged:  # row b's first ceil(n_b / page) entries, one int32 each
         start = np.arange(p.batch, dtype=np.int64) * t.max_pages * INDEX_BYTES
         read += _sectors(start, cdiv(lens, t.page_size) * INDEX_BYTES)

@@ -100,22 +100,24 @@ def _rows(p: AttentionProblem) -> int:
     return p.group * p.seq_len
 
 
-def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, splits=None, kv_lens=None,
-               page_size=None, tiling=None) -> DecodingTiles | PagedDecodingTiles:
-    """FlashAttention-2's tiles (``tiling`` None or "fa2"), or iosim's decode kernel's ("iosim": ``kv_lens`` and
-    ``page_size`` describe the batch; the kernel's tiles are fixed)."""
+def make_tiles(p: AttentionProblem, profile, block_q=None, block_kv=None, splits=None, tiling=None,
+               **layout) -> DecodingTiles | PagedDecodingTiles:
+    """FlashAttention-2's tiles (``tiling`` None or "fa2"), or iosim's decode kernel's ("iosim": ``layout``, its
+    ``kv_lens``, ``page_size`` and ``kv_dtype``, describes the batch and its cache,
+    :func:`iosim.schedules.decode_layout.make_tiles`; the kernel's tiles are fixed)."""
     if tiling == "iosim":
         if block_q is not None or block_kv is not None:
             raise ScheduleError(f"flash-decoding with iosim's decode kernel: block_q={block_q!r}, "
                                 f"block_kv={block_kv!r}; the kernel's tiles are its own (rows in stripes of 16, "
                                 "tiles of 16 keys): give neither")
-        return decode_layout.make_tiles(p, kv_lens, page_size, splits)
+        return decode_layout.make_tiles(p, splits=splits, **layout)
     if tiling not in (None, "fa2"):
         raise ScheduleError(f"flash-decoding: tiling={tiling!r}; expected 'fa2' or 'iosim'")
-    if kv_lens is not None or page_size is not None:
-        raise ScheduleError("flash-decoding: kv_lens and page_size describe a ragged batch and a paged cache, which "
-                            "iosim's decode kernel takes: give kernel='iosim-decode' (FlashAttention-2's split-KV "
-                            "program, the default, takes one kv_len and a contiguous cache)")
+    if any(v is not None for v in layout.values()):
+        raise ScheduleError("flash-decoding: kv_lens, page_size and kv_dtype describe a ragged batch, a paged cache "
+                            "and an fp8 cache, which iosim's decode kernel takes: give kernel='iosim-decode' "
+                            "(FlashAttention-2's split-KV program, the default, takes one kv_len and a contiguous cache "
+                            "in the problem's dtype)")
     Br = block_q if block_q is not None else BLOCK_Q
     Bc = block_kv if block_kv is not None else next((BLOCK_KV[k] for k in sorted(BLOCK_KV) if p.head_dim <= k), 32)
     Tiles(Br, Bc)  # validates the sizes
@@ -270,5 +272,5 @@ def _dram(p: AttentionProblem, t: Tiles) -> list[tuple[int, int]] | None:
 
 
 SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,
-                    unit=UNIT, make_tiles=make_tiles, options=("splits", "kv_lens", "page_size", "tiling"),
+                    unit=UNIT, make_tiles=make_tiles, options=("splits", "kv_lens", "page_size", "kv_dtype", "tiling"),
                     tile_unit=_unit, dram=_dram, dram_model=decode_layout.DRAM_MODEL)

@@ -6,10 +6,13 @@ kernel="iosim-decode")`` runs this program instead of FlashAttention-2's (:mod:`
     kernel flash_decode_split, grid (row blocks, splits, batch · kv_heads), 4 warps a block:
         every thread loads n_b = seqlens_k[b]; a split with no key of its sequence exits
             (one split and n_b = 0: it writes O = 0, lse = -inf)
+        (fp8 cache) every thread loads its kv head's k_scale and v_scale
         load Q_i: the block's packed rows (rows past M are zero-filled, not read)
         warp w, for the 16-key tiles w, w + 4, ... of the split:
             (paged) every lane loads the tile's block-table entry
-            load K_j, V_j: the tile's keys below n_b (the rest zero-filled, not read)
+            load K_j, V_j: the tile's keys below n_b (the rest zero-filled, not read), in the cache's dtype
+            (fp8: the warp turns them into 16-bit tiles in shared memory; the descaling is folded into the softmax
+            scale and the output: no FLOP counted, as flash3's fp8 program)
             S = Q_i K_jᵀ on whole stripes of 16 rows x 16 keys; online softmax (FA2 lines 8-10); O += P V_j
         the 4 warps' (O, l, m) merge by the log-sum-exp rule; O /= l
         one split: write O (dtype) and lse; several: this split's O_s (fp32) and lse_s
@@ -75,6 +78,9 @@ def _split_block(x, p: AttentionProblem, t: PagedDecodingTiles, where: tuple[int
             x.store("O", q, O)
             x.store("lse", q, L)
         return
+    if t.kv_dtype:  # every thread loads its kv head's two scales
+        x.broadcast("k_scale", Rows(hk, hk + 1), THREADS)
+        x.broadcast("v_scale", Rows(hk, hk + 1), THREADS)
     Q_i = x.load("Q", q)
     pad = Rows(0, Br)  # the multiplies run on whole stripes of 16 rows
     page = t.page_size if t.paged else p.kv_len  # a contiguous cache is one page per sequence
@@ -88,7 +94,7 @@ def _split_block(x, p: AttentionProblem, t: PagedDecodingTiles, where: tuple[int
                 x.broadcast("block_table", Rows(e, e + 1), 32)
             first = ((hk * p.batch + b) * cdiv(p.kv_len, page) + tok // page) * page + tok % page
             kv = Rows(first, first + min(TILE_KEYS, n - tok))  # keys past n_b: zero-filled, not read
-            K_j, V_j = x.load("K", kv), x.load("V", kv)
+            K_j, V_j = x.load("K", kv, dtype=t.kv_dtype), x.load("V", kv, dtype=t.kv_dtype)
             S_ij = x.scores(Q_i, K_j, pad, Rows(0, TILE_KEYS))
             O, l, m = x.online_softmax(S_ij, V_j, O, l, m)
         states.append((O, l, m))
@@ -131,9 +137,11 @@ def _combine_row(x, p: AttentionProblem, t: PagedDecodingTiles, row: int) -> Non
 
 
 def shared_memory(p: AttentionProblem, t: PagedDecodingTiles) -> int:
-    """The split kernel's shared memory: Q_i and each warp's ring of stages(d) K and V tiles."""
-    d, e = p.head_dim, p.elem_bytes
-    return t.block_q * d * e + WARPS * stages(d) * 2 * TILE_KEYS * d * e
+    """The split kernel's shared memory: Q_i and each warp's ring of stages(d) K and V tiles (fp8: and the warp's
+    16-bit K and V tile)."""
+    d, e, kv = p.head_dim, p.elem_bytes, t.kv_bytes(p)
+    return t.block_q * d * e + WARPS * stages(d) * 2 * TILE_KEYS * d * kv + (WARPS * 2 * TILE_KEYS * d * e
+                                                                          if kv != e else 0)
 
 
 def working_set(p: AttentionProblem, t: PagedDecodingTiles) -> int:
@@ -168,23 +176,27 @@ def _add(k: KernelCounts, part: dict, times: int) -> None:
 def _split_counts(p: AttentionProblem, t: PagedDecodingTiles, n: int) -> dict:
     """The split kernel's counts for one kv head of a sequence of n keys."""
     d, e, M, Br, S = p.head_dim, p.elem_bytes, p.group * p.seq_len, t.block_q, t.splits
+    kv = t.kv_bytes(p)
     RB = cdiv(M, Br)
     A = t.active_splits(n) if n else 0  # blocks per row block that hold keys
     T = cdiv(n, TILE_KEYS)  # tiles over the splits (chunks are whole tiles)
     st = STAT_BYTES
     O, lm = Br * d * 4, 2 * Br * st  # a state's O and its l, m
     c = {"global_read:seqlens_k": 4 * THREADS * RB * S, "global_read:Q": A * M * d * e,
-         "global_read:K": RB * n * d * e, "global_read:V": RB * n * d * e}
+         "global_read:K": RB * n * d * kv, "global_read:V": RB * n * d * kv}
     if t.paged:
         c["global_read:block_table"] = 4 * 32 * RB * T
+    if t.kv_dtype:
+        c["global_read:k_scale"] = c["global_read:v_scale"] = 4 * THREADS * RB * A
     # per tile: scores (S tile 16 x Br), online softmax (FA2 lines 8-10 on the padded tile)
     c["flops:matmul"] = RB * T * 4 * Br * TILE_KEYS * d
     c["flops:exp"] = RB * T * (TILE_KEYS * Br + Br) + RB * A * ((WARPS - 1) * 2 * Br + Br)
     c["flops:other"] = (RB * T * (4 * TILE_KEYS * Br + 4 * Br + Br * d)
                         + RB * A * ((WARPS - 1) * (6 * Br + 3 * Br * d) + 2 * Br + Br * d))
-    tiles_w = RB * (T * (2 * 64 * Br + O + lm + (4 if t.paged else 0)) + 2 * n * d * e)
-    blocks_w = 4 * RB * S + A * M * d * e + RB * A * (WARPS * (O + lm) + (WARPS - 1) * (O + lm) + O + Br * st)
-    tiles_r = T * M * d * e + RB * (2 * n * d * e + T * (64 * Br + O + lm))
+    tiles_w = RB * (T * (2 * 64 * Br + O + lm + (4 if t.paged else 0)) + 2 * n * d * kv)
+    blocks_w = (4 * RB * S + A * M * d * e + RB * A * (WARPS * (O + lm) + (WARPS - 1) * (O + lm) + O + Br * st)
+                + (2 * st * RB * A if t.kv_dtype else 0))  # the scales, one copy each on chip
+    tiles_r = T * M * d * e + RB * (2 * n * d * kv + T * (64 * Br + O + lm))
     blocks_r = RB * A * ((WARPS - 1) * 2 * (O + lm) + (O + lm) + O + Br * st)
     if S == 1:
         c["global_write:O"], c["global_write:lse"] = M * d * e, M * st

@@ -9,8 +9,9 @@ the description's registers, threads). Each block
 1. starts (``launch.per_block``), reads its sequence's length (one L2 latency) and issues Q and its first K/V tiles
    (one DRAM latency, ``latency.dram``; L2's where warm calls keep the cache in L2);
 2. streams its split's K and V: all streaming blocks share the bandwidth equally (water-filling), each capped by
-   what it keeps in flight over the latency (Little's law: 4 warps × (stages − 1) tiles of 2·16·d elements), and
-   by its SM's tensor, exp2 and fp32 rates at the blocks per SM (``mma_sync``, ``exp``, ``fp32.fma``); the
+   what it keeps in flight over the latency (Little's law: 4 warps × (stages − 1) tiles of 2·16·d elements of the
+   cache), and by its SM's tensor, exp2 and fp32 rates at the blocks per SM (``mma_sync``, ``exp``, ``fp32.fma``;
+   an fp8 cache adds the tile's conversion to 16 bits, :data:`FP8_CONVERT_OPS` instructions, at the fp32 rate); the
    chip's bandwidth for global K/V bytes is the L2 read rate, or the DRAM read rate times the reuse of each DRAM
    byte (the row blocks of a kv head share it in L2), whichever is lower;
 3. merges its 4 warps' states through shared memory (``smem.ldmatrix`` rate at the SM's share) and stores.
@@ -44,6 +45,12 @@ from ..problem import AttentionProblem
 from ..schedules.decode_layout import TILE_KEYS, WARPS, PagedDecodingTiles
 from .estimate import Conditions, KernelTime, Workload
 from .rates import Rates
+
+# an fp8 cache: warp instructions per lane and 8 bytes of a tile turned into q's dtype (kernels/flash_decode.cu
+# convert_tile; SASS of nvcc 13.0, sm_90): LDS.64, 4 PRMT, 8 LOP3, 1 SHF, STS.128; bf16 adds 8 HADD2.F32 and 4 F2FP
+# (fp16 -> fp32 -> bf16). A tile of 16 keys has 2·16·d bytes of K and V: 2·16·d / (8·32) = d / 8 steps a lane.
+FP8_CONVERT_OPS = {"fp16": 15, "bf16": 27}
+WARP_LANES = 32
 
 
 def fluid(stream: np.ndarray, fixed: np.ndarray, slots: int, bandwidth: float, cap: float) -> float:
@@ -89,21 +96,23 @@ def _split_keys(p: AttentionProblem, t: PagedDecodingTiles, row_blocks: int) -> 
 
 def _tile_seconds(p: AttentionProblem, t: PagedDecodingTiles, r: Rates, warps_per_sm: int) -> float:
     """Seconds an SM takes per warp tile of 16 keys with ``warps_per_sm`` warps issuing: the multiplies on the
-    tensor pipe, beside the softmax's exp2 and fp32 work (other warps' phases overlap; FA2's per-score counts)."""
+    tensor pipe, beside the softmax's exp2 and fp32 work (other warps' phases overlap; FA2's per-score counts) and
+    an fp8 tile's conversion (:data:`FP8_CONVERT_OPS` warp instructions of 32 lanes per d / 8 steps)."""
     Br, d = t.block_q, p.head_dim
     mma = 4 * Br * TILE_KEYS * d / (r.mma_at(warps_per_sm) / r.sms)
     scores = Br * TILE_KEYS
-    softmax = (scores + Br) / (r.ex2 / r.sms) + (4 * scores + Br * d) / (r.alu / r.sms)
+    convert = WARP_LANES * FP8_CONVERT_OPS[p.dtype] * d // 8 if t.kv_dtype else 0
+    softmax = (scores + Br) / (r.ex2 / r.sms) + (4 * scores + Br * d + convert) / (r.alu / r.sms)
     return max(mma, softmax)
 
 
 def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     """The split kernel (module docstring)."""
     p, t, r = c.problem, work.tiles, c.rates
-    d, e = p.head_dim, p.elem_bytes
+    d, e = p.head_dim, t.kv_bytes(p)  # the cache's element: what streams
     stripes = t.block_q // geo.STRIPE_ROWS
     row_blocks = cdiv(p.group * p.seq_len, t.block_q)
-    slots = geo.decode_slots(c.profile, d, stripes, e, registers)
+    slots = geo.decode_slots(c.profile, d, stripes, p.elem_bytes, registers, e)
     per_sm = max(1, slots // r.sms)
     keys = _split_keys(p, t, row_blocks)
     stream = keys * 2 * d * e  # K and V of the block's keys
