@@ -9,9 +9,11 @@ order, one and several splits, q_len 1, 4 and 16, d 64, 128 and 256, GQA 1:1 and
 cache in q's dtype and on an fp8 (e4m3) cache. One child process makes every case's plan and runs it once to compile
 and warm it, then runs each case once inside ``cudaProfilerStart/Stop`` under ``ncu --cache-control all
 --profile-from-start off`` (L2 flushed before each kernel, clocks untouched); its kernels are given to the cases in
-launch order (a plan's launches: the split kernel, then the combine kernel where splits > 1). The record keeps each
-kernel's ``global`` bytes (the load, cp.async and store instructions' bytes: Nsight Compute's
-``smsp__sass_data_bytes_mem_global_op_{ld,ldgsts,st}.sum``) and DRAM bytes, and the split count and chunk the plan
+launch order (a plan's launches: the split kernel, then the combine kernel where splits > 1). Two profiles: the
+``global`` bytes (the load, cp.async and store instructions' bytes: Nsight Compute's
+``smsp__sass_data_bytes_mem_global_op_{ld,ldgsts,st}.sum``), and the DRAM bytes in a profile of their own (one pass
+a kernel: a profile with other counters replays the kernel and leaves dirty lines that are not its own,
+docs/validation.md). The record keeps both per kernel, and the split count and chunk the plan
 launched; the judge simulates each case with that split count and applies iosim.validation's rule: ``global``
 exact, ``hbm`` within 5% (reads) or 10% (writes), or 1% of the call's compulsory bytes. Writes
 ``data/validation/<device>-decode-bytes.json`` (``--measure``) and ``docs/validation/<device>-decode.csv``; prints a
@@ -31,8 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = {"h100": "h100-sxm5-80gb", "h200": "h200-sxm-141gb"}
-METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "smsp__sass_data_bytes_mem_global_op_ld.sum",
-           "smsp__sass_data_bytes_mem_global_op_ldgsts.sum", "smsp__sass_data_bytes_mem_global_op_st.sum")
+SASS_METRICS = ("smsp__sass_data_bytes_mem_global_op_ld.sum", "smsp__sass_data_bytes_mem_global_op_ldgsts.sum",
+                "smsp__sass_data_bytes_mem_global_op_st.sum")
+DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")  # one pass: a profile of their own
 KEYS = {"dram__bytes_read.sum": "dram_read", "dram__bytes_write.sum": "dram_write",
         "smsp__sass_data_bytes_mem_global_op_ld.sum": "ld", "smsp__sass_data_bytes_mem_global_op_ldgsts.sum": "ldgsts",
         "smsp__sass_data_bytes_mem_global_op_st.sum": "st"}
@@ -129,10 +132,10 @@ def child(out: Path) -> None:
     out.write_text(json.dumps(launched))
 
 
-def ncu_kernels(tmp: Path) -> list[dict]:
-    """Each profiled kernel's name and metrics, in launch order."""
+def ncu_kernels(tmp: Path, metrics: tuple[str, ...]) -> list[dict]:
+    """Each profiled kernel's name and ``metrics``, in launch order."""
     cmd = ["ncu", "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off", "--csv",
-           "--print-units", "base", "--metrics", ",".join(METRICS), sys.executable, __file__, "--child", str(tmp)]
+           "--print-units", "base", "--metrics", ",".join(metrics), sys.executable, __file__, "--child", str(tmp)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
     if proc.returncode or not lines:
@@ -148,7 +151,7 @@ def measure(device: str) -> int:
     from time_record import device_header  # beside this file
 
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "decode_bytes_launches.json"
-    kernels = ncu_kernels(tmp)
+    kernels = [a | b for a, b in zip(ncu_kernels(tmp, SASS_METRICS), ncu_kernels(tmp, DRAM_METRICS), strict=True)]
     launched = json.loads(tmp.read_text())
     if sum(r["launches"] for r in launched) != len(kernels):
         raise RuntimeError(f"{len(kernels)} kernels profiled for {sum(r['launches'] for r in launched)} launches")

@@ -56,7 +56,7 @@ def test_kv_bytes_are_each_sequences_keys_once_per_kv_head_and_row_block(case):
     assert c.global_read["K"] == c.global_read["V"] == kv
     tiles = sum(cdiv(n, 16) for n in t.kv_lens)  # every tile of 16 keys holds keys: its rows past n_b are not read
     assert c.flops["matmul"] == row_blocks * tiles * p.kv_heads * 4 * t.block_q * 16 * p.head_dim
-    assert c.global_read["block_table"] == (row_blocks * tiles * p.kv_heads * 32 * 4 if t.paged else 0)
+    assert c.global_read["block_table"] == (row_blocks * tiles * p.kv_heads * 4 if t.paged else 0)
     assert c.global_write["O"] == p.batch * p.seq_len * p.heads * p.head_dim * p.elem_bytes
 
 
@@ -73,10 +73,10 @@ def test_one_split_moves_what_flash_decode_cu_loads_and_stores_counted_by_hand()
     (k,) = c.kernels
     assert k.grid == 4
     assert dict(k.global_read) == {
-        "seqlens_k": 4 * 128 * 4,  # every thread of every block loads its sequence's length
+        "seqlens_k": 4 * 4 * 4,  # every thread of every block loads its sequence's length: once a warp counts
         "Q": 4 * 4 * 64 * 2,  # 4 packed rows a block (rows 4..15 of the stripe zero-filled, not read)
         "K": (40 + 17) * 2 * 64 * 2, "V": (40 + 17) * 2 * 64 * 2,  # keys below n_b of each kv head
-        "block_table": (3 + 2) * 2 * 32 * 4,  # a tile of 16 keys: every lane of its warp loads the entry
+        "block_table": (3 + 2) * 2 * 4,  # a tile of 16 keys: every lane of its warp loads the entry, counted once
     }
     assert dict(k.global_write) == {"O": 2 * 8 * 64 * 2, "lse": 2 * 8 * 4}
     assert k.flops["matmul"] == (3 + 2) * 2 * 4 * 16 * 16 * 64  # whole 16 x 16 tiles of the stripe
@@ -88,10 +88,10 @@ def test_an_fp8_cache_halves_k_and_v_and_every_working_thread_loads_two_scales_c
     (k,) = closed("flash-decoding", p, t).kernels
     # 4 blocks; sequence 1 has no key: its 2 blocks write O = 0, lse = -inf and load no scale
     assert dict(k.global_read) == {
-        "seqlens_k": 4 * 128 * 4, "Q": 2 * 4 * 64 * 2,
+        "seqlens_k": 4 * 4 * 4, "Q": 2 * 4 * 64 * 2,
         "K": 40 * 2 * 64 * 1, "V": 40 * 2 * 64 * 1,  # one byte a value
-        "block_table": 3 * 2 * 32 * 4,
-        "k_scale": 2 * 128 * 4, "v_scale": 2 * 128 * 4,  # every thread of the 2 blocks with keys, its kv head's
+        "block_table": 3 * 2 * 4,
+        "k_scale": 2 * 4 * 4, "v_scale": 2 * 4 * 4,  # every warp of the 2 blocks with keys, its kv head's
     }
     assert dict(k.global_write) == {"O": 2 * 8 * 64 * 2, "lse": 2 * 8 * 4}  # O in q's dtype
     plain = closed("flash-decoding", p, make_tiles(p, [40, 0], 16, 1)).kernels[0]
@@ -112,14 +112,14 @@ def test_two_splits_add_the_partials_and_the_combine_kernel_counted_by_hand():
     split, combine = closed("flash-decoding", p, t).kernels
     # 8 blocks; sequence 1 (17 keys) has nothing in split 1: those 2 blocks read their length and exit
     assert split.grid == 8
-    assert dict(split.global_read) == {"seqlens_k": 8 * 128 * 4, "Q": 6 * 4 * 64 * 2, "K": 57 * 2 * 64 * 2,
-                                       "V": 57 * 2 * 64 * 2, "block_table": 5 * 2 * 32 * 4}
+    assert dict(split.global_read) == {"seqlens_k": 8 * 4 * 4, "Q": 6 * 4 * 64 * 2, "K": 57 * 2 * 64 * 2,
+                                       "V": 57 * 2 * 64 * 2, "block_table": 5 * 2 * 4}
     assert dict(split.global_write) == {"Opart": 6 * 4 * 64 * 4, "lsepart": 6 * 4 * 4}
-    # 16 output rows, a warp each, 4 a block: lengths by every lane; the max over the splits (2 and 1 of them);
-    # then every lane reads each lse_s and its d / 32 floats of O_s
+    # 16 output rows, a warp each, 4 a block: lengths by every lane (once a warp); the max over the splits (2 and 1
+    # of them); then every lane reads each lse_s (once a warp) and its d / 32 floats of O_s
     assert combine.grid == 4
-    assert dict(combine.global_read) == {"seqlens_k": 16 * 32 * 4,
-                                         "lsepart": (8 * 2 + 8 * 1) * 4 + (8 * 2 + 8 * 1) * 32 * 4,
+    assert dict(combine.global_read) == {"seqlens_k": 16 * 4,
+                                         "lsepart": (8 * 2 + 8 * 1) * 4 + (8 * 2 + 8 * 1) * 4,
                                          "Opart": (8 * 2 + 8 * 1) * 64 * 4}
     assert dict(combine.global_write) == {"O": 16 * 64 * 2, "lse": 16 * 4}
 
@@ -155,7 +155,7 @@ def test_the_block_table_costs_a_tile_load_whatever_the_page_size_but_dram_secto
         t = make_tiles(p, None, page, 1)
         glob[page] = closed("flash-decoding", p, t).global_read["block_table"]
         hbm[page] = decode_layout.dram(p, t)[0][0]
-    assert glob[16] == glob[64] == glob[256] == 4 * 4 * (8192 // 16) * 32 * 4 and glob[None] == 0
+    assert glob[16] == glob[64] == glob[256] == 4 * 4 * (8192 // 16) * 4 and glob[None] == 0  # once a warp-tile
     # DRAM: each sequence's entries once, in 32-byte sectors: 512, 128 and 32 entries of 4 B
     assert hbm[16] - hbm[None] == 4 * 512 * 4 and hbm[64] - hbm[None] == 4 * 128 * 4
     assert hbm[256] - hbm[None] == 4 * 32 * 4

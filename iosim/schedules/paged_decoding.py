@@ -23,9 +23,11 @@ kernel="iosim-decode")`` runs this program instead of FlashAttention-2's (:mod:`
 
 **What `global` counts** is what the load and store instructions move, thread by thread, as Nsight Compute's
 ``smsp__sass_data_bytes_mem_global`` counters do (docs/validation.md): Q, K, V, O and the partials are 16-, 8- or
-4-byte vectors of distinct elements, so their bytes are the elements'; a value every thread of a block or every
-lane of a warp loads (the length, a block-table entry, a split's lse in the combine) counts once per thread. At L2
-each of those is one 32-byte sector (``hbm``: :func:`iosim.schedules.decode_layout.dram`).
+4-byte vectors of distinct elements, so their bytes are the elements'; a value every lane of a warp loads from one
+address (the length, the fp8 scales, a block-table entry, a split's lse in the combine) counts once per warp: the
+counter counts a warp's load of one address once (measured: ``benchmarks/decode_bytes_record.py``, every split
+kernel exact on the H100). At L2 each of those is one 32-byte sector (``hbm``:
+:func:`iosim.schedules.decode_layout.dram`).
 
 FLOPs are those executed: the matrix multiplies on whole 16-row stripes and 16-key tiles (padding rows and keys
 past n_b included); the softmax per tile as FA2's; the warps' merge; the combine as the online merge of the splits.
@@ -38,7 +40,7 @@ import numpy as np
 from ..blocks import Rows, block_rows, cdiv
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from .decode_layout import THREADS, TILE_KEYS, WARPS, PagedDecodingTiles, stages
+from .decode_layout import TILE_KEYS, WARPS, PagedDecodingTiles, stages
 
 SPLIT, COMBINE = "flash_decode_split", "flash_decode_combine"
 
@@ -68,7 +70,7 @@ def _split_block(x, p: AttentionProblem, t: PagedDecodingTiles, where: tuple[int
     """One thread block of the split kernel: split s of sequence b, kv head hk, row block rb."""
     b, hk, s, rb = where
     n, M, Br, S = t.kv_lens[b], p.group * p.seq_len, t.block_q, t.splits
-    x.broadcast("seqlens_k", Rows(b, b + 1), THREADS)  # every thread reads its sequence's length
+    x.broadcast("seqlens_k", Rows(b, b + 1), WARPS)  # every thread reads its sequence's length: once a warp
     r = block_rows(rb, Br, M)
     q = Rows((b * p.kv_heads + hk) * M + r.start, (b * p.kv_heads + hk) * M + r.stop)  # rows of Q, O, lse
     k0, k1 = s * t.chunk, min(n, (s + 1) * t.chunk)
@@ -79,8 +81,8 @@ def _split_block(x, p: AttentionProblem, t: PagedDecodingTiles, where: tuple[int
             x.store("lse", q, L)
         return
     if t.kv_dtype:  # every thread loads its kv head's two scales
-        x.broadcast("k_scale", Rows(hk, hk + 1), THREADS)
-        x.broadcast("v_scale", Rows(hk, hk + 1), THREADS)
+        x.broadcast("k_scale", Rows(hk, hk + 1), WARPS)
+        x.broadcast("v_scale", Rows(hk, hk + 1), WARPS)
     Q_i = x.load("Q", q)
     pad = Rows(0, Br)  # the multiplies run on whole stripes of 16 rows
     page = t.page_size if t.paged else p.kv_len  # a contiguous cache is one page per sequence
@@ -91,7 +93,7 @@ def _split_block(x, p: AttentionProblem, t: PagedDecodingTiles, where: tuple[int
             tok = k0 + i * TILE_KEYS
             if t.paged:  # every lane loads the physical page of the tile
                 e = b * t.max_pages + tok // page
-                x.broadcast("block_table", Rows(e, e + 1), 32)
+                x.broadcast("block_table", Rows(e, e + 1), 1)
             first = ((hk * p.batch + b) * cdiv(p.kv_len, page) + tok // page) * page + tok % page
             kv = Rows(first, first + min(TILE_KEYS, n - tok))  # keys past n_b: zero-filled, not read
             K_j, V_j = x.load("K", kv, dtype=t.kv_dtype), x.load("V", kv, dtype=t.kv_dtype)
@@ -116,7 +118,7 @@ def _combine_row(x, p: AttentionProblem, t: PagedDecodingTiles, row: int) -> Non
     L, H, G = p.seq_len, p.heads, p.group
     b, i, h = row // (L * H), (row // H) % L, row % H
     n = t.kv_lens[b]
-    x.broadcast("seqlens_k", Rows(b, b + 1), 32)
+    x.broadcast("seqlens_k", Rows(b, b + 1), 1)
     ns = t.active_splits(n)
     pr = (b * p.kv_heads + h // G) * G * L + i * G + h % G  # its packed row
     R = p.batch * p.kv_heads * G * L
@@ -125,7 +127,7 @@ def _combine_row(x, p: AttentionProblem, t: PagedDecodingTiles, row: int) -> Non
     O, l, m = x.init_state(Rows(0, 1))
     if ns and i >= L - n:  # the row sees a key (else every lse_s is -inf: O = 0, lse = -inf)
         for s in range(ns):
-            L_s = x.broadcast("lsepart", Rows(s * R + pr, s * R + pr + 1), 32)  # every lane reads lse_s
+            L_s = x.broadcast("lsepart", Rows(s * R + pr, s * R + pr + 1), 1)  # every lane reads lse_s
             O_s = x.load("Opart", Rows(s * R + pr, s * R + pr + 1))
             O, l, m = x.merge_partial(O, l, m, O_s, L_s)
     O, lse = x.finalize(O, l, m)
@@ -182,12 +184,12 @@ def _split_counts(p: AttentionProblem, t: PagedDecodingTiles, n: int) -> dict:
     T = cdiv(n, TILE_KEYS)  # tiles over the splits (chunks are whole tiles)
     st = STAT_BYTES
     O, lm = Br * d * 4, 2 * Br * st  # a state's O and its l, m
-    c = {"global_read:seqlens_k": 4 * THREADS * RB * S, "global_read:Q": A * M * d * e,
+    c = {"global_read:seqlens_k": 4 * WARPS * RB * S, "global_read:Q": A * M * d * e,
          "global_read:K": RB * n * d * kv, "global_read:V": RB * n * d * kv}
     if t.paged:
-        c["global_read:block_table"] = 4 * 32 * RB * T
+        c["global_read:block_table"] = 4 * RB * T
     if t.kv_dtype:
-        c["global_read:k_scale"] = c["global_read:v_scale"] = 4 * THREADS * RB * A
+        c["global_read:k_scale"] = c["global_read:v_scale"] = 4 * WARPS * RB * A
     # per tile: scores (S tile 16 x Br), online softmax (FA2 lines 8-10 on the padded tile)
     c["flops:matmul"] = RB * T * 4 * Br * TILE_KEYS * d
     c["flops:exp"] = RB * T * (TILE_KEYS * Br + Br) + RB * A * ((WARPS - 1) * 2 * Br + Br)
@@ -214,7 +216,7 @@ def _combine_counts(p: AttentionProblem, t: PagedDecodingTiles, n: int) -> dict:
     d, e, L, H, st = p.head_dim, p.elem_bytes, p.seq_len, p.heads, STAT_BYTES
     rows, ns = L * H, t.active_splits(n)
     seen = H * min(L, n) * ns  # (row, split) pairs of rows that see a key: the weights pass
-    return {"global_read:seqlens_k": 4 * 32 * rows, "global_read:lsepart": 4 * ns * rows + 4 * 32 * seen,
+    return {"global_read:seqlens_k": 4 * rows, "global_read:lsepart": 4 * ns * rows + 4 * seen,
             "global_read:Opart": 4 * d * seen, "global_write:O": rows * d * e, "global_write:lse": rows * st,
             "flops:exp": 2 * seen + rows, "flops:other": (5 + 3 * d) * seen + (2 + d) * rows,
             "sram_write": rows * (4 + 4 * ns + (4 * d + 8) + (4 * d + 4)) + seen * (4 + 4 * d + 4 * d + 8),
