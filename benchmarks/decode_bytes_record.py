@@ -171,7 +171,6 @@ def judged(device: str, row: dict) -> list[dict]:
     plan launched beside the measurement, by iosim.validation's rule (``global`` exact; ``hbm`` its bound or floor,
     the floor 1% of the call's compulsory bytes: q, the keys' K and V in the cache's dtype, O and lse once)."""
     from iosim import AttentionProblem, simulate
-    from iosim.schedules import decode_layout
     from iosim.validation import hbm_rule
 
     c = Case(**{k: tuple(v) if isinstance(v, list) else v for k, v in row["case"].items()})
@@ -189,7 +188,7 @@ def judged(device: str, row: dict) -> list[dict]:
     compulsory = (2 * rows_out * p.head_dim * p.elem_bytes + rows_out * 4
                   + 2 * sum(c.kv_lens) * p.kv_heads * p.head_dim * r.tiles.kv_bytes(p))
     out = []
-    for kc, (hbm_r, hbm_w), meas in zip(r.counts.kernels, decode_layout.dram(p, r.tiles), row["kernels"], strict=True):
+    for kc, hbm_r, hbm_w, meas in zip(r.counts.kernels, r.hbm_read, r.hbm_write, row["kernels"], strict=True):
         for boundary, direction, sim, m in (
                 ("global", "read", sum(kc.global_read.values()), meas["ld"] + meas["ldgsts"]),
                 ("global", "write", sum(kc.global_write.values()), meas["st"]),

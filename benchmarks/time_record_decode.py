@@ -6,7 +6,8 @@
                                                                          # measured rows of docs/benchmarks/decode-*.csv
 
 ``--measure`` runs every shape of :func:`sweep` (q_len 1, 4 and 16; ragged batches; contiguous caches and pages of
-16, 64 and 256 tokens in a shuffled order; d 64, 128 and 256; GQA 1:1 and 8:1; batches that do not fill the GPU),
+16, 64 and 256 tokens in a shuffled order; d 64, 128 and 256; GQA 1:1 and 8:1; batches that do not fill the GPU; and
+fp8 caches, quantized per kv head by iosim.gpu.quantize_kv_fp8 and checked on their dequantized values),
 checks each output and lse against a float64 reference computed on the GPU first (a failed check is recorded and the
 exit status is 1), then times ``plan.run`` as the other records time their kernels: the median of ``--reps`` CUDA-event
 intervals of warm calls, the stream kept busy ahead (benchmarks/cuda_events.py). Each row records the split count,
@@ -27,7 +28,7 @@ import csv
 import statistics
 import sys
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from time_record import PROFILE, device_header, save_record  # beside this file
@@ -47,6 +48,7 @@ class DecodeShape:
     kv_lens: tuple[int, ...]  # keys of each sequence
     page_size: int | None = None  # None: a contiguous cache
     dtype: str = "bf16"
+    kv_dtype: str | None = None  # "fp8": the cache in e4m3, a scale per kv head
 
     @property
     def capacity(self) -> int:
@@ -58,7 +60,8 @@ class DecodeShape:
     def key(self) -> str:
         lens = f"n{self.kv_lens[0]}" if len(set(self.kv_lens)) == 1 else f"ragged{max(self.kv_lens)}"
         return (f"b{self.batch}h{self.heads}k{self.kv_heads}L{self.q_len}d{self.head_dim}{lens}"
-                f"{'p' + str(self.page_size) if self.page_size else 'contig'}{self.dtype}")
+                f"{'p' + str(self.page_size) if self.page_size else 'contig'}{self.dtype}"
+                f"{'kv' + self.kv_dtype if self.kv_dtype else ''}")
 
 
 RAGGED = (32768, 512, 4096, 100, 8192, 2000, 16, 12000)
@@ -83,15 +86,21 @@ def sweep() -> list[DecodeShape]:
     out += [DecodeShape(8, 32, 4, 4, 128, RAGGED, 64), DecodeShape(64, 32, 4, 1, 128, tuple(
         256 * (1 + (7 * i) % 64) for i in range(64)), 16)]
     out += [DecodeShape(16, 32, 4, 1, 128, (8192,) * 16, 16, "fp16")]
-    return out
+    fp8 = [DecodeShape(16, 32, 4, 1, 128, (4096,) * 16), DecodeShape(16, 32, 4, 4, 128, (4096,) * 16, 16),
+           DecodeShape(32, 32, 4, 1, 128, (8192,) * 32, 64), DecodeShape(8, 32, 32, 1, 64, (2048,) * 8, 64),
+           DecodeShape(16, 16, 2, 4, 256, (4096,) * 16, 64), DecodeShape(8, 32, 4, 1, 128, RAGGED, 16),
+           DecodeShape(1, 8, 1, 1, 128, (32768,), 16), DecodeShape(16, 32, 4, 1, 128, (8192,) * 16, 16, "fp16")]
+    return out + [replace(s, kv_dtype="fp8") for s in fp8]
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # measuring (GPU)
 
 
-def _inputs(torch, s: DecodeShape, seed: int):
-    """q, the cache (contiguous, or paged in a shuffled order) and the lengths and block table, as torch tensors."""
+def _inputs(torch, gpu, s: DecodeShape, seed: int):
+    """q; the cache's values as the kernel computes on them (an fp8 cache's dequantized), for the check; and the
+    decode arguments: the cache (contiguous, or paged in a shuffled order; fp8: QuantizedKV pairs), the lengths and
+    the block table, as torch tensors."""
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[s.dtype]
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(s.batch, s.q_len, s.heads, s.head_dim, device="cuda", dtype=dt, generator=g)
@@ -99,16 +108,28 @@ def _inputs(torch, s: DecodeShape, seed: int):
     k = torch.randn(s.batch, cap, s.kv_heads, s.head_dim, device="cuda", dtype=dt, generator=g)
     v = torch.randn(s.batch, cap, s.kv_heads, s.head_dim, device="cuda", dtype=dt, generator=g)
     lens = torch.tensor(s.kv_lens, dtype=torch.int32, device="cuda")
-    if s.page_size is None:
-        return q, (k, v), (k, v, lens, None)
-    P, per_seq = s.page_size, cap // s.page_size
-    perm = torch.randperm(s.batch * per_seq, generator=torch.Generator().manual_seed(seed)).to("cuda")
-    pool_k = torch.empty_like(k).view(-1, P, s.kv_heads, s.head_dim)
-    pool_v = torch.empty_like(v).view(-1, P, s.kv_heads, s.head_dim)
-    pool_k[perm] = k.reshape(-1, P, s.kv_heads, s.head_dim)  # logical page j of sequence b -> perm[b * per_seq + j]
-    pool_v[perm] = v.reshape(-1, P, s.kv_heads, s.head_dim)
-    table = perm.view(s.batch, per_seq).to(torch.int32)
-    return q, (k, v), (pool_k, pool_v, lens, table)
+    scales = None
+    if s.kv_dtype == "fp8":
+        kq, vq = gpu.quantize_kv_fp8(k), gpu.quantize_kv_fp8(v)
+        scales = kq.scale, vq.scale
+        k, v = kq.values.view(torch.uint8), vq.values.view(torch.uint8)  # CuPy-style e4m3 bits: paged like any
+    table = None
+    if s.page_size is not None:
+        per_seq = cap // s.page_size
+        perm = torch.randperm(s.batch * per_seq, generator=torch.Generator().manual_seed(seed)).to("cuda")
+        table = perm.view(s.batch, per_seq).to(torch.int32)
+    kc, vc = (_paged(torch, x, s, perm) if table is not None else x for x in (k, v))
+    if scales is None:
+        return q, (k, v), (kc, vc, lens, table)
+    kd, vd = (x.view(torch.float8_e4m3fn).float() * sc.view(1, 1, -1, 1) for x, sc in zip((k, v), scales, strict=True))
+    return q, (kd, vd), (gpu.QuantizedKV(kc, scales[0]), gpu.QuantizedKV(vc, scales[1]), lens, table)
+
+
+def _paged(torch, x, s: DecodeShape, perm):
+    """x (batch, capacity, kv_heads, d) as a pool of pages: logical page j of sequence b at page perm[b·pages + j]."""
+    pool = torch.empty_like(x).view(-1, s.page_size, s.kv_heads, s.head_dim)
+    pool[perm] = x.reshape(-1, s.page_size, s.kv_heads, s.head_dim)
+    return pool
 
 
 def _check(torch, s: DecodeShape, q, kv, o, lse) -> float:
@@ -139,7 +160,7 @@ def measure_shape(torch, gpu, s: DecodeShape, reps: int, seed: int) -> dict:
     """One row: the check, then the time, of a plan made once (checks and the split choice off the timed path)."""
     from cuda_events import time_ms  # beside this file
 
-    q, kv, (kc, vc, lens, table) = _inputs(torch, s, seed)
+    q, kv, (kc, vc, lens, table) = _inputs(torch, gpu, s, seed)
     plan = gpu.plan_decode(q, kc, vc, seqlens_k=lens, block_table=table)
     o, lse = plan.run(q, kc, vc)
     torch.cuda.synchronize()  # an asynchronous fault surfaces here, before the timing
@@ -180,7 +201,7 @@ def predict(row: dict, profile: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InputWarning)
         return simulate("flash-decoding", p, profile, kernel="iosim-decode", kv_lens=row.get("kv_lens"),
-                        page_size=row.get("page_size"), warm=True)
+                        page_size=row.get("page_size"), kv_dtype=row.get("kv_dtype"), warm=True)
 
 
 def benchmark_rows(profile: str) -> list[dict]:
@@ -191,6 +212,7 @@ def benchmark_rows(profile: str) -> list[dict]:
             out.append({"batch": int(r["batch"]), "heads": int(r["heads"]), "kv_heads": int(r["kv_heads"]),
                         "seq_len": 1, "kv_len": int(r["n"]), "head_dim": int(r["d"]), "dtype": "bf16",
                         "causal": False, "kv_lens": None, "layout": r["layout"],
+                        "kv_dtype": "fp8" if r.get("cache") == "fp8" else None,
                         "page_size": None if r["layout"] == "contig" else int(r["layout"]),
                         "measured_ms": float(r["ours_ms"]), "splits": int(r["splits"]), "chunk": int(r["chunk"])})
     return out

@@ -146,7 +146,7 @@ def with_l2(result: Result, *, strict: bool = False, l2_exact: bool = False, l2_
     passes :class:`iosim.cli.progress.ProgressBar`)."""
     too_big = exceeds_memory(result.problem, result.profile)  # the model simulates a launch that fits
     s = get_schedule(result.schedule, result.pass_) if result.pass_ != "both" else None
-    closed_dram = s.dram(result.problem, result.tiles) if s and s.dram is not None and not too_big else None
+    closed_dram = s.dram(result.problem, result.tiles, result.profile) if s and s.dram is not None and not too_big else None
     if closed_dram is not None:  # the schedule knows its DRAM bytes in closed form (iosim's decode and fp8 kernels)
         out = replace(result, hbm_read=[r for r, _ in closed_dram], hbm_write=[w for _, w in closed_dram],
                       hbm_model=s.dram_model)

@@ -18,22 +18,34 @@ namespace iosim {
 
 template <typename A, typename B> struct is_same { static constexpr bool value = false; };
 template <typename A> struct is_same<A, A> { static constexpr bool value = true; };
+template <bool B, typename X, typename Y> struct pick { using type = X; };  // B ? X : Y
+template <typename X, typename Y> struct pick<false, X, Y> { using type = Y; };
 
 // fp8 e4m3 as a one-byte storage type (flash3_fwd.cu's fp8 inputs, flash_decode.cu's fp8 KV cache)
 struct e4m3 {
     unsigned char bits;
 };
 
-// four e4m3 bytes of w (lowest first) as two fp16x2 words (lo: bytes 0, 1; hi: bytes 2, 3), each value times 2^-8,
-// exactly: e4m3's sign, exponent and mantissa bits go to fp16's places (exponent bias 7 -> 15, so the value drops by
-// 2^8; e4m3 subnormals land on fp16 subnormals). Integer instructions only, so any sm_80+ GPU runs it; callers fold
-// the 2^8 into their scales. (0x7f/0xff, e4m3's NaN, become finite: the quantizer never writes them.)
-__device__ __forceinline__ void e4m3x4_to_half2x2_div256(unsigned w, unsigned& lo, unsigned& hi) {
+// four e4m3 bytes of w (lowest first) as two fp16x2 words (lo: bytes 0, 1; hi: bytes 2, 3), exactly (every e4m3
+// value is an fp16 value), each value divided by kE4m3HalfUnit: sm_89+ converts with cvt.rn.f16x2.e4m3x2 (unit 1);
+// older GPUs move e4m3's sign, exponent and mantissa bits to fp16's places with integer instructions (exponent bias
+// 7 -> 15: the value drops by 2^8, e4m3 subnormals land on fp16 subnormals; unit 256). Callers fold the unit into
+// their scales. (e4m3's NaN, 0x7f/0xff, is never written by the quantizer.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+constexpr float kE4m3HalfUnit = 1.f;
+__device__ __forceinline__ void e4m3x4_to_half2x2(unsigned w, unsigned& lo, unsigned& hi) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi) : "r"(w));
+}
+#else
+constexpr float kE4m3HalfUnit = 256.f;
+__device__ __forceinline__ void e4m3x4_to_half2x2(unsigned w, unsigned& lo, unsigned& hi) {
     const unsigned a = __byte_perm(w, 0u, 0x1404u);  // byte 0 -> byte 1, byte 1 -> byte 3, zeros elsewhere
     const unsigned b = __byte_perm(w, 0u, 0x3424u);  // byte 2 -> byte 1, byte 3 -> byte 3
     lo = (a & 0x80008000u) | ((a >> 1) & 0x3f803f80u);
     hi = (b & 0x80008000u) | ((b >> 1) & 0x3f803f80u);
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // dtype helpers: pack two fp32 values into one 32-bit register of two fp16/bf16 (low half = first value)

@@ -24,9 +24,11 @@
 //   per tile: S = Q K^T (16 x 16 per stripe), online softmax in exp2 (FlashAttention-2 lines 8-10), O += P V with P
 //   rounded to the input dtype; keys past n_b and above the causal diagonal get -inf (one comparison: j > limit).
 //   fp8 cache: the ring holds the e4m3 bytes (half the bytes in flight per slot); once a tile has landed each warp
-//   turns it into one fp16/bf16 K tile and V tile of its own (exact: e4m3x4_to_half2x2_div256, values / 256), so the
-//   ldmatrix and mma.sync path is the 16-bit one; k_scale * 256 is folded into the softmax scale, v_scale * 256 into
-//   the epilogue's 1 / l. No other per-tile work.
+//   turns it into one fp16 K tile and V tile of its own (exact: every e4m3 value is an fp16 value; common.cuh
+//   e4m3x4_to_half2x2), and the multiplies run in fp16 whatever q's dtype: a bf16 Q_i is turned to fp16 once a block,
+//   each row times a power of two that puts its largest value in [2^14, 2^15) (exact but for values 2^28 below the
+//   row's largest), the power folded back into that row's softmax scale. k_scale (and the conversion's unit) is
+//   folded into the softmax scale, v_scale into the epilogue's 1 / l; P is rounded to fp16. No other per-tile work.
 //   epilogue: the 4 warps' (m, l, O) meet in shared memory (over the K/V ring) and merge by the log-sum-exp rule;
 //   one split: O in the input dtype and lse; several: O_s / l_s in fp32 and lse_s, per split.
 // Kernel 2, flash_decode_combine_kernel (only when splits > 1; one warp per output row (b, i, h)):
@@ -39,7 +41,9 @@
 //
 // Versions:
 //   v1  16-bit caches (measurement: docs/kernels.md).
-//   v2  this one: the fp8 (e4m3) cache.
+//   v2  the fp8 (e4m3) cache, converted to bf16 or fp16 tiles by integer instructions: 1.2-1.4x the bf16 cache's
+//       speed, not 2x; instruction-issue bound (ncu: IPC 2.2, issue slots 53%, 471 more instructions a warp tile).
+//   v3  this one: fp16 multiplies for an fp8 cache (no bf16 conversion), cvt.rn.f16x2.e4m3x2 on sm_89+.
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -52,7 +56,7 @@ __host__ __device__ constexpr int decode_stages(int D) { return D >= 256 ? 2 : (
 // bytes of one warp's ring slots (K tile then V tile per slot) and, for an fp8 cache, its 16-bit K and V tiles;
 // mirrored by iosim/launch/decode.py decode_smem_terms()
 template <int D, typename T, typename KV>
-__host__ __device__ constexpr int decode_warp_bytes() {
+__host__ __device__ constexpr int decode_warp_bytes() {  // (the 16-bit tiles are fp16 for an fp8 cache: 2 bytes too)
     return decode_stages(D) * 2 * kDecodeTile * D * (int)sizeof(KV) +
            (is_same<KV, T>::value ? 0 : 2 * kDecodeTile * D * (int)sizeof(T));
 }
@@ -71,6 +75,9 @@ __global__ void __launch_bounds__(128)
     constexpr int kThreads = 32 * kDecodeWarps;
     constexpr bool kFp8 = is_same<KV, e4m3>::value;  // else KV = T
     static_assert(kFp8 || is_same<KV, T>::value, "the cache holds q's dtype or e4m3");
+    using TC = typename pick<kFp8, __half, T>::type;  // the multiplies' type
+    constexpr bool kRescaleQ = kFp8 && !is_same<T, TC>::value;  // a bf16 Q_i turned to fp16, row by row
+    constexpr int kRowBytes = kFp8 ? 128 : 0;  // kRescaleQ: each row's power of two (Br <= 32 floats); host's term
     constexpr int Br = 16 * MT;             // rows of Q per block
     constexpr int Stages = decode_stages(D);
     constexpr int C = D / 8;                // 16-byte chunks per row of q's dtype
@@ -87,7 +94,8 @@ __global__ void __launch_bounds__(128)
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T* sQ = reinterpret_cast<T*>(smem_raw);                                  // Br x D
-    unsigned char* sRing = reinterpret_cast<unsigned char*>(sQ + Br * D);  // warps x decode_warp_bytes
+    float* sRowF = reinterpret_cast<float*>(sQ + Br * D);                    // kRescaleQ: Br row factors
+    unsigned char* sRing = reinterpret_cast<unsigned char*>(sQ + Br * D) + kRowBytes;  // warps x decode_warp_bytes
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -117,11 +125,11 @@ __global__ void __launch_bounds__(128)
         return;
     }
 
-    // the cache's scales (fp8): K's and 2^8 into the softmax's base-2 scale, V's and 2^8 into the epilogue
+    // the cache's scales (fp8): K's and the conversion's unit into the softmax's base-2 scale, V's into the epilogue
     float v_factor = 1.f;
     if constexpr (kFp8) {
-        scale_log2 *= __ldg(k_scale + hk) * 256.f;
-        v_factor = __ldg(v_scale + hk) * 256.f;
+        scale_log2 *= __ldg(k_scale + hk) * kE4m3HalfUnit;
+        v_factor = __ldg(v_scale + hk) * kE4m3HalfUnit;
     }
 
     // Q_i into shared memory, rows past M zero-filled (group 0 of every thread)
@@ -137,7 +145,7 @@ __global__ void __launch_bounds__(128)
     const int n_w = n_tiles > warp ? (n_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
     const long long kv_stride = (long long)kv_heads * D;  // elements between consecutive tokens of one kv head
     KV* ring = reinterpret_cast<KV*>(sRing + warp * decode_warp_bytes<D, T, KV>());
-    T* sK16 = reinterpret_cast<T*>(ring + Stages * kSlot);  // fp8: this warp's 16-bit K tile, then V tile
+    TC* sK16 = reinterpret_cast<TC*>(ring + Stages * kSlot);  // fp8: this warp's fp16 K tile, then V tile
     auto tile_token = [&](int i) { return key_begin + (warp + kDecodeWarps * i) * kDecodeTile; };
     auto page_of = [&](int i) -> long long {  // physical page of tile i (contiguous cache: the sequence's own)
         if (block_table == nullptr) return b;
@@ -164,8 +172,8 @@ __global__ void __launch_bounds__(128)
             cp_async_16(smem_u32(sV + dst), vg + off, ok ? 16 : 0);
         }
     };
-    // fp8: the e4m3 K and V tiles of ring slot `slot` as this warp's swizzled 16-bit tiles, values / 256; 8 bytes a
-    // lane a step, so the 8 lanes of a store phase write 8 chunks of one row (distinct banks)
+    // fp8: the e4m3 K and V tiles of ring slot `slot` as this warp's swizzled fp16 tiles (values / kE4m3HalfUnit);
+    // 8 bytes a lane a step, so the 8 lanes of a store phase write 8 chunks of one row (distinct banks)
     auto convert_tile = [&](int slot) {
         const unsigned char* src = reinterpret_cast<const unsigned char*>(ring + slot * kSlot);
 #pragma unroll
@@ -174,16 +182,8 @@ __global__ void __launch_bounds__(128)
             const int t = idx / (kDecodeTile * C), r = (idx / C) % kDecodeTile, c = idx % C;
             const uint2 w = *reinterpret_cast<const uint2*>(src + idx * 8);
             unsigned h[4];
-            e4m3x4_to_half2x2_div256(w.x, h[0], h[1]);
-            e4m3x4_to_half2x2_div256(w.y, h[2], h[3]);
-            if constexpr (is_same<T, __nv_bfloat16>::value) {  // fp16 -> fp32 -> bf16: exact (4 significant bits)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float a, b;
-                    unpack2<__half>(h[e], a, b);
-                    h[e] = pack2<T>(a, b);
-                }
-            }
+            e4m3x4_to_half2x2(w.x, h[0], h[1]);
+            e4m3x4_to_half2x2(w.y, h[2], h[3]);
             *reinterpret_cast<uint4*>(sK16 + t * kDecodeTile * D + swz<D>(r, c)) = make_uint4(h[0], h[1], h[2], h[3]);
         }
     };
@@ -201,6 +201,31 @@ __global__ void __launch_bounds__(128)
     }
     cp_async_wait<Stages - 1>();  // this thread's part of Q has landed
     __syncthreads();              // and every thread's
+    if constexpr (kRescaleQ) {  // bf16 Q_i -> fp16, row r times 2^k_r (its largest value in [2^14, 2^15))
+        for (int r = warp; r < Br; r += kDecodeWarps) {
+            uint4 x = make_uint4(0u, 0u, 0u, 0u);
+            if (lane < C) x = *reinterpret_cast<const uint4*>(sQ + swz<D>(r, lane));
+            float f[8];
+            unpack2<T>(x.x, f[0], f[1]);
+            unpack2<T>(x.y, f[2], f[3]);
+            unpack2<T>(x.z, f[4], f[5]);
+            unpack2<T>(x.w, f[6], f[7]);
+            float amax = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(f[e]));
+#pragma unroll
+            for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+            const int k = amax > 0.f ? max(-126, min(126, 14 - (((__float_as_int(amax) >> 23) & 0xff) - 127))) : 0;
+            const float up = __int_as_float((127 + k) << 23);
+            if (lane < C)
+                *reinterpret_cast<uint4*>(sQ + swz<D>(r, lane)) =
+                    make_uint4(pack2<TC>(f[0] * up, f[1] * up), pack2<TC>(f[2] * up, f[3] * up),
+                               pack2<TC>(f[4] * up, f[5] * up), pack2<TC>(f[6] * up, f[7] * up));
+            if (lane == 0) sRowF[r] = __int_as_float((127 - k) << 23);  // 2^-k
+        }
+        __syncthreads();
+    }
+    const TC* sQc = reinterpret_cast<const TC*>(sQ);  // Q_i in the multiplies' type
 
     // rows of this thread (stripe mt, half hr: row g or g + 8) and the last key each sees
     int limit[MT][2];
@@ -212,6 +237,12 @@ __global__ void __launch_bounds__(128)
             limit[mt][hr] = rr < rows ? seqlen - q_len + rr / group : seqlen - 1;  // padding rows: any real key
         }
     const int mask_from = seqlen - q_len;  // tiles whose last key is past this hold a masked key for some row
+    // each row's base-2 softmax scale (a rescaled Q_i's rows: times their 2^-k)
+    float row_scale[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) row_scale[mt][hr] = kRescaleQ ? scale_log2 * sRowF[mt * 16 + g + 8 * hr] : scale_log2;
 
     const int a_row = lane & 15, a_chunk = lane >> 4;                              // A (Q): rows, k chunk
     const int b_row = (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;  // B (K): n rows, k chunk
@@ -221,7 +252,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int ks = 0; ks < KD; ++ks)
             ldmatrix_x4(q_frag[ks][0], q_frag[ks][1], q_frag[ks][2], q_frag[ks][3],
-                        smem_u32(sQ + swz<D>(a_row, ks * 2 + a_chunk)));
+                        smem_u32(sQc + swz<D>(a_row, ks * 2 + a_chunk)));
     }
 
     float acc_o[MT][ND][4];
@@ -247,7 +278,7 @@ __global__ void __launch_bounds__(128)
             load_tile(jn, page, fill);
         }
         cp_async_commit();  // one group per iteration, so the wait count stays exact
-        const T* sK;
+        const TC* sK;
         if constexpr (kFp8) {
             convert_tile(stage);
             __syncwarp();  // every lane's part of the 16-bit tiles is written
@@ -255,7 +286,7 @@ __global__ void __launch_bounds__(128)
         } else {
             sK = ring + stage * kSlot;
         }
-        const T* sV = sK + kDecodeTile * D;
+        const TC* sV = sK + kDecodeTile * D;
         stage = stage + 1 == Stages ? 0 : stage + 1;
         fill = fill + 1 == Stages ? 0 : fill + 1;
 
@@ -276,10 +307,10 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) a[e] = q_frag[ks][e];
                 } else {
-                    ldmatrix_x4(a[0], a[1], a[2], a[3], smem_u32(sQ + swz<D>(mt * 16 + a_row, ks * 2 + a_chunk)));
+                    ldmatrix_x4(a[0], a[1], a[2], a[3], smem_u32(sQc + swz<D>(mt * 16 + a_row, ks * 2 + a_chunk)));
                 }
-                mma_16816<T>(acc_s[mt][0], a, b0, b1);
-                mma_16816<T>(acc_s[mt][1], a, b2, b3);
+                mma_16816<TC>(acc_s[mt][0], a, b0, b1);
+                mma_16816<TC>(acc_s[mt][1], a, b2, b3);
             }
         }
 
@@ -304,15 +335,15 @@ __global__ void __launch_bounds__(128)
                                                     fmaxf(acc_s[mt][1][2 * hr], acc_s[mt][1][2 * hr + 1])));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;  // no key yet: no NaN
-                const float corr = exp2_approx(m_i[mt][hr] * scale_log2 - m_scaled);
+                const float m_scaled = (mx == -INFINITY) ? 0.f : mx * row_scale[mt][hr];  // no key yet: no NaN
+                const float corr = exp2_approx(m_i[mt][hr] * row_scale[mt][hr] - m_scaled);
                 m_i[mt][hr] = mx;
                 float rs = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
                     for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
-                        const float p = exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -m_scaled));
+                        const float p = exp2_approx(fmaf(acc_s[mt][nt][e], row_scale[mt][hr], -m_scaled));
                         acc_s[mt][nt][e] = p;
                         rs += p;
                     }
@@ -324,14 +355,14 @@ __global__ void __launch_bounds__(128)
                 }
             }
 
-        // O += P V_j: P (16 x 16 keys, the A operand) rounded to the input dtype, V read with ldmatrix.trans
+        // O += P V_j: P (16 x 16 keys, the A operand) rounded to the multiplies' type, V read with ldmatrix.trans
         unsigned pa[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            pa[mt][0] = pack2<T>(acc_s[mt][0][0], acc_s[mt][0][1]);
-            pa[mt][1] = pack2<T>(acc_s[mt][0][2], acc_s[mt][0][3]);
-            pa[mt][2] = pack2<T>(acc_s[mt][1][0], acc_s[mt][1][1]);
-            pa[mt][3] = pack2<T>(acc_s[mt][1][2], acc_s[mt][1][3]);
+            pa[mt][0] = pack2<TC>(acc_s[mt][0][0], acc_s[mt][0][1]);
+            pa[mt][1] = pack2<TC>(acc_s[mt][0][2], acc_s[mt][0][3]);
+            pa[mt][2] = pack2<TC>(acc_s[mt][1][0], acc_s[mt][1][1]);
+            pa[mt][3] = pack2<TC>(acc_s[mt][1][2], acc_s[mt][1][3]);
         }
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
@@ -339,15 +370,16 @@ __global__ void __launch_bounds__(128)
             ldmatrix_x4_trans(b0, b1, b2, b3, smem_u32(sV + swz<D>(v_row, dp * 2 + v_chunk)));
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                mma_16816<T>(acc_o[mt][2 * dp], pa[mt], b0, b1);
-                mma_16816<T>(acc_o[mt][2 * dp + 1], pa[mt], b2, b3);
+                mma_16816<TC>(acc_o[mt][2 * dp], pa[mt], b0, b1);
+                mma_16816<TC>(acc_o[mt][2 * dp + 1], pa[mt], b2, b3);
             }
         }
     }
     cp_async_wait<0>();  // nothing may still be landing in the ring ...
     __syncthreads();     // ... and every warp is done reading it: the merge area goes over it
 
-    // the warps' (m, l, O) into shared memory: O [warp][row][kMS] fp32, then m [warp][row], l [warp][row]
+    // the warps' (m, l, O) into shared memory: O [warp][row][kMS] fp32, then m [warp][row] (in base-2 logits: times
+    // the row's scale), l [warp][row]
     float* sO = reinterpret_cast<float*>(sRing);
     float* sM = sO + kDecodeWarps * Br * kMS;
     float* sL = sM + kDecodeWarps * Br;
@@ -360,7 +392,7 @@ __global__ void __launch_bounds__(128)
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             const int row = warp * Br + mt * 16 + g + 8 * hr;
             if (t4 == 0) {
-                sM[row] = m_i[mt][hr];
+                sM[row] = m_i[mt][hr] * row_scale[mt][hr];  // -inf stays -inf
                 sL[row] = l;
             }
 #pragma unroll
@@ -376,12 +408,12 @@ __global__ void __launch_bounds__(128)
         float mx = -INFINITY;
 #pragma unroll
         for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, sM[w * Br + r]);
-        const float m_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
+        const float m_scaled = (mx == -INFINITY) ? 0.f : mx;
         float l = 0.f;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int w = 0; w < kDecodeWarps; ++w) {
-            const float f = exp2_approx(sM[w * Br + r] * scale_log2 - m_scaled);  // a warp with no key: 0
+            const float f = exp2_approx(sM[w * Br + r] - m_scaled);  // a warp with no key: 0
             const float4 x = *reinterpret_cast<const float4*>(sO + (w * Br + r) * kMS + 4 * c4);
             l += f * sL[w * Br + r];
             acc.x += f * x.x;

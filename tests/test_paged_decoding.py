@@ -173,6 +173,16 @@ def test_the_dram_closed_form_reads_each_distinct_byte_once_in_sectors():
     assert t.splits == 3 and w1 == (3 + 0 + 1) * 2 * 16 * 65 * 4  # the partials of the splits that hold keys
     assert r2 == (3 + 0 + 1) * 2 * 16 * 4 + (3 * 2 + 1 * 2) * 16 * 64 * 4 + 32  # every lse_s; O_s of rows that see
     assert w2 == 3 * 2 * 16 * (64 * 2 + 4)
+    # what L2 holds dirty stays there past the kernel's end: only the bytes beyond that room cross within it
+    (_, v1), (_, v2) = decode_layout.dram(p, t, dirty_room=w1 - 100)
+    assert (v1, v2) == (100, 0)
+
+
+def test_the_dirty_room_is_l2_over_a_dirty_lines_room():
+    from iosim import get_profile
+
+    h100 = get_profile("h100-sxm5-80gb")
+    assert decode_layout.dirty_room(h100) == h100.l2.capacity.value / h100.l2_room()[2]
 
 
 def test_simulate_takes_the_kernel_and_its_options_and_says_which_dram_model():
@@ -182,7 +192,8 @@ def test_simulate_takes_the_kernel_and_its_options_and_says_which_dram_model():
     assert isinstance(r.tiles, PagedDecodingTiles) and r.tiles.kv_lens == (8192, 100, 4000)
     assert r.counts.normalized() == closed("flash-decoding", p, r.tiles).normalized()
     assert r.hbm_model.startswith("closed form")
-    assert [(a, b) for a, b in zip(r.hbm_read, r.hbm_write, strict=True)] == decode_layout.dram(p, r.tiles)
+    room = decode_layout.dirty_room(r.profile)
+    assert [(a, b) for a, b in zip(r.hbm_read, r.hbm_write, strict=True)] == decode_layout.dram(p, r.tiles, room)
     assert simulate("flash-decoding", p, kernel="iosim-decode", kv_lens=[8192, 100, 4000], page_size=16,
                     l2=False).traffic["hbm"] == r.traffic["global"]  # --no-l2: the two-level view
     j = r.to_json()

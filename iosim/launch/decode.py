@@ -89,8 +89,10 @@ def decode_smem_terms(head_dim: int, stripes: int, itemsize: int = 2, kv_itemsiz
         # each warp's ring of decode_stages(d) slots of one K tile and one V tile (16 keys x d), in the cache's dtype
         "K_j, V_j": DECODE_WARPS * decode_stages(d) * 2 * DECODE_TILE * d * kv,
     }
-    if kv != itemsize:  # fp8: each warp's tile turned to q's dtype, the operand of its ldmatrix and mma.sync
+    if kv != itemsize:  # fp8: each warp's tile turned to fp16, the operand of its ldmatrix and mma.sync; and a
+        # bf16 Q_i's row factors (one 128-byte line: up to 32 rows of fp32)
         terms["K_j, V_j (16-bit)"] = DECODE_WARPS * 2 * DECODE_TILE * d * itemsize
+        terms["Q_i row scales"] = 128
     return terms
 
 

@@ -83,7 +83,7 @@ class Schedule:
     flash2 backward's gqa); ``tile_unit(tiles)``, where given, lets such an option choose the unit (gqa="grouped"
     runs one program per kv head).
     ``time_model`` names the time model of the forward pass: "roofline", or "hopper" (FA3's pipeline).
-    ``dram(problem, tiles)``, where given, is a closed form of each kernel's DRAM (read, write) bytes for tiles the
+    ``dram(problem, tiles, profile)``, where given, is a closed form of each kernel's DRAM (read, write) bytes for tiles the
     L2 model does not walk (None from it: no closed form for these tiles); a unit "call" is the whole problem, run
     once (iosim's decode kernel over a ragged batch: sequences differ). ``dram_model`` says what that closed form
     assumes (the result's ``hbm_model``).

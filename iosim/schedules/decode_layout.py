@@ -181,16 +181,21 @@ def _sectors(start: np.ndarray, nbytes: np.ndarray) -> int:
 
 
 DRAM_MODEL = ("closed form (iosim.schedules.decode_layout.dram): every distinct byte read crosses DRAM once, at 32-byte "
-              "sectors (a kv head's row blocks share its K/V in L2), every byte written once")
+              "sectors (a kv head's row blocks share its K/V in L2); bytes written stay in L2 up to its dirty room "
+              "(written back after the kernel, as the L2 model counts them)")
 
 
-def dram(p: AttentionProblem, t: PagedDecodingTiles) -> list[tuple[int, int]]:
-    """DRAM (read, write) bytes of each kernel, a closed form (not the L2 walk): every distinct byte read crosses
-    once, at 32-byte sectors (the row blocks of a kv head run side by side and share its K/V in L2; the cache does
-    not stay in L2 between calls), and every byte written crosses once. Split kernel: Q of the sequences that hold
-    keys, their K and V (in the cache's dtype; fp8: and the sectors of the two scale vectors), the sectors of the
-    block-table entries they read and of the lengths; it writes O and lse, or the fp32 partials the combine kernel
-    reads back (with the lengths) before it writes O and lse."""
+def dram(p: AttentionProblem, t: PagedDecodingTiles, dirty_room: float | None = None) -> list[tuple[int, int]]:
+    """DRAM (read, write) bytes of each kernel, a closed form (not the L2 walk), L2 flushed before each kernel (as
+    Nsight Compute and the L2 model have it): every distinct byte read crosses once, at 32-byte sectors (the row
+    blocks of a kv head run side by side and share its K/V in L2; the cache does not stay in L2 between calls).
+    Split kernel: Q of the sequences that hold keys, their K and V (in the cache's dtype; fp8: and the sectors of the
+    two scale vectors), the sectors of the block-table entries they read and of the lengths; it writes O and lse, or
+    the fp32 partials the combine kernel reads back (with the lengths) before it writes O and lse. Writes: the bytes
+    past ``dirty_room`` (the bytes of dirty lines L2 holds; None: none, every byte written crosses): what fits stays
+    in L2 when the kernel ends and is written back after it, which the L2 model does not count either
+    (docs/validation.md; measured: the decode kernels' DRAM writes are 0-42 kB on the H100 where they write
+    0.13-3.4 MB, ``benchmarks/decode_bytes_record.py``)."""
     d, e, L, H = p.head_dim, p.elem_bytes, p.seq_len, p.heads
     lens = np.asarray(t.kv_lens, dtype=np.int64)
     live = lens > 0
@@ -201,12 +206,20 @@ def dram(p: AttentionProblem, t: PagedDecodingTiles) -> list[tuple[int, int]]:
     if t.paged:  # row b's first ceil(n_b / page) entries, one int32 each
         start = np.arange(p.batch, dtype=np.int64) * t.max_pages * INDEX_BYTES
         read += _sectors(start, cdiv(lens, t.page_size) * INDEX_BYTES)
+    def crossing(written: int) -> int:
+        return written if dirty_room is None else max(0, int(written - dirty_room))
+
     out_bytes = p.batch * L * H * (d * e + STAT_BYTES)
     if t.splits == 1:
-        return [(read, out_bytes)]
+        return [(read, crossing(out_bytes))]
     active = np.minimum(t.splits, cdiv(lens, t.chunk))
     partial = int(active.sum()) * L * H * (d + 1) * STAT_BYTES
     # the combine reads every row's lse_s, and O_s of the rows that see a key (token i sees one iff i >= L - n_b)
     seen = int((active * np.minimum(L, lens)).sum()) * H * d * STAT_BYTES
-    return [(read, partial), (int(active.sum()) * L * H * STAT_BYTES + seen + lengths, out_bytes)]
+    return [(read, crossing(partial)), (int(active.sum()) * L * H * STAT_BYTES + seen + lengths, crossing(out_bytes))]
+
+
+def dirty_room(profile) -> float:
+    """Bytes of dirty lines L2 holds: its capacity over a dirty line's room per byte (``l2.room.dirty``)."""
+    return float(profile.l2.capacity.value) / profile.l2_room()[2]
 

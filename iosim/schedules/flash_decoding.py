@@ -267,8 +267,10 @@ def _unit(t: Tiles) -> str:
     return "call" if isinstance(t, PagedDecodingTiles) else UNIT
 
 
-def _dram(p: AttentionProblem, t: Tiles) -> list[tuple[int, int]] | None:
-    return decode_layout.dram(p, t) if isinstance(t, PagedDecodingTiles) else None
+def _dram(p: AttentionProblem, t: Tiles, profile) -> list[tuple[int, int]] | None:
+    if not isinstance(t, PagedDecodingTiles):
+        return None
+    return decode_layout.dram(p, t, decode_layout.dirty_room(profile))
 
 
 SCHEDULE = Schedule(NAME, SUMMARY, program, closed_form, default_tiles, working_set, shared_memory, stats=STATS,

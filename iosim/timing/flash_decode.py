@@ -46,10 +46,17 @@ from ..schedules.decode_layout import TILE_KEYS, WARPS, PagedDecodingTiles
 from .estimate import Conditions, KernelTime, Workload
 from .rates import Rates
 
-# an fp8 cache: warp instructions per lane and 8 bytes of a tile turned into q's dtype (kernels/flash_decode.cu
-# convert_tile; SASS of nvcc 13.0, sm_90): LDS.64, 4 PRMT, 8 LOP3, 1 SHF, STS.128; bf16 adds 8 HADD2.F32 and 4 F2FP
-# (fp16 -> fp32 -> bf16). A tile of 16 keys has 2·16·d bytes of K and V: 2·16·d / (8·32) = d / 8 steps a lane.
-FP8_CONVERT_OPS = {"fp16": 15, "bf16": 27}
+# an fp8 cache: warp instructions per lane and 8 bytes of a tile turned into fp16 (kernels/flash_decode.cu
+# convert_tile; SASS of nvcc 13.0): LDS.64, STS.128 and, on sm_89+ ("cvt"), 4 F2FP.F16.E4M3.UNPACK_B; on older GPUs
+# ("bits") 4 PRMT, 8 LOP3 and 1 SHF. A tile of 16 keys has 2·16·d bytes of K and V: d / 8 steps a lane.
+FP8_CONVERT_OPS = {"cvt": 6, "bits": 15}
+
+
+def fp8_path(profile) -> str:
+    """How the kernel converts e4m3 on this GPU: "cvt" where it has fp8 tensor cores (sm_89+: the profile gives
+    ``compute.tensor.fp8``), else "bits"."""
+    fp8 = getattr(profile.compute.tensor, "fp8", None)
+    return "cvt" if fp8 is not None and fp8.value is not None else "bits"
 WARP_LANES = 32
 
 
@@ -94,14 +101,15 @@ def _split_keys(p: AttentionProblem, t: PagedDecodingTiles, row_blocks: int) -> 
     return np.repeat(per, row_blocks, axis=3).reshape(-1)
 
 
-def _tile_seconds(p: AttentionProblem, t: PagedDecodingTiles, r: Rates, warps_per_sm: int) -> float:
+def _tile_seconds(p: AttentionProblem, t: PagedDecodingTiles, r: Rates, warps_per_sm: int, path: str = "cvt") -> float:
     """Seconds an SM takes per warp tile of 16 keys with ``warps_per_sm`` warps issuing: the multiplies on the
     tensor pipe, beside the softmax's exp2 and fp32 work (other warps' phases overlap; FA2's per-score counts) and
-    an fp8 tile's conversion (:data:`FP8_CONVERT_OPS` warp instructions of 32 lanes per d / 8 steps)."""
+    an fp8 tile's conversion (:data:`FP8_CONVERT_OPS` of the GPU's ``path``: warp instructions of 32 lanes per d / 8
+    steps)."""
     Br, d = t.block_q, p.head_dim
     mma = 4 * Br * TILE_KEYS * d / (r.mma_at(warps_per_sm) / r.sms)
     scores = Br * TILE_KEYS
-    convert = WARP_LANES * FP8_CONVERT_OPS[p.dtype] * d // 8 if t.kv_dtype else 0
+    convert = WARP_LANES * FP8_CONVERT_OPS[path] * d // 8 if t.kv_dtype else 0
     softmax = (scores + Br) / (r.ex2 / r.sms) + (4 * scores + Br * d + convert) / (r.alu / r.sms)
     return max(mma, softmax)
 
@@ -122,7 +130,7 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     tile = 2 * TILE_KEYS * d * e
     in_flight = WARPS * (geo.decode_stages(d) - 1) * tile
     cap = min(in_flight / c.latency if c.latency else math.inf,
-              tile / (_tile_seconds(p, t, r, WARPS * k_eff) * k_eff))
+              tile / (_tile_seconds(p, t, r, WARPS * k_eff, fp8_path(c.profile)) * k_eff))
     hbm_read, hbm_write = work.hbm[0]
     reuse = float(stream.sum()) / hbm_read if hbm_read else math.inf  # global K/V bytes per DRAM byte read
     bandwidth = min(r.l2, r.dram_read * reuse)
