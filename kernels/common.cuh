@@ -37,6 +37,11 @@ __device__ __forceinline__ void e4m3x4_to_half2x2(unsigned w, unsigned& lo, unsi
     asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
         : "=r"(lo), "=r"(hi) : "r"(w));
 }
+__device__ __forceinline__ unsigned e4m3x2_to_half2(unsigned short w) {  // two e4m3 (lower byte first), the same way
+    unsigned h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(w));
+    return h;
+}
 #else
 constexpr float kE4m3HalfUnit = 256.f;
 __device__ __forceinline__ void e4m3x4_to_half2x2(unsigned w, unsigned& lo, unsigned& hi) {
@@ -44,6 +49,11 @@ __device__ __forceinline__ void e4m3x4_to_half2x2(unsigned w, unsigned& lo, unsi
     const unsigned b = __byte_perm(w, 0u, 0x3424u);  // byte 2 -> byte 1, byte 3 -> byte 3
     lo = (a & 0x80008000u) | ((a >> 1) & 0x3f803f80u);
     hi = (b & 0x80008000u) | ((b >> 1) & 0x3f803f80u);
+}
+__device__ __forceinline__ unsigned e4m3x2_to_half2(unsigned short w) {
+    unsigned lo, hi;
+    e4m3x4_to_half2x2(w, lo, hi);
+    return lo;
 }
 #endif
 

@@ -23,9 +23,10 @@
 //   the next tile is read one tile ahead, so the block-table load never stalls a copy.
 //   per tile: S = Q K^T (16 x 16 per stripe), online softmax in exp2 (FlashAttention-2 lines 8-10), O += P V with P
 //   rounded to the input dtype; keys past n_b and above the causal diagonal get -inf (one comparison: j > limit).
-//   fp8 cache: the ring holds the e4m3 bytes (half the bytes in flight per slot); once a tile has landed each warp
-//   turns it into one fp16 K tile and V tile of its own (exact: every e4m3 value is an fp16 value; common.cuh
-//   e4m3x4_to_half2x2), and the multiplies run in fp16 whatever q's dtype: a bf16 Q_i is turned to fp16 once a block,
+//   fp8 cache: the ring holds the e4m3 bytes (half the bytes in flight per slot; 16-byte chunks swizzled by row like
+//   the 16-bit tiles); once a tile has landed each warp reads K's mma fragments straight from it (two e4m3 a lane
+//   and a conversion each: common.cuh e4m3x2_to_half2) and turns V into an fp16 tile of its own for ldmatrix.trans
+//   (exact: every e4m3 value is an fp16 value), and the multiplies run in fp16 whatever q's dtype: a bf16 Q_i is turned to fp16 once a block,
 //   each row times a power of two that puts its largest value in [2^14, 2^15) (exact but for values 2^28 below the
 //   row's largest), the power folded back into that row's softmax scale. k_scale (and the conversion's unit) is
 //   folded into the softmax scale, v_scale into the epilogue's 1 / l; P is rounded to fp16. No other per-tile work.
@@ -43,7 +44,10 @@
 //   v1  16-bit caches (measurement: docs/kernels.md).
 //   v2  the fp8 (e4m3) cache, converted to bf16 or fp16 tiles by integer instructions: 1.2-1.4x the bf16 cache's
 //       speed, not 2x; instruction-issue bound (ncu: IPC 2.2, issue slots 53%, 471 more instructions a warp tile).
-//   v3  this one: fp16 multiplies for an fp8 cache (no bf16 conversion), cvt.rn.f16x2.e4m3x2 on sm_89+.
+//   v3  fp16 multiplies for an fp8 cache (no bf16 conversion), cvt.rn.f16x2.e4m3x2 on sm_89+: H100 76-98% of DRAM
+//       (contiguous), but ~2.9 TB/s on the H200 too: a warp's serial load-convert-multiply chain, 8 warps an SM.
+//   v4  this one: K's fragments straight from the e4m3 ring (no fp16 K tile), so a warp needs 4 KB less shared
+//       memory and an SM holds 3 blocks of d = 128 (12 warps).
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -56,9 +60,15 @@ __host__ __device__ constexpr int decode_stages(int D) { return D >= 256 ? 2 : (
 // bytes of one warp's ring slots (K tile then V tile per slot) and, for an fp8 cache, its 16-bit K and V tiles;
 // mirrored by iosim/launch/decode.py decode_smem_terms()
 template <int D, typename T, typename KV>
-__host__ __device__ constexpr int decode_warp_bytes() {  // (the 16-bit tiles are fp16 for an fp8 cache: 2 bytes too)
+__host__ __device__ constexpr int decode_warp_bytes() {  // (an fp8 cache's V tile is fp16: 2 bytes, as T)
     return decode_stages(D) * 2 * kDecodeTile * D * (int)sizeof(KV) +
-           (is_same<KV, T>::value ? 0 : 2 * kDecodeTile * D * (int)sizeof(T));
+           (is_same<KV, T>::value ? 0 : kDecodeTile * D * (int)sizeof(T));
+}
+// byte offset of 16-byte chunk c of row r in an e4m3 tile of D bytes a row: the chunks of a row XOR-swizzled by the
+// row (as swz<> does 16-bit tiles), so the 8 rows a K fragment load touches fall on 8 different bank groups
+template <int D>
+__device__ __forceinline__ int swz8(int r, int c) {
+    return r * D + ((D >= 128 ? c ^ (r & 7) : c ^ ((r >> 1) & 3)) << 4);
 }
 // fp32 row stride of a warp's O in the merge area: 8 floats of padding, so the float2 stores of a quad's 8 rows
 // fall on distinct banks two wavefronts at a time
@@ -88,8 +98,9 @@ __global__ void __launch_bounds__(128)
     constexpr bool kQInRegs = (MT == 1 && D <= 128);
     constexpr int kMS = decode_merge_stride(D);
     static_assert(D % 64 == 0 && (MT == 1 || MT == 2), "head dim 64, 128 or 256; 1 or 2 row stripes");
-    static_assert(kDecodeWarps * Br * (kMS + 2) * 4 <= kDecodeWarps * decode_warp_bytes<D, T, KV>(),
-                  "the merge area must fit over the K/V ring");
+    static_assert(kDecodeWarps * Br * (kMS + 2) * 4 <=
+                      Br * D * (int)sizeof(T) + kDecodeWarps * decode_warp_bytes<D, T, KV>(),
+                  "the merge area must fit over Q_i and the K/V ring");
     IOSIM_TRACE_BLOCK();
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -145,14 +156,14 @@ __global__ void __launch_bounds__(128)
     const int n_w = n_tiles > warp ? (n_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
     const long long kv_stride = (long long)kv_heads * D;  // elements between consecutive tokens of one kv head
     KV* ring = reinterpret_cast<KV*>(sRing + warp * decode_warp_bytes<D, T, KV>());
-    TC* sK16 = reinterpret_cast<TC*>(ring + Stages * kSlot);  // fp8: this warp's fp16 K tile, then V tile
+    TC* sV16 = reinterpret_cast<TC*>(ring + Stages * kSlot);  // fp8: this warp's fp16 V tile
     auto tile_token = [&](int i) { return key_begin + (warp + kDecodeWarps * i) * kDecodeTile; };
     auto page_of = [&](int i) -> long long {  // physical page of tile i (contiguous cache: the sequence's own)
         if (block_table == nullptr) return b;
         return i < n_w ? __ldg(block_table + (long long)b * table_stride + tile_token(i) / page_size) : 0;
     };
     // K_j, V_j (16 x D each) of tile i into ring slot `slot`; rows at or past n_b are zero-filled, never read.
-    // 16-bit cache: swizzled rows (ldmatrix reads the slot); fp8: plain rows of D bytes (convert_tile reads them)
+    // 16-bit cache: swizzled rows (ldmatrix reads the slot); fp8: rows of D bytes, chunks swizzled (swz8)
     auto load_tile = [&](int i, long long page, int slot) {
         const int tok = tile_token(i);
         const long long row0 = (page * page_size + tok % page_size) * kv_heads + hk;  // first token's row
@@ -167,24 +178,24 @@ __global__ void __launch_bounds__(128)
             const int r = idx / CK, c = idx % CK;
             const bool ok = r < valid;
             const long long off = (ok ? r : 0) * kv_stride + c * (16 / (int)sizeof(KV));
-            const int dst = kFp8 ? idx * 16 : swz<D>(r, c);
+            const int dst = kFp8 ? swz8<D>(r, c) : swz<D>(r, c);
             cp_async_16(smem_u32(sK + dst), kg + off, ok ? 16 : 0);
             cp_async_16(smem_u32(sV + dst), vg + off, ok ? 16 : 0);
         }
     };
-    // fp8: the e4m3 K and V tiles of ring slot `slot` as this warp's swizzled fp16 tiles (values / kE4m3HalfUnit);
-    // 8 bytes a lane a step, so the 8 lanes of a store phase write 8 chunks of one row (distinct banks)
-    auto convert_tile = [&](int slot) {
-        const unsigned char* src = reinterpret_cast<const unsigned char*>(ring + slot * kSlot);
+    // fp8: the e4m3 V tile of ring slot `slot` as this warp's swizzled fp16 tile (values / kE4m3HalfUnit); 8 bytes a
+    // lane a step, so the 8 lanes of a store phase write 8 chunks of one row (distinct banks)
+    auto convert_v = [&](int slot) {
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(ring + slot * kSlot + kDecodeTile * D);
 #pragma unroll
-        for (int it = 0; it < 2 * kDecodeTile * C / 32; ++it) {  // K's chunks, then V's
+        for (int it = 0; it < kDecodeTile * C / 32; ++it) {
             const int idx = it * 32 + lane;
-            const int t = idx / (kDecodeTile * C), r = (idx / C) % kDecodeTile, c = idx % C;
-            const uint2 w = *reinterpret_cast<const uint2*>(src + idx * 8);
+            const int r = idx / C, c = idx % C;  // 8-byte chunk c of row r: half (c & 1) of 16-byte chunk c / 2
+            const uint2 w = *reinterpret_cast<const uint2*>(src + swz8<D>(r, c >> 1) + (c & 1) * 8);
             unsigned h[4];
             e4m3x4_to_half2x2(w.x, h[0], h[1]);
             e4m3x4_to_half2x2(w.y, h[2], h[3]);
-            *reinterpret_cast<uint4*>(sK16 + t * kDecodeTile * D + swz<D>(r, c)) = make_uint4(h[0], h[1], h[2], h[3]);
+            *reinterpret_cast<uint4*>(sV16 + swz<D>(r, c)) = make_uint4(h[0], h[1], h[2], h[3]);
         }
     };
 
@@ -278,15 +289,10 @@ __global__ void __launch_bounds__(128)
             load_tile(jn, page, fill);
         }
         cp_async_commit();  // one group per iteration, so the wait count stays exact
-        const TC* sK;
-        if constexpr (kFp8) {
-            convert_tile(stage);
-            __syncwarp();  // every lane's part of the 16-bit tiles is written
-            sK = sK16;
-        } else {
-            sK = ring + stage * kSlot;
-        }
-        const TC* sV = sK + kDecodeTile * D;
+        const TC* sK = reinterpret_cast<const TC*>(ring + stage * kSlot);  // 16-bit cache
+        const unsigned char* sK8 = reinterpret_cast<const unsigned char*>(ring + stage * kSlot);  // fp8 cache
+        const TC* sV = kFp8 ? sV16 : sK + kDecodeTile * D;
+        if constexpr (kFp8) convert_v(stage);  // before S: its stores land while S is computed
         stage = stage + 1 == Stages ? 0 : stage + 1;
         fill = fill + 1 == Stages ? 0 : fill + 1;
 
@@ -299,7 +305,16 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int ks = 0; ks < KD; ++ks) {
             unsigned b0, b1, b2, b3;  // keys 0-7 (b0, b1) and 8-15 (b2, b3)
-            ldmatrix_x4(b0, b1, b2, b3, smem_u32(sK + swz<D>(b_row, ks * 2 + b_chunk)));
+            if constexpr (kFp8) {  // key g (8 + g), d = 16 ks + 2 t4 (+ 8): two e4m3 each, from 16-byte chunk ks
+                const unsigned char* k0 = sK8 + swz8<D>(g, ks) + 2 * t4;
+                const unsigned char* k1 = sK8 + swz8<D>(8 + g, ks) + 2 * t4;
+                b0 = e4m3x2_to_half2(*reinterpret_cast<const unsigned short*>(k0));
+                b1 = e4m3x2_to_half2(*reinterpret_cast<const unsigned short*>(k0 + 8));
+                b2 = e4m3x2_to_half2(*reinterpret_cast<const unsigned short*>(k1));
+                b3 = e4m3x2_to_half2(*reinterpret_cast<const unsigned short*>(k1 + 8));
+            } else {
+                ldmatrix_x4(b0, b1, b2, b3, smem_u32(sK + swz<D>(b_row, ks * 2 + b_chunk)));
+            }
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 unsigned a[4];
@@ -355,6 +370,7 @@ __global__ void __launch_bounds__(128)
                 }
             }
 
+        if constexpr (kFp8) __syncwarp();  // every lane's part of the fp16 V tile is written
         // O += P V_j: P (16 x 16 keys, the A operand) rounded to the multiplies' type, V read with ldmatrix.trans
         unsigned pa[MT][4];
 #pragma unroll
@@ -380,7 +396,7 @@ __global__ void __launch_bounds__(128)
 
     // the warps' (m, l, O) into shared memory: O [warp][row][kMS] fp32, then m [warp][row] (in base-2 logits: times
     // the row's scale), l [warp][row]
-    float* sO = reinterpret_cast<float*>(sRing);
+    float* sO = reinterpret_cast<float*>(smem_raw);  // over Q_i and the ring: the loop is done with both
     float* sM = sO + kDecodeWarps * Br * kMS;
     float* sL = sM + kDecodeWarps * Br;
 #pragma unroll

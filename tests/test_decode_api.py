@@ -136,11 +136,11 @@ def test_shared_memory_is_q_plus_four_rings_and_the_merge_area_fits_over_the_rin
         ring = geo.decode_smem_terms(d, mt)["K_j, V_j"]
         assert geo.decode_merge_bytes(d, mt) <= ring, (d, mt)
         assert geo.decode_smem_bytes(d, mt) <= A100_SMEM_PER_BLOCK, (d, mt)  # sm_80 holds every block
-        # an fp8 cache: the ring at one byte an element plus each warp's 16-bit K and V tiles; the merge fits over both
+        # an fp8 cache: the ring at one byte an element plus each warp's fp16 V tile; the merge fits over it and Q_i
         fp8 = geo.decode_smem_terms(d, mt, 2, 1)
-        assert fp8["K_j, V_j"] == ring // 2 and fp8["K_j, V_j (16-bit)"] == 4 * 2 * 16 * d * 2
+        assert fp8["K_j, V_j"] == ring // 2 and fp8["V_j (fp16)"] == 4 * 16 * d * 2
         assert fp8["Q_i row scales"] == 128
-        assert geo.decode_merge_bytes(d, mt) <= fp8["K_j, V_j"] + fp8["K_j, V_j (16-bit)"], (d, mt)
+        assert geo.decode_merge_bytes(d, mt) <= fp8["Q_i"] + fp8["K_j, V_j"] + fp8["V_j (fp16)"], (d, mt)
         assert geo.decode_smem_bytes(d, mt, 2, 1) <= A100_SMEM_PER_BLOCK, (d, mt)
 
 
@@ -423,7 +423,7 @@ def test_an_fp8_plan_launches_the_e4m3_instance_with_its_scales_and_smaller_ring
     plan.run(q, k, v)
     (split,) = fake_cupy
     assert split.inst == DecodeInstance("split", 128, "float16", 1, fp8_cache=True)
-    assert split.smem == geo.decode_smem_bytes(128, 1, 2, 1) == 4096 + 49152 + 32768 + 128
+    assert split.smem == geo.decode_smem_bytes(128, 1, 2, 1) == 4096 + 49152 + 16384 + 128
     assert np.asarray(split.args[9]).tolist() == [0.5, 0.25] and np.asarray(split.args[10]).tolist() == [2.0, 2.0]
     with pytest.raises(AttentionInputError, match="k_cache: e4m3 values without their scale"):
         gpu.plan_decode(q, bits, v)

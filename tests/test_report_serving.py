@@ -37,8 +37,9 @@ def test_the_model_is_drawn_on_every_contiguous_row():
     with open(benchmarks_dir() / f"decode-{profile}.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     got = serving.predicted_share(rows, profile)
-    contiguous = {(int(r["batch"]), int(r["n"])) for r in rows if r["layout"] == "contig"}
-    assert {(b, n) for b, pts in got.items() for n, _ in pts} == contiguous
+    contiguous = {(int(r["batch"]), serving.cache_of(r), int(r["n"])) for r in rows if r["layout"] == "contig"}
+    assert {(b, c, n) for (b, c), pts in got.items() for n, _ in pts} == contiguous
+    assert {c for _, c, _ in contiguous} == {"bf16", "fp8"}
     assert all(share > 0 for pts in got.values() for _, share in pts)
 
 

@@ -53,8 +53,8 @@ DECODE_REGISTERS: dict[tuple[int, int], int] = {(64, 1): 114, (64, 2): 151, (128
                                                 (256, 1): 202}
 DECODE_STRIPES: tuple[tuple[int, int], ...] = tuple(DECODE_REGISTERS)  # the (d, stripes) the library compiles
 # the same for an fp8 (e4m3) cache (nvcc 13.0, sm_90; fp16 and bf16 alike)
-DECODE_REGISTERS_FP8: dict[tuple[int, int], int] = {(64, 1): 96, (64, 2): 145, (128, 1): 154, (128, 2): 234,
-                                                    (256, 1): 228}
+DECODE_REGISTERS_FP8: dict[tuple[int, int], int] = {(64, 1): 96, (64, 2): 154, (128, 1): 158, (128, 2): 228,
+                                                    (256, 1): 212}
 
 
 class DecodeGeometryError(ValueError):
@@ -89,9 +89,9 @@ def decode_smem_terms(head_dim: int, stripes: int, itemsize: int = 2, kv_itemsiz
         # each warp's ring of decode_stages(d) slots of one K tile and one V tile (16 keys x d), in the cache's dtype
         "K_j, V_j": DECODE_WARPS * decode_stages(d) * 2 * DECODE_TILE * d * kv,
     }
-    if kv != itemsize:  # fp8: each warp's tile turned to fp16, the operand of its ldmatrix and mma.sync; and a
-        # bf16 Q_i's row factors (one 128-byte line: up to 32 rows of fp32)
-        terms["K_j, V_j (16-bit)"] = DECODE_WARPS * 2 * DECODE_TILE * d * itemsize
+    if kv != itemsize:  # fp8: each warp's V tile turned to fp16 (ldmatrix.trans reads it; K's fragments come from
+        # the ring); and a bf16 Q_i's row factors (one 128-byte line: up to 32 rows of fp32)
+        terms["V_j (fp16)"] = DECODE_WARPS * DECODE_TILE * d * itemsize
         terms["Q_i row scales"] = 128
     return terms
 
@@ -101,7 +101,8 @@ def decode_smem_bytes(head_dim: int, stripes: int, itemsize: int = 2, kv_itemsiz
 
 
 def decode_merge_bytes(head_dim: int, stripes: int) -> int:
-    """The merge area over the ring: each warp's O (rows x (d + 8) fp32, padded against bank conflicts), m and l."""
+    """The merge area over Q_i and the ring: each warp's O (rows x (d + 8) fp32, padded against bank conflicts), m
+    and l."""
     return DECODE_WARPS * STRIPE_ROWS * stripes * (head_dim + 8 + 2) * 4
 
 

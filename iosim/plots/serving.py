@@ -13,23 +13,32 @@ from .style import LEGEND, TEMPLATE, color, layout
 BATCH_COLORS = ("#1f77b4", "#2ca02c", "#d62728", "#9467bd")
 
 
+DECODE_LINES = (  # (layout, cache, dash, label) of the measured lines
+    ("contig", "bf16", "solid", "contiguous"), ("16", "bf16", "dash", "pages of 16"),
+    ("contig", "fp8", "dashdot", "fp8 cache, contiguous"))
+PREDICTED_DASH = {"bf16": "dot", "fp8": "longdash"}
+
+
 def decode_bandwidth(measured: dict, predicted: dict, title: str) -> go.Figure:
-    """``measured``: {(batch, layout): [(n, % of DRAM read)]}; ``predicted``: {batch: [(n, %)]} (contiguous)."""
+    """``measured``: {(batch, layout, cache): [(n, % of DRAM read)]}; ``predicted``: {(batch, cache): [(n, %)]}
+    (contiguous); cache "bf16" or "fp8"."""
     fig = go.Figure()
-    batches = sorted({b for b, _ in measured})
+    batches = sorted({key[0] for key in measured})
     for i, b in enumerate(batches):
         color = BATCH_COLORS[i % len(BATCH_COLORS)]
-        for lay, dash, label in (("contig", "solid", "contiguous"), ("16", "dash", "pages of 16")):
-            pts = sorted(measured.get((b, lay), []))
+        for lay, cache, dash, label in DECODE_LINES:
+            pts = sorted(measured.get((b, lay, cache), []))
             if pts:
                 fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
                                          name=f"batch {b}, {label} (measured)", line={"color": color, "dash": dash},
                                          hovertemplate=f"batch {b}, {label}<br>n=%{{x}}<br>%{{y:.1f}}%<extra></extra>"))
-        pts = sorted(predicted.get(b, []))
-        if pts:
-            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines",
-                                     name=f"batch {b}, contiguous (predicted)", line={"color": color, "dash": "dot"},
-                                     hovertemplate=f"batch {b}, predicted<br>n=%{{x}}<br>%{{y:.1f}}%<extra></extra>"))
+        for cache, dash in PREDICTED_DASH.items():
+            pts = sorted(predicted.get((b, cache), []))
+            if pts:
+                name = f"batch {b}, {'fp8 cache, ' if cache == 'fp8' else ''}contiguous (predicted)"
+                fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=name,
+                                         line={"color": color, "dash": dash},
+                                         hovertemplate=f"{name}<br>n=%{{x}}<br>%{{y:.1f}}%<extra></extra>"))
     fig = layout(fig, title, "keys per sequence n", "% of the calibrated DRAM read rate", log_x=True, log_y=False)
     ns = sorted({p[0] for pts in measured.values() for p in pts})
     fig.add_hline(y=100, line={"dash": "dot", "color": "#888"})

@@ -64,28 +64,35 @@ def read_record(name: str, columns: set[str]) -> tuple[list[dict], str | None]:
     return rows, None
 
 
-def predicted_share(rows: list[dict], profile: str) -> dict[int, list[tuple[int, float]]]:
-    """{batch: [(n, % of the calibrated DRAM read rate)]}: the time model on the contiguous rows' shapes, the K/V
-    bytes over its predicted time."""
+def cache_of(r: dict) -> str:
+    """A decode row's cache: "bf16", or "fp8" (e4m3, a scale per kv head); rows recorded before fp8 caches are bf16."""
+    return r.get("cache") or "bf16"
+
+
+def predicted_share(rows: list[dict], profile: str) -> dict[tuple[int, str], list[tuple[int, float]]]:
+    """{(batch, cache): [(n, % of the calibrated DRAM read rate)]}: the time model on the contiguous rows' shapes,
+    the K/V bytes (a byte a value in an fp8 cache) over its predicted time."""
     read = get_profile(profile).calibration.dram.read.value
-    out: dict[int, list[tuple[int, float]]] = {}
+    out: dict[tuple[int, str], list[tuple[int, float]]] = {}
     for r in rows:
         if r["layout"] != "contig":
             continue
-        b, n, d = int(r["batch"]), int(r["n"]), int(r["d"])
+        b, n, d, cache = int(r["batch"]), int(r["n"]), int(r["d"]), cache_of(r)
         p = AttentionProblem(batch=b, heads=int(r["heads"]), kv_heads=int(r["kv_heads"]), seq_len=1, kv_len=n,
                              head_dim=d, dtype="bf16")
-        t = simulate("flash-decoding", p, profile, kernel="iosim-decode", warm=True).time.predicted_s
-        kv_bytes = 2 * b * n * int(r["kv_heads"]) * d * 2
-        out.setdefault(b, []).append((n, 100 * kv_bytes / t / read))
+        kv_dtype = "fp8" if cache == "fp8" else None
+        t = simulate("flash-decoding", p, profile, kernel="iosim-decode", kv_dtype=kv_dtype, warm=True).time.predicted_s
+        kv_bytes = 2 * b * n * int(r["kv_heads"]) * d * (1 if kv_dtype else 2)
+        out.setdefault((b, cache), []).append((n, 100 * kv_bytes / t / read))
     return out
 
 
 def _decode_table(rows: list[dict]) -> str:
-    head = ("<tr><th>n</th><th>batch</th><th>layout</th><th>ours ms</th><th>% of DRAM read</th><th>torch's fastest"
-            "</th><th>ours ÷ torch</th></tr>")
+    head = ("<tr><th>n</th><th>batch</th><th>cache</th><th>layout</th><th>ours ms</th><th>% of DRAM read</th>"
+            "<th>torch's fastest (bf16)</th><th>ours ÷ torch</th></tr>")
     body = "".join(
-        f"<tr><td>{r['n']}</td><td>{r['batch']}</td><td>{html.escape(r['layout'])}</td><td>{float(r['ours_ms']):.4f}"
+        f"<tr><td>{r['n']}</td><td>{r['batch']}</td><td>{cache_of(r)}</td><td>{html.escape(r['layout'])}</td>"
+        f"<td>{float(r['ours_ms']):.4f}"
         f"</td><td>{float(r['pct_of_dram']):.1f}%</td><td>{html.escape(r['torch_best'])}</td>"
         f"<td>{float(r['speedup_vs_torch_best']):.2f}×</td></tr>" for r in rows)
     return f"<table>{head}{body}</table>"
@@ -224,12 +231,15 @@ def serving_section() -> tuple[str, int]:
         else:
             measured: dict = {}
             for r in rows:
-                measured.setdefault((int(r["batch"]), r["layout"]), []).append((int(r["n"]), float(r["pct_of_dram"])))
+                key = (int(r["batch"]), r["layout"], cache_of(r))
+                measured.setdefault(key, []).append((int(r["n"]), float(r["pct_of_dram"])))
             fig = decode_bandwidth(measured, predicted_share(rows, profile), f"{name}: decode, DRAM bandwidth")
             div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{SECTION_ID}-{name.lower()}",
                               config=PLOTLY_CONFIG)
             parts.append(f"<figure>{div}<figcaption>{name}: measured (solid: contiguous, dashed: pages of 16) and "
-                         "predicted (dotted) share of the calibrated DRAM read rate.</figcaption></figure>")
+                         "predicted (dotted) share of the calibrated DRAM read rate; an fp8 cache (e4m3, a scale per "
+                         "kv head: half the bytes) measured dash-dotted, predicted long-dashed, its bytes at a byte a "
+                         "value.</figcaption></figure>")
             parts.append(f"<details><summary>Decode rows ({len(rows)})</summary><div class=wide>"
                          f"{_decode_table(rows)}</div></details>")
             n_fig += 1

@@ -140,9 +140,9 @@ def _combine_row(x, p: AttentionProblem, t: PagedDecodingTiles, row: int) -> Non
 
 def shared_memory(p: AttentionProblem, t: PagedDecodingTiles) -> int:
     """The split kernel's shared memory: Q_i and each warp's ring of stages(d) K and V tiles (fp8: and the warp's
-    fp16 K and V tile, and 128 bytes of Q_i's row factors)."""
+    fp16 V tile, and 128 bytes of Q_i's row factors)."""
     d, e, kv = p.head_dim, p.elem_bytes, t.kv_bytes(p)
-    fp8 = WARPS * 2 * TILE_KEYS * d * e + 128 if kv != e else 0  # the fp16 K and V tiles, Q_i's row factors
+    fp8 = WARPS * TILE_KEYS * d * e + 128 if kv != e else 0  # the fp16 V tiles, Q_i's row factors
     return t.block_q * d * e + WARPS * stages(d) * 2 * TILE_KEYS * d * kv + fp8
 
 

@@ -46,10 +46,11 @@ from ..schedules.decode_layout import TILE_KEYS, WARPS, PagedDecodingTiles
 from .estimate import Conditions, KernelTime, Workload
 from .rates import Rates
 
-# an fp8 cache: warp instructions per lane and 8 bytes of a tile turned into fp16 (kernels/flash_decode.cu
-# convert_tile; SASS of nvcc 13.0): LDS.64, STS.128 and, on sm_89+ ("cvt"), 4 F2FP.F16.E4M3.UNPACK_B; on older GPUs
-# ("bits") 4 PRMT, 8 LOP3 and 1 SHF. A tile of 16 keys has 2·16·d bytes of K and V: d / 8 steps a lane.
-FP8_CONVERT_OPS = {"cvt": 6, "bits": 15}
+# an fp8 cache: the warp instructions a lane adds to a 16-key tile per 16 values of d (kernels/flash_decode.cu v4;
+# SASS of nvcc 13.0, d = 128, against the bf16 cache's kernel): V's 16 x 16 bytes turned into fp16 (LDS.64 and STS.128
+# per 8 bytes, with 4 F2FP.F16.E4M3.UNPACK_B on sm_89+, "cvt", or 4 PRMT, 8 LOP3, 1 SHF before, "bits") and K's mma
+# fragments read from the e4m3 ring (4 LDS.U16 and 4 conversions for one ldmatrix saved): 13 and 34.
+FP8_CONVERT_OPS = {"cvt": 13, "bits": 34}
 
 
 def fp8_path(profile) -> str:
@@ -104,12 +105,12 @@ def _split_keys(p: AttentionProblem, t: PagedDecodingTiles, row_blocks: int) -> 
 def _tile_seconds(p: AttentionProblem, t: PagedDecodingTiles, r: Rates, warps_per_sm: int, path: str = "cvt") -> float:
     """Seconds an SM takes per warp tile of 16 keys with ``warps_per_sm`` warps issuing: the multiplies on the
     tensor pipe, beside the softmax's exp2 and fp32 work (other warps' phases overlap; FA2's per-score counts) and
-    an fp8 tile's conversion (:data:`FP8_CONVERT_OPS` of the GPU's ``path``: warp instructions of 32 lanes per d / 8
-    steps)."""
+    an fp8 tile's conversion (:data:`FP8_CONVERT_OPS` of the GPU's ``path``: warp instructions of 32 lanes per 16
+    values of d)."""
     Br, d = t.block_q, p.head_dim
     mma = 4 * Br * TILE_KEYS * d / (r.mma_at(warps_per_sm) / r.sms)
     scores = Br * TILE_KEYS
-    convert = WARP_LANES * FP8_CONVERT_OPS[path] * d // 8 if t.kv_dtype else 0
+    convert = WARP_LANES * FP8_CONVERT_OPS[path] * d // 16 if t.kv_dtype else 0
     softmax = (scores + Br) / (r.ex2 / r.sms) + (4 * scores + Br * d + convert) / (r.alu / r.sms)
     return max(mma, softmax)
 
