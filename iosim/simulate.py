@@ -202,6 +202,7 @@ def decode_kernel_options(problem: AttentionProblem, profile: Profile, desc, opt
     kv_dtype = decode_layout.check_kv_dtype(options.kv_dtype)
     kv_itemsize = ELEMENT_BYTES[kv_dtype] if kv_dtype else None
     slots = launch_decode.decode_slots(profile, problem.head_dim, stripes, problem.elem_bytes, registers, kv_itemsize)
+    slots = launch_decode.split_slots(profile.sm_count.value, slots // profile.sm_count.value)
     blocks = problem.kv_heads * decode_layout.row_blocks(rows, problem.head_dim)
     try:
         split = launch_decode.decode_split(lens, blocks, slots, options.splits)

@@ -216,7 +216,7 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
         regs = int(getattr(fn, "num_regs", 0) or table_regs[(s.head_dim, s.stripes)])
         per_sm = geo.decode_blocks_per_sm(smem, regs, int(attrs["MaxSharedMemoryPerMultiprocessor"]),
                                           int(attrs.get("MaxRegistersPerMultiprocessor", 65536)))
-        slots = int(attrs["MultiProcessorCount"]) * max(1, per_sm)
+        slots = geo.split_slots(int(attrs["MultiProcessorCount"]), per_sm)
         row_blocks = geo.decode_row_blocks(s.rows, s.head_dim)
         try:
             split = geo.decode_split(lens, s.kv_heads * row_blocks, slots, splits)

@@ -7,14 +7,17 @@ L = new tokens per sequence), ``chunk`` = keys per split, ``d`` = head dim.
 
 The split heuristic (:func:`decode_split`), the rule a time model should reproduce:
 
-1. A launch has ``units`` = batch · kv_heads · row_blocks thread blocks before splitting; the GPU holds ``slots`` =
-   SMs · (blocks per SM) of them at once (:func:`decode_blocks_per_sm`: shared memory, registers, threads).
+1. A launch has ``units`` = batch · kv_heads · row_blocks thread blocks before splitting; the GPU holds SMs ·
+   (blocks per SM) of them at once (:func:`decode_blocks_per_sm`: shared memory, registers, threads). The split
+   rule counts at most ``FILL_BLOCKS_PER_SM`` (2) of those an SM: ``slots`` = :func:`split_slots`.
 2. Decode is DRAM-bound: every K/V byte is read once and a block does M FLOPs per byte. DRAM stays busy as long as
-   enough bytes are in flight, and one resident wave of blocks has several times what it needs
-   (:func:`decode_bytes_in_flight`), so the goal is one wave: the keys of all sequences
+   enough bytes are in flight, and two resident blocks an SM have several times what it needs
+   (:func:`decode_bytes_in_flight`), so the goal is one wave of them: the keys of all sequences
    (kv_heads · row_blocks · Σ n_b) are cut into chunks of ceil(work / target) keys, target = ``SPLIT_FILL`` (80%)
    of the slots, what FlashAttention-2's ``num_splits_heuristic`` deems a full grid: splits = ceil(longest /
-   chunk). With equal lengths a grid that fills the slots unsplit stays unsplit (more splits would only add
+   chunk). (Why two an SM and not all an SM holds: an fp8 cache's blocks fit three an SM at d = 128; filling the
+   three took 2 splits at batch 64 and 3 at batch 32, where 1 and 2 run 15-25% faster on the H100, the same kernel
+   at those counts: 94.9-96.6% of the DRAM read rate against 72-77%, ``bench_decode.py --splits``, 2026-11-27.) With equal lengths a grid that fills the slots unsplit stays unsplit (more splits would only add
    partial-output traffic); with ragged ones a long sequence is split even then, so it does not straggle.
 3. A split holds at least ``MIN_SPLIT_TOKENS`` keys (256): splits <= longest // 256. A block's fixed cost (its Q
    load, the ring's first DRAM latency, the warps' merge, the partial write; about 2 us) then stays under ~15% of
@@ -44,6 +47,7 @@ MAX_QUERY_TOKENS = tiling.MAX_QUERY_TOKENS  # new tokens per sequence (speculati
 STRIPE_ROWS = tiling.STRIPE_ROWS  # mma.sync m16n8k16: rows of one stripe
 
 SPLIT_FILL = 0.8  # fraction of the resident slots a grid must fill to count as full (FlashAttention-2's 80%)
+FILL_BLOCKS_PER_SM = 2  # resident blocks an SM that count for the fill (module docstring, step 1)
 MIN_SPLIT_TOKENS = 256  # keys per split at least: the block's fixed cost against its streaming time
 MAX_SPLITS = tiling.MAX_SPLITS  # splits at most (FlashAttention-2's cap): bounds the partial outputs
 
@@ -130,6 +134,11 @@ def decode_bytes_in_flight(head_dim: int, blocks_per_sm: int, itemsize: int = 2)
     TB/s (the H100's measured DRAM read) and ~800 ns under load, 18.6 KB; the H200 (4.48 TB/s) 27 KB."""
     tile = 2 * DECODE_TILE * head_dim * itemsize
     return blocks_per_sm * DECODE_WARPS * (decode_stages(head_dim) - 1) * tile
+
+
+def split_slots(sms: int, blocks_per_sm: int) -> int:
+    """The slots the split heuristic fills: SMs · min(blocks an SM holds, FILL_BLOCKS_PER_SM) (at least one an SM)."""
+    return sms * max(1, min(blocks_per_sm, FILL_BLOCKS_PER_SM))
 
 
 @dataclass(frozen=True)
