@@ -39,7 +39,8 @@ BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.0
           "iosim-flash3 fp8": (0.05, 0.15), "cudnn fp8": (0.05, 0.15),  # issue 27's, the fp8 groups (group())
           "iosim-flash2 window": (0.05, 0.15), "iosim-flash3 window": (0.05, 0.15),  # issue 28's, sliding windows
           "iosim-flash2 varlen": (0.05, 0.15), "fa2 varlen": (0.05, 0.15),  # issue 28's, packed sequences
-          "iosim-flash3 varlen": (0.05, 0.15), "iosim-flash2 paged": (0.05, 0.15)}  # issue 28's, chunked prefill
+          "iosim-flash3 varlen": (0.05, 0.15), "iosim-flash2 paged": (0.05, 0.15),  # issue 28's, chunked prefill
+          "iosim-decode fp8 cache": (0.05, 0.15)}  # issue 28's, decode on an fp8 KV cache
 PARTS = ("backward", "decode", "fp8", "window", "varlen")  # <device>-time-<part>.json judged beside the forward record
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
            "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens", "window", "seqlens")
@@ -58,7 +59,8 @@ def simulate_row(row: dict, profile: str, run: str | float = "record"):
         bq, bkv = tc.block_q, tc.block_kv
     if row.get("block_q"):  # the tiles the kernel ran, where the row says (a window's flash2: its Local tiles)
         bq, bkv = row["block_q"], row["block_kv"]
-    decode = {"kv_lens": row.get("kv_lens"), "page_size": row.get("page_size")} if desc.family == "decode" else {}
+    decode = ({"kv_lens": row.get("kv_lens"), "page_size": row.get("page_size"), "kv_dtype": row.get("kv_dtype")}
+              if desc.family == "decode" else {})
     if row.get("window") is not None:  # a sliding window (left, right), the window and varlen parts' rows
         decode["window"] = tuple(row["window"])
     if row.get("seqlens"):  # packed sequences, (queries, keys) each: the varlen part's rows
@@ -81,7 +83,10 @@ def comparable(row: dict) -> bool:
 def group(row: dict) -> str:
     """Which verdict a row counts toward: its kernel, or for an fp8 row its kernel and " fp8", for a windowed row its
     kernel and " window", for packed sequences its kernel and " varlen", " paged" where their keys were in a paged
-    cache (judged apart from the kernel's dense rows, by their own bound)."""
+    cache, " fp8 cache" for a decode row on an fp8 KV cache (judged apart from the kernel's dense rows, by their own
+    bound)."""
+    if row.get("kv_dtype") == "fp8":
+        return f"{row['kernel']} fp8 cache"
     if row.get("seqlens") and row.get("page_size"):
         return f"{row['kernel']} paged"
     if row.get("seqlens"):

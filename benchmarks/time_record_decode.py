@@ -218,11 +218,14 @@ def benchmark_rows(profile: str) -> list[dict]:
     return out
 
 
-def judge_benchmark(device: str) -> tuple[list[tuple[dict, float, object]], float, float]:
-    """(rows with their predicted seconds and results, median |error|, worst |error|) on one GPU's benchmark rows."""
+def judge_benchmark(device: str, cache: str = "bf16") -> tuple[list[tuple[dict, float, object]], float, float]:
+    """(rows with their predicted seconds and results, median |error|, worst |error|) on one GPU's benchmark rows of
+    one cache ("bf16", or "fp8")."""
     profile = PROFILE[device]
     out = []
     for row in benchmark_rows(profile):
+        if (row["kv_dtype"] or "bf16") != cache:
+            continue
         r = predict(row, profile)
         out.append((row, r.time.predicted_s, r))
     errs = [abs(pred - row["measured_ms"] / 1e3) / (row["measured_ms"] / 1e3) for row, pred, _ in out]
@@ -230,9 +233,16 @@ def judge_benchmark(device: str) -> tuple[list[tuple[dict, float, object]], floa
 
 
 def print_benchmark(device: str) -> int:
-    rows, med, worst = judge_benchmark(device)
-    print(f"iosim-decode on {PROFILE[device]}: docs/benchmarks/decode-{PROFILE[device]}.csv (bench_decode.py's "
-          "measurement) against simulate(..., kernel='iosim-decode', warm=True)\n")
+    status = 0
+    for cache in ("bf16", "fp8"):
+        status |= print_cache(device, cache)
+    return status
+
+
+def print_cache(device: str, cache: str) -> int:
+    rows, med, worst = judge_benchmark(device, cache)
+    print(f"iosim-decode on {PROFILE[device]}, {cache} cache: docs/benchmarks/decode-{PROFILE[device]}.csv "
+          "(bench_decode.py's measurement) against simulate(..., kernel='iosim-decode', warm=True)\n")
     print("| n | batch | layout | splits (kernel / model) | measured us | predicted us | error | split kernel bound |")
     print("|---|---|---|---|---|---|---|---|")
     mismatched = 0

@@ -11,8 +11,8 @@ H100 = "h100-sxm5-80gb"
 
 @pytest.mark.parametrize("device", ["h100", "h200"])
 def test_the_measured_decode_rows_are_predicted_within_issue_28s_bounds(device):
-    """bench_decode.py's 36 rows a GPU (docs/benchmarks/decode-<profile>.csv), judged as the script judges them: the
-    simulator launches the kernel's grid on every row, and the errors are within issue 28's time bounds."""
+    """bench_decode.py's 36 bf16-cache rows a GPU (docs/benchmarks/decode-<profile>.csv), judged as the script judges
+    them: the simulator launches the kernel's grid on every row, and the errors are within issue 28's time bounds."""
     mod = load_benchmark("time_record_decode")
     rows, med, worst = mod.judge_benchmark(device)
     assert len(rows) == 36
@@ -20,6 +20,16 @@ def test_the_measured_decode_rows_are_predicted_within_issue_28s_bounds(device):
         assert (r.tiles.splits, r.tiles.chunk) == (row["splits"], row["chunk"])
         assert pred == r.time.predicted_s
     assert med <= 0.05 and worst <= 0.15
+
+
+@pytest.mark.parametrize("device", ["h100", "h200"])
+def test_the_fp8_cache_rows_launch_the_kernels_grid(device):
+    """The 36 fp8-cache rows: the simulator's split count and chunk are the kernel's on every row (their time error is
+    reported by the script, not bounded here: docs/serving.md says where the model misses them and why)."""
+    rows, _, _ = load_benchmark("time_record_decode").judge_benchmark(device, "fp8")
+    assert len(rows) == 36 and all(r.tiles.kv_dtype == "fp8" for _, _, r in rows)
+    for row, _, r in rows:
+        assert (r.tiles.splits, r.tiles.chunk) == (row["splits"], row["chunk"])
 
 
 def test_every_shape_of_the_gpu_record_simulates_as_the_judge_will_ask():
