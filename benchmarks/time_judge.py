@@ -43,7 +43,8 @@ BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.0
           "iosim-decode fp8 cache": (0.05, 0.15)}  # issue 28's, decode on an fp8 KV cache
 PARTS = ("backward", "decode", "fp8", "window", "varlen")  # <device>-time-<part>.json judged beside the forward record
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
-           "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens", "window", "seqlens")
+           "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens", "window", "seqlens",
+           "kv_dtype")
 
 
 def simulate_row(row: dict, profile: str, run: str | float = "record"):
@@ -143,7 +144,7 @@ def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "
                          row["seq_len"], row["kv_len"], row["head_dim"], row["dtype"], str(row["causal"]).lower(),
                          bq if bq is not None else "", bkv if bkv is not None else "", f"{pred:.6e}", f"{meas:.6e}",
                          row.get("page_size") or "", ";".join(map(str, row.get("kv_lens") or [])),
-                         window_text(row.get("window")), seqlens_text(row.get("seqlens"))))
+                         window_text(row.get("window")), seqlens_text(row.get("seqlens")), row.get("kv_dtype") or ""))
     out = root / "docs/validation" / f"{device}-time{'-heldout' if part == 'heldout' else ''}.csv"
     with out.open("w", newline="") as f:
         w = csv.writer(f)
@@ -166,7 +167,8 @@ def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "
         for a, e, row, bound in sorted(errs, key=lambda x: -x[0]):
             if a > BOUNDS[kernel][1]:
                 print(f"  {kernel:<13} b{row['batch']} h{row['heads']}/{row['kv_heads']} N={row['seq_len']} "
-                      f"Nk={row['kv_len']} d={row['head_dim']} {row['dtype']} causal={row['causal']}: {e:+.1%} "
+                      f"Nk={row['kv_len']} d={row['head_dim']} {row['dtype']} causal={row['causal']}"
+                      f"{' page ' + str(row['page_size']) if row.get('page_size') else ''}: {e:+.1%} "
                       f"(bound {bound})")
     return 0 if ok else 1
 
