@@ -46,8 +46,10 @@
 //       speed, not 2x; instruction-issue bound (ncu: IPC 2.2, issue slots 53%, 471 more instructions a warp tile).
 //   v3  fp16 multiplies for an fp8 cache (no bf16 conversion), cvt.rn.f16x2.e4m3x2 on sm_89+: H100 76-98% of DRAM
 //       (contiguous), but ~2.9 TB/s on the H200 too: a warp's serial load-convert-multiply chain, 8 warps an SM.
-//   v4  this one: K's fragments straight from the e4m3 ring (no fp16 K tile), so a warp needs 4 KB less shared
-//       memory and an SM holds 3 blocks of d = 128 (12 warps).
+//   v4  K's fragments straight from the e4m3 ring (no fp16 K tile), so a warp needs 4 KB less shared memory and an
+//       SM holds 3 blocks of d = 128 (12 warps).
+//   v5  this one: each warp's (page, slot) cursor moves by an add a tile; v4 divided a tile's first key by the
+//       run-time page size twice a tile (~160 of a loop's 647 SASS instructions were that address work).
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -158,15 +160,29 @@ __global__ void __launch_bounds__(128)
     KV* ring = reinterpret_cast<KV*>(sRing + warp * decode_warp_bytes<D, T, KV>());
     TC* sV16 = reinterpret_cast<TC*>(ring + Stages * kSlot);  // fp8: this warp's fp16 V tile
     auto tile_token = [&](int i) { return key_begin + (warp + kDecodeWarps * i) * kDecodeTile; };
-    auto page_of = [&](int i) -> long long {  // physical page of tile i (contiguous cache: the sequence's own)
-        if (block_table == nullptr) return b;
-        return i < n_w ? __ldg(block_table + (long long)b * table_stride + tile_token(i) / page_size) : 0;
+    // where the warp's tiles lie: a cursor of (page of the sequence, slot in it) moved a tile (64 keys) at a time by
+    // an add and a compare, no division in the loop (a contiguous cache is one page of max_len: page_size)
+    constexpr int kStep = kDecodeWarps * kDecodeTile;  // keys between a warp's tiles
+    const int step_pages = kStep / page_size, step_slots = kStep % page_size;
+    int look_entry = tile_token(0) / page_size, look_slot = tile_token(0) % page_size, looked = 0;
+    auto page_of = [&]() -> int2 {  // (physical page, slot) of the warp's next tile, read a tile ahead of its copies
+        int2 at = make_int2(b, look_slot);
+        if (block_table != nullptr)
+            at.x = looked < n_w ? __ldg(block_table + (long long)b * table_stride + look_entry) : 0;
+        ++looked;
+        look_entry += step_pages;
+        look_slot += step_slots;
+        if (look_slot >= page_size) {
+            look_slot -= page_size;
+            ++look_entry;
+        }
+        return at;
     };
     // K_j, V_j (16 x D each) of tile i into ring slot `slot`; rows at or past n_b are zero-filled, never read.
     // 16-bit cache: swizzled rows (ldmatrix reads the slot); fp8: rows of D bytes, chunks swizzled (swz8)
-    auto load_tile = [&](int i, long long page, int slot) {
+    auto load_tile = [&](int i, int2 at, int slot) {
         const int tok = tile_token(i);
-        const long long row0 = (page * page_size + tok % page_size) * kv_heads + hk;  // first token's row
+        const long long row0 = ((long long)at.x * page_size + at.y) * kv_heads + hk;  // first token's row
         const KV* kg = k + row0 * D;
         const KV* vg = v + row0 * D;
         KV* sK = ring + slot * kSlot;
@@ -200,13 +216,13 @@ __global__ void __launch_bounds__(128)
     };
 
     // prologue: tiles 0 .. Stages-2 (one group each, maybe empty); the page of the next one read ahead
-    long long next_page = page_of(0);
+    int2 next_at = page_of();  // tile 0's
 #pragma unroll
     for (int s = 0; s < Stages - 1; ++s) {
         if (s < n_w) {
-            const long long page = next_page;
-            next_page = page_of(s + 1);
-            load_tile(s, page, s);
+            const int2 at = next_at;
+            next_at = page_of();  // tile s + 1's
+            load_tile(s, at, s);
         }
         cp_async_commit();
     }
@@ -284,9 +300,9 @@ __global__ void __launch_bounds__(128)
         __syncwarp();                 // ... every lane's; and every lane is done with tile j - 1 (slot `fill`)
         const int jn = j + Stages - 1;
         if (jn < n_w) {
-            const long long page = next_page;
-            next_page = page_of(jn + 1);
-            load_tile(jn, page, fill);
+            const int2 at = next_at;
+            next_at = page_of();  // tile jn + 1's
+            load_tile(jn, at, fill);
         }
         cp_async_commit();  // one group per iteration, so the wait count stays exact
         const TC* sK = reinterpret_cast<const TC*>(ring + stage * kSlot);  // 16-bit cache
