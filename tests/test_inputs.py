@@ -121,7 +121,7 @@ def test_simulate_takes_a_dict_of_problem_fields_and_validates_it():
 @pytest.mark.parametrize("call,error,message", [
     (dict(schedule="flash2", splits=4), ScheduleError,
      r"^flash2 takes no splits \(given splits=4\): only flash-decoding takes splits \(and, with "
-     r"kernel='iosim-decode', kv_lens and page_size\); only block-sparse density, mask and seed"),
+     r"kernel='iosim-decode', kv_lens, page_size and kv_dtype\); only block-sparse density, mask and seed"),
     (dict(schedule="naive", block_q=16), ScheduleError, r"^naive: give both block_q and block_kv"),
     (dict(schedule="block-sparse", mask=np.ones((1, 1)), density=0.5), ScheduleError,
      r"^block-sparse: give mask, or density \(with seed\), not both"),
