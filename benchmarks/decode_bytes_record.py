@@ -26,10 +26,11 @@ import argparse
 import csv
 import json
 import os
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ncu_child import kernel_metrics  # beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = {"h100": "h100-sxm5-80gb", "h200": "h200-sxm-141gb"}
@@ -133,18 +134,11 @@ def child(out: Path) -> None:
 
 
 def ncu_kernels(tmp: Path, metrics: tuple[str, ...]) -> list[dict]:
-    """Each profiled kernel's name and ``metrics``, in launch order."""
-    cmd = ["ncu", "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off", "--csv",
-           "--print-units", "base", "--metrics", ",".join(metrics), sys.executable, __file__, "--child", str(tmp)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"ncu failed ({proc.returncode}): {proc.stderr[-600:]}")
-    kernels: dict[str, dict] = {}
-    for r in csv.DictReader(lines):
-        k = kernels.setdefault(r["ID"], {"name": r["Kernel Name"][:60]})
-        k[KEYS[r["Metric Name"]]] = int(float(r["Metric Value"].replace(",", "")))
-    return [kernels[i] for i in sorted(kernels, key=int)]
+    """Each profiled kernel's name and ``metrics`` (by the record's keys), in launch order."""
+    out = []
+    for k in kernel_metrics(__file__, ["--child", str(tmp)], metrics):
+        out.append({"name": k.pop("name")[:60]} | {KEYS[m]: v for m, v in k.items()})
+    return out
 
 
 def measure(device: str) -> int:

@@ -30,12 +30,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 from cuda_events import time_ms  # beside this file
+from ncu_child import kernel_metrics  # beside this file
 from time_record import PROFILE, device_header  # beside this file
 
 from iosim.hardware.gpu import get_profile
@@ -156,20 +155,9 @@ def kernel_lists(torch, fns: dict) -> dict[str, list[str]]:
 
 def ncu_kernels(shape_index: int, backend: str) -> list[dict]:
     """(name, dram read, dram write) of each kernel of one shape's profiled step, in launch order."""
-    cmd = ["ncu", "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off", "--csv",
-           "--print-units", "base", "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum",
-           sys.executable, __file__, "--child", str(shape_index), "--backend", backend]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})
-    import csv
-
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"ncu failed ({proc.returncode}): {proc.stderr[-400:]}")
-    kernels: dict[str, dict] = {}
-    for r in csv.DictReader(lines):
-        k = kernels.setdefault(r["ID"], {"name": r["Kernel Name"], "read": 0, "write": 0})
-        k["read" if r["Metric Name"] == "dram__bytes_read.sum" else "write"] = int(float(r["Metric Value"].replace(",", "")))
-    return [kernels[i] for i in sorted(kernels, key=int)]
+    metrics = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+    return [{"name": k["name"], "read": k.get(metrics[0], 0), "write": k.get(metrics[1], 0)}
+            for k in kernel_metrics(__file__, ["--child", str(shape_index), "--backend", backend], metrics)]
 
 
 def measure(device: str, reps: int, out: Path) -> int:

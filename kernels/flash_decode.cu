@@ -15,7 +15,7 @@
 //   query head; rows run in stripes of 16 (mma.sync m16n8k16's M), MT stripes per block (1, or 2 where G * L > 16
 //   and d <= 128); more rows take more row blocks (grid.x), launched side by side so their K/V reads meet in L2.
 //   split-KV: split s covers keys [s * chunk, (s + 1) * chunk) of its sequence (chunk: a multiple of 16 chosen on
-//   the host, iosim/launch_decode.py); a split past n_b exits at once.
+//   the host, iosim/launch/decode.py); a split past n_b exits at once.
 //   inside a block the 4 warps split the keys, not the rows: warp w takes the 16-key tiles w, w + 4, w + 8, ... of
 //   the split, each warp with its own ring of Stages cp.async buffers (16-byte copies, rows past n_b zero-filled),
 //   its own running (m, l, O) and no block-wide barrier in the loop (cp.async.wait_group + __syncwarp per tile).
@@ -26,12 +26,12 @@
 //   fp8 cache: the ring holds the e4m3 bytes (half the bytes in flight per slot; 16-byte chunks swizzled by row like
 //   the 16-bit tiles); once a tile has landed each warp reads K's mma fragments straight from it (two e4m3 a lane
 //   and a conversion each: common.cuh e4m3x2_to_half2) and turns V into an fp16 tile of its own for ldmatrix.trans
-//   (exact: every e4m3 value is an fp16 value), and the multiplies run in fp16 whatever q's dtype: a bf16 Q_i is turned to fp16 once a block,
-//   each row times a power of two that puts its largest value in [2^14, 2^15) (exact but for values 2^28 below the
-//   row's largest), the power folded back into that row's softmax scale. k_scale (and the conversion's unit) is
-//   folded into the softmax scale, v_scale into the epilogue's 1 / l; P is rounded to fp16. No other per-tile work.
-//   epilogue: the 4 warps' (m, l, O) meet in shared memory (over the K/V ring) and merge by the log-sum-exp rule;
-//   one split: O in the input dtype and lse; several: O_s / l_s in fp32 and lse_s, per split.
+//   (exact: every e4m3 value is an fp16 value), and the multiplies run in fp16 whatever q's dtype: a bf16 Q_i is
+//   turned to fp16 once a block, each row times a power of two that puts its largest value in [2^14, 2^15) (exact
+//   but for values 2^28 below the row's largest), the power folded back into that row's softmax scale. k_scale (and
+//   the conversion's unit) is folded into the softmax scale, v_scale into the epilogue's 1 / l; P is rounded to fp16.
+//   epilogue: the 4 warps' (m, l, O) meet in shared memory (over Q_i and the K/V ring) and merge by the log-sum-exp
+//   rule; one split: O in the input dtype and lse; several: O_s / l_s in fp32 and lse_s, per split.
 // Kernel 2, flash_decode_combine_kernel (only when splits > 1; one warp per output row (b, i, h)):
 //   m = max_s lse_s; O = sum_s e^(lse_s - m) O_s / sum_s e^(lse_s - m); lse = m + ln sum_s e^(lse_s - m).
 //

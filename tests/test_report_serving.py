@@ -84,3 +84,10 @@ def test_the_mla_reference_is_tabled_beside_the_counts_and_the_roofline(name, pr
 def test_a_missing_mla_record_is_named(monkeypatch):
     monkeypatch.setitem(serving.MLA_RECORDS, "H100", "no-such-mla.csv")
     assert "no MLA record" in serving.mla_measured("H100", serving.GPUS[0][1])
+
+
+def test_the_decode_byte_record_is_folded_per_cache_boundary_and_direction(monkeypatch, tmp_path):
+    html = serving.decode_bytes("H100")
+    assert html.count("<tr><td>") == 8 and "16 of 16" in html and "exact 16" in html
+    monkeypatch.setattr(serving, "validation_dir", lambda: tmp_path)
+    assert "no decode byte record" in serving.decode_bytes("H200")

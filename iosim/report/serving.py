@@ -38,6 +38,8 @@ SECTION_ID = "serving"
 TITLE = "Serving: decode, varlen, sliding windows"
 GPUS = (("H100", "h100-sxm5-80gb"), ("H200", "h200-sxm-141gb"))
 MLA_RECORDS = {"H100": "h100-mla.csv", "H200": "h200-mla.csv"}  # docs/validation (benchmarks/mla_record.py)
+DECODE_BYTES = {"H100": "h100-decode.csv", "H200": "h200-decode.csv"}  # docs/validation (decode_bytes_record.py)
+DECODE_BYTE_COLUMNS = {"cache", "kernel", "boundary", "direction", "passed", "by", "error"}
 MLA_COLUMNS = {"batch", "kv_len", "stage", "torch_kernels", "dram_read", "dram_write", "ms"}
 MLA_STAGES = {"q_absorb": 0, "attention": 1, "o_absorb": 2}  # -> mla_decode.counts' kernel
 DECODE_COLUMNS = {"n", "batch", "heads", "kv_heads", "d", "layout", "ours_ms", "pct_of_dram", "torch_best",
@@ -186,6 +188,36 @@ def mla_figure() -> str:
             "</figure>")
 
 
+def decode_bytes(name: str) -> str:
+    """The decode kernels' bytes against Nsight Compute (benchmarks/decode_bytes_record.py): per cache, boundary and
+    direction, the kernels within iosim.validation's rule and how."""
+    try:
+        with open(validation_dir() / DECODE_BYTES[name], newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        return f"<p class=note>{name}: no decode byte record (python benchmarks/decode_bytes_record.py --measure).</p>"
+    if not rows or not DECODE_BYTE_COLUMNS <= set(rows[0]):
+        return f"<p class=note>{name}: {DECODE_BYTES[name]} is not the expected record.</p>"
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["cache"], r["boundary"], r["direction"]), []).append(r)
+    body = []
+    for (cache, boundary, direction), rs in groups.items():
+        passed = sum(r["passed"] == "True" for r in rs)
+        by = ", ".join(f"{b} {sum(r['by'] == b for r in rs)}" for b in ("exact", "bound", "floor") if any(
+            r["by"] == b for r in rs))
+        worst = max((abs(float(r["error"])) for r in rs if r["error"] not in ("", "None")), default=0.0)
+        body.append(f"<tr><td>{'fp8' if cache == 'fp8' else 'q dtype'}</td><td>{boundary}</td><td>{direction}</td>"
+                    f"<td>{passed} of {len(rs)}</td><td>{by}</td><td>{100 * worst:.1f}%</td></tr>")
+    head = ("<tr><th>cache</th><th>boundary</th><th>direction</th><th>kernels within the rule</th><th>by</th>"
+            "<th>largest |error|</th></tr>")
+    return (f"<details><summary>{name}: the decode kernels' bytes against Nsight Compute ({len(rows)} checks)</summary>"
+            f"<div class=wide><table>{head}{''.join(body)}</table></div><p class=note>9 calls, each on a cache in q's "
+            "dtype and an fp8 one; <code>global</code> must be exact, <code>hbm</code> within 5% (reads) or 10% "
+            "(writes) or 1% of the call's compulsory bytes; the kernels' small writes stay in L2 past their end "
+            "(docs/validation.md).</p></details>")
+
+
 def mla_measured(name: str, profile: str) -> str:
     """MLA decode run by torch (benchmarks/mla_record.py) beside the schedule: each stage's DRAM bytes, simulated
     (mla_decode.dram) and measured, and the roofline's time beside the measured one."""
@@ -242,6 +274,7 @@ def serving_section() -> tuple[str, int]:
                          "value.</figcaption></figure>")
             parts.append(f"<details><summary>Decode rows ({len(rows)})</summary><div class=wide>"
                          f"{_decode_table(rows)}</div></details>")
+            parts.append(decode_bytes(name))
             n_fig += 1
         vrows, why = read_record(f"varlen-{profile}.csv", VARLEN_COLUMNS)
         if why:
