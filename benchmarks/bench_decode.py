@@ -10,8 +10,8 @@ the same values. ``--cache fp8``: each layout again with the cache quantized to 
 (one scale per kv head); its rows count K and V at one byte, are checked against float64 on the dequantized cache
 (what the kernel computes on), report the quantization's error against the bf16 reference beside it
 (``fp8_vs_bf16_err``), and compare their time with our bf16 row of the same layout (no torch decode path takes an
-fp8 cache: the peers' columns are the bf16 peers'). Peers, on the contiguous cache in the same run: torch SDPA's flash backend (q (B, H, 1, d),
-enable_gqa=True), the same backend on the folded form (the 8 query heads of a kv head as 8 query rows, what
+fp8 cache: the peers' columns are the bf16 peers'). Peers, on the contiguous cache in the same run: torch SDPA's
+flash backend (q (B, H, 1, d), enable_gqa=True), the same backend on the folded form (the 8 query heads of a kv head as 8 query rows, what
 FlashAttention-2 does inside for one token), cuDNN on the folded form, and with --flex torch.compile'd
 flex_attention (enable_gqa=True); "torch best" is the fastest of those that ran.
 

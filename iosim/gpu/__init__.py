@@ -1,7 +1,7 @@
 """iosim's real kernels on an NVIDIA GPU through CuPy: FlashAttention-2 forward and backward, the naive three-kernel
 path, and a FlashAttention-3-style forward for Hopper (schedule="flash3"); differentiable on torch tensors. Flash-Decoding
-over a contiguous or paged KV cache, in q's dtype or fp8 (:func:`decode`, :func:`quantize_kv_fp8`). Packed sequences of different lengths and sliding windows
-(:func:`attention_varlen`; a window on the dense batch: ``AttentionOptions(window=...)``). FP8 (e4m3) forward on
+over a contiguous or paged KV cache, in q's dtype or fp8 (:func:`decode`, :func:`quantize_kv_fp8`). Packed sequences
+of different lengths and sliding windows (:func:`attention_varlen`; a window on the dense batch: ``AttentionOptions(window=...)``). FP8 (e4m3) forward on
 Hopper with block quantization and incoherent processing (:func:`attention_fp8`, :func:`quantize_fp8`).
 
 Importing this package never imports CuPy; the functions import it when called and raise

@@ -13,8 +13,9 @@ once per kv head, the keys split across thread blocks and merged by their log-su
 A plan holds the checked lengths and block table on the device and the split choice; building one reads the
 lengths and table on the host (one small synchronizing copy where they are on the GPU). ``run`` checks only shapes,
 dtypes and layout and never synchronizes. An fp8 cache (:class:`~iosim.gpu.decode_inputs.QuantizedKV` pairs of e4m3
-values and a scale per kv head) halves the bytes decode streams: the kernel turns each tile of e4m3 into q's dtype in
-shared memory (exactly) and folds the scales into the softmax scale and the output. Geometry and the split heuristic: :mod:`iosim.launch.decode`; the
+values and a scale per kv head) halves the bytes decode streams: the kernel converts e4m3 to fp16 exactly (K's mma
+fragments straight from its shared-memory ring, V through a per-warp fp16 tile), multiplies in fp16 and folds the
+scales into the softmax scale and the output. Geometry and the split heuristic: :mod:`iosim.launch.decode`; the
 argument checks: :mod:`iosim.gpu.decode_inputs`.
 """
 
@@ -126,7 +127,8 @@ class DecodePlan:
                               (v, "v_cache", "4 dims")):
             _check_array(x, name, dims)
         s = self.shapes
-        want = check_shapes(q.shape, k.shape, v.shape, _dtype_names(q, k, v), (s.batch, s.max_pages) if s.paged else None)
+        table_shape = (s.batch, s.max_pages) if s.paged else None
+        want = check_shapes(q.shape, k.shape, v.shape, _dtype_names(q, k, v), table_shape)
         if want != s:
             raise AttentionInputError(f"q, k_cache: shapes {tuple(q.shape)}, {tuple(k.shape)}, {want.dtype}, give "
                                       f"{want}; expected the plan's {s} (plan_decode again for another layout)")
@@ -149,8 +151,8 @@ class DecodePlan:
         table = self.table if self.table is not None else null
         k_scale, v_scale = scales if scales is not None else (null, null)
         fn = _kernel(cp, _split_instance(s), main.smem_bytes)
-        fn(main.grid, main.block, (q, k, v, o, lse, o_part, lse_part, self.seqlens, table, k_scale, v_scale, i32(s.q_len),
-                                   i32(s.heads), i32(s.kv_heads), i32(s.page_size), i32(s.max_pages),
+        fn(main.grid, main.block, (q, k, v, o, lse, o_part, lse_part, self.seqlens, table, k_scale, v_scale,
+                                   i32(s.q_len), i32(s.heads), i32(s.kv_heads), i32(s.page_size), i32(s.max_pages),
                                    i32(sp.chunk), i32(sp.splits), cp.float32(self.scale * _LOG2E)),
            shared_mem=main.smem_bytes)
         if sp.splits > 1:

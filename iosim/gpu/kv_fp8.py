@@ -12,8 +12,8 @@ counts for the amax, written to or not (pass ``scale`` to leave free pages out).
 cache is written, so tokens appended later use the same scale (a token past it saturates at 448 · scale).
 
 Quantizing needs cvt to e4m3 (sm_89+; the library compiles it for Hopper, like :func:`iosim.gpu.quantize_fp8`);
-decoding an fp8 cache runs on any sm_80+ GPU (the kernel converts e4m3 with integer instructions), so a cache
-quantized elsewhere (torch's ``float8_e4m3fn``) decodes anywhere.
+decoding an fp8 cache runs on any sm_80+ GPU (the kernel converts e4m3 to fp16 with cvt on sm_89+, with integer
+instructions before), so a cache quantized elsewhere (torch's ``float8_e4m3fn``) decodes anywhere.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ The split heuristic (:func:`decode_split`), the rule a time model should reprodu
    of the slots, what FlashAttention-2's ``num_splits_heuristic`` deems a full grid: splits = ceil(longest /
    chunk). (Why two an SM and not all an SM holds: an fp8 cache's blocks fit three an SM at d = 128; filling the
    three took 2 splits at batch 64 and 3 at batch 32, where 1 and 2 run 15-25% faster on the H100, the same kernel
-   at those counts: 94.9-96.6% of the DRAM read rate against 72-77%, ``bench_decode.py --splits``, 2026-11-27.) With equal lengths a grid that fills the slots unsplit stays unsplit (more splits would only add
+   at those counts: 94.9-96.6% of the DRAM read rate against 72-77%, ``bench_decode.py --splits``, 2026-11-27.)
+   With equal lengths a grid that fills the slots unsplit stays unsplit (more splits would only add
    partial-output traffic); with ragged ones a long sequence is split even then, so it does not straggle.
 3. A split holds at least ``MIN_SPLIT_TOKENS`` keys (256): splits <= longest // 256. A block's fixed cost (its Q
    load, the ring's first DRAM latency, the warps' merge, the partial write; about 2 us) then stays under ~15% of

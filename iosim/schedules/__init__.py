@@ -60,8 +60,8 @@ def resolve_tiles(schedule: str, problem, profile, block_q: int | None = None, b
                   pass_: str = "forward", options: ScheduleOptions | None = None) -> Tiles:
     """Explicit tiles if given (both, or one of them with the default for the other), else the default.
 
-    ``options`` (:class:`ScheduleOptions`: ``splits``, ``kv_lens``, ``page_size``, ``kv_dtype``, ``density``, ``mask``, ``seed``,
-    ``gqa``; None = not given)
+    ``options`` (:class:`ScheduleOptions`: ``splits``, ``kv_lens``, ``page_size``, ``kv_dtype``, ``density``,
+    ``mask``, ``seed``, ``gqa``; None = not given)
     go to schedules that take them (a record with ``make_tiles``); giving one to any other schedule is an error."""
     s = get_schedule(schedule, pass_)
     options = (options or ScheduleOptions()).given()

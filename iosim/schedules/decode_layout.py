@@ -13,8 +13,8 @@ problem's ("fp8": e4m3, one fp32 scale per kv head for K and one for V; Q and O 
 checked where it enters, with one error naming it (:func:`check_layout`).
 
 Paged or not, a 16-key tile of one kv head is 16 rows of 2·d bytes (d in fp8) at multiples of that: whole 64- or
-128-byte lines at every head dim the kernel takes, and a tile never crosses a page (page sizes are multiples of 16), so pages add no
-partial line or sector; keys past a sequence's end are zero-filled, not read, so a partial last page adds nothing
+128-byte lines at every head dim the kernel takes, and a tile never crosses a page (page sizes are multiples of 16),
+so pages add no partial line or sector; keys past a sequence's end are zero-filled, not read, so a partial last page adds nothing
 either. What a page costs in bytes is its block-table entry: every lane of a warp loads the entry of each tile
 (:func:`dram` counts the distinct 32-byte sectors those loads touch).
 """
