@@ -32,6 +32,18 @@ def test_a_grid_that_fills_the_gpu_stays_unsplit():
     assert geo.decode_split([8192] * 64, 4, 264) == geo.SplitChoice(1, 8192)
 
 
+def test_the_fill_counts_at_most_two_resident_blocks_an_sm():
+    # an fp8 cache's d = 128 blocks fit three an SM; the heuristic fills two (module docstring, step 1)
+    assert geo.split_slots(132, 3) == 264 and geo.split_slots(132, 2) == 264 and geo.split_slots(132, 1) == 132
+    assert geo.split_slots(132, 0) == 132  # at least one an SM
+    per_sm = geo.decode_blocks_per_sm(geo.decode_smem_bytes(128, 1, 2, 1), geo.DECODE_REGISTERS_FP8[(128, 1)],
+                                      H100_SMEM_PER_SM)
+    assert per_sm == 3
+    # batch 64, 4 kv heads, one token, 8192 keys: 256 blocks fill 80% of 264 slots unsplit (of 396, 2 splits)
+    assert geo.decode_split([8192] * 64, 4, geo.split_slots(132, per_sm)).splits == 1
+    assert geo.decode_split([8192] * 64, 4, 132 * per_sm).splits == 2
+
+
 def test_a_small_batch_is_split_to_fill_one_wave():
     # 16 x 4 = 64 blocks: 4 splits of 2048 keys = 256 blocks, between 80% and 100% of the 264 slots
     assert geo.decode_split([8192] * 16, 4, 264) == geo.SplitChoice(4, 2048)
