@@ -188,16 +188,26 @@ def mla_figure() -> str:
             "</figure>")
 
 
+def validation_rows(name: str, file: str, columns: set[str], what: str, script: str) -> tuple[list[dict], str]:
+    """The rows of ``docs/validation/<file>`` (a record ``benchmarks/<script>`` writes), or ([], a note of GPU
+    ``name`` saying there is no ``what``, or that the file is not the expected record)."""
+    try:
+        with open(validation_dir() / file, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        return [], f"<p class=note>{name}: no {what} (python benchmarks/{script} --measure).</p>"
+    if not rows or not columns <= set(rows[0]):
+        return [], f"<p class=note>{name}: {file} is not the expected record.</p>"
+    return rows, ""
+
+
 def decode_bytes(name: str) -> str:
     """The decode kernels' bytes against Nsight Compute (benchmarks/decode_bytes_record.py): per cache, boundary and
     direction, the kernels within iosim.validation's rule and how."""
-    try:
-        with open(validation_dir() / DECODE_BYTES[name], newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
-        return f"<p class=note>{name}: no decode byte record (python benchmarks/decode_bytes_record.py --measure).</p>"
-    if not rows or not DECODE_BYTE_COLUMNS <= set(rows[0]):
-        return f"<p class=note>{name}: {DECODE_BYTES[name]} is not the expected record.</p>"
+    rows, note = validation_rows(name, DECODE_BYTES[name], DECODE_BYTE_COLUMNS, "decode byte record",
+                                 "decode_bytes_record.py")
+    if note:
+        return note
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["cache"], r["boundary"], r["direction"]), []).append(r)
@@ -221,13 +231,9 @@ def decode_bytes(name: str) -> str:
 def mla_measured(name: str, profile: str) -> str:
     """MLA decode run by torch (benchmarks/mla_record.py) beside the schedule: each stage's DRAM bytes, simulated
     (mla_decode.dram) and measured, and the roofline's time beside the measured one."""
-    try:
-        with open(validation_dir() / MLA_RECORDS[name], newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
-        return f"<p class=note>{name}: no MLA record (python benchmarks/mla_record.py --measure).</p>"
-    if not rows or not MLA_COLUMNS <= set(rows[0]):
-        return f"<p class=note>{name}: {MLA_RECORDS[name]} is not the expected record.</p>"
+    rows, note = validation_rows(name, MLA_RECORDS[name], MLA_COLUMNS, "MLA record", "mla_record.py")
+    if note:
+        return note
     body, prof = [], get_profile(profile)
     for r in rows:
         m = MlaDecode(batch=int(r["batch"]), kv_len=int(r["kv_len"]))
