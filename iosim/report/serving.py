@@ -54,12 +54,19 @@ INTRO = ("<p>Inference servers run attention as decode: one new token a sequence
          "same batch padded and against FlexAttention, measured in the same runs.</p>")
 
 
+def csv_rows(path) -> list[dict] | None:
+    """The rows of the CSV file ``path`` as dicts, or None where it cannot be read."""
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return None
+
+
 def read_record(name: str, columns: set[str]) -> tuple[list[dict], str | None]:
     """The rows of ``docs/benchmarks/<name>``, or ([], why not)."""
-    try:
-        with open(benchmarks_dir() / name, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
+    rows = csv_rows(benchmarks_dir() / name)
+    if rows is None:
         return [], f"docs/benchmarks/{name}: no record"
     if not rows or not columns <= set(rows[0]):
         return [], f"docs/benchmarks/{name}: not the expected record (columns {', '.join(sorted(columns))})"
@@ -191,10 +198,8 @@ def mla_figure() -> str:
 def validation_rows(name: str, file: str, columns: set[str], what: str, script: str) -> tuple[list[dict], str]:
     """The rows of ``docs/validation/<file>`` (a record ``benchmarks/<script>`` writes), or ([], a note of GPU
     ``name`` saying there is no ``what``, or that the file is not the expected record)."""
-    try:
-        with open(validation_dir() / file, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
+    rows = csv_rows(validation_dir() / file)
+    if rows is None:
         return [], f"<p class=note>{name}: no {what} (python benchmarks/{script} --measure).</p>"
     if not rows or not columns <= set(rows[0]):
         return [], f"<p class=note>{name}: {file} is not the expected record.</p>"
