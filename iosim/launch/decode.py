@@ -97,7 +97,7 @@ def decode_smem_terms(head_dim: int, stripes: int, itemsize: int = 2, kv_itemsiz
     if kv != itemsize:  # fp8: each warp's V tile turned to fp16 (ldmatrix.trans reads it; K's fragments come from
         # the ring); and a bf16 Q_i's row factors (one 128-byte line: up to 32 rows of fp32)
         terms["V_j (fp16)"] = DECODE_WARPS * DECODE_TILE * d * itemsize
-        terms["Q_i row scales"] = 128
+        terms["Q_i row scales"] = tiling.ROW_SCALE_BYTES
     return terms
 
 

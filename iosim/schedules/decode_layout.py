@@ -14,8 +14,8 @@ checked where it enters, with one error naming it (:func:`check_layout`).
 
 Paged or not, a 16-key tile of one kv head is 16 rows of 2·d bytes (d in fp8) at multiples of that: whole 64- or
 128-byte lines at every head dim the kernel takes, and a tile never crosses a page (page sizes are multiples of 16),
-so pages add no partial line or sector; keys past a sequence's end are zero-filled, not read, so a partial last page adds nothing
-either. What a page costs in bytes is its block-table entry: every lane of a warp loads the entry of each tile
+so pages add no partial line or sector; keys past a sequence's end are zero-filled, not read, so a partial last page
+adds nothing either. What a page costs in bytes is its block-table entry: every lane of a warp loads the entry of each tile
 (:func:`dram` counts the distinct 32-byte sectors those loads touch).
 """
 
@@ -41,6 +41,7 @@ DTYPES: tuple[str, ...] = ("fp16", "bf16")
 KV_DTYPES: tuple[str, ...] = ("fp8",)  # a cache's dtype besides the problem's: e4m3 with a scale per kv head
 SECTOR = 32  # bytes: the DRAM and L2 access granularity
 INDEX_BYTES = 4  # int32 lengths and block-table entries
+ROW_SCALE_BYTES = 128  # an fp8 cache's kernel: a bf16 Q_i's row factors (up to 32 rows of fp32, one 128-byte line)
 
 
 def stages(head_dim: int) -> int:

@@ -11,8 +11,8 @@ kernel="iosim-decode")`` runs this program instead of FlashAttention-2's (:mod:`
         warp w, for the 16-key tiles w, w + 4, ... of the split:
             (paged) every lane loads the tile's block-table entry
             load K_j, V_j: the tile's keys below n_b (the rest zero-filled, not read), in the cache's dtype
-            (fp8: the warp turns them into 16-bit tiles in shared memory; the descaling is folded into the softmax
-            scale and the output: no FLOP counted, as flash3's fp8 program)
+            (fp8: converted to fp16 on chip, K's fragments from the ring and V through a warp's fp16 tile; the
+            descaling is folded into the softmax scale and the output: no FLOP counted, as flash3's fp8 program)
             S = Q_i K_jᵀ on whole stripes of 16 rows x 16 keys; online softmax (FA2 lines 8-10); O += P V_j
         the 4 warps' (O, l, m) merge by the log-sum-exp rule; O /= l
         one split: write O (dtype) and lse; several: this split's O_s (fp32) and lse_s
@@ -25,8 +25,8 @@ kernel="iosim-decode")`` runs this program instead of FlashAttention-2's (:mod:`
 ``smsp__sass_data_bytes_mem_global`` counters do (docs/validation.md): Q, K, V, O and the partials are 16-, 8- or
 4-byte vectors of distinct elements, so their bytes are the elements'; a value every lane of a warp loads from one
 address (the length, the fp8 scales, a block-table entry, a split's lse in the combine) counts once per warp: the
-counter counts a warp's load of one address once (measured: ``benchmarks/decode_bytes_record.py``, every split
-kernel exact on the H100). At L2 each of those is one 32-byte sector (``hbm``:
+counter counts a warp's load of one address once (measured: ``benchmarks/decode_bytes_record.py``, every kernel
+exact on the H100 and the H200). At L2 each of those is one 32-byte sector (``hbm``:
 :func:`iosim.schedules.decode_layout.dram`).
 
 FLOPs are those executed: the matrix multiplies on whole 16-row stripes and 16-key tiles (padding rows and keys
@@ -40,7 +40,7 @@ import numpy as np
 from ..blocks import Rows, block_rows, cdiv
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from .decode_layout import TILE_KEYS, WARPS, PagedDecodingTiles, stages
+from .decode_layout import ROW_SCALE_BYTES, TILE_KEYS, WARPS, PagedDecodingTiles, stages
 
 SPLIT, COMBINE = "flash_decode_split", "flash_decode_combine"
 
@@ -142,7 +142,7 @@ def shared_memory(p: AttentionProblem, t: PagedDecodingTiles) -> int:
     """The split kernel's shared memory: Q_i and each warp's ring of stages(d) K and V tiles (fp8: and the warp's
     fp16 V tile, and 128 bytes of Q_i's row factors)."""
     d, e, kv = p.head_dim, p.elem_bytes, t.kv_bytes(p)
-    fp8 = WARPS * TILE_KEYS * d * e + 128 if kv != e else 0  # the fp16 V tiles, Q_i's row factors
+    fp8 = WARPS * TILE_KEYS * d * e + ROW_SCALE_BYTES if kv != e else 0  # the fp16 V tiles, Q_i's row factors
     return t.block_q * d * e + WARPS * stages(d) * 2 * TILE_KEYS * d * kv + fp8
 
 

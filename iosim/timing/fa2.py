@@ -37,7 +37,7 @@ from ..problem import AttentionProblem
 from . import overlap
 from .estimate import Conditions, KernelTime
 from .kernels import KernelDesc, TileConfig
-from .rates import Rates
+from .rates import WARP_LANES, Rates
 
 SOFTMAX_OPS = 3.5  # fp32 lane operations per score: row max, x·scale - m·scale (FFMA), row sum, ½ convert-and-pack
 # Warp instructions per K/V step that kernels/flash_fwd.cu's Paged instantiation runs beyond the contiguous one on the
@@ -46,7 +46,6 @@ SOFTMAX_OPS = 3.5  # fp32 lane operations per score: row max, x·scale - m·scal
 # ptxas recomputes under the paged state's registers). Priced at the ALU issue rate, as SOFTMAX_OPS; measured at
 # d = 128 only, and taken at every head dim (docs/kernels.md, chunked prefill).
 PAGED_OPS = 887 - 834
-WARP_LANES = 32
 SUBPARTITIONS = 4  # warp schedulers per SM (each with its own tensor core and quarter of the SFU and FP32 lanes)
 
 

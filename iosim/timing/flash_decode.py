@@ -44,7 +44,7 @@ from ..launch.model import resident_blocks
 from ..problem import AttentionProblem
 from ..schedules.decode_layout import TILE_KEYS, WARPS, PagedDecodingTiles
 from .estimate import Conditions, KernelTime, Workload
-from .rates import Rates
+from .rates import WARP_LANES, Rates
 
 # an fp8 cache: the warp instructions a lane adds to a 16-key tile per 16 values of d (kernels/flash_decode.cu v4;
 # SASS of nvcc 13.0, d = 128, against the bf16 cache's kernel): V's 16 x 16 bytes turned into fp16 (LDS.64 and STS.128
@@ -58,7 +58,6 @@ def fp8_path(profile) -> str:
     ``compute.tensor.fp8``), else "bits"."""
     fp8 = getattr(profile.compute.tensor, "fp8", None)
     return "cvt" if fp8 is not None and fp8.value is not None else "bits"
-WARP_LANES = 32
 
 
 def fluid(stream: np.ndarray, fixed: np.ndarray, slots: int, bandwidth: float, cap: float) -> float:

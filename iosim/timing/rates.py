@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from ..hardware.gpu import Profile
 
+WARP_LANES = 32  # lanes a warp instruction issues: what a warp instruction costs at the ``alu`` lane rate
+
 
 @dataclass(frozen=True)
 class Rates:
@@ -26,7 +28,7 @@ class Rates:
     wgmma_dtype: str = ""  # the input type whose wgmma rate ``wgmma`` is (fp8 falls back to fp16's where unmeasured)
     wgmma_wait_s: float = 0.0  # committing a chain of wgmma and waiting for its result, beyond its tensor time (0: not measured)
     ex2: float = math.nan  # exp2 results/s (special-function unit)
-    alu: float = math.nan  # fp32 lane operations/s (an FMA is one operation here)
+    alu: float = math.nan  # fp32 lane operations/s (an FMA is one operation here; a warp instruction is WARP_LANES)
     smem: float = math.inf  # shared memory bytes/s (ldmatrix)
     l2: float = math.inf  # L2 -> SM bytes/s
     l2_write: float = math.inf  # SM -> L2 bytes/s (stores)
