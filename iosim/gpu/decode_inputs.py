@@ -103,7 +103,7 @@ def check_shapes(q_shape: Any, k_shape: Any, v_shape: Any, dtypes: tuple[str, st
                                      "(float8_e4m3fn, or uint8 holding e4m3 bits)")
         if not fp8 and dt != dtypes[0]:
             raise AttentionTypeError(f"{name}: dtype {dt} differs from q's {dtypes[0]}; expected q's dtype, or an fp8 "
-                                     "cache (float8_e4m3fn, or uint8 holding e4m3 bits) with k_scale and v_scale")
+                                     "cache: QuantizedKV(values, scale) pairs of e4m3 values (float8_e4m3fn or uint8)")
     kv_dtype = FP8_CACHE if fp8 else dtypes[0]
     if not 1 <= L <= geo.MAX_QUERY_TOKENS:
         raise AttentionInputError(f"q: q_len={L} new tokens per sequence; expected 1 to {geo.MAX_QUERY_TOKENS} "
