@@ -123,8 +123,8 @@ def quantize_fp8(x: Any, *, block: int = 128, per_tensor: bool = False, incohere
         if per_tensor:
             amax = run(None, True)
             m = amax.max()
-            tensor_scale = cp.where(m > 0, m / cp.float32(E4M3_MAX), cp.float32(1.0)).astype(cp.float32)
-            fixed = cp.broadcast_to(tensor_scale, (H,)).copy()  # the tensor's scale for every head
+            fixed = cp.full(H, 1.0, dtype=cp.float32)  # the tensor's scale for every head
+            fixed *= cp.where(m > 0, m / cp.float32(E4M3_MAX), cp.float32(1.0)).astype(cp.float32)
         run(fixed, False)
     return Fp8Tensor(out, scales, (B, N, H, D), block, transpose, incoherent, per_tensor, torch is not None)
 
