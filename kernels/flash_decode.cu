@@ -468,16 +468,48 @@ __global__ void __launch_bounds__(128)
     }
 }
 
+// V consecutive floats of a partial output row (16-byte aligned where V >= 4): one float2, or V / 4 float4 loads.
+template <int V>
+__device__ __forceinline__ void load_row(const float* __restrict__ src, float (&x)[V]) {
+    if constexpr (V == 2) {
+        const float2 a = *reinterpret_cast<const float2*>(src);
+        x[0] = a.x;
+        x[1] = a.y;
+    } else {
+#pragma unroll
+        for (int e = 0; e < V; e += 4) {
+            const float4 a = *reinterpret_cast<const float4*>(src + e);
+            x[e] = a.x;
+            x[e + 1] = a.y;
+            x[e + 2] = a.z;
+            x[e + 3] = a.w;
+        }
+    }
+}
+
+// One split into a row's sum: weight f = e^(lse_s - m) (0 for a split where the row saw no key), l += f, acc += f O_s.
+template <int V>
+__device__ __forceinline__ void merge_split(float lse_s, const float (&x)[V], float mx, float& l, float (&acc)[V]) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float f = exp2_approx((lse_s - mx) * kLog2e);
+    l += f;
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] += f * x[e];
+}
+
 // Kernel 2: merge the splits of each output row (b, i, h), one warp a row, D / 32 columns a lane.
 // o_part (B * L * H, n_splits, D) fp32 and lse_part (B * L * H, n_splits) as kernel 1 wrote them; a sequence of n_b
 // keys has ceil(n_b / chunk) splits written (none when n_b = 0: O = 0, lse = -inf).
+// __launch_bounds__(128, 4): at least 4 blocks an SM, which leaves ptxas the registers to keep a round's loads in flight
+// (71-72 registers; with the default it scheduled for 34 and issued the loads two at a time)
 template <int D, typename T>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(128, 4)
     flash_decode_combine_kernel(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                                 const int* __restrict__ seqlens_k, T* __restrict__ o, float* __restrict__ lse,
                                 int n_rows, int q_len, int heads, int chunk, int n_splits) {
     constexpr int V = D / 32;  // columns per lane: 2, 4 or 8
     static_assert(V == 2 || V == 4 || V == 8, "head dim 64, 128 or 256");
+    constexpr int kCombineUnroll = V == 8 ? 4 : 8;  // splits a round (iosim/launch/decode.py COMBINE_UNROLL)
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (row >= n_rows) return;
@@ -498,25 +530,22 @@ __global__ void __launch_bounds__(128)
     for (int e = 0; e < V; ++e) acc[e] = 0.f;
     float l = 0.f;
     if (mx != -INFINITY) {
-        constexpr float kLog2e = 1.4426950408889634f;
-#pragma unroll 2  // (4 spilled 4 B at d = 256 on sm_80, nvcc 13.0)
-        for (int s = 0; s < ns; ++s) {
-            const float f = exp2_approx((lp[s] - mx) * kLog2e);  // a split where the row saw no key: 0
-            l += f;
-            if constexpr (V == 2) {
-                const float2 x = *reinterpret_cast<const float2*>(op + (long long)s * D);
-                acc[0] += f * x.x;
-                acc[1] += f * x.y;
-            } else {
+        // kCombineUnroll splits a round, their loads (lse_s and O_s) all issued before any is used, so a round costs
+        // one L2 round trip: a long sequence of a small batch has up to 128 splits (the loop one split after another
+        // was a chain of L2 round trips: 14 us of a 26 us call, one sequence of 32K keys on an H100). The last round
+        // loads the splits that exist only (predicated), so every byte is read once.
+        for (int s = 0; s < ns; s += kCombineUnroll) {
+            float ls[kCombineUnroll], x[kCombineUnroll][V];
 #pragma unroll
-                for (int e = 0; e < V; e += 4) {
-                    const float4 x = *reinterpret_cast<const float4*>(op + (long long)s * D + e);
-                    acc[e] += f * x.x;
-                    acc[e + 1] += f * x.y;
-                    acc[e + 2] += f * x.z;
-                    acc[e + 3] += f * x.w;
+            for (int u = 0; u < kCombineUnroll; ++u) {
+                if (s + u < ns) {
+                    ls[u] = lp[s + u];
+                    load_row<V>(op + (long long)(s + u) * D, x[u]);
                 }
             }
+#pragma unroll
+            for (int u = 0; u < kCombineUnroll; ++u)
+                if (s + u < ns) merge_split<V>(ls[u], x[u], mx, l, acc);
         }
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;

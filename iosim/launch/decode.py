@@ -52,6 +52,12 @@ FILL_BLOCKS_PER_SM = 2  # resident blocks an SM that count for the fill (module 
 MIN_SPLIT_TOKENS = 256  # keys per split at least: the block's fixed cost against its streaming time
 MAX_SPLITS = tiling.MAX_SPLITS  # splits at most (FlashAttention-2's cap): bounds the partial outputs
 
+
+def combine_unroll(head_dim: int) -> int:
+    """Splits the combine kernel merges a round, their loads in flight together (kCombineUnroll in
+    kernels/flash_decode.cu): 8, or 4 at d = 256."""
+    return 4 if head_dim >= 256 else 8
+
 # registers per thread (ptxas, nvcc 13.0, sm_90 and sm_80 alike, fp16 and bf16 alike): (d, stripes) -> registers;
 # python -m iosim.gpu.compile_check prints them. The combine kernel: 32-42.
 DECODE_REGISTERS: dict[tuple[int, int], int] = {(64, 1): 114, (64, 2): 151, (128, 1): 160, (128, 2): 224,
