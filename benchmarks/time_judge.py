@@ -42,6 +42,7 @@ BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.0
           "iosim-flash3 varlen": (0.05, 0.15), "iosim-flash2 paged": (0.05, 0.15),  # issue 28's, chunked prefill
           "iosim-decode fp8 cache": (0.05, 0.15)}  # issue 28's, decode on an fp8 KV cache
 PARTS = ("backward", "decode", "fp8", "window", "varlen")  # <device>-time-<part>.json judged beside the forward record
+HELDOUT_PARTS = ("decode-heldout",)  # <device>-time-<part>.json judged beside the held-out forward rows
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
            "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens", "window", "seqlens",
            "kv_dtype")
@@ -123,10 +124,11 @@ def fit_overlap(raw: Path, profile: str) -> float:
 def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "record") -> int:
     """Predict every modeled row of the forward record ``raw`` and of the records beside it (``<device>-time-<part>
     .json`` of :data:`PARTS`, where measured), write ``docs/validation/<device>-time.csv``, print the errors per
-    :func:`group`; ``part`` "heldout": the held-out record alone, into ``<device>-time-heldout.csv``."""
+    :func:`group`; ``part`` "heldout": the held-out record and the held-out decode rows (:data:`HELDOUT_PARTS`), into
+    ``<device>-time-heldout.csv``."""
     data = json.loads(raw.read_text())
     rows = list(data["rows"])
-    for more_part in PARTS if part == "record" else ():
+    for more_part in PARTS if part == "record" else HELDOUT_PARTS:
         more = raw.with_name(f"{device}-time-{more_part}.json")
         if more.exists():
             rows += json.loads(more.read_text())["rows"]

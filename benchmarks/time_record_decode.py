@@ -4,6 +4,8 @@
     python benchmarks/time_record.py --device h100                       # anywhere: judges it with the others
     python benchmarks/time_record_decode.py --judge-benchmark --device h100   # anywhere: the model on the
                                                                          # measured rows of docs/benchmarks/decode-*.csv
+    python benchmarks/time_record_decode.py --measure --part heldout --device h100   # the held-out shapes
+    python benchmarks/time_record.py --part heldout --device h100        # judges them with the held-out part
 
 ``--measure`` runs every shape of :func:`sweep` (q_len 1, 4 and 16; ragged batches; contiguous caches and pages of
 16, 64 and 256 tokens in a shuffled order; d 64, 128 and 256; GQA 1:1 and 8:1; batches that do not fill the GPU; and
@@ -93,6 +95,20 @@ def sweep() -> list[DecodeShape]:
     return out + [replace(s, kv_dtype="fp8") for s in fp8]
 
 
+def held_out() -> list[DecodeShape]:
+    """Shapes measured after the model took ``decode.tile`` and the combine's rounds (2026-11-27), none of them in
+    :func:`sweep`: the record's classes at other sizes (tokens, head dims, GQA ratios, page sizes, ragged and odd
+    lengths, grids from a few blocks to many waves), on both caches."""
+    out = [DecodeShape(8, 32, 8, 8, 128, (8192,) * 8), DecodeShape(16, 16, 2, 16, 64, (4096,) * 16, 64),
+           DecodeShape(32, 8, 1, 1, 256, (8192,) * 32, 16), DecodeShape(1, 32, 8, 1, 128, (65536,), 256),
+           DecodeShape(1, 64, 8, 1, 128, (131072,)), DecodeShape(4, 8, 1, 2, 128, (100000, 3000, 50000, 777), 16),
+           DecodeShape(128, 32, 8, 1, 128, (1024,) * 128, 16), DecodeShape(48, 40, 8, 1, 128, (6000,) * 48),
+           DecodeShape(2, 16, 16, 1, 64, (500, 500))]
+    fp8 = [DecodeShape(8, 32, 8, 4, 128, (16384,) * 8, 64), DecodeShape(1, 8, 1, 1, 128, (131072,), 256),
+           DecodeShape(32, 32, 4, 1, 64, (8192,) * 32), DecodeShape(16, 16, 2, 1, 256, (4096,) * 16, 16)]
+    return out + [replace(s, kv_dtype="fp8") for s in fp8]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # measuring (GPU)
 
@@ -172,12 +188,12 @@ def measure_shape(torch, gpu, s: DecodeShape, reps: int, seed: int) -> dict:
             "check": "ok" if err <= TOL[s.dtype] else "FAIL"}
 
 
-def measure(device: str, reps: int) -> dict:
+def measure(device: str, reps: int, part: str = "record") -> dict:
     import torch
 
     from iosim import gpu
 
-    rows, shapes = [], sweep()
+    rows, shapes = [], held_out() if part == "heldout" else sweep()
     for i, s in enumerate(shapes):
         row = measure_shape(torch, gpu, s, reps, seed=1000 + i)
         rows.append(row)
@@ -268,13 +284,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="predict docs/benchmarks/decode-<profile>.csv's measured rows and print the errors")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=None, help="with --measure: folder for the JSON (default data/validation)")
+    ap.add_argument("--part", choices=("record", "heldout"), default="record",
+                    help="with --measure: the record's shapes, or the held-out ones (time_record.py --part heldout "
+                         "judges them beside the forward kernels' held-out rows)")
     args = ap.parse_args(argv)
     if args.judge_benchmark:
         return print_benchmark(args.device)
     if not args.measure:
         ap.error("give --measure (on the GPU) or --judge-benchmark; time_record.py --device DEVICE judges the record")
-    data = measure(args.device, args.reps)
-    raw = save_record(data, (args.out or ROOT / "data/validation") / f"{args.device}-time-decode.json")
+    data = measure(args.device, args.reps, args.part)
+    name = f"{args.device}-time-decode{'-heldout' if args.part == 'heldout' else ''}.json"
+    raw = save_record(data, (args.out or ROOT / "data/validation") / name)
     print(f"wrote {raw}")
     failed = [r["check"] for r in data["rows"] if r["check"] != "ok"]
     if failed:

@@ -32,9 +32,8 @@ from collections.abc import Callable
 import numpy as np
 
 from iosim.calibrate import rates_kernels as shape  # the rates kernels' shapes (chains, warps, ...)
-from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, fmt_value
+from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, measure_only
 from iosim.calibrate.rates_wgmma import WGMMA_PER_TRIP
-from iosim.gpu._cupy import require_cupy
 from iosim.gpu.build_rates import rates_mma_names, rates_wgmma_names
 
 BURST_S = 0.25  # one burst: about the time records' 20 calls of a long kernel
@@ -177,20 +176,7 @@ def power_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
 
 def measure_power_only(repeats: int = 15, echo: Callable[[str], None] = print) -> list[Measured]:
     """The power section alone, printed as it completes (``iosim calibrate rates --power-only``)."""
-    cp = require_cupy()
-    measured: list[Measured] = []
-
-    def report(m: Measured, note: str) -> None:
-        measured.append(m)
-        echo(f"{'.'.join(map(str, m.path)):<28}{fmt_value(m)!s:>16}  {note}")
-
-    try:
-        measure_power(Bench(cp, repeats), cp, report)
-    except RatesError:
-        raise
-    except Exception as exc:
-        raise RatesError(f"calibration kernel failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
-    return measured
+    return measure_only(measure_power, repeats, echo)
 
 
 UNITS = {"mma_sync": "FLOP", "wgmma": "FLOP", "wgmma_fp8": "FLOP", "exp": "op", "fp32": "FLOP", "l2": "B", "dram": "B",

@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from iosim._version import __version__
+from iosim.calibrate.decode_tile import decode_tile_part
 from iosim.calibrate.power import power_part
 from iosim.calibrate.rates_kernels import (
     ALU_UNROLL,
@@ -119,14 +120,15 @@ def write_calibrated(base: str, section: dict, path: str | Path) -> Profile:
     return profile
 
 
-def with_power(base: str, measured: list[Measured], on: dict) -> dict:
-    """The base profile's calibration section with the power section of ``measured`` put in (``--power-only``)."""
+def with_part(base: str, measured: list[Measured], on: dict, part: str) -> dict:
+    """The base profile's calibration section with the ``part`` section of ``measured`` put in (``--only power``,
+    ``--only decode``); the other sections keep their values and sources."""
     src = PROFILES_DIR / f"{base}.yaml" if base in builtin_profile_names() else Path(base)
     section = read_profile_data(src).get("calibration")
     if not section:
-        raise RatesError(f"--power-only: profile {base} has no calibration section to add the power section to; "
+        raise RatesError(f"--only {part}: profile {base} has no calibration section to add the {part} section to; "
                          "run iosim calibrate rates without it")
-    return {**section, "power": nest({}, measured, on)["power"]}
+    return {**section, part: nest({}, measured, on)[part]}
 
 
 def guess_profile(device: str) -> str:
@@ -329,7 +331,7 @@ def measure_rates(repeats: int = 15, echo: Callable[[str], None] = print, dev: d
             echo(f"{label:<28}{fmt_value(m)!s:>16}  {_per_clk(m, b.sms, clock[0] if clock else None):<22}  "
                  f"{'; '.join(x for x in (expect, note) if x)}")
 
-        for part in (_compute, _memory, _reduce, chase_latency, _launch, power_part):
+        for part in (_compute, _memory, _reduce, chase_latency, _launch, decode_tile_part, power_part):
             part(b, cp, report)
             cp.cuda.runtime.deviceSynchronize()
     except RatesError:

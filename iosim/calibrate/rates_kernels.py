@@ -149,6 +149,27 @@ class Bench:
         return float(np.median(got))
 
 
+def measure_only(part: Callable, repeats: int = 15, echo: Callable[[str], None] = print) -> list[Measured]:
+    """One part of the calibration alone (``part(bench, cp, report)``: the power section, the decode kernel's
+    tile), each value printed as it completes; a CUDA error is one line of :class:`RatesError`."""
+    from iosim.gpu._cupy import require_cupy
+
+    cp = require_cupy()
+    measured: list[Measured] = []
+
+    def report(m: Measured, note: str) -> None:
+        measured.append(m)
+        echo(f"{'.'.join(map(str, m.path)):<28}{fmt_value(m)!s:>16}  {note}")
+
+    try:
+        part(Bench(cp, repeats), cp, report)
+    except RatesError:
+        raise
+    except Exception as exc:
+        raise RatesError(f"calibration kernel failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    return measured
+
+
 def random_cycle(lines: int, seed: int = 17) -> np.ndarray:
     """next[i]: the line after line i in one random cycle through all ``lines`` lines."""
     order = np.random.default_rng(seed).permutation(lines).astype(np.uint64)

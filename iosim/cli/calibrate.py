@@ -17,6 +17,7 @@ from ..calibrate import (
     fit_room,
     probe_cases,
 )
+from ..calibrate.decode_tile import decode_tile_part
 from ..calibrate.power import measure_power_only
 from ..calibrate.rates import (
     RatesError,
@@ -25,9 +26,10 @@ from ..calibrate.rates import (
     guess_profile,
     measure_rates,
     measured_on,
-    with_power,
+    with_part,
     write_calibrated,
 )
+from ..calibrate.rates_kernels import measure_only
 from ..gpu import GPUUnavailableError
 from ..gpu._cupy import require_cupy
 from ..hardware.gpu import get_profile
@@ -119,10 +121,15 @@ def block_share_cmd(timelines, do_measure):
               help="timed launches per quantity (their median is kept)")
 @click.option("--power-only", is_flag=True,
               help="measure the power section only (NVML) and put it into the base profile's calibration section")
-def rates_cmd(output, base, repeats, power_only):
+@click.option("--decode-only", is_flag=True,
+              help="measure the decode section only (iosim's decode kernel's tile time) and put it into the base "
+                   "profile's calibration section")
+def rates_cmd(output, base, repeats, power_only, decode_only):
     """Measure what code reaches on this GPU (mma.sync, wgmma, exp, fp32, shared memory, L2, DRAM, launch costs,
-    power and energy per unit of work) with small kernels of our own, and write a copy of the base profile with
-    them as its calibration section."""
+    iosim's decode kernel's tile, power and energy per unit of work) with small kernels of our own, and write a copy
+    of the base profile with them as its calibration section."""
+    if power_only and decode_only:
+        raise click.UsageError("--power-only and --decode-only each measure one section: give one")
     try:
         dev = device_facts(require_cupy())
         base = base or guess_profile(dev["device"])
@@ -130,9 +137,12 @@ def rates_cmd(output, base, repeats, power_only):
         out = output or f"{Path(base).stem}-calibrated.yaml"
         click.echo(f"base profile {base}; writing {out}")
         cmd = (f"iosim calibrate rates -o {out} --profile {base}" + (f" --repeats {repeats}" if repeats != 15 else "")
-               + (" --power-only" if power_only else ""))
+               + (" --power-only" if power_only else "") + (" --decode-only" if decode_only else ""))
         if power_only:
-            section = with_power(base, measure_power_only(repeats, click.echo), measured_on(dev, cmd))
+            section = with_part(base, measure_power_only(repeats, click.echo), measured_on(dev, cmd), "power")
+        elif decode_only:
+            section = with_part(base, measure_only(decode_tile_part, repeats, click.echo), measured_on(dev, cmd),
+                                "decode")
         else:
             measured = measure_rates(repeats, click.echo, dev)
             section = calibration_section(measured, measured_on(dev, cmd), dev["hopper"])

@@ -110,6 +110,16 @@ class MemoryLatency(_Strict):
     dram: SourcedSeconds = Field(description="a load that misses L2 (random lines of a 1 GiB buffer, each once)")
 
 
+class DecodeCalibration(_Strict):
+    """iosim's Flash-Decoding kernel (kernels/flash_decode.cu) on this GPU: what its loop costs a warp beyond any
+    rate of the chip (iosim/calibrate/decode_tile.py)."""
+
+    tile: dict[str, dict[str, SourcedSeconds]] = Field(
+        description="seconds one warp spends on a tile of 16 keys with its ring full (the cache in L2, one block "
+                    "on every SM): by the cache's element ('16bit', 'fp8'), then by instantiation ('d128x2': head "
+                    "dim 128, two 16-row stripes a block)")
+
+
 class SourcedWatts(_Strict):
     value: float | None = Field(gt=0, description="watts")
     source: str = Field(min_length=1)
@@ -188,5 +198,7 @@ class Calibration(_Strict):
     launch: LaunchCosts
     latency: MemoryLatency | None = Field(default=None, description="memory latency of one dependent load; absent "
                                           "in files calibrated before it was measured (iosim calibrate rates writes it)")
+    decode: DecodeCalibration | None = Field(default=None, description="iosim's decode kernel's tile time; absent "
+                                             "in files calibrated before it (the decode model then charges none)")
     power: PowerCalibration | None = Field(default=None, description="board power and energy per unit of work "
                                            "(NVML); absent where NVML's binding was missing or in older files")

@@ -9,7 +9,9 @@ the description's registers, threads). Each block
 1. starts (``launch.per_block``), reads its sequence's length (one L2 latency) and issues Q and its first K/V tiles
    (one DRAM latency, ``latency.dram``; L2's where warm calls keep the cache in L2);
 2. streams its split's K and V: all streaming blocks share the bandwidth equally (water-filling), each capped by
-   what it keeps in flight over the latency (Little's law: 4 warps × (stages − 1) tiles of 2·16·d elements of the
+   its warps' own pace, a tile of 16 keys a warp each ``decode.tile`` seconds (the calibrated time of the warp's
+   dependent chain through a tile, :mod:`iosim.calibrate.decode_tile`; 0 where the profile lacks it), by what it
+   keeps in flight over the latency (Little's law: 4 warps × (stages − 1) tiles of 2·16·d elements of the
    cache), and by its SM's tensor, exp2 and fp32 rates at the blocks per SM (``mma_sync``, ``exp``, ``fp32.fma``;
    an fp8 cache adds the tile's conversion to 16 bits, :data:`FP8_CONVERT_OPS` instructions, at the fp32 rate); the
    chip's bandwidth for global K/V bytes is the L2 read rate, or the DRAM read rate times the reuse of each DRAM
@@ -23,11 +25,12 @@ The kernel takes that walk, the call's first launch (``launch.call``) and the dr
 latency), and no less than its DRAM reads and writes at the calibrated rates.
 
 **The combine kernel** (splits > 1) runs a warp per output row, 4 rows a block: each block's time is a chain of
-dependent L2 loads (the length, the splits' lse, then the splits' lse and O_s two at a time: the loop is unrolled by
-2), placed on the combine kernel's own resident slots; the kernel takes the longer of that placement and the
+dependent L2 loads (the length, the splits' lse, then the splits' lse and O_s a round of
+:func:`iosim.launch.decode.combine_unroll` splits at a time, their loads in flight together), placed on the combine kernel's own resident slots; the kernel takes the longer of that placement and the
 partials' bytes (from L2 where they fit in it, else DRAM), plus a further launch (``launch.dependent``).
 
-Nothing here is fitted: the measured decode rows (docs/benchmarks/decode-*.csv) judge it
+Nothing here is fitted: ``decode.tile`` is measured on its own shape (every sequence on the same pages in L2, one
+block an SM), and the measured decode rows (docs/benchmarks/decode-*.csv, the time records) judge the model
 (``benchmarks/time_record_decode.py --judge-benchmark``).
 """
 
@@ -114,6 +117,15 @@ def _tile_seconds(p: AttentionProblem, t: PagedDecodingTiles, r: Rates, warps_pe
     return max(mma, softmax)
 
 
+def tile_chain_s(profile, head_dim: int, stripes: int, fp8: bool) -> float:
+    """``calibration.decode.tile`` of this instantiation: seconds a warp's chain through one tile takes (0 where the
+    profile has no such measurement)."""
+    cal = getattr(profile.calibration, "decode", None)
+    by_key = cal.tile.get("fp8" if fp8 else "16bit", {}) if cal is not None else {}
+    entry = by_key.get(f"d{head_dim}x{stripes}")
+    return float(entry.value) if entry is not None and entry.value is not None else 0.0
+
+
 def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     """The split kernel (module docstring)."""
     p, t, r = c.problem, work.tiles, c.rates
@@ -129,7 +141,9 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     k_eff = max(1, min(per_sm, cdiv(running, r.sms)))  # blocks sharing an SM
     tile = 2 * TILE_KEYS * d * e
     in_flight = WARPS * (geo.decode_stages(d) - 1) * tile
+    chain = tile_chain_s(c.profile, d, stripes, bool(t.kv_dtype))
     cap = min(in_flight / c.latency if c.latency else math.inf,
+              WARPS * tile / chain if chain else math.inf,
               tile / (_tile_seconds(p, t, r, WARPS * k_eff, fp8_path(c.profile)) * k_eff))
     hbm_read, hbm_write = work.hbm[0]
     reuse = float(stream.sum()) / hbm_read if hbm_read else math.inf  # global K/V bytes per DRAM byte read
@@ -152,7 +166,8 @@ def combine_time(c: Conditions, work: Workload, registers: int, resident_share: 
     rows = p.batch * p.seq_len * p.heads
     ns = np.repeat(np.minimum(t.splits, cdiv(np.asarray(t.kv_lens, dtype=np.int64), t.chunk)), p.seq_len * p.heads)
     ns = np.concatenate([ns, np.zeros(-rows % WARPS, dtype=np.int64)]).reshape(-1, WARPS).max(axis=1)
-    chain = r.block_s + (2 + cdiv(ns, 2)) * r.l2_latency_s  # length; lse; lse and O_s two splits a round
+    rounds = cdiv(ns, geo.combine_unroll(p.head_dim))  # a round: combine_unroll splits, their loads in flight together
+    chain = r.block_s + (2 + rounds) * r.l2_latency_s  # length; lse; a round's lse and O_s
     slots = resident_blocks(c.profile, geo.DECODE_THREADS, 0, registers)[0]
     placed = makespan(chain.astype(float), slots)
     read, write = work.hbm[1]

@@ -1,0 +1,78 @@
+"""``calibration.decode.tile``: what one warp of iosim's Flash-Decoding kernel (kernels/flash_decode.cu) spends on a
+tile of 16 keys when no load keeps it waiting, on this GPU.
+
+Why it is measured: a warp's tile is a dependent chain (ldmatrix, the QK^T multiplies, the row max and sum across
+lanes, exp2, the rescale of O, the PV multiplies; on an fp8 cache the conversion of K and V to fp16 before them), and
+with 1-2 warps on each scheduler the warp waits on each step's result more than it issues: Nsight Compute on an H100
+(2026-11-27, the decode time record's shapes) counts 3.3-3.6 cycles between a warp's instructions wherever the
+kernel is not waiting on DRAM (16 new tokens a sequence, d = 256, grids of a few blocks), with the issue slots
+58% busy at most. No rate of the chip (``mma_sync``, ``exp``, ``fp32`` throughputs) gives that time, so the kernel's
+own loop is timed.
+
+How: one block on every SM (``batch`` = SMs sequences of one kv head, one split each, so the grid is one block per
+sequence), every sequence's block table pointing at the same pages, so the cache (at most 8 MiB) sits in L2 and each
+warp's ring is full when it asks; 8 query heads on the kv head and 1 new token (one stripe of 16 rows) or 4 (32
+rows: two stripes). Each sequence holds ``N1`` and then ``N2`` keys; the time of a call (median CUDA-event time of
+``CALLS`` calls queued behind a busy kernel) grows by (N2 − N1) / 64 tiles of each warp, whatever the block's fixed costs (its start, Q, the first
+tiles' latency, the warps' merge) are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Both caches: 16-bit (fp16 q and
+cache; a bf16 call runs the same instructions) and e4m3 (fp16 q, the scales 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from iosim.calibrate.rates_kernels import Bench, Measured
+from iosim.launch import decode as geo
+from iosim.measure.events import BUSY, cupy_clock, time_ms
+
+N1, N2 = 1024, 8192  # keys of each sequence, the two calls
+CALLS = 50  # timed calls of each, queued behind a busy kernel (median)
+PAGE = 256  # the shared pages' size
+GROUP = 8  # query heads on the one kv head
+
+
+def tile_key(head_dim: int, stripes: int) -> str:
+    """The instantiation's key in ``decode.tile.<cache>``: 'd128x2' (head dim 128, two 16-row stripes a block)."""
+    return f"d{head_dim}x{stripes}"
+
+
+def _call(cp, gpu, sms: int, d: int, q_len: int, n: int, fp8: bool):
+    """A launch of the decode kernel as described in the module docstring, ready to time."""
+    pages = N2 // PAGE
+    q = cp.random.standard_normal((sms, q_len, GROUP, d), dtype=cp.float32).astype(cp.float16)
+    if fp8:  # e4m3 bits of moderate values (exponent field under 8; no NaN encodings), sign random
+        raw = cp.random.randint(0, 0x38, (2, pages, PAGE, 1, d), dtype=cp.int32)
+        raw |= cp.random.randint(0, 2, raw.shape, dtype=cp.int32) << 7
+        k, v = (gpu.QuantizedKV(x.astype(cp.uint8), 1.0) for x in raw)
+    else:
+        k, v = (x.astype(cp.float16) for x in cp.random.standard_normal((2, pages, PAGE, 1, d), dtype=cp.float32))
+    table = cp.tile(cp.arange(pages, dtype=cp.int32), (sms, 1))
+    lens = cp.full((sms,), n, dtype=cp.int32)
+    plan = gpu.plan_decode(q, k, v, seqlens_k=lens, block_table=table, splits=1)
+    o, lse = plan.run(q, k, v)
+    return lambda: plan.run(q, k, v, out=(o, lse))
+
+
+def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """Measure ``decode.tile`` for every instantiation the library compiles (both caches); report each."""
+    from iosim import gpu  # the kernels themselves: iosim.gpu launches them
+
+    spin = b.fn("rates_spin")
+    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
+
+    def seconds(call) -> float:  # calls queued behind a busy kernel, as the time records time theirs
+        return time_ms(call, CALLS, warmup=3, view=BUSY, clock=clock) * 1e-3
+
+    for fp8 in (False, True):
+        cache = "fp8" if fp8 else "16bit"
+        for d, stripes in geo.DECODE_STRIPES:
+            q_len = 1 if stripes == 1 else 4
+            t1, t2 = (seconds(_call(cp, gpu, b.sms, d, q_len, n, fp8)) for n in (N1, N2))
+            tile = max(t2 - t1, 1e-12) * 64 / (N2 - N1)
+            what = (f"iosim's decode kernel, {'e4m3' if fp8 else 'fp16'} cache, d = {d}, {q_len} new token(s) of "
+                    f"{GROUP} heads on one kv head ({stripes} stripe(s)), one block on each of {b.sms} SMs, every "
+                    f"sequence on the same {N2 // PAGE} pages of {PAGE} keys (in L2), one split: (time at {N2} keys "
+                    f"- time at {N1}) / {(N2 - N1) // 64} tiles a warp")
+            report(Measured(("decode", "tile", cache, tile_key(d, stripes)), tile, "s", what),
+                   f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")

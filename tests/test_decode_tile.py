@@ -1,0 +1,131 @@
+"""calibration.decode.tile (iosim/calibrate/decode_tile.py) and what the decode time model does with it
+(iosim/timing/flash_decode.py): the measurement's arithmetic on a stand-in clock, the profile field, the CLI's
+--decode-only, and the split kernel's cap at a warp's chain; the combine kernel's rounds."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import yaml
+from helpers import run_cli
+
+from iosim import AttentionProblem, simulate
+from iosim._resources import kernels_dir
+from iosim.calibrate import decode_tile
+from iosim.calibrate.rates_kernels import Measured
+from iosim.hardware.gpu import PROFILES_DIR, load_profile_file, profile_from_dict
+from iosim.launch import decode as geo
+from iosim.timing.flash_decode import tile_chain_s
+
+TILE_S = {"16bit": {"d64x1": 0.6e-6, "d64x2": 0.9e-6, "d128x1": 0.9e-6, "d128x2": 1.4e-6, "d256x1": 1.6e-6},
+          "fp8": {"d64x1": 0.8e-6, "d64x2": 1.1e-6, "d128x1": 1.2e-6, "d128x2": 1.8e-6, "d256x1": 2.3e-6}}
+
+
+class _Bench:
+    sms = 132
+
+    def fn(self, name):
+        return lambda *a: None
+
+
+def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monkeypatch):
+    """t(n) = fixed + tiles per warp (n / 64) x tile: the part reports the tile, whatever the fixed part, for every
+    instantiation the library compiles, on both caches."""
+    fixed = 7e-6
+    monkeypatch.setattr(decode_tile, "cupy_clock", lambda cp, spin: None)
+    monkeypatch.setattr(decode_tile, "_call", lambda cp, gpu, sms, d, q_len, n, fp8: (d, q_len, n, fp8))
+    expected = {(d, 1 if s == 1 else 4, fp8): TILE_S["fp8" if fp8 else "16bit"][f"d{d}x{s}"]
+                for d, s in geo.DECODE_STRIPES for fp8 in (False, True)}
+    monkeypatch.setattr(decode_tile, "time_ms",
+                        lambda call, reps, warmup, view, clock: 1e3 * (fixed + call[2] / 64 * expected[
+                            (call[0], call[1], call[3])]))
+    got: list[Measured] = []
+    decode_tile.decode_tile_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
+    assert len(got) == 2 * len(geo.DECODE_STRIPES)
+    for m in got:
+        _, _, cache, key = m.path
+        assert m.unit == "s" and m.value == pytest.approx(TILE_S[cache][key], rel=1e-9)
+
+
+def _profile_with_tiles(name: str = "h100-sxm5-80gb"):
+    data = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
+    data["calibration"]["decode"] = {"tile": {c: {k: {"value": f"{v * 1e6} us", "source": "test"}
+                                                  for k, v in t.items()} for c, t in TILE_S.items()}}
+    return profile_from_dict(data, "test")
+
+
+def test_the_profile_carries_the_tiles_and_the_model_reads_them():
+    p = _profile_with_tiles()
+    assert tile_chain_s(p, 128, 2, fp8=False) == pytest.approx(1.4e-6)
+    assert tile_chain_s(p, 256, 1, fp8=True) == pytest.approx(2.3e-6)
+    assert tile_chain_s(p, 128, 3, fp8=False) == 0.0  # no such instantiation: nothing charged
+    data = yaml.safe_load((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text())
+    data["calibration"].pop("decode", None)  # a file calibrated before the field
+    assert tile_chain_s(profile_from_dict(data, "older"), 128, 1, fp8=False) == 0.0
+
+
+def _split_s(profile, p: AttentionProblem, **kw) -> float:
+    r = simulate("flash-decoding", p, profile, kernel="iosim-decode", warm=True, **kw)
+    return r.time.kernels[0].predicted_s
+
+
+def test_a_grid_under_a_wave_runs_at_its_warps_chain():
+    """One sequence of one kv head: a few blocks, nothing shared. Each warp's tiles take ``decode.tile`` each, so
+    the split kernel takes at least tiles per warp x tile, and more than the model without the field predicts."""
+    p = AttentionProblem(batch=1, heads=8, kv_heads=1, seq_len=1, kv_len=4096, head_dim=128, dtype="bf16")
+    with_tiles = _profile_with_tiles()
+    r = simulate("flash-decoding", p, with_tiles, kernel="iosim-decode", warm=True, page_size=16)
+    t = r.tiles
+    tiles_per_warp = -(-t.chunk // (geo.DECODE_WARPS * geo.DECODE_TILE))
+    split = r.time.kernels[0].predicted_s
+    assert split >= tiles_per_warp * TILE_S["16bit"]["d128x1"]
+    assert split > _split_s("h100-sxm5-80gb", p, page_size=16) + 0.5 * tiles_per_warp * TILE_S["16bit"]["d128x1"]
+
+
+def test_a_dram_bound_grid_is_not_slowed_by_a_short_chain():
+    """Batch 32 of 8192 keys: 256 blocks, each warp's chain far under its share of the DRAM stream; the tile
+    changes nothing (within 1%)."""
+    p = AttentionProblem(batch=32, heads=32, kv_heads=4, seq_len=1, kv_len=8192, head_dim=128, dtype="bf16")
+    assert _split_s(_profile_with_tiles(), p) == pytest.approx(_split_s("h100-sxm5-80gb", p), rel=0.01)
+
+
+def test_the_combine_merges_a_round_of_splits_per_l2_round_trip():
+    """kCombineUnroll in kernels/flash_decode.cu is what the model's rounds use; 128 splits take 16 round trips
+    at d = 128 (were 64, two splits at a time)."""
+    src = (kernels_dir() / "flash_decode.cu").read_text()
+    assert "constexpr int kCombineUnroll = V == 8 ? 4 : 8;" in src
+    assert [geo.combine_unroll(d) for d in (64, 128, 256)] == [8, 8, 4]
+    p = AttentionProblem(batch=1, heads=8, kv_heads=1, seq_len=1, kv_len=32768, head_dim=128, dtype="bf16")
+    r = simulate("flash-decoding", p, "h100-sxm5-80gb", kernel="iosim-decode", warm=True, page_size=16)
+    assert r.tiles.splits == 128
+    comb = r.time.kernels[1]
+    lat = 137.3e-9  # the H100 profile's latency.l2
+    assert comb.resources["blocks"] == pytest.approx((2 + 16) * lat, rel=0.05)
+
+
+def test_the_stand_in_command_writes_the_decode_section(monkeypatch, capsys, tmp_path):
+    """--decode-only measures that part alone and keeps the base profile's other calibrated values."""
+    from test_rates import _FakeCupy
+
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy(True))
+
+    def part(b, cp, report):
+        for cache, t in TILE_S.items():
+            for key, v in t.items():
+                report(Measured(("decode", "tile", cache, key), v, "s", "stand-in"), "")
+
+    import iosim.cli.calibrate as cli
+
+    monkeypatch.setattr(cli, "decode_tile_part", part)
+    out = tmp_path / "h100.yaml"
+    code, text, err = run_cli(["calibrate", "rates", "--decode-only", "-o", str(out)], capsys)
+    assert code == 0, err
+    p = load_profile_file(out)
+    base = load_profile_file(PROFILES_DIR / "h100-sxm5-80gb.yaml")
+    assert tile_chain_s(p, 64, 2, fp8=True) == pytest.approx(1.1e-6)
+    assert p.measured("dram.read") == base.measured("dram.read")  # the other sections as they were
+    assert "decode.tile.16bit.d128x1" in text
+    code, _, err = run_cli(["calibrate", "rates", "--decode-only", "--power-only", "-o", str(out)], capsys)
+    assert code != 0 and "give one" in err
+
