@@ -34,24 +34,29 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
     instantiation the library compiles, on both caches."""
     fixed = 7e-6
     monkeypatch.setattr(decode_tile, "cupy_clock", lambda cp, spin: None)
-    monkeypatch.setattr(decode_tile, "_call", lambda cp, gpu, sms, d, q_len, n, fp8: (d, q_len, n, fp8))
+    monkeypatch.setattr(decode_tile, "_call", lambda cp, gpu, batch, d, q_len, n, fp8: (d, q_len, n, fp8, batch))
+    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 1 if d == 256 else 2)
     expected = {(d, 1 if s == 1 else 4, fp8): TILE_S["fp8" if fp8 else "16bit"][f"d{d}x{s}"]
                 for d, s in geo.DECODE_STRIPES for fp8 in (False, True)}
-    monkeypatch.setattr(decode_tile, "time_ms",
-                        lambda call, reps, warmup, view, clock: 1e3 * (fixed + call[2] / 64 * expected[
-                            (call[0], call[1], call[3])]))
+
+    def time_ms(call, reps, warmup, view, clock):  # two blocks an SM: each warp's tile 1.5x as long
+        d, q_len, n, fp8, batch = call
+        return 1e3 * (fixed + n / 64 * expected[(d, q_len, fp8)] * (1.5 if batch == 2 * _Bench.sms else 1.0))
+
+    monkeypatch.setattr(decode_tile, "time_ms", time_ms)
     got: list[Measured] = []
     decode_tile.decode_tile_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
-    assert len(got) == 2 * len(geo.DECODE_STRIPES)
+    assert len(got) == 2 * (2 * len(geo.DECODE_STRIPES) - 1)  # d = 256: one block an SM only
     for m in got:
-        _, _, cache, key = m.path
-        assert m.unit == "s" and m.value == pytest.approx(TILE_S[cache][key], rel=1e-9)
+        _, _, cache, key, per_sm = m.path
+        assert m.unit == "s" and m.value == pytest.approx(TILE_S[cache][key] * (1.5 if per_sm == 2 else 1), rel=1e-9)
 
 
 def _profile_with_tiles(name: str = "h100-sxm5-80gb"):
     data = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
-    data["calibration"]["decode"] = {"tile": {c: {k: {"value": f"{v * 1e6} us", "source": "test"}
-                                                  for k, v in t.items()} for c, t in TILE_S.items()}}
+    data["calibration"]["decode"] = {"tile": {c: {k: {"value": {1: f"{v * 1e6} us", 2: f"{1.5 * v * 1e6} us"},
+                                                      "source": "test"} for k, v in t.items()}
+                                              for c, t in TILE_S.items()}}
     return profile_from_dict(data, "test")
 
 
@@ -59,6 +64,8 @@ def test_the_profile_carries_the_tiles_and_the_model_reads_them():
     p = _profile_with_tiles()
     assert tile_chain_s(p, 128, 2, fp8=False) == pytest.approx(1.4e-6)
     assert tile_chain_s(p, 256, 1, fp8=True) == pytest.approx(2.3e-6)
+    assert tile_chain_s(p, 128, 2, fp8=False, per_sm=2) == pytest.approx(2.1e-6)  # the table's second entry
+    assert tile_chain_s(p, 128, 2, fp8=False, per_sm=3) == pytest.approx(2.8e-6)  # on along the last two
     assert tile_chain_s(p, 128, 3, fp8=False) == 0.0  # no such instantiation: nothing charged
     data = yaml.safe_load((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text())
     data["calibration"].pop("decode", None)  # a file calibrated before the field
@@ -113,7 +120,7 @@ def test_the_stand_in_command_writes_the_decode_section(monkeypatch, capsys, tmp
     def part(b, cp, report):
         for cache, t in TILE_S.items():
             for key, v in t.items():
-                report(Measured(("decode", "tile", cache, key), v, "s", "stand-in"), "")
+                report(Measured(("decode", "tile", cache, key, 1), v, "s", "stand-in"), "")
 
     import iosim.cli.calibrate as cli
 
@@ -125,7 +132,7 @@ def test_the_stand_in_command_writes_the_decode_section(monkeypatch, capsys, tmp
     base = load_profile_file(PROFILES_DIR / "h100-sxm5-80gb.yaml")
     assert tile_chain_s(p, 64, 2, fp8=True) == pytest.approx(1.1e-6)
     assert p.measured("dram.read") == base.measured("dram.read")  # the other sections as they were
-    assert "decode.tile.16bit.d128x1" in text
+    assert "decode.tile.16bit.d128x1.1" in text
     code, _, err = run_cli(["calibrate", "rates", "--decode-only", "--power-only", "-o", str(out)], capsys)
     assert code != 0 and "give one" in err
 

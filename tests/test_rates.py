@@ -358,7 +358,7 @@ def test_the_command_measures_and_writes_a_profile_on_a_stand_in_gpu(monkeypatch
     fake = _FakeCupy(hopper)
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setattr(rates, "decode_tile_part", lambda b, cp, report: report(  # our decode kernel, not a stand-in
-        Measured(("decode", "tile", "16bit", "d128x1"), 0.9e-6, "s", "stand-in"), ""))
+        Measured(("decode", "tile", "16bit", "d128x1", 1), 0.9e-6, "s", "stand-in"), ""))
     out = tmp_path / "calibrated.yaml"
     code, text, err = run_cli(["calibrate", "rates", "-o", str(out), "--repeats", "10"], capsys)
     assert code == 0, err
@@ -385,7 +385,7 @@ def test_the_command_measures_and_writes_a_profile_on_a_stand_in_gpu(monkeypatch
     for label in ("sm_clock", "mma_sync.bf16.throughput.16", "exp.latency", "dram.read", "launch.interval",
                   "latency.l2", "latency.dram"):
         assert re.search(rf"^{re.escape(label)}\s", text, re.M), label  # each printed as it completes
-    assert p.calibration.decode.tile["16bit"]["d128x1"].value == pytest.approx(0.9e-6)  # the decode part measured too
+    assert p.calibration.decode.tile["16bit"]["d128x1"].value[1] == pytest.approx(0.9e-6)  # the decode part measured too
     assert f"wrote {out}" in text
 
 

@@ -9,9 +9,10 @@ kernel is not waiting on DRAM (16 new tokens a sequence, d = 256, grids of a few
 58% busy at most. No rate of the chip (``mma_sync``, ``exp``, ``fp32`` throughputs) gives that time, so the kernel's
 own loop is timed.
 
-How: one block on every SM (``batch`` = SMs sequences of one kv head, one split each, so the grid is one block per
-sequence), every sequence's block table pointing at the same pages, so the cache (at most 8 MiB) sits in L2 and each
-warp's ring is full when it asks; 8 query heads on the kv head and 1 new token (one stripe of 16 rows) or 4 (32
+How: one block on every SM, then two where two fit (``batch`` = SMs or 2 · SMs sequences of one kv head, one split
+each, so the grid is one block per sequence: the warps on a scheduler share its issue slots, and with two blocks a
+warp's tile takes longer, 1.5-1.9x at two 16-row stripes on an H100), every sequence's block table pointing at the
+same pages, so the cache (at most 8 MiB) sits in L2 and each warp's ring is full when it asks; 8 query heads on the kv head and 1 new token (one stripe of 16 rows) or 4 (32
 rows: two stripes). Each sequence holds ``N1`` and then ``N2`` keys; the time of a call (median CUDA-event time of
 ``CALLS`` calls queued behind a busy kernel) grows by (N2 − N1) / 64 tiles of each warp, whatever the block's fixed costs (its start, Q, the first
 tiles' latency, the warps' merge) are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Both caches: 16-bit (fp16 q and
@@ -68,11 +69,25 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
         cache = "fp8" if fp8 else "16bit"
         for d, stripes in geo.DECODE_STRIPES:
             q_len = 1 if stripes == 1 else 4
-            t1, t2 = (seconds(_call(cp, gpu, b.sms, d, q_len, n, fp8)) for n in (N1, N2))
-            tile = max(t2 - t1, 1e-12) * 64 / (N2 - N1)
-            what = (f"iosim's decode kernel, {'e4m3' if fp8 else 'fp16'} cache, d = {d}, {q_len} new token(s) of "
-                    f"{GROUP} heads on one kv head ({stripes} stripe(s)), one block on each of {b.sms} SMs, every "
-                    f"sequence on the same {N2 // PAGE} pages of {PAGE} keys (in L2), one split: (time at {N2} keys "
-                    f"- time at {N1}) / {(N2 - N1) // 64} tiles a warp")
-            report(Measured(("decode", "tile", cache, tile_key(d, stripes)), tile, "s", what),
-                   f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
+            fit = _blocks_per_sm(d, stripes, fp8)
+            for per_sm in (1, 2)[:fit]:
+                t1, t2 = (seconds(_call(cp, gpu, per_sm * b.sms, d, q_len, n, fp8)) for n in (N1, N2))
+                tile = max(t2 - t1, 1e-12) * 64 / (N2 - N1)
+                what = (f"iosim's decode kernel, {'e4m3' if fp8 else 'fp16'} cache, d = {d}, {q_len} new token(s) of "
+                        f"{GROUP} heads on one kv head ({stripes} stripe(s)), blocks of one sequence each, 1 or 2 on "
+                        f"each of {b.sms} SMs (the key), every sequence on the same {N2 // PAGE} pages of {PAGE} keys "
+                        f"(in L2), one split: (time at {N2} keys - time at {N1}) / {(N2 - N1) // 64} tiles a warp")
+                report(Measured(("decode", "tile", cache, tile_key(d, stripes), per_sm), tile, "s", what),
+                       f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
+
+
+def _blocks_per_sm(d: int, stripes: int, fp8: bool) -> int:
+    """Blocks of this instantiation an SM of the device holds (shared memory and registers, as the launch sees them;
+    the registers: ptxas's count that iosim.launch.decode lists)."""
+    from iosim.gpu._cupy import require_cupy
+
+    a = require_cupy().cuda.Device().attributes
+    regs = (geo.DECODE_REGISTERS_FP8 if fp8 else geo.DECODE_REGISTERS)[(d, stripes)]
+    smem = geo.decode_smem_bytes(d, stripes, 2, 1 if fp8 else 2)
+    return geo.decode_blocks_per_sm(smem, regs, int(a["MaxSharedMemoryPerMultiprocessor"]),
+                                    int(a.get("MaxRegistersPerMultiprocessor", 65536)))

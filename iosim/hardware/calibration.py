@@ -19,6 +19,7 @@ from .sourced import (
     SourcedHzTable,
     SourcedOps,
     SourcedSeconds,
+    SourcedSecondsTable,
     _Strict,
 )
 
@@ -114,10 +115,10 @@ class DecodeCalibration(_Strict):
     """iosim's Flash-Decoding kernel (kernels/flash_decode.cu) on this GPU: what its loop costs a warp beyond any
     rate of the chip (iosim/calibrate/decode_tile.py)."""
 
-    tile: dict[str, dict[str, SourcedSeconds]] = Field(
-        description="seconds one warp spends on a tile of 16 keys with its ring full (the cache in L2, one block "
-                    "on every SM): by the cache's element ('16bit', 'fp8'), then by instantiation ('d128x2': head "
-                    "dim 128, two 16-row stripes a block)")
+    tile: dict[str, dict[str, SourcedSecondsTable]] = Field(
+        description="seconds one warp spends on a tile of 16 keys with its ring full (the cache in L2), by blocks "
+                    "resident on each SM (1, and 2 where two fit): by the cache's element ('16bit', 'fp8'), then "
+                    "by instantiation ('d128x2': head dim 128, two 16-row stripes a block)")
 
 
 class SourcedWatts(_Strict):

@@ -144,6 +144,13 @@ class SourcedHzTable(_Strict):
     source: str = Field(min_length=1)
 
 
+class SourcedSecondsTable(_Strict):
+    """Times by a count per SM (resident blocks)."""
+
+    value: dict[Annotated[int, Field(ge=1)], Annotated[float, BeforeValidator(_seconds)]] = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+
 class SourcedFlopsTable(_Strict):
     """FLOP/s over the chip by a count per SM (resident warps, or warpgroups)."""
 

@@ -10,7 +10,8 @@ the description's registers, threads). Each block
    (one DRAM latency, ``latency.dram``; L2's where warm calls keep the cache in L2);
 2. streams its split's K and V: all streaming blocks share the bandwidth equally (water-filling), each capped by
    its warps' own pace, a tile of 16 keys a warp each ``decode.tile`` seconds (the calibrated time of the warp's
-   dependent chain through a tile, :mod:`iosim.calibrate.decode_tile`; 0 where the profile lacks it), by what it
+   dependent chain through a tile at the blocks sharing its SM, :mod:`iosim.calibrate.decode_tile`; 0 where the
+   profile lacks it), by what it
    keeps in flight over the latency (Little's law: 4 warps × (stages − 1) tiles of 2·16·d elements of the
    cache), and by its SM's tensor, exp2 and fp32 rates at the blocks per SM (``mma_sync``, ``exp``, ``fp32.fma``;
    an fp8 cache adds the tile's conversion to 16 bits, :data:`FP8_CONVERT_OPS` instructions, at the fp32 rate); the
@@ -37,6 +38,7 @@ block an SM), and the measured decode rows (docs/benchmarks/decode-*.csv, the ti
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 
 import numpy as np
@@ -117,13 +119,19 @@ def _tile_seconds(p: AttentionProblem, t: PagedDecodingTiles, r: Rates, warps_pe
     return max(mma, softmax)
 
 
-def tile_chain_s(profile, head_dim: int, stripes: int, fp8: bool) -> float:
-    """``calibration.decode.tile`` of this instantiation: seconds a warp's chain through one tile takes (0 where the
-    profile has no such measurement)."""
+def tile_chain_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float = 1.0) -> float:
+    """``calibration.decode.tile`` of this instantiation at ``per_sm`` blocks an SM: seconds a warp's chain through
+    one tile takes (linear in the blocks between the measured counts, and past the last two; 0 where the profile
+    has no such measurement)."""
     cal = getattr(profile.calibration, "decode", None)
-    by_key = cal.tile.get("fp8" if fp8 else "16bit", {}) if cal is not None else {}
-    entry = by_key.get(f"d{head_dim}x{stripes}")
-    return float(entry.value) if entry is not None and entry.value is not None else 0.0
+    entry = (cal.tile.get("fp8" if fp8 else "16bit", {}) if cal is not None else {}).get(f"d{head_dim}x{stripes}")
+    if entry is None:
+        return 0.0
+    pts = sorted((int(k), float(v)) for k, v in entry.value.items())
+    if len(pts) == 1:
+        return pts[0][1]
+    (k0, t0), (k1, t1) = next(((a, b) for a, b in itertools.pairwise(pts) if per_sm <= b[0]), pts[-2:])
+    return max(t0 + (t1 - t0) * (per_sm - k0) / (k1 - k0), min(t0, t1))
 
 
 def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
@@ -141,7 +149,7 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     k_eff = max(1, min(per_sm, cdiv(running, r.sms)))  # blocks sharing an SM
     tile = 2 * TILE_KEYS * d * e
     in_flight = WARPS * (geo.decode_stages(d) - 1) * tile
-    chain = tile_chain_s(c.profile, d, stripes, bool(t.kv_dtype))
+    chain = tile_chain_s(c.profile, d, stripes, bool(t.kv_dtype), k_eff)
     cap = min(in_flight / c.latency if c.latency else math.inf,
               WARPS * tile / chain if chain else math.inf,
               tile / (_tile_seconds(p, t, r, WARPS * k_eff, fp8_path(c.profile)) * k_eff))
