@@ -14,7 +14,7 @@ from iosim import AttentionProblem, simulate
 from iosim._resources import kernels_dir
 from iosim.calibrate import decode_tile
 from iosim.calibrate.rates_kernels import Measured
-from iosim.hardware.gpu import PROFILES_DIR, load_profile_file, profile_from_dict
+from iosim.hardware.gpu import PROFILES_DIR, get_profile, load_profile_file, profile_from_dict
 from iosim.launch import decode as geo
 from iosim.timing.flash_decode import tile_chain_s
 
@@ -52,11 +52,25 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
         assert m.unit == "s" and m.value == pytest.approx(TILE_S[cache][key] * (1.5 if per_sm == 2 else 1), rel=1e-9)
 
 
+def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add(monkeypatch):
+    fixed, per = 5e-6, {64: 0.3e-6, 128: 0.45e-6, 256: 0.4e-6}
+    monkeypatch.setattr(decode_tile, "cupy_clock", lambda cp, spin: None)
+    monkeypatch.setattr(decode_tile, "_combine_call", lambda cp, d, splits: (d, splits))
+    monkeypatch.setattr(decode_tile, "time_ms", lambda call, reps, warmup, view, clock: 1e3 * (
+        fixed + -(-call[1] // geo.combine_unroll(call[0])) * per[call[0]]))
+    got: list[Measured] = []
+    decode_tile.combine_round_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
+    assert {m.path[-1]: m.value for m in got} == pytest.approx(per, rel=1e-9)
+    assert all(m.path[:2] == ("decode", "combine_round") for m in got)
+
+
 def _profile_with_tiles(name: str = "h100-sxm5-80gb"):
     data = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
     data["calibration"]["decode"] = {"tile": {c: {k: {"value": {1: f"{v * 1e6} us", 2: f"{1.5 * v * 1e6} us"},
                                                       "source": "test"} for k, v in t.items()}
-                                              for c, t in TILE_S.items()}}
+                                              for c, t in TILE_S.items()},
+                                     "combine_round": {"value": {64: "300 ns", 128: "450 ns", 256: "400 ns"},
+                                                       "source": "test"}}
     return profile_from_dict(data, "test")
 
 
@@ -67,9 +81,14 @@ def test_the_profile_carries_the_tiles_and_the_model_reads_them():
     assert tile_chain_s(p, 128, 2, fp8=False, per_sm=2) == pytest.approx(2.1e-6)  # the table's second entry
     assert tile_chain_s(p, 128, 2, fp8=False, per_sm=3) == pytest.approx(2.8e-6)  # on along the last two
     assert tile_chain_s(p, 128, 3, fp8=False) == 0.0  # no such instantiation: nothing charged
-    data = yaml.safe_load((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text())
-    data["calibration"].pop("decode", None)  # a file calibrated before the field
-    assert tile_chain_s(profile_from_dict(data, "older"), 128, 1, fp8=False) == 0.0
+    assert tile_chain_s(_without_decode("h100-sxm5-80gb"), 128, 1, fp8=False) == 0.0
+
+
+def _without_decode(name: str):
+    """The built-in profile as a file calibrated before the decode section."""
+    data = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
+    data["calibration"].pop("decode", None)
+    return profile_from_dict(data, "older")
 
 
 def _split_s(profile, p: AttentionProblem, **kw) -> float:
@@ -87,14 +106,16 @@ def test_a_grid_under_a_wave_runs_at_its_warps_chain():
     tiles_per_warp = -(-t.chunk // (geo.DECODE_WARPS * geo.DECODE_TILE))
     split = r.time.kernels[0].predicted_s
     assert split >= tiles_per_warp * TILE_S["16bit"]["d128x1"]
-    assert split > _split_s("h100-sxm5-80gb", p, page_size=16) + 0.5 * tiles_per_warp * TILE_S["16bit"]["d128x1"]
+    assert split > _split_s(_without_decode("h100-sxm5-80gb"), p, page_size=16) + 0.5 * tiles_per_warp * TILE_S[
+        "16bit"]["d128x1"]
 
 
 def test_a_dram_bound_grid_is_not_slowed_by_a_short_chain():
     """Batch 32 of 8192 keys: 256 blocks, each warp's chain far under its share of the DRAM stream; the tile
     changes nothing (within 1%)."""
     p = AttentionProblem(batch=32, heads=32, kv_heads=4, seq_len=1, kv_len=8192, head_dim=128, dtype="bf16")
-    assert _split_s(_profile_with_tiles(), p) == pytest.approx(_split_s("h100-sxm5-80gb", p), rel=0.01)
+    assert _split_s(_profile_with_tiles(), p) == pytest.approx(_split_s(_without_decode("h100-sxm5-80gb"), p),
+                                                                rel=0.01)
 
 
 def test_the_combine_merges_a_round_of_splits_per_l2_round_trip():
@@ -106,9 +127,12 @@ def test_the_combine_merges_a_round_of_splits_per_l2_round_trip():
     p = AttentionProblem(batch=1, heads=8, kv_heads=1, seq_len=1, kv_len=32768, head_dim=128, dtype="bf16")
     r = simulate("flash-decoding", p, "h100-sxm5-80gb", kernel="iosim-decode", warm=True, page_size=16)
     assert r.tiles.splits == 128
-    comb = r.time.kernels[1]
-    lat = 137.3e-9  # the H100 profile's latency.l2
-    assert comb.resources["blocks"] == pytest.approx((2 + 16) * lat, rel=0.05)
+    lat = get_profile("h100-sxm5-80gb").measured("latency.l2")
+    bare = _without_decode("h100-sxm5-80gb")
+    r = simulate("flash-decoding", p, bare, kernel="iosim-decode", warm=True, page_size=16)
+    assert r.time.kernels[1].resources["blocks"] == pytest.approx((2 + 16) * lat, rel=0.05)  # a round: one latency
+    r = simulate("flash-decoding", p, _profile_with_tiles(), kernel="iosim-decode", warm=True, page_size=16)
+    assert r.time.kernels[1].resources["blocks"] == pytest.approx(2 * lat + 16 * 450e-9, rel=0.05)  # the measured
 
 
 def test_the_stand_in_command_writes_the_decode_section(monkeypatch, capsys, tmp_path):
@@ -124,7 +148,7 @@ def test_the_stand_in_command_writes_the_decode_section(monkeypatch, capsys, tmp
 
     import iosim.cli.calibrate as cli
 
-    monkeypatch.setattr(cli, "decode_tile_part", part)
+    monkeypatch.setattr(cli, "decode_part", part)
     out = tmp_path / "h100.yaml"
     code, text, err = run_cli(["calibrate", "rates", "--decode-only", "-o", str(out)], capsys)
     assert code == 0, err

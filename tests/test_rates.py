@@ -357,7 +357,7 @@ class _FakeModule:
 def test_the_command_measures_and_writes_a_profile_on_a_stand_in_gpu(monkeypatch, capsys, tmp_path, hopper):
     fake = _FakeCupy(hopper)
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(rates, "decode_tile_part", lambda b, cp, report: report(  # our decode kernel, not a stand-in
+    monkeypatch.setattr(rates, "decode_part", lambda b, cp, report: report(  # our decode kernel, not a stand-in
         Measured(("decode", "tile", "16bit", "d128x1", 1), 0.9e-6, "s", "stand-in"), ""))
     out = tmp_path / "calibrated.yaml"
     code, text, err = run_cli(["calibrate", "rates", "-o", str(out), "--repeats", "10"], capsys)

@@ -1,5 +1,6 @@
-"""``calibration.decode.tile``: what one warp of iosim's Flash-Decoding kernel (kernels/flash_decode.cu) spends on a
-tile of 16 keys when no load keeps it waiting, on this GPU.
+"""``calibration.decode``: what one warp of iosim's Flash-Decoding kernel (kernels/flash_decode.cu) spends on a tile
+of 16 keys when no load keeps it waiting (``decode.tile``), and what a round of the combine kernel's split loop
+costs (``decode.combine_round``), on this GPU.
 
 Why it is measured: a warp's tile is a dependent chain (ldmatrix, the QK^T multiplies, the row max and sum across
 lanes, exp2, the rescale of O, the PV multiplies; on an fp8 cache the conversion of K and V to fp16 before them), and
@@ -17,6 +18,12 @@ rows: two stripes). Each sequence holds ``N1`` and then ``N2`` keys; the time of
 ``CALLS`` calls queued behind a busy kernel) grows by (N2 − N1) / 64 tiles of each warp, whatever the block's fixed costs (its start, Q, the first
 tiles' latency, the warps' merge) are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Both caches: 16-bit (fp16 q and
 cache; a bf16 call runs the same instructions) and e4m3 (fp16 q, the scales 1).
+
+The combine's round: its loop merges :func:`iosim.launch.decode.combine_unroll` splits a round, their loads issued
+together; a round is one trip to L2 and back, but for 8 warp-wide rows of 512 B and their lse, not the one 8-byte
+load of ``latency.l2`` (an H100 with one sequence of 32K keys, 128 splits, measured about 3x that per round). So the
+combine kernel alone (:func:`iosim.gpu.flash_decode.launch_combine`) is timed on partials of 128 and of 8 splits (one
+sequence, 8 query heads: 2 blocks) and the difference divided by the rounds between.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from iosim.measure.events import BUSY, cupy_clock, time_ms
 
 N1, N2 = 1024, 8192  # keys of each sequence, the two calls
 CALLS = 50  # timed calls of each, queued behind a busy kernel (median)
+COMBINE_SPLITS = (8, 128)  # the combine's two measurements: partials of this many splits
 PAGE = 256  # the shared pages' size
 GROUP = 8  # query heads on the one kv head
 
@@ -79,6 +87,44 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
                         f"(in L2), one split: (time at {N2} keys - time at {N1}) / {(N2 - N1) // 64} tiles a warp")
                 report(Measured(("decode", "tile", cache, tile_key(d, stripes), per_sm), tile, "s", what),
                        f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
+
+
+def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """Measure ``decode.combine_round`` at each head dim: the combine kernel alone (module docstring) on one
+    sequence of 8 query heads, its partials of 128 and of 8 splits; the difference over the rounds between."""
+    spin = b.fn("rates_spin")
+    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
+    for d in geo.DECODE_HEAD_DIMS:
+        unroll = geo.combine_unroll(d)
+        times = [time_ms(_combine_call(cp, d, splits), CALLS, warmup=3, view=BUSY, clock=clock) * 1e-3
+                 for splits in COMBINE_SPLITS]
+        rounds = [-(-x // unroll) for x in COMBINE_SPLITS]
+        per = max(times[1] - times[0], 1e-12) / (rounds[1] - rounds[0])
+        what = (f"iosim's decode combine kernel alone, {GROUP} rows (one sequence of {GROUP} query heads), partials "
+                f"of {COMBINE_SPLITS[1]} and of {COMBINE_SPLITS[0]} splits (fp32, in L2): (time of the first - time "
+                f"of the second) / {rounds[1] - rounds[0]} rounds of {unroll} splits")
+        report(Measured(("decode", "combine_round", d), per, "s", what),
+               f"{times[0] * 1e6:.1f} us at {COMBINE_SPLITS[0]} splits, {times[1] * 1e6:.1f} us at {COMBINE_SPLITS[1]}")
+
+
+def _combine_call(cp, d: int, splits: int):
+    """A launch of the combine kernel alone on random partials of ``splits`` splits (one sequence of GROUP heads,
+    PAGE keys a split), ready to time."""
+    from iosim.gpu import flash_decode
+
+    q = cp.random.standard_normal((1, 1, GROUP, d), dtype=cp.float32).astype(cp.float16)
+    kv = cp.zeros((1, splits * PAGE, 1, d), dtype=cp.float16)
+    plan = flash_decode.plan_decode(q, kv, kv, splits=splits)
+    o_part = cp.random.standard_normal((GROUP, splits, d), dtype=cp.float32)
+    lse_part = cp.random.standard_normal((GROUP, splits), dtype=cp.float32)
+    o, lse = cp.empty((1, 1, GROUP, d), cp.float16), cp.empty((1, GROUP, 1), cp.float32)
+    return lambda: flash_decode.launch_combine(plan, o_part, lse_part, o, lse)
+
+
+def decode_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """The decode section: the split kernel's tiles, then the combine's rounds."""
+    decode_tile_part(b, cp, report)
+    combine_round_part(b, cp, report)
 
 
 def _blocks_per_sm(d: int, stripes: int, fp8: bool) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 import yaml
 
 from iosim._version import __version__
-from iosim.calibrate.decode_tile import decode_tile_part
+from iosim.calibrate.decode_tile import decode_part
 from iosim.calibrate.power import power_part
 from iosim.calibrate.rates_kernels import (
     ALU_UNROLL,
@@ -331,7 +331,7 @@ def measure_rates(repeats: int = 15, echo: Callable[[str], None] = print, dev: d
             echo(f"{label:<28}{fmt_value(m)!s:>16}  {_per_clk(m, b.sms, clock[0] if clock else None):<22}  "
                  f"{'; '.join(x for x in (expect, note) if x)}")
 
-        for part in (_compute, _memory, _reduce, chase_latency, _launch, decode_tile_part, power_part):
+        for part in (_compute, _memory, _reduce, chase_latency, _launch, decode_part, power_part):
             part(b, cp, report)
             cp.cuda.runtime.deviceSynchronize()
     except RatesError:

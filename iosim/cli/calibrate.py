@@ -17,7 +17,7 @@ from ..calibrate import (
     fit_room,
     probe_cases,
 )
-from ..calibrate.decode_tile import decode_tile_part
+from ..calibrate.decode_tile import decode_part
 from ..calibrate.power import measure_power_only
 from ..calibrate.rates import (
     RatesError,
@@ -122,7 +122,7 @@ def block_share_cmd(timelines, do_measure):
 @click.option("--power-only", is_flag=True,
               help="measure the power section only (NVML) and put it into the base profile's calibration section")
 @click.option("--decode-only", is_flag=True,
-              help="measure the decode section only (iosim's decode kernel's tile time) and put it into the base "
+              help="measure the decode section only (iosim's decode kernels: a tile, a combine round) and put it into the base "
                    "profile's calibration section")
 def rates_cmd(output, base, repeats, power_only, decode_only):
     """Measure what code reaches on this GPU (mma.sync, wgmma, exp, fp32, shared memory, L2, DRAM, launch costs,
@@ -141,7 +141,7 @@ def rates_cmd(output, base, repeats, power_only, decode_only):
         if power_only:
             section = with_part(base, measure_power_only(repeats, click.echo), measured_on(dev, cmd), "power")
         elif decode_only:
-            section = with_part(base, measure_only(decode_tile_part, repeats, click.echo), measured_on(dev, cmd),
+            section = with_part(base, measure_only(decode_part, repeats, click.echo), measured_on(dev, cmd),
                                 "decode")
         else:
             measured = measure_rates(repeats, click.echo, dev)

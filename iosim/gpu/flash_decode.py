@@ -156,10 +156,19 @@ class DecodePlan:
                                    i32(sp.chunk), i32(sp.splits), cp.float32(self.scale * _LOG2E)),
            shared_mem=main.smem_bytes)
         if sp.splits > 1:
-            comb = self.launches[1]
-            fn = _kernel(cp, DecodeInstance("combine", s.head_dim, s.dtype), 0)
-            fn(comb.grid, comb.block, (o_part, lse_part, self.seqlens, o, lse, i32(s.batch * s.q_len * s.heads),
-                                       i32(s.q_len), i32(s.heads), i32(sp.chunk), i32(sp.splits)))
+            launch_combine(self, o_part, lse_part, o, lse)
+
+
+def launch_combine(plan: DecodePlan, o_part: Any, lse_part: Any, o: Any, lse: Any) -> None:
+    """The plan's combine kernel alone, on CuPy partials (o_part (rows, splits, d) and lse_part (rows, splits),
+    float32; rows = batch · q_len · heads) into o and lse: what :meth:`DecodePlan.run` launches after the split
+    kernel (:mod:`iosim.calibrate.decode_tile` times it alone)."""
+    cp = require_cupy()
+    s, sp, i32 = plan.shapes, plan.split, cp.int32
+    comb = plan.launches[1]
+    fn = _kernel(cp, DecodeInstance("combine", s.head_dim, s.dtype), 0)
+    fn(comb.grid, comb.block, (o_part, lse_part, plan.seqlens, o, lse, i32(s.batch * s.q_len * s.heads),
+                               i32(s.q_len), i32(s.heads), i32(sp.chunk), i32(sp.splits)))
 
 
 

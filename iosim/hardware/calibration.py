@@ -112,13 +112,16 @@ class MemoryLatency(_Strict):
 
 
 class DecodeCalibration(_Strict):
-    """iosim's Flash-Decoding kernel (kernels/flash_decode.cu) on this GPU: what its loop costs a warp beyond any
-    rate of the chip (iosim/calibrate/decode_tile.py)."""
+    """iosim's Flash-Decoding kernels (kernels/flash_decode.cu) on this GPU: what their loops cost beyond any rate of
+    the chip (iosim/calibrate/decode_tile.py)."""
 
     tile: dict[str, dict[str, SourcedSecondsTable]] = Field(
         description="seconds one warp spends on a tile of 16 keys with its ring full (the cache in L2), by blocks "
                     "resident on each SM (1, and 2 where two fit): by the cache's element ('16bit', 'fp8'), then "
                     "by instantiation ('d128x2': head dim 128, two 16-row stripes a block)")
+    combine_round: SourcedSecondsTable | None = Field(
+        None, description="seconds a round of the combine kernel's split loop takes (one L2 round trip for its "
+                          "splits' partial rows), by head dim; absent in files measured before it")
 
 
 class SourcedWatts(_Strict):

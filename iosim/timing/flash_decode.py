@@ -27,7 +27,8 @@ latency), and no less than its DRAM reads and writes at the calibrated rates.
 
 **The combine kernel** (splits > 1) runs a warp per output row, 4 rows a block: each block's time is a chain of
 dependent L2 loads (the length, the splits' lse, then the splits' lse and O_s a round of
-:func:`iosim.launch.decode.combine_unroll` splits at a time, their loads in flight together), placed on the combine kernel's own resident slots; the kernel takes the longer of that placement and the
+:func:`iosim.launch.decode.combine_unroll` splits at a time, their loads in flight together: a round is the
+calibrated ``decode.combine_round``, one L2 latency where the profile lacks it), placed on the combine kernel's own resident slots; the kernel takes the longer of that placement and the
 partials' bytes (from L2 where they fit in it, else DRAM), plus a further launch (``launch.dependent``).
 
 Nothing here is fitted: ``decode.tile`` is measured on its own shape (every sequence on the same pages in L2, one
@@ -134,6 +135,14 @@ def tile_chain_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float 
     return max(t0 + (t1 - t0) * (per_sm - k0) / (k1 - k0), min(t0, t1))
 
 
+def combine_round_s(profile, head_dim: int, r: Rates) -> float:
+    """``calibration.decode.combine_round`` at this head dim: a round of the combine's split loop (one L2 latency
+    where the profile lacks it)."""
+    cal = getattr(profile.calibration, "decode", None)
+    table = cal.combine_round.value if cal is not None and cal.combine_round is not None else {}
+    return float(table.get(head_dim, r.l2_latency_s))
+
+
 def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     """The split kernel (module docstring)."""
     p, t, r = c.problem, work.tiles, c.rates
@@ -175,7 +184,7 @@ def combine_time(c: Conditions, work: Workload, registers: int, resident_share: 
     ns = np.repeat(np.minimum(t.splits, cdiv(np.asarray(t.kv_lens, dtype=np.int64), t.chunk)), p.seq_len * p.heads)
     ns = np.concatenate([ns, np.zeros(-rows % WARPS, dtype=np.int64)]).reshape(-1, WARPS).max(axis=1)
     rounds = cdiv(ns, geo.combine_unroll(p.head_dim))  # a round: combine_unroll splits, their loads in flight together
-    chain = r.block_s + (2 + rounds) * r.l2_latency_s  # length; lse; a round's lse and O_s
+    chain = r.block_s + 2 * r.l2_latency_s + rounds * combine_round_s(c.profile, p.head_dim, r)  # length; lse; rounds
     slots = resident_blocks(c.profile, geo.DECODE_THREADS, 0, registers)[0]
     placed = makespan(chain.astype(float), slots)
     read, write = work.hbm[1]
