@@ -195,8 +195,8 @@ def dram(p: AttentionProblem, t: PagedDecodingTiles, dirty_room: float | None = 
     the fp32 partials the combine kernel reads back (with the lengths) before it writes O and lse. Writes: the bytes
     past ``dirty_room`` (the bytes of dirty lines L2 holds; None: none, every byte written crosses): what fits stays
     in L2 when the kernel ends and is written back after it, which the L2 model does not count either
-    (docs/validation.md; measured: the decode kernels' DRAM writes are 0-42 kB on the H100 where they write
-    0.13-3.4 MB, ``benchmarks/decode_bytes_record.py``)."""
+    (docs/validation.md; measured: most decode kernels' DRAM writes are 0-43 kB where they write 2 kB-3.4 MB,
+    ``benchmarks/decode_bytes_record.py``)."""
     d, e, L, H = p.head_dim, p.elem_bytes, p.seq_len, p.heads
     lens = np.asarray(t.kv_lens, dtype=np.int64)
     live = lens > 0
