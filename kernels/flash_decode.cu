@@ -500,8 +500,8 @@ __device__ __forceinline__ void merge_split(float lse_s, const float (&x)[V], fl
 // Kernel 2: merge the splits of each output row (b, i, h), one warp a row, D / 32 columns a lane.
 // o_part (B * L * H, n_splits, D) fp32 and lse_part (B * L * H, n_splits) as kernel 1 wrote them; a sequence of n_b
 // keys has ceil(n_b / chunk) splits written (none when n_b = 0: O = 0, lse = -inf).
-// __launch_bounds__(128, 4): at least 4 blocks an SM, which leaves ptxas the registers to keep a round's loads in flight
-// (71-72 registers; with the default it scheduled for 34 and issued the loads two at a time)
+// __launch_bounds__(128, 4): at least 4 blocks an SM, which leaves ptxas the registers to keep a round's loads in
+// flight (56-71 registers; with the default it scheduled for 34 and issued the loads two at a time)
 template <int D, typename T>
 __global__ void __launch_bounds__(128, 4)
     flash_decode_combine_kernel(const float* __restrict__ o_part, const float* __restrict__ lse_part,

@@ -11,13 +11,14 @@ kernel is not waiting on DRAM (16 new tokens a sequence, d = 256, grids of a few
 own loop is timed.
 
 How: one block on every SM, then two where two fit (``batch`` = SMs or 2 · SMs sequences of one kv head, one split
-each, so the grid is one block per sequence: the warps on a scheduler share its issue slots, and with two blocks a
-warp's tile takes longer, 1.5-1.9x at two 16-row stripes on an H100), every sequence's block table pointing at the
-same pages, so the cache (at most 8 MiB) sits in L2 and each warp's ring is full when it asks; 8 query heads on the kv head and 1 new token (one stripe of 16 rows) or 4 (32
-rows: two stripes). Each sequence holds ``N1`` and then ``N2`` keys; the time of a call (median CUDA-event time of
-``CALLS`` calls queued behind a busy kernel) grows by (N2 − N1) / 64 tiles of each warp, whatever the block's fixed costs (its start, Q, the first
-tiles' latency, the warps' merge) are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Both caches: 16-bit (fp16 q and
-cache; a bf16 call runs the same instructions) and e4m3 (fp16 q, the scales 1).
+each, so the grid is one block per sequence; with two blocks the warps on a scheduler share its issue slots and a
+warp's tile takes 1.2-1.6x as long on an H100), every sequence's block table pointing at the same pages, so the
+cache (at most 8 MiB) sits in L2 and each warp's ring is full when it asks; 8 query heads on the kv head and 1 new
+token (one stripe of 16 rows) or 4 (32 rows: two stripes). Each sequence holds ``N1`` and then ``N2`` keys; the
+time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy kernel) grows by (N2 − N1) / 64
+tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps' merge)
+are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Both caches: 16-bit (fp16 q and cache; a bf16 call runs the same
+instructions) and e4m3 (fp16 q, the scales 1).
 
 The combine's round: its loop merges :func:`iosim.launch.decode.combine_unroll` splits a round, their loads issued
 together; a round is one trip to L2 and back, but for 8 warp-wide rows of 512 B and their lse, not the one 8-byte

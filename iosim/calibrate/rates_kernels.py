@@ -150,8 +150,8 @@ class Bench:
 
 
 def measure_only(part: Callable, repeats: int = 15, echo: Callable[[str], None] = print) -> list[Measured]:
-    """One part of the calibration alone (``part(bench, cp, report)``: the power section, the decode kernel's
-    tile), each value printed as it completes; a CUDA error is one line of :class:`RatesError`."""
+    """One part of the calibration alone (``part(bench, cp, report)``: the power section, the decode section), each
+    value printed as it completes; a CUDA error is one line of :class:`RatesError`."""
     from iosim.gpu._cupy import require_cupy
 
     cp = require_cupy()

@@ -11,12 +11,11 @@ the description's registers, threads). Each block
 2. streams its split's K and V: all streaming blocks share the bandwidth equally (water-filling), each capped by
    its warps' own pace, a tile of 16 keys a warp each ``decode.tile`` seconds (the calibrated time of the warp's
    dependent chain through a tile at the blocks sharing its SM, :mod:`iosim.calibrate.decode_tile`; 0 where the
-   profile lacks it), by what it
-   keeps in flight over the latency (Little's law: 4 warps × (stages − 1) tiles of 2·16·d elements of the
-   cache), and by its SM's tensor, exp2 and fp32 rates at the blocks per SM (``mma_sync``, ``exp``, ``fp32.fma``;
-   an fp8 cache adds the tile's conversion to 16 bits, :data:`FP8_CONVERT_OPS` instructions, at the fp32 rate); the
-   chip's bandwidth for global K/V bytes is the L2 read rate, or the DRAM read rate times the reuse of each DRAM
-   byte (the row blocks of a kv head share it in L2), whichever is lower;
+   profile lacks it), by what it keeps in flight over the latency (Little's law: 4 warps × (stages − 1) tiles of
+   2·16·d elements of the cache), and by its SM's tensor, exp2 and fp32 rates at the blocks per SM (``mma_sync``,
+   ``exp``, ``fp32.fma``; an fp8 cache adds the tile's conversion to 16 bits, :data:`FP8_CONVERT_OPS`
+   instructions, at the fp32 rate); the chip's bandwidth for global K/V bytes is the L2 read rate, or the DRAM read
+   rate times the reuse of each DRAM byte (the row blocks of a kv head share it in L2), whichever is lower;
 3. merges its 4 warps' states through shared memory (``smem.ldmatrix`` rate at the SM's share) and stores.
 
 A block that holds no keys of its sequence starts, reads the length and exits. Blocks take a free slot in launch
@@ -28,12 +27,14 @@ latency), and no less than its DRAM reads and writes at the calibrated rates.
 **The combine kernel** (splits > 1) runs a warp per output row, 4 rows a block: each block's time is a chain of
 dependent L2 loads (the length, the splits' lse, then the splits' lse and O_s a round of
 :func:`iosim.launch.decode.combine_unroll` splits at a time, their loads in flight together: a round is the
-calibrated ``decode.combine_round``, one L2 latency where the profile lacks it), placed on the combine kernel's own resident slots; the kernel takes the longer of that placement and the
-partials' bytes (from L2 where they fit in it, else DRAM), plus a further launch (``launch.dependent``).
+calibrated ``decode.combine_round``, one L2 latency where the profile lacks it), placed on the combine kernel's own
+resident slots; the kernel takes the longer of that placement and the partials' bytes (from L2 where they fit in
+it, else DRAM), plus a further launch (``launch.dependent``).
 
-Nothing here is fitted: ``decode.tile`` is measured on its own shape (every sequence on the same pages in L2, one
-block an SM), and the measured decode rows (docs/benchmarks/decode-*.csv, the time records) judge the model
-(``benchmarks/time_record_decode.py --judge-benchmark``).
+Nothing here is fitted: ``decode.tile`` and ``decode.combine_round`` are measured on shapes of their own (every
+sequence on the same pages in L2, one or two blocks an SM; the combine kernel alone), and the measured decode rows
+(docs/benchmarks/decode-*.csv, the time records) judge the model (``benchmarks/time_record_decode.py
+--judge-benchmark``, ``benchmarks/time_record.py``).
 """
 
 from __future__ import annotations
