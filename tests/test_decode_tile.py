@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -56,12 +57,17 @@ def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add
     fixed, per = 5e-6, {64: 0.3e-6, 128: 0.45e-6, 256: 0.4e-6}
     monkeypatch.setattr(decode_tile, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(decode_tile, "_combine_call", lambda cp, d, splits: (d, splits))
+    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 1)
     monkeypatch.setattr(decode_tile, "time_ms", lambda call, reps, warmup, view, clock: 1e3 * (
         fixed + -(-call[1] // geo.combine_unroll(call[0])) * per[call[0]]))
     got: list[Measured] = []
     decode_tile.combine_round_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
     assert {m.path[-1]: m.value for m in got} == pytest.approx(per, rel=1e-9)
     assert all(m.path[:2] == ("decode", "combine_round") for m in got)
+    got.clear()  # a GPU whose shared memory holds no d = 256 block (an RTX 4090's 100 KB): that head dim is skipped
+    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 0 if d == 256 else 1)
+    decode_tile.combine_round_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
+    assert sorted(m.path[-1] for m in got) == [64, 128]
 
 
 def _profile_with_tiles(name: str = "h100-sxm5-80gb"):
@@ -160,3 +166,10 @@ def test_the_stand_in_command_writes_the_decode_section(monkeypatch, capsys, tmp
     code, _, err = run_cli(["calibrate", "rates", "--decode-only", "--power-only", "-o", str(out)], capsys)
     assert code != 0 and "give one" in err
 
+
+
+def test_a_gpu_older_than_ampere_skips_the_section(capsys):
+    turing = SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(compute_capability="75")))
+    got: list[Measured] = []
+    decode_tile.decode_part(_Bench(), turing, report=lambda m, note: got.append(m))
+    assert got == [] and "compute capability 8.0" in capsys.readouterr().out
