@@ -313,7 +313,7 @@ def _limiter_burst(nvml: Nvml, cp, launch: Callable[[int], None], stamps, sms: i
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     n = 0
-    while time.perf_counter() - t0 < seconds and n < most:
+    while n < most and (n == 0 or time.perf_counter() - t0 < seconds):  # one launch at least, however slow the host
         launch(n)
         n += 1
         if n % 8 == 0:
