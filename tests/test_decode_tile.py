@@ -47,10 +47,13 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
     monkeypatch.setattr(decode_tile, "time_ms", time_ms)
     got: list[Measured] = []
     decode_tile.decode_tile_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
-    assert len(got) == 2 * (2 * len(geo.DECODE_STRIPES) - 1)  # d = 256: one block an SM only
-    for m in got:
+    tiles = [m for m in got if m.path[1] == "tile"]
+    assert len(tiles) == 2 * (2 * len(geo.DECODE_STRIPES) - 1)  # d = 256: one block an SM only
+    for m in tiles:
         _, _, cache, key, per_sm = m.path
         assert m.unit == "s" and m.value == pytest.approx(TILE_S[cache][key] * (1.5 if per_sm == 2 else 1), rel=1e-9)
+    fixed_parts = [m for m in got if m.path[1] == "fixed"]  # the intercept: what the calls spend beyond their tiles
+    assert len(fixed_parts) == len(tiles) and all(m.value == pytest.approx(fixed, rel=1e-6) for m in fixed_parts)
 
 
 def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add(monkeypatch):
@@ -70,13 +73,15 @@ def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add
     assert sorted(m.path[-1] for m in got) == [64, 128]
 
 
-def _profile_with_tiles(name: str = "h100-sxm5-80gb"):
+def _profile_with_tiles(name: str = "h100-sxm5-80gb", fixed: bool = True):
     data = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
     data["calibration"]["decode"] = {"tile": {c: {k: {"value": {1: f"{v * 1e6} us", 2: f"{1.5 * v * 1e6} us"},
                                                       "source": "test"} for k, v in t.items()}
                                               for c, t in TILE_S.items()},
                                      "combine_round": {"value": {64: "300 ns", 128: "450 ns", 256: "400 ns"},
-                                                       "source": "test"}}
+                                                       "source": "test"},
+                                     "fixed": {c: {k: {"value": {1: "9 us", 2: "10 us"}, "source": "test"} for k in t}
+                                               for c, t in TILE_S.items()} if fixed else None}
     return profile_from_dict(data, "test")
 
 
@@ -120,8 +125,8 @@ def test_a_dram_bound_grid_is_not_slowed_by_a_short_chain():
     """Batch 32 of 8192 keys: 256 blocks, each warp's chain far under its share of the DRAM stream; the tile
     changes nothing (within 1%)."""
     p = AttentionProblem(batch=32, heads=32, kv_heads=4, seq_len=1, kv_len=8192, head_dim=128, dtype="bf16")
-    assert _split_s(_profile_with_tiles(), p) == pytest.approx(_split_s(_without_decode("h100-sxm5-80gb"), p),
-                                                                rel=0.01)
+    assert _split_s(_profile_with_tiles(fixed=False), p) == pytest.approx(
+        _split_s(_without_decode("h100-sxm5-80gb"), p), rel=0.01)
 
 
 def test_the_combine_merges_a_round_of_splits_per_l2_round_trip():
@@ -173,3 +178,22 @@ def test_a_gpu_older_than_ampere_skips_the_section(capsys):
     got: list[Measured] = []
     decode_tile.decode_part(_Bench(), turing, report=lambda m, note: got.append(m))
     assert got == [] and "compute capability 8.0" in capsys.readouterr().out
+
+
+def test_a_block_s_fixed_part_is_the_calibrated_intercept_less_the_launch_and_the_drain():
+    """decode.fixed (9 us at one block an SM) is a call: the model takes the call's launch and its last stores'
+    drain off it, and charges the rest to every block that holds keys (its first tiles from DRAM: the latency
+    beyond L2's). A grid of 4 blocks then takes that much longer than without the field."""
+    from iosim.timing.flash_decode import block_fixed_s
+    from iosim.timing.rates import rates
+
+    p = _profile_with_tiles()
+    r = rates(p, "bf16")
+    assert block_fixed_s(p, 128, 1, False, 1, r) == pytest.approx(9e-6 - r.first_launch_s() - r.l2_latency_s)
+    assert block_fixed_s(p, 128, 1, False, 2, r) == pytest.approx(10e-6 - r.first_launch_s() - r.l2_latency_s)
+    assert block_fixed_s(_without_decode("h100-sxm5-80gb"), 128, 1, False, 1, r) is None
+    prob = AttentionProblem(batch=1, heads=8, kv_heads=1, seq_len=1, kv_len=1024, head_dim=128, dtype="bf16")
+    no_fixed = _profile_with_tiles(fixed=False)
+    gain = _split_s(p, prob, page_size=16) - _split_s(no_fixed, prob, page_size=16)
+    own = r.block_s + r.l2_latency_s + r.dram_latency_s  # the composed part the measurement replaces (and the merge)
+    assert 9e-6 - r.first_launch_s() - r.l2_latency_s - own - 1e-6 < gain < 9e-6 - r.first_launch_s()

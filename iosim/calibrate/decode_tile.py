@@ -17,7 +17,8 @@ cache (at most 8 MiB) sits in L2 and each warp's ring is full when it asks; 8 qu
 token (one stripe of 16 rows) or 4 (32 rows: two stripes). Each sequence holds ``N1`` and then ``N2`` keys; the
 time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy kernel) grows by (N2 − N1) / 64
 tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps' merge)
-are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Both caches: 16-bit (fp16 q and cache; a bf16 call runs the same
+are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1); and those fixed costs are what is left, ``decode.fixed`` = t(N1) −
+N1 / 64 · tile (the call's launch included). Both caches: 16-bit (fp16 q and cache; a bf16 call runs the same
 instructions) and e4m3 (fp16 q, the scales 1).
 
 The combine's round: its loop merges :func:`iosim.launch.decode.combine_unroll` splits a round, their loads issued
@@ -54,7 +55,8 @@ def _call(cp, gpu, sms: int, d: int, q_len: int, n: int, fp8: bool):
     if fp8:  # e4m3 bits of moderate values (exponent field under 8; no NaN encodings), sign random
         raw = cp.random.randint(0, 0x38, (2, pages, PAGE, 1, d), dtype=cp.int32)
         raw |= cp.random.randint(0, 2, raw.shape, dtype=cp.int32) << 7
-        k, v = (gpu.QuantizedKV(x.astype(cp.uint8), 1.0) for x in raw)
+        one = cp.ones(1, dtype=cp.float32)  # device scales, read as they are (a number would be copied every call)
+        k, v = (gpu.QuantizedKV(x.astype(cp.uint8), one) for x in raw)
     else:
         k, v = (x.astype(cp.float16) for x in cp.random.standard_normal((2, pages, PAGE, 1, d), dtype=cp.float32))
     table = cp.tile(cp.arange(pages, dtype=cp.int32), (sms, 1))
@@ -88,6 +90,9 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
                         f"(in L2), one split: (time at {N2} keys - time at {N1}) / {(N2 - N1) // 64} tiles a warp")
                 report(Measured(("decode", "tile", cache, tile_key(d, stripes), per_sm), tile, "s", what),
                        f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
+                fixed = max(t1 - N1 // 64 * tile, 1e-12)
+                report(Measured(("decode", "fixed", cache, tile_key(d, stripes), per_sm), fixed, "s",
+                                f"the same calls: time at {N1} keys - {N1 // 64} tiles a warp x the tile above"), "")
 
 
 def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:

@@ -119,6 +119,10 @@ class DecodeCalibration(_Strict):
         description="seconds one warp spends on a tile of 16 keys with its ring full (the cache in L2), by blocks "
                     "resident on each SM (1, and 2 where two fit): by the cache's element ('16bit', 'fp8'), then "
                     "by instantiation ('d128x2': head dim 128, two 16-row stripes a block)")
+    fixed: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
+        None, description="the same measurement's intercept: seconds of a call of one (two) blocks an SM beyond their "
+                          "tiles (launch, the block's start, Q, the first tiles, the warps' merge, the stores), keyed "
+                          "as tile; absent in files measured before it")
     combine_round: SourcedSecondsTable | None = Field(
         None, description="seconds a round of the combine kernel's split loop takes (one L2 round trip for its "
                           "splits' partial rows), by head dim; absent in files measured before it")

@@ -7,7 +7,8 @@ order, ``slots`` = SMs × blocks per SM resident at once (:func:`iosim.launch.de
 the description's registers, threads). Each block
 
 1. starts (``launch.per_block``), reads its sequence's length (one L2 latency) and issues Q and its first K/V tiles
-   (one DRAM latency, ``latency.dram``; L2's where warm calls keep the cache in L2);
+   (one DRAM latency, ``latency.dram``; L2's where warm calls keep the cache in L2); where the profile has
+   ``decode.fixed`` (:func:`block_fixed_s`), that measurement replaces these terms and the merge of step 3;
 2. streams its split's K and V: all streaming blocks share the bandwidth equally (water-filling), each capped by
    its warps' own pace, a tile of 16 keys a warp each ``decode.tile`` seconds (the calibrated time of the warp's
    dependent chain through a tile at the blocks sharing its SM, :mod:`iosim.calibrate.decode_tile`; 0 where the
@@ -31,10 +32,10 @@ calibrated ``decode.combine_round``, one L2 latency where the profile lacks it),
 resident slots; the kernel takes the longer of that placement and the partials' bytes (from L2 where they fit in
 it, else DRAM), plus a further launch (``launch.dependent``).
 
-Nothing here is fitted: ``decode.tile`` and ``decode.combine_round`` are measured on shapes of their own (every
-sequence on the same pages in L2, one or two blocks an SM; the combine kernel alone), and the measured decode rows
-(docs/benchmarks/decode-*.csv, the time records) judge the model (``benchmarks/time_record_decode.py
---judge-benchmark``, ``benchmarks/time_record.py``).
+Nothing here is fitted: ``decode.tile``, ``decode.fixed`` and ``decode.combine_round`` are measured on shapes of
+their own (every sequence on the same pages in L2, one or two blocks an SM; the combine kernel alone), and the
+measured decode rows (docs/benchmarks/decode-*.csv, the time records) judge the model
+(``benchmarks/time_record_decode.py --judge-benchmark``, ``benchmarks/time_record.py``).
 """
 
 from __future__ import annotations
@@ -127,9 +128,24 @@ def tile_chain_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float 
     has no such measurement)."""
     cal = getattr(profile.calibration, "decode", None)
     entry = (cal.tile.get("fp8" if fp8 else "16bit", {}) if cal is not None else {}).get(f"d{head_dim}x{stripes}")
+    return _interpolate(entry.value, per_sm) if entry is not None else 0.0
+
+
+def block_fixed_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float, r: Rates) -> float | None:
+    """``calibration.decode.fixed`` less the call's launch and its last stores' drain: the seconds a block spends
+    beyond its tiles (start, length and Q, the first tiles from L2, the warps' merge, the stores), at ``per_sm``
+    blocks an SM (as :func:`tile_chain_s` interpolates); None where the profile has no such measurement."""
+    cal = getattr(profile.calibration, "decode", None)
+    entry = ((cal.fixed or {}).get("fp8" if fp8 else "16bit", {}) if cal is not None else {}).get(
+        f"d{head_dim}x{stripes}")
     if entry is None:
-        return 0.0
-    pts = sorted((int(k), float(v)) for k, v in entry.value.items())
+        return None
+    return max(0.0, _interpolate(entry.value, per_sm) - r.first_launch_s() - r.l2_latency_s)
+
+
+def _interpolate(table: dict, per_sm: float) -> float:
+    """A table by blocks an SM at ``per_sm``: linear between the measured counts and past the last two."""
+    pts = sorted((int(k), float(v)) for k, v in table.items())
     if len(pts) == 1:
         return pts[0][1]
     (k0, t0), (k1, t1) = next(((a, b) for a, b in itertools.pairwise(pts) if per_sm <= b[0]), pts[-2:])
@@ -167,7 +183,11 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     reuse = float(stream.sum()) / hbm_read if hbm_read else math.inf  # global K/V bytes per DRAM byte read
     bandwidth = min(r.l2, r.dram_read * reuse)
     merge = 2 * WARPS * t.block_q * (d + 2) * 4 / (r.smem / r.sms)  # the warps' states through shared memory
-    fixed = np.where(active, r.block_s + r.l2_latency_s + c.latency + merge, r.block_s + r.l2_latency_s)
+    own = r.block_s + r.l2_latency_s + c.latency + merge
+    measured = block_fixed_s(c.profile, d, stripes, bool(t.kv_dtype), k_eff, r)
+    if measured is not None:  # the kernel's own, less what the calibration's L2-resident ring did not wait for
+        own = measured + max(0.0, c.latency - r.l2_latency_s)
+    fixed = np.where(active, own, r.block_s + r.l2_latency_s)
     walk = fluid(stream, fixed, slots, bandwidth, cap)
     dram = r.dram_s(hbm_read, hbm_write)
     seconds = r.first_launch_s() + max(walk + c.latency, dram)
