@@ -1,7 +1,11 @@
 """Numeric execution of the very tile programs that are costed equals softmax(scale·QKᵀ)V.
 
-Tolerances are relative Frobenius errors set by the dtype's unit roundoff u (fp16 2^-11, bf16 2^-8): the
-inputs, P (naive) and the output are each rounded once to the dtype, so the error is a few u; we allow 4u.
+Tolerances are Frobenius errors set by the dtype's unit roundoff u (fp16 2^-11, bf16 2^-8), relative to
+softmax(scale·QKᵀ)|V| (each row's weights on the magnitudes of V, what a rounding of P or of a partial sum is
+relative to; it equals |O| where no cancellation happens): the inputs, P (naive) and the output are each rounded
+once to the dtype, so the error is a few u; we allow 4u. (Relative to |O| itself no such bound holds: one query on
+12 keys whose weighted values cancel to |O| ~ 0.1 of |V| measured 4.7u in fp16 (CI's hypothesis seed, 2026-11-27),
+0.39u relative to the weights on |V|.)
 FlashAttention-1 is the exception (and block-sparse, its Algorithm 5): Algorithm 1 line 12 writes O_i back to
 HBM, in the dtype, after every K/V block, so its output carries up to Tc = ceil(N_kv / Bc) more roundings (each at most u relative; the rescale
 factors are <= 1 and do not amplify them): (4 + Tc)·u. fp32 is held to 1e-5 (fp32 accumulation over at most a
@@ -55,7 +59,8 @@ def test_numeric_execution_equals_float64_softmax_attention(schedule, case):
     q, k, v = random_inputs(p, seed)
     O, _ = execute(schedule, p, q, k, v, tiles)
     assert not np.isnan(O).any(), "an output element was never written (outputs start as NaN)"
-    assert rel_err(O, reference(p, q, k, v)) <= tolerance(schedule, p, tiles)
+    magnitude = np.linalg.norm(reference(p, q, k, np.abs(v)))  # the weights on |V| (module docstring)
+    assert np.linalg.norm(O - reference(p, q, k, v)) / max(magnitude, 1e-300) <= tolerance(schedule, p, tiles)
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
