@@ -54,6 +54,8 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
         assert m.unit == "s" and m.value == pytest.approx(TILE_S[cache][key] * (1.5 if per_sm == 2 else 1), rel=1e-9)
     fixed_parts = [m for m in got if m.path[1] == "fixed"]  # the intercept: what the calls spend beyond their tiles
     assert len(fixed_parts) == len(tiles) and all(m.value == pytest.approx(fixed, rel=1e-6) for m in fixed_parts)
+    alone = [m for m in got if m.path[1] == "fixed_alone"]  # a grid of a few blocks: its own slope and intercept
+    assert len(alone) == 2 * len(geo.DECODE_STRIPES) and all(m.value == pytest.approx(fixed, rel=1e-6) for m in alone)
 
 
 def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add(monkeypatch):
@@ -192,6 +194,14 @@ def test_a_block_s_fixed_part_is_the_calibrated_intercept_less_the_launch_and_th
     assert block_fixed_s(p, 128, 1, False, 1, r) == pytest.approx(9e-6 - r.first_launch_s() - r.l2_latency_s)
     assert block_fixed_s(p, 128, 1, False, 2, r) == pytest.approx(10e-6 - r.first_launch_s() - r.l2_latency_s)
     assert block_fixed_s(_without_decode("h100-sxm5-80gb"), 128, 1, False, 1, r) is None
+    data = yaml.safe_load((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text())  # a grid of a few blocks: toward alone
+    data["calibration"]["decode"] = p.calibration.decode.model_dump(mode="json") | {
+        "fixed_alone": {"16bit": {"d128x1": {"value": "6 us", "source": "test"}}}}
+    with_alone = profile_from_dict(data, "alone")
+    assert block_fixed_s(with_alone, 128, 1, False, 1, r, fill=0.5) == pytest.approx(
+        7.5e-6 - r.first_launch_s() - r.l2_latency_s)
+    assert block_fixed_s(with_alone, 128, 1, False, 1, r, fill=1.0) == pytest.approx(
+        9e-6 - r.first_launch_s() - r.l2_latency_s)
     prob = AttentionProblem(batch=1, heads=8, kv_heads=1, seq_len=1, kv_len=1024, head_dim=128, dtype="bf16")
     no_fixed = _profile_with_tiles(fixed=False)
     gain = _split_s(p, prob, page_size=16) - _split_s(no_fixed, prob, page_size=16)

@@ -18,7 +18,8 @@ token (one stripe of 16 rows) or 4 (32 rows: two stripes). Each sequence holds `
 time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy kernel) grows by (N2 − N1) / 64
 tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps' merge)
 are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1); and those fixed costs are what is left, ``decode.fixed`` = t(N1) −
-N1 / 64 · tile (the call's launch included). Both caches: 16-bit (fp16 q and cache; a bf16 call runs the same
+N1 / 64 · tile (the call's launch included), and ``decode.fixed_alone`` the same with a grid of 4 blocks: a
+block that starts beside a block on every other SM costs more than one alone. Both caches: 16-bit (fp16 q and cache; a bf16 call runs the same
 instructions) and e4m3 (fp16 q, the scales 1).
 
 The combine's round: its loop merges :func:`iosim.launch.decode.combine_unroll` splits a round, their loads issued
@@ -39,6 +40,7 @@ from iosim.measure.events import BUSY, cupy_clock, time_ms
 N1, N2 = 1024, 8192  # keys of each sequence, the two calls
 CALLS = 50  # timed calls of each, queued behind a busy kernel (median)
 COMBINE_SPLITS = (8, 128)  # the combine's two measurements: partials of this many splits
+ALONE_BLOCKS = 4  # decode.fixed_alone's grid: a few blocks, each alone on its SM
 PAGE = 256  # the shared pages' size
 GROUP = 8  # query heads on the one kv head
 
@@ -79,7 +81,7 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
     for fp8 in (False, True):
         cache = "fp8" if fp8 else "16bit"
         for d, stripes in geo.DECODE_STRIPES:
-            q_len = 1 if stripes == 1 else 4
+            q_len, key = 1 if stripes == 1 else 4, tile_key(d, stripes)
             fit = _blocks_per_sm(d, stripes, fp8)
             for per_sm in (1, 2)[:fit]:
                 t1, t2 = (seconds(_call(cp, gpu, per_sm * b.sms, d, q_len, n, fp8)) for n in (N1, N2))
@@ -88,11 +90,16 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
                         f"{GROUP} heads on one kv head ({stripes} stripe(s)), blocks of one sequence each, 1 or 2 on "
                         f"each of {b.sms} SMs (the key), every sequence on the same {N2 // PAGE} pages of {PAGE} keys "
                         f"(in L2), one split: (time at {N2} keys - time at {N1}) / {(N2 - N1) // 64} tiles a warp")
-                report(Measured(("decode", "tile", cache, tile_key(d, stripes), per_sm), tile, "s", what),
+                report(Measured(("decode", "tile", cache, key, per_sm), tile, "s", what),
                        f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
-                fixed = max(t1 - N1 // 64 * tile, 1e-12)
-                report(Measured(("decode", "fixed", cache, tile_key(d, stripes), per_sm), fixed, "s",
+                report(Measured(("decode", "fixed", cache, key, per_sm), max(t1 - N1 // 64 * tile, 1e-12), "s",
                                 f"the same calls: time at {N1} keys - {N1 // 64} tiles a warp x the tile above"), "")
+            if fit:
+                t1, t2 = (seconds(_call(cp, gpu, ALONE_BLOCKS, d, q_len, n, fp8)) for n in (N1, N2))
+                alone = max(t1 - N1 // 64 * max(t2 - t1, 1e-12) * 64 / (N2 - N1), 1e-12)
+                report(Measured(("decode", "fixed_alone", cache, key), alone, "s",
+                                f"as decode.fixed, a grid of {ALONE_BLOCKS} blocks (on {ALONE_BLOCKS} SMs)"),
+                       f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
 
 
 def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:

@@ -123,6 +123,8 @@ class DecodeCalibration(_Strict):
         None, description="the same measurement's intercept: seconds of a call of one (two) blocks an SM beyond their "
                           "tiles (launch, the block's start, Q, the first tiles, the warps' merge, the stores), keyed "
                           "as tile; absent in files measured before it")
+    fixed_alone: dict[str, dict[str, SourcedSeconds]] | None = Field(
+        None, description="as fixed, a grid of 4 blocks (each alone on its SM); absent in files measured before it")
     combine_round: SourcedSecondsTable | None = Field(
         None, description="seconds a round of the combine kernel's split loop takes (one L2 round trip for its "
                           "splits' partial rows), by head dim; absent in files measured before it")

@@ -131,16 +131,23 @@ def tile_chain_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float 
     return _interpolate(entry.value, per_sm) if entry is not None else 0.0
 
 
-def block_fixed_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float, r: Rates) -> float | None:
+def block_fixed_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float, r: Rates,
+                  fill: float = 1.0) -> float | None:
     """``calibration.decode.fixed`` less the call's launch and its last stores' drain: the seconds a block spends
     beyond its tiles (start, length and Q, the first tiles from L2, the warps' merge, the stores), at ``per_sm``
-    blocks an SM (as :func:`tile_chain_s` interpolates); None where the profile has no such measurement."""
+    blocks an SM (as :func:`tile_chain_s` interpolates); with ``fill`` (running blocks over SMs) under 1, on the
+    way to ``decode.fixed_alone`` (a grid of a few blocks) where the profile has it. None where the profile has no
+    such measurement."""
     cal = getattr(profile.calibration, "decode", None)
-    entry = ((cal.fixed or {}).get("fp8" if fp8 else "16bit", {}) if cal is not None else {}).get(
-        f"d{head_dim}x{stripes}")
+    cache, key = "fp8" if fp8 else "16bit", f"d{head_dim}x{stripes}"
+    entry = ((cal.fixed or {}).get(cache, {}) if cal is not None else {}).get(key)
     if entry is None:
         return None
-    return max(0.0, _interpolate(entry.value, per_sm) - r.first_launch_s() - r.l2_latency_s)
+    full = _interpolate(entry.value, per_sm)
+    alone = ((cal.fixed_alone or {}).get(cache, {})).get(key)
+    if alone is not None and alone.value is not None and fill < 1.0:
+        full = float(alone.value) + (full - float(alone.value)) * fill
+    return max(0.0, full - r.first_launch_s() - r.l2_latency_s)
 
 
 def _interpolate(table: dict, per_sm: float) -> float:
@@ -184,7 +191,7 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     bandwidth = min(r.l2, r.dram_read * reuse)
     merge = 2 * WARPS * t.block_q * (d + 2) * 4 / (r.smem / r.sms)  # the warps' states through shared memory
     own = r.block_s + r.l2_latency_s + c.latency + merge
-    measured = block_fixed_s(c.profile, d, stripes, bool(t.kv_dtype), k_eff, r)
+    measured = block_fixed_s(c.profile, d, stripes, bool(t.kv_dtype), k_eff, r, min(1.0, running / r.sms))
     if measured is not None:  # the kernel's own, less what the calibration's L2-resident ring did not wait for
         own = measured + max(0.0, c.latency - r.l2_latency_s)
     fixed = np.where(active, own, r.block_s + r.l2_latency_s)
