@@ -458,3 +458,30 @@ def test_a_contiguous_cache_is_one_page_per_sequence_and_one_split_needs_no_comb
         gpu.decode(q, k, k, out=(_dev(np.zeros(q.shape, np.float32)), None))
     with pytest.raises(AttentionInputError, match="expected the plan's"):
         gpu.plan_decode(q, k, k).run(_dev(np.zeros((2, 1, 16, 64), np.float16)), k, k)
+
+
+def test_a_scale_given_as_a_number_is_copied_to_the_device_once():
+    """plan.run's fp8 scales as numbers: the device copy is made once and kept (a copy a call cost about 3.4 us a
+    scale on an H100, docs/serving.md); another value, device or head count gets its own."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from iosim.gpu import flash_decode
+
+    copies = []
+
+    def asarray(a):
+        copies.append(a)
+        return np.array(a)
+
+    cp = SimpleNamespace(asarray=asarray, cuda=SimpleNamespace(
+        Device=lambda d: nullcontext(), get_current_stream=lambda: SimpleNamespace(synchronize=lambda: None)))
+    flash_decode._NUMBER_SCALES.clear()
+    a = flash_decode._number_scales(cp, 0, 4, 0.5)
+    assert flash_decode._number_scales(cp, 0, 4, 0.5) is a and len(copies) == 1
+    assert a.dtype == np.float32 and a.tolist() == [0.5] * 4
+    assert flash_decode._number_scales(cp, 0, 4, 0.25) is not a and flash_decode._number_scales(cp, 1, 4, 0.5) is not a
+    assert len(copies) == 3
+    flash_decode._NUMBER_SCALES.clear()

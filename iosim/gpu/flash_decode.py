@@ -25,6 +25,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from iosim.gpu import build
 from iosim.gpu._cupy import GPUUnavailableError, require_cupy
 from iosim.gpu.attention import KernelLaunch, _kernel, _smem_limit
@@ -88,8 +90,8 @@ class DecodePlan:
         may be None), CuPy arrays or CUDA torch tensors, every element overwritten and returned as given. torch in,
         torch out: the kernels then run on torch's current stream. An fp8 cache's scales come with each call's
         QuantizedKV pairs (another layer's may differ): float32 (kv_heads,) device arrays are read as they are
-        (shape, dtype and device checked, values not: plan_decode checked the plan's); numbers and host arrays are
-        checked and copied to the device."""
+        (shape, dtype and device checked, values not: plan_decode checked the plan's); a number is copied to the
+        device once (cached); host arrays are checked and copied to the device every call."""
         cp = require_cupy()
         qc, kc, vc, raw = _as_inputs(cp, q, k_cache, v_cache)
         self._check_same(qc, kc, vc)
@@ -112,8 +114,12 @@ class DecodePlan:
             return None
         out = []
         for x, name in ((k_scale, "k_cache.scale"), (v_scale, "v_cache.scale")):
+            if isinstance(x, (int, float)) and not isinstance(x, bool):  # one number: its device copy, made once
+                out.append(_number_scales(cp, self.device, s.kv_heads, float(host_scales(x, name, s.kv_heads)[0])))
+                continue
             if not (hasattr(x, "__cuda_array_interface__") or getattr(x, "is_cuda", False)):
-                out.append(cp.asarray(host_scales(x, name, s.kv_heads)))
+                with cp.cuda.Device(self.device):
+                    out.append(cp.asarray(host_scales(x, name, s.kv_heads)))
                 continue
             xc = _as_cupy(cp, x, name)
             if xc.shape != (s.kv_heads,) or xc.dtype != cp.float32 or xc.device.id != self.device:
@@ -170,6 +176,23 @@ def launch_combine(plan: DecodePlan, o_part: Any, lse_part: Any, o: Any, lse: An
     fn(comb.grid, comb.block, (o_part, lse_part, plan.seqlens, o, lse, i32(s.batch * s.q_len * s.heads),
                                i32(s.q_len), i32(s.heads), i32(sp.chunk), i32(sp.splits)))
 
+
+
+_NUMBER_SCALES: dict[tuple[int, int, float], Any] = {}  # (device, kv_heads, scale) -> float32 (kv_heads,) on it
+
+
+def _number_scales(cp: Any, device: int, heads: int, value: float) -> Any:
+    """A scale given as one number, as the device array the kernel reads, copied once: a copy every call cost about
+    3.4 us a scale on an H100 (a decode call is 10-400 us). Never written: the kernel only reads it."""
+    key = (device, heads, value)
+    if key not in _NUMBER_SCALES:
+        if len(_NUMBER_SCALES) >= 256:  # a model's layers use a few; forget them all rather than grow
+            _NUMBER_SCALES.clear()
+        with cp.cuda.Device(device):
+            a = cp.asarray(np.full((heads,), value, dtype=np.float32))
+            cp.cuda.get_current_stream().synchronize()  # written before a run on another stream (torch's) reads it
+            _NUMBER_SCALES[key] = a
+    return _NUMBER_SCALES[key]
 
 
 def _split_instance(s: DecodeShapes) -> DecodeInstance:
