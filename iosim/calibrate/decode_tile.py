@@ -1,6 +1,7 @@
 """``calibration.decode``: what one warp of iosim's Flash-Decoding kernel (kernels/flash_decode.cu) spends on a tile
-of 16 keys when no load keeps it waiting (``decode.tile``), and what a round of the combine kernel's split loop
-costs (``decode.combine_round``), on this GPU.
+of 16 keys when no load keeps it waiting (``decode.tile``), what a call spends beyond its tiles (``decode.fixed``,
+``decode.fixed_alone``), and what a round of the combine kernel's split loop costs (``decode.combine_round``), on
+this GPU.
 
 Why it is measured: a warp's tile is a dependent chain (ldmatrix, the QK^T multiplies, the row max and sum across
 lanes, exp2, the rescale of O, the PV multiplies; on an fp8 cache the conversion of K and V to fp16 before them), and
@@ -19,8 +20,8 @@ time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy k
 tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps' merge)
 are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1); and those fixed costs are what is left, ``decode.fixed`` = t(N1) −
 N1 / 64 · tile (the call's launch included), and ``decode.fixed_alone`` the same with a grid of 4 blocks: a
-block that starts beside a block on every other SM costs more than one alone. Both caches: 16-bit (fp16 q and cache; a bf16 call runs the same
-instructions) and e4m3 (fp16 q, the scales 1).
+block that starts beside a block on every other SM costs more than one alone. Both caches: 16-bit (fp16 q and
+cache; a bf16 call runs the same instructions) and e4m3 (fp16 q, device scales of 1).
 
 The combine's round: its loop merges :func:`iosim.launch.decode.combine_unroll` splits a round, their loads issued
 together; a round is one trip to L2 and back, but for 8 warp-wide rows of 512 B and their lse, not the one 8-byte
@@ -34,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from iosim.calibrate.rates_kernels import Bench, Measured
+from iosim.hardware.calibration import decode_keys
 from iosim.launch import decode as geo
 from iosim.measure.events import BUSY, cupy_clock, time_ms
 
@@ -45,9 +47,17 @@ PAGE = 256  # the shared pages' size
 GROUP = 8  # query heads on the one kv head
 
 
-def tile_key(head_dim: int, stripes: int) -> str:
-    """The instantiation's key in ``decode.tile.<cache>``: 'd128x2' (head dim 128, two 16-row stripes a block)."""
-    return f"d{head_dim}x{stripes}"
+def _timer(b: Bench, cp) -> Callable[[Callable[[], None]], float]:
+    """Seconds of a call: the median of CALLS calls queued behind a busy kernel, as the time records time theirs."""
+    spin = b.fn("rates_spin")
+    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
+    return lambda call: time_ms(call, CALLS, warmup=3, view=BUSY, clock=clock) * 1e-3
+
+
+def _slope(t1: float, t2: float) -> tuple[float, float]:
+    """(tile, fixed) from the calls at N1 and N2 keys: the time a warp adds a tile, and what is left at N1."""
+    tile = max(t2 - t1, 1e-12) * 64 / (N2 - N1)
+    return tile, max(t1 - N1 // 64 * tile, 1e-12)
 
 
 def _call(cp, gpu, sms: int, d: int, q_len: int, n: int, fp8: bool):
@@ -72,32 +82,25 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
     """Measure ``decode.tile`` for every instantiation the library compiles (both caches); report each."""
     from iosim import gpu  # the kernels themselves: iosim.gpu launches them
 
-    spin = b.fn("rates_spin")
-    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
-
-    def seconds(call) -> float:  # calls queued behind a busy kernel, as the time records time theirs
-        return time_ms(call, CALLS, warmup=3, view=BUSY, clock=clock) * 1e-3
-
+    seconds = _timer(b, cp)
     for fp8 in (False, True):
-        cache = "fp8" if fp8 else "16bit"
         for d, stripes in geo.DECODE_STRIPES:
-            q_len, key = 1 if stripes == 1 else 4, tile_key(d, stripes)
+            (cache, key), q_len = decode_keys(d, stripes, fp8), 1 if stripes == 1 else 4
             fit = _blocks_per_sm(d, stripes, fp8)
             for per_sm in (1, 2)[:fit]:
                 t1, t2 = (seconds(_call(cp, gpu, per_sm * b.sms, d, q_len, n, fp8)) for n in (N1, N2))
-                tile = max(t2 - t1, 1e-12) * 64 / (N2 - N1)
+                tile, fixed = _slope(t1, t2)
                 what = (f"iosim's decode kernel, {'e4m3' if fp8 else 'fp16'} cache, d = {d}, {q_len} new token(s) of "
                         f"{GROUP} heads on one kv head ({stripes} stripe(s)), blocks of one sequence each, 1 or 2 on "
                         f"each of {b.sms} SMs (the key), every sequence on the same {N2 // PAGE} pages of {PAGE} keys "
                         f"(in L2), one split: (time at {N2} keys - time at {N1}) / {(N2 - N1) // 64} tiles a warp")
                 report(Measured(("decode", "tile", cache, key, per_sm), tile, "s", what),
                        f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
-                report(Measured(("decode", "fixed", cache, key, per_sm), max(t1 - N1 // 64 * tile, 1e-12), "s",
+                report(Measured(("decode", "fixed", cache, key, per_sm), fixed, "s",
                                 f"the same calls: time at {N1} keys - {N1 // 64} tiles a warp x the tile above"), "")
             if fit:
                 t1, t2 = (seconds(_call(cp, gpu, ALONE_BLOCKS, d, q_len, n, fp8)) for n in (N1, N2))
-                alone = max(t1 - N1 // 64 * max(t2 - t1, 1e-12) * 64 / (N2 - N1), 1e-12)
-                report(Measured(("decode", "fixed_alone", cache, key), alone, "s",
+                report(Measured(("decode", "fixed_alone", cache, key), _slope(t1, t2)[1], "s",
                                 f"as decode.fixed, a grid of {ALONE_BLOCKS} blocks (on {ALONE_BLOCKS} SMs)"),
                        f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
 
@@ -105,14 +108,12 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
 def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """Measure ``decode.combine_round`` at each head dim: the combine kernel alone (module docstring) on one
     sequence of 8 query heads, its partials of 128 and of 8 splits; the difference over the rounds between."""
-    spin = b.fn("rates_spin")
-    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
+    seconds = _timer(b, cp)
     for d in geo.DECODE_HEAD_DIMS:
         if not _blocks_per_sm(d, 1, False):  # the plan's split kernel does not fit this GPU's shared memory
             continue
         unroll = geo.combine_unroll(d)
-        times = [time_ms(_combine_call(cp, d, splits), CALLS, warmup=3, view=BUSY, clock=clock) * 1e-3
-                 for splits in COMBINE_SPLITS]
+        times = [seconds(_combine_call(cp, d, splits)) for splits in COMBINE_SPLITS]
         rounds = [-(-x // unroll) for x in COMBINE_SPLITS]
         per = max(times[1] - times[0], 1e-12) / (rounds[1] - rounds[0])
         what = (f"iosim's decode combine kernel alone, {GROUP} rows (one sequence of {GROUP} query heads), partials "

@@ -122,12 +122,12 @@ def block_share_cmd(timelines, do_measure):
 @click.option("--power-only", is_flag=True,
               help="measure the power section only (NVML) and put it into the base profile's calibration section")
 @click.option("--decode-only", is_flag=True,
-              help="measure the decode section only (iosim's decode kernels: a tile, a combine round) and put it "
-                   "into the base profile's calibration section")
+              help="measure the decode section only (iosim's decode kernels: tiles, fixed parts, combine rounds) and "
+                   "put it into the base profile's calibration section")
 def rates_cmd(output, base, repeats, power_only, decode_only):
     """Measure what code reaches on this GPU (mma.sync, wgmma, exp, fp32, shared memory, L2, DRAM, launch costs,
-    iosim's decode kernels' tile and combine round, power and energy per unit of work) with small kernels of our
-    own, and write a copy of the base profile with them as its calibration section."""
+    iosim's decode kernels' tiles, fixed parts and combine rounds, power and energy per unit of work) with kernels
+    of our own, and write a copy of the base profile with them as its calibration section."""
     if power_only and decode_only:
         raise click.UsageError("--power-only and --decode-only each measure one section: give one")
     try:

@@ -177,7 +177,6 @@ def launch_combine(plan: DecodePlan, o_part: Any, lse_part: Any, o: Any, lse: An
                                i32(s.q_len), i32(s.heads), i32(sp.chunk), i32(sp.splits)))
 
 
-
 _NUMBER_SCALES: dict[tuple[int, int, float], Any] = {}  # (device, kv_heads, scale) -> float32 (kv_heads,) on it
 
 

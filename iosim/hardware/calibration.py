@@ -111,6 +111,12 @@ class MemoryLatency(_Strict):
     dram: SourcedSeconds = Field(description="a load that misses L2 (random lines of a 1 GiB buffer, each once)")
 
 
+def decode_keys(head_dim: int, stripes: int, fp8: bool) -> tuple[str, str]:
+    """The keys of an instantiation in ``decode.tile`` and ``decode.fixed``: the cache's element ('16bit', 'fp8') and
+    'd128x2' (head dim 128, two 16-row stripes a block)."""
+    return "fp8" if fp8 else "16bit", f"d{head_dim}x{stripes}"
+
+
 class DecodeCalibration(_Strict):
     """iosim's Flash-Decoding kernels (kernels/flash_decode.cu) on this GPU: what their loops cost beyond any rate of
     the chip (iosim/calibrate/decode_tile.py)."""

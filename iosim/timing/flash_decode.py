@@ -47,6 +47,7 @@ import math
 import numpy as np
 
 from ..blocks import cdiv, makespan
+from ..hardware.calibration import decode_keys
 from ..launch import decode as geo
 from ..launch.model import resident_blocks
 from ..problem import AttentionProblem
@@ -127,7 +128,8 @@ def tile_chain_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float 
     one tile takes (linear in the blocks between the measured counts, and past the last two; 0 where the profile
     has no such measurement)."""
     cal = getattr(profile.calibration, "decode", None)
-    entry = (cal.tile.get("fp8" if fp8 else "16bit", {}) if cal is not None else {}).get(f"d{head_dim}x{stripes}")
+    cache, key = decode_keys(head_dim, stripes, fp8)
+    entry = (cal.tile.get(cache, {}) if cal is not None else {}).get(key)
     return _interpolate(entry.value, per_sm) if entry is not None else 0.0
 
 
@@ -139,7 +141,7 @@ def block_fixed_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float
     way to ``decode.fixed_alone`` (a grid of a few blocks) where the profile has it. None where the profile has no
     such measurement."""
     cal = getattr(profile.calibration, "decode", None)
-    cache, key = "fp8" if fp8 else "16bit", f"d{head_dim}x{stripes}"
+    cache, key = decode_keys(head_dim, stripes, fp8)
     entry = ((cal.fixed or {}).get(cache, {}) if cal is not None else {}).get(key)
     if entry is None:
         return None
