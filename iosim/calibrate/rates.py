@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from iosim._version import __version__
+from iosim.calibrate.backward_step import backward_part
 from iosim.calibrate.decode_tile import decode_part
 from iosim.calibrate.power import power_part
 from iosim.calibrate.rates_kernels import (
@@ -128,7 +129,10 @@ def with_part(base: str, measured: list[Measured], on: dict, part: str) -> dict:
     if not section:
         raise RatesError(f"--only {part}: profile {base} has no calibration section to add the {part} section to; "
                          "run iosim calibrate rates without it")
-    return {**section, part: nest({}, measured, on)[part]}
+    nested = nest({}, measured, on)
+    if part not in nested:
+        raise RatesError(f"--only {part}: nothing of the {part} section could be measured on this GPU (see above)")
+    return {**section, part: nested[part]}
 
 
 def guess_profile(device: str) -> str:
@@ -331,7 +335,7 @@ def measure_rates(repeats: int = 15, echo: Callable[[str], None] = print, dev: d
             echo(f"{label:<28}{fmt_value(m)!s:>16}  {_per_clk(m, b.sms, clock[0] if clock else None):<22}  "
                  f"{'; '.join(x for x in (expect, note) if x)}")
 
-        for part in (_compute, _memory, _reduce, chase_latency, _launch, decode_part, power_part):
+        for part in (_compute, _memory, _reduce, chase_latency, _launch, decode_part, backward_part, power_part):
             part(b, cp, report)
             cp.cuda.runtime.deviceSynchronize()
     except RatesError:

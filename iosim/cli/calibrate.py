@@ -17,6 +17,7 @@ from ..calibrate import (
     fit_room,
     probe_cases,
 )
+from ..calibrate.backward_step import backward_part
 from ..calibrate.decode_tile import decode_part
 from ..calibrate.power import measure_power_only
 from ..calibrate.rates import (
@@ -124,12 +125,17 @@ def block_share_cmd(timelines, do_measure):
 @click.option("--decode-only", is_flag=True,
               help="measure the decode section only (iosim's decode kernels: tiles, fixed parts, combine rounds) and "
                    "put it into the base profile's calibration section")
-def rates_cmd(output, base, repeats, power_only, decode_only):
+@click.option("--backward-only", is_flag=True,
+              help="measure the backward section only (the step of iosim's backward kernels and, where torch runs "
+                   "here, torch's FlashAttention-2 and cuDNN backward) and put it into the base profile's calibration "
+                   "section")
+def rates_cmd(output, base, repeats, power_only, decode_only, backward_only):
     """Measure what code reaches on this GPU (mma.sync, wgmma, exp, fp32, shared memory, L2, DRAM, launch costs,
-    iosim's decode kernels' tiles, fixed parts and combine rounds, power and energy per unit of work) with kernels
-    of our own, and write a copy of the base profile with them as its calibration section."""
-    if power_only and decode_only:
-        raise click.UsageError("--power-only and --decode-only each measure one section: give one")
+    iosim's decode kernels' tiles, fixed parts and combine rounds, the backward kernels' steps, power and energy per
+    unit of work) with kernels of our own, and write a copy of the base profile with them as its calibration
+    section."""
+    if power_only + decode_only + backward_only > 1:
+        raise click.UsageError("--power-only, --decode-only and --backward-only each measure one section: give one")
     try:
         dev = device_facts(require_cupy())
         base = base or guess_profile(dev["device"])
@@ -137,12 +143,16 @@ def rates_cmd(output, base, repeats, power_only, decode_only):
         out = output or f"{Path(base).stem}-calibrated.yaml"
         click.echo(f"base profile {base}; writing {out}")
         cmd = (f"iosim calibrate rates -o {out} --profile {base}" + (f" --repeats {repeats}" if repeats != 15 else "")
-               + (" --power-only" if power_only else "") + (" --decode-only" if decode_only else ""))
+               + (" --power-only" if power_only else "") + (" --decode-only" if decode_only else "")
+               + (" --backward-only" if backward_only else ""))
         if power_only:
             section = with_part(base, measure_power_only(repeats, click.echo), measured_on(dev, cmd), "power")
         elif decode_only:
             section = with_part(base, measure_only(decode_part, repeats, click.echo), measured_on(dev, cmd),
                                 "decode")
+        elif backward_only:
+            section = with_part(base, measure_only(backward_part, repeats, click.echo), measured_on(dev, cmd),
+                                "backward")
         else:
             measured = measure_rates(repeats, click.echo, dev)
             section = calibration_section(measured, measured_on(dev, cmd), dev["hopper"])

@@ -136,6 +136,16 @@ class DecodeCalibration(_Strict):
                           "splits' partial rows), by head dim; absent in files measured before it")
 
 
+class BackwardCalibration(_Strict):
+    """Backward kernels on this GPU: what a step costs beyond any rate of the chip
+    (iosim/calibrate/backward_step.py)."""
+
+    step: dict[str, SourcedSecondsTable] = Field(
+        description="seconds a thread block spends on one step (one Q block against its K/V block), by the "
+                    "kernel's timing description ('iosim-flash2-bwd', 'fa2-bwd', ...), then by head dim; measured "
+                    "on a one-wave grid, bf16, no mask")
+
+
 class SourcedWatts(_Strict):
     value: float | None = Field(gt=0, description="watts")
     source: str = Field(min_length=1)
@@ -216,5 +226,8 @@ class Calibration(_Strict):
                                           "in files calibrated before it was measured (iosim calibrate rates writes it)")
     decode: DecodeCalibration | None = Field(default=None, description="iosim's decode kernel's tile time; absent "
                                              "in files calibrated before it (the decode model then charges none)")
+    backward: BackwardCalibration | None = Field(default=None, description="the backward kernels' step times; "
+                                                 "absent in files calibrated before it (the backward models then "
+                                                 "compose the step from the rates)")
     power: PowerCalibration | None = Field(default=None, description="board power and energy per unit of work "
                                            "(NVML); absent where NVML's binding was missing or in older files")

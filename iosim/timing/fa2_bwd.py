@@ -27,6 +27,13 @@ one step ahead) and dQ_i's fp32 reductions (red.global.add, fire-and-forget) at 
 
 A block takes prologue (K_j, V_j) + n_j·T_step + epilogue (dK_j, dV_j written), placed on the SMs' slots in launch
 order, the kernel the longer of that and its DRAM bytes over DRAM bandwidth, plus a launch.
+
+**The measured step.** How much of a phase's shared-memory traffic a kernel hides under its multiplies is its code's:
+iosim's kernel and FlashAttention-2's move the same shared-memory wavefronts and run the same tensor work a step,
+yet take 8,859 and 8,068 cycles (H100, d = 128; docs/timing.md). Where the profile holds the description's step,
+measured on a one-wave grid (``calibration.backward.step``, :mod:`iosim.calibrate.backward_step`), T_step is that
+measurement (one block an SM, the description's tiles, 16-bit inputs); the composed T_step above is kept beside it
+(``step_composed``) and is the step wherever the profile lacks it.
 """
 
 from __future__ import annotations
@@ -96,6 +103,19 @@ def step(p: AttentionProblem, tc: TileConfig, desc: KernelDesc, k: int, r: Rates
     return BwdStep(ldm, mma, elem, load, reduce, t)
 
 
+def measured_step(c: Conditions, tc: TileConfig, k: int) -> float | None:
+    """``calibration.backward.step`` of the description at the problem's head dim: seconds a block's step takes,
+    where the profile has it and the call runs as it was measured (the description's own tiles, one block an SM,
+    16-bit inputs); else None."""
+    cal = getattr(c.profile.calibration, "backward", None)
+    entry = cal.step.get(c.desc.name) if cal is not None else None
+    d = c.problem.head_dim
+    if entry is None or d not in entry.value or k != 1 or c.problem.elem_bytes != 2 or d not in c.desc.tiles:
+        return None
+    own = c.desc.tiles_for(d)
+    return float(entry.value[d]) if (own.block_q, own.block_kv) == (tc.block_q, tc.block_kv) else None
+
+
 def block_steps(p: AttentionProblem, tc: TileConfig, grouped: bool) -> np.ndarray:
     """Steps of each K/V block of one head (of one kv head's group where ``grouped``), in launch order."""
     Br, Bc, N, Nk = tc.block_q, tc.block_kv, p.seq_len, p.kv_len
@@ -117,21 +137,24 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     if grid < r.sms * k:
         k = max(1, math.ceil(grid / r.sms))
     st = step(p, tc, desc, k, r)
+    measured = measured_step(c, tc, k)
+    step_s = st.step_s if measured is None else measured
     kv_bytes = 2 * tc.block_kv * p.head_dim * p.elem_bytes
     prologue = k * kv_bytes / (r.l2 / r.sms) + r.block_s + 2 * latency
     epilogue = k * kv_bytes / (r.l2_write / r.sms)
-    durations = np.tile(prologue + steps * st.step_s + epilogue, heads)
+    durations = np.tile(prologue + steps * step_s + epilogue, heads)
     blocks = makespan(durations, r.sms * k)
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.next_launch_s() + latency
     busy = float(durations.sum()) / (r.sms * k * blocks) if blocks else 1.0
     parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "resident_blocks": k,
              "step_ldmatrix": st.ldmatrix_s, "step_mma": st.mma_s, "step_elementwise": st.elementwise_s,
-             "step_load": st.load_s, "step_reduce": st.reduce_s, "step": st.step_s}
+             "step_load": st.load_s, "step_reduce": st.reduce_s, "step": step_s,
+             **({"step_composed": st.step_s} if measured is not None else {})}
     smem = float(steps.sum()) * heads * smem_step_bytes(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, desc.warps,
                                                         tc) + grid * kv_bytes  # K_j, V_j landed once a block
-    return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": "dram" if memory > blocks else _bound(st, k)},
-                         smem)
+    bound = "dram" if memory > blocks else "step (measured)" if measured is not None else _bound(st, k)
+    return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": bound}, smem)
 
 
 def row_kernel_time(kernel: KernelCounts, dram: tuple[float, float], r: Rates, first: bool) -> KernelTime:

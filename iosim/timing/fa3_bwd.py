@@ -18,6 +18,9 @@ four times and at two named barriers a step. The loads and the dQ reductions run
 
     T_step = max( t_gemm + t_elem + t_smem + 2·t_wait, t_load + t_reduce )
 
+or, where the profile holds the description's step as measured on a one-wave grid (``calibration.backward.step``),
+that measurement, as :mod:`iosim.timing.fa2_bwd` takes it.
+
 Nsight Compute agrees with the sequence (H100, B = 4, N = 4096, d = 128): the tensor pipe 57% busy in our kernel, 65%
 in cuDNN's, where a step overlapping its phases would keep it busy most of the time.
 
@@ -38,7 +41,7 @@ from ..blocks import makespan
 from ..counts import KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
 from .estimate import Conditions, KernelTime
-from .fa2_bwd import ACC_BYTES, GEMMS, SCORE_OPS, block_steps
+from .fa2_bwd import ACC_BYTES, GEMMS, SCORE_OPS, block_steps, measured_step
 from .kernels import TileConfig
 from .rates import Rates
 
@@ -68,6 +71,9 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     grouped = desc.gqa == "grouped"
     heads = p.batch * (p.kv_heads if grouped else p.heads)
     parts = step_parts(p, tc, r)
+    measured = measured_step(c, tc, 1)
+    if measured is not None:  # the description's step as measured (iosim.timing.fa2_bwd, the measured step)
+        parts["step_composed"], parts["step"] = parts["step"], measured
     kv_bytes = 2 * tc.block_kv * p.head_dim * p.elem_bytes
     steps = block_steps(p, tc, grouped)
     # K_j, V_j: read by this work tile only, so from DRAM where the inputs do not stay in L2, at the SM's share of
@@ -87,6 +93,8 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     busy = float(per_tile.sum()) * heads / (r.sms * blocks) if blocks else 1.0
     if memory > blocks:
         bound = "dram"
+    elif measured is not None:
+        bound = "step (measured)"
     elif parts["step_load"] + parts["step_reduce"] > parts["step_compute"]:
         bound = "l2"
     else:

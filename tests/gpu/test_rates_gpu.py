@@ -87,3 +87,22 @@ def test_memory_latency_of_a_dependent_load(cal):
     cycles = lat.l2.value * c.sm_clock.value
     assert 100 < cycles < 2000, cycles  # an L2 hit is some hundreds of SM cycles on every GPU from sm_80 on
     assert sum(line.startswith("latency.") for line in lines) == 2
+
+
+def test_backward_steps_are_bound_by_the_tensor_cores_and_measured_for_ours(cal):
+    """A step runs five GEMMs of 2·Br·Bc·d FLOPs: no kernel's step beats them at the dense tensor peak (4096
+    FLOP/clk/SM for 16-bit types), and none takes ten times as long; iosim's flash2 backward is measured at every
+    head dim its tiles list (the peers where torch runs)."""
+    from iosim.timing import load_kernel
+
+    c, _, _, lines = cal
+    assert c.backward is not None
+    assert sorted(c.backward.step["iosim-flash2-bwd"].value) == sorted(load_kernel("iosim-flash2-bwd").tiles)
+    for name, table in c.backward.step.items():
+        desc = load_kernel(name)
+        for d, seconds in table.value.items():
+            tc = desc.tiles_for(d)
+            floor = 5 * 2 * tc.block_q * tc.block_kv * d / (4096 * c.sm_clock.value)
+            assert floor < seconds < 10 * floor, (name, d, seconds, floor)
+    assert sum(line.startswith("backward.step.") for line in lines) == sum(len(t.value) for t in
+                                                                            c.backward.step.values())
