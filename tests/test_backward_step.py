@@ -13,7 +13,7 @@ from iosim.calibrate.rates_kernels import Measured
 from iosim.hardware.gpu import PROFILES_DIR, profile_from_dict
 from iosim.timing import load_kernel
 
-STEP_S = {"iosim-flash2-bwd": {64: 5.4e-6, 128: 4.6e-6, 256: 6.2e-6}, "iosim-flash3-bwd": {64: 2.7e-6, 128: 2.4e-6},
+STEP_S = {"iosim-flash2-bwd": {32: 3.9e-6, 64: 5.4e-6, 128: 4.6e-6, 256: 6.2e-6}, "iosim-flash3-bwd": {64: 2.7e-6, 128: 2.4e-6},
           "fa2-bwd": {64: 4.6e-6, 128: 4.2e-6, 256: 5.1e-6}, "cudnn-bwd": {64: 1.4e-6, 128: 2.2e-6, 256: 3.2e-6}}
 
 
@@ -73,7 +73,7 @@ def test_a_kernel_that_refuses_is_skipped_and_said(stand_in, monkeypatch, capsys
     monkeypatch.setattr(backward_step, "_call", refuse)
     got: list[Measured] = []
     backward_step.backward_part(_Bench(), _CuPy(), report=lambda m, note: got.append(m))
-    assert ("cudnn-bwd", 256) not in {(m.path[2], m.path[3]) for m in got} and len(got) == 10
+    assert ("cudnn-bwd", 256) not in {(m.path[2], m.path[3]) for m in got} and len(got) == 11
     assert "backward.step.cudnn-bwd.256: skipped (RuntimeError: No available kernel.)" in capsys.readouterr().out
 
 

@@ -38,7 +38,6 @@ from iosim.measure.events import BUSY, cupy_clock, time_ms
 N1, N2 = 1024, 4096  # queries of the head, the two calls
 CALLS = 15  # timed calls of each (median), queued behind a busy kernel
 REST_S = 0.2  # idle seconds before each timing, so each starts from rest (the power limiter)
-HEAD_DIMS = (64, 128, 256)
 KERNELS = ("iosim-flash2-bwd", "iosim-flash3-bwd", "fa2-bwd", "cudnn-bwd")  # timing descriptions: the table's keys
 
 
@@ -103,9 +102,7 @@ def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
     clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
     for name in KERNELS:
         desc = load_kernel(name)
-        for d in HEAD_DIMS:
-            if d not in desc.tiles:
-                continue
+        for d in sorted(desc.tiles):
             tc = desc.tiles_for(d)
             nk = b.sms * tc.block_kv  # one K/V block a SM, all of one head
             try:
