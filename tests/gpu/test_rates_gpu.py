@@ -110,7 +110,8 @@ def test_backward_steps_are_bound_by_the_tensor_cores_and_measured_for_ours(cal)
 
 def test_a_diagonal_step_adds_less_than_three_steps(cal):
     """What the causal mask adds to a diagonal step, measured beside each step: present for every measured step,
-    and short of three more steps (a mask pass over Br x Bc scores is a fraction of a step's work)."""
+    not negative, and short of three more steps (the step's own work and a mask pass over its Br x Bc scores: far
+    outside, the two calls did not differ by their mask only)."""
     c, _, _, _ = cal
     assert c.backward is not None and c.backward.diagonal is not None
     assert c.backward.diagonal.keys() == c.backward.step.keys()
