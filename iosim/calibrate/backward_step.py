@@ -24,19 +24,13 @@ time records time theirs, after a rest: a few milliseconds of tensor work from r
 limiter acts (:mod:`iosim.timing.clock`), so the step is at the clock the other rates were measured at.
 The three kernels of a call (Delta, the main kernel, dQ's conversion) are all timed; their rows grow with N too, by
 under 2% of the main kernel's growth (the two row kernels stream the Q block's rows once).
-
-``calibration.backward.diagonal``: what a step on the causal diagonal adds. One K/V block of Bc keys on each SM, a
-head each (heads = SMs), Bc queries: every step of such a block is on the diagonal (Bc / Br of them), with a causal
-mask and without (a square problem: torch's top-left mask and iosim's bottom-right one agree); diagonal = (t(causal)
-− t(no mask)) / the block's diagonal steps. Both calls load, store and launch alike, so the difference is the mask
-and what it holds up.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from iosim.calibrate.rates_kernels import Bench, Measured
 from iosim.measure.events import BUSY, cupy_clock, time_ms
@@ -47,57 +41,41 @@ REST_S = 0.2  # idle seconds before each timing, so each starts from rest (the p
 KERNELS = ("iosim-flash2-bwd", "iosim-flash3-bwd", "fa2-bwd", "cudnn-bwd")  # timing descriptions: the table's keys
 
 
-class Shape(NamedTuple):
-    """One timed call: ``heads`` heads of ``n`` queries and ``nk`` keys, batch 1, bf16."""
-
-    heads: int
-    n: int
-    nk: int
-    d: int
-    causal: bool = False
-
-
 def step_from(t1: float, t2: float, block_q: int) -> float:
     """Seconds a step from the calls at N1 and N2 queries: the time a block adds per Q block it visits."""
     return max(t2 - t1, 1e-12) * block_q / (N2 - N1)
 
 
-def diagonal_from(t_plain: float, t_causal: float, steps: int) -> float:
-    """Seconds a diagonal step adds, from the square calls without and with the causal mask (``steps`` diagonal
-    steps a block); 0 where the mask saves more than it costs."""
-    return max(t_causal - t_plain, 0.0) / steps
-
-
-def _ours(cp, schedule: str, s: Shape) -> Callable[[], Any]:
-    """iosim's backward (``schedule``) on random bf16 inputs, its forward's O and lse, ready to time."""
+def _ours(cp, schedule: str, n: int, nk: int, d: int) -> Callable[[], Any]:
+    """iosim's backward (``schedule``) on random bf16 inputs of one head, its forward's O and lse, ready to time."""
     import ml_dtypes
 
     from iosim import gpu
 
     bf16 = ml_dtypes.bfloat16
-    q, do = (cp.random.standard_normal((1, s.n, s.heads, s.d), dtype=cp.float32).astype(bf16) for _ in range(2))
-    k, v = (cp.random.standard_normal((1, s.nk, s.heads, s.d), dtype=cp.float32).astype(bf16) for _ in range(2))
-    o, lse = gpu.attention(q, k, v, causal=s.causal, return_lse=True)
+    q, do = (cp.random.standard_normal((1, n, 1, d), dtype=cp.float32).astype(bf16) for _ in range(2))
+    k, v = (cp.random.standard_normal((1, nk, 1, d), dtype=cp.float32).astype(bf16) for _ in range(2))
+    o, lse = gpu.attention(q, k, v, return_lse=True)
     opts = gpu.BackwardOptions(schedule=schedule, out=tuple(cp.empty_like(x) for x in (q, k, v)))
-    return lambda: gpu.attention_backward(q, k, v, o, do, lse, causal=s.causal, options=opts)
+    return lambda: gpu.attention_backward(q, k, v, o, do, lse, options=opts)
 
 
-def _torch(torch, backend: str, s: Shape) -> Callable[[], Any]:
-    """torch SDPA's ``backend`` backward (its aten op, on its own forward's outputs) on random bf16 inputs, laid out
-    (batch, tokens, heads, d) as the time records pass them, ready to time."""
+def _torch(torch, backend: str, n: int, nk: int, d: int) -> Callable[[], Any]:
+    """torch SDPA's ``backend`` backward (its aten op, on its own forward's outputs) on random bf16 inputs of one head,
+    laid out (batch, tokens, heads, d) as the time records pass them, ready to time."""
     def mk(tokens):
-        return torch.randn(1, tokens, s.heads, s.d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        return torch.randn(1, tokens, 1, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
 
-    q, k, v, do = mk(s.n), mk(s.nk), mk(s.nk), mk(s.n)
-    aten, c = torch.ops.aten, s.causal
+    q, k, v, do = mk(n), mk(nk), mk(nk), mk(n)
+    aten = torch.ops.aten
     if backend == "flash":
-        o, lse, cq, ck, mq, mk_, seed, off, _ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, c, False)
-        return lambda: aten._scaled_dot_product_flash_attention_backward(do, q, k, v, o, lse, cq, ck, mq, mk_, 0.0, c,
-                                                                          seed, off)
-    o, lse, cq, ck, mq, mk_, seed, off, _ = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, c,
+        o, lse, cq, ck, mq, mk_, seed, off, _ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False)
+        return lambda: aten._scaled_dot_product_flash_attention_backward(do, q, k, v, o, lse, cq, ck, mq, mk_, 0.0,
+                                                                          False, seed, off)
+    o, lse, cq, ck, mq, mk_, seed, off, _ = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False,
                                                                                         False)
     return lambda: aten._scaled_dot_product_cudnn_attention_backward(do, q, k, v, o, lse, seed, off, None, cq, ck, mq,
-                                                                      mk_, 0.0, c)
+                                                                      mk_, 0.0, False)
 
 
 def _torch_or_none():
@@ -110,12 +88,9 @@ def _torch_or_none():
 
 
 def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """Measure ``backward.step`` and ``backward.diagonal`` of each backward description (:data:`KERNELS`) at each
-    head dim its tiles list, where the kernel runs on this GPU; report each (a kernel that refuses is said and
-    skipped)."""
-    from iosim import AttentionProblem
+    """Measure ``backward.step`` of each backward description (:data:`KERNELS`) at each head dim its tiles list,
+    where the kernel runs on this GPU; report each (a kernel that refuses is said and skipped)."""
     from iosim.timing import load_kernel
-    from iosim.timing.fa2_bwd import diagonal_steps
 
     cc = int(cp.cuda.Device().compute_capability)
     if cc < 80:
@@ -125,25 +100,17 @@ def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
     torch = _torch_or_none()
     spin = b.fn("rates_spin")
     clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
-
-    def seconds(name: str, shapes: list[Shape]) -> list[float]:
-        calls, times = [_call(cp, torch, name, s) for s in shapes], []
-        for call in calls:
-            time.sleep(REST_S)
-            times.append(time_ms(call, CALLS, warmup=2, view=BUSY, clock=clock) * 1e-3)
-        del calls
-        cp.get_default_memory_pool().free_all_blocks()
-        return times
-
     for name in KERNELS:
         desc = load_kernel(name)
         for d in sorted(desc.tiles):
             tc = desc.tiles_for(d)
             nk = b.sms * tc.block_kv  # one K/V block a SM, all of one head
-            square = Shape(b.sms, tc.block_kv, tc.block_kv, d)  # one K/V block a head, a head a SM
             try:
-                t1, t2 = seconds(name, [Shape(1, N1, nk, d), Shape(1, N2, nk, d)])
-                plain, causal = seconds(name, [square, square._replace(causal=True)])
+                calls = [_call(cp, torch, name, n, nk, d) for n in (N1, N2)]
+                times = []
+                for call in calls:
+                    time.sleep(REST_S)
+                    times.append(time_ms(call, CALLS, warmup=2, view=BUSY, clock=clock) * 1e-3)
             except _Skip as exc:
                 print(f"backward.step.{name}.{d}: skipped ({exc})", flush=True)
                 continue
@@ -155,25 +122,19 @@ def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
                     f"{b.sms} SMs (batch 1, one head of {b.sms} K/V blocks): (time at {N2} queries - time at {N1}) x "
                     f"Br / {N2 - N1}, each the median of {CALLS} calls behind a busy kernel after {REST_S} s idle "
                     "(iosim/calibrate/backward_step.py); by head dim")
-            report(Measured(("backward", "step", name, d), step_from(t1, t2, tc.block_q), "s", what),
-                   f"{t1 * 1e6:.1f} us at {N1} queries, {t2 * 1e6:.1f} us at {N2} (Br = {tc.block_q})")
-            p = AttentionProblem(seq_len=tc.block_kv, head_dim=d, causal=True)
-            steps = int(diagonal_steps(p, tc, grouped=False)[0])
-            what = (f"the {name} backward, bf16, {b.sms} heads of {tc.block_kv} queries and keys (one K/V block a head, "
-                    f"a head a SM, {steps} diagonal step(s) a block): (time with the causal mask - time without) / "
-                    f"{steps}, each the median of {CALLS} calls behind a busy kernel (iosim/calibrate/backward_step.py); "
-                    "by head dim")
-            report(Measured(("backward", "diagonal", name, d), diagonal_from(plain, causal, steps), "s", what),
-                   f"{plain * 1e6:.1f} us without the mask, {causal * 1e6:.1f} us with it")
+            report(Measured(("backward", "step", name, d), step_from(*times, tc.block_q), "s", what),
+                   f"{times[0] * 1e6:.1f} us at {N1} queries, {times[1] * 1e6:.1f} us at {N2} (Br = {tc.block_q})")
+            del calls
+            cp.get_default_memory_pool().free_all_blocks()
 
 
 class _Skip(Exception):
     """A kernel that cannot be measured here (no torch)."""
 
 
-def _call(cp, torch, name: str, s: Shape) -> Callable[[], Any]:
+def _call(cp, torch, name: str, n: int, nk: int, d: int) -> Callable[[], Any]:
     if name.startswith("iosim-"):
-        return _ours(cp, "flash3" if "flash3" in name else "flash2", s)
+        return _ours(cp, "flash3" if "flash3" in name else "flash2", n, nk, d)
     if torch is None:
         raise _Skip("torch with CUDA is not importable here")
-    return _torch(torch, "flash" if name == "fa2-bwd" else "cudnn", s)
+    return _torch(torch, "flash" if name == "fa2-bwd" else "cudnn", n, nk, d)

@@ -144,9 +144,6 @@ class BackwardCalibration(_Strict):
         description="seconds a thread block spends on one step (one Q block against its K/V block), by the "
                     "kernel's timing description ('iosim-flash2-bwd', 'fa2-bwd', ...), then by head dim; measured "
                     "on a one-wave grid, bf16, no mask")
-    diagonal: dict[str, SourcedSecondsTable] | None = Field(
-        None, description="seconds a step on the causal diagonal (a Q block whose first row sees only some of the "
-                          "K/V block's keys) adds to a step, keyed as step; absent in files measured before it")
 
 
 class SourcedWatts(_Strict):

@@ -33,9 +33,7 @@ iosim's kernel and FlashAttention-2's move the same shared-memory wavefronts and
 yet take 8,859 and 8,068 cycles (H100, d = 128; docs/timing.md). Where the profile holds the description's step,
 measured on a one-wave grid (``calibration.backward.step``, :mod:`iosim.calibrate.backward_step`), T_step is that
 measurement (one block an SM, the description's tiles, 16-bit inputs); the composed T_step above is kept beside it
-(``step_composed``) and is the step wherever the profile lacks it. A step on the causal diagonal (a Q block whose
-first row sees only some of the block's keys, :func:`diagonal_steps`) costs the measured step plus what the profile
-measured such a step to add (``calibration.backward.diagonal``: the mask and what it holds up).
+(``step_composed``) and is the step wherever the profile lacks it.
 """
 
 from __future__ import annotations
@@ -105,29 +103,17 @@ def step(p: AttentionProblem, tc: TileConfig, desc: KernelDesc, k: int, r: Rates
     return BwdStep(ldm, mma, elem, load, reduce, t)
 
 
-def measured_step(c: Conditions, tc: TileConfig, k: int, table: str = "step") -> float | None:
-    """``calibration.backward.step`` (``table`` "diagonal": ``calibration.backward.diagonal``) of the description at
-    the problem's head dim: seconds a block's step takes (what a step on the causal diagonal adds), where the
-    profile has it and the call runs as it was measured (the description's own tiles, one block an SM, 16-bit
-    inputs); else None."""
+def measured_step(c: Conditions, tc: TileConfig, k: int) -> float | None:
+    """``calibration.backward.step`` of the description at the problem's head dim: seconds a block's step takes,
+    where the profile has it and the call runs as it was measured (the description's own tiles, one block an SM,
+    16-bit inputs); else None."""
     cal = getattr(c.profile.calibration, "backward", None)
-    entry = (getattr(cal, table) or {}).get(c.desc.name) if cal is not None else None
+    entry = cal.step.get(c.desc.name) if cal is not None else None
     d = c.problem.head_dim
     if entry is None or d not in entry.value or k != 1 or c.problem.elem_bytes != 2 or d not in c.desc.tiles:
         return None
     own = c.desc.tiles_for(d)
     return float(entry.value[d]) if (own.block_q, own.block_kv) == (tc.block_q, tc.block_kv) else None
-
-
-def measured_blocks(c: Conditions, tc: TileConfig, grouped: bool, k: int = 1) -> np.ndarray | None:
-    """Seconds of each K/V block's steps from the profile's measurements (:func:`measured_step`): its steps at the
-    measured step, its causal-diagonal steps each the measured diagonal extra more (none where the profile lacks
-    it); None where the profile has no measured step for the call."""
-    step_s = measured_step(c, tc, k)
-    if step_s is None:
-        return None
-    extra = measured_step(c, tc, k, "diagonal") or 0.0
-    return block_steps(c.problem, tc, grouped) * step_s + diagonal_steps(c.problem, tc, grouped) * extra
 
 
 def block_steps(p: AttentionProblem, tc: TileConfig, grouped: bool) -> np.ndarray:
@@ -138,20 +124,6 @@ def block_steps(p: AttentionProblem, tc: TileConfig, grouped: bool) -> np.ndarra
     first = np.maximum(0, j * Bc - (Nk - N)) // Br if p.causal else np.zeros(Tc, dtype=int)
     visits = np.maximum(0, Tr - first)
     return visits * (p.heads // p.kv_heads if grouped else 1)
-
-
-def diagonal_steps(p: AttentionProblem, tc: TileConfig, grouped: bool) -> np.ndarray:
-    """Of :func:`block_steps`, those on the causal diagonal: Q blocks whose first row sees only some of the K/V
-    block's keys (bottom-right: row r sees key c where c <= r + kv_len - seq_len); none without a causal mask."""
-    Br, Bc, N, Nk = tc.block_q, tc.block_kv, p.seq_len, p.kv_len
-    Tr, Tc = cdiv(N, Br), cdiv(Nk, Bc)
-    if not p.causal:
-        return np.zeros(Tc, dtype=int)
-    j, offset = np.arange(Tc), Nk - N
-    first = np.maximum(0, j * Bc - offset) // Br
-    last_key = np.minimum((j + 1) * Bc, Nk) - 1
-    straddle = np.minimum(Tr, -(-np.maximum(0, last_key - offset) // Br))  # Q blocks whose first row misses a key
-    return np.maximum(0, straddle - first) * (p.heads // p.kv_heads if grouped else 1)
 
 
 def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], tc: TileConfig) -> KernelTime:
@@ -170,8 +142,7 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     kv_bytes = 2 * tc.block_kv * p.head_dim * p.elem_bytes
     prologue = k * kv_bytes / (r.l2 / r.sms) + r.block_s + 2 * latency
     epilogue = k * kv_bytes / (r.l2_write / r.sms)
-    work = measured_blocks(c, tc, grouped, k)
-    durations = np.tile(prologue + (steps * step_s if work is None else work) + epilogue, heads)
+    durations = np.tile(prologue + steps * step_s + epilogue, heads)
     blocks = makespan(durations, r.sms * k)
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.next_launch_s() + latency

@@ -19,8 +19,7 @@ four times and at two named barriers a step. The loads and the dQ reductions run
     T_step = max( t_gemm + t_elem + t_smem + 2·t_wait, t_load + t_reduce )
 
 or, where the profile holds the description's step as measured on a one-wave grid (``calibration.backward.step``),
-that measurement, a step on the causal diagonal that much more again as measured (``calibration.backward.diagonal``),
-as :mod:`iosim.timing.fa2_bwd` takes them.
+that measurement, as :mod:`iosim.timing.fa2_bwd` takes it.
 
 Nsight Compute agrees with the sequence (H100, B = 4, N = 4096, d = 128): the tensor pipe 57% busy in our kernel, 65%
 in cuDNN's, where a step overlapping its phases would keep it busy most of the time.
@@ -42,7 +41,7 @@ from ..blocks import makespan
 from ..counts import KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
 from .estimate import Conditions, KernelTime
-from .fa2_bwd import ACC_BYTES, GEMMS, SCORE_OPS, block_steps, measured_blocks, measured_step
+from .fa2_bwd import ACC_BYTES, GEMMS, SCORE_OPS, block_steps, measured_step
 from .kernels import TileConfig
 from .rates import Rates
 
@@ -83,8 +82,7 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     persistent = desc.launch_order == "persistent"
     load_rate = (r.dram_read if dram[0] > 0 else r.l2) / r.sms
     parts["tile_load"] = kv_bytes / load_rate
-    work = measured_blocks(c, tc, grouped)
-    per_tile = (parts["tile_load"] + (steps * parts["step"] if work is None else work) + kv_bytes / (r.l2_write / r.sms)
+    per_tile = (parts["tile_load"] + steps * parts["step"] + kv_bytes / (r.l2_write / r.sms)
                 + (latency if persistent else r.block_s + 2 * latency))
     longest_first = persistent or (desc.launch_order == "causal-longest-first" and p.causal)
     blocks = makespan(np.tile(per_tile, heads), r.sms, longest_first=longest_first)  # grid order unless longest first

@@ -106,16 +106,3 @@ def test_backward_steps_are_bound_by_the_tensor_cores_and_measured_for_ours(cal)
             assert floor < seconds < 10 * floor, (name, d, seconds, floor)
     assert sum(line.startswith("backward.step.") for line in lines) == sum(len(t.value) for t in
                                                                             c.backward.step.values())
-
-
-def test_a_diagonal_step_adds_less_than_three_steps(cal):
-    """What the causal mask adds to a diagonal step, measured beside each step: present for every measured step,
-    not negative, and short of three more steps (the step's own work and a mask pass over its Br x Bc scores: far
-    outside, the two calls did not differ by their mask only)."""
-    c, _, _, _ = cal
-    assert c.backward is not None and c.backward.diagonal is not None
-    assert c.backward.diagonal.keys() == c.backward.step.keys()
-    for name, table in c.backward.diagonal.items():
-        assert table.value.keys() == c.backward.step[name].value.keys()
-        for d, extra in table.value.items():
-            assert 0 <= extra < 3 * c.backward.step[name].value[d], (name, d, extra)
