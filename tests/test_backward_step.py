@@ -125,5 +125,5 @@ def test_the_measured_step_is_not_taken_where_the_call_runs_otherwise():
 def test_the_cli_takes_one_section_at_a_time(capsys):
     from helpers import run_cli
 
-    code, out, err = run_cli(["calibrate", "rates", "--backward-only", "--decode-only"], capsys)
-    assert code != 0 and "each measure one section" in out + err
+    code, out, err = run_cli(["calibrate", "rates", "--steps-only", "--decode-only"], capsys)
+    assert code != 0 and "each measure one part" in out + err

@@ -23,6 +23,7 @@ import yaml
 from iosim._version import __version__
 from iosim.calibrate.backward_step import backward_part
 from iosim.calibrate.decode_tile import decode_part
+from iosim.calibrate.forward_step import forward_part
 from iosim.calibrate.power import power_part
 from iosim.calibrate.rates_kernels import (
     ALU_UNROLL,
@@ -121,18 +122,26 @@ def write_calibrated(base: str, section: dict, path: str | Path) -> Profile:
     return profile
 
 
-def with_part(base: str, measured: list[Measured], on: dict, part: str) -> dict:
-    """The base profile's calibration section with the ``part`` section of ``measured`` put in (``--only power``,
-    ``--only decode``); the other sections keep their values and sources."""
+def with_part(base: str, measured: list[Measured], on: dict, *parts: str) -> dict:
+    """The base profile's calibration section with the ``parts`` sections of ``measured`` put in (``--power-only``,
+    ``--decode-only``, ``--steps-only``); the other sections keep their values and sources, and a part nothing of
+    which could be measured here keeps the base's."""
+    what = " and ".join(parts)
     src = PROFILES_DIR / f"{base}.yaml" if base in builtin_profile_names() else Path(base)
     section = read_profile_data(src).get("calibration")
     if not section:
-        raise RatesError(f"--only {part}: profile {base} has no calibration section to add the {part} section to; "
-                         "run iosim calibrate rates without it")
+        raise RatesError(f"{what}: profile {base} has no calibration section to add to; run iosim calibrate rates "
+                         "without the option")
     nested = nest({}, measured, on)
-    if part not in nested:
-        raise RatesError(f"--only {part}: nothing of the {part} section could be measured on this GPU (see above)")
-    return {**section, part: nested[part]}
+    if not any(p in nested for p in parts):
+        raise RatesError(f"{what}: nothing could be measured on this GPU (see above)")
+    return {**section, **{p: nested[p] for p in parts if p in nested}}
+
+
+def steps_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """The kernels' own steps: iosim's flash3 forward (Hopper), then the backward kernels."""
+    forward_part(b, cp, report)
+    backward_part(b, cp, report)
 
 
 def guess_profile(device: str) -> str:
@@ -335,7 +344,7 @@ def measure_rates(repeats: int = 15, echo: Callable[[str], None] = print, dev: d
             echo(f"{label:<28}{fmt_value(m)!s:>16}  {_per_clk(m, b.sms, clock[0] if clock else None):<22}  "
                  f"{'; '.join(x for x in (expect, note) if x)}")
 
-        for part in (_compute, _memory, _reduce, chase_latency, _launch, decode_part, backward_part, power_part):
+        for part in (_compute, _memory, _reduce, chase_latency, _launch, decode_part, steps_part, power_part):
             part(b, cp, report)
             cp.cuda.runtime.deviceSynchronize()
     except RatesError:

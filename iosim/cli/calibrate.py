@@ -17,7 +17,6 @@ from ..calibrate import (
     fit_room,
     probe_cases,
 )
-from ..calibrate.backward_step import backward_part
 from ..calibrate.decode_tile import decode_part
 from ..calibrate.power import measure_power_only
 from ..calibrate.rates import (
@@ -27,6 +26,7 @@ from ..calibrate.rates import (
     guess_profile,
     measure_rates,
     measured_on,
+    steps_part,
     with_part,
     write_calibrated,
 )
@@ -125,17 +125,17 @@ def block_share_cmd(timelines, do_measure):
 @click.option("--decode-only", is_flag=True,
               help="measure the decode section only (iosim's decode kernels: tiles, fixed parts, combine rounds) and "
                    "put it into the base profile's calibration section")
-@click.option("--backward-only", is_flag=True,
-              help="measure the backward section only (the step of iosim's backward kernels and, where torch runs "
-                   "here, torch's FlashAttention-2 and cuDNN backward) and put it into the base profile's calibration "
-                   "section")
-def rates_cmd(output, base, repeats, power_only, decode_only, backward_only):
+@click.option("--steps-only", is_flag=True,
+              help="measure the forward and backward sections only (the step of iosim's flash3 forward, of its "
+                   "backward kernels and, where torch runs here, of torch's FlashAttention-2 and cuDNN backward) and "
+                   "put them into the base profile's calibration section")
+def rates_cmd(output, base, repeats, power_only, decode_only, steps_only):
     """Measure what code reaches on this GPU (mma.sync, wgmma, exp, fp32, shared memory, L2, DRAM, launch costs,
-    iosim's decode kernels' tiles, fixed parts and combine rounds, the backward kernels' steps, power and energy per
-    unit of work) with kernels of our own, and write a copy of the base profile with them as its calibration
+    iosim's decode kernels' tiles, fixed parts and combine rounds, the forward and backward kernels' steps, power and
+    energy per unit of work) with kernels of our own, and write a copy of the base profile with them as its calibration
     section."""
-    if power_only + decode_only + backward_only > 1:
-        raise click.UsageError("--power-only, --decode-only and --backward-only each measure one section: give one")
+    if power_only + decode_only + steps_only > 1:
+        raise click.UsageError("--power-only, --decode-only and --steps-only each measure one part: give one")
     try:
         dev = device_facts(require_cupy())
         base = base or guess_profile(dev["device"])
@@ -144,15 +144,15 @@ def rates_cmd(output, base, repeats, power_only, decode_only, backward_only):
         click.echo(f"base profile {base}; writing {out}")
         cmd = (f"iosim calibrate rates -o {out} --profile {base}" + (f" --repeats {repeats}" if repeats != 15 else "")
                + (" --power-only" if power_only else "") + (" --decode-only" if decode_only else "")
-               + (" --backward-only" if backward_only else ""))
+               + (" --steps-only" if steps_only else ""))
         if power_only:
             section = with_part(base, measure_power_only(repeats, click.echo), measured_on(dev, cmd), "power")
         elif decode_only:
             section = with_part(base, measure_only(decode_part, repeats, click.echo), measured_on(dev, cmd),
                                 "decode")
-        elif backward_only:
-            section = with_part(base, measure_only(backward_part, repeats, click.echo), measured_on(dev, cmd),
-                                "backward")
+        elif steps_only:
+            section = with_part(base, measure_only(steps_part, repeats, click.echo), measured_on(dev, cmd),
+                                "forward", "backward")
         else:
             measured = measure_rates(repeats, click.echo, dev)
             section = calibration_section(measured, measured_on(dev, cmd), dev["hopper"])

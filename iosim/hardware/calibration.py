@@ -136,6 +136,16 @@ class DecodeCalibration(_Strict):
                           "splits' partial rows), by head dim; absent in files measured before it")
 
 
+class ForwardCalibration(_Strict):
+    """iosim's FlashAttention-3-design forward on this GPU: what a K/V step costs beyond any rate of the chip
+    (iosim/calibrate/forward_step.py)."""
+
+    step: dict[str, dict[str, SourcedSecondsTable]] = Field(
+        description="seconds a thread block spends on one K/V step of its Q tile, by the kernel's timing "
+                    "description ('iosim-flash3'), then its inputs' type ('bf16', 'fp8'), then head dim; measured "
+                    "on a Q tile an SM, the K/V in L2, no mask")
+
+
 class BackwardCalibration(_Strict):
     """Backward kernels on this GPU: what a step costs beyond any rate of the chip
     (iosim/calibrate/backward_step.py)."""
@@ -226,6 +236,9 @@ class Calibration(_Strict):
                                           "in files calibrated before it was measured (iosim calibrate rates writes it)")
     decode: DecodeCalibration | None = Field(default=None, description="iosim's decode kernel's tile time; absent "
                                              "in files calibrated before it (the decode model then charges none)")
+    forward: ForwardCalibration | None = Field(default=None, description="iosim's flash3 forward's step times; "
+                                               "absent in files calibrated before it and GPUs before Hopper (the fa3 "
+                                               "model then composes the step from the rates)")
     backward: BackwardCalibration | None = Field(default=None, description="the backward kernels' step times; "
                                                  "absent in files calibrated before it (the backward models then "
                                                  "compose the step from the rates)")

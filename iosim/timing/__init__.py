@@ -159,7 +159,7 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
         return flash_decode.kernel_times(c, work, L2_RESIDENT_SHARE)
     if desc.family == "fa3":
         model = fa3.HopperModel(tensor_efficiency=_wgmma_efficiency(r, c.profile, p.dtype),
-                                overlap_loss=overlap.OVERLAP_LOSS)
+                                overlap_loss=overlap.OVERLAP_LOSS, step_s=_measured_step(c, work.tiles))
         placement = "iosim" if desc.launch_order == "persistent-iosim" else "dynamic"
         k = fa3.kernel_time(kernels[0], p, work.tiles, c.profile, model, placement)
         return [replace(k, predicted_s=k.predicted_s + r.first_launch_s() + 3 * c.latency)]  # Q, first K/V; drain
@@ -171,6 +171,21 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     folded = p if window is not None or seqs else decode.folded(p, desc)
     paged = bool(getattr(work.tiles, "page_size", None))
     return [fa2.kernel_time(replace(c, problem=folded), kernels[0], dram, tc, window, seqs, paged)]
+
+
+def _measured_step(c: Conditions, tiles) -> float | None:
+    """``calibration.forward.step`` of the description for the call's input type and head dim, where the call runs
+    the instantiation it was measured on: the description's own tiles, no window, no packed sequences, no pages;
+    else None (the fa3 model composes the step)."""
+    cal = getattr(c.profile.calibration, "forward", None)
+    p, desc = c.problem, c.desc
+    table = (cal.step.get(desc.name, {}).get(p.dtype) if cal is not None else None)
+    if table is None or p.head_dim not in table.value or p.head_dim not in desc.tiles:
+        return None
+    if getattr(tiles, "window", None) is not None or getattr(tiles, "seqlens", ()) or getattr(tiles, "page_size", None):
+        return None
+    own = desc.tiles_for(p.head_dim, p.dtype)
+    return float(table.value[p.head_dim]) if (own.block_q, own.block_kv) == (tiles.block_q, tiles.block_kv) else None
 
 
 def _is_builtin(desc: KernelDesc) -> bool:

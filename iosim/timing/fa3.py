@@ -39,6 +39,12 @@ K/V step are left out of the step's loads (under 0.1% of K_j and V_j at d >= 64)
 
 Rates come from the profile. ``tensor_efficiency`` is the sustained fraction of the datasheet's tensor-core
 peak, a parameter of this model with its source (below), not a property of the chip.
+
+**The measured step.** Where the profile holds the kernel's own step (``calibration.forward.step``, by description,
+input type and head dim: :mod:`iosim.calibrate.forward_step`), :mod:`iosim.timing` passes it as ``step_s`` for a
+call that runs the instantiation it was measured on (the description's tiles, no window, no packed sequences or
+pages), and a K/V step costs that (a masked one its mask pass more); the prologue, the epilogue and the placement
+are the model's as above.
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ class HopperModel:
     overlap_loss: float = 0.0
     """With ``overlap``: the share of the shorter of GEMM and softmax that does not hide under the longer (0: a
     perfect ping-pong; iosim.timing passes its fitted OVERLAP_LOSS)."""
+    step_s: float | None = None
+    """A K/V step as measured on the kernel itself (``calibration.forward.step``, iosim.calibrate.forward_step), in
+    place of the composed one; None: composed. A masked step adds its mask pass to it as to the composed step."""
 
 
 MASK_OPS: dict[str, dict[int, float]] = {"plain": {64: 2.06, 128: 2.06, 256: 2.12},
@@ -181,7 +190,8 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
     # a masked warpgroup-step: its softmax longer by the mask pass over its 64 rows (linear in the masked count)
     per_mask = step(Bc, mask_ops(mask_kind(p, window), d) * WARPGROUP_ROWS * Bc / r["alu"]) - step(Bc)
     masks = masked_steps(p, Br, Bc, window, lo, hi)
-    steady = np.where(n > 0, np.maximum(n - 1, 0) * step(Bc) + step(last) + masks * per_mask, 0.0)
+    full, ragged = (step(Bc), step(last)) if model.step_s is None else (model.step_s, model.step_s)  # whole tiles
+    steady = np.where(n > 0, np.maximum(n - 1, 0) * full + ragged + masks * per_mask, 0.0)
     first = np.where(n > 0, br * d * b / r["l2"] + np.where(n > 1, l_full, l_last) + g_tile / 2, 0.0)
     epilogue = g_tile / 2 + br * d * (4 / r["alu"] + ob / r["l2"])  # last P·V; O / l; store O (its rows)
     t = np.where(n > 0, first + steady + epilogue, br * d * ob / r["l2"])  # a Q block that sees no key: store zeros

@@ -106,3 +106,22 @@ def test_backward_steps_are_bound_by_the_tensor_cores_and_measured_for_ours(cal)
             assert floor < seconds < 10 * floor, (name, d, seconds, floor)
     assert sum(line.startswith("backward.step.") for line in lines) == sum(len(t.value) for t in
                                                                             c.backward.step.values())
+
+
+def test_forward_steps_are_bound_by_the_tensor_cores(cal):
+    """A K/V step of iosim's flash3 forward runs two GEMMs of 2·Br·Bc·d FLOPs: no step beats them at the dense
+    tensor peak (4096 FLOP/clk/SM for bf16, 8192 for fp8), none takes ten times as long; Hopper only."""
+    from iosim.timing import load_kernel
+
+    c, dev, _, _ = cal
+    assert (c.forward is not None) == dev["hopper"]
+    if c.forward is None:
+        return
+    desc = load_kernel("iosim-flash3")
+    assert sorted(c.forward.step["iosim-flash3"]) == ["bf16", "fp8"]
+    for dtype, table in c.forward.step["iosim-flash3"].items():
+        assert sorted(table.value) == sorted(desc.tiles)
+        for d, seconds in table.value.items():
+            tc = desc.tiles_for(d, dtype)
+            floor = 4 * tc.block_q * tc.block_kv * d / ((8192 if dtype == "fp8" else 4096) * c.sm_clock.value)
+            assert floor < seconds < 10 * floor, (dtype, d, seconds, floor)

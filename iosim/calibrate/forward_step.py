@@ -1,0 +1,91 @@
+"""``calibration.forward.step``: the seconds a thread block of iosim's FlashAttention-3-design forward
+(kernels/flash3_fwd.cu, the ``iosim-flash3`` description) spends on one K/V step of its Q tile, on this GPU (Hopper),
+for its 16-bit and its fp8 (e4m3) instantiations at each head dim.
+
+Why it is measured: the fa3 model (:mod:`iosim.timing.fa3`) composes a step from the chip's rates (the two GEMMs
+at the measured wgmma rate, the softmax at the exp and fp32 rates, overlapped as FA3's ping-pong does), and that
+composition prices the fp8 instantiation at d = 256 a quarter faster than it runs: the time record's fp8 rows at
+d = 256, N >= 4096, are measured 23-26% slower than predicted on an H100 (the model puts the tile at 68% of the
+measured fp8 wgmma rate; the kernel reaches 52%), those at d = 128 within 3%. What the kernel spends beyond the
+rates is its code's (its registers at d = 256, the fp8 P's conversion and the scales), so the kernel's own step is
+timed.
+
+How: one Q tile of Br queries on each SM, all reading one kv head (``heads`` = SMs query heads on one kv head,
+batch 1, so the persistent grid holds one tile a block and the K/V tiles stay in L2), no mask; the keys grow from
+16 to 64 K/V tiles, so each block runs 48 more steps whatever its fixed costs (the launch, Q, the first tile, O's
+store) are: step = (t(64 Bc) − t(16 Bc)) / 48. Each time is the median of CALLS calls queued behind a busy kernel
+after a rest (a few milliseconds of tensor work, before the board's power limiter acts). The fp8 inputs are
+quantized once beforehand (``iosim.gpu.quantize_fp8``), as the fp8 time record times the kernel alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from iosim.calibrate.backward_step import CALLS, REST_S
+from iosim.calibrate.rates_kernels import Bench, Measured
+from iosim.measure.events import BUSY, cupy_clock, time_ms
+
+KERNEL = "iosim-flash3"  # the timing description the steps belong to
+TILES = (16, 64)  # K/V tiles of each call
+DTYPES = ("bf16", "fp8")
+
+
+def step_from(t1: float, t2: float) -> float:
+    """Seconds a step from the calls at TILES[0] and TILES[1] K/V tiles."""
+    return max(t2 - t1, 1e-12) / (TILES[1] - TILES[0])
+
+
+def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool) -> Callable[[], Any]:
+    """iosim's flash3 forward on random inputs (bf16, or quantized to e4m3 once), ``heads`` query heads on one kv
+    head, ready to time."""
+    import ml_dtypes
+
+    from iosim import gpu
+
+    bf16 = ml_dtypes.bfloat16
+    q = cp.random.standard_normal((1, n, heads, d), dtype=cp.float32).astype(bf16)
+    k, v = (cp.random.standard_normal((1, nk, 1, d), dtype=cp.float32).astype(bf16) for _ in range(2))
+    if fp8:
+        bq, bkv = gpu.fp8_blocks(d)
+        q, k, v = gpu.quantize_fp8(q, block=bq), gpu.quantize_fp8(k, block=bkv), gpu.quantize_fp8(v, block=bkv,
+                                                                                                   transpose=True)
+    return lambda: gpu.attention(q, k, v, schedule="flash3")
+
+
+def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
+    """Measure ``forward.step.iosim-flash3.<dtype>`` at each head dim of its tiles (Hopper only; elsewhere said and
+    skipped)."""
+    from iosim.timing import load_kernel
+
+    if not b.hopper:
+        print("forward: skipped (iosim's flash3 forward runs on Hopper, sm_90a, only)", flush=True)
+        return
+    spin = b.fn("rates_spin")
+    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
+    desc = load_kernel(KERNEL)
+    for dtype in DTYPES:
+        for d in sorted(desc.fp8_tiles if dtype == "fp8" else desc.tiles):
+            tc = desc.tiles_for(d, dtype)
+            try:
+                calls = [_call(cp, b.sms, tc.block_q, n * tc.block_kv, d, dtype == "fp8") for n in TILES]
+                times = []
+                for call in calls:
+                    time.sleep(REST_S)
+                    times.append(time_ms(call, CALLS, warmup=2, view=BUSY, clock=clock) * 1e-3)
+            except Exception as exc:  # an instantiation this GPU cannot run (shared memory)
+                print(f"forward.step.{KERNEL}.{dtype}.{d}: skipped ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0][:120]})", flush=True)
+                continue
+            what = (f"iosim's flash3 forward ({KERNEL}'s tiles), {dtype} inputs{' (quantized beforehand)' if dtype == 'fp8' else ''}, "
+                    f"no mask, {b.sms} query heads of Br queries on one kv head (a Q tile on each SM, K/V in L2): "
+                    f"(time at {TILES[1]} K/V tiles - time at {TILES[0]}) / {TILES[1] - TILES[0]}, each the median of "
+                    f"{CALLS} calls behind a busy kernel after {REST_S} s idle (iosim/calibrate/forward_step.py); by "
+                    "head dim")
+            report(Measured(("forward", "step", KERNEL, dtype, d), step_from(*times), "s", what),
+                   f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
+                   f"(Br x Bc = {tc.block_q} x {tc.block_kv})")
+            del calls
+            cp.get_default_memory_pool().free_all_blocks()
