@@ -1,6 +1,6 @@
 """calibration.backward.step (iosim/calibrate/backward_step.py) and what the backward time models do with it
 (iosim/timing/fa2_bwd.py, fa3_bwd.py): the measurement's arithmetic on a stand-in clock, the profile field, the
-models' use of it (only where the call runs as it was measured), and the CLI's --backward-only."""
+models' use of it (only where the call runs as it was measured), and the CLI's --steps-only."""
 
 from __future__ import annotations
 
