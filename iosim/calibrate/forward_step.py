@@ -13,9 +13,13 @@ timed.
 How: one Q tile of Br queries on each SM, all reading one kv head (``heads`` = SMs query heads on one kv head,
 batch 1, so the persistent grid holds one tile a block and the K/V tiles stay in L2), no mask; the keys grow from
 16 to 64 K/V tiles, so each block runs 48 more steps whatever its fixed costs (the launch, Q, the first tile, O's
-store) are: step = (t(64 Bc) − t(16 Bc)) / 48. Each time is the median of CALLS calls queued behind a busy kernel
-after a rest (a few milliseconds of tensor work, before the board's power limiter acts). The fp8 inputs are
-quantized once beforehand (``iosim.gpu.quantize_fp8``), as the fp8 time record times the kernel alone.
+store) are: step = (t1(64 Bc) − t1(16 Bc)) / 48. Then two Q tiles on each SM (twice the heads) at 16 K/V tiles:
+what a further tile costs beyond its steps, ``forward.tile_fixed`` = t2(16 Bc) − t1(16 Bc) − 16 · step (its Q load,
+its first K/V tile's wait, O / l and O's store, as far as the next tile's work does not hide them), and what the
+call costs beyond its tiles, ``forward.call_fixed`` = t1(16 Bc) − 16 · step − tile_fixed (the launch, the grid's
+start, the first loads' latency, the last stores' drain). Each time is the median of CALLS calls queued behind a
+busy kernel after a rest (a few milliseconds of tensor work, before the board's power limiter acts). The fp8 inputs
+are quantized once beforehand (``iosim.gpu.quantize_fp8``), as the fp8 time record times the kernel alone.
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ def step_from(t1: float, t2: float) -> float:
     return max(t2 - t1, 1e-12) / (TILES[1] - TILES[0])
 
 
+def fixed_from(t1: float, t2: float, two_tiles: float) -> tuple[float, float]:
+    """(tile_fixed, call_fixed) from the calls of one Q tile a block at TILES[0] and TILES[1] K/V tiles and of two
+    Q tiles a block at TILES[0] (module docstring); each at least 1 ns (a measurement noisier than the part)."""
+    step = step_from(t1, t2)
+    tile = max(two_tiles - t1 - TILES[0] * step, 1e-9)
+    return tile, max(t1 - TILES[0] * step - tile, 1e-9)
+
+
 def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool) -> Callable[[], Any]:
     """iosim's flash3 forward on random inputs (bf16, or quantized to e4m3 once), ``heads`` query heads on one kv
     head, ready to time."""
@@ -56,8 +68,8 @@ def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool) -> Callable[[], An
 
 
 def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """Measure ``forward.step.iosim-flash3.<dtype>`` at each head dim of its tiles (Hopper only; elsewhere said and
-    skipped)."""
+    """Measure ``forward.step``, ``forward.tile_fixed`` and ``forward.call_fixed`` of ``iosim-flash3`` by input type
+    at each head dim of its tiles (Hopper only; elsewhere said and skipped)."""
     from iosim.timing import load_kernel
 
     if not b.hopper:
@@ -71,6 +83,7 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
             tc = desc.tiles_for(d, dtype)
             try:
                 calls = [_call(cp, b.sms, tc.block_q, n * tc.block_kv, d, dtype == "fp8") for n in TILES]
+                calls.append(_call(cp, 2 * b.sms, tc.block_q, TILES[0] * tc.block_kv, d, dtype == "fp8"))
                 times = []
                 for call in calls:
                     time.sleep(REST_S)
@@ -84,8 +97,16 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
                     f"(time at {TILES[1]} K/V tiles - time at {TILES[0]}) / {TILES[1] - TILES[0]}, each the median of "
                     f"{CALLS} calls behind a busy kernel after {REST_S} s idle (iosim/calibrate/forward_step.py); by "
                     "head dim")
-            report(Measured(("forward", "step", KERNEL, dtype, d), step_from(*times), "s", what),
+            report(Measured(("forward", "step", KERNEL, dtype, d), step_from(*times[:2]), "s", what),
                    f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
                    f"(Br x Bc = {tc.block_q} x {tc.block_kv})")
+            tile, call = fixed_from(*times)
+            report(Measured(("forward", "tile_fixed", KERNEL, dtype, d), tile, "s",
+                            f"the same kernel and inputs, two Q tiles on each SM (twice the heads) at {TILES[0]} K/V "
+                            f"tiles: time - the one-tile call's - {TILES[0]} steps (iosim/calibrate/forward_step.py); "
+                            "by head dim"), f"{times[2] * 1e6:.1f} us with two Q tiles an SM")
+            report(Measured(("forward", "call_fixed", KERNEL, dtype, d), call, "s",
+                            f"the one-tile call at {TILES[0]} K/V tiles less its {TILES[0]} steps and one tile_fixed "
+                            "(iosim/calibrate/forward_step.py); by head dim"), "")
             del calls
             cp.get_default_memory_pool().free_all_blocks()

@@ -144,6 +144,12 @@ class ForwardCalibration(_Strict):
         description="seconds a thread block spends on one K/V step of its Q tile, by the kernel's timing "
                     "description ('iosim-flash3'), then its inputs' type ('bf16', 'fp8'), then head dim; measured "
                     "on a Q tile an SM, the K/V in L2, no mask")
+    tile_fixed: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
+        None, description="seconds a further Q tile of a block costs beyond its steps, keyed as step; absent in files "
+                          "measured before it")
+    call_fixed: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
+        None, description="seconds a call costs beyond its tiles (launch, start, first loads, last stores), keyed as "
+                          "step; absent in files measured before it")
 
 
 class BackwardCalibration(_Strict):

@@ -158,11 +158,13 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     if desc.family == "decode":
         return flash_decode.kernel_times(c, work, L2_RESIDENT_SHARE)
     if desc.family == "fa3":
+        step, tile, call = (_measured_step(c, work.tiles, part) for part in ("step", "tile_fixed", "call_fixed"))
         model = fa3.HopperModel(tensor_efficiency=_wgmma_efficiency(r, c.profile, p.dtype),
-                                overlap_loss=overlap.OVERLAP_LOSS, step_s=_measured_step(c, work.tiles))
+                                overlap_loss=overlap.OVERLAP_LOSS, step_s=step, tile_fixed_s=tile if step else None)
         placement = "iosim" if desc.launch_order == "persistent-iosim" else "dynamic"
         k = fa3.kernel_time(kernels[0], p, work.tiles, c.profile, model, placement)
-        return [replace(k, predicted_s=k.predicted_s + r.first_launch_s() + 3 * c.latency)]  # Q, first K/V; drain
+        fixed = call if step and call is not None else r.first_launch_s() + 3 * c.latency  # Q, first K/V; drain
+        return [replace(k, predicted_s=k.predicted_s + fixed)]
     dram = (sum(x[0] for x in work.hbm), sum(x[1] for x in work.hbm))
     window, seqs = getattr(work.tiles, "window", None), getattr(work.tiles, "seqlens", ())
     if window is None and not seqs and decode.applies(p, desc, r):
@@ -173,13 +175,13 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     return [fa2.kernel_time(replace(c, problem=folded), kernels[0], dram, tc, window, seqs, paged)]
 
 
-def _measured_step(c: Conditions, tiles) -> float | None:
-    """``calibration.forward.step`` of the description for the call's input type and head dim, where the call runs
-    the instantiation it was measured on: the description's own tiles, no window, no packed sequences, no pages;
-    else None (the fa3 model composes the step)."""
+def _measured_step(c: Conditions, tiles, part: str = "step") -> float | None:
+    """``calibration.forward.<part>`` (step, tile_fixed, call_fixed) of the description for the call's input type
+    and head dim, where the call runs the instantiation it was measured on: the description's own tiles, no window,
+    no packed sequences, no pages; else None (the fa3 model composes it)."""
     cal = getattr(c.profile.calibration, "forward", None)
     p, desc = c.problem, c.desc
-    table = (cal.step.get(desc.name, {}).get(p.dtype) if cal is not None else None)
+    table = ((getattr(cal, part) or {}).get(desc.name, {}).get(p.dtype) if cal is not None else None)
     if table is None or p.head_dim not in table.value or p.head_dim not in desc.tiles:
         return None
     if getattr(tiles, "window", None) is not None or getattr(tiles, "seqlens", ()) or getattr(tiles, "page_size", None):

@@ -43,8 +43,9 @@ peak, a parameter of this model with its source (below), not a property of the c
 **The measured step.** Where the profile holds the kernel's own step (``calibration.forward.step``, by description,
 input type and head dim: :mod:`iosim.calibrate.forward_step`), :mod:`iosim.timing` passes it as ``step_s`` for a
 call that runs the instantiation it was measured on (the description's tiles, no window, no packed sequences or
-pages), and a K/V step costs that (a masked one its mask pass more); the prologue, the epilogue and the placement
-are the model's as above.
+pages), and a K/V step costs that (a masked one its mask pass more); with it, where measured, a tile's prologue and
+epilogue are the measured ``tile_fixed`` (what a further tile adds beyond its steps) and the call's launch and
+drain the measured ``call_fixed``; the placement is the model's as above.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class HopperModel:
     step_s: float | None = None
     """A K/V step as measured on the kernel itself (``calibration.forward.step``, iosim.calibrate.forward_step), in
     place of the composed one; None: composed. A masked step adds its mask pass to it as to the composed step."""
+    tile_fixed_s: float | None = None
+    """What a Q tile costs beyond its steps, as measured (``calibration.forward.tile_fixed``), in place of the
+    composed prologue and epilogue; None: composed."""
 
 
 MASK_OPS: dict[str, dict[int, float]] = {"plain": {64: 2.06, 128: 2.06, 256: 2.12},
@@ -194,7 +198,8 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
     steady = np.where(n > 0, np.maximum(n - 1, 0) * full + ragged + masks * per_mask, 0.0)
     first = np.where(n > 0, br * d * b / r["l2"] + np.where(n > 1, l_full, l_last) + g_tile / 2, 0.0)
     epilogue = g_tile / 2 + br * d * (4 / r["alu"] + ob / r["l2"])  # last P·V; O / l; store O (its rows)
-    t = np.where(n > 0, first + steady + epilogue, br * d * ob / r["l2"])  # a Q block that sees no key: store zeros
+    fixed = first + epilogue if model.tile_fixed_s is None else model.tile_fixed_s
+    t = np.where(n > 0, fixed + steady, br * d * ob / r["l2"])  # a Q block that sees no key: store zeros
     sums = {"tensor": float((n * g_tile).sum()), "softmax": float((n * s_tile).sum()),
             "load": float(parts(cols)[2].sum()), "tiles": float(n.sum())}
     return t, sums

@@ -125,3 +125,7 @@ def test_forward_steps_are_bound_by_the_tensor_cores(cal):
             tc = desc.tiles_for(d, dtype)
             floor = 4 * tc.block_q * tc.block_kv * d / ((8192 if dtype == "fp8" else 4096) * c.sm_clock.value)
             assert floor < seconds < 10 * floor, (dtype, d, seconds, floor)
+            # a tile's and a call's fixed parts: a few microseconds each (loads and stores of a tile, a launch)
+            tile = c.forward.tile_fixed["iosim-flash3"][dtype].value[d]
+            call = c.forward.call_fixed["iosim-flash3"][dtype].value[d]
+            assert 0 < tile < 50e-6 and 0 < call < 50e-6, (dtype, d, tile, call)
