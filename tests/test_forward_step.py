@@ -1,5 +1,5 @@
 """calibration.forward.step (iosim/calibrate/forward_step.py) and what the fa3 model does with it
-(iosim/timing/fa3.py, iosim.timing._measured_step): the measurement's arithmetic on a stand-in clock, and the step
+(iosim/timing/fa3.py, iosim.timing._measured_forward): the measurement's arithmetic on a stand-in clock, and the step
 taken only where the call runs the instantiation it was measured on."""
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ def test_the_model_takes_the_measured_step_for_the_instantiation_it_was_measured
     added = slower.resources["pipeline"] - measured.resources["pipeline"]
     assert added == pytest.approx(2048 * 9 * STEP_S[dtype][256], rel=1e-6)
     assert composed.resources["pipeline"] != pytest.approx(measured.resources["pipeline"])
+    assert measured.bound == "step (measured)" and composed.bound != measured.bound
 
 
 def test_a_window_or_other_tiles_keep_the_composed_step():

@@ -158,7 +158,7 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     if desc.family == "decode":
         return flash_decode.kernel_times(c, work, L2_RESIDENT_SHARE)
     if desc.family == "fa3":
-        step, tile, call = (_measured_step(c, work.tiles, part) for part in ("step", "tile_fixed", "call_fixed"))
+        step, tile, call = (_measured_forward(c, work.tiles, part) for part in ("step", "tile_fixed", "call_fixed"))
         model = fa3.HopperModel(tensor_efficiency=_wgmma_efficiency(r, c.profile, p.dtype),
                                 overlap_loss=overlap.OVERLAP_LOSS, step_s=step, tile_fixed_s=tile if step else None)
         placement = "iosim" if desc.launch_order == "persistent-iosim" else "dynamic"
@@ -175,7 +175,7 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     return [fa2.kernel_time(replace(c, problem=folded), kernels[0], dram, tc, window, seqs, paged)]
 
 
-def _measured_step(c: Conditions, tiles, part: str = "step") -> float | None:
+def _measured_forward(c: Conditions, tiles, part: str) -> float | None:
     """``calibration.forward.<part>`` (step, tile_fixed, call_fixed) of the description for the call's input type
     and head dim, where the call runs the instantiation it was measured on: the description's own tiles, no window,
     no packed sequences, no pages; else None (the fa3 model composes it)."""

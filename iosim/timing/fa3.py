@@ -288,7 +288,9 @@ def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile:
         "hbm": compulsory / profile.require("dram.bandwidth"),
     }
     total = max(pipeline, res["global"], res["hbm"])
-    if total == pipeline:  # name the part that limits the steady state
+    if total == pipeline and model.step_s is not None:  # the kernel's own step, as measured
+        bound = "step (measured)"
+    elif total == pipeline:  # name the part that limits the steady state
         bound = max(("tensor", "softmax", "load"), key=res.get)
     else:
         bound = "global" if res["global"] >= res["hbm"] else "hbm"
