@@ -1,14 +1,15 @@
-"""``calibration.forward.step``: the seconds a thread block of iosim's FlashAttention-3-design forward
-(kernels/flash3_fwd.cu, the ``iosim-flash3`` description) spends on one K/V step of its Q tile, on this GPU (Hopper),
-for its 16-bit and its fp8 (e4m3) instantiations at each head dim.
+"""``calibration.forward``: the seconds a thread block of iosim's FlashAttention-3-design forward
+(kernels/flash3_fwd.cu, the ``iosim-flash3`` description) spends on one K/V step of its Q tile, what a tile and a
+call cost beyond their steps, on this GPU (Hopper), for its 16-bit and its fp8 (e4m3) instantiations at each head
+dim.
 
 Why it is measured: the fa3 model (:mod:`iosim.timing.fa3`) composes a step from the chip's rates (the two GEMMs
 at the measured wgmma rate, the softmax at the exp and fp32 rates, overlapped as FA3's ping-pong does), and that
 composition prices the fp8 instantiation at d = 256 a quarter faster than it runs: the time record's fp8 rows at
 d = 256, N >= 4096, are measured 23-26% slower than predicted on an H100 (the model puts the tile at 68% of the
 measured fp8 wgmma rate; the kernel reaches 52%), those at d = 128 within 3%. What the kernel spends beyond the
-rates is its code's (its registers at d = 256, the fp8 P's conversion and the scales), so the kernel's own step is
-timed.
+rates is its code's (Nsight Compute: it issues at half the peak rate, held by dependency stalls, at d = 128 and
+256 alike; docs/timing.md, fp8), so the kernel's own step is timed.
 
 How: one Q tile of Br queries on each SM, all reading one kv head (``heads`` = SMs query heads on one kv head,
 batch 1, so the persistent grid holds one tile a block and the K/V tiles stay in L2), no mask; the keys grow from
