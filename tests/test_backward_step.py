@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from iosim import AttentionProblem, simulate
-from iosim.calibrate import backward_step
+from iosim.calibrate import backward_step, rates_kernels
 from iosim.calibrate.rates_kernels import Measured
 from iosim.hardware.gpu import PROFILES_DIR, profile_from_dict
 from iosim.timing import load_kernel
@@ -43,7 +43,7 @@ class _CuPy:
 def stand_in(monkeypatch):
     """The part on a stand-in clock: a call at n queries takes fixed + n / Br steps of the table's step."""
     fixed = 30e-6
-    monkeypatch.setattr(backward_step, "cupy_clock", lambda cp, spin: None)
+    monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(backward_step, "REST_S", 0.0)
     monkeypatch.setattr(backward_step, "_call", lambda cp, torch, name, n, nk, d: (name, n, nk, d))
 
@@ -53,7 +53,7 @@ def stand_in(monkeypatch):
         assert nk == _Bench.sms * tc.block_kv  # one K/V block on each SM, all of one head
         return 1e3 * (fixed + n / tc.block_q * STEP_S[name][d])
 
-    monkeypatch.setattr(backward_step, "time_ms", time_ms)
+    monkeypatch.setattr(rates_kernels, "time_ms", time_ms)
 
 
 def test_the_step_is_the_time_a_block_adds_per_q_block_between_the_two_lengths(stand_in):

@@ -13,7 +13,7 @@ from helpers import run_cli
 
 from iosim import AttentionProblem, simulate
 from iosim._resources import kernels_dir
-from iosim.calibrate import decode_tile
+from iosim.calibrate import decode_tile, rates_kernels
 from iosim.calibrate.rates_kernels import Measured
 from iosim.hardware.gpu import PROFILES_DIR, get_profile, load_profile_file, profile_from_dict
 from iosim.launch import decode as geo
@@ -34,7 +34,7 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
     """t(n) = fixed + tiles per warp (n / 64) x tile: the part reports the tile, whatever the fixed part, for every
     instantiation the library compiles, on both caches."""
     fixed = 7e-6
-    monkeypatch.setattr(decode_tile, "cupy_clock", lambda cp, spin: None)
+    monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(decode_tile, "_call", lambda cp, gpu, batch, d, q_len, n, fp8: (d, q_len, n, fp8, batch))
     monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 1 if d == 256 else 2)
     expected = {(d, 1 if s == 1 else 4, fp8): TILE_S["fp8" if fp8 else "16bit"][f"d{d}x{s}"]
@@ -44,7 +44,7 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
         d, q_len, n, fp8, batch = call
         return 1e3 * (fixed + n / 64 * expected[(d, q_len, fp8)] * (1.5 if batch == 2 * _Bench.sms else 1.0))
 
-    monkeypatch.setattr(decode_tile, "time_ms", time_ms)
+    monkeypatch.setattr(rates_kernels, "time_ms", time_ms)
     got: list[Measured] = []
     decode_tile.decode_tile_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
     tiles = [m for m in got if m.path[1] == "tile"]
@@ -60,10 +60,10 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
 
 def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add(monkeypatch):
     fixed, per = 5e-6, {64: 0.3e-6, 128: 0.45e-6, 256: 0.4e-6}
-    monkeypatch.setattr(decode_tile, "cupy_clock", lambda cp, spin: None)
+    monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(decode_tile, "_combine_call", lambda cp, d, splits: (d, splits))
     monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 1)
-    monkeypatch.setattr(decode_tile, "time_ms", lambda call, reps, warmup, view, clock: 1e3 * (
+    monkeypatch.setattr(rates_kernels, "time_ms", lambda call, reps, warmup, view, clock: 1e3 * (
         fixed + -(-call[1] // geo.combine_unroll(call[0])) * per[call[0]]))
     got: list[Measured] = []
     decode_tile.combine_round_part(_Bench(), cp=None, report=lambda m, note: got.append(m))

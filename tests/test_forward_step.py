@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from iosim import AttentionProblem, simulate
-from iosim.calibrate import forward_step
+from iosim.calibrate import forward_step, rates_kernels
 from iosim.calibrate.rates_kernels import Measured
 from iosim.hardware.gpu import PROFILES_DIR, profile_from_dict
 from iosim.timing import load_kernel
@@ -34,7 +34,7 @@ class _CuPy:
 
 def test_the_step_is_the_time_a_block_adds_per_kv_tile_between_the_two_lengths(monkeypatch):
     fixed = 12e-6
-    monkeypatch.setattr(forward_step, "cupy_clock", lambda cp, spin: None)
+    monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(forward_step, "REST_S", 0.0)
     monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, fp8: (heads, n, nk, d, fp8))
 
@@ -47,7 +47,7 @@ def test_the_step_is_the_time_a_block_adds_per_kv_tile_between_the_two_lengths(m
         assert heads in (_Bench.sms, 2 * _Bench.sms) and n == tc.block_q and nk % tc.block_kv == 0  # one kv head
         return 1e3 * (fixed + (tiles - 1) * tile_fixed + tiles * nk // tc.block_kv * STEP_S["fp8" if fp8 else "bf16"][d])
 
-    monkeypatch.setattr(forward_step, "time_ms", time_ms)
+    monkeypatch.setattr(rates_kernels, "time_ms", time_ms)
     got: list[Measured] = []
     forward_step.forward_part(_Bench(), _CuPy(), report=lambda m, note: got.append(m))
     steps = {(m.path[3], m.path[4]): m.value for m in got if m.path[1] == "step"}

@@ -28,12 +28,10 @@ under 2% of the main kernel's growth (the two row kernels stream the Q block's r
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
-from iosim.calibrate.rates_kernels import Bench, Measured
-from iosim.measure.events import BUSY, cupy_clock, time_ms
+from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
 
 N1, N2 = 1024, 4096  # queries of the head, the two calls
 CALLS = 15  # timed calls of each (median), queued behind a busy kernel
@@ -98,8 +96,7 @@ def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
               flush=True)
         return
     torch = _torch_or_none()
-    spin = b.fn("rates_spin")
-    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
+    seconds = busy_timer(b, cp, CALLS, warmup=2, rest_s=REST_S)
     for name in KERNELS:
         desc = load_kernel(name)
         for d in sorted(desc.tiles):
@@ -107,10 +104,7 @@ def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
             nk = b.sms * tc.block_kv  # one K/V block a SM, all of one head
             try:
                 calls = [_call(cp, torch, name, n, nk, d) for n in (N1, N2)]
-                times = []
-                for call in calls:
-                    time.sleep(REST_S)
-                    times.append(time_ms(call, CALLS, warmup=2, view=BUSY, clock=clock) * 1e-3)
+                times = [seconds(call) for call in calls]
             except _Skip as exc:
                 print(f"backward.step.{name}.{d}: skipped ({exc})", flush=True)
                 continue

@@ -34,10 +34,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from iosim.calibrate.rates_kernels import Bench, Measured
+from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
 from iosim.hardware.calibration import decode_keys
 from iosim.launch import decode as geo
-from iosim.measure.events import BUSY, cupy_clock, time_ms
 
 N1, N2 = 1024, 8192  # keys of each sequence, the two calls
 CALLS = 50  # timed calls of each, queued behind a busy kernel (median)
@@ -45,13 +44,6 @@ COMBINE_SPLITS = (8, 128)  # the combine's two measurements: partials of this ma
 ALONE_BLOCKS = 4  # decode.fixed_alone's grid: a few blocks, each alone on its SM
 PAGE = 256  # the shared pages' size
 GROUP = 8  # query heads on the one kv head
-
-
-def _timer(b: Bench, cp) -> Callable[[Callable[[], None]], float]:
-    """Seconds of a call: the median of CALLS calls queued behind a busy kernel, as the time records time theirs."""
-    spin = b.fn("rates_spin")
-    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
-    return lambda call: time_ms(call, CALLS, warmup=3, view=BUSY, clock=clock) * 1e-3
 
 
 def _slope(t1: float, t2: float) -> tuple[float, float]:
@@ -82,7 +74,7 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
     """Measure ``decode.tile`` for every instantiation the library compiles (both caches); report each."""
     from iosim import gpu  # the kernels themselves: iosim.gpu launches them
 
-    seconds = _timer(b, cp)
+    seconds = busy_timer(b, cp, CALLS, warmup=3)
     for fp8 in (False, True):
         for d, stripes in geo.DECODE_STRIPES:
             (cache, key), q_len = decode_keys(d, stripes, fp8), 1 if stripes == 1 else 4
@@ -108,7 +100,7 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
 def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """Measure ``decode.combine_round`` at each head dim: the combine kernel alone (module docstring) on one
     sequence of 8 query heads, its partials of 128 and of 8 splits; the difference over the rounds between."""
-    seconds = _timer(b, cp)
+    seconds = busy_timer(b, cp, CALLS, warmup=3)
     for d in geo.DECODE_HEAD_DIMS:
         if not _blocks_per_sm(d, 1, False):  # the plan's split kernel does not fit this GPU's shared memory
             continue

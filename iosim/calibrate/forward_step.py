@@ -25,13 +25,11 @@ are quantized once beforehand (``iosim.gpu.quantize_fp8``), as the fp8 time reco
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from iosim.calibrate.backward_step import CALLS, REST_S
-from iosim.calibrate.rates_kernels import Bench, Measured
-from iosim.measure.events import BUSY, cupy_clock, time_ms
+from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
 
 KERNEL = "iosim-flash3"  # the timing description the steps belong to
 TILES = (16, 64)  # K/V tiles of each call
@@ -76,8 +74,7 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     if not b.hopper:
         print("forward: skipped (iosim's flash3 forward runs on Hopper, sm_90a, only)", flush=True)
         return
-    spin = b.fn("rates_spin")
-    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
+    seconds = busy_timer(b, cp, CALLS, warmup=2, rest_s=REST_S)
     desc = load_kernel(KERNEL)
     for dtype in DTYPES:
         for d in sorted(desc.fp8_tiles if dtype == "fp8" else desc.tiles):
@@ -85,10 +82,7 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
             try:
                 calls = [_call(cp, b.sms, tc.block_q, n * tc.block_kv, d, dtype == "fp8") for n in TILES]
                 calls.append(_call(cp, 2 * b.sms, tc.block_q, TILES[0] * tc.block_kv, d, dtype == "fp8"))
-                times = []
-                for call in calls:
-                    time.sleep(REST_S)
-                    times.append(time_ms(call, CALLS, warmup=2, view=BUSY, clock=clock) * 1e-3)
+                times = [seconds(call) for call in calls]
             except Exception as exc:  # an instantiation this GPU cannot run (shared memory)
                 print(f"forward.step.{KERNEL}.{dtype}.{d}: skipped ({type(exc).__name__}: "
                       f"{str(exc).splitlines()[0][:120]})", flush=True)

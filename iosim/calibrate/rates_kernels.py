@@ -21,14 +21,17 @@ loads, turned into seconds at the kernel's own clock (clock64 over %globaltimer 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from iosim._resources import kernels_dir
 from iosim.gpu.build import nvrtc_options
 from iosim.gpu.build_rates import RATES_SOURCE, RatesSource
+from iosim.measure.events import BUSY, cupy_clock, time_ms
 from iosim.units import fmt_rate, fmt_seconds
 
 CHAINS, ALU_UNROLL = 8, 16  # kernels/rates.cu kChains, kAluUnroll
@@ -147,6 +150,21 @@ class Bench:
             launch()
             got.append(float(self.cycles.get()[0]))
         return float(np.median(got))
+
+
+def busy_timer(b: Bench, cp, calls: int, warmup: int, rest_s: float = 0.0) -> Callable[[Callable[[], Any]], float]:
+    """Seconds of a call as the time records time theirs: the median CUDA-event time of ``calls`` calls queued behind
+    a busy kernel (``rates_spin``), after ``warmup`` untimed ones and ``rest_s`` idle seconds (so tensor work starts
+    from rest, before the board's power limiter acts)."""
+    spin = b.fn("rates_spin")
+    clock = cupy_clock(cp, spin=lambda: spin((1,), (32,), (cp.int64(10_000_000),)))
+
+    def seconds(call: Callable[[], Any]) -> float:
+        if rest_s:
+            time.sleep(rest_s)
+        return time_ms(call, calls, warmup=warmup, view=BUSY, clock=clock) * 1e-3
+
+    return seconds
 
 
 def measure_only(part: Callable, repeats: int = 15, echo: Callable[[str], None] = print) -> list[Measured]:
