@@ -1,5 +1,5 @@
 """calibration.forward.step (iosim/calibrate/forward_step.py) and what the fa3 model does with it
-(iosim/timing/fa3.py, iosim.timing._measured_forward): the measurement's arithmetic on a stand-in clock, and the step
+(iosim/timing/fa3.py: fa3.measured): the measurement's arithmetic on a stand-in clock, and the step
 taken only where the call runs the instantiation it was measured on."""
 
 from __future__ import annotations

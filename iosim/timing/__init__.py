@@ -158,7 +158,7 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     if desc.family == "decode":
         return flash_decode.kernel_times(c, work, L2_RESIDENT_SHARE)
     if desc.family == "fa3":
-        step, tile, call = (_measured_forward(c, work.tiles, part) for part in ("step", "tile_fixed", "call_fixed"))
+        step, tile, call = (fa3.measured(c.profile, desc, p, work.tiles, part) for part in fa3.MEASURED_PARTS)
         model = fa3.HopperModel(tensor_efficiency=_wgmma_efficiency(r, c.profile, p.dtype),
                                 overlap_loss=overlap.OVERLAP_LOSS, step_s=step, tile_fixed_s=tile if step else None)
         placement = "iosim" if desc.launch_order == "persistent-iosim" else "dynamic"
@@ -173,21 +173,6 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     folded = p if window is not None or seqs else decode.folded(p, desc)
     paged = bool(getattr(work.tiles, "page_size", None))
     return [fa2.kernel_time(replace(c, problem=folded), kernels[0], dram, tc, window, seqs, paged)]
-
-
-def _measured_forward(c: Conditions, tiles, part: str) -> float | None:
-    """``calibration.forward.<part>`` (step, tile_fixed, call_fixed) of the description for the call's input type
-    and head dim, where the call runs the instantiation it was measured on: the description's own tiles, no window,
-    no packed sequences, no pages; else None (the fa3 model composes it)."""
-    cal = getattr(c.profile.calibration, "forward", None)
-    p, desc = c.problem, c.desc
-    table = ((getattr(cal, part) or {}).get(desc.name, {}).get(p.dtype) if cal is not None else None)
-    if table is None or p.head_dim not in table.value or p.head_dim not in desc.tiles:
-        return None
-    if getattr(tiles, "window", None) is not None or getattr(tiles, "seqlens", ()) or getattr(tiles, "page_size", None):
-        return None
-    own = desc.tiles_for(p.head_dim, p.dtype)
-    return float(table.value[p.head_dim]) if (own.block_q, own.block_kv) == (tiles.block_q, tiles.block_kv) else None
 
 
 def _is_builtin(desc: KernelDesc) -> bool:

@@ -110,10 +110,9 @@ def measured_step(c: Conditions, tc: TileConfig, k: int) -> float | None:
     cal = getattr(c.profile.calibration, "backward", None)
     entry = cal.step.get(c.desc.name) if cal is not None else None
     d = c.problem.head_dim
-    if entry is None or d not in entry.value or k != 1 or c.problem.elem_bytes != 2 or d not in c.desc.tiles:
+    if entry is None or d not in entry.value or k != 1 or c.problem.elem_bytes != 2:
         return None
-    own = c.desc.tiles_for(d)
-    return float(entry.value[d]) if (own.block_q, own.block_kv) == (tc.block_q, tc.block_kv) else None
+    return float(entry.value[d]) if c.desc.runs_own_tiles(d, tc) else None
 
 
 def block_steps(p: AttentionProblem, tc: TileConfig, grouped: bool) -> np.ndarray:

@@ -93,6 +93,22 @@ instruction rate; the fp8 instantiations (the same source) and other FA3-design 
 to mask as these do."""
 
 
+MEASURED_PARTS = ("step", "tile_fixed", "call_fixed")  # calibration.forward's tables, as measured on the kernel
+
+
+def measured(profile: Profile, desc, p: AttentionProblem, tiles, part: str) -> float | None:
+    """``calibration.forward.<part>`` (:data:`MEASURED_PARTS`) of the description ``desc`` for the call's input type
+    and head dim, where the call runs the instantiation it was measured on: the description's own tiles, no window,
+    no packed sequences, no pages; else None (the model composes it)."""
+    cal = getattr(profile.calibration, "forward", None)
+    table = (getattr(cal, part) or {}).get(desc.name, {}).get(p.dtype) if cal is not None else None
+    if table is None or p.head_dim not in table.value:
+        return None
+    if getattr(tiles, "window", None) is not None or getattr(tiles, "seqlens", ()) or getattr(tiles, "page_size", None):
+        return None
+    return float(table.value[p.head_dim]) if desc.runs_own_tiles(p.head_dim, tiles, p.dtype) else None
+
+
 def mask_kind(p: AttentionProblem, window: tuple[int | None, int | None] | None) -> str:
     """Which of the kernel's instantiations a call runs, as its mask goes (iosim.launch.varlen.mask_of)."""
     if window is not None and window not in ((None, None), (None, 0)):

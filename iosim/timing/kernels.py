@@ -151,6 +151,14 @@ class KernelDesc(_Strict):
                               f"{sorted(self.tiles)}); add them to its description")
         return self.tiles[bigger[0]]  # kernels round the head dimension up to the next instantiation
 
+    def runs_own_tiles(self, head_dim: int, tiles, dtype: str | None = None) -> bool:
+        """Whether ``tiles`` (block_q, block_kv) are this description's own at ``head_dim`` (and ``dtype``): what a
+        measurement on the kernel itself (``calibration.forward``, ``calibration.backward``) was taken at."""
+        if head_dim not in self.tiles:
+            return False
+        own = self.tiles_for(head_dim, dtype)
+        return (own.block_q, own.block_kv) == (tiles.block_q, tiles.block_kv)
+
 
 def builtin_kernel_names() -> list[str]:
     return sorted(p.stem for p in KERNELS_DIR.glob("*.yaml"))
