@@ -33,6 +33,8 @@ import sys
 
 from cuda_events import time_ms  # beside this file
 
+from iosim.calibrate.backward_step import torch_backward
+
 LONG_COLUMNS = ("device", "date", "commit", "dtype", "head_dim", "seq_len", "batch", "heads", "causal", "backend",
                 "ms", "tflops")
 
@@ -44,21 +46,6 @@ def _inputs(torch, B, N, H, d, dt, causal):
     q, k, v, do = (torch.randn(B, N, H, d, generator=g, device="cuda", dtype=torch.float32).to(dt) for _ in range(4))
     o, lse = gpu.attention(q, k, v, causal=causal, return_lse=True)
     return q, k, v, o, lse, do
-
-
-def _torch_backward(torch, backend, q, k, v, do, causal, scale):
-    """A zero-argument call of torch's aten backward op for ``backend``, on its own forward's outputs."""
-    qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
-    aten = torch.ops.aten
-    if backend == "flash":
-        o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_flash_attention(qt, kt, vt, 0.0, causal,
-                                                                                           False, scale=scale)
-        return lambda: aten._scaled_dot_product_flash_attention_backward(dot, qt, kt, vt, o, lse, cq, ck, mq, mk,
-                                                                          0.0, causal, seed, off, scale=scale)
-    o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_cudnn_attention(qt, kt, vt, None, True, 0.0,
-                                                                                       causal, False, scale=scale)
-    return lambda: aten._scaled_dot_product_cudnn_attention_backward(dot, qt, kt, vt, o, lse, seed, off, None, cq,
-                                                                      ck, mq, mk, 0.0, causal, scale=scale)
 
 
 def backward_rows(torch, args) -> list[dict]:
@@ -85,7 +72,7 @@ def backward_rows(torch, args) -> list[dict]:
                             q, k, v, o, do, lse, causal=causal, options=gpu.BackwardOptions(schedule="flash3"))
                     for name, backend in (("sdpa-flash-bwd", "flash"), ("sdpa-cudnn-bwd", "cudnn")):
                         try:
-                            calls[name] = _torch_backward(torch, backend, q, k, v, do, causal, scale)
+                            calls[name] = torch_backward(torch, backend, q, k, v, do, causal, scale)
                         except RuntimeError as exc:  # a backend that does not take the shape: say so, go on
                             print(f"  {name}: not run ({str(exc).splitlines()[0][:90]})", file=sys.stderr)
                     if B * H * N * N * 2 <= STANDARD_BYTES_MAX:

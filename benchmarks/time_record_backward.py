@@ -23,8 +23,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from bench_backward import _inputs, _torch_backward  # beside this file
+from bench_backward import _inputs  # beside this file
 from time_record import PROFILE, Shape, device_header, save_record, time_call
+
+from iosim.calibrate.backward_step import torch_backward
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ("iosim-flash2-bwd", "iosim-flash3-bwd", "fa2-bwd", "cudnn-bwd")
@@ -60,7 +62,7 @@ def _callables(s: Shape, tensors) -> dict:
 
     for name, backend in (("fa2-bwd", "flash"), ("cudnn-bwd", "cudnn")):
         try:
-            calls[name] = _torch_backward(torch, backend, q, k, v, do, s.causal, s.head_dim ** -0.5)
+            calls[name] = torch_backward(torch, backend, q, k, v, do, s.causal, s.head_dim ** -0.5)
         except RuntimeError as exc:
             calls[name] = exc
     return calls

@@ -58,22 +58,28 @@ def _ours(cp, schedule: str, n: int, nk: int, d: int) -> Callable[[], Any]:
     return lambda: gpu.attention_backward(q, k, v, o, do, lse, options=opts)
 
 
-def _torch(torch, backend: str, n: int, nk: int, d: int) -> Callable[[], Any]:
-    """torch SDPA's ``backend`` backward (its aten op, on its own forward's outputs) on random bf16 inputs of one head,
-    laid out (batch, tokens, heads, d) as the time records pass them, ready to time."""
-    def mk(tokens):
-        return torch.randn(1, tokens, 1, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-
-    q, k, v, do = mk(n), mk(nk), mk(nk), mk(n)
+def torch_backward(torch, backend: str, q, k, v, do, causal: bool = False, scale: float | None = None
+                   ) -> Callable[[], Any]:
+    """A zero-argument call of torch SDPA's ``backend`` ("flash" or "cudnn") backward, its aten op, on its own
+    forward's outputs (the forward runs here, once); q, k, v, do (batch, tokens, heads, d) as iosim.gpu takes them
+    (the time records and the benchmarks call it the same way)."""
+    qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
     aten = torch.ops.aten
     if backend == "flash":
-        o, lse, cq, ck, mq, mk_, seed, off, _ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False)
-        return lambda: aten._scaled_dot_product_flash_attention_backward(do, q, k, v, o, lse, cq, ck, mq, mk_, 0.0,
-                                                                          False, seed, off)
-    o, lse, cq, ck, mq, mk_, seed, off, _ = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False,
-                                                                                        False)
-    return lambda: aten._scaled_dot_product_cudnn_attention_backward(do, q, k, v, o, lse, seed, off, None, cq, ck, mq,
-                                                                      mk_, 0.0, False)
+        o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_flash_attention(qt, kt, vt, 0.0, causal,
+                                                                                           False, scale=scale)
+        return lambda: aten._scaled_dot_product_flash_attention_backward(dot, qt, kt, vt, o, lse, cq, ck, mq, mk,
+                                                                          0.0, causal, seed, off, scale=scale)
+    o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_cudnn_attention(qt, kt, vt, None, True, 0.0,
+                                                                                       causal, False, scale=scale)
+    return lambda: aten._scaled_dot_product_cudnn_attention_backward(dot, qt, kt, vt, o, lse, seed, off, None, cq,
+                                                                      ck, mq, mk, 0.0, causal, scale=scale)
+
+
+def _torch(torch, backend: str, n: int, nk: int, d: int) -> Callable[[], Any]:
+    """torch SDPA's ``backend`` backward on random bf16 inputs of one head (:func:`torch_backward`), ready to time."""
+    q, k, v, do = (torch.randn(1, tokens, 1, d, device="cuda", dtype=torch.bfloat16) for tokens in (n, nk, nk, n))
+    return torch_backward(torch, backend, q, k, v, do)
 
 
 def _torch_or_none():
