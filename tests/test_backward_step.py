@@ -4,14 +4,17 @@ models' use of it (only where the call runs as it was measured), and the CLI's -
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 
 from iosim import AttentionProblem, simulate
+from iosim.blocks import makespan
 from iosim.calibrate import backward_step, rates_kernels
 from iosim.calibrate.rates_kernels import Measured
 from iosim.hardware.gpu import PROFILES_DIR, profile_from_dict
 from iosim.timing import load_kernel
+from iosim.timing.fa2_bwd import block_steps
 
 STEP_S = {"iosim-flash2-bwd": {32: 3.9e-6, 64: 5.4e-6, 128: 4.6e-6, 256: 6.2e-6}, "iosim-flash3-bwd": {64: 2.7e-6, 128: 2.4e-6},
           "fa2-bwd": {64: 4.6e-6, 128: 4.2e-6, 256: 5.1e-6}, "cudnn-bwd": {64: 1.4e-6, 128: 2.2e-6, 256: 3.2e-6}}
@@ -39,9 +42,13 @@ class _CuPy:
         return type("Pool", (), {"free_all_blocks": staticmethod(lambda: None)})()
 
 
+TILE_S = 3.5e-6  # the stand-in's work tile beyond its steps
+
+
 @pytest.fixture
 def stand_in(monkeypatch):
-    """The part on a stand-in clock: a call at n queries takes fixed + n / Br steps of the table's step."""
+    """The part on a stand-in clock: a call at n queries with m K/V blocks on each SM takes a fixed part and m tiles
+    of TILE_S + n / Br steps of the table's step."""
     fixed = 30e-6
     monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(backward_step, "REST_S", 0.0)
@@ -50,8 +57,9 @@ def stand_in(monkeypatch):
     def time_ms(call, reps, warmup, view, clock):
         name, n, nk, d = call
         tc = load_kernel(name).tiles_for(d)
-        assert nk == _Bench.sms * tc.block_kv  # one K/V block on each SM, all of one head
-        return 1e3 * (fixed + n / tc.block_q * STEP_S[name][d])
+        tiles, rest = divmod(nk, _Bench.sms * tc.block_kv)  # K/V blocks on each SM, all of one head
+        assert rest == 0 and tiles in (1, 2)
+        return 1e3 * (fixed + tiles * (TILE_S + n / tc.block_q * STEP_S[name][d]))
 
     monkeypatch.setattr(rates_kernels, "time_ms", time_ms)
 
@@ -59,9 +67,16 @@ def stand_in(monkeypatch):
 def test_the_step_is_the_time_a_block_adds_per_q_block_between_the_two_lengths(stand_in):
     got: list[Measured] = []
     backward_step.backward_part(_Bench(), _CuPy(), report=lambda m, note: got.append(m))
-    assert {(m.path[2], m.path[3]): m.value for m in got} == pytest.approx(
-        {(k, d): v for k, t in STEP_S.items() for d, v in t.items()}, rel=1e-9)
-    assert all(m.path[:2] == ("backward", "step") and m.unit == "s" for m in got)
+    steps = {(m.path[2], m.path[3]): m.value for m in got if m.path[:2] == ("backward", "step")}
+    assert steps == pytest.approx({(k, d): v for k, t in STEP_S.items() for d, v in t.items()}, rel=1e-9)
+    assert all(m.unit == "s" for m in got)
+
+
+def test_the_tile_fixed_is_what_a_second_tile_adds_beyond_its_steps(stand_in):
+    got: list[Measured] = []
+    backward_step.backward_part(_Bench(), _CuPy(), report=lambda m, note: got.append(m))
+    fixed = {(m.path[2], m.path[3]): m.value for m in got if m.path[:2] == ("backward", "tile_fixed")}
+    assert fixed == pytest.approx({(k, d): TILE_S for k, t in STEP_S.items() for d in t}, rel=1e-6)
 
 
 def test_a_kernel_that_refuses_is_skipped_and_said(stand_in, monkeypatch, capsys):
@@ -73,7 +88,7 @@ def test_a_kernel_that_refuses_is_skipped_and_said(stand_in, monkeypatch, capsys
     monkeypatch.setattr(backward_step, "_call", refuse)
     got: list[Measured] = []
     backward_step.backward_part(_Bench(), _CuPy(), report=lambda m, note: got.append(m))
-    assert ("cudnn-bwd", 256) not in {(m.path[2], m.path[3]) for m in got} and len(got) == 11
+    assert ("cudnn-bwd", 256) not in {(m.path[2], m.path[3]) for m in got} and len(got) == 2 * 11
     assert "backward.step.cudnn-bwd.256: skipped (RuntimeError: No available kernel.)" in capsys.readouterr().out
 
 
@@ -82,12 +97,16 @@ def test_without_torch_the_peers_are_skipped(monkeypatch, capsys):
         backward_step._call(None, None, "fa2-bwd", 1024, 16896, 128)
 
 
-def _profile(steps: dict | None):
+def _table(t: dict) -> dict:
+    return {k: {"value": {d: f"{v * 1e6} us" for d, v in x.items()}, "source": "a test"} for k, x in t.items()}
+
+
+def _profile(steps: dict | None, tile_fixed: dict | None = None):
     data = yaml.safe_load((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text())
     data["calibration"].pop("backward", None)
     if steps is not None:
-        data["calibration"]["backward"] = {"step": {k: {"value": {d: f"{v * 1e6} us" for d, v in t.items()},
-                                                        "source": "a test"} for k, t in steps.items()}}
+        data["calibration"]["backward"] = {"step": _table(steps), **({"tile_fixed": _table(tile_fixed)}
+                                                                      if tile_fixed else {})}
     return profile_from_dict(data, "test")
 
 
@@ -111,6 +130,34 @@ def test_the_models_take_the_measured_step_where_the_profile_has_it(kernel):
     slower = _main(kernel, _profile({kernel: {128: 2 * STEP_S[kernel][128]}}))
     added = slower.resources["blocks"] - measured.resources["blocks"]
     assert added == pytest.approx(16 * 64 * STEP_S[kernel][128], rel=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["iosim-flash2-bwd", "fa2-bwd", "cudnn-bwd", "iosim-flash3-bwd"])
+def test_a_measured_tile_fixed_replaces_the_composed_prologue_and_epilogue(kernel):
+    """Each of the busiest SM's 16 work tiles (B = 4, H = 16, 32 K/V blocks a head on 132 SMs) takes tile_fixed
+    beyond its steps; from DRAM (the inputs do not fit L2) K_j and V_j take longer than the measurement's L2."""
+    steps_only = _main(kernel, _profile(STEP_S, {kernel: {128: 1e-12}}))
+    fixed = _main(kernel, _profile(STEP_S, {kernel: {128: 4e-6}}))
+    added = fixed.resources["blocks"] - steps_only.resources["blocks"]
+    assert added == pytest.approx(16 * (4e-6 - 1e-12), rel=1e-6)
+    assert fixed.resources["tile_fixed"] > 4e-6  # 4 us measured with K_j, V_j in L2, read here from DRAM
+    without = _main(kernel, _profile(STEP_S))
+    assert "tile_fixed" not in without.resources  # the composed parts where the profile has none
+
+
+def test_cudnns_backward_hands_its_tiles_out_in_the_grids_order():
+    """Causal: each head's K/V blocks shrink from the first to the last; a tile counter handing them out head after
+    head (cuDNN's, launch_order persistent-in-order) ends later than one handing out the longest first."""
+    causal = AttentionProblem(batch=1, heads=8, seq_len=4096, head_dim=128, dtype="bf16", causal=True)
+    prof = _profile(STEP_S, {k: {128: 2e-6} for k in STEP_S})
+    desc = load_kernel("cudnn-bwd")
+    assert desc.launch_order == "persistent-in-order"
+    in_order = _main(desc, prof, p=causal).resources["blocks"]
+    longest_first = _main(desc.model_copy(update={"launch_order": "persistent"}), prof, p=causal).resources["blocks"]
+    steps = block_steps(causal, desc.tiles_for(128), False)  # 8 heads x 64 K/V blocks, in the grid's order
+    tiles = np.tile(2e-6 + steps * STEP_S["cudnn-bwd"][128], 8)
+    assert in_order - longest_first == pytest.approx(makespan(tiles, 132) - makespan(tiles, 132, True), rel=1e-6)
+    assert in_order > 1.3 * longest_first
 
 
 def test_the_measured_step_is_not_taken_where_the_call_runs_otherwise():

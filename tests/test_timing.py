@@ -142,3 +142,22 @@ def test_an_fa3_kernels_energy_prices_the_whole_tiles_it_runs():
     p = AttentionProblem(batch=8, heads=16, seq_len=777, head_dim=64, dtype="bf16")
     r = simulate("flash3", p, "h100-sxm5-80gb", kernel="cudnn", l2=False, run="single")
     assert r.time.kernels[0].tensor_flops == 8 * 16 * 7 * 7 * 4 * 128 * 128 * 64 > r.counts.flops["matmul"]
+
+
+def test_cudnns_forward_hands_its_q_tiles_out_in_the_grids_order_its_fp8_kernel_longest_first():
+    """A causal forward's Q tiles grow from the first of a head to the last: cuDNN's tile counter hands them out in
+    the grid's order (launch_order persistent-in-order), so the long ones come last and end later than placed
+    longest first, as its fp8 instantiation is described (fp8_launch_order persistent); non-causal tiles are alike,
+    and the order changes nothing."""
+    desc = load_kernel("cudnn")
+    assert (desc.order_for("bf16"), desc.order_for("fp8")) == ("persistent-in-order", "persistent")
+
+    def pipeline(kernel, dtype="bf16", causal=True):
+        p = AttentionProblem(batch=1, heads=8, seq_len=4096, head_dim=128, dtype=dtype, causal=causal)
+        return simulate("flash3", p, "h100-sxm5-80gb", kernel=kernel, l2=False, run="single").time.kernels[0]
+
+    longest = desc.model_copy(update={"launch_order": "persistent"})
+    assert pipeline(desc).predicted_s > 1.3 * pipeline(longest).predicted_s
+    assert pipeline(desc, causal=False).predicted_s == pytest.approx(pipeline(longest, causal=False).predicted_s)
+    fp8_in_order = desc.model_copy(update={"fp8_launch_order": None})
+    assert pipeline(fp8_in_order, "fp8").predicted_s > 1.3 * pipeline(desc, "fp8").predicted_s

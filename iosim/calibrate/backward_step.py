@@ -24,6 +24,13 @@ time records time theirs, after a rest: a few milliseconds of tensor work from r
 limiter acts (:mod:`iosim.timing.clock`), so the step is at the clock the other rates were measured at.
 The three kernels of a call (Delta, the main kernel, dQ's conversion) are all timed; their rows grow with N too, by
 under 2% of the main kernel's growth (the two row kernels stream the Q block's rows once).
+
+``calibration.backward.tile_fixed``: what a further work tile costs an SM beyond its steps. A third call at N1
+queries has two K/V blocks for each SM on the head (a second wave of blocks, or a second tile for a persistent
+block); the Q rows, so the two row kernels, are the first call's: tile_fixed = t2(N1) − t1(N1) − (N1 / Br) · step.
+It is the block's start, K_j and V_j's loads, dK_j and dV_j's stores and the pipeline's fill and drain, as far as
+the kernel does not hide them under the next tile's steps: the kernel's code, which the composed per-tile parts
+(iosim.timing.fa2_bwd, fa3_bwd) price from the chip's rates alone. The K/V of both calls stay in L2.
 """
 
 from __future__ import annotations
@@ -42,6 +49,12 @@ KERNELS = ("iosim-flash2-bwd", "iosim-flash3-bwd", "fa2-bwd", "cudnn-bwd")  # ti
 def step_from(t1: float, t2: float, block_q: int) -> float:
     """Seconds a step from the calls at N1 and N2 queries: the time a block adds per Q block it visits."""
     return max(t2 - t1, 1e-12) * block_q / (N2 - N1)
+
+
+def tile_fixed_from(t1: float, t2: float, two_tiles: float, block_q: int) -> float:
+    """Seconds a further work tile costs beyond its steps, from the calls at N1 and N2 queries (one K/V block an SM)
+    and at N1 with two K/V blocks an SM (module docstring); at least 1 ns (a measurement noisier than the part)."""
+    return max(two_tiles - t1 - N1 // block_q * step_from(t1, t2, block_q), 1e-9)
 
 
 def _ours(cp, schedule: str, n: int, nk: int, d: int) -> Callable[[], Any]:
@@ -92,8 +105,9 @@ def _torch_or_none():
 
 
 def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """Measure ``backward.step`` of each backward description (:data:`KERNELS`) at each head dim its tiles list,
-    where the kernel runs on this GPU; report each (a kernel that refuses is said and skipped)."""
+    """Measure ``backward.step`` and ``backward.tile_fixed`` of each backward description (:data:`KERNELS`) at each
+    head dim its tiles list, where the kernel runs on this GPU; report each (a kernel that refuses is said and
+    skipped)."""
     from iosim.timing import load_kernel
 
     cc = int(cp.cuda.Device().compute_capability)
@@ -109,7 +123,7 @@ def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
             tc = desc.tiles_for(d)
             nk = b.sms * tc.block_kv  # one K/V block a SM, all of one head
             try:
-                calls = [_call(cp, torch, name, n, nk, d) for n in (N1, N2)]
+                calls = [_call(cp, torch, name, n, keys, d) for n, keys in ((N1, nk), (N2, nk), (N1, 2 * nk))]
                 times = [seconds(call) for call in calls]
             except _Skip as exc:
                 print(f"backward.step.{name}.{d}: skipped ({exc})", flush=True)
@@ -122,8 +136,13 @@ def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
                     f"{b.sms} SMs (batch 1, one head of {b.sms} K/V blocks): (time at {N2} queries - time at {N1}) x "
                     f"Br / {N2 - N1}, each the median of {CALLS} calls behind a busy kernel after {REST_S} s idle "
                     "(iosim/calibrate/backward_step.py); by head dim")
-            report(Measured(("backward", "step", name, d), step_from(*times, tc.block_q), "s", what),
+            report(Measured(("backward", "step", name, d), step_from(*times[:2], tc.block_q), "s", what),
                    f"{times[0] * 1e6:.1f} us at {N1} queries, {times[1] * 1e6:.1f} us at {N2} (Br = {tc.block_q})")
+            report(Measured(("backward", "tile_fixed", name, d), tile_fixed_from(*times, tc.block_q), "s",
+                            f"the same kernel and inputs at {N1} queries with two K/V blocks for each SM on the head "
+                            f"({2 * b.sms} K/V blocks): time - the one-block call's - {N1} / Br steps "
+                            "(iosim/calibrate/backward_step.py); by head dim"),
+                   f"{times[2] * 1e6:.1f} us with two K/V blocks an SM")
             del calls
             cp.get_default_memory_pool().free_all_blocks()
 

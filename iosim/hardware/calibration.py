@@ -153,13 +153,17 @@ class ForwardCalibration(_Strict):
 
 
 class BackwardCalibration(_Strict):
-    """Backward kernels on this GPU: what a step costs beyond any rate of the chip
+    """Backward kernels on this GPU: what a step and a work tile cost beyond any rate of the chip
     (iosim/calibrate/backward_step.py)."""
 
     step: dict[str, SourcedSecondsTable] = Field(
         description="seconds a thread block spends on one step (one Q block against its K/V block), by the "
                     "kernel's timing description ('iosim-flash2-bwd', 'fa2-bwd', ...), then by head dim; measured "
                     "on a one-wave grid, bf16, no mask")
+    tile_fixed: dict[str, SourcedSecondsTable] | None = Field(
+        None, description="seconds a further work tile (K/V block) costs an SM beyond its steps (its start, K_j and "
+                          "V_j, dK_j and dV_j written), keyed as step; measured as two tiles an SM against one; "
+                          "absent in files measured before it")
 
 
 class SourcedWatts(_Strict):

@@ -161,7 +161,8 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
         step, tile, call = (fa3.measured(c.profile, desc, p, work.tiles, part) for part in fa3.MEASURED_PARTS)
         model = fa3.HopperModel(tensor_efficiency=_wgmma_efficiency(r, c.profile, p.dtype),
                                 overlap_loss=overlap.OVERLAP_LOSS, step_s=step, tile_fixed_s=tile if step else None)
-        placement = "iosim" if desc.launch_order == "persistent-iosim" else "dynamic"
+        order = desc.order_for(p.dtype)
+        placement = {"persistent-iosim": "iosim", "persistent-in-order": "in-order"}.get(order, "dynamic")
         k = fa3.kernel_time(kernels[0], p, work.tiles, c.profile, model, placement)
         fixed = call if step and call is not None else r.first_launch_s() + 3 * c.latency  # Q, first K/V; drain
         return [replace(k, predicted_s=k.predicted_s + fixed)]

@@ -33,7 +33,9 @@ iosim's kernel and FlashAttention-2's move the same shared-memory wavefronts and
 yet take 8,859 and 8,068 cycles (H100, d = 128; docs/timing.md). Where the profile holds the description's step,
 measured on a one-wave grid (``calibration.backward.step``, :mod:`iosim.calibrate.backward_step`), T_step is that
 measurement (one block an SM, the description's tiles, 16-bit inputs); the composed T_step above is kept beside it
-(``step_composed``) and is the step wherever the profile lacks it.
+(``step_composed``) and is the step wherever the profile lacks it. So with a block's fixed part: where the profile
+holds ``calibration.backward.tile_fixed`` (what a further K/V block costs an SM beyond its steps, measured as two
+blocks an SM against one), a block takes tile_fixed + n_j·T_step in place of the composed prologue and epilogue.
 """
 
 from __future__ import annotations
@@ -103,12 +105,13 @@ def step(p: AttentionProblem, tc: TileConfig, desc: KernelDesc, k: int, r: Rates
     return BwdStep(ldm, mma, elem, load, reduce, t)
 
 
-def measured_step(c: Conditions, tc: TileConfig, k: int) -> float | None:
-    """``calibration.backward.step`` of the description at the problem's head dim: seconds a block's step takes,
-    where the profile has it and the call runs as it was measured (the description's own tiles, one block an SM,
-    16-bit inputs); else None."""
+def measured(c: Conditions, tc: TileConfig, k: int, part: str = "step") -> float | None:
+    """``calibration.backward.<part>`` ("step" or "tile_fixed") of the description at the problem's head dim, as
+    measured, where the profile has it and the call runs as it was measured (the description's own tiles, one block
+    an SM, 16-bit inputs); else None."""
     cal = getattr(c.profile.calibration, "backward", None)
-    entry = cal.step.get(c.desc.name) if cal is not None else None
+    table = getattr(cal, part, None) if cal is not None else None
+    entry = table.get(c.desc.name) if table else None
     d = c.problem.head_dim
     if entry is None or d not in entry.value or k != 1 or c.problem.elem_bytes != 2:
         return None
@@ -136,12 +139,15 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     if grid < r.sms * k:
         k = max(1, math.ceil(grid / r.sms))
     st = step(p, tc, desc, k, r)
-    measured = measured_step(c, tc, k)
-    step_s = st.step_s if measured is None else measured
+    step_m = measured(c, tc, k)
+    step_s = st.step_s if step_m is None else step_m
     kv_bytes = 2 * tc.block_kv * p.head_dim * p.elem_bytes
     prologue = k * kv_bytes / (r.l2 / r.sms) + r.block_s + 2 * latency
     epilogue = k * kv_bytes / (r.l2_write / r.sms)
-    durations = np.tile(prologue + steps * step_s + epilogue, heads)
+    fixed = measured(c, tc, k, "tile_fixed") if step_m is not None else None
+    if fixed is not None and dram[0] > 0:  # measured with K_j, V_j in L2: from DRAM, slower
+        fixed += kv_bytes / (r.dram_read / r.sms) - kv_bytes / (r.l2 / r.sms)
+    durations = np.tile((prologue + epilogue if fixed is None else fixed) + steps * step_s, heads)
     blocks = makespan(durations, r.sms * k)
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.next_launch_s() + latency
@@ -149,10 +155,11 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "resident_blocks": k,
              "step_ldmatrix": st.ldmatrix_s, "step_mma": st.mma_s, "step_elementwise": st.elementwise_s,
              "step_load": st.load_s, "step_reduce": st.reduce_s, "step": step_s,
-             **({"step_composed": st.step_s} if measured is not None else {})}
+             **({"step_composed": st.step_s} if step_m is not None else {}),
+             **({"tile_fixed": fixed} if fixed is not None else {})}
     smem = float(steps.sum()) * heads * smem_step_bytes(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, desc.warps,
                                                         tc) + grid * kv_bytes  # K_j, V_j landed once a block
-    bound = "dram" if memory > blocks else "step (measured)" if measured is not None else _bound(st, k)
+    bound = "dram" if memory > blocks else "step (measured)" if step_m is not None else _bound(st, k)
     return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": bound}, smem)
 
 

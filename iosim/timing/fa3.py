@@ -23,7 +23,8 @@ of many (:func:`masked_steps`).
 
 and a thread block takes  t_first + Σ_j t_step + t_last: the prologue (load Q_i and the first K/V tile,
 then the first QKᵀ, which nothing hides) and the epilogue (the last P·V, O / l, and the store of O).
-Thread blocks are placed on the SMs longest first (FA3's persistent scheduler), or for iosim's kernel
+Thread blocks are placed on the SMs longest first (FA3's persistent scheduler), in the grid's order on the SM that
+frees first (``launch_order: persistent-in-order``: cuDNN's tile counter), or for iosim's kernel
 (``launch_order: persistent-iosim``) where its launch places them (:mod:`iosim.launch.flash3_schedule`: a snake
 over the tile list, or a causal call's host schedule: a window's tiles, alike but for the first ones of each head,
 do not even out in the snake as they would under a dynamic scheduler), and the kernel takes the
@@ -223,11 +224,12 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
 
 def placed(per_block: np.ndarray, p: AttentionProblem, tiles, sms: int, placement: str) -> float:
     """When the last SM ends, each Q tile of every head taking ``per_block[m]`` seconds (m its Q block): placed
-    longest first on the free SM ("dynamic"), or as kernels/flash3_fwd.cu's launch places them ("iosim": tile t =
+    longest first on the free SM ("dynamic"), on the free SM in the grid's order ("in-order": a head's Q tiles from
+    the first, head after head; cuDNN's), or as kernels/flash3_fwd.cu's launch places them ("iosim": tile t =
     x + Tr * head, causal m = Tr - 1 - x; a window runs the kernel's Local instantiation, not its causal one)."""
     durations = np.tile(per_block, p.n_heads_total)
-    if placement == "dynamic":
-        return makespan(durations, sms, longest_first=True)
+    if placement in ("dynamic", "in-order"):
+        return makespan(durations, sms, longest_first=placement == "dynamic")
     causal = mask_kind(p, getattr(tiles, "window", None)) == "causal"
     order = np.tile(per_block[::-1] if causal else per_block, p.n_heads_total)  # duration of tile t
     blocks = min(len(order), sms)
@@ -264,8 +266,8 @@ def packed(p: AttentionProblem, tiles, profile: Profile, model: HopperModel, sms
     if not len(durations):
         return durations, per_head, 0.0
     blocks = min(len(durations), sms)
-    if placement == "dynamic":
-        return durations, per_head, makespan(durations, sms, longest_first=True)
+    if placement in ("dynamic", "in-order"):
+        return durations, per_head, makespan(durations, sms, longest_first=placement == "dynamic")
     sched = varlen_schedule(tiles.seqlens, heads, Br, Bc, p.causal, window, blocks)
     offsets, order = sched[:blocks + 1], sched[blocks + 1:]  # every block holds a tile (blocks <= tiles)
     return durations, per_head, float(np.add.reduceat(seconds(order), offsets[:-1]).max())

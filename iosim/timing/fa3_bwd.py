@@ -19,14 +19,17 @@ four times and at two named barriers a step. The loads and the dQ reductions run
     T_step = max( t_gemm + t_elem + t_smem + 2·t_wait, t_load + t_reduce )
 
 or, where the profile holds the description's step as measured on a one-wave grid (``calibration.backward.step``),
-that measurement, as :mod:`iosim.timing.fa2_bwd` takes it.
+that measurement, as :mod:`iosim.timing.fa2_bwd` takes it (and with it ``calibration.backward.tile_fixed``, what a
+further work tile costs beyond its steps, in place of the composed prologue and epilogue below).
 
 Nsight Compute agrees with the sequence (H100, B = 4, N = 4096, d = 128): the tensor pipe 57% busy in our kernel, 65%
 in cuDNN's, where a step overlapping its phases would keep it busy most of the time.
 
-Work tiles (prologue K_j, V_j + n_j·T_step + epilogue dK_j, dV_j) are placed on one persistent block per SM,
-longest first (cuDNN's), or launched as a grid of one block per tile, one resident per SM (iosim's flash3_bwd,
-whose causal grid runs the longest K/V blocks first). The prologue's K_j and V_j are read by that tile only: from
+Work tiles (prologue K_j, V_j + n_j·T_step + epilogue dK_j, dV_j) are placed on one persistent block per SM, each
+tile to the block that frees first, in the grid's order (cuDNN's: its kernel fetches a tile index with one global
+atomic a tile, and the causal/non-causal time ratios follow the grid's order, not longest first; docs/timing.md), or
+longest first (``launch_order: persistent``), or launched as a grid of one block per tile, one resident per SM
+(iosim's flash3_bwd, whose causal grid runs the longest K/V blocks first). The prologue's K_j and V_j are read by that tile only: from
 DRAM where the inputs do not stay in L2, at the SM's share of the DRAM read rate (the SMs start their tiles
 together), after a dependent load (a grid's block also pays its start and its Q_i's first load); the epilogue writes
 dK_j, dV_j into L2. The kernel takes the longer of the placement and its DRAM bytes over DRAM bandwidth, plus a
@@ -41,7 +44,7 @@ from ..blocks import makespan
 from ..counts import KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
 from .estimate import Conditions, KernelTime
-from .fa2_bwd import ACC_BYTES, GEMMS, SCORE_OPS, block_steps, measured_step
+from .fa2_bwd import ACC_BYTES, GEMMS, SCORE_OPS, block_steps, measured
 from .kernels import TileConfig
 from .rates import Rates
 
@@ -71,20 +74,24 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     grouped = desc.gqa == "grouped"
     heads = p.batch * (p.kv_heads if grouped else p.heads)
     parts = step_parts(p, tc, r)
-    measured = measured_step(c, tc, 1)
-    if measured is not None:  # the description's step as measured (iosim.timing.fa2_bwd, the measured step)
-        parts["step_composed"], parts["step"] = parts["step"], measured
+    step_m = measured(c, tc, 1)
+    if step_m is not None:  # the description's step as measured (iosim.timing.fa2_bwd, the measured step)
+        parts["step_composed"], parts["step"] = parts["step"], step_m
+    fixed = measured(c, tc, 1, "tile_fixed") if step_m is not None else None
     kv_bytes = 2 * tc.block_kv * p.head_dim * p.elem_bytes
     steps = block_steps(p, tc, grouped)
     # K_j, V_j: read by this work tile only, so from DRAM where the inputs do not stay in L2, at the SM's share of
     # the rate (the SMs start their tiles together), after one dependent load; dK_j, dV_j written into L2. A grid of
     # one block per tile also pays each block's start and the first Q_i load's latency.
-    persistent = desc.launch_order == "persistent"
+    persistent = desc.launch_order in ("persistent", "persistent-in-order")
     load_rate = (r.dram_read if dram[0] > 0 else r.l2) / r.sms
     parts["tile_load"] = kv_bytes / load_rate
-    per_tile = (parts["tile_load"] + steps * parts["step"] + kv_bytes / (r.l2_write / r.sms)
-                + (latency if persistent else r.block_s + 2 * latency))
-    longest_first = persistent or (desc.launch_order == "causal-longest-first" and p.causal)
+    composed = parts["tile_load"] + kv_bytes / (r.l2_write / r.sms) + (latency if persistent else r.block_s + 2 * latency)
+    if fixed is not None:  # what a further tile costs beyond its steps, as measured (calibration.backward.tile_fixed)
+        fixed += parts["tile_load"] - kv_bytes / (r.l2 / r.sms)  # measured with K_j, V_j in L2: from DRAM, slower
+        parts["tile_fixed"] = fixed
+    per_tile = (composed if fixed is None else fixed) + steps * parts["step"]
+    longest_first = desc.launch_order == "persistent" or (desc.launch_order == "causal-longest-first" and p.causal)
     blocks = makespan(np.tile(per_tile, heads), r.sms, longest_first=longest_first)  # grid order unless longest first
     if persistent:
         blocks += r.block_s + latency  # the grid's start, Q_i's first load
@@ -93,7 +100,7 @@ def main_kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, flo
     busy = float(per_tile.sum()) * heads / (r.sms * blocks) if blocks else 1.0
     if memory > blocks:
         bound = "dram"
-    elif measured is not None:
+    elif step_m is not None:
         bound = "step (measured)"
     elif parts["step_load"] + parts["step_reduce"] > parts["step_compute"]:
         bound = "l2"

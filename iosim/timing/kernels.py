@@ -109,8 +109,12 @@ class KernelDesc(_Strict):
         default="expand", description="backward, grouped-query heads: a block per query head, dK and dV summed "
         "after ('expand', FlashAttention-2), or a block per kv head summing its group ('grouped', iosim's kernel)")
     warps: int = Field(ge=1, le=32, description="warps per thread block")
-    launch_order: Literal["in-order", "causal-longest-first", "persistent", "persistent-iosim"] = "in-order"
+    launch_order: Literal["in-order", "causal-longest-first", "persistent", "persistent-in-order",
+                          "persistent-iosim"] = "in-order"
     # persistent: a dynamic tile scheduler (each tile to the block that frees first, longest first: FA3's);
+    # persistent-in-order: a dynamic tile scheduler handing the tiles out in the grid's order (a head's tiles in
+    # turn, head after head; a causal forward's shortest Q tile first): cuDNN's (docs/timing.md, "the order cuDNN
+    # hands its tiles out");
     # persistent-iosim: kernels/flash3_fwd.cu's own assignment (iosim.launch.flash3_schedule: the snake, or the
     # host's greedy schedule of a causal call)
     varlen_grid: Literal["tiles-heads-sequences", "tiles-sequences-heads"] = Field(
@@ -126,6 +130,9 @@ class KernelDesc(_Strict):
     fp8_tiles: dict[int, TileConfig] = Field(
         default_factory=dict, description="head_dim -> tiles of the fp8 (e4m3) instantiations, where they differ "
         "from ``tiles`` (a head dim past the largest listed: ``tiles``)")
+    fp8_launch_order: Literal["in-order", "causal-longest-first", "persistent", "persistent-in-order",
+                              "persistent-iosim"] | None = Field(
+        default=None, description="the fp8 instantiations' launch_order, where it differs from ``launch_order``")
     fp8_layout: Literal["fa3", "iosim"] = Field(
         default="fa3", description="what a fp8 problem's kernel reads: 'fa3', Q, K, V as given (FlashAttention-3's "
         "published kernel; its transpose of V and per-tensor descales cost nothing); 'iosim', iosim's layout (V^T "
@@ -138,6 +145,10 @@ class KernelDesc(_Strict):
             raise KernelError(f"kernel {self.name!r} lists no decode instantiation for head_dim={head_dim} with "
                               f"{stripes} row stripes; add its registers under decode.registers")
         return regs
+
+    def order_for(self, dtype: str | None = None) -> str:
+        """The launch order of the instantiation for ``dtype``: ``fp8_launch_order`` for fp8, where given."""
+        return self.fp8_launch_order if dtype == "fp8" and self.fp8_launch_order else self.launch_order
 
     def tiles_for(self, head_dim: int, dtype: str | None = None) -> TileConfig:
         """The tiles at ``head_dim`` (the next instantiation up); a fp8 ``dtype`` takes ``fp8_tiles`` where listed."""

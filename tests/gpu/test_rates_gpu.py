@@ -106,6 +106,14 @@ def test_backward_steps_are_bound_by_the_tensor_cores_and_measured_for_ours(cal)
             assert floor < seconds < 10 * floor, (name, d, seconds, floor)
     assert sum(line.startswith("backward.step.") for line in lines) == sum(len(t.value) for t in
                                                                             c.backward.step.values())
+    # a further work tile: its start, 2·Bc·d elements in and out, the pipeline's fill: microseconds, not a step's
+    # fraction of a nanosecond nor a call's worth
+    fixed = c.backward.tile_fixed
+    assert fixed is not None and {k: sorted(t.value) for k, t in fixed.items()} == {
+        k: sorted(t.value) for k, t in c.backward.step.items()}
+    for name, table in fixed.items():
+        for d, seconds in table.value.items():
+            assert 0.1e-6 < seconds < 50e-6, (name, d, seconds)
 
 
 def test_forward_steps_are_bound_by_the_tensor_cores(cal):
