@@ -161,3 +161,32 @@ def test_cudnns_forward_hands_its_q_tiles_out_in_the_grids_order_its_fp8_kernel_
     assert pipeline(desc, causal=False).predicted_s == pytest.approx(pipeline(longest, causal=False).predicted_s)
     fp8_in_order = desc.model_copy(update={"fp8_launch_order": None})
     assert pipeline(fp8_in_order, "fp8").predicted_s > 1.3 * pipeline(desc, "fp8").predicted_s
+
+
+def test_cudnns_tiles_are_the_ones_its_launches_name():
+    """cuDNN's forward kernels name their tiles (..._{64}x{Bc}x{d}_..., Nsight Compute's wgmma instruction counts
+    agree: iosim/timing/kernels/cudnn.yaml): every launch in the time records runs the description's Bc, but bf16 at
+    d = 256, whose Bc = 128 (Q, K and V held once) the flash3 schedule's two K/V stages cannot hold."""
+    import json
+    import re
+    from pathlib import Path
+
+    from iosim.schedules import get_schedule
+    from iosim.schedules.base import Tiles
+    from iosim.schedules.fit import fits
+
+    desc, seen = load_kernel("cudnn"), set()
+    for name in ("h100-time", "h100-time-fp8", "h100-time-heldout", "h200-time-fp8"):
+        rows = json.loads((Path(__file__).parent.parent / "data/validation" / f"{name}.json").read_text())["rows"]
+        for r in rows:
+            for launch in (r.get("launches") or []) if r["kernel"] == "cudnn" else []:
+                m = re.search(r"flash_fprop_wgmma_f(?:16|8)_knob_\d+_64x(\d+)x\d+_", launch["name"])
+                if m:
+                    seen.add((r["dtype"], r["head_dim"], int(m.group(1))))
+    assert {(t, d) for t, d, _ in seen} >= {("bf16", 64), ("bf16", 128), ("bf16", 256), ("fp8", 64), ("fp8", 256)}
+    for dtype, d, bc in seen:
+        if (dtype, d) == ("bf16", 256):
+            p = AttentionProblem(seq_len=4096, head_dim=256, dtype="bf16")
+            assert not fits(get_schedule("flash3"), p, Tiles(128, bc), get_profile("h100-sxm5-80gb"))
+            continue
+        assert desc.tiles_for(d, dtype).block_kv == bc, (dtype, d, bc)
