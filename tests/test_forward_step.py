@@ -1,6 +1,7 @@
-"""calibration.forward.step (iosim/calibrate/forward_step.py) and what the fa3 model does with it
-(iosim/timing/fa3.py: fa3.measured): the measurement's arithmetic on a stand-in clock, and the step
-taken only where the call runs the instantiation it was measured on."""
+"""calibration.forward.step (iosim/calibrate/forward_step.py) and what the fa3 and fa2 models do with it
+(iosim/timing/fa3.py: fa3.measured; iosim/timing/fa2.py: measured_step): the measurement's arithmetic on a stand-in
+clock, and the step taken only where the call runs the instantiation (and, for flash2, the residency) it was
+measured on."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from iosim.hardware.gpu import PROFILES_DIR, profile_from_dict
 from iosim.timing import load_kernel
 
 STEP_S = {"bf16": {64: 0.5e-6, 128: 0.8e-6, 256: 1.0e-6}, "fp8": {64: 0.4e-6, 128: 0.9e-6, 256: 1.1e-6}}
+FLASH2_S = {32: 0.7e-6, 64: 0.9e-6, 128: 1.0e-6, 256: 1.3e-6}  # iosim-flash2, bf16, one block an SM
 
 
 class _Bench:
@@ -26,45 +28,66 @@ class _Bench:
 
 class _CuPy:
     int64 = int
+    cc = "90"
+
+    @property
+    def cuda(self):  # CuPy's cuda.Device().compute_capability
+        cc = self.cc
+        return type("cuda", (), {"Device": lambda: type("Device", (), {"compute_capability": cc})()})
 
     @staticmethod
     def get_default_memory_pool():
         return type("Pool", (), {"free_all_blocks": staticmethod(lambda: None)})()
 
 
-def test_the_step_is_the_time_a_block_adds_per_kv_tile_between_the_two_lengths(monkeypatch):
-    fixed = 12e-6
+@pytest.fixture
+def stand_in(monkeypatch):
+    """The part on a stand-in clock: a call takes a fixed part, a further Q tile's part and its steps."""
+    fixed, tile_fixed = 12e-6, 4e-6  # the call's fixed part is what is left of `fixed` beyond one tile's
     monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(forward_step, "REST_S", 0.0)
-    monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, fp8: (heads, n, nk, d, fp8))
-
-    tile_fixed = 4e-6  # a Q tile beyond its steps; the call's fixed part is what is left of `fixed`
+    monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, fp8, schedule="flash3":
+                        (heads, n, nk, d, fp8, schedule))
 
     def time_ms(call, reps, warmup, view, clock):
-        heads, n, nk, d, fp8 = call
-        tc = load_kernel("iosim-flash3").tiles_for(d, "fp8" if fp8 else "bf16")
+        heads, n, nk, d, fp8, schedule = call
+        kernel = "iosim-flash2" if schedule == "flash2" else "iosim-flash3"
+        tc = load_kernel(kernel).tiles_for(d, "fp8" if fp8 else "bf16")
         tiles = heads // _Bench.sms  # Q tiles an SM: 1, or 2 for the tile's fixed part
         assert heads in (_Bench.sms, 2 * _Bench.sms) and n == tc.block_q and nk % tc.block_kv == 0  # one kv head
-        return 1e3 * (fixed + (tiles - 1) * tile_fixed + tiles * nk // tc.block_kv * STEP_S["fp8" if fp8 else "bf16"][d])
+        step = FLASH2_S[d] if schedule == "flash2" else STEP_S["fp8" if fp8 else "bf16"][d]
+        return 1e3 * (fixed + (tiles - 1) * tile_fixed + tiles * nk // tc.block_kv * step)
 
     monkeypatch.setattr(rates_kernels, "time_ms", time_ms)
+    return fixed, tile_fixed
+
+
+def test_the_step_is_the_time_a_block_adds_per_kv_tile_between_the_two_lengths(stand_in):
+    fixed, tile_fixed = stand_in
     got: list[Measured] = []
     forward_step.forward_part(_Bench(), _CuPy(), report=lambda m, note: got.append(m))
-    steps = {(m.path[3], m.path[4]): m.value for m in got if m.path[1] == "step"}
+    flash3 = [m for m in got if m.path[2] == "iosim-flash3"]
+    steps = {(m.path[3], m.path[4]): m.value for m in flash3 if m.path[1] == "step"}
     assert steps == pytest.approx({(t, d): v for t, table in STEP_S.items() for d, v in table.items()}, rel=1e-9)
-    assert all(m.path[2] == "iosim-flash3" for m in got)
-    assert all(m.value == pytest.approx(tile_fixed, rel=1e-6) for m in got if m.path[1] == "tile_fixed")
-    assert all(m.value == pytest.approx(fixed - tile_fixed, rel=1e-6) for m in got if m.path[1] == "call_fixed")
-    assert len(got) == 3 * len(steps)
+    assert all(m.value == pytest.approx(tile_fixed, rel=1e-6) for m in flash3 if m.path[1] == "tile_fixed")
+    assert all(m.value == pytest.approx(fixed - tile_fixed, rel=1e-6) for m in flash3 if m.path[1] == "call_fixed")
+    assert len(flash3) == 3 * len(steps)
+    flash2 = {m.path[1:]: m.value for m in got if m.path[2] == "iosim-flash2"}  # its step alone, bf16
+    assert flash2 == pytest.approx({("step", "iosim-flash2", "bf16", d): v for d, v in FLASH2_S.items()}, rel=1e-9)
 
 
-def test_before_hopper_nothing_is_measured(capsys):
+def test_before_hopper_only_the_flash2_step_is_measured(stand_in, capsys):
     class Ampere(_Bench):
         hopper = False
 
     got: list[Measured] = []
     forward_step.forward_part(Ampere(), _CuPy(), report=lambda m, note: got.append(m))
-    assert not got and "skipped" in capsys.readouterr().out
+    assert {m.path[2] for m in got} == {"iosim-flash2"} and "flash3 skipped" in capsys.readouterr().out
+    volta = _CuPy()
+    volta.cc = "70"
+    got.clear()
+    forward_step.forward_part(Ampere(), volta, report=lambda m, note: got.append(m))
+    assert not got and "flash2 skipped" in capsys.readouterr().out
 
 
 def _profile(steps: dict | None):
@@ -119,3 +142,34 @@ def test_a_tiles_and_a_calls_fixed_parts_replace_the_composed_ones_where_measure
     a, b, c = with_fixed(2.0, 5.0), with_fixed(3.0, 5.0), with_fixed(2.0, 6.0)
     assert b - a == pytest.approx(8 * 1e-6, rel=1e-6)  # 8 tiles on the busiest SM, 1 us more each
     assert c - a == pytest.approx(1e-6, rel=1e-6)
+
+
+def _flash2_profile(step_s: float | None):
+    data = yaml.safe_load((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text())
+    data["calibration"]["forward"]["step"].pop("iosim-flash2", None)
+    if step_s is not None:
+        data["calibration"]["forward"]["step"]["iosim-flash2"] = {
+            "bf16": {"value": {128: f"{step_s * 1e6} us"}, "source": "a test"}}
+    return profile_from_dict(data, "test")
+
+
+def _flash2(p, profile, **kw):
+    return simulate("flash2", p, profile, kernel="iosim-flash2", **kw).time.kernels[0]
+
+
+def test_the_fa2_model_takes_the_flash2_step_measured_with_one_block_an_sm_where_the_grid_runs_so():
+    """A grid under a wave (4 heads x 16 Q tiles: one block an SM) takes the measured step; each block visits 64 K/V
+    tiles of 32 keys, so a step 0.5 us longer is 32 us longer; a grid of two blocks an SM, other tiles, a window
+    or fp32 keep the composed step."""
+    small = AttentionProblem(batch=1, heads=4, seq_len=2048, head_dim=128, dtype="bf16")
+    composed, measured = (_flash2(small, _flash2_profile(s)) for s in (None, 1.0e-6))
+    assert "step_composed" not in composed.resources and measured.resources["step"] == pytest.approx(1.0e-6)
+    assert measured.bound == "step (measured)"
+    slower = _flash2(small, _flash2_profile(1.5e-6))
+    assert slower.resources["blocks"] - measured.resources["blocks"] == pytest.approx(64 * 0.5e-6, rel=1e-6)
+    prof = _flash2_profile(1.0e-6)
+    big = AttentionProblem(batch=4, heads=32, seq_len=2048, head_dim=128, dtype="bf16")  # 2048 blocks, 2 an SM
+    assert _flash2(big, prof).bound != "step (measured)"
+    assert _flash2(small, prof, block_q=64, block_kv=64).bound != "step (measured)"
+    assert _flash2(small, prof, window=(256, 0)).bound != "step (measured)"
+    assert _flash2(small.model_copy(update={"dtype": "fp32"}), prof).bound != "step (measured)"

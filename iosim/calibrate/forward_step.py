@@ -21,6 +21,13 @@ call costs beyond its tiles, ``forward.call_fixed`` = t1(16 Bc) − 16 · step �
 start, the first loads' latency, the last stores' drain). Each time is the median of CALLS calls queued behind a
 busy kernel after a rest (a few milliseconds of tensor work, before the board's power limiter acts). The fp8 inputs
 are quantized once beforehand (``iosim.gpu.quantize_fp8``), as the fp8 time record times the kernel alone.
+
+``calibration.forward.step.iosim-flash2``: the same step of iosim's FlashAttention-2 forward (kernels/flash_fwd.cu,
+any GPU of compute capability 8.0 or more), bf16, at its description's tiles, with one block on each SM: the
+residency of a grid under one wave, where the fa2 model (:mod:`iosim.timing.fa2`) composes the step as the block's
+phases in sequence and the time records' grids of 16-128 blocks ran 13-16% faster than that on both GPUs (a lone
+warp on a sub-partition still issues its softmax while its mma.sync run). Grids of two blocks an SM keep the
+composed step (their warps' overlap is the model's fitted OVERLAP_LOSS).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from iosim.calibrate.backward_step import CALLS, REST_S
 from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
 
 KERNEL = "iosim-flash3"  # the timing description the steps belong to
+FLASH2 = "iosim-flash2"  # the FlashAttention-2 forward's description: its one-block-an-SM step
 TILES = (16, 64)  # K/V tiles of each call
 DTYPES = ("bf16", "fp8")
 
@@ -49,9 +57,9 @@ def fixed_from(t1: float, t2: float, two_tiles: float) -> tuple[float, float]:
     return tile, max(t1 - TILES[0] * step - tile, 1e-9)
 
 
-def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool) -> Callable[[], Any]:
-    """iosim's flash3 forward on random inputs (bf16, or quantized to e4m3 once), ``heads`` query heads on one kv
-    head, ready to time."""
+def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool, schedule: str = "flash3") -> Callable[[], Any]:
+    """iosim's ``schedule`` forward on random inputs (bf16, or quantized to e4m3 once), ``heads`` query heads on one
+    kv head, ready to time."""
     import ml_dtypes
 
     from iosim import gpu
@@ -63,18 +71,20 @@ def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool) -> Callable[[], An
         bq, bkv = gpu.fp8_blocks(d)
         q, k, v = gpu.quantize_fp8(q, block=bq), gpu.quantize_fp8(k, block=bkv), gpu.quantize_fp8(v, block=bkv,
                                                                                                    transpose=True)
-    return lambda: gpu.attention(q, k, v, schedule="flash3")
+    return lambda: gpu.attention(q, k, v, schedule=schedule)
 
 
 def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """Measure ``forward.step``, ``forward.tile_fixed`` and ``forward.call_fixed`` of ``iosim-flash3`` by input type
-    at each head dim of its tiles (Hopper only; elsewhere said and skipped)."""
+    """Measure ``forward.step`` of ``iosim-flash2`` (bf16, one block an SM), then ``forward.step``,
+    ``forward.tile_fixed`` and ``forward.call_fixed`` of ``iosim-flash3`` by input type at each head dim of its
+    tiles (Hopper only; elsewhere said and skipped)."""
     from iosim.timing import load_kernel
 
-    if not b.hopper:
-        print("forward: skipped (iosim's flash3 forward runs on Hopper, sm_90a, only)", flush=True)
-        return
     seconds = busy_timer(b, cp, CALLS, warmup=2, rest_s=REST_S)
+    flash2_part(b, cp, report, seconds)
+    if not b.hopper:
+        print("forward: flash3 skipped (iosim's flash3 forward runs on Hopper, sm_90a, only)", flush=True)
+        return
     desc = load_kernel(KERNEL)
     for dtype in DTYPES:
         for d in sorted(desc.fp8_tiles if dtype == "fp8" else desc.tiles):
@@ -105,3 +115,30 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
                             "(iosim/calibrate/forward_step.py); by head dim"), "")
             del calls
             cp.get_default_memory_pool().free_all_blocks()
+
+
+def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: Callable[[Any], float]) -> None:
+    """``forward.step.iosim-flash2.bf16`` at each head dim of its description: one Q tile of Br queries on each SM,
+    all on one kv head, 16 then 64 K/V tiles (module docstring)."""
+    from iosim.timing import load_kernel
+
+    if int(cp.cuda.Device().compute_capability) < 80:
+        print("forward: flash2 skipped (iosim's flash2 forward needs compute capability 8.0)", flush=True)
+        return
+    desc = load_kernel(FLASH2)
+    for d in sorted(desc.tiles):
+        tc = desc.tiles_for(d)
+        try:
+            times = [seconds(_call(cp, b.sms, tc.block_q, n * tc.block_kv, d, False, "flash2")) for n in TILES]
+        except Exception as exc:  # an instantiation this GPU cannot run (shared memory)
+            print(f"forward.step.{FLASH2}.bf16.{d}: skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})",
+                  flush=True)
+            continue
+        what = (f"iosim's flash2 forward ({FLASH2}'s tiles), bf16, no mask, {b.sms} query heads of Br queries on one "
+                f"kv head (one block on each SM, K/V in L2): (time at {TILES[1]} K/V tiles - time at {TILES[0]}) / "
+                f"{TILES[1] - TILES[0]}, each the median of {CALLS} calls behind a busy kernel after {REST_S} s idle "
+                "(iosim/calibrate/forward_step.py); by head dim")
+        report(Measured(("forward", "step", FLASH2, "bf16", d), step_from(*times), "s", what),
+               f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
+               f"(Br x Bc = {tc.block_q} x {tc.block_kv})")
+        cp.get_default_memory_pool().free_all_blocks()

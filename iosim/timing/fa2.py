@@ -20,6 +20,13 @@ stream's work does not hide under the first's). A Q block visiting n_i K/V block
 out of the placement), and the kernel takes the longer of that and its DRAM bytes over DRAM bandwidth, plus a launch.
 With a sliding window (the tiles' ``window``) n_i is the Q block's K/V range (:func:`iosim.blocks.kv_block_range`),
 as kernels/flash_fwd.cu's Local instantiations visit it.
+
+**One block an SM** (a grid under one wave): t_seq prices a lone block's warps as if each phase waited for the one
+before, but a warp still issues its softmax while its mma.sync run; the time records' grids of 16-128 blocks of
+iosim's flash2 ran 13-16% faster than that on both GPUs. Where the profile holds the description's step measured
+with one block on every SM (``calibration.forward.step.<kernel>.bf16``, :mod:`iosim.calibrate.forward_step`), a call
+with one block an SM, 16-bit inputs and the description's tiles (dense) takes it; the composed step stays beside it
+(``step_composed``), and two or more blocks an SM keep the composed one.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from ..launch import flash_smem_bytes, resident_blocks
 from ..problem import AttentionProblem
 from . import overlap
 from .estimate import Conditions, KernelTime
+from .fa3 import measured
 from .kernels import KernelDesc, TileConfig
 from .rates import WARP_LANES, Rates
 
@@ -113,17 +121,28 @@ def visits(p: AttentionProblem, Br: int, Bc: int, window: tuple[int | None, int 
 
 
 def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates,
-                latency: float = 0.0, window: tuple[int | None, int | None] | None = None) -> np.ndarray:
+                latency: float = 0.0, window: tuple[int | None, int | None] | None = None,
+                step_s: float | None = None) -> np.ndarray:
     """Seconds of each Q block of one head with ``k`` blocks resident per SM; ``latency``: one dependent load (its
     Q_i and first K/V tile wait for two: nothing of the block hides them); ``window``: a sliding window's K/V
-    ranges."""
+    ranges; ``step_s``: the step as measured (:func:`measured_step`; None: composed)."""
     Br, Bc, d, e = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes
     n = visits(p, Br, Bc, window)
     per_sm_l2 = r.l2 / r.sms
-    t_step = step(Br, Bc, d, e, k, desc, tc, r).step_s  # a ragged Q block still runs whole mma tiles
+    t_step = step(Br, Bc, d, e, k, desc, tc, r).step_s if step_s is None else step_s  # ragged: whole mma tiles
     prologue = k * (Br + 2 * Bc) * d * e / per_sm_l2 + r.block_s + 2 * latency  # Q_i and the first K/V tile
     epilogue = k * Br * d * e / per_sm_l2  # O written once
     return prologue + n * t_step + epilogue
+
+
+def measured_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileConfig, k: int) -> float | None:
+    """``calibration.forward.step`` of the description at the call's head dim, measured with one block an SM on
+    bf16 inputs (:mod:`iosim.calibrate.forward_step`), where the call runs so: one block an SM, 16-bit inputs, the
+    description's own tiles; else None. The caller asks for dense calls only (the window, varlen and paged
+    instantiations keep the composed step)."""
+    if k != 1 or p.elem_bytes != 2:
+        return None
+    return measured(profile, desc, p.model_copy(update={"dtype": "bf16"}), tc, "step")
 
 
 def sequence(p: AttentionProblem, n: int, nk: int) -> AttentionProblem:
@@ -187,10 +206,11 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
     working = sum(cdiv(n, tc.block_q) for n, _ in seqs) * heads if seqs else grid  # packed: blocks that do not exit
     if working < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
         k = max(1, math.ceil(working / r.sms))
+    step_m = None if seqs or window is not None or paged else measured_step(c.profile, desc, p, tc, k)
     if seqs:
         order = packed_order(p, desc, tc, k, r, latency, seqs, window)
     else:
-        order = launch_order(block_times(p, desc, tc, k, r, latency, window), heads, desc, p.causal)
+        order = launch_order(block_times(p, desc, tc, k, r, latency, window, step_m), heads, desc, p.causal)
     blocks = makespan(order, r.sms * k)
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.first_launch_s() + latency  # the last stores drain
@@ -198,8 +218,9 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
     busy = float(order.sum()) / (r.sms * k * blocks) if blocks else 1.0  # share of the chip's block slots in use
     parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "launch": r.first_launch_s(), "resident_blocks": k,
              "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,
-             "step_load": sp.load_s, "step": sp.step_s}
-    bound = "dram" if memory > blocks else _step_bound(sp, k)
+             "step_load": sp.load_s, "step": sp.step_s if step_m is None else step_m,
+             **({"step_composed": sp.step_s} if step_m is not None else {})}
+    bound = "dram" if memory > blocks else "step (measured)" if step_m is not None else _step_bound(sp, k)
     problems = [sequence(p, n, nk) for n, nk in seqs if n > 0] if seqs else [p]
     steps = heads * float(sum(np.sum(visits(q, tc.block_q, tc.block_kv, window)) for q in problems))
     smem = smem_bytes_moved(p, tc, desc.warps, grid, steps)

@@ -117,13 +117,21 @@ def test_backward_steps_are_bound_by_the_tensor_cores_and_measured_for_ours(cal)
 
 
 def test_forward_steps_are_bound_by_the_tensor_cores(cal):
-    """A K/V step of iosim's flash3 forward runs two GEMMs of 2·Br·Bc·d FLOPs: no step beats them at the dense
-    tensor peak (4096 FLOP/clk/SM for bf16, 8192 for fp8), none takes ten times as long; Hopper only."""
+    """A K/V step of iosim's flash2 forward (any GPU) and of its flash3 forward (Hopper only) runs two GEMMs of
+    2·Br·Bc·d FLOPs: no step beats them at the dense tensor peak (4096 FLOP/clk/SM for bf16, 8192 for fp8), none
+    takes ten times as long."""
     from iosim.timing import load_kernel
 
     c, dev, _, _ = cal
-    assert (c.forward is not None) == dev["hopper"]
-    if c.forward is None:
+    assert c.forward is not None  # iosim's flash2 forward's step, on any GPU of compute capability 8.0 or more
+    flash2 = load_kernel("iosim-flash2")
+    assert sorted(c.forward.step["iosim-flash2"]["bf16"].value) == sorted(flash2.tiles)
+    for d, seconds in c.forward.step["iosim-flash2"]["bf16"].value.items():  # one block an SM
+        tc = flash2.tiles_for(d)
+        floor = 4 * tc.block_q * tc.block_kv * d / (4096 * c.sm_clock.value)
+        assert floor < seconds < 10 * floor, ("iosim-flash2", d, seconds, floor)
+    if not dev["hopper"]:
+        assert "iosim-flash3" not in c.forward.step
         return
     desc = load_kernel("iosim-flash3")
     assert sorted(c.forward.step["iosim-flash3"]) == ["bf16", "fp8"]
