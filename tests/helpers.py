@@ -100,3 +100,15 @@ class FakeNcuCsv:
 
     def text(self) -> str:
         return "==PROF== Connected\n" + self._buf.getvalue()
+
+
+def composed_flash2_profile(name: str = "h100-sxm5-80gb"):
+    """Built-in profile ``name`` without iosim-flash2's measured steps (calibration.forward.resident_step): the fa2
+    model then composes every step, the dense instantiation's as the window and varlen ones'."""
+    import yaml
+
+    from iosim.hardware.gpu import PROFILES_DIR, profile_from_dict
+
+    data = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
+    data["calibration"]["forward"].pop("resident_step")
+    return profile_from_dict(data, f"{name}, composed flash2 steps")

@@ -11,11 +11,12 @@ import yaml
 from iosim import AttentionProblem, simulate
 from iosim.calibrate import forward_step, rates_kernels
 from iosim.calibrate.rates_kernels import Measured
-from iosim.hardware.gpu import PROFILES_DIR, profile_from_dict
+from iosim.hardware.gpu import PROFILES_DIR, get_profile, profile_from_dict
 from iosim.timing import load_kernel
+from iosim.timing.fa2 import residency
 
 STEP_S = {"bf16": {64: 0.5e-6, 128: 0.8e-6, 256: 1.0e-6}, "fp8": {64: 0.4e-6, 128: 0.9e-6, 256: 1.1e-6}}
-FLASH2_S = {32: 0.7e-6, 64: 0.9e-6, 128: 1.0e-6, 256: 1.3e-6}  # iosim-flash2, bf16, one block an SM
+FLASH2_S = 0.9e-6  # iosim-flash2, bf16: the stand-in's step of each of k blocks an SM is k times this
 
 
 class _Bench:
@@ -46,16 +47,20 @@ def stand_in(monkeypatch):
     fixed, tile_fixed = 12e-6, 4e-6  # the call's fixed part is what is left of `fixed` beyond one tile's
     monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(forward_step, "REST_S", 0.0)
-    monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, fp8, schedule="flash3":
-                        (heads, n, nk, d, fp8, schedule))
+    monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, fp8, schedule="flash3", tiles=None:
+                        (heads, n, nk, d, fp8, schedule, tiles))
+    monkeypatch.setattr(forward_step, "_builtin_profile", lambda cp: get_profile("h100-sxm5-80gb"))
 
     def time_ms(call, reps, warmup, view, clock):
-        heads, n, nk, d, fp8, schedule = call
-        kernel = "iosim-flash2" if schedule == "flash2" else "iosim-flash3"
-        tc = load_kernel(kernel).tiles_for(d, "fp8" if fp8 else "bf16")
+        heads, n, nk, d, fp8, schedule, tiles = call
+        if schedule == "flash2":  # k blocks an SM, each a Q tile of Br queries at its tiles
+            k, (bq, bkv) = heads // _Bench.sms, tiles
+            assert heads % _Bench.sms == 0 and n == bq and nk % bkv == 0
+            return 1e3 * (fixed + nk // bkv * k * FLASH2_S)
+        tc = load_kernel("iosim-flash3").tiles_for(d, "fp8" if fp8 else "bf16")
         tiles = heads // _Bench.sms  # Q tiles an SM: 1, or 2 for the tile's fixed part
         assert heads in (_Bench.sms, 2 * _Bench.sms) and n == tc.block_q and nk % tc.block_kv == 0  # one kv head
-        step = FLASH2_S[d] if schedule == "flash2" else STEP_S["fp8" if fp8 else "bf16"][d]
+        step = STEP_S["fp8" if fp8 else "bf16"][d]
         return 1e3 * (fixed + (tiles - 1) * tile_fixed + tiles * nk // tc.block_kv * step)
 
     monkeypatch.setattr(rates_kernels, "time_ms", time_ms)
@@ -72,8 +77,15 @@ def test_the_step_is_the_time_a_block_adds_per_kv_tile_between_the_two_lengths(s
     assert all(m.value == pytest.approx(tile_fixed, rel=1e-6) for m in flash3 if m.path[1] == "tile_fixed")
     assert all(m.value == pytest.approx(fixed - tile_fixed, rel=1e-6) for m in flash3 if m.path[1] == "call_fixed")
     assert len(flash3) == 3 * len(steps)
-    flash2 = {m.path[1:]: m.value for m in got if m.path[2] == "iosim-flash2"}  # its step alone, bf16
-    assert flash2 == pytest.approx({("step", "iosim-flash2", "bf16", d): v for d, v in FLASH2_S.items()}, rel=1e-9)
+    flash2 = {m.path[3:]: m.value for m in got if m.path[:3] == ("forward", "resident_step", "iosim-flash2")}
+    want = {}  # every compiled tile at each head dim, k = 1 .. its residency on the H100 profile
+    desc, prof = load_kernel("iosim-flash2"), get_profile("h100-sxm5-80gb")
+    for d in desc.tiles:
+        own = desc.tiles_for(d)
+        for tc in (own, *(own.with_tiles(o.block_q, o.block_kv) for o in own.others)):
+            for k in range(1, residency(tc, desc, d, 2, prof) + 1):
+                want[(f"d{d}_{tc.block_q}x{tc.block_kv}", k)] = k * FLASH2_S
+    assert flash2 == pytest.approx(want, rel=1e-9) and ("d64_64x64", 3) in flash2
 
 
 def test_before_hopper_only_the_flash2_step_is_measured(stand_in, capsys):
@@ -144,12 +156,13 @@ def test_a_tiles_and_a_calls_fixed_parts_replace_the_composed_ones_where_measure
     assert c - a == pytest.approx(1e-6, rel=1e-6)
 
 
-def _flash2_profile(step_s: float | None):
+def _flash2_profile(steps: dict | None):
+    """The H100 profile with iosim-flash2's resident steps ``steps`` ({"d128_128x32": {k: seconds}}; None: none)."""
     data = yaml.safe_load((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text())
-    data["calibration"]["forward"]["step"].pop("iosim-flash2", None)
-    if step_s is not None:
-        data["calibration"]["forward"]["step"]["iosim-flash2"] = {
-            "bf16": {"value": {128: f"{step_s * 1e6} us"}, "source": "a test"}}
+    data["calibration"]["forward"].pop("resident_step", None)
+    if steps is not None:
+        data["calibration"]["forward"]["resident_step"] = {"iosim-flash2": {
+            key: {"value": {k: f"{v * 1e6} us" for k, v in t.items()}, "source": "a test"} for key, t in steps.items()}}
     return profile_from_dict(data, "test")
 
 
@@ -157,19 +170,21 @@ def _flash2(p, profile, **kw):
     return simulate("flash2", p, profile, kernel="iosim-flash2", **kw).time.kernels[0]
 
 
-def test_the_fa2_model_takes_the_flash2_step_measured_with_one_block_an_sm_where_the_grid_runs_so():
-    """A grid under a wave (4 heads x 16 Q tiles: one block an SM) takes the measured step; each block visits 64 K/V
-    tiles of 32 keys, so a step 0.5 us longer is 32 us longer; a grid of two blocks an SM, other tiles, a window
-    or fp32 keep the composed step."""
+def test_the_fa2_model_takes_the_flash2_step_measured_at_the_calls_tiles_and_residency():
+    """A grid under a wave (4 heads x 16 Q tiles: one block an SM) takes the step measured at k = 1; each block
+    visits 64 K/V tiles of 32 keys, so a step 0.5 us longer is 32 us longer. A grid of two blocks an SM takes the
+    k = 2 entry, other tiles theirs; a window, fp32 or a residency not measured keep the composed step."""
     small = AttentionProblem(batch=1, heads=4, seq_len=2048, head_dim=128, dtype="bf16")
-    composed, measured = (_flash2(small, _flash2_profile(s)) for s in (None, 1.0e-6))
+    big = AttentionProblem(batch=4, heads=32, seq_len=2048, head_dim=128, dtype="bf16")  # 2048 blocks, 2 an SM
+    composed = _flash2(small, _flash2_profile(None))
+    prof = _flash2_profile({"d128_128x32": {1: 1.0e-6, 2: 1.7e-6}, "d128_64x64": {1: 1.2e-6}})
+    measured = _flash2(small, prof)
     assert "step_composed" not in composed.resources and measured.resources["step"] == pytest.approx(1.0e-6)
     assert measured.bound == "step (measured)"
-    slower = _flash2(small, _flash2_profile(1.5e-6))
+    slower = _flash2(small, _flash2_profile({"d128_128x32": {1: 1.5e-6}}))
     assert slower.resources["blocks"] - measured.resources["blocks"] == pytest.approx(64 * 0.5e-6, rel=1e-6)
-    prof = _flash2_profile(1.0e-6)
-    big = AttentionProblem(batch=4, heads=32, seq_len=2048, head_dim=128, dtype="bf16")  # 2048 blocks, 2 an SM
-    assert _flash2(big, prof).bound != "step (measured)"
-    assert _flash2(small, prof, block_q=64, block_kv=64).bound != "step (measured)"
+    assert _flash2(big, prof).resources["step"] == pytest.approx(1.7e-6)
+    assert _flash2(small, prof, block_q=64, block_kv=64).resources["step"] == pytest.approx(1.2e-6)
+    assert _flash2(big, prof, block_q=64, block_kv=64).bound != "step (measured)"  # k = 2 not measured there
     assert _flash2(small, prof, window=(256, 0)).bound != "step (measured)"
     assert _flash2(small.model_copy(update={"dtype": "fp32"}), prof).bound != "step (measured)"

@@ -16,7 +16,8 @@ from helpers import run_cli
 from iosim import AttentionProblem, simulate
 from iosim._resources import kernels_dir
 from iosim.calibrate import rates, rates_kernels, rates_wgmma
-from iosim.calibrate.rates import Measured, calibration_section, guess_profile, write_calibrated
+from iosim.calibrate.device import guess_profile
+from iosim.calibrate.rates import Measured, calibration_section, write_calibrated
 from iosim.gpu import build, build_rates
 from iosim.gpu.flash3_host import _wgmma_fn
 from iosim.hardware.gpu import PROFILES_DIR, ProfileError, get_profile, load_profile_file, profile_from_dict

@@ -7,7 +7,7 @@ dense problem where the two must agree."""
 from __future__ import annotations
 
 import pytest
-from helpers import load_benchmark
+from helpers import composed_flash2_profile, load_benchmark
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,18 +25,7 @@ from iosim.validation import seqlens_text
 H100 = "h100-sxm5-80gb"
 
 
-def _without_flash2_step():
-    """The H100 profile without iosim-flash2's measured step (the fa2 model then composes every step)."""
-    import yaml
-
-    from iosim.hardware.gpu import PROFILES_DIR, profile_from_dict
-
-    data = yaml.safe_load((PROFILES_DIR / f"{H100}.yaml").read_text())
-    data["calibration"]["forward"]["step"].pop("iosim-flash2")
-    return profile_from_dict(data, "h100, composed flash2 step")
-
-
-COMPOSED = _without_flash2_step()
+COMPOSED = composed_flash2_profile(H100)  # one step for the dense and the packed instantiations
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +117,11 @@ def test_packed_rows_are_their_own_regime():
 def test_equal_sequences_packed_take_the_dense_batchs_time(causal, kernel):
     """16 sequences of 1024 packed run the dense batch's blocks, block for block (our grid (Tr, heads, 16), FA2's
     (Tr, 16, heads))."""
+    prof = COMPOSED  # the same step for both (iosim-flash2's measured steps are the dense instantiation's)
     dense = simulate("flash2", AttentionProblem(batch=16, heads=16, seq_len=1024, head_dim=128, causal=causal),
-                     H100, kernel=kernel, warm=True)
+                     prof, kernel=kernel, warm=True)
     packed = simulate("flash2", AttentionProblem(batch=1, heads=16, seq_len=16384, head_dim=128, causal=causal),
-                      H100, kernel=kernel, warm=True, seqlens=[1024] * 16)
+                      prof, kernel=kernel, warm=True, seqlens=[1024] * 16)
     assert packed.time.kernels[0].resources["blocks"] == pytest.approx(dense.time.kernels[0].resources["blocks"],
                                                                        rel=1e-12)
 
@@ -141,7 +131,7 @@ def test_equal_sequences_packed_take_the_dense_batchs_time(causal, kernel):
 def test_one_packed_sequence_is_the_dense_problem(n, nk, causal, d):
     """Time and DRAM bytes: one sequence packed is the problem itself (its blocks, its walk, nothing left dirty that
     a later sequence would evict), at the same step: the composed one (the step measured with one block an SM,
-    calibration.forward.step.iosim-flash2, is the dense instantiation's, which a grid this small takes)."""
+    calibration.forward.resident_step.iosim-flash2, is the dense instantiation's)."""
     p = AttentionProblem(seq_len=n, kv_len=nk, heads=4, head_dim=d, causal=causal)
     dense = simulate("flash2", p, COMPOSED, kernel="iosim-flash2")
     packed = simulate("flash2", p, COMPOSED, kernel="iosim-flash2", seqlens=[(n, nk)])

@@ -53,7 +53,7 @@ def test_a_small_causal_grid_prefers_more_blocks_and_says_why_the_large_tile_los
     p = AttentionProblem(batch=1, heads=8, seq_len=512, head_dim=64, dtype="bf16", causal=True)
     ranked = tune("flash2", p, H100, kernel="iosim-flash2")
     big = next(c for c in ranked if (c.block_q, c.block_kv) == (128, 64))
-    assert ranked[0].block_q == 64 and "waves" in big.reason and "occupancy" in big.reason
+    assert ranked[0].block_q == 64 and "waves" in big.reason
 
 
 def test_without_a_tile_list_the_powers_of_two_are_ranked_and_those_that_cannot_run_say_why():

@@ -22,12 +22,15 @@ start, the first loads' latency, the last stores' drain). Each time is the media
 busy kernel after a rest (a few milliseconds of tensor work, before the board's power limiter acts). The fp8 inputs
 are quantized once beforehand (``iosim.gpu.quantize_fp8``), as the fp8 time record times the kernel alone.
 
-``calibration.forward.step.iosim-flash2``: the same step of iosim's FlashAttention-2 forward (kernels/flash_fwd.cu,
-any GPU of compute capability 8.0 or more), bf16, at its description's tiles, with one block on each SM: the
-residency of a grid under one wave, where the fa2 model (:mod:`iosim.timing.fa2`) composes the step as the block's
-phases in sequence and the time records' grids of 16-128 blocks ran 13-16% faster than that on both GPUs (a lone
-warp on a sub-partition still issues its softmax while its mma.sync run). Grids of two blocks an SM keep the
-composed step (their warps' overlap is the model's fitted OVERLAP_LOSS).
+``calibration.forward.resident_step.iosim-flash2``: the step of iosim's FlashAttention-2 forward (kernels/flash_fwd.cu,
+any GPU of compute capability 8.0 or more), bf16, at every tile it is compiled with (its description's and the
+others `iosim tune` ranks), with k = 1 .. its residency blocks on each SM (k·SMs query heads of one Q tile on one
+kv head, 16 then 64 K/V tiles): seconds an SM spends on one step of each of its k blocks. The fa2 model
+(:mod:`iosim.timing.fa2`) composes that step from the chip's rates, the warps' phases in sequence and the one fitted
+overlap between blocks; measured (H100, 2026-11-28), the composition is 16% slow for a lone block of the default
+tiles (its warps issue their softmax while their mma.sync run) and 14-22% fast for the 64-row tiles at d = 64,
+which is where `iosim tune` chose wrong. The residency is the model's on this GPU's built-in profile
+(:func:`iosim.calibrate.device.guess_profile`); where none fits, k = 1 only.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from iosim.calibrate.backward_step import CALLS, REST_S
 from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
 
 KERNEL = "iosim-flash3"  # the timing description the steps belong to
-FLASH2 = "iosim-flash2"  # the FlashAttention-2 forward's description: its one-block-an-SM step
+FLASH2 = "iosim-flash2"  # the FlashAttention-2 forward's description: its steps at each tile and residency
 TILES = (16, 64)  # K/V tiles of each call
 DTYPES = ("bf16", "fp8")
 
@@ -57,9 +60,10 @@ def fixed_from(t1: float, t2: float, two_tiles: float) -> tuple[float, float]:
     return tile, max(t1 - TILES[0] * step - tile, 1e-9)
 
 
-def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool, schedule: str = "flash3") -> Callable[[], Any]:
+def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool, schedule: str = "flash3",
+          tiles: tuple[int, int] | None = None) -> Callable[[], Any]:
     """iosim's ``schedule`` forward on random inputs (bf16, or quantized to e4m3 once), ``heads`` query heads on one
-    kv head, ready to time."""
+    kv head, at ``tiles`` (Br, Bc; flash2, None: the default), ready to time."""
     import ml_dtypes
 
     from iosim import gpu
@@ -71,11 +75,12 @@ def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool, schedule: str = "f
         bq, bkv = gpu.fp8_blocks(d)
         q, k, v = gpu.quantize_fp8(q, block=bq), gpu.quantize_fp8(k, block=bkv), gpu.quantize_fp8(v, block=bkv,
                                                                                                    transpose=True)
-    return lambda: gpu.attention(q, k, v, schedule=schedule)
+    opts = gpu.AttentionOptions(block_q=tiles[0], block_kv=tiles[1]) if tiles else None
+    return lambda: gpu.attention(q, k, v, schedule=schedule, options=opts)
 
 
 def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """Measure ``forward.step`` of ``iosim-flash2`` (bf16, one block an SM), then ``forward.step``,
+    """Measure ``forward.resident_step`` of ``iosim-flash2`` (bf16, each tile and residency), then ``forward.step``,
     ``forward.tile_fixed`` and ``forward.call_fixed`` of ``iosim-flash3`` by input type at each head dim of its
     tiles (Hopper only; elsewhere said and skipped)."""
     from iosim.timing import load_kernel
@@ -118,27 +123,50 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
 
 
 def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: Callable[[Any], float]) -> None:
-    """``forward.step.iosim-flash2.bf16`` at each head dim of its description: one Q tile of Br queries on each SM,
-    all on one kv head, 16 then 64 K/V tiles (module docstring)."""
+    """``forward.resident_step.iosim-flash2`` at each compiled tile of each head dim and each count of blocks an SM
+    up to its residency (module docstring)."""
     from iosim.timing import load_kernel
 
     if int(cp.cuda.Device().compute_capability) < 80:
         print("forward: flash2 skipped (iosim's flash2 forward needs compute capability 8.0)", flush=True)
         return
-    desc = load_kernel(FLASH2)
+    desc, profile = load_kernel(FLASH2), _builtin_profile(cp)
     for d in sorted(desc.tiles):
-        tc = desc.tiles_for(d)
-        try:
-            times = [seconds(_call(cp, b.sms, tc.block_q, n * tc.block_kv, d, False, "flash2")) for n in TILES]
-        except Exception as exc:  # an instantiation this GPU cannot run (shared memory)
-            print(f"forward.step.{FLASH2}.bf16.{d}: skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})",
-                  flush=True)
-            continue
-        what = (f"iosim's flash2 forward ({FLASH2}'s tiles), bf16, no mask, {b.sms} query heads of Br queries on one "
-                f"kv head (one block on each SM, K/V in L2): (time at {TILES[1]} K/V tiles - time at {TILES[0]}) / "
-                f"{TILES[1] - TILES[0]}, each the median of {CALLS} calls behind a busy kernel after {REST_S} s idle "
-                "(iosim/calibrate/forward_step.py); by head dim")
-        report(Measured(("forward", "step", FLASH2, "bf16", d), step_from(*times), "s", what),
-               f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
-               f"(Br x Bc = {tc.block_q} x {tc.block_kv})")
-        cp.get_default_memory_pool().free_all_blocks()
+        own = desc.tiles_for(d)
+        for tc in (own, *(own.with_tiles(o.block_q, o.block_kv) for o in own.others)):
+            key = f"d{d}_{tc.block_q}x{tc.block_kv}"
+            for k in range(1, _residency(desc, tc, d, profile) + 1):
+                try:
+                    times = [seconds(_call(cp, k * b.sms, tc.block_q, n * tc.block_kv, d, False, "flash2",
+                                           (tc.block_q, tc.block_kv))) for n in TILES]
+                except Exception as exc:  # an instantiation this GPU cannot run (shared memory)
+                    print(f"forward.resident_step.{FLASH2}.{key}.{k}: skipped ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:120]})", flush=True)
+                    break
+                what = (f"iosim's flash2 forward at Br x Bc = {tc.block_q} x {tc.block_kv}, bf16, no mask, k x "
+                        f"{b.sms} query heads of Br queries on one kv head (k blocks on each SM, K/V in L2): (time at "
+                        f"{TILES[1]} K/V tiles - time at {TILES[0]}) / {TILES[1] - TILES[0]}, each the median of "
+                        f"{CALLS} calls behind a busy kernel after {REST_S} s idle (iosim/calibrate/forward_step.py); "
+                        "by instantiation, then k")
+                report(Measured(("forward", "resident_step", FLASH2, key, k), step_from(*times), "s", what),
+                       f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]}")
+                cp.get_default_memory_pool().free_all_blocks()
+
+
+def _builtin_profile(cp):
+    """This GPU's built-in profile (by its name), or None."""
+    from iosim.calibrate.device import device_facts, guess_profile
+    from iosim.calibrate.rates_kernels import RatesError
+    from iosim.hardware.gpu import get_profile
+
+    try:
+        return get_profile(guess_profile(device_facts(cp)["device"]))
+    except RatesError:
+        return None
+
+
+def _residency(desc, tc, d: int, profile) -> int:
+    """Blocks of the instantiation resident on an SM by the fa2 model on ``profile`` (1 without one)."""
+    from iosim.timing.fa2 import residency
+
+    return residency(tc, desc, d, 2, profile) if profile is not None else 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ import yaml
 from iosim._version import __version__
 from iosim.calibrate.backward_step import backward_part
 from iosim.calibrate.decode_tile import decode_part
+from iosim.calibrate.device import device_facts
 from iosim.calibrate.forward_step import forward_part
 from iosim.calibrate.power import power_part
 from iosim.calibrate.rates_kernels import (
@@ -44,7 +44,6 @@ from iosim.hardware.gpu import (
     PROFILES_DIR,
     Profile,
     builtin_profile_names,
-    get_profile,
     profile_from_dict,
     read_profile_data,
 )
@@ -142,22 +141,6 @@ def steps_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """The kernels' own steps: iosim's flash3 forward (Hopper), then the backward kernels."""
     forward_part(b, cp, report)
     backward_part(b, cp, report)
-
-
-def guess_profile(device: str) -> str:
-    """The built-in profile whose display name shares the most model tokens (H100, SXM5, 80GB ...) with the CUDA
-    device name; RatesError where none or several fit equally."""
-    have = set(re.findall(r"[a-z0-9]+", device.lower()))
-    score = {}
-    for name in builtin_profile_names():
-        toks = {t for t in re.findall(r"[a-z0-9]+", get_profile(name).display_name.lower()) if re.search(r"\d", t)}
-        score[name] = len(toks & have)
-    best = max(score.values(), default=0)
-    names = [n for n, s in score.items() if s == best]
-    if best == 0 or len(names) > 1:
-        raise RatesError(f"no built-in profile fits {device!r} by name ({', '.join(names) or 'none'}): "
-                         "give --profile NAME|FILE")
-    return names[0]
 
 
 # -- the measurements (CuPy from here on) -------------------------------------------------------------------------
@@ -353,22 +336,6 @@ def measure_rates(repeats: int = 15, echo: Callable[[str], None] = print, dev: d
         raise RatesError(f"calibration kernel failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     dev["hopper"] = b.hopper
     return measured
-
-
-def device_facts(cp) -> dict:
-    """Name, SM count, compute capability, driver and CUDA versions of device 0."""
-    p = cp.cuda.runtime.getDeviceProperties(0)
-    name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        smi = ""
-    v = cp.cuda.runtime.driverGetVersion()
-    rt = cp.cuda.runtime.runtimeGetVersion()
-    return {"device": name, "sms": p["multiProcessorCount"], "cc": f"{p['major']}.{p['minor']}",
-            "driver": smi or f"CUDA driver API {v // 1000}.{v % 1000 // 10}",
-            "cuda": f"{rt // 1000}.{rt % 1000 // 10} (CuPy {cp.__version__})"}
 
 
 def measured_on(dev: dict, command: str) -> dict:

@@ -18,12 +18,11 @@ from ..calibrate import (
     probe_cases,
 )
 from ..calibrate.decode_tile import decode_part
+from ..calibrate.device import device_facts, guess_profile
 from ..calibrate.power import measure_power_only
 from ..calibrate.rates import (
     RatesError,
     calibration_section,
-    device_facts,
-    guess_profile,
     measure_rates,
     measured_on,
     steps_part,

@@ -137,19 +137,25 @@ class DecodeCalibration(_Strict):
 
 
 class ForwardCalibration(_Strict):
-    """iosim's FlashAttention-3-design forward on this GPU: what a K/V step costs beyond any rate of the chip
+    """iosim's forward kernels on this GPU: what a K/V step costs beyond any rate of the chip
     (iosim/calibrate/forward_step.py)."""
 
     step: dict[str, dict[str, SourcedSecondsTable]] = Field(
+        default_factory=dict,
         description="seconds a thread block spends on one K/V step of its Q tile, by the kernel's timing "
-                    "description ('iosim-flash3'), then its inputs' type ('bf16', 'fp8'), then head dim; measured "
-                    "on a Q tile an SM, the K/V in L2, no mask")
+                    "description ('iosim-flash3', Hopper only), then its inputs' type ('bf16', 'fp8'), then head "
+                    "dim; measured on a Q tile an SM, the K/V in L2, no mask")
     tile_fixed: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
         None, description="seconds a further Q tile of a block costs beyond its steps, keyed as step; absent in files "
                           "measured before it")
     call_fixed: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
         None, description="seconds a call costs beyond its tiles (launch, start, first loads, last stores), keyed as "
                           "step; absent in files measured before it")
+    resident_step: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
+        None, description="seconds an SM spends on one K/V step of each of k resident thread blocks, by the kernel's "
+                          "timing description ('iosim-flash2'), then its instantiation ('d64_128x64': head dim, Br x "
+                          "Bc), then k (1 to the instantiation's residency); bf16, a Q tile on each block, all on one "
+                          "kv head (K/V in L2), no mask; absent in files measured before it")
 
 
 class BackwardCalibration(_Strict):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from iosim.calibrate.device import device_facts
 from iosim.calibrate.rates import (
     calibration_section,
-    device_facts,
     measure_rates,
     measured_on,
     write_calibrated,
@@ -123,15 +123,18 @@ def test_forward_steps_are_bound_by_the_tensor_cores(cal):
     from iosim.timing import load_kernel
 
     c, dev, _, _ = cal
-    assert c.forward is not None  # iosim's flash2 forward's step, on any GPU of compute capability 8.0 or more
-    flash2 = load_kernel("iosim-flash2")
-    assert sorted(c.forward.step["iosim-flash2"]["bf16"].value) == sorted(flash2.tiles)
-    for d, seconds in c.forward.step["iosim-flash2"]["bf16"].value.items():  # one block an SM
-        tc = flash2.tiles_for(d)
-        floor = 4 * tc.block_q * tc.block_kv * d / (4096 * c.sm_clock.value)
-        assert floor < seconds < 10 * floor, ("iosim-flash2", d, seconds, floor)
+    assert c.forward is not None and c.forward.resident_step is not None  # flash2: any GPU of cc 8.0 or more
+    flash2, steps = load_kernel("iosim-flash2"), c.forward.resident_step["iosim-flash2"]
+    for d in flash2.tiles:
+        own = flash2.tiles_for(d)
+        assert 1 in steps[f"d{d}_{own.block_q}x{own.block_kv}"].value  # the description's tiles, one block an SM
+    for key, table in steps.items():  # k blocks an SM: k steps' GEMMs on the SM's tensor cores
+        d, (bq, bkv) = int(key.split("_")[0][1:]), map(int, key.split("_")[1].split("x"))
+        for k, seconds in table.value.items():
+            floor = k * 4 * bq * bkv * d / (4096 * c.sm_clock.value)
+            assert floor < seconds < 10 * floor, (key, k, seconds, floor)
     if not dev["hopper"]:
-        assert "iosim-flash3" not in c.forward.step
+        assert not c.forward.step
         return
     desc = load_kernel("iosim-flash3")
     assert sorted(c.forward.step["iosim-flash3"]) == ["bf16", "fp8"]
