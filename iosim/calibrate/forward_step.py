@@ -99,14 +99,11 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
                 calls.append(_call(cp, 2 * b.sms, tc.block_q, TILES[0] * tc.block_kv, d, dtype == "fp8"))
                 times = [seconds(call) for call in calls]
             except Exception as exc:  # an instantiation this GPU cannot run (shared memory)
-                print(f"forward.step.{KERNEL}.{dtype}.{d}: skipped ({type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0][:120]})", flush=True)
+                _skipped(f"forward.step.{KERNEL}.{dtype}.{d}", exc)
                 continue
             what = (f"iosim's flash3 forward ({KERNEL}'s tiles), {dtype} inputs{' (quantized beforehand)' if dtype == 'fp8' else ''}, "
                     f"no mask, {b.sms} query heads of Br queries on one kv head (a Q tile on each SM, K/V in L2): "
-                    f"(time at {TILES[1]} K/V tiles - time at {TILES[0]}) / {TILES[1] - TILES[0]}, each the median of "
-                    f"{CALLS} calls behind a busy kernel after {REST_S} s idle (iosim/calibrate/forward_step.py); by "
-                    "head dim")
+                    f"{_method()}; by head dim")
             report(Measured(("forward", "step", KERNEL, dtype, d), step_from(*times[:2]), "s", what),
                    f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
                    f"(Br x Bc = {tc.block_q} x {tc.block_kv})")
@@ -140,17 +137,25 @@ def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
                     times = [seconds(_call(cp, k * b.sms, tc.block_q, n * tc.block_kv, d, False, "flash2",
                                            (tc.block_q, tc.block_kv))) for n in TILES]
                 except Exception as exc:  # an instantiation this GPU cannot run (shared memory)
-                    print(f"forward.resident_step.{FLASH2}.{key}.{k}: skipped ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0][:120]})", flush=True)
+                    _skipped(f"forward.resident_step.{FLASH2}.{key}.{k}", exc)
                     break
                 what = (f"iosim's flash2 forward at Br x Bc = {tc.block_q} x {tc.block_kv}, bf16, no mask, k x "
-                        f"{b.sms} query heads of Br queries on one kv head (k blocks on each SM, K/V in L2): (time at "
-                        f"{TILES[1]} K/V tiles - time at {TILES[0]}) / {TILES[1] - TILES[0]}, each the median of "
-                        f"{CALLS} calls behind a busy kernel after {REST_S} s idle (iosim/calibrate/forward_step.py); "
-                        "by instantiation, then k")
+                        f"{b.sms} query heads of Br queries on one kv head (k blocks on each SM, K/V in L2): "
+                        f"{_method()}; by instantiation, then k")
                 report(Measured(("forward", "resident_step", FLASH2, key, k), step_from(*times), "s", what),
                        f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]}")
                 cp.get_default_memory_pool().free_all_blocks()
+
+
+def _method() -> str:
+    """How a step is taken from its two calls, for the measurement's source."""
+    return (f"(time at {TILES[1]} K/V tiles - time at {TILES[0]}) / {TILES[1] - TILES[0]}, each the median of {CALLS} "
+            f"calls behind a busy kernel after {REST_S} s idle (iosim/calibrate/forward_step.py)")
+
+
+def _skipped(label: str, exc: Exception) -> None:
+    """Say that the measurement ``label`` could not run here, and why (the exception's first line)."""
+    print(f"{label}: skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})", flush=True)
 
 
 def _builtin_profile(cp):
