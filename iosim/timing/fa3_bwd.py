@@ -32,8 +32,8 @@ longest first (``launch_order: persistent``), or launched as a grid of one block
 (iosim's flash3_bwd, whose causal grid runs the longest K/V blocks first). The prologue's K_j and V_j are read by
 that tile only: from DRAM where the inputs do not stay in L2, at the SM's share of the DRAM read rate (the SMs start
 their tiles together), after a dependent load (a grid's block also pays its start and its Q_i's first load); the
-epilogue writes dK_j, dV_j into L2. The kernel takes the longer of the placement and its DRAM bytes over DRAM bandwidth, plus a
-launch.
+epilogue writes dK_j, dV_j into L2. The kernel takes the longer of the placement and its DRAM bytes over DRAM
+bandwidth, plus a launch.
 """
 
 from __future__ import annotations
