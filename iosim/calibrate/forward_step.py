@@ -1,7 +1,7 @@
-"""``calibration.forward``: the seconds a thread block of iosim's FlashAttention-3-design forward
-(kernels/flash3_fwd.cu, the ``iosim-flash3`` description) spends on one K/V step of its Q tile, what a tile and a
-call cost beyond their steps, on this GPU (Hopper), for its 16-bit and its fp8 (e4m3) instantiations at each head
-dim.
+"""``calibration.forward``: what iosim's forward kernels spend on one K/V step, as timed on this GPU. For its
+FlashAttention-3-design forward (kernels/flash3_fwd.cu, the ``iosim-flash3`` description; Hopper): a thread block's
+step, and what a tile and a call cost beyond their steps, for its 16-bit and fp8 (e4m3) instantiations at each head
+dim. For its FlashAttention-2 forward (``iosim-flash2``): an SM's step at each tile and residency (last paragraph).
 
 Why it is measured: the fa3 model (:mod:`iosim.timing.fa3`) composes a step from the chip's rates (the two GEMMs
 at the measured wgmma rate, the softmax at the exp and fp32 rates, overlapped as FA3's ping-pong does), and that
@@ -36,10 +36,13 @@ which is where `iosim tune` chose wrong. The residency is the model's on this GP
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from iosim.calibrate.backward_step import CALLS, REST_S
-from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
+from iosim.calibrate.device import device_facts, guess_profile
+from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, busy_timer
+from iosim.hardware.gpu import get_profile
 
 KERNEL = "iosim-flash3"  # the timing description the steps belong to
 FLASH2 = "iosim-flash2"  # the FlashAttention-2 forward's description: its steps at each tile and residency
@@ -92,17 +95,16 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
         return
     desc = load_kernel(KERNEL)
     for dtype in DTYPES:
-        for d in sorted(desc.fp8_tiles if dtype == "fp8" else desc.tiles):
+        fp8 = dtype == "fp8"
+        for d in sorted(desc.fp8_tiles if fp8 else desc.tiles):
             tc = desc.tiles_for(d, dtype)
-            try:
-                calls = [_call(cp, b.sms, tc.block_q, n * tc.block_kv, d, dtype == "fp8") for n in TILES]
-                calls.append(_call(cp, 2 * b.sms, tc.block_q, TILES[0] * tc.block_kv, d, dtype == "fp8"))
-                times = [seconds(call) for call in calls]
-            except Exception as exc:  # an instantiation this GPU cannot run (shared memory)
-                _skipped(f"forward.step.{KERNEL}.{dtype}.{d}", exc)
+            shapes = [(b.sms, n * tc.block_kv) for n in TILES] + [(2 * b.sms, TILES[0] * tc.block_kv)]
+            times = _timed(f"forward.step.{KERNEL}.{dtype}.{d}", seconds,
+                           [partial(_call, cp, h, tc.block_q, nk, d, fp8) for h, nk in shapes])
+            if times is None:
                 continue
-            what = (f"iosim's flash3 forward ({KERNEL}'s tiles), {dtype} inputs{' (quantized beforehand)' if dtype == 'fp8' else ''}, "
-                    f"no mask, {b.sms} query heads of Br queries on one kv head (a Q tile on each SM, K/V in L2): "
+            what = (f"iosim's flash3 forward ({KERNEL}'s tiles), {dtype} inputs"
+                    f"{' (quantized beforehand)' if fp8 else ''}, no mask, {b.sms} query heads of Br queries on one kv head (a Q tile on each SM, K/V in L2): "
                     f"{_method()}; by head dim")
             report(Measured(("forward", "step", KERNEL, dtype, d), step_from(*times[:2]), "s", what),
                    f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
@@ -115,7 +117,6 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
             report(Measured(("forward", "call_fixed", KERNEL, dtype, d), call, "s",
                             f"the one-tile call at {TILES[0]} K/V tiles less its {TILES[0]} steps and one tile_fixed "
                             "(iosim/calibrate/forward_step.py); by head dim"), "")
-            del calls
             cp.get_default_memory_pool().free_all_blocks()
 
 
@@ -133,11 +134,10 @@ def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
         for tc in (own, *(own.with_tiles(o.block_q, o.block_kv) for o in own.others)):
             key = f"d{d}_{tc.block_q}x{tc.block_kv}"
             for k in range(1, _residency(desc, tc, d, profile) + 1):
-                try:
-                    times = [seconds(_call(cp, k * b.sms, tc.block_q, n * tc.block_kv, d, False, "flash2",
-                                           (tc.block_q, tc.block_kv))) for n in TILES]
-                except Exception as exc:  # an instantiation this GPU cannot run (shared memory)
-                    _skipped(f"forward.resident_step.{FLASH2}.{key}.{k}", exc)
+                times = _timed(f"forward.resident_step.{FLASH2}.{key}.{k}", seconds,
+                               [partial(_call, cp, k * b.sms, tc.block_q, n * tc.block_kv, d, False, "flash2",
+                                        (tc.block_q, tc.block_kv)) for n in TILES])
+                if times is None:
                     break
                 what = (f"iosim's flash2 forward at Br x Bc = {tc.block_q} x {tc.block_kv}, bf16, no mask, k x "
                         f"{b.sms} query heads of Br queries on one kv head (k blocks on each SM, K/V in L2): "
@@ -153,17 +153,18 @@ def _method() -> str:
             f"calls behind a busy kernel after {REST_S} s idle (iosim/calibrate/forward_step.py)")
 
 
-def _skipped(label: str, exc: Exception) -> None:
-    """Say that the measurement ``label`` could not run here, and why (the exception's first line)."""
-    print(f"{label}: skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})", flush=True)
+def _timed(label: str, seconds: Callable[[Any], float], makers: list[Callable[[], Any]]) -> list[float] | None:
+    """Each call ``makers`` build, timed in turn; None where one cannot be built or run on this GPU (an
+    instantiation whose shared memory does not fit), said with the exception's first line under ``label``."""
+    try:
+        return [seconds(make()) for make in makers]
+    except Exception as exc:
+        print(f"{label}: skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})", flush=True)
+        return None
 
 
 def _builtin_profile(cp):
     """This GPU's built-in profile (by its name), or None."""
-    from iosim.calibrate.device import device_facts, guess_profile
-    from iosim.calibrate.rates_kernels import RatesError
-    from iosim.hardware.gpu import get_profile
-
     try:
         return get_profile(guess_profile(device_facts(cp)["device"]))
     except RatesError:

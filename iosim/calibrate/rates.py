@@ -138,7 +138,8 @@ def with_part(base: str, measured: list[Measured], on: dict, *parts: str) -> dic
 
 
 def steps_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """The kernels' own steps: iosim's flash3 forward (Hopper), then the backward kernels."""
+    """The kernels' own steps: iosim's forward kernels (flash2's on any GPU, flash3's on Hopper), then the backward
+    kernels."""
     forward_part(b, cp, report)
     backward_part(b, cp, report)
 

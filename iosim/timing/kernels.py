@@ -94,6 +94,10 @@ class DecodeKernel(_Strict):
     combine_registers: int = Field(ge=1, le=255, description="registers per thread of the combine kernel (ptxas)")
 
 
+# the order a kernel's thread blocks (or a persistent kernel's tiles) reach the SMs: KernelDesc.launch_order
+LaunchOrder = Literal["in-order", "causal-longest-first", "persistent", "persistent-in-order", "persistent-iosim"]
+
+
 class KernelDesc(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -109,8 +113,7 @@ class KernelDesc(_Strict):
         default="expand", description="backward, grouped-query heads: a block per query head, dK and dV summed "
         "after ('expand', FlashAttention-2), or a block per kv head summing its group ('grouped', iosim's kernel)")
     warps: int = Field(ge=1, le=32, description="warps per thread block")
-    launch_order: Literal["in-order", "causal-longest-first", "persistent", "persistent-in-order",
-                          "persistent-iosim"] = "in-order"
+    launch_order: LaunchOrder = "in-order"
     # persistent: a dynamic tile scheduler (each tile to the block that frees first, longest first: FA3's);
     # persistent-in-order: a dynamic tile scheduler handing the tiles out in the grid's order (a head's tiles in
     # turn, head after head; a causal forward's shortest Q tile first): cuDNN's (docs/timing.md, "the order cuDNN
@@ -130,8 +133,7 @@ class KernelDesc(_Strict):
     fp8_tiles: dict[int, TileConfig] = Field(
         default_factory=dict, description="head_dim -> tiles of the fp8 (e4m3) instantiations, where they differ "
         "from ``tiles`` (a head dim past the largest listed: ``tiles``)")
-    fp8_launch_order: Literal["in-order", "causal-longest-first", "persistent", "persistent-in-order",
-                              "persistent-iosim"] | None = Field(
+    fp8_launch_order: LaunchOrder | None = Field(
         default=None, description="the fp8 instantiations' launch_order, where it differs from ``launch_order``")
     fp8_layout: Literal["fa3", "iosim"] = Field(
         default="fa3", description="what a fp8 problem's kernel reads: 'fa3', Q, K, V as given (FlashAttention-3's "
