@@ -24,6 +24,7 @@ from iosim.calibrate.backward_step import backward_part
 from iosim.calibrate.decode_tile import decode_part
 from iosim.calibrate.device import device_facts
 from iosim.calibrate.forward_step import forward_part
+from iosim.calibrate.naive_step import naive_part
 from iosim.calibrate.power import power_part
 from iosim.calibrate.rates_kernels import (
     ALU_UNROLL,
@@ -138,9 +139,10 @@ def with_part(base: str, measured: list[Measured], on: dict, *parts: str) -> dic
 
 
 def steps_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """The kernels' own steps: iosim's forward kernels (flash2's on any GPU, flash3's on Hopper), then the backward
-    kernels."""
+    """The kernels' own steps: iosim's forward kernels (flash2's on any GPU, flash3's on Hopper, the naive schedule's
+    GEMMs), then the backward kernels."""
     forward_part(b, cp, report)
+    naive_part(b, cp, report)
     backward_part(b, cp, report)
 
 

@@ -10,7 +10,7 @@ Importing this package never imports CuPy; the functions import it when called a
 
 from iosim.gpu._cupy import GPUUnavailableError
 from iosim.gpu.api import attention
-from iosim.gpu.attention import KernelLaunch, LaunchRecord, default_tiles, last_launch
+from iosim.gpu.attention import KernelLaunch, LaunchRecord, default_tiles, last_launch, naive_kernels
 from iosim.gpu.backward import attention_backward
 from iosim.gpu.decode_inputs import QuantizedKV
 from iosim.gpu.flash3_host import HopperRequiredError
@@ -66,6 +66,7 @@ __all__ = [
     "flash_smem_bytes",
     "fp8_blocks",
     "last_launch",
+    "naive_kernels",
     "paged_kv",
     "plan_decode",
     "quantize_fp8",

@@ -1,5 +1,7 @@
-"""Run attention on the GPU with iosim's own kernels: FlashAttention-2's forward, FlashAttention-3's (Hopper) or the
-naive three-kernel path.
+"""Run attention on the GPU with iosim's kernels (longer than 400 lines: its paths share a compile cache, a record).
+
+FlashAttention-2's forward, FlashAttention-3's (Hopper) or the naive three-kernel path, and the replay of repeat
+calls, all through one cache of compiled kernels and one record of the last launch.
 
     >>> from iosim import gpu
     >>> o = gpu.attention(q, k, v, causal=True)          # q (B, N, H, d), k and v (B, N_kv, H_kv, d)
@@ -14,7 +16,9 @@ The launch geometry and shared-memory budget are in :mod:`iosim.launch`, the che
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from iosim import launch
@@ -260,7 +264,9 @@ def _run_local(c: _Call, block_q: int | None, block_kv: int | None):
     return (KernelLaunch(inst.name_expression, grid, block, smem),), {"block_q": block_q, "block_kv": block_kv}
 
 
-def _run_naive(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
+def _naive_kernels(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict, tuple[Callable[[], None], ...]]:
+    """naive.cu's three kernels on the call's arrays (S and P allocated here): their launches, tiles, and one
+    callable per kernel that launches it alone (S = scale QK^T, P = softmax(S), O = P V, in that order)."""
     cp, (B, N, H, D, Nk, Hk) = c.cp, c.sizes
     itemsize, limit = build.ITEMSIZE[c.dtype], _smem_limit(cp)
     smem_sm = launch.naive_softmax_smem_bytes(Nk, itemsize)
@@ -276,19 +282,39 @@ def _run_naive(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
              build.NaiveInstance("softmax", c.dtype, chunks=launch.naive_softmax_chunks(Nk, itemsize)),
              build.NaiveInstance("pv", c.dtype, head_dim=D)]
     smem = (launch.naive_qk_smem_bytes(D, itemsize), smem_sm, launch.naive_pv_smem_bytes(D, itemsize))
-    f_qk, f_sm, f_pv = (_kernel(cp, i, m) for i, m in zip(insts, smem, strict=True))
+    fns = [_kernel(cp, i, m) for i, m in zip(insts, smem, strict=True)]
     rows, row_threads = B * H * N, launch.naive_softmax_row_threads(Nk, itemsize)
     rows_per_block = launch.naive_softmax_rows_per_block(Nk, itemsize)
     grids = [(-(-Nk // t["qk"]["block_n"]), -(-N // t["qk"]["block_m"]), B * H), (-(-rows // rows_per_block), 1, 1),
              (1, -(-N // t["pv"]["block_m"]), B * H)]  # pv: one block per 128 query rows, all head dims
     blocks = [(t[x]["threads"], 1, 1) for x in ("qk", "softmax", "pv")]
-    f_qk(grids[0], blocks[0], (c.q, c.k, s, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(c.scale)), shared_mem=smem[0])
     lse_arg = c.lse if c.lse is not None else cp.uint64(0)  # a null pointer: the kernel skips lse
-    f_sm(grids[1], blocks[1], (s, p, lse_arg, i32(Nk), cp.int64(rows), i32(row_threads)), shared_mem=smem[1])
-    f_pv(grids[2], blocks[2], (p, c.v, c.o, i32(N), i32(Nk), i32(H), i32(Hk), i32(c.causal)), shared_mem=smem[2])
+    args = [(c.q, c.k, s, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(c.scale)),
+            (s, p, lse_arg, i32(Nk), cp.int64(rows), i32(row_threads)),
+            (p, c.v, c.o, i32(N), i32(Nk), i32(H), i32(Hk), i32(c.causal))]
+    runs = tuple(partial(f, g, b, a, shared_mem=m) for f, g, b, a, m in zip(fns, grids, blocks, args, smem, strict=True))
     launches = tuple(KernelLaunch(i.name_expression, g, b, m)
                      for i, g, b, m in zip(insts, grids, blocks, smem, strict=True))
-    return launches, {k_: dict(v_) for k_, v_ in t.items()}
+    return launches, {k_: dict(v_) for k_, v_ in t.items()}, runs
+
+
+def _run_naive(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
+    launches, tiles, runs = _naive_kernels(c)
+    for run in runs:
+        run()
+    return launches, tiles
+
+
+def naive_kernels(q: Any, k: Any, v: Any, *, causal: bool = False) -> tuple[Callable[[], None], ...]:
+    """The naive schedule's three kernels on ``q``, ``k``, ``v`` (as :func:`attention` takes them) as three calls,
+    each launching one kernel on the current stream: S = scale QK^T, P = softmax(S), O = P V, their buffers
+    allocated once. Run in order, they compute ``attention(q, k, v, schedule="naive", causal=causal)``; run one
+    alone, they time it (``iosim calibrate rates`` does, :mod:`iosim.calibrate.naive_step`)."""
+    cp = require_cupy()
+    a = validate(cp, q, k, v, "naive", causal, None)
+    with cp.cuda.Device(a.device):
+        _, o = a.empty(tuple(int(x) for x in a.q.shape))
+        return _naive_kernels(_Call(cp, a.q, a.k, a.v, o, None, a.dtype, a.scale, causal))[2]
 
 
 def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool = False, scale: float | None = None,

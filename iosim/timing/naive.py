@@ -39,6 +39,8 @@ from . import overlap
 from .estimate import Conditions, KernelTime
 from .rates import Rates
 
+MEASURED_PARTS = ("qk", "qk_row", "qk_masked", "pv", "pv_row", "pv_block", "pv_masked")  # calibration.forward.naive
+BLOCK_ROWS = NAIVE_TILES["qk"]["block_m"]  # query rows of a scores tile and of a P·V block (128 in both)
 SOFTMAX_OPS = 6  # fp32 operations per score: max pass, subtract-scale, sum, normalize, two conversions
 WARPS_M, WARPS_N = 4, 2  # kernels/naive.cu: both GEMMs' 8 warps, 4 along the rows (32 each) x 2 along the columns
 
@@ -51,7 +53,7 @@ class Block:
     compute_s: float
     store_s: float
     latency_s: float  # dependent loads nothing in the block hides
-    steps: int = 1  # P·V: K/V steps, each a compute_s
+    steps: float = 1  # the compute_s steps of a block (P·V: its K/V steps), on average: masked tiles are not multiplied
     in_phase: bool = False  # blocks of one tile that start together each round: no phase hides under another
     unit: str = "tensor"  # what computes: the tensor cores, or the softmax's exp2 and fp32 lanes
 
@@ -101,7 +103,9 @@ def _block(p: AttentionProblem, i: int, k: KernelCounts, grid: int, r: Rates, dr
     flops = _tile_flops(p, i)
     steps = 1 if i == 0 else cdiv(p.kv_len, NAIVE_TILES["pv"]["block_k"])
     per_step = flops / steps
-    return Block(load, per_step / (r.mma_at(warps) / s), store, wait, steps, in_phase=i == 0), per_step
+    _, _, loaded, done = _tiles(p, i)
+    multiplied = steps * done / loaded  # a block's steps multiplied, on average: causally masked tiles are not
+    return Block(load, per_step / (r.mma_at(warps) / s), store, wait, multiplied, in_phase=i == 0), per_step
 
 
 def _tiles(p: AttentionProblem, i: int) -> tuple[int, int, int, int]:
@@ -146,6 +150,70 @@ def smem_bytes(p: AttentionProblem, i: int) -> float:
     return float(loaded * (bm + d) * bk * e + done * (WARPS_N * bm + WARPS_M * d) * bk * e)  # P and V tiles
 
 
+def residency(profile, head_dim: int, i: int) -> int:
+    """Blocks of naive.cu's kernel ``i`` (0 scores, 1 softmax, 2 P·V) resident on an SM of ``profile`` at ``head_dim``
+    (the launch model's threads, shared memory and registers; the softmax's at a 128-key row)."""
+    p = AttentionProblem(batch=1, heads=1, seq_len=128, kv_len=128, head_dim=head_dim)
+    km = launch_model("naive", p, Tiles(NAIVE_TILES["qk"]["block_m"], NAIVE_TILES["qk"]["block_n"])).kernels[i]
+    threads = NAIVE_TILES["softmax"]["threads"] if i == 1 else km.threads
+    total, _ = resident_blocks(profile, threads, km.smem, km.registers)
+    return max(1, total // int(profile.require("sm_count")))
+
+
+def measured_parts(profile, p: AttentionProblem) -> dict[str, float] | None:
+    """``calibration.forward.naive`` at the problem's head dim, part by part (seconds; :mod:`iosim.calibrate.naive_step`),
+    for a 16-bit problem where every part was measured; else None (the composed blocks)."""
+    cal = getattr(profile.calibration, "forward", None) if profile.calibration is not None else None
+    table = getattr(cal, "naive", None) if cal is not None else None
+    if not table or p.elem_bytes != 2 or any(part not in table or p.head_dim not in table[part].value
+                                             for part in MEASURED_PARTS):
+        return None
+    return {part: float(table[part].value[p.head_dim]) for part in MEASURED_PARTS}
+
+
+def _by_rows(m: dict[str, float], part: str, rows: np.ndarray) -> np.ndarray:
+    """A tile's time at ``rows`` real query rows: linear between the one-row and the whole-tile measurements (the
+    multiplies are the whole tile's at any rows; Q's loads and S's stores grow with the rows)."""
+    whole, one = m[part], m[f"{part}_row"]
+    return one + (rows - 1) / (BLOCK_ROWS - 1) * (whole - one)
+
+
+def _row_tiles(p: AttentionProblem) -> tuple[np.ndarray, np.ndarray]:
+    """Each query row tile's first row and real rows (the last tile may be short)."""
+    m0 = np.arange(cdiv(p.seq_len, BLOCK_ROWS)) * BLOCK_ROWS
+    return m0, np.minimum(BLOCK_ROWS, p.seq_len - m0)
+
+
+def measured_tile_seconds(p: AttentionProblem, m: dict[str, float], i: int) -> tuple[float, int]:
+    """Kernel ``i``'s (0 scores, 2 P·V) round times summed over one head's thread blocks, and those blocks: a block's
+    round time is the measured time of a round of resident blocks like it. Scores: per tile, ``qk`` at its rows, or
+    ``qk_masked`` where naive.cu skips its multiplies (every key right of the tile's last row's diagonal, that row
+    counted as the tile's 128th even past seq_len, as the kernel does). P·V: per block, ``pv_block`` and its 64-key
+    steps, ``pv`` at its rows where they are multiplied, ``pv_masked`` past its last visible key."""
+    m0, rows = _row_tiles(p)
+    offset = p.kv_len - p.seq_len
+    if i == 0:
+        tc = cdiv(p.kv_len, NAIVE_TILES["qk"]["block_n"])
+        last = m0 + BLOCK_ROWS - 1 + offset if p.causal else np.full_like(m0, p.kv_len - 1)
+        seen = np.clip(last // NAIVE_TILES["qk"]["block_n"] + 1, 0, tc)
+        return float(np.sum(seen * _by_rows(m, "qk", rows) + (tc - seen) * m["qk_masked"])), int(m0.size * tc)
+    steps = cdiv(p.kv_len, NAIVE_TILES["pv"]["block_k"])
+    last = m0 + rows - 1 + offset if p.causal else np.full_like(m0, p.kv_len - 1)
+    seen = np.clip(last // NAIVE_TILES["pv"]["block_k"] + 1, 0, steps)
+    return float(np.sum(m["pv_block"] + seen * _by_rows(m, "pv", rows) + (steps - seen) * m["pv_masked"])), int(m0.size)
+
+
+def measured_blocks_s(p: AttentionProblem, m: dict[str, float], i: int, sms: int, k: int) -> tuple[float, int, float]:
+    """Seconds kernel ``i``'s grid takes at ``k`` blocks an SM from the measured round times: its whole rounds at
+    the blocks' mean round time, and a last partial round at the share of it its blocks on the busiest SM make
+    (``per_sm`` / k). Also its rounds and the mean round time."""
+    total, per_head = measured_tile_seconds(p, m, i)
+    grid = per_head * p.n_heads_total
+    mean = total / per_head
+    whole, rest = divmod(grid, sms * k)
+    return (whole + (cdiv(rest, sms) / k if rest else 0.0)) * mean, whole + (1 if rest else 0), mean
+
+
 def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
                  dram: list[tuple[float, float]]) -> list[KernelTime]:
     """The time of each of the three kernels (``counts``, with ``dram[k]`` = kernel k's DRAM (read, write) bytes),
@@ -153,6 +221,7 @@ def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
     p, profile, r, latency = c.problem, c.profile, c.rates, c.latency
     lm = launch_model("naive", p, tiles)
     l2 = l2_bytes(p)
+    steps = measured_parts(profile, p)
     out = []
     for i, (k, (rd, wr)) in enumerate(zip(counts, dram, strict=True)):
         km = lm.kernels[i]
@@ -160,13 +229,22 @@ def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
         total, _ = resident_blocks(profile, threads, km.smem, km.registers)
         grid = _grid(p, i, k)
         per_sm = min(max(1, total // r.sms), cdiv(grid, r.sms))  # a partial wave spreads over the SMs
+        memory = r.dram_s(rd, wr)
+        launch = r.first_launch_s() if i == 0 else r.next_launch_s()  # three kernels, one call
+        if steps is not None and i != 1:  # the GEMMs' measured rounds
+            blocks, rounds, mean = measured_blocks_s(p, steps, i, r.sms, max(1, total // r.sms))
+            parts = {"blocks": blocks, "dram": memory, "round": mean, "rounds": rounds, "resident_blocks": per_sm,
+                     "launch": launch}
+            bound = "dram" if memory > blocks else "sequence"  # its blocks' measured rounds
+            parts = {"utilization": 1.0, **parts, "bound": bound}
+            out.append(KernelTime.of(k.name, k.grid, max(blocks, memory) + launch, parts, smem_bytes(p, i),
+                                     tensor_flops(p, i), l2[i]))
+            continue
         rounds = cdiv(grid, r.sms * per_sm)
         blk, work = _block(p, i, k, grid, r, (rd, wr), threads // 32, latency)
         shared = blk.compute_s if i == 1 else work / (r.mma_at(per_sm * threads // 32) / r.sms)
         limits = blk.limits(per_sm, shared)
         blocks = rounds * max(limits.values())
-        memory = r.dram_s(rd, wr)
-        launch = r.first_launch_s() if i == 0 else r.next_launch_s()  # three kernels, one call
         parts = {"blocks": blocks, "dram": memory, "block_load": blk.load_s, "block_compute": blk.compute_s,
                  "block_store": blk.store_s, "rounds": rounds, "resident_blocks": per_sm,
                  "launch": launch}
