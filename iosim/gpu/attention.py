@@ -305,16 +305,17 @@ def _run_naive(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict]:
     return launches, tiles
 
 
-def naive_kernels(q: Any, k: Any, v: Any, *, causal: bool = False) -> tuple[Callable[[], None], ...]:
+def naive_kernels(q: Any, k: Any, v: Any, *, causal: bool = False) -> tuple[tuple[Callable[[], None], ...], Any]:
     """The naive schedule's three kernels on ``q``, ``k``, ``v`` (as :func:`attention` takes them) as three calls,
-    each launching one kernel on the current stream: S = scale QK^T, P = softmax(S), O = P V, their buffers
-    allocated once. Run in order, they compute ``attention(q, k, v, schedule="naive", causal=causal)``; run one
-    alone, they time it (``iosim calibrate rates`` does, :mod:`iosim.calibrate.naive_step`)."""
+    each launching one kernel on the current stream (S = scale QK^T, P = softmax(S), O = P V; S and P allocated
+    once), and the CuPy array they write O into. Run in order, they compute ``attention(q, k, v,
+    schedule="naive", causal=causal)``; one alone is what ``iosim calibrate rates`` times
+    (:mod:`iosim.calibrate.naive_step`)."""
     cp = require_cupy()
     a = validate(cp, q, k, v, "naive", causal, None)
     with cp.cuda.Device(a.device):
         _, o = a.empty(tuple(int(x) for x in a.q.shape))
-        return _naive_kernels(_Call(cp, a.q, a.k, a.v, o, None, a.dtype, a.scale, causal))[2]
+        return _naive_kernels(_Call(cp, a.q, a.k, a.v, o, None, a.dtype, a.scale, causal))[2], o
 
 
 def attention(q: Any, k: Any, v: Any, *, schedule: str = "flash2", causal: bool = False, scale: float | None = None,

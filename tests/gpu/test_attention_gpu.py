@@ -416,3 +416,21 @@ def test_block_trace_records_every_block_and_leaves_the_result_unchanged(causal)
         gpu.attention(*dev, options=gpu.AttentionOptions(block_trace=cp.zeros(4, dtype=cp.uint64)))
     with pytest.raises(ValueError, match="supported by schedule='flash2' only"):
         gpu.attention(*dev, schedule="naive", options=gpu.AttentionOptions(block_trace=buf))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_kernels_one_at_a_time_write_what_the_naive_call_writes(causal):
+    """iosim.gpu.naive_kernels (what iosim calibrate rates times kernel by kernel): its three calls in order write,
+    into a poisoned O, exactly the naive call's output (the same kernels on the same inputs)."""
+    from iosim import gpu
+
+    cp, rng, dt = _cp(), seeded_rng(), _np_dtype("bfloat16")
+    q = cp.asarray(rng.standard_normal((2, 300, 8, 64)).astype(dt))
+    k, v = (cp.asarray(rng.standard_normal((2, 420, 2, 64)).astype(dt)) for _ in range(2))
+    runs, o = gpu.naive_kernels(q, k, v, causal=causal)
+    o.fill(float("nan"))
+    for run in runs:
+        run()
+    got, want = (cp.asnumpy(x) for x in (o, gpu.attention(q, k, v, causal=causal, schedule="naive")))
+    assert not np.isnan(got.astype(np.float32)).any()
+    assert (got.view(np.uint16) == want.view(np.uint16)).all()
