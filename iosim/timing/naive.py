@@ -19,6 +19,12 @@ kernel's, whose blocks are one tile each and start together every round: they st
 block hides under another's (loss 1). A kernel takes its rounds, or its DRAM bytes over DRAM bandwidth where that is
 longer, plus its launch: the call's first (the scores kernel) or a further one (:meth:`Rates.first_launch_s`).
 
+**Measured rounds.** Where the profile holds ``calibration.forward.naive`` (:mod:`iosim.calibrate.naive_step`;
+16-bit calls), the two GEMM kernels take instead the rounds measured of them: naive.cu multiplies whole 128-row tiles
+at 41-51% of the tensor pipe (Nsight Compute, one query row), bound by no rate the blocks above compose. Each thread
+block costs the measured time of a round of blocks like it (:func:`measured_tile_seconds`: its rows, its masked
+units), the grid its whole rounds and a last partial one (:func:`measured_blocks_s`). The softmax stays composed.
+
 For the energy model (:mod:`iosim.timing.energy`) each kernel also says what naive.cu does beside the counts: the
 tensor FLOPs of the tiles it multiplies, the bytes through shared memory, and its L2 bytes at its own tiles.
 """
