@@ -10,12 +10,18 @@ from iosim import AttentionProblem, simulate
 from iosim.calibrate import naive_step, rates_kernels
 from iosim.calibrate.rates_kernels import Measured
 from iosim.hardware.gpu import get_profile
+from iosim.launch import naive_row_pitch
 from iosim.timing import naive
 
 SMS = 132
 TRUTH = {"qk": 5.0e-6, "qk_row": 4.0e-6, "qk_masked": 3.0e-6, "pv": 1.6e-6, "pv_row": 1.2e-6, "pv_block": 4.0e-6,
          "pv_masked": 1.0e-6}
 FIXED = 7e-6  # a call's launch and start
+
+
+def softmax_s_per_mb(kv_len: int) -> float:
+    """The stand-in softmax's seconds a MB of S: slower at short rows, as the kernel's (a warp a row)."""
+    return 1e-6 * (0.4 + 64 / kv_len)
 
 
 class _Bench:
@@ -47,6 +53,8 @@ def stand_in(monkeypatch):
 
     def time_ms(call, reps, warmup, view, clock):
         kernel, heads, n, nk, d, causal = call
+        if kernel == naive_step.SOFTMAX:  # S read, P written: seconds a MB of S at the row length
+            return 1e3 * (FIXED + heads * n * naive_row_pitch(nk, 2) * 2 / 1e6 * softmax_s_per_mb(nk))
         k = naive.residency(profile, d, kernel)
         p = AttentionProblem(batch=1, heads=heads, kv_heads=1, seq_len=n, kv_len=nk, head_dim=d, causal=causal)
         total, _ = naive.measured_tile_seconds(p, TRUTH, kernel)
@@ -59,11 +67,28 @@ def stand_in(monkeypatch):
 def test_the_calibration_recovers_the_round_times_the_kernels_take(stand_in):
     got: list[Measured] = []
     naive_step.naive_part(_Bench(), _CuPy(), report=lambda m, note: got.append(m))
-    parts = {(m.path[2], m.path[3]): m.value for m in got}
+    parts = {(m.path[2], m.path[3]): m.value for m in got if m.path[2] != "softmax_mb"}
     assert {part for part, _ in parts} == set(TRUTH) == set(naive.MEASURED_PARTS)
     assert {d for _, d in parts} == {32, 64, 128, 256}
     for (part, _), value in parts.items():
         assert value == pytest.approx(TRUTH[part], rel=1e-6), part
+    softmax = {m.path[3]: m.value for m in got if m.path[2] == "softmax_mb"}
+    assert softmax == pytest.approx({nk: softmax_s_per_mb(nk) for nk in naive_step.SOFTMAX_KEYS}, rel=1e-6)
+
+
+def test_the_softmaxs_seconds_a_mb_are_linear_in_its_slots_over_the_row():
+    """At a share f of its instantiation's slots filled, a row costs the seconds a MB of the full instantiation and
+    the half-full one's, linear in 1/f: exact at both, between them in between, the longest full one past them."""
+    profile = get_profile("h100-sxm5-80gb")
+    table = profile.calibration.forward.naive["softmax_mb"].value
+    p = AttentionProblem(batch=1, heads=1, seq_len=128, kv_len=1024, head_dim=64)
+    at = lambda nk: naive.softmax_s_per_mb(profile, p.model_copy(update={"kv_len": nk}))  # noqa: E731
+    assert at(1024) == table[1024] and at(520) == pytest.approx(table[520])
+    assert min(table[520], table[1024]) <= at(777) <= max(table[520], table[1024])  # 97 of 128 chunks: f = 0.77
+    slots, fill = naive.softmax_fill(777)
+    x = (1 / fill - 1) / (1 / naive.softmax_fill(520)[1] - 1)
+    assert slots == 1024 and at(777) == pytest.approx(table[1024] + x * (table[520] - table[1024]))
+    assert at(65536) == table[16384]  # the shared-memory path
 
 
 def test_a_heads_masked_units_are_those_naive_cu_skips():

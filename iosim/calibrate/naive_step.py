@@ -19,6 +19,11 @@ What, per head dim, at k = the kernel's blocks an SM (the built-in profile's res
   or of one; 1,024 then 4,096 keys: the slope over 48 steps), P from DRAM, V from L2.
 * ``pv_block``: what a further block costs an SM beyond its steps (its start, its ring's first tiles, O's store):
   twice the heads at 1,024 keys, less the first call and 16 steps.
+* ``softmax_mb``: seconds the softmax kernel takes a MB of S (read, and as much of P written) where S streams from
+  DRAM, by row length: each instantiation (threads a row x 16-byte chunks a thread, 128 to 16,384 keys) with its
+  slots full and about half full; 64 heads, the slope between 128 and 384 MB of S. Measured (2026-11-28): 1.4-1.5
+  TB/s at 128-key rows on both GPUs (a warp a row, half its lanes idle), 3.0 TB/s on the H100 from 1,024 keys,
+  3.5-4.3 TB/s on the H200.
 
 Each time is the median of CALLS calls queued behind a busy kernel after a rest, as the other steps
 (:mod:`iosim.calibrate.forward_step`).
@@ -30,6 +35,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from iosim.blocks import cdiv
 from iosim.calibrate.backward_step import CALLS, REST_S
 from iosim.calibrate.forward_step import _builtin_profile, _timed
 from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
@@ -38,6 +44,10 @@ from iosim.launch import HEAD_DIMS
 ROUNDS = (8, 24)  # rounds of the scores kernel's calls
 STEPS = (16, 64)  # P·V's 64-key steps
 SQUARE = 1024  # seq_len = kv_len of the masked parts' calls
+# row lengths of the softmax's part: each instantiation (threads a row x chunks a thread) full, and about half full
+SOFTMAX_KEYS = (128, 256, 264, 512, 520, 1024, 1032, 2048, 2056, 4096, 4104, 8192, 8200, 16384)
+SOFTMAX_MB = (128, 384)  # MB of S the softmax's two calls read (each then writes as much of P), past any L2
+SOFTMAX_HEADS = 64
 QK, SOFTMAX, PV = 0, 1, 2  # naive.cu's kernels, in launch order
 
 
@@ -51,8 +61,8 @@ def _kernel(cp, kernel: int, heads: int, n: int, nk: int, d: int, causal: bool =
     q = cp.random.standard_normal((1, n, heads, d), dtype=cp.float32).astype(bf16)
     k, v = (cp.random.standard_normal((1, nk, 1, d), dtype=cp.float32).astype(bf16) for _ in range(2))
     runs, _ = gpu.naive_kernels(q, k, v, causal=causal)
-    if kernel == PV:
-        runs[QK](), runs[SOFTMAX]()  # P as the kernel meets it (its values do not change the time)
+    for before in runs[:kernel]:
+        before()  # S (and P) as the kernel meets them (their values do not change the time)
     return runs[kernel]
 
 
@@ -65,6 +75,7 @@ def naive_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
         return
     profile = _builtin_profile(cp)
     seconds = busy_timer(b, cp, CALLS, warmup=2, rest_s=REST_S)
+    _softmax(b, cp, report, seconds)
     for d in HEAD_DIMS:
         for kernel in (QK, PV):
             k = residency(profile, d, kernel) if profile is not None else 1
@@ -76,6 +87,28 @@ def naive_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
 
 def _report(report, part: str, d: int, value: float, what: str, note: str) -> None:
     report(Measured(("forward", "naive", part, d), max(value, 1e-9), "s", what), note)
+
+
+def _softmax(b: Bench, cp, report, seconds) -> None:
+    """``softmax_mb``: seconds the softmax kernel takes a MB of S read (and a MB of P written) where S streams from
+    DRAM, by row length (each its instantiation: threads a row, chunks a thread); the slope between SOFTMAX_MB."""
+    from iosim.launch import naive_row_pitch
+
+    for nk in SOFTMAX_KEYS:
+        row = naive_row_pitch(nk, 2) * 2
+        rows = [cdiv(mb * 10**6, SOFTMAX_HEADS * row) for mb in SOFTMAX_MB]
+        t = _timed(f"forward.naive.softmax_mb.{nk}", seconds,
+                   [partial(_kernel, cp, SOFTMAX, SOFTMAX_HEADS, n, nk, 64) for n in rows])
+        if t is None:
+            return
+        mb = (rows[1] - rows[0]) * SOFTMAX_HEADS * row / 1e6
+        report(Measured(("forward", "naive", "softmax_mb", nk), max((t[1] - t[0]) / mb, 1e-12), "s",
+                        f"naive.cu's softmax kernel alone, bf16, {SOFTMAX_HEADS} heads of N rows of kv_len keys (S "
+                        f"{SOFTMAX_MB[0]} then {SOFTMAX_MB[1]} MB, from DRAM): (time at {SOFTMAX_MB[1]} MB - time at "
+                        f"{SOFTMAX_MB[0]} MB) / the MB of S between, each the median of {CALLS} calls behind a busy "
+                        f"kernel after {REST_S} s idle (iosim/calibrate/naive_step.py); seconds a MB of S read and "
+                        "of P written, by kv_len"),
+               f"{t[0] * 1e6:.1f} us, {t[1] * 1e6:.1f} us")
 
 
 def _scores(b: Bench, cp, report, seconds, d: int, k: int) -> float | None:

@@ -23,7 +23,9 @@ longer, plus its launch: the call's first (the scores kernel) or a further one (
 16-bit calls), the two GEMM kernels take instead the rounds measured of them: naive.cu multiplies whole 128-row tiles
 at 41-51% of the tensor pipe (Nsight Compute, one query row), bound by no rate the blocks above compose. Each thread
 block costs the measured time of a round of blocks like it (:func:`measured_tile_seconds`: its rows, its masked
-units), the grid its whole rounds and a last partial one (:func:`measured_blocks_s`). The softmax stays composed.
+units), the grid its whole rounds and a last partial one (:func:`measured_blocks_s`). The softmax keeps its
+composed blocks, from L2, beside its DRAM bytes at the seconds a MB the calibration measured it stream at its row
+length (:func:`softmax_s_per_mb`): 1.4-1.5 TB/s at 128-key rows, where the composition gave it DRAM's rate.
 
 For the energy model (:mod:`iosim.timing.energy`) each kernel also says what naive.cu does beside the counts: the
 tensor FLOPs of the tiles it multiplies, the bytes through shared memory, and its L2 bytes at its own tiles.
@@ -37,7 +39,15 @@ import numpy as np
 
 from ..blocks import cdiv, n_kv_blocks_visible
 from ..counts import KernelCounts
-from ..launch import NAIVE_TILES, launch_model, naive_softmax_rows_per_block, resident_blocks
+from ..launch import (
+    NAIVE_TILES,
+    launch_model,
+    naive_row_pitch,
+    naive_softmax_chunks,
+    naive_softmax_row_threads,
+    naive_softmax_rows_per_block,
+    resident_blocks,
+)
 from ..problem import AttentionProblem
 from ..schedules import Tiles
 from ..schedules import naive as naive_schedule
@@ -177,6 +187,37 @@ def measured_parts(profile, p: AttentionProblem) -> dict[str, float] | None:
     return {part: float(table[part].value[p.head_dim]) for part in MEASURED_PARTS}
 
 
+def softmax_fill(kv_len: int) -> tuple[int, float]:
+    """The softmax instantiation's row slots (threads a row x 16-byte chunks a thread, in keys) at ``kv_len``, and the
+    share of them a row fills (0 slots: the shared-memory path of rows past the register path)."""
+    rt, chunks = naive_softmax_row_threads(kv_len, 2), naive_softmax_chunks(kv_len, 2)
+    slots = rt * chunks * 8
+    return slots, (naive_row_pitch(kv_len, 2) / slots if slots else 1.0)
+
+
+def softmax_s_per_mb(profile, p: AttentionProblem) -> float | None:
+    """``calibration.forward.naive.softmax_mb`` at the problem's row length: seconds the softmax takes a MB of S
+    streamed from DRAM (and a MB of P written). A block's time is a fixed part and a part per byte, so at a share f
+    of its instantiation's slots filled the seconds a MB are linear in 1/f: through the instantiation's full and
+    half-full measurements. Rows past the register path take the longest measured instantiation's, full. None for
+    a profile without it or a problem not 16-bit."""
+    cal = getattr(profile.calibration, "forward", None) if profile.calibration is not None else None
+    entry = (getattr(cal, "naive", None) or {}).get("softmax_mb") if cal is not None else None
+    if entry is None or p.elem_bytes != 2:
+        return None
+    table = entry.value
+    slots, fill = softmax_fill(p.kv_len)
+    if slots not in table:  # the shared-memory path (the longest measured), or an instantiation not measured
+        slots = max(table) if not slots else min(table, key=lambda k: abs(np.log2(k) - np.log2(slots)))
+        fill = 1.0
+    partial = [k for k in table if k != slots and softmax_fill(k)[0] == slots]
+    if not partial or fill >= 1.0:
+        return float(table[slots])
+    half = partial[0]
+    x = (1 / fill - 1) / (1 / softmax_fill(half)[1] - 1)
+    return float(table[slots] + x * (table[half] - table[slots]))
+
+
 def _by_rows(m: dict[str, float], part: str, rows: np.ndarray) -> np.ndarray:
     """A tile's time at ``rows`` real query rows: linear between the one-row and the whole-tile measurements (the
     multiplies are the whole tile's at any rows; Q's loads and S's stores grow with the rows)."""
@@ -247,7 +288,10 @@ def kernel_times(c: Conditions, tiles: Tiles, counts: list[KernelCounts],
                                      tensor_flops(p, i), l2[i]))
             continue
         rounds = cdiv(grid, r.sms * per_sm)
-        blk, work = _block(p, i, k, grid, r, (rd, wr), threads // 32, latency)
+        per_mb = softmax_s_per_mb(profile, p) if i == 1 else None
+        if per_mb is not None:  # the softmax's measured streaming: its blocks' phases from L2, its DRAM bytes apart
+            memory = (rd + wr) / 2 / 1e6 * per_mb
+        blk, work = _block(p, i, k, grid, r, (0.0, 0.0) if per_mb is not None else (rd, wr), threads // 32, latency)
         shared = blk.compute_s if i == 1 else work / (r.mma_at(per_sm * threads // 32) / r.sms)
         limits = blk.limits(per_sm, shared)
         blocks = rounds * max(limits.values())
