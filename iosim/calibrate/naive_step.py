@@ -17,11 +17,11 @@ What, per head dim, at k = the kernel's blocks an SM (the built-in profile's res
   one's time less the calls' difference over a head's masked units (each SM runs k heads' worth of both).
 * ``pv``, ``pv_row``: seconds one 64-key step of P·V takes an SM running k blocks (k·SMs heads of 128 query rows,
   or of one; 1,024 then 4,096 keys: the slope over 48 steps), P from DRAM, V from L2.
-* ``pv_block``: what a further block costs an SM beyond its steps (its start, its ring's first tiles, O's store):
-  twice the heads at 1,024 keys, less the first call and 16 steps.
+* ``pv_block``, ``pv_block_row``: what a further block costs an SM beyond its steps (its start, its ring's first
+  tiles, O's store), at 128 rows and at one: twice the heads at 1,024 keys, less the first call and 16 steps.
 * ``softmax_mb``: seconds the softmax kernel takes a MB of S (read, and as much of P written) where S streams from
   DRAM, by row length: each instantiation (threads a row x 16-byte chunks a thread, 128 to 16,384 keys) with its
-  slots full and about half full; 64 heads, the slope between 128 and 384 MB of S. Measured (2026-11-28): 1.4-1.5
+  slots full and about half full, and the shared-memory path of longer rows at 32,768 and 65,536 keys; 64 heads, the slope between 128 and 384 MB of S. Measured (2026-11-28): 1.4-1.5
   TB/s at 128-key rows on both GPUs (a warp a row, half its lanes idle), 3.0 TB/s on the H100 from 1,024 keys,
   3.5-4.3 TB/s on the H200.
 
@@ -45,7 +45,8 @@ ROUNDS = (8, 24)  # rounds of the scores kernel's calls
 STEPS = (16, 64)  # P·V's 64-key steps
 SQUARE = 1024  # seq_len = kv_len of the masked parts' calls
 # row lengths of the softmax's part: each instantiation (threads a row x chunks a thread) full, and about half full
-SOFTMAX_KEYS = (128, 256, 264, 512, 520, 1024, 1032, 2048, 2056, 4096, 4104, 8192, 8200, 16384)
+# (and past 16,384 keys, where a row goes through shared memory, two lengths of that path)
+SOFTMAX_KEYS = (128, 256, 264, 512, 520, 1024, 1032, 2048, 2056, 4096, 4104, 8192, 8200, 16384, 32768, 65536)
 SOFTMAX_MB = (128, 384)  # MB of S the softmax's two calls read (each then writes as much of P), past any L2
 SOFTMAX_HEADS = 64
 QK, SOFTMAX, PV = 0, 1, 2  # naive.cu's kernels, in launch order
@@ -135,7 +136,7 @@ def _products(b: Bench, cp, report, seconds, d: int, k: int) -> float | None:
     h, slope, step = k * b.sms, STEPS[1] - STEPS[0], {}
     for part, rows in (("pv", 128), ("pv_row", 1)):
         t = _timed(f"forward.naive.{part}.{d}", seconds, [partial(_kernel, cp, PV, h, rows, 64 * s, d) for s in STEPS]
-                   + ([partial(_kernel, cp, PV, 2 * h, rows, 64 * STEPS[0], d)] if rows == 128 else []))
+                   + [partial(_kernel, cp, PV, 2 * h, rows, 64 * STEPS[0], d)])
         if t is None:
             return None
         step[part] = (t[1] - t[0]) / slope
@@ -145,11 +146,10 @@ def _products(b: Bench, cp, report, seconds, d: int, k: int) -> float | None:
                 f"{64 * STEPS[0]}) / {slope} 64-key steps, each the median of {CALLS} calls behind a busy kernel after "
                 f"{REST_S} s idle (iosim/calibrate/naive_step.py); seconds a step of the round, by head dim",
                 f"{t[0] * 1e6:.1f} us at {64 * STEPS[0]} keys, {t[1] * 1e6:.1f} us at {64 * STEPS[1]}")
-        if rows == 128:
-            _report(report, "pv_block", d, t[2] - t[0] - STEPS[0] * step["pv"],
-                    f"the same kernel, twice the heads at {64 * STEPS[0]} keys (two rounds): time - the one-round "
-                    f"call's - {STEPS[0]} steps (iosim/calibrate/naive_step.py); seconds a round beyond its steps, "
-                    "by head dim", f"{t[2] * 1e6:.1f} us with two rounds")
+        _report(report, "pv_block" if rows == 128 else "pv_block_row", d, t[2] - t[0] - STEPS[0] * step[part],
+                f"the same kernel, twice the heads at {64 * STEPS[0]} keys (two rounds): time - the one-round call's "
+                f"- {STEPS[0]} steps (iosim/calibrate/naive_step.py); seconds a round beyond its steps, by head dim",
+                f"{t[2] * 1e6:.1f} us with two rounds")
     return step["pv"]
 
 

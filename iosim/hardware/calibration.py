@@ -157,11 +157,13 @@ class ForwardCalibration(_Strict):
                           "Bc), then k (1 to the instantiation's residency); bf16, a Q tile on each block, all on one "
                           "kv head (K/V in L2), no mask; absent in files measured before it")
     naive: dict[str, SourcedSecondsTable] | None = Field(
-        None, description="the naive schedule's GEMM kernels (kernels/naive.cu), by part ('qk', 'qk_row', "
+        None, description="the naive schedule's kernels (kernels/naive.cu), by part ('qk', 'qk_row', "
                           "'qk_masked': seconds a round of the scores kernel's resident tiles takes an SM, whole "
                           "tiles, one query row, causally masked; 'pv', 'pv_row', 'pv_masked': a 64-key step of a "
-                          "round of P V's resident blocks; 'pv_block': a round's cost beyond its steps), then head "
-                          "dim; bf16 (iosim/calibrate/naive_step.py); absent in files measured before it")
+                          "round of P V's resident blocks; 'pv_block', 'pv_block_row': a round's cost beyond its "
+                          "steps, at 128 rows and at one), then head dim; 'softmax_mb': seconds the softmax takes a "
+                          "MB of S streamed from DRAM, by kv_len; bf16 (iosim/calibrate/naive_step.py); absent in "
+                          "files measured before it")
 
 
 class BackwardCalibration(_Strict):

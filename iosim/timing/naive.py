@@ -56,6 +56,7 @@ from .estimate import Conditions, KernelTime
 from .rates import Rates
 
 MEASURED_PARTS = ("qk", "qk_row", "qk_masked", "pv", "pv_row", "pv_block", "pv_masked")  # calibration.forward.naive
+OPTIONAL_PARTS = ("pv_block_row",)  # measured since (absent: pv_block at any rows)
 BLOCK_ROWS = NAIVE_TILES["qk"]["block_m"]  # query rows of a scores tile and of a P·V block (128 in both)
 SOFTMAX_OPS = 6  # fp32 operations per score: max pass, subtract-scale, sum, normalize, two conversions
 WARPS_M, WARPS_N = 4, 2  # kernels/naive.cu: both GEMMs' 8 warps, 4 along the rows (32 each) x 2 along the columns
@@ -184,7 +185,8 @@ def measured_parts(profile, p: AttentionProblem) -> dict[str, float] | None:
     if not table or p.elem_bytes != 2 or any(part not in table or p.head_dim not in table[part].value
                                              for part in MEASURED_PARTS):
         return None
-    return {part: float(table[part].value[p.head_dim]) for part in MEASURED_PARTS}
+    optional = [part for part in OPTIONAL_PARTS if part in table and p.head_dim in table[part].value]
+    return {part: float(table[part].value[p.head_dim]) for part in (*MEASURED_PARTS, *optional)}
 
 
 def softmax_fill(kv_len: int) -> tuple[int, float]:
@@ -207,7 +209,11 @@ def softmax_s_per_mb(profile, p: AttentionProblem) -> float | None:
         return None
     table = entry.value
     slots, fill = softmax_fill(p.kv_len)
-    if slots not in table:  # the shared-memory path (the longest measured), or an instantiation not measured
+    smem = sorted(k for k in table if not softmax_fill(k)[0])  # rows through shared memory, where measured
+    if not slots and smem:  # that path: linear in log2(kv_len) between its measured lengths, the nearest outside
+        x = np.log2(np.clip(p.kv_len, smem[0], smem[-1]))
+        return float(np.interp(x, np.log2(smem), [table[k] for k in smem]))
+    if slots not in table:  # the shared-memory path unmeasured (the longest measured), or an instantiation not
         slots = max(table) if not slots else min(table, key=lambda k: abs(np.log2(k) - np.log2(slots)))
         fill = 1.0
     partial = [k for k in table if k != slots and softmax_fill(k)[0] == slots]
@@ -219,8 +225,9 @@ def softmax_s_per_mb(profile, p: AttentionProblem) -> float | None:
 
 
 def _by_rows(m: dict[str, float], part: str, rows: np.ndarray) -> np.ndarray:
-    """A tile's time at ``rows`` real query rows: linear between the one-row and the whole-tile measurements (the
-    multiplies are the whole tile's at any rows; Q's loads and S's stores grow with the rows)."""
+    """A tile's (a block's) time at ``rows`` real query rows: linear between the one-row and the whole-tile
+    measurements (the multiplies are the whole tile's at any rows; Q's loads and S's and O's stores grow with the
+    rows)."""
     whole, one = m[part], m[f"{part}_row"]
     return one + (rows - 1) / (BLOCK_ROWS - 1) * (whole - one)
 
@@ -247,7 +254,8 @@ def measured_tile_seconds(p: AttentionProblem, m: dict[str, float], i: int) -> t
     steps = cdiv(p.kv_len, NAIVE_TILES["pv"]["block_k"])
     last = m0 + rows - 1 + offset if p.causal else np.full_like(m0, p.kv_len - 1)
     seen = np.clip(last // NAIVE_TILES["pv"]["block_k"] + 1, 0, steps)
-    return float(np.sum(m["pv_block"] + seen * _by_rows(m, "pv", rows) + (steps - seen) * m["pv_masked"])), int(m0.size)
+    block = _by_rows(m, "pv_block", rows) if "pv_block_row" in m else m["pv_block"]
+    return float(np.sum(block + seen * _by_rows(m, "pv", rows) + (steps - seen) * m["pv_masked"])), int(m0.size)
 
 
 def measured_blocks_s(p: AttentionProblem, m: dict[str, float], i: int, sms: int, k: int) -> tuple[float, int, float]:
