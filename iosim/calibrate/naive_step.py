@@ -1,4 +1,4 @@
-"""``calibration.forward.naive``: what the naive schedule's two GEMM kernels (kernels/naive.cu) spend on their tiles,
+"""``calibration.forward.naive``: what the naive schedule's kernels (kernels/naive.cu) spend on their tiles and rows,
 as timed on this GPU, one kernel at a time (:func:`iosim.gpu.naive_kernels`).
 
 Why it is measured: the naive model composed each thread block's load, multiply and store from the chip's rates
@@ -21,9 +21,10 @@ What, per head dim, at k = the kernel's blocks an SM (the built-in profile's res
   tiles, O's store), at 128 rows and at one: twice the heads at 1,024 keys, less the first call and 16 steps.
 * ``softmax_mb``: seconds the softmax kernel takes a MB of S (read, and as much of P written) where S streams from
   DRAM, by row length: each instantiation (threads a row x 16-byte chunks a thread, 128 to 16,384 keys) with its
-  slots full and about half full, and the shared-memory path of longer rows at 32,768 and 65,536 keys; 64 heads, the slope between 128 and 384 MB of S. Measured (2026-11-28): 1.4-1.5
-  TB/s at 128-key rows on both GPUs (a warp a row, half its lanes idle), 3.0 TB/s on the H100 from 1,024 keys,
-  3.5-4.3 TB/s on the H200.
+  slots full and about half full, and the shared-memory path of longer rows at 32,768 and 65,536 keys; 64 heads,
+  the slope between 128 and 384 MB of S. Measured (2026-11-28): 1.4-1.5 TB/s at 128-key rows on both GPUs (a warp a
+  row, half its lanes idle), 3.0 TB/s on the H100 from 1,024 keys, 3.5-4.3 TB/s on the H200; 1.8-1.9 TB/s at
+  65,536 keys (the shared-memory path, a row a block).
 
 Each time is the median of CALLS calls queued behind a busy kernel after a rest, as the other steps
 (:mod:`iosim.calibrate.forward_step`).
@@ -123,9 +124,10 @@ def _scores(b: Bench, cp, report, seconds, d: int, k: int) -> float | None:
         value = (t[1] - t[0]) / slope
         out = value if out is None else out
         _report(report, part, d, value,
-                f"naive.cu's scores kernel alone, bf16, k x {b.sms} query heads (k: the kernel's blocks an SM) of {rows} query row(s) on one kv "
-                f"head against 128 T keys (T rounds of k tiles an SM): (time at T = {ROUNDS[1]} - time at T = "
-                f"{ROUNDS[0]}) / {slope}, each the median of {CALLS} calls behind a busy kernel after {REST_S} s idle "
+                f"naive.cu's scores kernel alone, bf16, k x {b.sms} query heads (k: the kernel's blocks an SM) of "
+                f"{rows} query row(s) on one kv head against 128 T keys (T rounds of k tiles an SM): (time at T = "
+                f"{ROUNDS[1]} - time at T = {ROUNDS[0]}) / {slope}, each the median of {CALLS} calls behind a busy "
+                f"kernel after {REST_S} s idle "
                 "(iosim/calibrate/naive_step.py); seconds a round, by head dim",
                 f"{t[0] * 1e6:.1f} us at T = {ROUNDS[0]}, {t[1] * 1e6:.1f} us at T = {ROUNDS[1]}")
     return out
@@ -141,10 +143,11 @@ def _products(b: Bench, cp, report, seconds, d: int, k: int) -> float | None:
             return None
         step[part] = (t[1] - t[0]) / slope
         _report(report, part, d, step[part],
-                f"naive.cu's P V kernel alone, bf16, k x {b.sms} query heads (k: the kernel's blocks an SM) of {rows} query row(s) on one kv head "
-                f"(one round of k blocks an SM; P from DRAM, V from L2): (time at {64 * STEPS[1]} keys - time at "
-                f"{64 * STEPS[0]}) / {slope} 64-key steps, each the median of {CALLS} calls behind a busy kernel after "
-                f"{REST_S} s idle (iosim/calibrate/naive_step.py); seconds a step of the round, by head dim",
+                f"naive.cu's P V kernel alone, bf16, k x {b.sms} query heads (k: the kernel's blocks an SM) of "
+                f"{rows} query row(s) on one kv head (one round of k blocks an SM; P from DRAM, V from L2): (time "
+                f"at {64 * STEPS[1]} keys - time at {64 * STEPS[0]}) / {slope} 64-key steps, each the median of "
+                f"{CALLS} calls behind a busy kernel after {REST_S} s idle (iosim/calibrate/naive_step.py); seconds a "
+                "step of the round, by head dim",
                 f"{t[0] * 1e6:.1f} us at {64 * STEPS[0]} keys, {t[1] * 1e6:.1f} us at {64 * STEPS[1]}")
         _report(report, "pv_block" if rows == 128 else "pv_block_row", d, t[2] - t[0] - STEPS[0] * step[part],
                 f"the same kernel, twice the heads at {64 * STEPS[0]} keys (two rounds): time - the one-round call's "
@@ -175,8 +178,9 @@ def _masked(b: Bench, cp, report, seconds, kernel: int, d: int, k: int, whole: f
     masked, _ = masked_units(kernel, SQUARE)
     unit = "a round of tiles" if kernel == QK else "a 64-key step of a round"
     _report(report, part, d, whole - (t[0] - t[1]) / masked,
-            f"naive.cu's {'scores' if kernel == QK else 'P V'} kernel alone, bf16, k x {b.sms} query heads (k: the kernel's blocks an SM) on one "
-            f"kv head at seq_len = kv_len = {SQUARE}, non-causal then causal (bottom-right: {masked} units a head "
-            f"masked, loaded and stored alike, not multiplied): {'qk' if kernel == QK else 'pv'} - (non-causal time - "
+            f"naive.cu's {'scores' if kernel == QK else 'P V'} kernel alone, bf16, k x {b.sms} query heads (k: the "
+            f"kernel's blocks an SM) on one kv head at seq_len = kv_len = {SQUARE}, non-causal then causal "
+            f"(bottom-right: {masked} units a head masked, loaded and stored alike, not multiplied): "
+            f"{'qk' if kernel == QK else 'pv'} - (non-causal time - "
             f"causal time) / {masked} (iosim/calibrate/naive_step.py); seconds {unit}, by head dim",
             f"{t[0] * 1e6:.1f} us non-causal, {t[1] * 1e6:.1f} us causal")

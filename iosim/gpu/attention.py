@@ -292,7 +292,8 @@ def _naive_kernels(c: _Call) -> tuple[tuple[KernelLaunch, ...], dict, tuple[Call
     args = [(c.q, c.k, s, i32(N), i32(Nk), i32(H), i32(Hk), cp.float32(c.scale)),
             (s, p, lse_arg, i32(Nk), cp.int64(rows), i32(row_threads)),
             (p, c.v, c.o, i32(N), i32(Nk), i32(H), i32(Hk), i32(c.causal))]
-    runs = tuple(partial(f, g, b, a, shared_mem=m) for f, g, b, a, m in zip(fns, grids, blocks, args, smem, strict=True))
+    runs = tuple(partial(f, g, b, a, shared_mem=m)
+                 for f, g, b, a, m in zip(fns, grids, blocks, args, smem, strict=True))
     launches = tuple(KernelLaunch(i.name_expression, g, b, m)
                      for i, g, b, m in zip(insts, grids, blocks, smem, strict=True))
     return launches, {k_: dict(v_) for k_, v_ in t.items()}, runs

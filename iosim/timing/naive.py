@@ -70,7 +70,7 @@ class Block:
     compute_s: float
     store_s: float
     latency_s: float  # dependent loads nothing in the block hides
-    steps: float = 1  # the compute_s steps of a block (P·V: its K/V steps), on average: masked tiles are not multiplied
+    steps: float = 1  # a block's compute_s steps (P·V: its K/V steps), on average: masked tiles are not multiplied
     in_phase: bool = False  # blocks of one tile that start together each round: no phase hides under another
     unit: str = "tensor"  # what computes: the tensor cores, or the softmax's exp2 and fp32 lanes
 
@@ -178,8 +178,9 @@ def residency(profile, head_dim: int, i: int) -> int:
 
 
 def measured_parts(profile, p: AttentionProblem) -> dict[str, float] | None:
-    """``calibration.forward.naive`` at the problem's head dim, part by part (seconds; :mod:`iosim.calibrate.naive_step`),
-    for a 16-bit problem where every part was measured; else None (the composed blocks)."""
+    """``calibration.forward.naive`` at the problem's head dim, part by part (seconds;
+    :mod:`iosim.calibrate.naive_step`), for a 16-bit problem where every part was measured; else None (the composed
+    blocks)."""
     cal = getattr(profile.calibration, "forward", None) if profile.calibration is not None else None
     table = getattr(cal, "naive", None) if cal is not None else None
     if not table or p.elem_bytes != 2 or any(part not in table or p.head_dim not in table[part].value
