@@ -15,7 +15,8 @@ from iosim.hardware.gpu import PROFILES_DIR, get_profile, profile_from_dict
 from iosim.timing import load_kernel
 from iosim.timing.fa2 import residency
 
-STEP_S = {"bf16": {64: 0.5e-6, 128: 0.8e-6, 256: 1.0e-6}, "fp8": {64: 0.4e-6, 128: 0.9e-6, 256: 1.1e-6}}
+STEP_S = {"bf16": {64: 0.5e-6, 128: 0.8e-6, 256: 1.0e-6}, "fp8": {64: 0.4e-6, 128: 0.9e-6, 256: 1.1e-6},
+          "bf16-local": {64: 0.55e-6, 128: 0.85e-6, 256: 1.05e-6}}
 FLASH2_S = 0.9e-6  # iosim-flash2, bf16: the stand-in's step of each of k blocks an SM is k times this
 
 
@@ -47,12 +48,12 @@ def stand_in(monkeypatch):
     fixed, tile_fixed = 12e-6, 4e-6  # the call's fixed part is what is left of `fixed` beyond one tile's
     monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(forward_step, "REST_S", 0.0)
-    monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, fp8, schedule="flash3", tiles=None:
-                        (heads, n, nk, d, fp8, schedule, tiles))
+    monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, fp8, schedule="flash3", tiles=None,
+                        local=False: (heads, n, nk, d, fp8, schedule, tiles, local))
     monkeypatch.setattr(forward_step, "_builtin_profile", lambda cp: get_profile("h100-sxm5-80gb"))
 
     def time_ms(call, reps, warmup, view, clock):
-        heads, n, nk, d, fp8, schedule, tiles = call
+        heads, n, nk, d, fp8, schedule, tiles, local = call
         if schedule == "flash2":  # k blocks an SM, each a Q tile of Br queries at its tiles
             k, (bq, bkv) = heads // _Bench.sms, tiles
             assert heads % _Bench.sms == 0 and n == bq and nk % bkv == 0
@@ -60,7 +61,7 @@ def stand_in(monkeypatch):
         tc = load_kernel("iosim-flash3").tiles_for(d, "fp8" if fp8 else "bf16")
         tiles = heads // _Bench.sms  # Q tiles an SM: 1, or 2 for the tile's fixed part
         assert heads in (_Bench.sms, 2 * _Bench.sms) and n == tc.block_q and nk % tc.block_kv == 0  # one kv head
-        step = STEP_S["fp8" if fp8 else "bf16"][d]
+        step = STEP_S["fp8" if fp8 else "bf16-local" if local else "bf16"][d]
         return 1e3 * (fixed + (tiles - 1) * tile_fixed + tiles * nk // tc.block_kv * step)
 
     monkeypatch.setattr(rates_kernels, "time_ms", time_ms)
@@ -130,13 +131,20 @@ def test_the_model_takes_the_measured_step_for_the_instantiation_it_was_measured
     assert measured.bound == "step (measured)" and composed.bound != measured.bound
 
 
-def test_a_window_or_other_tiles_keep_the_composed_step():
+def test_other_tiles_keep_the_composed_step_and_a_window_takes_its_local_instantiations():
     p = AttentionProblem(batch=1, heads=8, seq_len=4096, head_dim=128, dtype="bf16")
     slow = {t: {d: 10 * v for d, v in table.items()} for t, table in STEP_S.items()}
-    for kw in ({"window": (256, 0)}, {"block_q": 128, "block_kv": 64}):
-        a = _run(p, _profile(None), **kw).time.predicted_s
-        b = _run(p, _profile(slow), **kw).time.predicted_s
-        assert a == pytest.approx(b), kw
+    a = _run(p, _profile(None), block_q=128, block_kv=64).time.predicted_s
+    b = _run(p, _profile(slow), block_q=128, block_kv=64).time.predicted_s
+    assert a == pytest.approx(b)  # tiles it was not measured at: composed either way
+    window = {"window": (256, 0)}
+    composed = _run(p, _profile(None), **window).time.predicted_s
+    local = _run(p, _profile(slow), **window).time.kernels[0]
+    plain_only = {"bf16": slow["bf16"]}
+    plain = _run(p, _profile(plain_only), **window).time.kernels[0]
+    assert local.bound == plain.bound == "step (measured)" and local.predicted_s > composed
+    # the Local instantiation's step where measured (5% longer in the stand-in), else the plain one's
+    assert local.resources["pipeline"] > plain.resources["pipeline"]
 
 
 def test_a_tiles_and_a_calls_fixed_parts_replace_the_composed_ones_where_measured():

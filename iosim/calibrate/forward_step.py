@@ -48,6 +48,9 @@ KERNEL = "iosim-flash3"  # the timing description the steps belong to
 FLASH2 = "iosim-flash2"  # the FlashAttention-2 forward's description: its steps at each tile and residency
 TILES = (16, 64)  # K/V tiles of each call
 DTYPES = ("bf16", "fp8")
+# the flash3 instantiations measured: by input type, and "bf16-local" (a window's Local instantiation, bf16, its window
+# wider than the keys: no step masked, what its own code costs beyond the plain one's)
+KINDS = ("bf16", "fp8", "bf16-local")
 
 
 def step_from(t1: float, t2: float) -> float:
@@ -64,7 +67,7 @@ def fixed_from(t1: float, t2: float, two_tiles: float) -> tuple[float, float]:
 
 
 def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool, schedule: str = "flash3",
-          tiles: tuple[int, int] | None = None) -> Callable[[], Any]:
+          tiles: tuple[int, int] | None = None, local: bool = False) -> Callable[[], Any]:
     """iosim's ``schedule`` forward on random inputs (bf16, or quantized to e4m3 once), ``heads`` query heads on one
     kv head, at ``tiles`` (Br, Bc; flash2, None: the default), ready to time."""
     import ml_dtypes
@@ -79,6 +82,8 @@ def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool, schedule: str = "f
         q, k, v = gpu.quantize_fp8(q, block=bq), gpu.quantize_fp8(k, block=bkv), gpu.quantize_fp8(v, block=bkv,
                                                                                                    transpose=True)
     opts = gpu.AttentionOptions(block_q=tiles[0], block_kv=tiles[1]) if tiles else None
+    if local:  # the Local instantiation, every key inside the window
+        opts = gpu.AttentionOptions(window=(nk, nk))
     return lambda: gpu.attention(q, k, v, schedule=schedule, options=opts)
 
 
@@ -86,35 +91,46 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """Measure ``forward.resident_step`` of ``iosim-flash2`` (bf16, each tile and residency), then ``forward.step``,
     ``forward.tile_fixed`` and ``forward.call_fixed`` of ``iosim-flash3`` by input type at each head dim of its
     tiles (Hopper only; elsewhere said and skipped)."""
-    from iosim.timing import load_kernel
 
     seconds = busy_timer(b, cp, CALLS, warmup=2, rest_s=REST_S)
     flash2_part(b, cp, report, seconds)
     if not b.hopper:
         print("forward: flash3 skipped (iosim's flash3 forward runs on Hopper, sm_90a, only)", flush=True)
         return
+    flash3_part(b, cp, report, seconds, KINDS)
+
+
+def flash3_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: Callable[[Any], float],
+                kinds: tuple[str, ...]) -> None:
+    """``forward.step``, ``tile_fixed`` and ``call_fixed`` of ``iosim-flash3`` for each of ``kinds`` (:data:`KINDS`)
+    at each head dim of its tiles (Hopper)."""
+    from iosim.timing import load_kernel
+
     desc = load_kernel(KERNEL)
-    for dtype in DTYPES:
+    for kind in kinds:
+        dtype, local = kind.removesuffix("-local"), kind.endswith("-local")
         fp8 = dtype == "fp8"
         for d in sorted(desc.fp8_tiles if fp8 else desc.tiles):
             tc = desc.tiles_for(d, dtype)
             shapes = [(b.sms, n * tc.block_kv) for n in TILES] + [(2 * b.sms, TILES[0] * tc.block_kv)]
-            times = _timed(f"forward.step.{KERNEL}.{dtype}.{d}", seconds,
-                           [partial(_call, cp, h, tc.block_q, nk, d, fp8) for h, nk in shapes])
+            times = _timed(f"forward.step.{KERNEL}.{kind}.{d}", seconds,
+                           [partial(_call, cp, h, tc.block_q, nk, d, fp8, local=local) for h, nk in shapes])
             if times is None:
                 continue
             what = (f"iosim's flash3 forward ({KERNEL}'s tiles), {dtype} inputs"
-                    f"{' (quantized beforehand)' if fp8 else ''}, no mask, {b.sms} query heads of Br queries on one kv head (a Q tile on each SM, K/V in L2): "
+                    f"{' (quantized beforehand)' if fp8 else ''}, "
+                    f"{'its Local instantiation with a window wider than the keys' if local else 'no mask'}, "
+                    f"{b.sms} query heads of Br queries on one kv head (a Q tile on each SM, K/V in L2): "
                     f"{_method()}; by head dim")
-            report(Measured(("forward", "step", KERNEL, dtype, d), step_from(*times[:2]), "s", what),
+            report(Measured(("forward", "step", KERNEL, kind, d), step_from(*times[:2]), "s", what),
                    f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
                    f"(Br x Bc = {tc.block_q} x {tc.block_kv})")
             tile, call = fixed_from(*times)
-            report(Measured(("forward", "tile_fixed", KERNEL, dtype, d), tile, "s",
+            report(Measured(("forward", "tile_fixed", KERNEL, kind, d), tile, "s",
                             f"the same kernel and inputs, two Q tiles on each SM (twice the heads) at {TILES[0]} K/V "
                             f"tiles: time - the one-tile call's - {TILES[0]} steps (iosim/calibrate/forward_step.py); "
                             "by head dim"), f"{times[2] * 1e6:.1f} us with two Q tiles an SM")
-            report(Measured(("forward", "call_fixed", KERNEL, dtype, d), call, "s",
+            report(Measured(("forward", "call_fixed", KERNEL, kind, d), call, "s",
                             f"the one-tile call at {TILES[0]} K/V tiles less its {TILES[0]} steps and one tile_fixed "
                             "(iosim/calibrate/forward_step.py); by head dim"), "")
             cp.get_default_memory_pool().free_all_blocks()

@@ -143,8 +143,9 @@ class ForwardCalibration(_Strict):
     step: dict[str, dict[str, SourcedSecondsTable]] = Field(
         default_factory=dict,
         description="seconds a thread block spends on one K/V step of its Q tile, by the kernel's timing "
-                    "description ('iosim-flash3', Hopper only), then its inputs' type ('bf16', 'fp8'), then head "
-                    "dim; measured on a Q tile an SM, the K/V in L2, no mask")
+                    "description ('iosim-flash3', Hopper only), then its inputs' type ('bf16', 'fp8'; 'bf16-local': "
+                    "a window's Local instantiation, every key inside the window), then head dim; measured on a Q "
+                    "tile an SM, the K/V in L2, no mask")
     tile_fixed: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
         None, description="seconds a further Q tile of a block costs beyond its steps, keyed as step; absent in files "
                           "measured before it")
