@@ -48,20 +48,20 @@ def stand_in(monkeypatch):
     fixed, tile_fixed = 12e-6, 4e-6  # the call's fixed part is what is left of `fixed` beyond one tile's
     monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(forward_step, "REST_S", 0.0)
-    monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, fp8, schedule="flash3", tiles=None,
-                        local=False: (heads, n, nk, d, fp8, schedule, tiles, local))
+    monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, kind="bf16", schedule="flash3", tiles=None:
+                        (heads, n, nk, d, kind, schedule, tiles))
     monkeypatch.setattr(forward_step, "_builtin_profile", lambda cp: get_profile("h100-sxm5-80gb"))
 
     def time_ms(call, reps, warmup, view, clock):
-        heads, n, nk, d, fp8, schedule, tiles, local = call
+        heads, n, nk, d, kind, schedule, tiles = call
         if schedule == "flash2":  # k blocks an SM, each a Q tile of Br queries at its tiles
             k, (bq, bkv) = heads // _Bench.sms, tiles
             assert heads % _Bench.sms == 0 and n == bq and nk % bkv == 0
             return 1e3 * (fixed + nk // bkv * k * FLASH2_S)
-        tc = load_kernel("iosim-flash3").tiles_for(d, "fp8" if fp8 else "bf16")
+        tc = load_kernel("iosim-flash3").tiles_for(d, kind.removesuffix("-local"))
         tiles = heads // _Bench.sms  # Q tiles an SM: 1, or 2 for the tile's fixed part
         assert heads in (_Bench.sms, 2 * _Bench.sms) and n == tc.block_q and nk % tc.block_kv == 0  # one kv head
-        step = STEP_S["fp8" if fp8 else "bf16-local" if local else "bf16"][d]
+        step = STEP_S[kind][d]
         return 1e3 * (fixed + (tiles - 1) * tile_fixed + tiles * nk // tc.block_kv * step)
 
     monkeypatch.setattr(rates_kernels, "time_ms", time_ms)

@@ -66,10 +66,11 @@ def fixed_from(t1: float, t2: float, two_tiles: float) -> tuple[float, float]:
     return tile, max(t1 - TILES[0] * step - tile, 1e-9)
 
 
-def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool, schedule: str = "flash3",
-          tiles: tuple[int, int] | None = None, local: bool = False) -> Callable[[], Any]:
-    """iosim's ``schedule`` forward on random inputs (bf16, or quantized to e4m3 once), ``heads`` query heads on one
-    kv head, at ``tiles`` (Br, Bc; flash2, None: the default), ready to time."""
+def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule: str = "flash3",
+          tiles: tuple[int, int] | None = None) -> Callable[[], Any]:
+    """iosim's ``schedule`` forward on random inputs, ``heads`` query heads on one kv head, at ``tiles`` (Br, Bc;
+    flash2, None: the default), ready to time; ``kind`` (:data:`KINDS`): bf16, quantized to e4m3 once ("fp8"), or
+    bf16 through the Local instantiation ("bf16-local")."""
     import ml_dtypes
 
     from iosim import gpu
@@ -77,12 +78,12 @@ def _call(cp, heads: int, n: int, nk: int, d: int, fp8: bool, schedule: str = "f
     bf16 = ml_dtypes.bfloat16
     q = cp.random.standard_normal((1, n, heads, d), dtype=cp.float32).astype(bf16)
     k, v = (cp.random.standard_normal((1, nk, 1, d), dtype=cp.float32).astype(bf16) for _ in range(2))
-    if fp8:
+    if kind == "fp8":
         bq, bkv = gpu.fp8_blocks(d)
         q, k, v = gpu.quantize_fp8(q, block=bq), gpu.quantize_fp8(k, block=bkv), gpu.quantize_fp8(v, block=bkv,
                                                                                                    transpose=True)
     opts = gpu.AttentionOptions(block_q=tiles[0], block_kv=tiles[1]) if tiles else None
-    if local:  # the Local instantiation, every key inside the window
+    if kind.endswith("-local"):  # the Local instantiation, every key inside the window
         opts = gpu.AttentionOptions(window=(nk, nk))
     return lambda: gpu.attention(q, k, v, schedule=schedule, options=opts)
 
@@ -114,7 +115,7 @@ def flash3_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
             tc = desc.tiles_for(d, dtype)
             shapes = [(b.sms, n * tc.block_kv) for n in TILES] + [(2 * b.sms, TILES[0] * tc.block_kv)]
             times = _timed(f"forward.step.{KERNEL}.{kind}.{d}", seconds,
-                           [partial(_call, cp, h, tc.block_q, nk, d, fp8, local=local) for h, nk in shapes])
+                           [partial(_call, cp, h, tc.block_q, nk, d, kind) for h, nk in shapes])
             if times is None:
                 continue
             what = (f"iosim's flash3 forward ({KERNEL}'s tiles), {dtype} inputs"
@@ -151,7 +152,7 @@ def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
             key = f"d{d}_{tc.block_q}x{tc.block_kv}"
             for k in range(1, _residency(desc, tc, d, profile) + 1):
                 times = _timed(f"forward.resident_step.{FLASH2}.{key}.{k}", seconds,
-                               [partial(_call, cp, k * b.sms, tc.block_q, n * tc.block_kv, d, False, "flash2",
+                               [partial(_call, cp, k * b.sms, tc.block_q, n * tc.block_kv, d, "bf16", "flash2",
                                         (tc.block_q, tc.block_kv)) for n in TILES])
                 if times is None:
                     break

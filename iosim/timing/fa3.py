@@ -43,9 +43,9 @@ peak, a parameter of this model with its source (below), not a property of the c
 
 **The measured step.** Where the profile holds the kernel's own step (``calibration.forward.step``, by description,
 input type and head dim: :mod:`iosim.calibrate.forward_step`), :mod:`iosim.timing` passes it as ``step_s`` for a
-call that runs the instantiation it was measured on (the description's tiles, no packed sequences or pages; a
-window's call its Local instantiation's, ``bf16-local``, or the plain one's where that was not measured), and a K/V
-step costs that (a masked one its mask pass more); with it, where measured, a tile's prologue and
+call that runs the instantiation it was measured on (the description's tiles, no pages; a window's call its Local
+instantiation's, ``bf16-local``, or the plain one's where that was not measured; packed sequences the plain one's),
+and a K/V step costs that (a masked one its mask pass more); with it, where measured, a tile's prologue and
 epilogue are the measured ``tile_fixed`` (what a further tile adds beyond its steps) and the call's launch and
 drain the measured ``call_fixed``; the placement is the model's as above.
 """
@@ -100,9 +100,10 @@ MEASURED_PARTS = ("step", "tile_fixed", "call_fixed")  # calibration.forward's t
 
 def measured(profile: Profile, desc, p: AttentionProblem, tiles, part: str) -> float | None:
     """``calibration.forward.<part>`` (:data:`MEASURED_PARTS`) of the description ``desc`` for the call's input type
-    and head dim, where the call runs the instantiation it was measured on: the description's own tiles, no packed
-    sequences, no pages; a window's call takes its Local instantiation's (``<dtype>-local``), or where that was not
-    measured the plain one's (the mask passes priced apart either way); else None (the model composes it)."""
+    and head dim, where the call runs the instantiation it was measured on: the description's own tiles, no pages; a
+    window's call takes its Local instantiation's (``<dtype>-local``), or where that was not measured the plain
+    one's; packed sequences the plain one's (their varlen instantiation's step measured within 3-8% of it, H100,
+    2026-11-28; the mask passes priced apart either way); else None (the model composes it)."""
     cal = getattr(profile.calibration, "forward", None)
     tables = (getattr(cal, part) or {}).get(desc.name, {}) if cal is not None else {}
     local = mask_kind(p, getattr(tiles, "window", None)) == "local"
@@ -110,7 +111,7 @@ def measured(profile: Profile, desc, p: AttentionProblem, tiles, part: str) -> f
     table = table if table is not None else tables.get(p.dtype)
     if table is None or p.head_dim not in table.value:
         return None
-    if getattr(tiles, "seqlens", ()) or getattr(tiles, "page_size", None):
+    if getattr(tiles, "page_size", None):
         return None
     return float(table.value[p.head_dim]) if desc.runs_own_tiles(p.head_dim, tiles, p.dtype) else None
 
