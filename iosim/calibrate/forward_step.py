@@ -1,7 +1,8 @@
 """``calibration.forward``: what iosim's forward kernels spend on one K/V step, as timed on this GPU. For its
 FlashAttention-3-design forward (kernels/flash3_fwd.cu, the ``iosim-flash3`` description; Hopper): a thread block's
-step, and what a tile and a call cost beyond their steps, for its 16-bit and fp8 (e4m3) instantiations at each head
-dim. For its FlashAttention-2 forward (``iosim-flash2``): an SM's step at each tile and residency (last paragraph).
+step, and what a tile and a call cost beyond their steps, for its 16-bit and fp8 (e4m3) instantiations and its
+16-bit Local one (a sliding window's; timed with a window wider than the keys) at each head dim. For its
+FlashAttention-2 forward (``iosim-flash2``): an SM's step at each tile and residency (last paragraph).
 
 Why it is measured: the fa3 model (:mod:`iosim.timing.fa3`) composes a step from the chip's rates (the two GEMMs
 at the measured wgmma rate, the softmax at the exp and fp32 rates, overlapped as FA3's ping-pong does), and that
@@ -47,7 +48,6 @@ from iosim.hardware.gpu import get_profile
 KERNEL = "iosim-flash3"  # the timing description the steps belong to
 FLASH2 = "iosim-flash2"  # the FlashAttention-2 forward's description: its steps at each tile and residency
 TILES = (16, 64)  # K/V tiles of each call
-DTYPES = ("bf16", "fp8")
 # the flash3 instantiations measured: by input type, and "bf16-local" (a window's Local instantiation, bf16, its window
 # wider than the keys: no step masked, what its own code costs beyond the plain one's)
 KINDS = ("bf16", "fp8", "bf16-local")
@@ -90,9 +90,8 @@ def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule:
 
 def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """Measure ``forward.resident_step`` of ``iosim-flash2`` (bf16, each tile and residency), then ``forward.step``,
-    ``forward.tile_fixed`` and ``forward.call_fixed`` of ``iosim-flash3`` by input type at each head dim of its
-    tiles (Hopper only; elsewhere said and skipped)."""
-
+    ``forward.tile_fixed`` and ``forward.call_fixed`` of ``iosim-flash3`` by input type, and of its Local
+    instantiation, at each head dim of its tiles (Hopper only; elsewhere said and skipped)."""
     seconds = busy_timer(b, cp, CALLS, warmup=2, rest_s=REST_S)
     flash2_part(b, cp, report, seconds)
     if not b.hopper:
