@@ -1,7 +1,5 @@
-"""Run attention on the GPU with iosim's kernels (longer than 400 lines: its paths share a compile cache, a record).
-
-FlashAttention-2's forward, FlashAttention-3's (Hopper) or the naive three-kernel path, and the replay of repeat
-calls, all through one cache of compiled kernels and one record of the last launch.
+"""Run attention on the GPU with iosim's own kernels: FlashAttention-2's forward, FlashAttention-3's (Hopper) or the
+naive three-kernel path.
 
     >>> from iosim import gpu
     >>> o = gpu.attention(q, k, v, causal=True)          # q (B, N, H, d), k and v (B, N_kv, H_kv, d)
@@ -15,16 +13,15 @@ The launch geometry and shared-memory budget are in :mod:`iosim.launch`, the che
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from iosim import launch
-from iosim._resources import kernels_dir
 from iosim.gpu import build, flash3_host
 from iosim.gpu._cupy import require_cupy
+from iosim.gpu.compiled import _kernel, _set_block_trace, _smem_limit
 from iosim.gpu.inputs import (
     DEFAULT_OPTIONS,
     AttentionInputError,
@@ -74,8 +71,6 @@ class LaunchRecord:
 
 
 _last: LaunchRecord | None = None
-_modules: dict[tuple, Any] = {}
-_lock = threading.Lock()
 
 
 def last_launch() -> LaunchRecord | None:
@@ -92,53 +87,6 @@ def _record(rec: LaunchRecord) -> None:
 def default_tiles(head_dim: int, dtype: Any = "bfloat16", causal: bool = False) -> tuple[int, int]:
     """(block_q, block_kv) that schedule="flash2" uses when none are given."""
     return build.default_tiles(head_dim, dtype_name(dtype), causal)
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# compilation (one module per instantiation, cached per process; CuPy caches the cubin on disk)
-
-
-def _kernel(cp: Any, inst: Any, smem_bytes: int, trace: bool = False) -> Any:
-    """The compiled kernel of ``inst``; ``trace``: the variant built with -DIOSIM_BLOCK_TRACE (then a pair
-    (kernel, module), the module holding the ``iosim_block_trace`` pointer)."""
-    key = (inst, cp.cuda.runtime.getDevice(), trace)
-    hit = _modules.get(key)  # the common case, without the lock
-    if hit is None:
-        with _lock:
-            hit = _modules.get(key)
-            if hit is None:
-                kdir = kernels_dir()
-                code = (kdir / inst.source).read_text()
-                opts = build.nvrtc_options(kdir) + getattr(inst, "nvrtc_extra", ())
-                opts += ("-DIOSIM_BLOCK_TRACE",) if trace else ()
-                mod = cp.RawModule(code=code, options=opts, name_expressions=[inst.name_expression])
-                hit = (mod.get_function(inst.name_expression), mod)
-                _modules[key] = hit
-    fn, mod = hit
-    if smem_bytes > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem_bytes:
-        fn.max_dynamic_shared_size_bytes = smem_bytes  # opt in to more than 48 KB of dynamic shared memory
-    return (fn, mod) if trace else fn
-
-
-def _set_block_trace(cp: Any, mod: Any, buf: Any, n_blocks: int) -> None:
-    if not (isinstance(buf, cp.ndarray) and buf.dtype == cp.uint64 and buf.size >= 4 * n_blocks):
-        raise ValueError(
-            f"block_trace: expected a CuPy uint64 array of at least 4 x {n_blocks} elements (one record per "
-            f"thread block), got {type(buf).__name__} {getattr(buf, 'dtype', '')} size {getattr(buf, 'size', '?')}"
-        )
-    sym = mod.get_global("iosim_block_trace")
-    cp.ndarray((1,), cp.uint64, memptr=sym)[0] = buf.data.ptr
-
-
-_smem_limits: dict[int, int] = {}
-
-
-def _smem_limit(cp: Any) -> int:
-    """Shared memory one block may opt in to on the current device (read once per device: a query costs ~10 us)."""
-    dev = cp.cuda.runtime.getDevice()
-    if dev not in _smem_limits:
-        _smem_limits[dev] = int(cp.cuda.Device(dev).attributes["MaxSharedMemoryPerBlockOptin"])
-    return _smem_limits[dev]
 
 
 # ------------------------------------------------------------------------------------------------------------------

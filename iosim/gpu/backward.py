@@ -23,7 +23,8 @@ from typing import Any
 from iosim import launch
 from iosim.gpu import build, flash3_bwd_host
 from iosim.gpu._cupy import require_cupy
-from iosim.gpu.attention import KernelLaunch, LaunchRecord, _Call, _kernel, _record, _smem_limit
+from iosim.gpu.attention import KernelLaunch, LaunchRecord, _Call, _record
+from iosim.gpu.compiled import _kernel, _smem_limit
 from iosim.gpu.inputs import (
     AttentionInputError,
     AttentionTypeError,

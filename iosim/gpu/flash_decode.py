@@ -29,8 +29,9 @@ import numpy as np
 
 from iosim.gpu import build
 from iosim.gpu._cupy import GPUUnavailableError, require_cupy
-from iosim.gpu.attention import KernelLaunch, _kernel, _smem_limit
+from iosim.gpu.attention import KernelLaunch
 from iosim.gpu.build_decode import DecodeInstance
+from iosim.gpu.compiled import _kernel, _smem_limit
 from iosim.gpu.decode_inputs import (
     DecodeShapes,
     QuantizedKV,

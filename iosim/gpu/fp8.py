@@ -33,7 +33,8 @@ import numpy as np
 from iosim import launch
 from iosim.gpu import build, build_fp8, flash3_host
 from iosim.gpu._cupy import require_cupy
-from iosim.gpu.attention import KernelLaunch, LaunchRecord, _kernel, _record
+from iosim.gpu.attention import KernelLaunch, LaunchRecord, _record
+from iosim.gpu.compiled import _kernel
 from iosim.gpu.inputs import (
     AttentionInputError,
     AttentionTypeError,

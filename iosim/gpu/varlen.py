@@ -32,7 +32,8 @@ from iosim import launch
 from iosim.gpu import build, flash3_host
 from iosim.gpu import varlen_inputs as vi
 from iosim.gpu._cupy import require_cupy
-from iosim.gpu.attention import KernelLaunch, LaunchRecord, _kernel, _record, flash_smem_checked
+from iosim.gpu.attention import KernelLaunch, LaunchRecord, _record, flash_smem_checked
+from iosim.gpu.compiled import _kernel
 from iosim.gpu.decode_inputs import host_ints
 from iosim.gpu.inputs import (
     AttentionInputError,
