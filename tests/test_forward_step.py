@@ -12,12 +12,17 @@ from iosim import AttentionProblem, simulate
 from iosim.calibrate import forward_step, rates_kernels
 from iosim.calibrate.rates_kernels import Measured
 from iosim.hardware.gpu import PROFILES_DIR, get_profile, profile_from_dict
+from iosim.launch.varlen import FLASH_PAGED_TILES, varlen_default_tiles
 from iosim.timing import load_kernel
-from iosim.timing.fa2 import residency
+from iosim.timing.fa2 import instantiation_step, residency
+
+PAGED = ("paged16", "paged64")
 
 STEP_S = {"bf16": {64: 0.5e-6, 128: 0.8e-6, 256: 1.0e-6}, "fp8": {64: 0.4e-6, 128: 0.9e-6, 256: 1.1e-6},
           "bf16-local": {64: 0.55e-6, 128: 0.85e-6, 256: 1.05e-6}}
 FLASH2_S = 0.9e-6  # iosim-flash2, bf16: the stand-in's step of each of k blocks an SM is k times this
+# its packed-sequence instantiations' steps in the stand-in, relative to the dense one's
+INSTANTIATION = {"": 1.0, "varlen": 1.05, "paged16": 1.15, "paged64": 1.1}
 
 
 class _Bench:
@@ -49,15 +54,17 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(forward_step, "REST_S", 0.0)
     monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, kind="bf16", schedule="flash3", tiles=None:
-                        (heads, n, nk, d, kind, schedule, tiles))
+                        (heads, n, nk, d, kind, schedule, tiles, ""))
+    monkeypatch.setattr(forward_step, "_varlen_call", lambda cp, heads, n, nk, d, tiles, instantiation:
+                        (heads, n, nk, d, "bf16", "flash2", tiles, instantiation))
     monkeypatch.setattr(forward_step, "_builtin_profile", lambda cp: get_profile("h100-sxm5-80gb"))
 
     def time_ms(call, reps, warmup, view, clock):
-        heads, n, nk, d, kind, schedule, tiles = call
+        heads, n, nk, d, kind, schedule, tiles, instantiation = call
         if schedule == "flash2":  # k blocks an SM, each a Q tile of Br queries at its tiles
             k, (bq, bkv) = heads // _Bench.sms, tiles
             assert heads % _Bench.sms == 0 and n == bq and nk % bkv == 0
-            return 1e3 * (fixed + nk // bkv * k * FLASH2_S)
+            return 1e3 * (fixed + nk // bkv * k * FLASH2_S * INSTANTIATION[instantiation])
         tc = load_kernel("iosim-flash3").tiles_for(d, kind.removesuffix("-local"))
         tiles = heads // _Bench.sms  # Q tiles an SM: 1, or 2 for the tile's fixed part
         assert heads in (_Bench.sms, 2 * _Bench.sms) and n == tc.block_q and nk % tc.block_kv == 0  # one kv head
@@ -86,7 +93,14 @@ def test_the_step_is_the_time_a_block_adds_per_kv_tile_between_the_two_lengths(s
         for tc in (own, *(own.with_tiles(o.block_q, o.block_kv) for o in own.others)):
             for k in range(1, residency(tc, desc, d, 2, prof) + 1):
                 want[(f"d{d}_{tc.block_q}x{tc.block_kv}", k)] = k * FLASH2_S
+        # the varlen instantiation at the tiles packed calls run, the paged one at its tile, pages of 16 and 64
+        for tiles, names in ((varlen_default_tiles(d, False), ("varlen",)), (FLASH_PAGED_TILES[d], PAGED)):
+            tc = own.with_tiles(*tiles)
+            for name in names:
+                for k in range(1, residency(tc, desc, d, 2, prof) + 1):
+                    want[(f"d{d}_{tiles[0]}x{tiles[1]}-{name}", k)] = k * FLASH2_S * INSTANTIATION[name]
     assert flash2 == pytest.approx(want, rel=1e-9) and ("d64_64x64", 3) in flash2
+    assert ("d128_128x32-varlen", 2) in flash2 and ("d128_64x64-paged16", 1) in flash2
 
 
 def test_before_hopper_only_the_flash2_step_is_measured(stand_in, capsys):
@@ -196,3 +210,29 @@ def test_the_fa2_model_takes_the_flash2_step_measured_at_the_calls_tiles_and_res
     assert _flash2(big, prof, block_q=64, block_kv=64).bound != "step (measured)"  # k = 2 not measured there
     assert _flash2(small, prof, window=(256, 0)).bound != "step (measured)"
     assert _flash2(small.model_copy(update={"dtype": "fp32"}), prof).bound != "step (measured)"
+
+
+def test_packed_and_paged_calls_take_their_own_instantiations_step():
+    """Packed sequences run flash_fwd.cu's varlen instantiation and take its step; keys in pages its paged one, at
+    the page size's block-table lookups a K/V tile between the steps measured with pages of 16 and 64 tokens; a
+    window keeps the composed step; a profile without them keeps the composed step too."""
+    desc = load_kernel("iosim-flash2")
+    p = AttentionProblem(batch=1, heads=4, seq_len=2048, head_dim=128, dtype="bf16")
+    tc = desc.tiles_for(128).with_tiles(64, 64)  # the paged instantiation's tile at d = 128
+    prof = _flash2_profile({"d128_128x32": {1: 1.0e-6}, "d128_128x32-varlen": {1: 1.1e-6},
+                            "d128_64x64-paged16": {1: 1.6e-6}, "d128_64x64-paged64": {1: 1.3e-6}})
+    dense_tc = desc.tiles_for(128)
+    assert instantiation_step(prof, desc, p, dense_tc, 1, None, False, None) == pytest.approx(1.0e-6)
+    assert instantiation_step(prof, desc, p, dense_tc, 1, None, True, None) == pytest.approx(1.1e-6)
+    paged = {page: instantiation_step(prof, desc, p, tc, 1, None, True, page) for page in (16, 32, 64, 256)}
+    # Bc = 64 reads 4, 2, 1, 1 table entries a tile: pages of 32 a third of the way from 64's step to 16's
+    assert paged == pytest.approx({16: 1.6e-6, 32: 1.4e-6, 64: 1.3e-6, 256: 1.3e-6})
+    assert instantiation_step(prof, desc, p, dense_tc, 1, (256, 0), True, None) is None
+    assert instantiation_step(_flash2_profile({"d128_128x32": {1: 1.0e-6}}), desc, p, dense_tc, 1, None, True,
+                              None) is None
+    seqs = [(1024, 1024), (512, 2048)]
+    batch = p.model_copy(update={"seq_len": 1536, "kv_len": 3072})  # the packed totals
+    packed = _flash2(batch, prof, seqlens=seqs)
+    assert packed.bound == "step (measured)" and packed.resources["step"] == pytest.approx(1.1e-6)
+    in_pages = _flash2(batch, prof, seqlens=seqs, page_size=32, block_q=64, block_kv=64)
+    assert in_pages.resources["step"] == pytest.approx(1.4e-6)

@@ -31,7 +31,12 @@ kv head, 16 then 64 K/V tiles): seconds an SM spends on one step of each of its 
 overlap between blocks; measured (H100, 2026-11-28), the composition is 16% slow for a lone block of the default
 tiles (its warps issue their softmax while their mma.sync run) and 14-22% fast for the 64-row tiles at d = 64,
 which is where `iosim tune` chose wrong. The residency is the model's on this GPU's built-in profile
-(:func:`iosim.calibrate.device.guess_profile`); where none fits, k = 1 only.
+(:func:`iosim.calibrate.device.guess_profile`); where none fits, k = 1 only. The same for the kernel's packed-sequence
+instantiations, each a compile of its own with its own per-step work (the sequence's bounds; the paged one's
+block-table lookups): the varlen one at the tiles packed calls run (``d128_128x32-varlen``: one packed sequence of
+Br queries and its keys), the paged one at its one tile with pages of 16 and of 64 tokens (``d128_64x64-paged16``,
+``-paged64``; the keys in pages in a random order). H100, 2026-11-28: the varlen step 0-8% and the paged one 4-15%
+longer than the dense one's at the same tiles.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ TILES = (16, 64)  # K/V tiles of each call
 # the flash3 instantiations measured: by input type, and "bf16-local" (a window's Local instantiation, bf16, its window
 # wider than the keys: no step masked, what its own code costs beyond the plain one's)
 KINDS = ("bf16", "fp8", "bf16-local")
+PAGES = (16, 64)  # page sizes the flash2 paged instantiation's step is measured at (iosim.timing.fa2 interpolates)
 
 
 def step_from(t1: float, t2: float) -> float:
@@ -138,29 +144,73 @@ def flash3_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
 
 def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: Callable[[Any], float]) -> None:
     """``forward.resident_step.iosim-flash2`` at each compiled tile of each head dim and each count of blocks an SM
-    up to its residency (module docstring)."""
+    up to its residency, then of its varlen and paged instantiations at the tiles they run (module docstring)."""
+    from iosim.launch.varlen import FLASH_PAGED_TILES, varlen_default_tiles
     from iosim.timing import load_kernel
+    from iosim.timing.fa2 import instantiation_key
 
     if int(cp.cuda.Device().compute_capability) < 80:
         print("forward: flash2 skipped (iosim's flash2 forward needs compute capability 8.0)", flush=True)
         return
     desc, profile = load_kernel(FLASH2), _builtin_profile(cp)
+
+    def resident_steps(tc, d: int, instantiation: str = "") -> None:
+        """The steps of one instantiation at tiles ``tc`` (``instantiation``: "" the dense one, "varlen" or
+        "paged<page size>"), k = 1 .. its residency."""
+        key, tiles = instantiation_key(d, tc.block_q, tc.block_kv, instantiation), (tc.block_q, tc.block_kv)
+        for k in range(1, _residency(desc, tc, d, profile) + 1):
+            makers = [partial(_varlen_call, cp, k * b.sms, tc.block_q, n * tc.block_kv, d, tiles, instantiation)
+                      if instantiation else partial(_call, cp, k * b.sms, tc.block_q, n * tc.block_kv, d, "bf16",
+                                                    "flash2", tiles) for n in TILES]
+            times = _timed(f"forward.resident_step.{FLASH2}.{key}.{k}", seconds, makers)
+            if times is None:
+                break
+            report(Measured(("forward", "resident_step", FLASH2, key, k), step_from(*times), "s",
+                            _flash2_method(b, tc, instantiation)),
+                   f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]}")
+            cp.get_default_memory_pool().free_all_blocks()
+
     for d in sorted(desc.tiles):
         own = desc.tiles_for(d)
         for tc in (own, *(own.with_tiles(o.block_q, o.block_kv) for o in own.others)):
-            key = f"d{d}_{tc.block_q}x{tc.block_kv}"
-            for k in range(1, _residency(desc, tc, d, profile) + 1):
-                times = _timed(f"forward.resident_step.{FLASH2}.{key}.{k}", seconds,
-                               [partial(_call, cp, k * b.sms, tc.block_q, n * tc.block_kv, d, "bf16", "flash2",
-                                        (tc.block_q, tc.block_kv)) for n in TILES])
-                if times is None:
-                    break
-                what = (f"iosim's flash2 forward at Br x Bc = {tc.block_q} x {tc.block_kv}, bf16, no mask, k x "
-                        f"{b.sms} query heads of Br queries on one kv head (k blocks on each SM, K/V in L2): "
-                        f"{_method()}; by instantiation, then k")
-                report(Measured(("forward", "resident_step", FLASH2, key, k), step_from(*times), "s", what),
-                       f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]}")
-                cp.get_default_memory_pool().free_all_blocks()
+            resident_steps(tc, d)
+    for d in sorted(desc.tiles):
+        own = desc.tiles_for(d)
+        resident_steps(own.with_tiles(*varlen_default_tiles(d, False)), d, "varlen")
+        for page in PAGES:
+            resident_steps(own.with_tiles(*FLASH_PAGED_TILES[d]), d, f"paged{page}")
+
+
+def _flash2_method(b: Bench, tc, instantiation: str) -> str:
+    """The source of a ``resident_step`` measurement of ``instantiation`` at tiles ``tc``."""
+    how = {"": "", "varlen": ", its varlen instantiation (one packed sequence)"}.get(
+        instantiation, f", its paged instantiation (one packed sequence, keys in pages of "
+                       f"{instantiation.removeprefix('paged')} tokens in a random order)")
+    return (f"iosim's flash2 forward at Br x Bc = {tc.block_q} x {tc.block_kv}{how}, bf16, no mask, k x {b.sms} "
+            f"query heads of Br queries on one kv head (k blocks on each SM, K/V in L2): {_method()}; by "
+            "instantiation, then k")
+
+
+def _varlen_call(cp, heads: int, n: int, nk: int, d: int, tiles: tuple[int, int],
+                 instantiation: str) -> Callable[[], Any]:
+    """iosim's flash2 varlen forward on one packed sequence of ``n`` queries (``heads`` query heads) and ``nk`` keys
+    (one kv head), bf16, no mask, at ``tiles``; ``instantiation`` "paged<p>": its keys in pages of p tokens in a
+    random order (the paged instantiation runs its one tile per head dim)."""
+    import ml_dtypes
+
+    from iosim import gpu
+
+    bf16 = ml_dtypes.bfloat16
+    q = cp.random.standard_normal((n, heads, d), dtype=cp.float32).astype(bf16)
+    k, v = (cp.random.standard_normal((nk, 1, d), dtype=cp.float32).astype(bf16) for _ in range(2))
+    cu_q, cu_k = [0, n], [0, nk]
+    if instantiation.startswith("paged"):
+        page = int(instantiation.removeprefix("paged"))
+        kc, vc, table = gpu.paged_kv(k, v, cu_k, page, seed=page)
+        batch = gpu.varlen_batch(cu_q, cu_k, block_table=table, page_size=page)
+        return lambda: gpu.attention_varlen(q, kc, vc, batch)
+    batch, opts = gpu.varlen_batch(cu_q, cu_k), gpu.AttentionOptions(block_q=tiles[0], block_kv=tiles[1])
+    return lambda: gpu.attention_varlen(q, k, v, batch, options=opts)
 
 
 def _method() -> str:

@@ -172,8 +172,8 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
         return [decode.kernel_time(c, kernels[0], dram)]
     tc = fa2.tiles_of(desc, p.head_dim, work.tiles.block_q, work.tiles.block_kv)
     folded = p if window is not None or seqs else decode.folded(p, desc)
-    paged = bool(getattr(work.tiles, "page_size", None))
-    return [fa2.kernel_time(replace(c, problem=folded), kernels[0], dram, tc, window, seqs, paged)]
+    page_size = getattr(work.tiles, "page_size", None)
+    return [fa2.kernel_time(replace(c, problem=folded), kernels[0], dram, tc, window, seqs, page_size)]
 
 
 def _is_builtin(desc: KernelDesc) -> bool:

@@ -26,14 +26,18 @@ kernel's warps hide is their code's. Measured (H100, 2026-11-28), the compositio
 iosim's default tiles (a lone warp on a sub-partition issues its softmax while its mma.sync run) and 14-22% fast for
 its 64-row tiles at d = 64. Where the profile holds the description's step at the call's instantiation and
 residency (``calibration.forward.resident_step.<kernel>.d<d>_<Br>x<Bc>.<k>``, :mod:`iosim.calibrate.forward_step`:
-k blocks on every SM, bf16, K/V in L2), a dense 16-bit call takes it as T_step; the composed one stays beside it
-(``step_composed``).
+k blocks on every SM, bf16, K/V in L2), a 16-bit call takes it as T_step; the composed one stays beside it
+(``step_composed``). Packed sequences and a paged cache run instantiations of their own, measured apart
+(``d128_128x32-varlen``, ``d128_64x64-paged16`` and ``-paged64``: their steps 0-8% and 4-15% longer than the dense
+kernel's on an H100): each call takes its own (:func:`instantiation_step`); a window's Local instantiations keep the
+composed step.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -135,17 +139,52 @@ def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r
     return prologue + n * t_step + epilogue
 
 
-def measured_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileConfig, k: int) -> float | None:
-    """``calibration.forward.resident_step`` of the description at the call's instantiation (head dim, Br x Bc) and
-    ``k`` blocks an SM, measured on bf16 inputs (:mod:`iosim.calibrate.forward_step`), for a 16-bit call at a head
-    dim the description lists; else None. The caller asks for dense calls only (the window, varlen and paged
-    instantiations keep the composed step)."""
+def measured_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileConfig, k: int,
+                  instantiation: str = "") -> float | None:
+    """``calibration.forward.resident_step`` of the description at the call's instantiation (head dim, Br x Bc;
+    ``instantiation``: "" the dense kernel, "varlen" or "paged16" / "paged64", :func:`instantiation_key`) and ``k``
+    blocks an SM, measured on bf16 inputs (:mod:`iosim.calibrate.forward_step`), for a 16-bit call at a head dim the
+    description lists; else None."""
     cal = getattr(profile.calibration, "forward", None)
     table = (getattr(cal, "resident_step", None) or {}).get(desc.name) if cal is not None else None
-    entry = table.get(f"d{p.head_dim}_{tc.block_q}x{tc.block_kv}") if table else None
+    entry = table.get(instantiation_key(p.head_dim, tc.block_q, tc.block_kv, instantiation)) if table else None
     if entry is None or p.elem_bytes != 2 or p.head_dim not in desc.tiles or k not in entry.value:
         return None
     return float(entry.value[k])
+
+
+def instantiation_key(d: int, block_q: int, block_kv: int, instantiation: str = "") -> str:
+    """The key of ``calibration.forward.resident_step.<kernel>``'s table: ``d128_128x32`` (the dense kernel),
+    ``d128_128x32-varlen``, ``d128_64x64-paged16``."""
+    return f"d{d}_{block_q}x{block_kv}" + (f"-{instantiation}" if instantiation else "")
+
+
+def paged_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileConfig, k: int,
+               page_size: int) -> float | None:
+    """The paged instantiation's measured step with pages of ``page_size`` tokens: measured at 16 and 64, and
+    between and past them linear in the block-table entries a K/V tile of Bc keys reads (ceil(Bc / page_size):
+    each row's page is looked up, so pages smaller than the tile cost lookups, larger ones do not); None where either
+    is not measured."""
+    s16, s64 = (measured_step(profile, desc, p, tc, k, f"paged{page}") for page in (16, 64))
+    if s16 is None or s64 is None:
+        return None
+    lookups = [cdiv(tc.block_kv, page) for page in (16, 64, page_size)]
+    if lookups[0] == lookups[1]:
+        return s64
+    return s64 + (s16 - s64) * (lookups[2] - lookups[1]) / (lookups[0] - lookups[1])
+
+
+def instantiation_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileConfig, k: int,
+                       window: tuple[int | None, int | None] | None, packed: bool,
+                       page_size: int | None) -> float | None:
+    """The measured step of the instantiation a call runs: the dense kernel's, the varlen one's (``packed``
+    sequences), the paged one's (their keys in pages of ``page_size``); None with a window (its Local
+    instantiations keep the composed step) or where the profile has no measurement."""
+    if window is not None:
+        return None
+    if page_size:
+        return paged_step(profile, desc, p, tc, k, page_size)
+    return measured_step(profile, desc, p, tc, k, "varlen" if packed else "")
 
 
 def sequence(p: AttentionProblem, n: int, nk: int) -> AttentionProblem:
@@ -154,14 +193,23 @@ def sequence(p: AttentionProblem, n: int, nk: int) -> AttentionProblem:
     return p.model_copy(update={"seq_len": n, "kv_len": nk})
 
 
-def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates, latency: float,
+class Pace(NamedTuple):
+    """How a block's steps run: ``k`` blocks resident on its SM, ``latency`` of one dependent load, ``step_s`` the
+    measured step (:func:`instantiation_step`; None: composed)."""
+
+    k: int
+    latency: float = 0.0
+    step_s: float | None = None
+
+
+def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: Rates, pace: Pace,
                  seqs: tuple[tuple[int, int], ...], window: tuple[int | None, int | None] | None) -> np.ndarray:
     """Seconds of each thread block of packed sequences ``seqs`` ((queries, keys) each), in the launch order of the
     description's varlen grid (``varlen_grid``): kernels/flash_fwd.cu's (ceil(longest / Br), heads, sequences), a
     sequence's Q blocks from its last where causal or windowed (they see the most keys); FlashAttention-2's
-    (ceil(longest / Br), sequences, heads), in order. Each Q block is timed as its sequence's own problem; a block
-    past its sequence's last Q tile exits at once (a block's start and its read of the cumulative lengths, an L2
-    hit)."""
+    (ceil(longest / Br), sequences, heads), in order. Each Q block is timed as its sequence's own problem at
+    ``pace``; a block past its sequence's last Q tile exits at once (a block's start and its read of the cumulative
+    lengths, an L2 hit)."""
     Tr = cdiv(max(1, max(n for n, _ in seqs)), tc.block_q)
     exit_s = r.block_s + r.l2_latency_s
     reverse = desc.launch_order == "causal-longest-first" and (p.causal or window is not None)
@@ -169,7 +217,7 @@ def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, 
     for n, nk in seqs:
         t = np.zeros(0)
         if n > 0:
-            t = block_times(sequence(p, n, nk), desc, tc, k, r, latency, window)
+            t = block_times(sequence(p, n, nk), desc, tc, pace.k, r, pace.latency, window, pace.step_s)
             t = t[::-1] if reverse else t
         per_seq.append(np.concatenate([t, np.full(Tr - len(t), exit_s)]))
     if desc.varlen_grid == "tiles-sequences-heads":  # every sequence of head 0, then of head 1, ...
@@ -196,12 +244,13 @@ def tiles_of(desc: KernelDesc, head_dim: int, block_q: int | None, block_kv: int
 
 def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], tc: TileConfig,
                 window: tuple[int | None, int | None] | None = None,
-                seqs: tuple[tuple[int, int], ...] = (), paged: bool = False) -> KernelTime:
+                seqs: tuple[tuple[int, int], ...] = (), page_size: int | None = None) -> KernelTime:
     """The time of ``kernel`` at tiles ``tc``, its DRAM (read, write) bytes ``dram``, and its parts; ``window``: the
     call's sliding window (None: dense); ``seqs``: packed sequences ((queries, keys) each; a problem of batch 1,
-    the varlen grid of :func:`packed_order`); ``paged``: their keys in a paged cache (each step PAGED_OPS more)."""
+    the varlen grid of :func:`packed_order`); ``page_size``: their keys in a paged cache of pages of that many tokens
+    (the composed step PAGED_OPS more). Each takes its instantiation's measured step where the profile has it."""
     p, desc, r, latency = c.problem, c.desc, c.rates, c.latency
-    if paged:
+    if page_size:
         tc = tc.model_copy(update={"step_ops": tc.step_ops + PAGED_OPS})
     k = residency(tc, desc, p.head_dim, p.elem_bytes, c.profile)
     heads = p.n_heads_total
@@ -209,9 +258,9 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
     working = sum(cdiv(n, tc.block_q) for n, _ in seqs) * heads if seqs else grid  # packed: blocks that do not exit
     if working < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
         k = max(1, math.ceil(working / r.sms))
-    step_m = None if seqs or window is not None or paged else measured_step(c.profile, desc, p, tc, k)
+    step_m = instantiation_step(c.profile, desc, p, tc, k, window, bool(seqs), page_size)
     if seqs:
-        order = packed_order(p, desc, tc, k, r, latency, seqs, window)
+        order = packed_order(p, desc, tc, r, Pace(k, latency, step_m), seqs, window)
     else:
         order = launch_order(block_times(p, desc, tc, k, r, latency, window, step_m), heads, desc, p.causal)
     blocks = makespan(order, r.sms * k)
