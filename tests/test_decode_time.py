@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from iosim import AttentionProblem, get_profile, simulate
-from iosim.timing.flash_decode import fluid
+from iosim.timing.flash_decode import _shares, fluid
 from iosim.timing.rates import rates
 
 H100 = "h100-sxm5-80gb"
@@ -22,21 +22,41 @@ def _decode(batch, n, kv_heads=4, heads=32, d=128, L=1, **kw):
 # -- the walk of blocks sharing the stream -------------------------------------------------------------------------
 
 
+def _one_an_sm(stream, fixed, slots, bandwidth, cap):
+    """The walk with every block alone on an SM (``slots`` SMs of one slot): ``cap`` bytes/s a block."""
+    return fluid(np.asarray(stream, dtype=float), np.asarray(fixed, dtype=float), slots, 1, bandwidth, [np.inf, cap])
+
+
 def test_blocks_that_fit_the_slots_share_the_bandwidth_and_end_together():
-    assert fluid(np.full(4, 10.0), np.zeros(4), 8, 2.0, np.inf) == pytest.approx(20.0)  # 40 B at 2 B/s
+    assert _one_an_sm(np.full(4, 10.0), np.zeros(4), 8, 2.0, np.inf) == pytest.approx(20.0)  # 40 B at 2 B/s
 
 
 def test_a_block_that_waits_for_a_slot_streams_alone_at_its_cap():
     # 3 blocks of 1 B on 2 slots, 1 B/s: two share (0.5 B/s each, end at 2 s), the third runs alone
-    assert fluid(np.ones(3), np.zeros(3), 2, 1.0, np.inf) == pytest.approx(3.0)
+    assert _one_an_sm(np.ones(3), np.zeros(3), 2, 1.0, np.inf) == pytest.approx(3.0)
     # capped at 0.4 B/s each: the two end at 2.5 s, the third at 5 s (the tail of a partial wave)
-    assert fluid(np.ones(3), np.zeros(3), 2, 1.0, 0.4) == pytest.approx(5.0)
+    assert _one_an_sm(np.ones(3), np.zeros(3), 2, 1.0, 0.4) == pytest.approx(5.0)
 
 
 def test_fixed_time_holds_a_slot_without_streaming():
-    assert fluid(np.array([0.0, 4.0]), np.array([1.0, 0.0]), 1, 2.0, np.inf) == pytest.approx(3.0)
+    assert _one_an_sm([0.0, 4.0], [1.0, 0.0], 1, 2.0, np.inf) == pytest.approx(3.0)
     # two slots: the second streams alone while the first is busy, then nothing is left
-    assert fluid(np.array([0.0, 4.0]), np.array([1.0, 0.0]), 2, 2.0, np.inf) == pytest.approx(2.0)
+    assert _one_an_sm([0.0, 4.0], [1.0, 0.0], 2, 2.0, np.inf) == pytest.approx(2.0)
+
+
+def test_blocks_dealt_to_one_sm_stream_at_its_shared_pace():
+    """2 SMs of 2 slots, a block's cap 1 B/s alone on its SM, 0.5 B/s beside another. Blocks 0 and 2 are dealt to
+    SM 0 (breadth first: 0, 1, 0, 1), so the two streaming blocks share it and take 4 s, not 2."""
+    caps = [np.inf, 1.0, 0.5]
+    assert fluid(np.array([2.0, 0.0, 2.0, 0.0]), np.zeros(4), 2, 2, np.inf, caps) == pytest.approx(4.0)
+    # a later block takes the slot that freed first, on its SM: block 1's (SM 1), so blocks 0 and 4 run apart
+    assert fluid(np.array([2.0, 0.0, 0.0, 0.0, 2.0]), np.zeros(5), 2, 2, np.inf, caps) == pytest.approx(2.0)
+
+
+def test_capped_blocks_leave_the_rest_of_the_bandwidth_to_the_others():
+    # 5 B/s over caps 1, 3, 3: the first takes its 1, the other two share 4 (water-filling)
+    assert _shares(np.array([3.0, 1.0, 3.0]), 5.0) == pytest.approx([2.0, 1.0, 2.0])
+    assert _shares(np.array([1.0, 2.0]), 5.0) == pytest.approx([1.0, 2.0])  # under the bandwidth: at their caps
 
 
 # -- the kernels -------------------------------------------------------------------------------------------------------

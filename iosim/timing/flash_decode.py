@@ -22,6 +22,10 @@ the description's registers, threads). Each block
 A block that holds no keys of its sequence starts, reads the length and exits. Blocks take a free slot in launch
 order as one ends, so a grid of more blocks than slots runs in waves and a grid of fewer runs at the blocks' caps:
 partial waves and stragglers (the last split of the longest sequence) come out of the same walk (:func:`fluid`).
+The walk keeps which SM each block runs on: the first slots are dealt breadth first (a block on every SM, then a
+second), a later block takes the slot of the block that ended, on its SM; a block's warps' pace (``decode.tile``,
+the tensor and fp32 shares) is that of the blocks streaming on its own SM at the time. A ragged batch, whose empty
+blocks exit at once, piles its long splits two or three to some SMs, which then run them at that pace.
 The kernel takes that walk, the call's first launch (``launch.call``) and the drain of its last stores (one
 latency), and no less than its DRAM reads and writes at the calibrated rates.
 
@@ -69,36 +73,64 @@ def fp8_path(profile) -> str:
     return "cvt" if fp8 is not None and fp8.value is not None else "bits"
 
 
-def fluid(stream: np.ndarray, fixed: np.ndarray, slots: int, bandwidth: float, cap: float) -> float:
-    """When the last of the blocks ends: block i (launch order) takes a free slot, spends ``fixed[i]`` seconds not
-    streaming, then streams ``stream[i]`` bytes; the streaming blocks share ``bandwidth`` equally, each at most
-    ``cap`` bytes/s. An event walk: every streaming block moves at one common rate, so a block ends when the bytes
-    streamed per block since it began reach its own."""
+def fluid(stream: np.ndarray, fixed: np.ndarray, sms: int, per_sm: int, bandwidth: float, caps) -> float:
+    """When the last of the blocks ends: block i (launch order) takes a slot on an SM, spends ``fixed[i]`` seconds
+    not streaming, then streams ``stream[i]`` bytes. The first ``sms · per_sm`` blocks are placed breadth first
+    (block i on SM i mod sms: one on every SM, then a second, as the block scheduler deals out a grid); every later
+    one takes the slot the block that ended last left, on that block's SM. The streaming blocks share ``bandwidth``
+    by water-filling, each at most ``caps[k]`` bytes/s while k blocks stream on its SM (its warps' pace there). An
+    event walk: a block starts streaming or ends at each event, and the rates are set again."""
     n = len(stream)
-    t, done_per_block, nxt = 0.0, 0.0, 0  # done_per_block: bytes each streaming block has moved so far, summed
-    starting: list[tuple[float, int]] = []  # (end of the fixed part, block)
-    streaming: list[tuple[float, int]] = []  # (done_per_block when it ends, block)
-    while nxt < min(slots, n):
-        heapq.heappush(starting, (fixed[nxt], nxt))
-        nxt += 1
-    while starting or streaming:
-        rate = min(cap, bandwidth / len(streaming)) if streaming else 0.0
-        t_stream = t + (streaming[0][0] - done_per_block) / rate if streaming else math.inf
+    caps = np.asarray(caps, dtype=float)
+    sm = np.zeros(n, dtype=np.int64)
+    first = min(n, sms * per_sm)
+    sm[:first] = np.arange(first) % sms
+    starting = [(float(fixed[i]), i) for i in range(first)]  # (end of its fixed part, block)
+    heapq.heapify(starting)
+    nxt, t = first, 0.0
+    load = np.zeros(sms, dtype=np.int64)  # streaming blocks on each SM
+    left = np.asarray(stream, dtype=float).copy()
+    ids: list[int] = []  # the streaming blocks
+    while starting or ids:
+        t_stream = math.inf
+        if ids:
+            idx = np.asarray(ids)
+            rate = _shares(caps[load[sm[idx]]], bandwidth)
+            dt = left[idx] / rate
+            j = int(dt.argmin())
+            t_stream = t + float(dt[j])
         t_start = starting[0][0] if starting else math.inf
         if t_start <= t_stream:
-            done_per_block += rate * (t_start - t)
+            if ids:
+                left[idx] -= rate * (t_start - t)
             t = t_start
             i = heapq.heappop(starting)[1]
             if stream[i] > 0:
-                heapq.heappush(streaming, (done_per_block + stream[i], i))
+                ids.append(i)
+                load[sm[i]] += 1
                 continue
         else:
-            done_per_block, t = streaming[0][0], t_stream
-            heapq.heappop(streaming)
-        if nxt < n:  # a slot freed: the next block in launch order takes it
-            heapq.heappush(starting, (t + fixed[nxt], nxt))
+            left[idx] -= rate * (t_stream - t)
+            t = t_stream
+            i = ids.pop(j)
+            load[sm[i]] -= 1
+        if nxt < n:  # a slot freed: the next block in launch order takes it, on the same SM
+            sm[nxt] = sm[i]
+            heapq.heappush(starting, (t + float(fixed[nxt]), nxt))
             nxt += 1
     return float(t)
+
+
+def _shares(caps: np.ndarray, bandwidth: float) -> np.ndarray:
+    """Each streaming block's rate: ``bandwidth`` shared equally, none above its cap, what a capped block leaves
+    shared by the others (water-filling)."""
+    if caps.sum() <= bandwidth:
+        return caps
+    c = np.sort(caps)
+    m = len(c)
+    below = np.concatenate(([0.0], np.cumsum(c)[:-1]))  # bytes/s the j smallest caps take
+    level = (bandwidth - below) / (m - np.arange(m))  # the common rate if blocks j.. share what is left
+    return np.minimum(caps, level[int(np.argmax(level <= c))])
 
 
 def _split_keys(p: AttentionProblem, t: PagedDecodingTiles, row_blocks: int) -> np.ndarray:
@@ -181,13 +213,16 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     stream = keys * 2 * d * e  # K and V of the block's keys
     active = keys > 0
     running = min(int(active.sum()), slots)
-    k_eff = max(1, min(per_sm, cdiv(running, r.sms)))  # blocks sharing an SM
+    k_eff = max(1, min(per_sm, cdiv(running, r.sms)))  # blocks sharing an SM, on average
     tile = 2 * TILE_KEYS * d * e
     in_flight = WARPS * (geo.decode_stages(d) - 1) * tile
-    chain = tile_chain_s(c.profile, d, stripes, bool(t.kv_dtype), k_eff)
-    cap = min(in_flight / c.latency if c.latency else math.inf,
-              WARPS * tile / chain if chain else math.inf,
-              tile / (_tile_seconds(p, t, r, WARPS * k_eff, fp8_path(c.profile)) * k_eff))
+
+    def cap(k: int) -> float:  # a block's bytes/s with k blocks streaming on its SM
+        chain = tile_chain_s(c.profile, d, stripes, bool(t.kv_dtype), k)
+        return min(in_flight / c.latency if c.latency else math.inf,
+                   WARPS * tile / chain if chain else math.inf,
+                   tile / (_tile_seconds(p, t, r, WARPS * k, fp8_path(c.profile)) * k))
+
     hbm_read, hbm_write = work.hbm[0]
     reuse = float(stream.sum()) / hbm_read if hbm_read else math.inf  # global K/V bytes per DRAM byte read
     bandwidth = min(r.l2, r.dram_read * reuse)
@@ -197,7 +232,7 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     if measured is not None:  # the kernel's own, less what the calibration's L2-resident ring did not wait for
         own = measured + max(0.0, c.latency - r.l2_latency_s)
     fixed = np.where(active, own, r.block_s + r.l2_latency_s)
-    walk = fluid(stream, fixed, slots, bandwidth, cap)
+    walk = fluid(stream, fixed, r.sms, per_sm, bandwidth, [math.inf] + [cap(k) for k in range(1, per_sm + 1)])
     dram = r.dram_s(hbm_read, hbm_write)
     seconds = r.first_launch_s() + max(walk + c.latency, dram)
     ideal = float(stream.sum()) / bandwidth
