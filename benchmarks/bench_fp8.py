@@ -14,7 +14,7 @@ Per shape (batch * N = 16384 tokens, heads = 2048 / d, as benchmarks/bench_atten
   quantize + attention through ``iosim.gpu.attention_fp8`` (printed, not recorded);
 - ``iosim-flash3`` (bf16): ``iosim.gpu.attention(q, k, v, schedule="flash3")``;
 - ``sdpa-cudnn`` (bf16): torch SDPA's cuDNN backend on (B, H, N, d) views;
-- ``cudnn-fp8``: cuDNN's FP8 forward through cudnn-frontend (benchmarks/cudnn_fp8.py): the graph built once a shape,
+- ``cudnn-fp8``: cuDNN's FP8 forward through cudnn-frontend (iosim/calibrate/cudnn_fp8.py): the graph built once a shape,
   inputs quantized per tensor from the same bf16 values. Where cuDNN refuses a shape the row says why.
 
 Correctness before timing, every row: each backend's output (computed into a NaN-poisoned buffer: ours through
@@ -44,8 +44,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import cudnn_fp8  # beside this file
 from cuda_events import time_ms  # beside this file
+
+from iosim.calibrate import cudnn_fp8
 
 FP8_DTYPE = "fp8e4m3"
 LONG_COLUMNS = ("device", "date", "commit", "dtype", "head_dim", "seq_len", "batch", "heads", "causal", "backend",
@@ -285,7 +286,7 @@ def cudnn_bf16(run: Run, c: Case) -> dict:
 
 
 def cudnn_fp8_peer(run: Run, c: Case) -> dict:
-    """cuDNN's FP8 forward (benchmarks/cudnn_fp8.py), or why it did not run."""
+    """cuDNN's FP8 forward (iosim/calibrate/cudnn_fp8.py), or why it did not run."""
     if run.cudnn is None:
         return {"cudnn_fp8_why": run.cudnn_why}
     torch = run.torch

@@ -11,7 +11,7 @@ What is timed is the attention kernel alone, on inputs quantized beforehand: the
 - ``iosim-flash3``: ``iosim.gpu.attention(qf, kf, vf, schedule="flash3")`` on ``iosim.gpu.quantize_fp8``'s inputs
   (block scales at the kernel's tiles, V transposed; not rotated: incoherent processing changes no byte and no FLOP
   of the attention kernel). O in bf16.
-- ``cudnn``: cuDNN's FP8 forward through cudnn-frontend (benchmarks/cudnn_fp8.py), inputs quantized per tensor,
+- ``cudnn``: cuDNN's FP8 forward through cudnn-frontend (iosim/calibrate/cudnn_fp8.py), inputs quantized per tensor,
   asked for fp8 O only: on Hopper cuDNN refuses bf16 and fp16 output for FP8 attention, and the time model counts
   cudnn's O in the problem's dtype, fp8 (docs/timing.md), so the row means the same on every machine. Where
   cudnn-frontend is missing or refuses a shape, that row is kept without a time and the reason is printed.
@@ -33,9 +33,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import cudnn_fp8  # beside this file
 from time_record import PROFILE, Shape, device_header, save_record, time_call
 
+from iosim.calibrate import cudnn_fp8
 from iosim.launch import FLASH3_FP8_TILES
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""benchmarks/bench_fp8.py and benchmarks/cudnn_fp8.py on a CPU: the shapes, FLOPs, checked rows, bars, table and
+"""benchmarks/bench_fp8.py and iosim/calibrate/cudnn_fp8.py on a CPU: the shapes, FLOPs, checked rows, bars, table and
 records of the FP8 benchmark; its FP8 tolerance against an e4m3 emulation of the kernel's design; and the cuDNN FP8
 graph as the frontend's Python API is called (a stand-in module records the calls: the real library needs a GPU)."""
 
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers import load_benchmark
 
+from iosim.calibrate import cudnn_fp8
 from iosim.launch.forward import FLASH3_FP8_TILES, FP8_KEY_GROUP
 
 BENCH_DIR = str(Path(__file__).resolve().parents[1] / "benchmarks")
@@ -22,14 +23,14 @@ BENCH_DIR = str(Path(__file__).resolve().parents[1] / "benchmarks")
 
 @pytest.fixture(scope="module")
 def bench():
-    if BENCH_DIR not in sys.path:  # bench_fp8 imports cudnn_fp8 and cuda_events from beside itself
+    if BENCH_DIR not in sys.path:  # bench_fp8 imports cuda_events from beside itself
         sys.path.insert(0, BENCH_DIR)
     return load_benchmark("bench_fp8")
 
 
 @pytest.fixture(scope="module")
-def cf8(bench):
-    return sys.modules["cudnn_fp8"]
+def cf8():
+    return cudnn_fp8
 
 
 def test_the_shapes_are_the_papers_and_the_flops_halve_when_causal(bench):
@@ -231,6 +232,16 @@ def test_grouped_query_k_and_v_are_views_with_their_own_heads(cf8):
     for name in ("k", "v"):
         assert by_uid[cf8.UID[name]]["dim"] == (2, 8, 512, 128)
         assert by_uid[cf8.UID[name]]["stride"] == (512 * 8 * 128, 128, 8 * 128, 1)
+
+
+def test_keys_may_differ_from_the_queries(cf8):
+    g = cf8.build_graph(_fake_cudnn(), cf8.Shape(batch=1, seq_len=128, heads=132, head_dim=256, kv_heads=1,
+                                                 kv_len=8192), False, "fp8")
+    by_uid = {t.kw["uid"]: t.kw for t in g.tensors}
+    assert by_uid[cf8.UID["q"]]["dim"] == (1, 132, 128, 256) and g.outs[0].set["dim"] == (1, 132, 128, 256)
+    for name in ("k", "v"):
+        assert by_uid[cf8.UID[name]]["dim"] == (1, 1, 8192, 256)
+        assert by_uid[cf8.UID[name]]["stride"] == (8192 * 256, 256, 256, 1)
 
 
 def test_a_caller_may_ask_for_fp8_output_only(cf8):

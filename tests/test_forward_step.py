@@ -5,6 +5,9 @@ measured on."""
 
 from __future__ import annotations
 
+import sys
+from types import SimpleNamespace
+
 import pytest
 import yaml
 
@@ -236,3 +239,40 @@ def test_packed_and_paged_calls_take_their_own_instantiations_step():
     assert packed.bound == "step (measured)" and packed.resources["step"] == pytest.approx(1.1e-6)
     in_pages = _flash2(batch, prof, seqlens=seqs, page_size=32, block_q=64, block_kv=64)
     assert in_pages.resources["step"] == pytest.approx(1.4e-6)
+
+
+def test_cudnns_fp8_parts_come_from_its_own_calls_and_a_line_through_four_tile_counts(stand_in, monkeypatch):
+    """cuDNN's fp8 forward (cudnn-frontend) timed as ours is, on its description's fp8 tiles; its tile part the slope
+    of the calls at 1 to 4 Q tiles an SM. Without torch or cudnn-frontend the part is said and skipped."""
+    fixed, tile_fixed = stand_in
+    step = {64: 1.8e-6, 128: 2.1e-6, 256: 1.8e-6}
+    desc = load_kernel("cudnn")
+    calls = []
+
+    def call(torch, cudnn, handle, heads, n, nk, d):
+        tc = desc.tiles_for(d, "fp8")
+        tiles = heads // _Bench.sms
+        assert heads % _Bench.sms == 0 and n == tc.block_q and nk % tc.block_kv == 0
+        calls.append(tiles)
+        return ("cudnn", fixed + (tiles - 1) * tile_fixed + tiles * nk // tc.block_kv * step[d])
+
+    monkeypatch.setattr(forward_step, "_cudnn_call", call)
+    monkeypatch.setattr(forward_step.cudnn_fp8, "open_handle", lambda torch, cudnn: None, raising=False)
+    monkeypatch.setitem(sys.modules, "cudnn", SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(empty_cache=lambda: None)))
+    monkeypatch.setattr(rates_kernels, "time_ms", lambda c, reps, warmup, view, clock: 1e3 * c[1])
+    got: list[Measured] = []
+    forward_step.cudnn_fp8_part(_Bench(), report=lambda m, note: got.append(m), seconds=forward_step.busy_timer(
+        _Bench(), _CuPy(), 15, warmup=2))
+    parts = {(m.path[1], m.path[4]): m.value for m in got}
+    assert all(m.path[2:4] == ("cudnn", "fp8") for m in got) and set(calls) == {1, 2, 3, 4}
+    assert {d: parts[("step", d)] for d in step} == pytest.approx(step, rel=1e-9)
+    assert all(parts[("tile_fixed", d)] == pytest.approx(tile_fixed, rel=1e-6) for d in step)
+    assert all(parts[("call_fixed", d)] == pytest.approx(fixed - tile_fixed, rel=1e-6) for d in step)
+
+
+def test_without_cudnn_frontend_the_cudnn_part_is_said_and_skipped(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "cudnn", None)  # import cudnn raises ImportError
+    got: list[Measured] = []
+    forward_step.cudnn_fp8_part(_Bench(), report=lambda m, note: got.append(m), seconds=lambda call: 0.0)
+    assert not got and "cuDNN fp8 skipped" in capsys.readouterr().out

@@ -23,6 +23,12 @@ start, the first loads' latency, the last stores' drain). Each time is the media
 busy kernel after a rest (a few milliseconds of tensor work, before the board's power limiter acts). The fp8 inputs
 are quantized once beforehand (``iosim.gpu.quantize_fp8``), as the fp8 time record times the kernel alone.
 
+``calibration.forward.{step,tile_fixed,call_fixed}.cudnn.fp8``: the same three parts of cuDNN's fused fp8 forward
+(cudnn-frontend's sdpa_fp8 through :mod:`iosim.calibrate.cudnn_fp8`, e4m3 inputs and output, as the fp8 time record
+runs it), where torch and cudnn-frontend import: its step, like ours, is its code's (the composed one priced its
+d = 256 rows 13-25% fast). Its tile part is the slope of the calls at 1 to :data:`CUDNN_TILES` Q tiles an SM less
+TILES[0] steps: from two calls it came out within the noise of their 70 us difference.
+
 ``calibration.forward.resident_step.iosim-flash2``: the step of iosim's FlashAttention-2 forward (kernels/flash_fwd.cu,
 any GPU of compute capability 8.0 or more), bf16, at every tile it is compiled with (its description's and the
 others `iosim tune` ranks), with k = 1 .. its residency blocks on each SM (k·SMs query heads of one Q tile on one
@@ -45,12 +51,18 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import numpy as np
+
+from iosim.calibrate import cudnn_fp8
 from iosim.calibrate.backward_step import CALLS, REST_S
 from iosim.calibrate.device import device_facts, guess_profile
 from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, busy_timer
 from iosim.hardware.gpu import get_profile
 
 KERNEL = "iosim-flash3"  # the timing description the steps belong to
+CUDNN = "cudnn"  # cuDNN's fused forward (torch SDPA's cudnn backend; fp8 through cudnn-frontend): its fp8 steps
+# Q tiles a block its tile part is fitted over (1 to this; two leave it within noise: 0 to 1.5 us on the H100 and H200)
+CUDNN_TILES = 4
 FLASH2 = "iosim-flash2"  # the FlashAttention-2 forward's description: its steps at each tile and residency
 TILES = (16, 64)  # K/V tiles of each call
 # the flash3 instantiations measured: by input type, and "bf16-local" (a window's Local instantiation, bf16, its window
@@ -64,12 +76,14 @@ def step_from(t1: float, t2: float) -> float:
     return max(t2 - t1, 1e-12) / (TILES[1] - TILES[0])
 
 
-def fixed_from(t1: float, t2: float, two_tiles: float) -> tuple[float, float]:
-    """(tile_fixed, call_fixed) from the calls of one Q tile a block at TILES[0] and TILES[1] K/V tiles and of two
-    Q tiles a block at TILES[0] (module docstring); each at least 1 ns (a measurement noisier than the part)."""
+def fixed_from(t1: float, t2: float, *more_tiles: float) -> tuple[float, float]:
+    """(tile_fixed, call_fixed) from the calls of one Q tile a block at TILES[0] and TILES[1] K/V tiles and of
+    2, 3, .. Q tiles a block at TILES[0] (``more_tiles``; module docstring): the line through the calls at 1, 2, ..
+    tiles a block, its slope a tile (tile_fixed + TILES[0] steps), its intercept call_fixed; each at least 1 ns (a
+    measurement noisier than the part)."""
     step = step_from(t1, t2)
-    tile = max(two_tiles - t1 - TILES[0] * step, 1e-9)
-    return tile, max(t1 - TILES[0] * step - tile, 1e-9)
+    slope, intercept = np.polyfit(np.arange(1, len(more_tiles) + 2), [t1, *more_tiles], 1)
+    return max(float(slope) - TILES[0] * step, 1e-9), max(float(intercept), 1e-9)
 
 
 def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule: str = "flash3",
@@ -95,15 +109,17 @@ def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule:
 
 
 def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """Measure ``forward.resident_step`` of ``iosim-flash2`` (bf16, each tile and residency), then ``forward.step``,
-    ``forward.tile_fixed`` and ``forward.call_fixed`` of ``iosim-flash3`` by input type, and of its Local
-    instantiation, at each head dim of its tiles (Hopper only; elsewhere said and skipped)."""
+    """Measure ``forward.resident_step`` of ``iosim-flash2`` (bf16, each tile and residency, its dense, varlen and
+    paged instantiations), then ``forward.step``, ``forward.tile_fixed`` and ``forward.call_fixed`` of
+    ``iosim-flash3`` by input type, and of its Local instantiation, at each head dim of its tiles, and of cuDNN's fp8
+    forward (Hopper only; elsewhere said and skipped)."""
     seconds = busy_timer(b, cp, CALLS, warmup=2, rest_s=REST_S)
     flash2_part(b, cp, report, seconds)
     if not b.hopper:
         print("forward: flash3 skipped (iosim's flash3 forward runs on Hopper, sm_90a, only)", flush=True)
         return
     flash3_part(b, cp, report, seconds, KINDS)
+    cudnn_fp8_part(b, report, seconds)
 
 
 def flash3_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: Callable[[Any], float],
@@ -128,18 +144,66 @@ def flash3_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
                     f"{'its Local instantiation with a window wider than the keys' if local else 'no mask'}, "
                     f"{b.sms} query heads of Br queries on one kv head (a Q tile on each SM, K/V in L2): "
                     f"{_method()}; by head dim")
-            report(Measured(("forward", "step", KERNEL, kind, d), step_from(*times[:2]), "s", what),
-                   f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
-                   f"(Br x Bc = {tc.block_q} x {tc.block_kv})")
-            tile, call = fixed_from(*times)
-            report(Measured(("forward", "tile_fixed", KERNEL, kind, d), tile, "s",
-                            f"the same kernel and inputs, two Q tiles on each SM (twice the heads) at {TILES[0]} K/V "
-                            f"tiles: time - the one-tile call's - {TILES[0]} steps (iosim/calibrate/forward_step.py); "
-                            "by head dim"), f"{times[2] * 1e6:.1f} us with two Q tiles an SM")
-            report(Measured(("forward", "call_fixed", KERNEL, kind, d), call, "s",
-                            f"the one-tile call at {TILES[0]} K/V tiles less its {TILES[0]} steps and one tile_fixed "
-                            "(iosim/calibrate/forward_step.py); by head dim"), "")
+            _report_parts(report, (KERNEL, kind, d), times, tc, what)
             cp.get_default_memory_pool().free_all_blocks()
+
+
+def cudnn_fp8_part(b: Bench, report: Callable[[Measured, str], None], seconds: Callable[[Any], float]) -> None:
+    """``forward.step``, ``tile_fixed`` and ``call_fixed`` of ``cudnn`` (cuDNN's fused forward, fp8 e4m3 through
+    cudnn-frontend, its fp8 output as the time record runs it) at each head dim of its description's fp8 tiles,
+    measured as flash3_part measures ours (Hopper, with torch and cudnn-frontend; elsewhere said and skipped)."""
+    try:
+        import cudnn
+        import torch
+    except ImportError as exc:
+        print(f"forward: cuDNN fp8 skipped (needs torch and nvidia-cudnn-frontend: {exc})", flush=True)
+        return
+    from iosim.timing import load_kernel
+
+    desc, handle = load_kernel(CUDNN), cudnn_fp8.open_handle(torch, cudnn)
+    for d in sorted(desc.fp8_tiles):
+        tc = desc.tiles_for(d, "fp8")
+        shapes = [(b.sms, n * tc.block_kv) for n in TILES] + [(m * b.sms, TILES[0] * tc.block_kv)
+                                                                for m in range(2, CUDNN_TILES + 1)]
+        times = _timed(f"forward.step.{CUDNN}.fp8.{d}", seconds,
+                       [partial(_cudnn_call, torch, cudnn, handle, h, tc.block_q, nk, d) for h, nk in shapes])
+        if times is None:
+            continue
+        what = (f"cuDNN's fused forward through cudnn-frontend (sdpa_fp8, e4m3 inputs quantized per tensor "
+                f"beforehand, e4m3 output), no mask, {b.sms} query heads of Br = {tc.block_q} queries on one kv head "
+                f"(a Q tile on each SM, K/V in L2; its description's Bc = {tc.block_kv}): {_method()}; by head dim")
+        _report_parts(report, (CUDNN, "fp8", d), times, tc, what)
+        torch.cuda.empty_cache()
+
+
+def _report_parts(report: Callable[[Measured, str], None], key: tuple, times: list[float], tc, what: str) -> None:
+    """The step, tile_fixed and call_fixed of ``key`` (kernel, kind, head dim) from the calls' ``times``: one Q tile
+    an SM at TILES[0] and TILES[1] K/V tiles, then 2, 3, .. Q tiles an SM at TILES[0]."""
+    report(Measured(("forward", "step", *key), step_from(*times[:2]), "s", what),
+           f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
+           f"(Br x Bc = {tc.block_q} x {tc.block_kv})")
+    tile, call = fixed_from(*times)
+    most = len(times) - 1  # Q tiles an SM in the last call
+    how = ("two Q tiles on each SM (twice the heads) at {n} K/V tiles: time - the one-tile call's - {n} steps"
+           if most == 2 else "1 to {m} Q tiles on each SM (as many times the heads) at {n} K/V tiles: the slope of "
+           "the line through their times, less {n} steps").format(n=TILES[0], m=most)
+    report(Measured(("forward", "tile_fixed", *key), tile, "s",
+                    f"the same kernel and inputs, {how} (iosim/calibrate/forward_step.py); by head dim"),
+           ", ".join(f"{t * 1e6:.1f}" for t in (times[0], *times[2:])) + f" us with 1..{most} Q tiles an SM")
+    report(Measured(("forward", "call_fixed", *key), call, "s",
+                    f"the one-tile call at {TILES[0]} K/V tiles less its {TILES[0]} steps and one tile_fixed "
+                    "(iosim/calibrate/forward_step.py); by head dim"), "")
+
+
+def _cudnn_call(torch, cudnn, handle, heads: int, n: int, nk: int, d: int) -> Callable[[], Any]:
+    """cuDNN's fp8 forward on random inputs, ``heads`` query heads of ``n`` queries on one kv head of ``nk`` keys,
+    quantized beforehand, ready to time (raises why where cuDNN builds no plan)."""
+    q = torch.randn(1, n, heads, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, nk, 1, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    call, note = cudnn_fp8.prepare(torch, cudnn, handle, (q, k, v), False, out_types=("fp8",))
+    if call is None:
+        raise RuntimeError(f"cuDNN builds no fp8 plan here: {note}")
+    return call
 
 
 def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: Callable[[Any], float]) -> None:

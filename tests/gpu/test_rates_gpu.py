@@ -128,23 +128,40 @@ def test_forward_steps_are_bound_by_the_tensor_cores(cal):
     for d in flash2.tiles:
         own = flash2.tiles_for(d)
         assert 1 in steps[f"d{d}_{own.block_q}x{own.block_kv}"].value  # the description's tiles, one block an SM
+    # the dense kernel's tiles, then its varlen instantiation's and its paged one's (pages of 16 and 64)
+    assert {key.partition("-")[2] for key in steps} == {"", "varlen", "paged16", "paged64"}
     for key, table in steps.items():  # k blocks an SM: k steps' GEMMs on the SM's tensor cores
-        d, (bq, bkv) = int(key.split("_")[0][1:]), map(int, key.split("_")[1].split("x"))
+        shape = key.partition("-")[0]
+        d, (bq, bkv) = int(shape.split("_")[0][1:]), map(int, shape.split("_")[1].split("x"))
         for k, seconds in table.value.items():
             floor = k * 4 * bq * bkv * d / (4096 * c.sm_clock.value)
             assert floor < seconds < 10 * floor, (key, k, seconds, floor)
     if not dev["hopper"]:
         assert not c.forward.step
         return
-    desc = load_kernel("iosim-flash3")
-    assert sorted(c.forward.step["iosim-flash3"]) == ["bf16", "fp8"]
-    for dtype, table in c.forward.step["iosim-flash3"].items():
-        assert sorted(table.value) == sorted(desc.tiles)
-        for d, seconds in table.value.items():
-            tc = desc.tiles_for(d, dtype)
-            floor = 4 * tc.block_q * tc.block_kv * d / ((8192 if dtype == "fp8" else 4096) * c.sm_clock.value)
-            assert floor < seconds < 10 * floor, (dtype, d, seconds, floor)
-            # a tile's and a call's fixed parts: a few microseconds each (loads and stores of a tile, a launch)
-            tile = c.forward.tile_fixed["iosim-flash3"][dtype].value[d]
-            call = c.forward.call_fixed["iosim-flash3"][dtype].value[d]
-            assert 0 < tile < 50e-6 and 0 < call < 50e-6, (dtype, d, tile, call)
+    # ours by input type and its Local instantiation; cuDNN's fp8 forward where cudnn-frontend imports here
+    for kernel, kinds in (("iosim-flash3", ["bf16", "bf16-local", "fp8"]), ("cudnn", ["fp8"])):
+        if kernel == "cudnn" and not _imports("cudnn"):
+            assert "cudnn" not in c.forward.step
+            continue
+        desc = load_kernel(kernel)
+        assert sorted(c.forward.step[kernel]) == kinds
+        for kind, table in c.forward.step[kernel].items():
+            dtype = kind.removesuffix("-local")
+            assert sorted(table.value) == sorted(desc.fp8_tiles if dtype == "fp8" else desc.tiles)
+            for d, seconds in table.value.items():
+                tc = desc.tiles_for(d, dtype)
+                floor = 4 * tc.block_q * tc.block_kv * d / ((8192 if dtype == "fp8" else 4096) * c.sm_clock.value)
+                assert floor < seconds < 10 * floor, (kernel, kind, d, seconds, floor)
+                # a tile's and a call's fixed parts: a few microseconds each (loads and stores of a tile, a launch)
+                tile = c.forward.tile_fixed[kernel][kind].value[d]
+                call = c.forward.call_fixed[kernel][kind].value[d]
+                assert 0 < tile < 50e-6 and 0 < call < 50e-6, (kernel, kind, d, tile, call)
+
+
+def _imports(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True

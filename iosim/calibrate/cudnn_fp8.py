@@ -1,9 +1,10 @@
 """cuDNN's FP8 (e4m3) attention forward through NVIDIA's cudnn-frontend Python package (``import cudnn``), the measured
-peer of iosim's FP8 forward in benchmarks/bench_fp8.py.
+peer of iosim's FP8 forward: timed beside it by benchmarks/bench_fp8.py and benchmarks/time_record_fp8.py, and its
+step by ``iosim calibrate rates`` (:mod:`iosim.calibrate.forward_step`).
 
 One graph per (shape, causal), built once off the timed path: ``pygraph(io_data_type=FP8_E4M3)``, Q, K, V as
 (B, H, N, d) views of the (B, N, H, d) buffers (strides (N H d, d, H d, 1); K and V with the shape's ``kv_heads``
-where it has grouped-query heads), ``sdpa_fp8`` with a descale for each of
+where it has grouped-query heads and its ``kv_len`` keys where they differ from the queries), ``sdpa_fp8`` with a descale for each of
 Q, K, V and S (= P), a scale for S and O, the amax of S and O as outputs, no softmax stats (inference), causal as the
 frontend's preferred mask (``diagonal_alignment=TOP_LEFT, right_bound=0``). The output type is the first of
 :data:`OUT_TYPES` the installed cuDNN builds a plan for (bf16 is our kernel's; cuDNN's Hopper FP8 forward may only
@@ -42,10 +43,15 @@ class Shape:
     heads: int
     head_dim: int
     kv_heads: int | None = None  # K and V's heads (grouped-query); None: heads
+    kv_len: int | None = None  # K and V's tokens; None: seq_len
 
     @property
     def kv(self) -> int:
         return self.kv_heads or self.heads
+
+    @property
+    def keys(self) -> int:
+        return self.kv_len or self.seq_len
 
 
 def _cudnn_type(cudnn, name: str):
@@ -54,12 +60,12 @@ def _cudnn_type(cudnn, name: str):
 
 def build_graph(cudnn, s: Shape, causal: bool, out: str):
     """The FP8 forward graph of one shape, its plan built (raises what cudnn raises where it is not supported)."""
-    b, n, h, d, hk = s.batch, s.seq_len, s.heads, s.head_dim, s.kv
+    b, n, h, d, hk, nk = s.batch, s.seq_len, s.heads, s.head_dim, s.kv, s.keys
     f32 = cudnn.data_type.FLOAT
     g = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=f32, compute_data_type=f32)
     stride = (n * h * d, d, h * d, 1)  # (B, H, N, d) dims over a (B, N, H, d) buffer
-    kv_stride = (n * hk * d, d, hk * d, 1)
-    qkv = {x: g.tensor(uid=UID[x], dim=(b, h, n, d) if x == "q" else (b, hk, n, d),
+    kv_stride = (nk * hk * d, d, hk * d, 1)
+    qkv = {x: g.tensor(uid=UID[x], dim=(b, h, n, d) if x == "q" else (b, hk, nk, d),
                        stride=stride if x == "q" else kv_stride, data_type=cudnn.data_type.FP8_E4M3)
            for x in ("q", "k", "v")}
     one = (1, 1, 1, 1)
@@ -123,11 +129,11 @@ def poison(torch, o) -> None:
 
 
 def prepare(torch, cudnn, handle, inputs, causal: bool, out_types=OUT_TYPES) -> tuple[CudnnFp8 | None, str]:
-    """The callable cuDNN FP8 forward on ``inputs`` = (q, k, v) bf16 (B, N, H, d), K and V with H or fewer heads
-    (grouped-query), its output (the first of ``out_types`` cuDNN builds) poisoned, or (None, why not)."""
+    """The callable cuDNN FP8 forward on ``inputs`` = (q, k, v) bf16 (B, N, H, d), K and V (B, N_k, H_k, d) with H or
+    fewer heads (grouped-query), its output (the first of ``out_types`` cuDNN builds) poisoned, or (None, why not)."""
     q, k, v = inputs
     B, N, H, d = q.shape
-    graph, out, why = first_supported(cudnn, Shape(B, N, H, d, int(k.shape[2])), causal, out_types)
+    graph, out, why = first_supported(cudnn, Shape(B, N, H, d, int(k.shape[2]), int(k.shape[1])), causal, out_types)
     if graph is None:
         return None, "; ".join(why)
     (q8, dq), (k8, dk), (v8, dv) = (quantize_per_tensor(torch, x) for x in (q, k, v))
