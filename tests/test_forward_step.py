@@ -22,7 +22,8 @@ from iosim.timing.fa2 import instantiation_step, residency
 PAGED = ("paged16", "paged64")
 
 STEP_S = {"bf16": {64: 0.5e-6, 128: 0.8e-6, 256: 1.0e-6}, "fp8": {64: 0.4e-6, 128: 0.9e-6, 256: 1.1e-6},
-          "bf16-local": {64: 0.55e-6, 128: 0.85e-6, 256: 1.05e-6}}
+          "bf16-local": {64: 0.55e-6, 128: 0.85e-6, 256: 1.05e-6},
+          "bf16-varlen": {64: 0.52e-6, 128: 0.83e-6, 256: 1.02e-6}}
 FLASH2_S = 0.9e-6  # iosim-flash2, bf16: the stand-in's step of each of k blocks an SM is k times this
 # its packed-sequence instantiations' steps in the stand-in, relative to the dense one's
 INSTANTIATION = {"": 1.0, "varlen": 1.05, "paged16": 1.15, "paged64": 1.1}
@@ -68,7 +69,7 @@ def stand_in(monkeypatch):
             k, (bq, bkv) = heads // _Bench.sms, tiles
             assert heads % _Bench.sms == 0 and n == bq and nk % bkv == 0
             return 1e3 * (fixed + nk // bkv * k * FLASH2_S * INSTANTIATION[instantiation])
-        tc = load_kernel("iosim-flash3").tiles_for(d, kind.removesuffix("-local"))
+        tc = load_kernel("iosim-flash3").tiles_for(d, kind.split("-")[0])
         tiles = heads // _Bench.sms  # Q tiles an SM: 1, or 2 for the tile's fixed part
         assert heads in (_Bench.sms, 2 * _Bench.sms) and n == tc.block_q and nk % tc.block_kv == 0  # one kv head
         step = STEP_S[kind][d]
@@ -87,7 +88,9 @@ def test_the_step_is_the_time_a_block_adds_per_kv_tile_between_the_two_lengths(s
     assert steps == pytest.approx({(t, d): v for t, table in STEP_S.items() for d, v in table.items()}, rel=1e-9)
     assert all(m.value == pytest.approx(tile_fixed, rel=1e-6) for m in flash3 if m.path[1] == "tile_fixed")
     assert all(m.value == pytest.approx(fixed - tile_fixed, rel=1e-6) for m in flash3 if m.path[1] == "call_fixed")
-    assert len(flash3) == 3 * len(steps)
+    # the Varlen instantiation's step alone: its tile and call parts, a long sequence's, are not kept
+    assert len(flash3) == 3 * len(steps) - 2 * len(STEP_S["bf16-varlen"])
+    assert not any(m.path[3] == "bf16-varlen" for m in flash3 if m.path[1] != "step")
     flash2 = {m.path[3:]: m.value for m in got if m.path[:3] == ("forward", "resident_step", "iosim-flash2")}
     want = {}  # every compiled tile at each head dim, k = 1 .. its residency on the H100 profile
     desc, prof = load_kernel("iosim-flash2"), get_profile("h100-sxm5-80gb")
@@ -162,6 +165,21 @@ def test_other_tiles_keep_the_composed_step_and_a_window_takes_its_local_instant
     assert local.bound == plain.bound == "step (measured)" and local.predicted_s > composed
     # the Local instantiation's step where measured (5% longer in the stand-in), else the plain one's
     assert local.resources["pipeline"] > plain.resources["pipeline"]
+
+
+def test_packed_sequences_take_their_varlen_instantiations_step():
+    """flash3's packed sequences run its Varlen instantiation: its step where measured (3.75% longer in the
+    stand-in at d = 128), else the plain one's; a window on them its Local one's."""
+    p = AttentionProblem(batch=1, heads=8, seq_len=4096, head_dim=128, dtype="bf16")
+    seqs = [(1024, 1024), (3072, 3072)]
+    varlen = _run(p, _profile(STEP_S), seqlens=seqs).time.kernels[0]
+    plain = _run(p, _profile({t: STEP_S[t] for t in ("bf16", "fp8")}), seqlens=seqs).time.kernels[0]
+    assert varlen.bound == plain.bound == "step (measured)"
+    assert varlen.resources["pipeline"] > plain.resources["pipeline"]
+    slow_varlen = {**STEP_S, "bf16-varlen": {d: 10 * v for d, v in STEP_S["bf16-varlen"].items()}}
+    window = {"seqlens": seqs, "window": (256, 0)}
+    assert _run(p, _profile(slow_varlen), **window).time.predicted_s == pytest.approx(
+        _run(p, _profile(STEP_S), **window).time.predicted_s)  # a window: the Local step, not the Varlen one
 
 
 def test_a_tiles_and_a_calls_fixed_parts_replace_the_composed_ones_where_measured():

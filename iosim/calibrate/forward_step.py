@@ -65,9 +65,11 @@ CUDNN = "cudnn"  # cuDNN's fused forward (torch SDPA's cudnn backend; fp8 throug
 CUDNN_TILES = 4
 FLASH2 = "iosim-flash2"  # the FlashAttention-2 forward's description: its steps at each tile and residency
 TILES = (16, 64)  # K/V tiles of each call
-# the flash3 instantiations measured: by input type, and "bf16-local" (a window's Local instantiation, bf16, its window
-# wider than the keys: no step masked, what its own code costs beyond the plain one's)
-KINDS = ("bf16", "fp8", "bf16-local")
+# the flash3 instantiations measured: by input type, "bf16-local" (a window's Local instantiation, bf16, its window
+# wider than the keys: no step masked, what its own code costs beyond the plain one's) and "bf16-varlen" (packed
+# sequences' Varlen instantiation, one sequence: its step only; its tile and call parts, a long sequence's, are not
+# what short sequences' tiles cost, docs/timing.md "packed sequences")
+KINDS = ("bf16", "fp8", "bf16-local", "bf16-varlen")
 PAGES = (16, 64)  # page sizes the flash2 paged instantiation's step is measured at (iosim.timing.fa2 interpolates)
 
 
@@ -89,8 +91,9 @@ def fixed_from(t1: float, t2: float, *more_tiles: float) -> tuple[float, float]:
 def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule: str = "flash3",
           tiles: tuple[int, int] | None = None) -> Callable[[], Any]:
     """iosim's ``schedule`` forward on random inputs, ``heads`` query heads on one kv head, at ``tiles`` (Br, Bc;
-    flash2, None: the default), ready to time; ``kind`` (:data:`KINDS`): bf16, quantized to e4m3 once ("fp8"), or
-    bf16 through the Local instantiation ("bf16-local")."""
+    flash2, None: the default), ready to time; ``kind`` (:data:`KINDS`): bf16, quantized to e4m3 once ("fp8"),
+    bf16 through the Local instantiation ("bf16-local") or through the Varlen one, the heads' queries and the keys
+    one packed sequence ("bf16-varlen")."""
     import ml_dtypes
 
     from iosim import gpu
@@ -105,6 +108,9 @@ def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule:
     opts = gpu.AttentionOptions(block_q=tiles[0], block_kv=tiles[1]) if tiles else None
     if kind.endswith("-local"):  # the Local instantiation, every key inside the window
         opts = gpu.AttentionOptions(window=(nk, nk))
+    if kind.endswith("-varlen"):  # the Varlen instantiation: one packed sequence of n queries and nk keys
+        batch = gpu.varlen_batch([0, n], [0, nk])
+        return lambda: gpu.attention_varlen(q[0], k[0], v[0], batch, schedule=schedule)
     return lambda: gpu.attention(q, k, v, schedule=schedule, options=opts)
 
 
@@ -130,7 +136,7 @@ def flash3_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
 
     desc = load_kernel(KERNEL)
     for kind in kinds:
-        dtype, local = kind.removesuffix("-local"), kind.endswith("-local")
+        dtype, local, varlen = kind.split("-")[0], kind.endswith("-local"), kind.endswith("-varlen")
         fp8 = dtype == "fp8"
         for d in sorted(desc.fp8_tiles if fp8 else desc.tiles):
             tc = desc.tiles_for(d, dtype)
@@ -141,10 +147,12 @@ def flash3_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
                 continue
             what = (f"iosim's flash3 forward ({KERNEL}'s tiles), {dtype} inputs"
                     f"{' (quantized beforehand)' if fp8 else ''}, "
-                    f"{'its Local instantiation with a window wider than the keys' if local else 'no mask'}, "
+                    f"{'its Local instantiation with a window wider than the keys' if local else ''}"
+                    f"{'its Varlen instantiation, one packed sequence' if varlen else ''}"
+                    f"{'' if local or varlen else 'no mask'}{', no mask' if local or varlen else ''}, "
                     f"{b.sms} query heads of Br queries on one kv head (a Q tile on each SM, K/V in L2): "
                     f"{_method()}; by head dim")
-            _report_parts(report, (KERNEL, kind, d), times, tc, what)
+            _report_parts(report, (KERNEL, kind, d), times, tc, what, step_only=varlen)
             cp.get_default_memory_pool().free_all_blocks()
 
 
@@ -176,12 +184,15 @@ def cudnn_fp8_part(b: Bench, report: Callable[[Measured, str], None], seconds: C
         torch.cuda.empty_cache()
 
 
-def _report_parts(report: Callable[[Measured, str], None], key: tuple, times: list[float], tc, what: str) -> None:
+def _report_parts(report: Callable[[Measured, str], None], key: tuple, times: list[float], tc, what: str,
+                  step_only: bool = False) -> None:
     """The step, tile_fixed and call_fixed of ``key`` (kernel, kind, head dim) from the calls' ``times``: one Q tile
-    an SM at TILES[0] and TILES[1] K/V tiles, then 2, 3, .. Q tiles an SM at TILES[0]."""
+    an SM at TILES[0] and TILES[1] K/V tiles, then 2, 3, .. Q tiles an SM at TILES[0] (``step_only``: the step)."""
     report(Measured(("forward", "step", *key), step_from(*times[:2]), "s", what),
            f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
            f"(Br x Bc = {tc.block_q} x {tc.block_kv})")
+    if step_only:
+        return
     tile, call = fixed_from(*times)
     most = len(times) - 1  # Q tiles an SM in the last call
     how = ("two Q tiles on each SM (twice the heads) at {n} K/V tiles: time - the one-tile call's - {n} steps"

@@ -102,12 +102,15 @@ def measured(profile: Profile, desc, p: AttentionProblem, tiles, part: str) -> f
     """``calibration.forward.<part>`` (:data:`MEASURED_PARTS`) of the description ``desc`` for the call's input type
     and head dim, where the call runs the instantiation it was measured on: the description's own tiles, no pages; a
     window's call takes its Local instantiation's (``<dtype>-local``), or where that was not measured the plain
-    one's; packed sequences the plain one's (their varlen instantiation's step measured within 3-8% of it, H100,
-    2026-11-28; the mask passes priced apart either way); else None (the model composes it)."""
+    one's; packed sequences their Varlen instantiation's step (``<dtype>-varlen``, measured alone: its tile and
+    call parts, taken on a long sequence's tiles, are not what short sequences' tiles cost) and the plain one's tile
+    and call parts (the mask passes priced apart either way); else None (the model composes it)."""
     cal = getattr(profile.calibration, "forward", None)
     tables = (getattr(cal, part) or {}).get(desc.name, {}) if cal is not None else {}
     local = mask_kind(p, getattr(tiles, "window", None)) == "local"
     table = tables.get(f"{p.dtype}-local") if local else None  # a window's Local instantiation, where measured
+    if getattr(tiles, "seqlens", None) and not local:  # packed sequences: the Varlen instantiation's, where measured
+        table = tables.get(f"{p.dtype}-varlen")
     table = table if table is not None else tables.get(p.dtype)
     if table is None or p.head_dim not in table.value:
         return None
