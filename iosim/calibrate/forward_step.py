@@ -41,7 +41,7 @@ which is where `iosim tune` chose wrong. The residency is the model's on this GP
 instantiations, each a compile of its own with its own per-step work (the sequence's bounds; the paged one's
 block-table lookups): the varlen one at the tiles packed calls run (``d128_128x32-varlen``: one packed sequence of
 Br queries and its keys), the paged one at its one tile with pages of 16 and of 64 tokens (``d128_64x64-paged16``,
-``-paged64``; the keys in pages in a random order). H100, 2026-11-28: the varlen step 0-8% and the paged one 4-15%
+``-paged64``; the keys in pages in a random order). H100, 2026-11-28: the varlen step 0-9% and the paged one 2-15%
 longer than the dense one's at the same tiles.
 """
 
@@ -147,13 +147,18 @@ def flash3_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
                 continue
             what = (f"iosim's flash3 forward ({KERNEL}'s tiles), {dtype} inputs"
                     f"{' (quantized beforehand)' if fp8 else ''}, "
-                    f"{'its Local instantiation with a window wider than the keys' if local else ''}"
-                    f"{'its Varlen instantiation, one packed sequence' if varlen else ''}"
-                    f"{'' if local or varlen else 'no mask'}{', no mask' if local or varlen else ''}, "
+                    f"{_mask_text(local, varlen)}, "
                     f"{b.sms} query heads of Br queries on one kv head (a Q tile on each SM, K/V in L2): "
                     f"{_method()}; by head dim")
             _report_parts(report, (KERNEL, kind, d), times, tc, what, step_only=varlen)
             cp.get_default_memory_pool().free_all_blocks()
+
+
+def _mask_text(local: bool, varlen: bool) -> str:
+    """How a flash3 instantiation is called, for the measurement's source."""
+    if local:
+        return "its Local instantiation with a window wider than the keys"
+    return "its Varlen instantiation, one packed sequence, no mask" if varlen else "no mask"
 
 
 def cudnn_fp8_part(b: Bench, report: Callable[[Measured, str], None], seconds: Callable[[Any], float]) -> None:

@@ -28,7 +28,7 @@ its 64-row tiles at d = 64. Where the profile holds the description's step at th
 residency (``calibration.forward.resident_step.<kernel>.d<d>_<Br>x<Bc>.<k>``, :mod:`iosim.calibrate.forward_step`:
 k blocks on every SM, bf16, K/V in L2), a 16-bit call takes it as T_step; the composed one stays beside it
 (``step_composed``). Packed sequences and a paged cache run instantiations of their own, measured apart
-(``d128_128x32-varlen``, ``d128_64x64-paged16`` and ``-paged64``: their steps 0-8% and 4-15% longer than the dense
+(``d128_128x32-varlen``, ``d128_64x64-paged16`` and ``-paged64``: their steps 0-9% and 2-15% longer than the dense
 kernel's on an H100): each call takes its own (:func:`instantiation_step`); a window's Local instantiations keep the
 composed step.
 """
