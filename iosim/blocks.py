@@ -193,3 +193,35 @@ def makespan(durations: np.ndarray, slots: int, longest_first: bool = False) -> 
     if np.all(d == d[0]):  # equal work: whole waves
         return float(cdiv(len(d), slots) * d[0])
     return float(max(assign(d.tolist(), slots)[1]))
+
+
+def tail_makespan(durations: np.ndarray, sms: int, per_sm: int, speedup) -> float:
+    """:func:`makespan` on ``sms`` SMs of ``per_sm`` slots each, where a block runs faster once its SM holds fewer:
+    ``durations`` are each block's seconds at ``per_sm`` blocks an SM, ``speedup[j]`` (j = 1 .. per_sm,
+    ``speedup[per_sm]`` = 1) how much faster every block on an SM runs while j run there. While blocks wait for a
+    slot every freed slot is taken at once, so each SM holds ``per_sm`` until the last block is placed; after that
+    each SM empties (slot x of :func:`assign` is on SM x mod sms, the breadth-first deal of a grid) and its last
+    blocks speed up."""
+    d = np.asarray(durations, dtype=float)
+    slots = sms * per_sm
+    if len(d) == 0:
+        return 0.0
+    if np.all(d == d[0]):  # equal work: whole waves, then the last wave's blocks dealt over the SMs
+        waves, last = divmod(len(d), slots)
+        if last == 0:
+            return float(waves * d[0])
+        busiest = min(per_sm, cdiv(last, sms))  # blocks on the SMs holding the most of the last wave
+        return float(waves * d[0] + d[0] / speedup[busiest])
+    per_slot, loads = assign(d.tolist(), slots)
+    ends = np.asarray(loads, dtype=float)
+    placed = max(ends[x] - d[items[-1]] for x, items in enumerate(per_slot) if items)  # the last block's start
+    left = np.maximum(ends - placed, 0.0).reshape(-1, sms)  # (slot row, SM): work each running block has left
+    left = np.sort(left, axis=0)
+    finish = np.full(sms, placed)
+    done = np.zeros(sms)
+    for row in range(left.shape[0]):  # the block with the least left on each SM ends first, then the next
+        running = np.count_nonzero(left[row:] > 0, axis=0)
+        step = np.where(running > 0, (left[row] - done) / np.asarray([speedup[max(1, n)] for n in running]), 0.0)
+        finish += np.maximum(step, 0.0)
+        done = np.maximum(done, left[row])
+    return float(finish.max())

@@ -294,3 +294,17 @@ def test_without_cudnn_frontend_the_cudnn_part_is_said_and_skipped(monkeypatch, 
     got: list[Measured] = []
     forward_step.cudnn_fp8_part(_Bench(), report=lambda m, note: got.append(m), seconds=lambda call: 0.0)
     assert not got and "cuDNN fp8 skipped" in capsys.readouterr().out
+
+
+def test_the_last_waves_blocks_take_the_step_of_the_blocks_left_on_their_sm():
+    """1968 Q tiles at two blocks an SM (264 slots): 7 whole waves, then 120 blocks, one on each of 120 SMs, which
+    run at the one-block step: a faster one shortens the grid. 2112 blocks (whole waves) end together whatever it
+    is."""
+    tail = AttentionProblem(batch=3, heads=41, seq_len=2048, head_dim=128, dtype="bf16")
+    whole = AttentionProblem(batch=4, heads=33, seq_len=2048, head_dim=128, dtype="bf16")
+
+    def blocks(p, alone):
+        return _flash2(p, _flash2_profile({"d128_128x32": {1: alone, 2: 1.7e-6}})).resources["blocks"]
+
+    assert blocks(tail, 0.5e-6) < blocks(tail, 1.0e-6) < blocks(tail, 1.7e-6)
+    assert blocks(whole, 0.5e-6) == pytest.approx(blocks(whole, 1.7e-6), rel=1e-12)

@@ -17,7 +17,9 @@ on an SM run out of phase and hide part of one another's step: the SM's step for
 (:data:`iosim.timing.overlap.OVERLAP_LOSS`, the one fitted constant of the time model, says what share of a second
 stream's work does not hide under the first's). A Q block visiting n_i K/V blocks takes t_i = prologue + n_i·T_step
 + epilogue; thread blocks are placed on the SMs' k slots in launch order (causal imbalance and the last wave fall
-out of the placement), and the kernel takes the longer of that and its DRAM bytes over DRAM bandwidth, plus a launch.
+out of the placement), and once the last is placed each SM's remaining blocks run at the step of the blocks left on
+it (:func:`iosim.blocks.tail_makespan`, the steps at j = 1 .. k); the kernel takes the longer of that and its DRAM
+bytes over DRAM bandwidth, plus a launch.
 With a sliding window (the tiles' ``window``) n_i is the Q block's K/V range (:func:`iosim.blocks.kv_block_range`),
 as kernels/flash_fwd.cu's Local instantiations visit it.
 
@@ -41,7 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..blocks import cdiv, kv_block_ranges, makespan
+from ..blocks import cdiv, kv_block_ranges, tail_makespan
 from ..counts import KernelCounts
 from ..hardware.gpu import Profile
 from ..launch import flash_smem_bytes, resident_blocks
@@ -263,7 +265,7 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
         order = packed_order(p, desc, tc, r, Pace(k, latency, step_m), seqs, window)
     else:
         order = launch_order(block_times(p, desc, tc, k, r, latency, window, step_m), heads, desc, p.causal)
-    blocks = makespan(order, r.sms * k)
+    blocks = tail_makespan(order, r.sms, k, _speedup(c, desc, tc, k, step_m, (window, bool(seqs), page_size)))
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.first_launch_s() + latency  # the last stores drain
     sp = step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, k, desc, tc, r)
@@ -277,6 +279,21 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
     steps = heads * float(sum(np.sum(visits(q, tc.block_q, tc.block_kv, window)) for q in problems))
     smem = smem_bytes_moved(p, tc, desc.warps, grid, steps)
     return KernelTime.of(kernel.name, kernel.grid, total, {**parts, "bound": bound}, smem)
+
+
+def _speedup(c: Conditions, desc: KernelDesc, tc: TileConfig, k: int, step_m: float | None, call: tuple
+             ) -> dict[int, float]:
+    """How much faster each block on an SM runs while j = 1 .. k blocks run there than with ``k``: the step at k over
+    the step at j, each the instantiation's measured one where the call takes a measured step (``step_m``) and the
+    profile holds it at j, else the composed one; ``call``: (window, packed, page_size), as instantiation_step."""
+    p, r = c.problem, c.rates
+
+    def at(j: int) -> float:
+        measured = instantiation_step(c.profile, desc, p, tc, j, *call) if step_m is not None else None
+        return measured if measured is not None else step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, j, desc,
+                                                          tc, r).step_s
+    full = at(k)
+    return {j: full / at(j) for j in range(1, k + 1)}
 
 
 def _step_bound(sp: StepParts, k: int) -> str:
