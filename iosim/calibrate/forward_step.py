@@ -92,8 +92,9 @@ def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule:
           tiles: tuple[int, int] | None = None) -> Callable[[], Any]:
     """iosim's ``schedule`` forward on random inputs, ``heads`` query heads on one kv head, at ``tiles`` (Br, Bc;
     flash2, None: the default), ready to time; ``kind`` (:data:`KINDS`): bf16, quantized to e4m3 once ("fp8"),
-    bf16 through the Local instantiation ("bf16-local") or through the Varlen one, the heads' queries and the keys
-    one packed sequence ("bf16-varlen")."""
+    bf16 through the Local instantiation ("bf16-local"), or the heads' queries and the keys as one packed sequence
+    through the Varlen instantiation ("bf16-varlen") or flash2's Paged one, keys in pages of p tokens
+    ("bf16-paged<p>")."""
     import ml_dtypes
 
     from iosim import gpu
@@ -108,17 +109,34 @@ def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule:
     opts = gpu.AttentionOptions(block_q=tiles[0], block_kv=tiles[1]) if tiles else None
     if kind.endswith("-local"):  # the Local instantiation, every key inside the window
         opts = gpu.AttentionOptions(window=(nk, nk))
-    if kind.endswith("-varlen"):  # the Varlen instantiation: one packed sequence of n queries and nk keys
-        batch = gpu.varlen_batch([0, n], [0, nk])
-        return lambda: gpu.attention_varlen(q[0], k[0], v[0], batch, schedule=schedule)
+    packing = kind.partition("-")[2]
+    if packing == "varlen" or packing.startswith("paged"):
+        return _packed(q[0], k[0], v[0], packing, schedule, tiles)
     return lambda: gpu.attention(q, k, v, schedule=schedule, options=opts)
+
+
+def _packed(q, k, v, packing: str, schedule: str, tiles: tuple[int, int] | None) -> Callable[[], Any]:
+    """q (n, heads, d), k and v (nk, 1, d) as one packed sequence through the Varlen instantiation (``packing``
+    "varlen", at ``tiles`` where given) or, "paged<p>", flash2's Paged one with the keys in pages of p tokens in a
+    random order (its one tile per head dim)."""
+    from iosim import gpu
+
+    cu_q, cu_k = [0, q.shape[0]], [0, k.shape[0]]
+    if packing.startswith("paged"):
+        page = int(packing.removeprefix("paged"))
+        kc, vc, table = gpu.paged_kv(k, v, cu_k, page, seed=page)
+        batch = gpu.varlen_batch(cu_q, cu_k, block_table=table, page_size=page)
+        return lambda: gpu.attention_varlen(q, kc, vc, batch, schedule=schedule)
+    batch = gpu.varlen_batch(cu_q, cu_k)
+    opts = gpu.AttentionOptions(block_q=tiles[0], block_kv=tiles[1]) if tiles else None
+    return lambda: gpu.attention_varlen(q, k, v, batch, schedule=schedule, options=opts)
 
 
 def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """Measure ``forward.resident_step`` of ``iosim-flash2`` (bf16, each tile and residency, its dense, varlen and
     paged instantiations), then ``forward.step``, ``forward.tile_fixed`` and ``forward.call_fixed`` of
-    ``iosim-flash3`` by input type, and of its Local instantiation, at each head dim of its tiles, and of cuDNN's fp8
-    forward (Hopper only; elsewhere said and skipped)."""
+    ``iosim-flash3`` by input type and of its Local instantiation (its Varlen one's step alone), at each head dim of
+    its tiles, and of cuDNN's fp8 forward (Hopper only; elsewhere said and skipped)."""
     seconds = busy_timer(b, cp, CALLS, warmup=2, rest_s=REST_S)
     flash2_part(b, cp, report, seconds)
     if not b.hopper:
@@ -239,10 +257,10 @@ def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
         "paged<page size>"), k = 1 .. its residency."""
         key, tiles = instantiation_key(d, tc.block_q, tc.block_kv, instantiation), (tc.block_q, tc.block_kv)
         for k in range(1, _residency(desc, tc, d, profile) + 1):
-            makers = [partial(_varlen_call, cp, k * b.sms, tc.block_q, n * tc.block_kv, d, tiles, instantiation)
-                      if instantiation else partial(_call, cp, k * b.sms, tc.block_q, n * tc.block_kv, d, "bf16",
-                                                    "flash2", tiles) for n in TILES]
-            times = _timed(f"forward.resident_step.{FLASH2}.{key}.{k}", seconds, makers)
+            kind = f"bf16-{instantiation}" if instantiation else "bf16"
+            times = _timed(f"forward.resident_step.{FLASH2}.{key}.{k}", seconds,
+                           [partial(_call, cp, k * b.sms, tc.block_q, n * tc.block_kv, d, kind, "flash2", tiles)
+                            for n in TILES])
             if times is None:
                 break
             report(Measured(("forward", "resident_step", FLASH2, key, k), step_from(*times), "s",
@@ -269,28 +287,6 @@ def _flash2_method(b: Bench, tc, instantiation: str) -> str:
     return (f"iosim's flash2 forward at Br x Bc = {tc.block_q} x {tc.block_kv}{how}, bf16, no mask, k x {b.sms} "
             f"query heads of Br queries on one kv head (k blocks on each SM, K/V in L2): {_method()}; by "
             "instantiation, then k")
-
-
-def _varlen_call(cp, heads: int, n: int, nk: int, d: int, tiles: tuple[int, int],
-                 instantiation: str) -> Callable[[], Any]:
-    """iosim's flash2 varlen forward on one packed sequence of ``n`` queries (``heads`` query heads) and ``nk`` keys
-    (one kv head), bf16, no mask, at ``tiles``; ``instantiation`` "paged<p>": its keys in pages of p tokens in a
-    random order (the paged instantiation runs its one tile per head dim)."""
-    import ml_dtypes
-
-    from iosim import gpu
-
-    bf16 = ml_dtypes.bfloat16
-    q = cp.random.standard_normal((n, heads, d), dtype=cp.float32).astype(bf16)
-    k, v = (cp.random.standard_normal((nk, 1, d), dtype=cp.float32).astype(bf16) for _ in range(2))
-    cu_q, cu_k = [0, n], [0, nk]
-    if instantiation.startswith("paged"):
-        page = int(instantiation.removeprefix("paged"))
-        kc, vc, table = gpu.paged_kv(k, v, cu_k, page, seed=page)
-        batch = gpu.varlen_batch(cu_q, cu_k, block_table=table, page_size=page)
-        return lambda: gpu.attention_varlen(q, kc, vc, batch)
-    batch, opts = gpu.varlen_batch(cu_q, cu_k), gpu.AttentionOptions(block_q=tiles[0], block_kv=tiles[1])
-    return lambda: gpu.attention_varlen(q, k, v, batch, options=opts)
 
 
 def _method() -> str:

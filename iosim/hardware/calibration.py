@@ -143,20 +143,23 @@ class ForwardCalibration(_Strict):
     step: dict[str, dict[str, SourcedSecondsTable]] = Field(
         default_factory=dict,
         description="seconds a thread block spends on one K/V step of its Q tile, by the kernel's timing "
-                    "description ('iosim-flash3', Hopper only), then its inputs' type ('bf16', 'fp8'; 'bf16-local': "
-                    "a window's Local instantiation, every key inside the window), then head dim; measured on a Q "
-                    "tile an SM, the K/V in L2, no mask")
+                    "description ('iosim-flash3'; 'cudnn': cuDNN's fp8 forward through cudnn-frontend; Hopper "
+                    "only), then its inputs' type ('bf16', 'fp8'; 'bf16-local': a window's Local instantiation, "
+                    "every key inside the window; 'bf16-varlen': the Varlen instantiation, one packed sequence), "
+                    "then head dim; measured on a Q tile an SM, the K/V in L2, no mask")
     tile_fixed: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
-        None, description="seconds a further Q tile of a block costs beyond its steps, keyed as step; absent in files "
-                          "measured before it")
+        None, description="seconds a further Q tile of a block costs beyond its steps, keyed as step (no "
+                          "'bf16-varlen': a long sequence's tiles are not short ones'); absent in files measured "
+                          "before it")
     call_fixed: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
         None, description="seconds a call costs beyond its tiles (launch, start, first loads, last stores), keyed as "
                           "step; absent in files measured before it")
     resident_step: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
         None, description="seconds an SM spends on one K/V step of each of k resident thread blocks, by the kernel's "
                           "timing description ('iosim-flash2'), then its instantiation ('d64_128x64': head dim, Br x "
-                          "Bc), then k (1 to the instantiation's residency); bf16, a Q tile on each block, all on one "
-                          "kv head (K/V in L2), no mask; absent in files measured before it")
+                          "Bc; '-varlen', '-paged16', '-paged64' after it: the packed-sequence and paged ones), then "
+                          "k (1 to the instantiation's residency); bf16, a Q tile on each block, all on one kv head "
+                          "(K/V in L2), no mask; absent in files measured before it")
     naive: dict[str, SourcedSecondsTable] | None = Field(
         None, description="the naive schedule's kernels (kernels/naive.cu), by part ('qk', 'qk_row', "
                           "'qk_masked': seconds a round of the scores kernel's resident tiles takes an SM, whole "
