@@ -25,6 +25,7 @@ STEP_S = {"bf16": {64: 0.5e-6, 128: 0.8e-6, 256: 1.0e-6}, "fp8": {64: 0.4e-6, 12
           "bf16-local": {64: 0.55e-6, 128: 0.85e-6, 256: 1.05e-6},
           "bf16-varlen": {64: 0.52e-6, 128: 0.83e-6, 256: 1.02e-6}}
 FLASH2_S = 0.9e-6  # iosim-flash2, bf16: the stand-in's step of each of k blocks an SM is k times this
+FLASH2_MASK_S = 0.3e-6  # and what its mask pass adds to a tile, k times this
 # its packed-sequence instantiations' steps in the stand-in, relative to the dense one's
 INSTANTIATION = {"": 1.0, "varlen": 1.05, "paged16": 1.15, "paged64": 1.1}
 
@@ -60,14 +61,17 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(forward_step, "_call", lambda cp, heads, n, nk, d, kind="bf16", schedule="flash3", tiles=None:
                         (heads, n, nk, d, kind, schedule, tiles,
                          kind.partition("-")[2] if schedule == "flash2" else ""))  # flash2's instantiation
-    monkeypatch.setattr(forward_step, "_builtin_profile", lambda cp: get_profile("h100-sxm5-80gb"))
+    monkeypatch.setattr(forward_step, "builtin_profile", lambda cp: get_profile("h100-sxm5-80gb"))
 
     def time_ms(call, reps, warmup, view, clock):
         heads, n, nk, d, kind, schedule, tiles, instantiation = call
         if schedule == "flash2":  # k blocks an SM, each a Q tile of Br queries at its tiles
             k, (bq, bkv) = heads // _Bench.sms, tiles
             assert heads % _Bench.sms == 0 and n == bq and nk % bkv == 0
-            return 1e3 * (fixed + nk // bkv * k * FLASH2_S * INSTANTIATION[instantiation])
+            causal = instantiation.endswith("causal")  # bottom-right: the last ceil(Br / Bc) tiles take the mask
+            masked = min(nk // bkv, -(-bq // bkv)) if causal else 0  # as mask_tiles calls it: nk >= Br
+            step = FLASH2_S * INSTANTIATION[instantiation.removesuffix("causal").removesuffix("-")]
+            return 1e3 * (fixed + nk // bkv * k * step + masked * k * FLASH2_MASK_S)
         tc = load_kernel("iosim-flash3").tiles_for(d, kind.split("-")[0])
         tiles = heads // _Bench.sms  # Q tiles an SM: 1, or 2 for the tile's fixed part
         assert heads in (_Bench.sms, 2 * _Bench.sms) and n == tc.block_q and nk % tc.block_kv == 0  # one kv head
@@ -106,6 +110,9 @@ def test_the_step_is_the_time_a_block_adds_per_kv_tile_between_the_two_lengths(s
                     want[(f"d{d}_{tiles[0]}x{tiles[1]}-{name}", k)] = k * FLASH2_S * INSTANTIATION[name]
     assert flash2 == pytest.approx(want, rel=1e-9) and ("d64_64x64", 3) in flash2
     assert ("d128_128x32-varlen", 2) in flash2 and ("d128_64x64-paged16", 1) in flash2
+    # what the mask pass adds to a tile, at the dense and varlen instantiations' keys (not the paged one's)
+    masked = {m.path[3:]: m.value for m in got if m.path[:3] == ("forward", "masked_step", "iosim-flash2")}
+    assert masked == pytest.approx({key: key[1] * FLASH2_MASK_S for key in want if "-paged" not in key[0]}, rel=1e-9)
 
 
 def test_before_hopper_only_the_flash2_step_is_measured(stand_in, capsys):

@@ -47,7 +47,7 @@ def stand_in(monkeypatch):
     profile = get_profile("h100-sxm5-80gb")
     monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
     monkeypatch.setattr(naive_step, "REST_S", 0.0)
-    monkeypatch.setattr(naive_step, "_builtin_profile", lambda cp: profile)
+    monkeypatch.setattr(naive_step, "builtin_profile", lambda cp: profile)
     monkeypatch.setattr(naive_step, "_kernel", lambda cp, kernel, heads, n, nk, d, causal=False:
                         (kernel, heads, n, nk, d, causal))
 

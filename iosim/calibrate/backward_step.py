@@ -95,7 +95,7 @@ def _torch(torch, backend: str, n: int, nk: int, d: int) -> Callable[[], Any]:
     return torch_backward(torch, backend, q, k, v, do)
 
 
-def _torch_or_none():
+def torch_or_none():
     """torch with a CUDA device, or None (the peers' steps are then not measured)."""
     try:
         import torch
@@ -115,7 +115,7 @@ def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
         print(f"backward: skipped (iosim's backward kernels need compute capability 8.0; this GPU is {cc / 10:.1f})",
               flush=True)
         return
-    torch = _torch_or_none()
+    torch = torch_or_none()
     seconds = busy_timer(b, cp, CALLS, warmup=2, rest_s=REST_S)
     for name in KERNELS:
         desc = load_kernel(name)

@@ -42,7 +42,10 @@ instantiations, each a compile of its own with its own per-step work (the sequen
 block-table lookups): the varlen one at the tiles packed calls run (``d128_128x32-varlen``: one packed sequence of
 Br queries and its keys), the paged one at its one tile with pages of 16 and of 64 tokens (``d128_64x64-paged16``,
 ``-paged64``; the keys in pages in a random order). H100, 2026-11-28: the varlen step 0-9% and the paged one 2-15%
-longer than the dense one's at the same tiles.
+longer than the dense one's at the same tiles. ``calibration.forward.masked_step.iosim-flash2``: what its mask pass
+(the tiles holding a key past the causal diagonal or the keys' end) adds to a tile, at the dense and varlen keys and
+residencies: calls at :func:`mask_tiles` K/V tiles causal (bottom-right) less plain, over the tiles masked
+(:func:`extra_masked`; H200, 2026-11-28: 0-0.5 us a tile).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from iosim.blocks import cdiv
 from iosim.calibrate import cudnn_fp8
 from iosim.calibrate.backward_step import CALLS, REST_S
 from iosim.calibrate.device import device_facts, guess_profile
@@ -70,12 +74,47 @@ TILES = (16, 64)  # K/V tiles of each call
 # sequences' Varlen instantiation, one sequence: its step only; its tile and call parts, a long sequence's, are not
 # what short sequences' tiles cost, docs/timing.md "packed sequences")
 KINDS = ("bf16", "fp8", "bf16-local", "bf16-varlen")
+MASKED = ("", "varlen")  # flash2's instantiations whose masked step is measured (the paged one's is not)
 PAGES = (16, 64)  # page sizes the flash2 paged instantiation's step is measured at (iosim.timing.fa2 interpolates)
 
 
 def step_from(t1: float, t2: float) -> float:
     """Seconds a step from the calls at TILES[0] and TILES[1] K/V tiles."""
     return max(t2 - t1, 1e-12) / (TILES[1] - TILES[0])
+
+
+
+
+def mask_tiles(tc) -> tuple[int, int]:
+    """K/V tiles of the calls a masked step is taken from: short ones, so that the causal call's masked steps are
+    much of it (at TILES the difference of 1 to 3 us sat inside the 100-200 us calls' noise: torch's
+    FlashAttention-2, H200, -2.4 to +3.5 us between the two lengths), with keys for every query of the block (c =
+    ceil(Br / Bc), at least 2) and two more: (c, c + 2)."""
+    c = max(2, cdiv(tc.block_q, tc.block_kv))
+    return c, c + 2
+
+
+def masked_from(plain: list[float], causal: list[float], extra: list[int]) -> float:
+    """Seconds a masked step adds, from the calls at :func:`mask_tiles` without and with the causal mask and the
+    masked steps the causal ones run beyond the others (``extra``, :func:`extra_masked`): their differences over
+    those steps, summed; at least 1 ps (a measurement noisier than the part)."""
+    diff = sum(c - p for p, c in zip(plain, causal, strict=True))
+    return max(diff / sum(extra), 1e-12)
+
+
+def extra_masked(desc, tc, d: int, tiles: int, varlen: bool) -> int:
+    """Masked steps a causal Q block of Br queries against ``tiles`` K/V tiles runs beyond a non-causal one, by the
+    description's mask (:func:`iosim.timing.fa2.masked`; FlashAttention-2's loop: ceil(Br / Bc) and, varlen, one
+    more, at most its steps, less the non-causal block's one where varlen; kernels/flash_fwd.cu's: the tiles past the
+    diagonal)."""
+    from iosim import AttentionProblem
+    from iosim.timing.fa2 import masked
+
+    n = np.array([tiles])
+    p = AttentionProblem(batch=1, heads=1, seq_len=tc.block_q, kv_len=tiles * tc.block_kv, head_dim=d, dtype="bf16")
+    rule = desc.masking or "fa2-loop"
+    causal = p.model_copy(update={"causal": True})
+    return int(masked(causal, tc, n, varlen, rule)[0] - masked(p, tc, n, varlen, rule)[0])
 
 
 def fixed_from(t1: float, t2: float, *more_tiles: float) -> tuple[float, float]:
@@ -94,10 +133,12 @@ def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule:
     flash2, None: the default), ready to time; ``kind`` (:data:`KINDS`): bf16, quantized to e4m3 once ("fp8"),
     bf16 through the Local instantiation ("bf16-local"), or the heads' queries and the keys as one packed sequence
     through the Varlen instantiation ("bf16-varlen") or flash2's Paged one, keys in pages of p tokens
-    ("bf16-paged<p>")."""
+    ("bf16-paged<p>"); "-causal" after any, the causal mask (bottom-right)."""
     import ml_dtypes
 
     from iosim import gpu
+
+    causal, kind = kind.endswith("-causal"), kind.removesuffix("-causal")
 
     bf16 = ml_dtypes.bfloat16
     q = cp.random.standard_normal((1, n, heads, d), dtype=cp.float32).astype(bf16)
@@ -111,14 +152,15 @@ def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule:
         opts = gpu.AttentionOptions(window=(nk, nk))
     packing = kind.partition("-")[2]
     if packing == "varlen" or packing.startswith("paged"):
-        return _packed(q[0], k[0], v[0], packing, schedule, tiles)
-    return lambda: gpu.attention(q, k, v, schedule=schedule, options=opts)
+        return _packed(q[0], k[0], v[0], packing, schedule, tiles, causal)
+    return lambda: gpu.attention(q, k, v, causal=causal, schedule=schedule, options=opts)
 
 
-def _packed(q, k, v, packing: str, schedule: str, tiles: tuple[int, int] | None) -> Callable[[], Any]:
+def _packed(q, k, v, packing: str, schedule: str, tiles: tuple[int, int] | None, causal: bool = False
+            ) -> Callable[[], Any]:
     """q (n, heads, d), k and v (nk, 1, d) as one packed sequence through the Varlen instantiation (``packing``
     "varlen", at ``tiles`` where given) or, "paged<p>", flash2's Paged one with the keys in pages of p tokens in a
-    random order (its one tile per head dim)."""
+    random order (its one tile per head dim); ``causal``: bottom-right."""
     from iosim import gpu
 
     cu_q, cu_k = [0, q.shape[0]], [0, k.shape[0]]
@@ -126,10 +168,10 @@ def _packed(q, k, v, packing: str, schedule: str, tiles: tuple[int, int] | None)
         page = int(packing.removeprefix("paged"))
         kc, vc, table = gpu.paged_kv(k, v, cu_k, page, seed=page)
         batch = gpu.varlen_batch(cu_q, cu_k, block_table=table, page_size=page)
-        return lambda: gpu.attention_varlen(q, kc, vc, batch, schedule=schedule)
+        return lambda: gpu.attention_varlen(q, kc, vc, batch, causal=causal, schedule=schedule)
     batch = gpu.varlen_batch(cu_q, cu_k)
     opts = gpu.AttentionOptions(block_q=tiles[0], block_kv=tiles[1]) if tiles else None
-    return lambda: gpu.attention_varlen(q, k, v, batch, schedule=schedule, options=opts)
+    return lambda: gpu.attention_varlen(q, k, v, batch, causal=causal, schedule=schedule, options=opts)
 
 
 def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
@@ -250,13 +292,13 @@ def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
     if int(cp.cuda.Device().compute_capability) < 80:
         print("forward: flash2 skipped (iosim's flash2 forward needs compute capability 8.0)", flush=True)
         return
-    desc, profile = load_kernel(FLASH2), _builtin_profile(cp)
+    desc, profile = load_kernel(FLASH2), builtin_profile(cp)
 
     def resident_steps(tc, d: int, instantiation: str = "") -> None:
         """The steps of one instantiation at tiles ``tc`` (``instantiation``: "" the dense one, "varlen" or
         "paged<page size>"), k = 1 .. its residency."""
         key, tiles = instantiation_key(d, tc.block_q, tc.block_kv, instantiation), (tc.block_q, tc.block_kv)
-        for k in range(1, _residency(desc, tc, d, profile) + 1):
+        for k in range(1, residency_on(desc, tc, d, profile) + 1):
             kind = f"bf16-{instantiation}" if instantiation else "bf16"
             times = _timed(f"forward.resident_step.{FLASH2}.{key}.{k}", seconds,
                            [partial(_call, cp, k * b.sms, tc.block_q, n * tc.block_kv, d, kind, "flash2", tiles)
@@ -266,7 +308,24 @@ def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
             report(Measured(("forward", "resident_step", FLASH2, key, k), step_from(*times), "s",
                             _flash2_method(b, tc, instantiation)),
                    f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]}")
+            if instantiation in MASKED:
+                masked_part(k, tc, d, instantiation)
             cp.get_default_memory_pool().free_all_blocks()
+
+    def masked_part(k: int, tc, d: int, instantiation: str) -> None:
+        """``masked_step`` of the instantiation at tiles ``tc`` and k blocks an SM: causal less plain at
+        :func:`mask_tiles` over the tiles the mask pass runs on beyond the plain call's (none: whole tiles)."""
+        key, tiles = instantiation_key(d, tc.block_q, tc.block_kv, instantiation), (tc.block_q, tc.block_kv)
+        kind = f"bf16-{instantiation}" if instantiation else "bf16"
+        times = _timed(f"forward.masked_step.{FLASH2}.{key}.{k}", seconds,
+                       [partial(_call, cp, k * b.sms, tc.block_q, m * tc.block_kv, d, kind + mask, "flash2", tiles)
+                        for mask in ("", "-causal") for m in mask_tiles(tc)])
+        if times is None:
+            return
+        extra = [extra_masked(desc, tc, d, m, bool(instantiation)) for m in mask_tiles(tc)]
+        report(Measured(("forward", "masked_step", FLASH2, key, k), masked_from(times[:2], times[2:], extra), "s",
+                        _flash2_method(b, tc, instantiation, masked=True)),
+               " / ".join(f"{t * 1e6:.2f}" for t in times) + f" us at {mask_tiles(tc)} K/V tiles, plain then causal")
 
     for d in sorted(desc.tiles):
         own = desc.tiles_for(d)
@@ -279,14 +338,19 @@ def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
             resident_steps(own.with_tiles(*FLASH_PAGED_TILES[d]), d, f"paged{page}")
 
 
-def _flash2_method(b: Bench, tc, instantiation: str) -> str:
-    """The source of a ``resident_step`` measurement of ``instantiation`` at tiles ``tc``."""
+def _flash2_method(b: Bench, tc, instantiation: str, masked: bool = False) -> str:
+    """The source of a ``resident_step`` (``masked``: ``masked_step``) measurement of ``instantiation`` at tiles
+    ``tc``."""
     how = {"": "", "varlen": ", its varlen instantiation (one packed sequence)"}.get(
         instantiation, f", its paged instantiation (one packed sequence, keys in pages of "
                        f"{instantiation.removeprefix('paged')} tokens in a random order)")
-    return (f"iosim's flash2 forward at Br x Bc = {tc.block_q} x {tc.block_kv}{how}, bf16, no mask, k x {b.sms} "
-            f"query heads of Br queries on one kv head (k blocks on each SM, K/V in L2): {_method()}; by "
-            "instantiation, then k")
+    first, last = mask_tiles(tc)
+    what = (f"causal (bottom-right) less plain at {first} and {last} K/V tiles, each the median of {CALLS} calls "
+            f"behind a busy kernel after {REST_S} s idle, over the tiles its mask pass runs on beyond the plain calls' "
+            "(iosim/calibrate/forward_step.py)" if masked else _method())
+    return (f"iosim's flash2 forward at Br x Bc = {tc.block_q} x {tc.block_kv}{how}, bf16, "
+            f"{'' if masked else 'no mask, '}k x {b.sms} query heads of Br queries on one kv head (k blocks on each "
+            f"SM, K/V in L2): {what}; by instantiation, then k")
 
 
 def _method() -> str:
@@ -305,7 +369,7 @@ def _timed(label: str, seconds: Callable[[Any], float], makers: list[Callable[[]
         return None
 
 
-def _builtin_profile(cp):
+def builtin_profile(cp):
     """This GPU's built-in profile (by its name), or None."""
     try:
         return get_profile(guess_profile(device_facts(cp)["device"]))
@@ -313,7 +377,7 @@ def _builtin_profile(cp):
         return None
 
 
-def _residency(desc, tc, d: int, profile) -> int:
+def residency_on(desc, tc, d: int, profile) -> int:
     """Blocks of the instantiation resident on an SM by the fa2 model on ``profile`` (1 without one)."""
     from iosim.timing.fa2 import residency
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from iosim.blocks import cdiv
 from iosim.calibrate.backward_step import CALLS, REST_S
-from iosim.calibrate.forward_step import _builtin_profile, _timed
+from iosim.calibrate.forward_step import _timed, builtin_profile
 from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
 from iosim.launch import HEAD_DIMS
 
@@ -75,7 +75,7 @@ def naive_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     if int(cp.cuda.Device().compute_capability) < 80:
         print("forward: naive skipped (naive.cu's GEMMs need compute capability 8.0)", flush=True)
         return
-    profile = _builtin_profile(cp)
+    profile = builtin_profile(cp)
     seconds = busy_timer(b, cp, CALLS, warmup=2, rest_s=REST_S)
     _softmax(b, cp, report, seconds)
     for d in HEAD_DIMS:

@@ -23,6 +23,7 @@ from iosim._version import __version__
 from iosim.calibrate.backward_step import backward_part
 from iosim.calibrate.decode_tile import decode_part
 from iosim.calibrate.device import device_facts
+from iosim.calibrate.fa2_step import fa2_part
 from iosim.calibrate.forward_step import forward_part
 from iosim.calibrate.naive_step import naive_part
 from iosim.calibrate.power import power_part
@@ -139,9 +140,10 @@ def with_part(base: str, measured: list[Measured], on: dict, *parts: str) -> dic
 
 
 def steps_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """The kernels' own steps: iosim's forward kernels (flash2's on any GPU, flash3's on Hopper, the naive schedule's
-    GEMMs), then the backward kernels."""
+    """The kernels' own steps: iosim's forward kernels (flash2's on any GPU, flash3's on Hopper), torch's
+    FlashAttention-2 forward, the naive schedule's GEMMs, then the backward kernels."""
     forward_part(b, cp, report)
+    fa2_part(b, cp, report)
     naive_part(b, cp, report)
     backward_part(b, cp, report)
 

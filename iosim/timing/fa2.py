@@ -33,6 +33,13 @@ k blocks on every SM, bf16, K/V in L2), a 16-bit call takes it as T_step; the co
 (``d128_128x32-varlen``, ``d128_64x64-paged16`` and ``-paged64``: their steps 0-9% and 2-15% longer than the dense
 kernel's on an H100): each call takes its own (:func:`instantiation_step`); a window's Local instantiations keep the
 composed step.
+
+**The masked steps.** FlashAttention-2 runs a causal Q block's first ceil(Br / Bc) K/V tiles (it walks them from
+the last; one more where the lengths are not whole tiles, and a non-causal block's first one then) through a loop
+that masks every score (``masking: fa2-loop``); kernels/flash_fwd.cu masks, in a pass of its own, the tiles holding a
+key past the diagonal or the keys' end (``masking: diagonal``). What a masked step costs beyond the measured one
+(``calibration.forward.masked_step``: :mod:`iosim.calibrate.fa2_step`, :mod:`iosim.calibrate.forward_step`) is added
+for each Q block's :func:`masked` steps where the profile holds both (:func:`mask_step`).
 """
 
 from __future__ import annotations
@@ -126,19 +133,60 @@ def visits(p: AttentionProblem, Br: int, Bc: int, window: tuple[int | None, int 
     return np.maximum(hi - lo, 0).astype(float)
 
 
-def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, k: int, r: Rates,
-                latency: float = 0.0, window: tuple[int | None, int | None] | None = None,
-                step_s: float | None = None) -> np.ndarray:
-    """Seconds of each Q block of one head with ``k`` blocks resident per SM; ``latency``: one dependent load (its
-    Q_i and first K/V tile wait for two: nothing of the block hides them); ``window``: a sliding window's K/V
-    ranges; ``step_s``: the step as measured (:func:`measured_step`; None: composed)."""
-    Br, Bc, d, e = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes
+class Pace(NamedTuple):
+    """How a block's steps run: ``k`` blocks resident on its SM, ``latency`` of one dependent load, ``step_s`` the
+    measured step (:func:`instantiation_step`; None: composed), ``mask_s`` what a masked step adds
+    (:func:`mask_step`)."""
+
+    k: int
+    latency: float = 0.0
+    step_s: float | None = None
+    mask_s: float = 0.0
+
+
+def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: Rates, pace: Pace,
+                window: tuple[int | None, int | None] | None = None, packed: bool = False) -> np.ndarray:
+    """Seconds of each Q block of one head at ``pace`` (:class:`Pace`: its k blocks resident per SM, one dependent
+    load's latency, which its Q_i and first K/V tile wait twice for, nothing of the block hiding them; its measured
+    step or the composed one; what a masked step adds, for the :func:`masked` steps of ``packed`` sequences or not);
+    ``window``: a sliding window's K/V ranges."""
+    Br, Bc, d, e, k = tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, pace.k
     n = visits(p, Br, Bc, window)
     per_sm_l2 = r.l2 / r.sms
-    t_step = step(Br, Bc, d, e, k, desc, tc, r).step_s if step_s is None else step_s  # ragged: whole mma tiles
-    prologue = k * (Br + 2 * Bc) * d * e / per_sm_l2 + r.block_s + 2 * latency  # Q_i and the first K/V tile
+    t_step = step(Br, Bc, d, e, k, desc, tc, r).step_s if pace.step_s is None else pace.step_s  # whole mma tiles
+    prologue = k * (Br + 2 * Bc) * d * e / per_sm_l2 + r.block_s + 2 * pace.latency  # Q_i and the first K/V tile
     epilogue = k * Br * d * e / per_sm_l2  # O written once
-    return prologue + n * t_step + epilogue
+    extra = pace.mask_s * masked(p, tc, n, packed, desc.masking or "fa2-loop") if pace.mask_s else 0.0
+    return prologue + n * t_step + extra + epilogue
+
+
+def masked(p: AttentionProblem, tc: TileConfig, n: np.ndarray, packed: bool, rule: str = "fa2-loop") -> np.ndarray:
+    """Steps of each Q block (``n`` visited; no window) that run the kernel's mask, by ``rule``
+    (:attr:`KernelDesc.masking`). "fa2-loop": FlashAttention-2's masking loop (flash_fwd_kernel.h's
+    n_masking_steps: its last K/V tiles, which it runs first): ceil(Br / Bc) of a causal block, one more where the
+    lengths are not whole tiles (its Is_even_MN; packed sequences never are); of a non-causal block, the last one
+    where they are not, and none where they are (its mask then compiles to nothing). "diagonal" (kernels/flash_fwd.cu's
+    need_mask): the tiles holding a key past the keys' end or, causal, past the Q block's first row's last key."""
+    Br, Bc = tc.block_q, tc.block_kv
+    if rule == "diagonal":
+        return _diagonal(p, Br, Bc, n)
+    even = not packed and p.seq_len % Br == 0 and p.kv_len % Bc == 0
+    loop = cdiv(Br, Bc) + (not even) if p.causal else int(not even)
+    return np.minimum(n, loop)
+
+
+def _diagonal(p: AttentionProblem, Br: int, Bc: int, n: np.ndarray) -> np.ndarray:
+    """Tiles of each Q block that hold a key past the keys' end or, causal (bottom-right), past the block's first
+    row's last key: of its visited tiles [lo, lo + n), those from j0 = (m0 + kv_len - seq_len + 1) // Bc up, and
+    the ragged last one."""
+    lo, hi = kv_block_ranges(p.seq_len, p.kv_len, Br, Bc, p.causal, None)
+    hi = np.minimum(hi, lo + n.astype(int))
+    m0 = np.arange(len(lo)) * Br
+    j0 = (m0 + p.kv_len - p.seq_len + 1) // Bc if p.causal else np.full(len(lo), hi.max(initial=0) + 1)
+    count = np.maximum(hi - np.maximum(lo, j0), 0)
+    last = p.kv_len // Bc  # the ragged last tile, where there is one
+    ragged = (p.kv_len % Bc != 0) & (lo <= last) & (last < hi) & (last < j0)
+    return (count + ragged).astype(float)
 
 
 def measured_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileConfig, k: int,
@@ -153,6 +201,20 @@ def measured_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: T
     if entry is None or p.elem_bytes != 2 or p.head_dim not in desc.tiles or k not in entry.value:
         return None
     return float(entry.value[k])
+
+
+def mask_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileConfig, k: int,
+              window: tuple[int | None, int | None] | None, packed: bool, page_size: int | None) -> float:
+    """``calibration.forward.masked_step`` of the description's instantiation (the dense one or, ``packed``, the
+    varlen one) at ``k`` blocks an SM: what a masked step adds to its measured step; 0 where the description names
+    no mask (``masking``), the call has a window or pages, or the profile has no measurement
+    (:mod:`iosim.calibrate.fa2_step`, :mod:`iosim.calibrate.forward_step`)."""
+    cal = getattr(profile.calibration, "forward", None)
+    table = (getattr(cal, "masked_step", None) or {}).get(desc.name) if cal is not None else None
+    if not table or desc.masking is None or window is not None or page_size or p.elem_bytes != 2:
+        return 0.0
+    entry = table.get(instantiation_key(p.head_dim, tc.block_q, tc.block_kv, "varlen" if packed else ""))
+    return float(entry.value[k]) if entry is not None and k in entry.value else 0.0
 
 
 def instantiation_key(d: int, block_q: int, block_kv: int, instantiation: str = "") -> str:
@@ -195,15 +257,6 @@ def sequence(p: AttentionProblem, n: int, nk: int) -> AttentionProblem:
     return p.model_copy(update={"seq_len": n, "kv_len": nk})
 
 
-class Pace(NamedTuple):
-    """How a block's steps run: ``k`` blocks resident on its SM, ``latency`` of one dependent load, ``step_s`` the
-    measured step (:func:`instantiation_step`; None: composed)."""
-
-    k: int
-    latency: float = 0.0
-    step_s: float | None = None
-
-
 def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: Rates, pace: Pace,
                  seqs: tuple[tuple[int, int], ...], window: tuple[int | None, int | None] | None) -> np.ndarray:
     """Seconds of each thread block of packed sequences ``seqs`` ((queries, keys) each), in the launch order of the
@@ -219,7 +272,7 @@ def packed_order(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: Rates
     for n, nk in seqs:
         t = np.zeros(0)
         if n > 0:
-            t = block_times(sequence(p, n, nk), desc, tc, pace.k, r, pace.latency, window, pace.step_s)
+            t = block_times(sequence(p, n, nk), desc, tc, r, pace, window, packed=True)
             t = t[::-1] if reverse else t
         per_seq.append(np.concatenate([t, np.full(Tr - len(t), exit_s)]))
     if desc.varlen_grid == "tiles-sequences-heads":  # every sequence of head 0, then of head 1, ...
@@ -261,10 +314,12 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
     if working < r.sms * k:  # one partial wave: blocks spread over the SMs, fewer resident on each
         k = max(1, math.ceil(working / r.sms))
     step_m = instantiation_step(c.profile, desc, p, tc, k, window, bool(seqs), page_size)
+    mask_s = mask_step(c.profile, desc, p, tc, k, window, bool(seqs), page_size) if step_m is not None else 0.0
+    pace = Pace(k, latency, step_m, mask_s)
     if seqs:
-        order = packed_order(p, desc, tc, r, Pace(k, latency, step_m), seqs, window)
+        order = packed_order(p, desc, tc, r, pace, seqs, window)
     else:
-        order = launch_order(block_times(p, desc, tc, k, r, latency, window, step_m), heads, desc, p.causal)
+        order = launch_order(block_times(p, desc, tc, r, pace, window), heads, desc, p.causal)
     blocks = tail_makespan(order, r.sms, k, _speedup(c, desc, tc, k, step_m, (window, bool(seqs), page_size)))
     memory = r.dram_s(*dram)
     total = max(blocks, memory) + r.first_launch_s() + latency  # the last stores drain
@@ -273,7 +328,8 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
     parts = {"utilization": min(1.0, busy), "blocks": blocks, "dram": memory, "launch": r.first_launch_s(), "resident_blocks": k,
              "step_ldmatrix": sp.ldmatrix_s, "step_mma": sp.mma_s, "step_softmax": sp.softmax_s,
              "step_load": sp.load_s, "step": sp.step_s if step_m is None else step_m,
-             **({"step_composed": sp.step_s} if step_m is not None else {})}
+             **({"step_composed": sp.step_s} if step_m is not None else {}),
+             **({"step_masked_extra": mask_s} if mask_s else {})}
     bound = "dram" if memory > blocks else "step (measured)" if step_m is not None else _step_bound(sp, k)
     problems = [sequence(p, n, nk) for n, nk in seqs if n > 0] if seqs else [p]
     steps = heads * float(sum(np.sum(visits(q, tc.block_q, tc.block_kv, window)) for q in problems))
@@ -284,16 +340,15 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float], 
 def _speedup(c: Conditions, desc: KernelDesc, tc: TileConfig, k: int, step_m: float | None, call: tuple
              ) -> dict[int, float]:
     """How much faster each block on an SM runs while j = 1 .. k blocks run there than with ``k``: the step at k over
-    the step at j, each the instantiation's measured one where the call takes a measured step (``step_m``) and the
-    profile holds it at j, else the composed one; ``call``: (window, packed, page_size), as instantiation_step."""
+    the step at j, the instantiation's measured ones where the call takes a measured step (``step_m``) and the
+    profile holds it at every j, else the composed ones; ``call``: (window, packed, page_size), as
+    instantiation_step."""
     p, r = c.problem, c.rates
-
-    def at(j: int) -> float:
-        measured = instantiation_step(c.profile, desc, p, tc, j, *call) if step_m is not None else None
-        return measured if measured is not None else step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, j, desc,
-                                                          tc, r).step_s
-    full = at(k)
-    return {j: full / at(j) for j in range(1, k + 1)}
+    measured = [instantiation_step(c.profile, desc, p, tc, j, *call) for j in range(1, k + 1)] if step_m else []
+    if step_m is None or None in measured:  # the ratios of one kind: a measured step over a composed one is neither
+        measured = [step(tc.block_q, tc.block_kv, p.head_dim, p.elem_bytes, j, desc, tc, r).step_s
+                    for j in range(1, k + 1)]
+    return {j: measured[-1] / measured[j - 1] for j in range(1, k + 1)}
 
 
 def _step_bound(sp: StepParts, k: int) -> str:

@@ -130,6 +130,12 @@ class KernelDesc(_Strict):
                                   "group's query heads folded into query rows (FlashAttention-2's mha_fwd: "
                                   "seqlenq_ngroups_swapped), split-KV or not")
     decode: DecodeKernel | None = Field(default=None, description="family decode: the kernel's instantiations")
+    masking: Literal["fa2-loop", "diagonal"] | None = Field(
+        default=None, description="forward (fa2 family): which K/V steps of a Q block run the kernel's mask, priced "
+        "at calibration.forward.masked_step where measured (None: none priced; iosim.timing.fa2.masked); "
+        "'fa2-loop', FlashAttention-2's n_masking_steps: a causal block's last ceil(Br / Bc) steps, one more where "
+        "the lengths are not whole tiles or the sequences are packed, and a non-causal block's last step in those "
+        "cases; 'diagonal', kernels/flash_fwd.cu's: the tiles holding a key past the causal diagonal or the keys' end")
     fp8_tiles: dict[int, TileConfig] = Field(
         default_factory=dict, description="head_dim -> tiles of the fp8 (e4m3) instantiations, where they differ "
         "from ``tiles`` (a head dim past the largest listed: ``tiles``)")

@@ -136,6 +136,13 @@ def test_forward_steps_are_bound_by_the_tensor_cores(cal):
         for k, seconds in table.value.items():
             floor = k * 4 * bq * bkv * d / (4096 * c.sm_clock.value)
             assert floor < seconds < 10 * floor, (key, k, seconds, floor)
+    # its mask pass, at the dense and varlen instantiations' tiles and residencies: more than nothing, less than two
+    # steps (a pass over the scores, no GEMM)
+    masked = c.forward.masked_step["iosim-flash2"]
+    assert sorted(masked) == sorted(key for key in steps if "-paged" not in key)
+    for key, table in masked.items():
+        assert sorted(table.value) == sorted(steps[key].value)
+        assert all(0 < s < 2 * steps[key].value[k] for k, s in table.value.items()), (key, table.value)
     if not dev["hopper"]:
         assert not c.forward.step
         return
@@ -160,6 +167,28 @@ def test_forward_steps_are_bound_by_the_tensor_cores(cal):
                 tile = c.forward.tile_fixed[kernel][kind].value[d]
                 call = c.forward.call_fixed[kernel][kind].value[d]
                 assert 0 < tile < 50e-6 and 0 < call < 50e-6, (kernel, kind, d, tile, call)
+
+
+def test_torchs_flashattention2_forward_step_and_masked_step(cal):
+    """torch's FlashAttention-2 forward (the fa2 description) where torch runs: its step at every head dim, dense and
+    varlen, bound by the tensor cores as ours; a step of its masking loop costs more than none and less than two
+    plain steps (one mask pass over the scores, not a second GEMM)."""
+    from iosim.timing import load_kernel
+
+    c, _, _, _ = cal
+    if not _imports("torch"):
+        assert "fa2" not in (c.forward.resident_step or {})
+        return
+    desc, steps, masked = load_kernel("fa2"), c.forward.resident_step["fa2"], c.forward.masked_step["fa2"]
+    assert sorted(steps) == sorted(masked) and {key.partition("-")[2] for key in steps} == {"", "varlen"}
+    assert {int(key.split("_")[0][1:]) for key in steps} == set(desc.tiles)
+    for key, table in steps.items():
+        d = int(key.split("_")[0][1:])
+        tc = desc.tiles_for(d)
+        for k, seconds in table.value.items():
+            floor = k * 4 * tc.block_q * tc.block_kv * d / (4096 * c.sm_clock.value)
+            assert floor < seconds < 10 * floor, (key, k, seconds, floor)
+            assert 0 < masked[key].value[k] < 2 * seconds, (key, k, masked[key].value[k], seconds)
 
 
 def _imports(module: str) -> bool:
