@@ -83,8 +83,6 @@ def step_from(t1: float, t2: float) -> float:
     return max(t2 - t1, 1e-12) / (TILES[1] - TILES[0])
 
 
-
-
 def mask_tiles(tc) -> tuple[int, int]:
     """K/V tiles of the calls a masked step is taken from: short ones, so that the causal call's masked steps are
     much of it (at TILES the difference of 1 to 3 us sat inside the 100-200 us calls' noise: torch's
