@@ -4,12 +4,13 @@ step by ``iosim calibrate rates`` (:mod:`iosim.calibrate.forward_step`).
 
 One graph per (shape, causal), built once off the timed path: ``pygraph(io_data_type=FP8_E4M3)``, Q, K, V as
 (B, H, N, d) views of the (B, N, H, d) buffers (strides (N H d, d, H d, 1); K and V with the shape's ``kv_heads``
-where it has grouped-query heads and its ``kv_len`` keys where they differ from the queries), ``sdpa_fp8`` with a descale for each of
-Q, K, V and S (= P), a scale for S and O, the amax of S and O as outputs, no softmax stats (inference), causal as the
-frontend's preferred mask (``diagonal_alignment=TOP_LEFT, right_bound=0``). The output type is the first of
-:data:`OUT_TYPES` the installed cuDNN builds a plan for (bf16 is our kernel's; cuDNN's Hopper FP8 forward may only
-write fp16 or fp8; a caller may ask for fewer, ``out_types``); each refusal's reason is kept. Inputs: the benchmark's bf16 tensors quantized per tensor with a
-power-of-two scale (amax x scale <= 448, e4m3's largest finite value), so descale = 1 / scale exactly.
+where it has grouped-query heads and its ``kv_len`` keys where they differ from the queries), ``sdpa_fp8`` with a
+descale for each of Q, K, V and S (= P), a scale for S and O, the amax of S and O as outputs, no softmax stats
+(inference), causal as the frontend's preferred mask (``diagonal_alignment=TOP_LEFT, right_bound=0``). The output
+type is the first of :data:`OUT_TYPES` the installed cuDNN builds a plan for (bf16 is our kernel's; cuDNN's Hopper
+FP8 forward may only write fp16 or fp8; a caller may ask for fewer, ``out_types``); each refusal's reason is kept.
+Inputs: the benchmark's bf16 tensors quantized per tensor with a power-of-two scale (amax x scale <= 448, e4m3's
+largest finite value), so descale = 1 / scale exactly.
 
 Nothing here imports torch or cudnn: the caller passes both modules in (the graph builder only needs ``cudnn``, so
 tests drive it with a stand-in).

@@ -110,9 +110,8 @@ def extra_masked(desc, tc, d: int, tiles: int, varlen: bool) -> int:
 
     n = np.array([tiles])
     p = AttentionProblem(batch=1, heads=1, seq_len=tc.block_q, kv_len=tiles * tc.block_kv, head_dim=d, dtype="bf16")
-    rule = desc.masking or "fa2-loop"
     causal = p.model_copy(update={"causal": True})
-    return int(masked(causal, tc, n, varlen, rule)[0] - masked(p, tc, n, varlen, rule)[0])
+    return int(masked(causal, tc, n, varlen, desc.masking)[0] - masked(p, tc, n, varlen, desc.masking)[0])
 
 
 def fixed_from(t1: float, t2: float, *more_tiles: float) -> tuple[float, float]:

@@ -158,13 +158,15 @@ class ForwardCalibration(_Strict):
         None, description="seconds an SM spends on one K/V step of each of k resident thread blocks, by the kernel's "
                           "timing description ('iosim-flash2'; 'fa2': torch's FlashAttention-2 forward), then its "
                           "instantiation ('d64_128x64': head dim, Br x Bc; '-varlen', '-paged16', '-paged64' after "
-                          "it: the packed-sequence and paged ones), then k (1 to the instantiation's residency); bf16, a Q tile on each block, all on one kv head "
-                          "(K/V in L2), no mask; absent in files measured before it")
+                          "it: the packed-sequence and paged ones), then k (1 to the instantiation's residency); "
+                          "bf16, a Q tile on each block, all on one kv head (K/V in L2), no mask; absent in files "
+                          "measured before it")
     masked_step: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
-        None, description="seconds an SM spends beyond resident_step on a K/V step of each of its k blocks that runs "
-                          "the kernel's masking loop (the causal diagonal's tiles; for 'fa2': torch's FlashAttention-2 "
-                          "forward, iosim/calibrate/fa2_step.py), keyed as resident_step; absent in files measured "
-                          "before it")
+        None, description="seconds an SM spends beyond resident_step on a K/V step of each of its k blocks that the "
+                          "kernel masks (the causal diagonal's tiles, by the description's masking: "
+                          "iosim.timing.fa2.masked; 'fa2' from iosim/calibrate/fa2_step.py, 'iosim-flash2' from "
+                          "iosim/calibrate/forward_step.py), keyed as resident_step (no paged keys); absent in files "
+                          "measured before it")
     naive: dict[str, SourcedSecondsTable] | None = Field(
         None, description="the naive schedule's kernels (kernels/naive.cu), by part ('qk', 'qk_row', "
                           "'qk_masked': seconds a round of the scores kernel's resident tiles takes an SM, whole "

@@ -156,7 +156,7 @@ def block_times(p: AttentionProblem, desc: KernelDesc, tc: TileConfig, r: Rates,
     t_step = step(Br, Bc, d, e, k, desc, tc, r).step_s if pace.step_s is None else pace.step_s  # whole mma tiles
     prologue = k * (Br + 2 * Bc) * d * e / per_sm_l2 + r.block_s + 2 * pace.latency  # Q_i and the first K/V tile
     epilogue = k * Br * d * e / per_sm_l2  # O written once
-    extra = pace.mask_s * masked(p, tc, n, packed, desc.masking or "fa2-loop") if pace.mask_s else 0.0
+    extra = pace.mask_s * masked(p, tc, n, packed, desc.masking) if pace.mask_s else 0.0  # mask_s: masking set
     return prologue + n * t_step + extra + epilogue
 
 
@@ -176,17 +176,17 @@ def masked(p: AttentionProblem, tc: TileConfig, n: np.ndarray, packed: bool, rul
 
 
 def _diagonal(p: AttentionProblem, Br: int, Bc: int, n: np.ndarray) -> np.ndarray:
-    """Tiles of each Q block that hold a key past the keys' end or, causal (bottom-right), past the block's first
-    row's last key: of its visited tiles [lo, lo + n), those from j0 = (m0 + kv_len - seq_len + 1) // Bc up, and
-    the ragged last one."""
+    """Tiles of each Q block that hold a key past the keys' end (the ragged last tile) or, causal (bottom-right),
+    past the block's first row's last key (of its visited tiles [lo, lo + n), those from j0 = (m0 + kv_len -
+    seq_len + 1) // Bc up)."""
     lo, hi = kv_block_ranges(p.seq_len, p.kv_len, Br, Bc, p.causal, None)
     hi = np.minimum(hi, lo + n.astype(int))
-    m0 = np.arange(len(lo)) * Br
-    j0 = (m0 + p.kv_len - p.seq_len + 1) // Bc if p.causal else np.full(len(lo), hi.max(initial=0) + 1)
-    count = np.maximum(hi - np.maximum(lo, j0), 0)
     last = p.kv_len // Bc  # the ragged last tile, where there is one
-    ragged = (p.kv_len % Bc != 0) & (lo <= last) & (last < hi) & (last < j0)
-    return (count + ragged).astype(float)
+    ragged = (p.kv_len % Bc != 0) & (lo <= last) & (last < hi)
+    if not p.causal:
+        return ragged.astype(float)
+    j0 = (np.arange(len(lo)) * Br + p.kv_len - p.seq_len + 1) // Bc
+    return (np.maximum(hi - np.maximum(lo, j0), 0) + (ragged & (last < j0))).astype(float)
 
 
 def measured_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileConfig, k: int,
