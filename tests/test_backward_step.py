@@ -79,6 +79,29 @@ def test_the_tile_fixed_is_what_a_second_tile_adds_beyond_its_steps(stand_in):
     assert fixed == pytest.approx({(k, d): TILE_S for k, t in STEP_S.items() for d in t}, rel=1e-6)
 
 
+def test_the_tile_fixed_is_measured_on_short_tiles(stand_in, monkeypatch):
+    """What a tile costs beyond its steps shrinks as tiles grow (a kernel hides part of it under a long tile's
+    steps): on a stand-in whose tiles of the step's lengths (N1 queries and more) hide three quarters of it, the
+    part is what a SHORT_STEPS-step tile pays, and the step is unchanged."""
+    inner = rates_kernels.time_ms
+
+    def time_ms(call, reps, warmup, view, clock):
+        name, n, nk, d = call
+        tc = load_kernel(name).tiles_for(d)
+        hidden = 0.75 * TILE_S * (nk // (_Bench.sms * tc.block_kv)) if n >= backward_step.N1 else 0.0
+        return inner(call, reps, warmup, view, clock) - 1e3 * hidden
+
+    monkeypatch.setattr(rates_kernels, "time_ms", time_ms)
+    assert backward_step.SHORT_STEPS * 128 < backward_step.N1  # Br <= 128: the short tiles hide nothing
+    got: list[Measured] = []
+    backward_step.backward_part(_Bench(), _CuPy(), report=lambda m, note: got.append(m))
+    parts = {(m.path[1], m.path[2], m.path[3]): m.value for m in got}
+    for k, t in STEP_S.items():
+        for d, step in t.items():
+            assert parts["tile_fixed", k, d] == pytest.approx(TILE_S, rel=1e-6)
+            assert parts["step", k, d] == pytest.approx(step, rel=1e-9)
+
+
 def test_a_kernel_that_refuses_is_skipped_and_said(stand_in, monkeypatch, capsys):
     def refuse(cp, torch, name, n, nk, d):
         if name == "cudnn-bwd" and d == 256:

@@ -86,6 +86,31 @@ def test_the_records_median_call(t_call, expected):
     assert clock.run_shares("record", (t_call, t_call * 1.1, t_call * 1.2), ends) == expected
 
 
+def _with_bursts(engages_s: list[float] | None):
+    """The H100 profile with its limiter's engage spread set (None: none, as older files)."""
+    prof = get_profile(H100)
+    lim = prof.calibration.power.limiter
+    table = None if engages_s is None else {"value": {i: e for i, e in enumerate(engages_s, 1)}, "source": "test"}
+    lim = lim.model_validate({**lim.model_dump(), "engage_bursts": table})
+    power = prof.calibration.power.model_copy(update={"limiter": lim})
+    return prof.model_copy(update={"calibration": prof.calibration.model_copy(update={"power": power})})
+
+
+def test_a_record_straddling_engage_is_priced_over_the_bursts_spread():
+    """The fast loop acts at a time that varies from burst to burst; the record's median call is priced as the
+    average over the measured bursts, each as likely: all at one side gives that side's time, a split between
+    sides the mix in proportion, and a profile without the spread its median alone (older files)."""
+    start, fast = _with_bursts([1.0, 2.0]), _with_bursts([1e-4, 2e-4])  # every burst acts after / before the run
+    t_start = simulate("flash3", HEAVY, start, kernel="cudnn", warm=True).time
+    t_fast = simulate("flash3", HEAVY, fast, kernel="cudnn", warm=True).time
+    assert t_start.clock.shares == (1.0, 0.0, 0.0) and t_fast.clock.shares == (0.0, 1.0, 0.0)
+    mixed = simulate("flash3", HEAVY, _with_bursts([1e-4, 1.0, 2.0, 3.0]), kernel="cudnn", warm=True).time
+    assert mixed.clock.shares == pytest.approx((0.75, 0.25, 0.0))
+    assert mixed.predicted_s == pytest.approx(0.75 * t_start.predicted_s + 0.25 * t_fast.predicted_s, rel=1e-9)
+    assert (simulate("flash3", HEAVY, _with_bursts(None), kernel="cudnn", warm=True).time.predicted_s
+            == heavy().time.predicted_s)
+
+
 def test_a_run_of_seconds_counts_its_calls():
     """A run of S seconds from rest: whole calls in each phase; its shares are shares of the calls."""
     ends, times = (0.05, 0.8, math.inf), (0.01, 0.011, 0.012)

@@ -25,12 +25,17 @@ limiter acts (:mod:`iosim.timing.clock`), so the step is at the clock the other 
 The three kernels of a call (Delta, the main kernel, dQ's conversion) are all timed; their rows grow with N too, by
 under 2% of the main kernel's growth (the two row kernels stream the Q block's rows once).
 
-``calibration.backward.tile_fixed``: what a further work tile costs an SM beyond its steps. A third call at N1
-queries has two K/V blocks for each SM on the head (a second wave of blocks, or a second tile for a persistent
-block); the Q rows, so the two row kernels, are the first call's: tile_fixed = t2(N1) − t1(N1) − (N1 / Br) · step.
-It is the block's start, K_j and V_j's loads, dK_j and dV_j's stores and the pipeline's fill and drain, as far as
-the kernel does not hide them under the next tile's steps: the kernel's code, which the composed per-tile parts
-(iosim.timing.fa2_bwd, fa3_bwd) price from the chip's rates alone. The K/V of both calls stay in L2.
+``calibration.backward.tile_fixed``: what a further work tile costs an SM beyond its steps. Two more calls at
+SHORT_STEPS · Br queries (a short tile) have one and two K/V blocks for each SM on the head (a second wave of
+blocks, or a second tile for a persistent block); the Q rows, so the two row kernels, are the same in both:
+tile_fixed = t2 − t1 − SHORT_STEPS · step. It is the block's start, K_j and V_j's loads, dK_j and dV_j's stores and
+the pipeline's fill and drain, as far as the kernel does not hide them under its steps: the kernel's code, which the
+composed per-tile parts (iosim.timing.fa2_bwd, fa3_bwd) price from the chip's rates alone. The K/V of both calls
+stay in L2. Why short tiles: what a tile costs beyond its steps shrinks as tiles grow (H200, 2026-11-28, the
+second tile an SM less its steps at 4, 8, 16 and 32 steps a tile, Br = 64: cuDNN's at d = 128 4.7, 3.9, 2.8 and
+1.4 us, FA2's 3.7, 2.9, 2.7, 1.6), so it matters, and is best measured, where tiles are short (the records' short
+and causal rows); measured at N1 (16 steps a tile at Br = 64) it was the small difference of two large times and
+came out at 0-3 us where short tiles pay 2.5-10 (docs/timing.md).
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from typing import Any
 
 from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
 
-N1, N2 = 1024, 4096  # queries of the head, the two calls
+N1, N2 = 1024, 4096  # queries of the head, the step's two calls
+SHORT_STEPS = 4  # steps a tile in tile_fixed's two calls (SHORT_STEPS x Br queries)
 CALLS = 15  # timed calls of each (median), queued behind a busy kernel
 REST_S = 0.2  # idle seconds before each timing, so each starts from rest (the power limiter)
 KERNELS = ("iosim-flash2-bwd", "iosim-flash3-bwd", "fa2-bwd", "cudnn-bwd")  # timing descriptions: the table's keys
@@ -51,10 +57,10 @@ def step_from(t1: float, t2: float, block_q: int) -> float:
     return max(t2 - t1, 1e-12) * block_q / (N2 - N1)
 
 
-def tile_fixed_from(t1: float, t2: float, two_tiles: float, block_q: int) -> float:
-    """Seconds a further work tile costs beyond its steps, from the calls at N1 and N2 queries (one K/V block an SM)
-    and at N1 with two K/V blocks an SM (module docstring); at least 1 ns (a measurement noisier than the part)."""
-    return max(two_tiles - t1 - N1 // block_q * step_from(t1, t2, block_q), 1e-9)
+def tile_fixed_from(one_tile: float, two_tiles: float, step: float) -> float:
+    """Seconds a further work tile costs beyond its steps, from the calls of SHORT_STEPS-step tiles with one and two
+    K/V blocks an SM and the step (module docstring); at least 1 ns (a measurement noisier than the part)."""
+    return max(two_tiles - one_tile - SHORT_STEPS * step, 1e-9)
 
 
 def _ours(cp, schedule: str, n: int, nk: int, d: int) -> Callable[[], Any]:
@@ -121,9 +127,10 @@ def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
         desc = load_kernel(name)
         for d in sorted(desc.tiles):
             tc = desc.tiles_for(d)
-            nk = b.sms * tc.block_kv  # one K/V block a SM, all of one head
+            nk, short = b.sms * tc.block_kv, SHORT_STEPS * tc.block_q  # one K/V block a SM, all of one head
             try:
-                calls = [_call(cp, torch, name, n, keys, d) for n, keys in ((N1, nk), (N2, nk), (N1, 2 * nk))]
+                calls = [_call(cp, torch, name, n, keys, d) for n, keys in ((N1, nk), (N2, nk), (short, nk),
+                                                                            (short, 2 * nk))]
                 times = [seconds(call) for call in calls]
             except _Skip as exc:
                 print(f"backward.step.{name}.{d}: skipped ({exc})", flush=True)
@@ -136,13 +143,14 @@ def backward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None
                     f"{b.sms} SMs (batch 1, one head of {b.sms} K/V blocks): (time at {N2} queries - time at {N1}) x "
                     f"Br / {N2 - N1}, each the median of {CALLS} calls behind a busy kernel after {REST_S} s idle "
                     "(iosim/calibrate/backward_step.py); by head dim")
-            report(Measured(("backward", "step", name, d), step_from(*times[:2], tc.block_q), "s", what),
+            step = step_from(*times[:2], tc.block_q)
+            report(Measured(("backward", "step", name, d), step, "s", what),
                    f"{times[0] * 1e6:.1f} us at {N1} queries, {times[1] * 1e6:.1f} us at {N2} (Br = {tc.block_q})")
-            report(Measured(("backward", "tile_fixed", name, d), tile_fixed_from(*times, tc.block_q), "s",
-                            f"the same kernel and inputs at {N1} queries with two K/V blocks for each SM on the head "
-                            f"({2 * b.sms} K/V blocks): time - the one-block call's - {N1} / Br steps "
-                            "(iosim/calibrate/backward_step.py); by head dim"),
-                   f"{times[2] * 1e6:.1f} us with two K/V blocks an SM")
+            report(Measured(("backward", "tile_fixed", name, d), tile_fixed_from(*times[2:], step), "s",
+                            f"the same kernel and inputs at {SHORT_STEPS} x Br queries ({SHORT_STEPS} steps a tile) "
+                            f"with two K/V blocks for each SM on the head ({2 * b.sms} K/V blocks): time - the "
+                            f"one-block call's - {SHORT_STEPS} steps (iosim/calibrate/backward_step.py); by head dim"),
+                   f"{times[2] * 1e6:.1f} / {times[3] * 1e6:.1f} us with one / two K/V blocks an SM")
             del calls
             cp.get_default_memory_pool().free_all_blocks()
 

@@ -229,8 +229,8 @@ def _engage(nvml: Nvml, cp, launch: Callable[[int], None], stamps, sms: int, wha
         engage = _first_below(t, clock, 0.0, start - max((start - held) / 2, 0.01 * start))
         if engage is not None:
             engages.append(engage)
-    how = (f"{ENGAGE_BURSTS} bursts of {ENGAGE_S} s on every SM after {LIMITER_REST_S} s of rest each, the median "
-           "over bursts")
+    bursts = f"{ENGAGE_BURSTS} bursts of {ENGAGE_S} s on every SM after {LIMITER_REST_S} s of rest each"
+    how = f"{bursts}, the median over bursts"
     report(Measured(("power", "limiter", "clock"), float(np.median(starts)), "Hz", f"{what}, {how} of the median "
                     "clock of each burst's launches in its first 20 ms"), "")
     if len(engages) > ENGAGE_BURSTS // 2:  # else the fast loop did not act in most: this board's limit is above them
@@ -238,6 +238,9 @@ def _engage(nvml: Nvml, cp, launch: Callable[[int], None], stamps, sms: int, wha
                         "each burst's first launch below half-way from its first 20 ms' clock to the clock it holds "
                         f"from {ENGAGE_HELD[0]} to {ENGAGE_HELD[1]} s"),
                f"bursts: {', '.join(f'{e * 1e3:.0f}' for e in engages)} ms")
+        for i, e in enumerate(engages, 1):  # the spread: a burst's engage is noise (ENGAGE_BURSTS' comment)
+            report(Measured(("power", "limiter", "engage_bursts", i), e, "s", f"{bursts}: the start of each "
+                            "burst's first launch below half-way, as for engage, by burst (those whose loop acted)"), "")
 
 
 def _every_sm(t: np.ndarray, clock: np.ndarray, samples: list[tuple[float, float]], held: float, what: str,

@@ -216,6 +216,9 @@ class PowerLimiter(_Strict):
     clock: SourcedHz = Field(description="SM clock of the burst on every SM before the limiter acts")
     engage: SourcedSeconds | None = Field(None, description="from the start of that burst until its clock falls "
                                           "(absent: the burst held its clock, the limit is above its power)")
+    engage_bursts: SourcedSecondsTable | None = Field(None, description="each short burst's engage, by burst "
+                                                      "(1, 2, ..): the spread engage is the median of; absent in "
+                                                      "older files")
     clocks: SourcedHzTable = Field(description="the clock each burst holds after the fast loop acted, by SMs busy")
     watts: SourcedWattsTable = Field(description="board watts of each burst then (NVML energy counter), by SMs busy")
     settle: SourcedSeconds | None = Field(None, description="from the start of the burst on every SM until its "

@@ -49,7 +49,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from ..hardware.calibration import PowerCalibration
+from ..hardware.calibration import PowerCalibration, PowerLimiter
 from .estimate import ClockRun, KernelTime
 
 RECORD_WARMUP, RECORD_REPS = 2, 20  # the time records' run (benchmarks/cuda_events.py: 2 warm-up calls, 20 timed)
@@ -96,15 +96,25 @@ def limited(kernels: Sequence[KernelTime], power: PowerCalibration | None,
 
     fast, steady = _held(watts, fast_cap, f0, low), _held(watts, limit, f0, low)
     p_fast = watts(fast)
-    settle = lim.engage.value + window_s(power) * (limit - idle) / (p_fast - idle) if p_fast > limit else None
+    after = window_s(power) * (limit - idle) / (p_fast - idle) if p_fast > limit else None  # engage to settle
+    settle = lim.engage.value + after if after is not None else None
     phases = ((f0, lim.engage.value), (fast, settle if settle is not None else math.inf), (steady, math.inf))
     times = [seconds(f) for f, _ in phases]
-    shares = run_shares(check_run(run), times, [end for _, end in phases])
+    run = check_run(run)
+    per_burst = [run_shares(run, times, [e, e + after if after is not None else math.inf, math.inf])
+                 for e in engages(lim)]
+    shares = tuple(sum(s[i] for s in per_burst) / len(per_burst) for i in range(3))
     out = [replace(k, predicted_s=sum(s * k.predicted_s * (1.0 if k.bound == "dram" else f0 / f)
                                       for s, (f, _) in zip(shares, phases, strict=True))) for k in kernels]
     joules = sum(s * energy_at(f, t) for s, (f, _), t in zip(shares, phases, times, strict=True))
     return out, ClockRun(_name(run), f0, fast, steady if settle is not None else fast, lim.engage.value,
                          None if settle is None else float(settle), shares, watts(f0), float(joules))
+
+
+def engages(lim: PowerLimiter) -> list[float]:
+    """When the fast loop acts, each as likely: every short burst's engage where the calibration has them, else
+    their median."""
+    return list(lim.engage_bursts.value.values()) if lim.engage_bursts is not None else [lim.engage.value]
 
 
 def window_s(power: PowerCalibration) -> float:
