@@ -39,6 +39,10 @@ kernels that do not rise.
 * ``"steady"``: a call of a long run, at the limit;
 * a number of seconds: the mean call of a run that long, from rest.
 
+When the fast loop acts is noise from burst to burst (an H200, 2026-11-28: 46-90 ms over five bursts): a run whose
+median call falls inside that spread runs it at one clock or the other. Where the calibration keeps each burst's
+engage (``limiter.engage_bursts``) a run is priced as the average over them, each as likely; else at their median.
+
 Not modelled: the loop's swings as such (a run of one or two seconds sees one dip of 10-20% for about 0.3 s), and
 the board's warming over minutes.
 """
