@@ -32,10 +32,10 @@ tile_fixed = t2 − t1 − SHORT_STEPS · step. It is the block's start, K_j and
 the pipeline's fill and drain, as far as the kernel does not hide them under its steps: the kernel's code, which the
 composed per-tile parts (iosim.timing.fa2_bwd, fa3_bwd) price from the chip's rates alone. The K/V of both calls
 stay in L2. Why short tiles: what a tile costs beyond its steps shrinks as tiles grow (H200, 2026-11-28, the
-second tile an SM less its steps at 4, 8, 16 and 32 steps a tile, Br = 64: cuDNN's at d = 128 4.7, 3.9, 2.8 and
-1.4 us, FA2's 3.7, 2.9, 2.7, 1.6), so it matters, and is best measured, where tiles are short (the records' short
-and causal rows); measured at N1 (16 steps a tile at Br = 64) it was the small difference of two large times and
-came out at 0-3 us where short tiles pay 2.5-10 (docs/timing.md).
+second tile an SM less its steps at 4, 8, 16 and 32 steps a tile, Br = 64: cuDNN's at d = 128 4.7, 3.6, 2.7 and
+1.7 us, FA2's 3.7, 3.6, 2.0 and 0.4), so it matters, and is best measured, where tiles are short (the records'
+short and causal rows); measured at N1 (16 steps a tile at Br = 64) it was the small difference of two large
+times: 1.0-3.1 us for torch's and cuDNN's kernels, whose 4-step tiles pay 2.6-4.7 (docs/timing.md).
 """
 
 from __future__ import annotations
