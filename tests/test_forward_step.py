@@ -265,6 +265,33 @@ def test_packed_and_paged_calls_take_their_own_instantiations_step():
     assert in_pages.resources["step"] == pytest.approx(1.4e-6)
 
 
+def test_the_tile_and_call_parts_are_taken_on_short_tiles(stand_in, monkeypatch):
+    """What a Q tile costs beyond its steps shrinks as its steps grow (they hide part of it): on a stand-in whose
+    tiles of the step's lengths hide three quarters of it, flash3's tile part is what a SHORT_TILES-tile Q tile
+    pays, and its step and call parts are unchanged."""
+    fixed, tile_fixed = stand_in
+    inner = rates_kernels.time_ms
+
+    def time_ms(call, reps, warmup, view, clock):
+        heads, _, nk, d, kind, schedule, _, _ = call
+        if schedule != "flash3" or nk < forward_step.TILES[0] * load_kernel("iosim-flash3").tiles_for(
+                d, kind.split("-")[0]).block_kv:
+            return inner(call, reps, warmup, view, clock)
+        return inner(call, reps, warmup, view, clock) - 1e3 * 0.75 * tile_fixed * (heads // _Bench.sms)
+
+    monkeypatch.setattr(rates_kernels, "time_ms", time_ms)
+    assert forward_step.SHORT_TILES < forward_step.TILES[0]
+    got: list[Measured] = []
+    forward_step.forward_part(_Bench(), _CuPy(), report=lambda m, note: got.append(m))
+    flash3 = {(m.path[1], m.path[3], m.path[4]): m.value for m in got if m.path[2] == "iosim-flash3"}
+    for kind, table in STEP_S.items():
+        for d, step in table.items():
+            assert flash3["step", kind, d] == pytest.approx(step, rel=1e-9)
+            if kind != "bf16-varlen":
+                assert flash3["tile_fixed", kind, d] == pytest.approx(tile_fixed, rel=1e-6)
+                assert flash3["call_fixed", kind, d] == pytest.approx(fixed - tile_fixed, rel=1e-6)
+
+
 def test_cudnns_fp8_parts_come_from_its_own_calls_and_a_line_through_four_tile_counts(stand_in, monkeypatch):
     """cuDNN's fp8 forward (cudnn-frontend) timed as ours is, on its description's fp8 tiles; its tile part the slope
     of the calls at 1 to 4 Q tiles an SM. Without torch or cudnn-frontend the part is said and skipped."""

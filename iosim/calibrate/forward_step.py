@@ -15,19 +15,23 @@ rates is its code's (Nsight Compute: it issues at half the peak rate, held by de
 How: one Q tile of Br queries on each SM, all reading one kv head (``heads`` = SMs query heads on one kv head,
 batch 1, so the persistent grid holds one tile a block and the K/V tiles stay in L2), no mask; the keys grow from
 16 to 64 K/V tiles, so each block runs 48 more steps whatever its fixed costs (the launch, Q, the first tile, O's
-store) are: step = (t1(64 Bc) − t1(16 Bc)) / 48. Then two Q tiles on each SM (twice the heads) at 16 K/V tiles:
-what a further tile costs beyond its steps, ``forward.tile_fixed`` = t2(16 Bc) − t1(16 Bc) − 16 · step (its Q load,
-its first K/V tile's wait, O / l and O's store, as far as the next tile's work does not hide them), and what the
-call costs beyond its tiles, ``forward.call_fixed`` = t1(16 Bc) − 16 · step − tile_fixed (the launch, the grid's
-start, the first loads' latency, the last stores' drain). Each time is the median of CALLS calls queued behind a
+store) are: step = (t1(64 Bc) − t1(16 Bc)) / 48. Then one and two Q tiles on each SM (twice the heads) at
+SHORT_TILES = 4 K/V tiles: what a further tile costs beyond its steps, ``forward.tile_fixed`` = t2(4 Bc) − t1(4 Bc)
+− 4 · step (its Q load, its first K/V tile's wait, O / l and O's store, as far as the tile's own steps do not hide
+them), and what the call costs beyond its tiles, ``forward.call_fixed`` = t1(4 Bc) − 4 · step − tile_fixed (the
+launch, the grid's start, the first loads' latency, the last stores' drain). Short tiles, because what a tile costs
+beyond its steps shrinks as its steps grow and hide more of it, so it counts, and is best measured, where tiles are
+short (cuDNN's fp8 forward, H200, 2026-11-28: a further Q tile less its steps 1.6-1.8 us at 1, 2 and 4 K/V tiles at
+every head dim, -0.6 to 1.6 us at 16; at 16 it is the small difference of calls 40-150 us long). Each time is the median of CALLS calls queued behind a
 busy kernel after a rest (a few milliseconds of tensor work, before the board's power limiter acts). The fp8 inputs
 are quantized once beforehand (``iosim.gpu.quantize_fp8``), as the fp8 time record times the kernel alone.
 
 ``calibration.forward.{step,tile_fixed,call_fixed}.cudnn.fp8``: the same three parts of cuDNN's fused fp8 forward
 (cudnn-frontend's sdpa_fp8 through :mod:`iosim.calibrate.cudnn_fp8`, e4m3 inputs and output, as the fp8 time record
 runs it), where torch and cudnn-frontend import: its step, like ours, is its code's (the composed one priced its
-d = 256 rows 13-25% fast). Its tile part is the slope of the calls at 1 to :data:`CUDNN_TILES` Q tiles an SM less
-TILES[0] steps: from two calls it came out within the noise of their 70 us difference.
+d = 256 rows 13-25% fast). Its tile and call parts are the slope and intercept of the calls at 1 to
+:data:`CUDNN_TILES` Q tiles an SM (at SHORT_TILES K/V tiles) less SHORT_TILES steps: from two calls at 16 K/V tiles it
+came out within the noise of their 70 us difference.
 
 ``calibration.forward.resident_step.iosim-flash2``: the step of iosim's FlashAttention-2 forward (kernels/flash_fwd.cu,
 any GPU of compute capability 8.0 or more), bf16, at every tile it is compiled with (its description's and the
@@ -68,7 +72,8 @@ CUDNN = "cudnn"  # cuDNN's fused forward (torch SDPA's cudnn backend; fp8 throug
 # Q tiles a block its tile part is fitted over (1 to this; two leave it within noise: 0 to 1.5 us on the H100 and H200)
 CUDNN_TILES = 4
 FLASH2 = "iosim-flash2"  # the FlashAttention-2 forward's description: its steps at each tile and residency
-TILES = (16, 64)  # K/V tiles of each call
+TILES = (16, 64)  # K/V tiles of the step's two calls
+SHORT_TILES = 4  # K/V tiles of the calls the tile and call parts are taken from (module docstring)
 # the flash3 instantiations measured: by input type, "bf16-local" (a window's Local instantiation, bf16, its window
 # wider than the keys: no step masked, what its own code costs beyond the plain one's) and "bf16-varlen" (packed
 # sequences' Varlen instantiation, one sequence: its step only; its tile and call parts, a long sequence's, are not
@@ -114,14 +119,14 @@ def extra_masked(desc, tc, d: int, tiles: int, varlen: bool) -> int:
     return int(masked(causal, tc, n, varlen, desc.masking)[0] - masked(p, tc, n, varlen, desc.masking)[0])
 
 
-def fixed_from(t1: float, t2: float, *more_tiles: float) -> tuple[float, float]:
+def fixed_from(t1: float, t2: float, *short: float) -> tuple[float, float]:
     """(tile_fixed, call_fixed) from the calls of one Q tile a block at TILES[0] and TILES[1] K/V tiles and of
-    2, 3, .. Q tiles a block at TILES[0] (``more_tiles``; module docstring): the line through the calls at 1, 2, ..
-    tiles a block, its slope a tile (tile_fixed + TILES[0] steps), its intercept call_fixed; each at least 1 ns (a
-    measurement noisier than the part)."""
+    1, 2, .. Q tiles a block at SHORT_TILES (``short``; module docstring): the line through the short calls, its
+    slope a tile (tile_fixed + SHORT_TILES steps), its intercept call_fixed; each at least 1 ns (a measurement
+    noisier than the part)."""
     step = step_from(t1, t2)
-    slope, intercept = np.polyfit(np.arange(1, len(more_tiles) + 2), [t1, *more_tiles], 1)
-    return max(float(slope) - TILES[0] * step, 1e-9), max(float(intercept), 1e-9)
+    slope, intercept = np.polyfit(np.arange(1, len(short) + 1), short, 1)
+    return max(float(slope) - SHORT_TILES * step, 1e-9), max(float(intercept), 1e-9)
 
 
 def _call(cp, heads: int, n: int, nk: int, d: int, kind: str = "bf16", schedule: str = "flash3",
@@ -197,7 +202,9 @@ def flash3_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
         fp8 = dtype == "fp8"
         for d in sorted(desc.fp8_tiles if fp8 else desc.tiles):
             tc = desc.tiles_for(d, dtype)
-            shapes = [(b.sms, n * tc.block_kv) for n in TILES] + [(2 * b.sms, TILES[0] * tc.block_kv)]
+            shapes = [(b.sms, n * tc.block_kv) for n in TILES]
+            if not varlen:  # the tile and call parts (the Varlen instantiation's step alone)
+                shapes += [(m * b.sms, SHORT_TILES * tc.block_kv) for m in (1, 2)]
             times = _timed(f"forward.step.{KERNEL}.{kind}.{d}", seconds,
                            [partial(_call, cp, h, tc.block_q, nk, d, kind) for h, nk in shapes])
             if times is None:
@@ -233,8 +240,8 @@ def cudnn_fp8_part(b: Bench, report: Callable[[Measured, str], None], seconds: C
     desc, handle = load_kernel(CUDNN), cudnn_fp8.open_handle(torch, cudnn)
     for d in sorted(desc.fp8_tiles):
         tc = desc.tiles_for(d, "fp8")
-        shapes = [(b.sms, n * tc.block_kv) for n in TILES] + [(m * b.sms, TILES[0] * tc.block_kv)
-                                                                for m in range(2, CUDNN_TILES + 1)]
+        shapes = [(b.sms, n * tc.block_kv) for n in TILES] + [(m * b.sms, SHORT_TILES * tc.block_kv)
+                                                                for m in range(1, CUDNN_TILES + 1)]
         times = _timed(f"forward.step.{CUDNN}.fp8.{d}", seconds,
                        [partial(_cudnn_call, torch, cudnn, handle, h, tc.block_q, nk, d) for h, nk in shapes])
         if times is None:
@@ -249,23 +256,25 @@ def cudnn_fp8_part(b: Bench, report: Callable[[Measured, str], None], seconds: C
 def _report_parts(report: Callable[[Measured, str], None], key: tuple, times: list[float], tc, what: str,
                   step_only: bool = False) -> None:
     """The step, tile_fixed and call_fixed of ``key`` (kernel, kind, head dim) from the calls' ``times``: one Q tile
-    an SM at TILES[0] and TILES[1] K/V tiles, then 2, 3, .. Q tiles an SM at TILES[0] (``step_only``: the step)."""
+    an SM at TILES[0] and TILES[1] K/V tiles, then 1, 2, .. Q tiles an SM at SHORT_TILES (``step_only``: the
+    step)."""
     report(Measured(("forward", "step", *key), step_from(*times[:2]), "s", what),
            f"{times[0] * 1e6:.1f} us at {TILES[0]} K/V tiles, {times[1] * 1e6:.1f} us at {TILES[1]} "
            f"(Br x Bc = {tc.block_q} x {tc.block_kv})")
     if step_only:
         return
     tile, call = fixed_from(*times)
-    most = len(times) - 1  # Q tiles an SM in the last call
-    how = ("two Q tiles on each SM (twice the heads) at {n} K/V tiles: time - the one-tile call's - {n} steps"
-           if most == 2 else "1 to {m} Q tiles on each SM (as many times the heads) at {n} K/V tiles: the slope of "
-           "the line through their times, less {n} steps").format(n=TILES[0], m=most)
+    most = len(times) - 2  # Q tiles an SM in the last call
+    how = ("one and two Q tiles on each SM (twice the heads) at {n} K/V tiles: the two-tile call's time - the "
+           "one-tile call's - {n} steps" if most == 2 else "1 to {m} Q tiles on each SM (as many times the heads) "
+           "at {n} K/V tiles: the slope of the line through their times, less {n} steps").format(n=SHORT_TILES,
+                                                                                                  m=most)
     report(Measured(("forward", "tile_fixed", *key), tile, "s",
                     f"the same kernel and inputs, {how} (iosim/calibrate/forward_step.py); by head dim"),
-           ", ".join(f"{t * 1e6:.1f}" for t in (times[0], *times[2:])) + f" us with 1..{most} Q tiles an SM")
+           ", ".join(f"{t * 1e6:.1f}" for t in times[2:]) + f" us with 1..{most} Q tiles an SM")
     report(Measured(("forward", "call_fixed", *key), call, "s",
-                    f"the one-tile call at {TILES[0]} K/V tiles less its {TILES[0]} steps and one tile_fixed "
-                    "(iosim/calibrate/forward_step.py); by head dim"), "")
+                    f"the same calls' line at no Q tile: the one-tile call at {SHORT_TILES} K/V tiles less its "
+                    f"{SHORT_TILES} steps and one tile_fixed (iosim/calibrate/forward_step.py); by head dim"), "")
 
 
 def _cudnn_call(torch, cudnn, handle, heads: int, n: int, nk: int, d: int) -> Callable[[], Any]:
