@@ -22,6 +22,8 @@ from iosim.timing.fa2 import masked, visits
 STEP_S = {64: 1.4e-6, 128: 1.1e-6, 256: 1.3e-6}  # the stand-in's step of each of k blocks an SM is k times this
 MASK_S = {64: 1.9e-6, 128: 0.9e-6, 256: 0.6e-6}  # and what a masked step adds, k times this
 VARLEN = 1.1  # the varlen kernel's step and mask, relative to the dense one's
+SPLIT_STEP_S = {64: 3.1e-6, 128: 2.6e-6, 256: 2.2e-6}  # the split-KV kernel's step at two blocks an SM
+SPLIT_FIXED_S = 9e-6  # and what its call costs beyond its steps and the combine's reads
 
 
 class _Bench:
@@ -53,6 +55,11 @@ def stand_in(monkeypatch):
 
     def time_ms(call, reps, warmup, view, clock):
         heads, n, nk, d, causal, varlen = call
+        if heads == _Bench.sms // 2:  # the split-KV path: 4 splits of 64-row blocks, Bc the split kernel's
+            assert n == desc.split_kv.block_q and not causal and not varlen
+            bc = desc.split_kv.block_kv[d]
+            partial = heads * n * 4 * (d + 1) * 4
+            return 1e3 * (SPLIT_FIXED_S + partial / _l2() + nk // bc // 4 * SPLIT_STEP_S[d])
         tc = desc.tiles_for(d)
         k = heads // _Bench.sms
         assert heads % _Bench.sms == 0 and n == tc.block_q and nk % tc.block_kv == 0
@@ -77,6 +84,43 @@ def test_the_plain_step_and_what_a_masked_step_adds_at_every_residency(stand_in)
             for k, seconds in steps.items():
                 assert seconds == pytest.approx(k * scale * STEP_S[d], rel=1e-9)
                 assert parts[("masked_step", "fa2", key, k)] == pytest.approx(k * scale * MASK_S[d], rel=1e-9)
+
+
+def _l2() -> float:
+    from iosim.timing.rates import rates
+
+    return rates(get_profile("h100-sxm5-80gb"), "bf16").l2
+
+
+def test_the_split_kv_paths_step_and_fixed_part(stand_in):
+    """Half an SM's count of 64-row Q blocks, which FlashAttention-2's heuristic cuts into 4 splits (two blocks an
+    SM): the step from the calls at 8 and 32 tiles a split, the fixed part from the one at 2 less its steps and the
+    combine's reads at L2's rate."""
+    got: list[Measured] = []
+    fa2_step.fa2_part(_Bench(), _CuPy(), lambda m, note: got.append(m))
+    parts = {m.path[1:]: m.value for m in got}
+    sk = load_kernel("fa2").split_kv
+    for d, step in SPLIT_STEP_S.items():
+        assert parts[("resident_step", "fa2", f"d{d}_64x{sk.block_kv[d]}-splitkv", 2)] == pytest.approx(step, rel=1e-9)
+        assert parts[("call_fixed", "fa2", "bf16-splitkv", d)] == pytest.approx(SPLIT_FIXED_S, rel=1e-9)
+
+
+def test_the_split_kv_model_takes_the_measured_parts_where_measured():
+    """One head of 2048 queries, which FlashAttention-2 splits (32 Q blocks of 64 rows, 8 splits: 256 blocks, two an
+    SM, one wave of 2 steps each): with the split kernel measured the call is its fixed part, the wave's steps and
+    the combine's reads; without, the composed parts, as before."""
+    p = AttentionProblem(batch=1, heads=1, seq_len=2048, head_dim=128, dtype="bf16")
+    data = yaml.safe_load((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text())
+    fwd = data["calibration"]["forward"]
+    fwd.setdefault("resident_step", {})["fa2"] = {"d128_64x128-splitkv": {"value": {2: "2.5 us"}, "source": "test"}}
+    fwd.setdefault("call_fixed", {})["fa2"] = {"bf16-splitkv": {"value": {128: "9 us"}, "source": "test"}}
+    measured = simulate("flash2", p, profile_from_dict(data, "test"), kernel="fa2").time.kernels[0].resources
+    partial = 2048 * 8 * 129 * 4
+    assert measured["step"] == pytest.approx(2.5e-6) and measured["blocks"] == pytest.approx(2 * 2.5e-6)
+    assert measured["combine"] == pytest.approx(partial / _l2(), rel=1e-9)
+    assert measured["main"] == pytest.approx(2 * 2.5e-6 + 9e-6, rel=1e-9)
+    composed = simulate("flash2", p, "h100-sxm5-80gb", kernel="fa2").time.kernels[0].resources
+    assert composed["step"] != pytest.approx(2.5e-6) and composed["combine"] > partial / _l2()
 
 
 def test_without_torch_the_part_is_said_and_skipped(monkeypatch, capsys):

@@ -21,7 +21,16 @@ of Br queries on each of k x SMs query heads, all on one kv head (batch 1; the K
 - not where FlashAttention-2 would split the keys (d = 256, one block an SM: 132 Q blocks of 64 rows, under its
   heuristic's 80% of two an SM; its split-KV kernel runs then, :mod:`iosim.timing.decode`);
 - both again with ``-varlen`` for the varlen kernel (cumulative lengths of one sequence: another instantiation, its
-  lengths never whole tiles, so its non-causal block masks its last step and its causal one ceil(Br / Bc) + 1).
+  lengths never whole tiles, so its non-causal block masks its last step and its causal one ceil(Br / Bc) + 1);
+- its split-KV path (what torch runs where the grid would not fill the GPU: decode, a few heads; Q blocks of 64 rows
+  against Bc = 256 / 128 / 64 keys a tile at d = 64 / 128 / 256, then a combine kernel, :mod:`iosim.timing.decode`)
+  at :data:`SPLIT_HEADS` query heads of 64 queries on one kv head, which FlashAttention-2's heuristic cuts into
+  4 splits (one wave of two blocks an SM), at :data:`SPLIT_TILES` tiles a split: ``resident_step.fa2.d<d>_64x<Bc>
+  -splitkv.2`` from the calls at 8 and 32 tiles a split; ``call_fixed.fa2.bf16-splitkv.<d>``, what the call costs
+  beyond its steps and the combine's reads of the partial outputs at L2's rate (both launches, a block's start and
+  its partial output's store, the combine's chain): the call at 2 tiles a split less its 2 steps and those reads.
+  Composed, the path was predicted 2-5 us fast on its short calls (H200, 2026-11-28: one head of 2048 queries at
+  d = 128 -17.7%, decode of 256-4096 keys -10 to -13%).
 
 Each time is the median of CALLS calls behind a busy kernel after a rest, as the other steps
 (:mod:`iosim.calibrate.forward_step`). Measured (H200, 2026-11-28): the composed step 2% under to 19% over it, a
@@ -50,6 +59,9 @@ from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
 
 KERNEL = "fa2"  # the timing description the steps belong to
 INSTANTIATIONS = ("", "varlen")  # the dense kernel (mha_fwd) and the packed-sequence one (mha_varlen_fwd)
+SPLIT = "splitkv"  # the split-KV path's instantiation key
+SPLIT_HEADS_PER_SM = 0.5  # query heads of one 64-row Q block per SM: its heuristic then takes 4 splits (two an SM)
+SPLIT_TILES = (2, 8, 32)  # K/V tiles a split: the fixed part's call, then the step's two
 
 
 def _call(torch, heads: int, n: int, nk: int, d: int, causal: bool, varlen: bool) -> Callable[[], Any]:
@@ -115,6 +127,51 @@ def fa2_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
                        " / ".join(f"{t * 1e6:.2f}" for t in (*plain, *causal)) + f" us at {mask_tiles(tc)} K/V tiles, "
                        "plain then causal")
                 torch.cuda.empty_cache()
+    split_part(b, torch, seconds, report, profile)
+
+
+def split_part(b: Bench, torch, seconds: Callable[[Any], float], report: Callable[[Measured, str], None],
+               profile) -> None:
+    """``resident_step.fa2.<key>-splitkv.<k>`` and ``call_fixed.fa2.bf16-splitkv.<d>`` (module docstring) at each head
+    dim of the description's split-KV kernel; a geometry the heuristic does not cut as planned, or a GPU without a
+    built-in profile (``profile`` None: the L2 rate the combine's reads are priced at), is said and skipped."""
+    from iosim.timing import load_kernel
+    from iosim.timing.decode import num_splits
+    from iosim.timing.fa2 import instantiation_key
+    from iosim.timing.rates import rates
+
+    if profile is None:
+        print(f"forward.call_fixed.{KERNEL}.bf16-{SPLIT}: skipped (no built-in profile for this GPU)", flush=True)
+        return
+    l2 = rates(profile, "bf16").l2
+
+    desc = load_kernel(KERNEL)
+    sk, heads = desc.split_kv, round(SPLIT_HEADS_PER_SM * b.sms)
+    for d in sorted(desc.tiles):
+        bc, rows = sk.block_kv[d], sk.block_q
+        splits = {m: num_splits(heads, 2 * b.sms, 4 * m) for m in SPLIT_TILES}  # 4 m K/V tiles: m a split at 4
+        key = instantiation_key(d, rows, bc, SPLIT)
+        if set(splits.values()) != {4} or 4 * heads > 2 * b.sms:
+            print(f"forward.resident_step.{KERNEL}.{key}: skipped (the heuristic cuts {heads} Q blocks into "
+                  f"{sorted(set(splits.values()))} splits here, not 4)", flush=True)
+            continue
+        k = cdiv(4 * heads, b.sms)
+        t = {m: seconds(_call(torch, heads, rows, 4 * m * bc, d, False, False)) for m in SPLIT_TILES}
+        step = (t[SPLIT_TILES[2]] - t[SPLIT_TILES[1]]) / (SPLIT_TILES[2] - SPLIT_TILES[1])
+        how = (f"torch's FlashAttention-2 forward, its split-KV path (64-row Q blocks, Bc = {bc}, bf16), {heads} query "
+               f"heads of {rows} queries on one kv head, cut into 4 splits ({4 * heads} blocks, {k} on each SM), "
+               f"each time the median of {CALLS} calls behind a busy kernel after {REST_S} s idle")
+        report(Measured(("forward", "resident_step", KERNEL, key, k), max(step, 1e-12), "s",
+                        f"{how}: (time at {SPLIT_TILES[2]} K/V tiles a split - time at {SPLIT_TILES[1]}) / "
+                        f"{SPLIT_TILES[2] - SPLIT_TILES[1]} (iosim/calibrate/fa2_step.py); by instantiation, then k"),
+               " / ".join(f"{t[m] * 1e6:.1f}" for m in SPLIT_TILES) + f" us at {SPLIT_TILES} K/V tiles a split")
+        partial = heads * rows * 4 * (d + 1) * 4  # fp32 partial O and lse of each split, read by the combine
+        fixed = t[SPLIT_TILES[0]] - SPLIT_TILES[0] * step - partial / l2
+        report(Measured(("forward", "call_fixed", KERNEL, f"bf16-{SPLIT}", d), max(fixed, 1e-9), "s",
+                        f"{how}: the call at {SPLIT_TILES[0]} K/V tiles a split less its {SPLIT_TILES[0]} steps and "
+                        "the combine's reads of the partial outputs at L2's rate (iosim/calibrate/fa2_step.py); by "
+                        "head dim"), "")
+        torch.cuda.empty_cache()
 
 
 def _method(b: Bench, tc, instantiation: str, masked: bool) -> str:

@@ -8,6 +8,11 @@ into ``num_splits`` parts chosen by its wave-efficiency heuristic (``num_splits_
 thread block per (batch, head, Q block, split) over its part, then a combine kernel merges the partial outputs by
 their log-sum-exp. Each block streams its K/V part once; the kernel takes the longer of the blocks' placement and
 the K/V bytes over DRAM bandwidth, and the combine kernel reads the partial outputs once.
+
+Where the profile measured the split kernel (:mod:`iosim.calibrate.fa2_step`: ``resident_step.<kernel>.d<d>_64x<Bc>
+-splitkv.<k>`` and ``call_fixed.<kernel>.bf16-splitkv``), its step is the measured one and what the call costs beyond
+its steps and the combine's reads of the partial outputs (both launches, a block's start and partial store, the
+combine's chain) the measured fixed part, in place of the composed ones.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 
 from ..blocks import cdiv, makespan
 from ..counts import KernelCounts
+from ..hardware.gpu import Profile
 from ..problem import AttentionProblem
 from . import fa2
 from .estimate import Conditions, KernelTime
@@ -25,6 +31,7 @@ from .kernels import KernelDesc, TileConfig
 from .rates import Rates
 
 MAX_SPLITS = 128
+SPLIT = "splitkv"  # the split-KV kernel's key in calibration.forward (resident_step's instantiation, call_fixed's)
 
 
 def num_splits(work: int, slots: int, n_blocks: int, max_splits: int = MAX_SPLITS) -> int:
@@ -66,6 +73,17 @@ def split_geometry(p: AttentionProblem, desc: KernelDesc, r: Rates) -> tuple[int
     return rows, heads, Bc, n_blocks, num_splits(work, 2 * r.sms, n_blocks)
 
 
+def split_fixed(profile: Profile, desc: KernelDesc, p: AttentionProblem) -> float | None:
+    """``calibration.forward.call_fixed.<kernel>.bf16-splitkv`` at the call's head dim: what the split path's call
+    costs beyond its steps and the combine's reads, measured one wave of two blocks an SM
+    (:mod:`iosim.calibrate.fa2_step`); None for other inputs than 16-bit ones or where it is not measured."""
+    cal = getattr(profile.calibration, "forward", None)
+    table = ((getattr(cal, "call_fixed", None) or {}).get(desc.name) or {}).get(f"bf16-{SPLIT}") if cal else None
+    if table is None or p.elem_bytes != 2 or p.head_dim not in table.value:
+        return None
+    return float(table.value[p.head_dim])
+
+
 def applies(p: AttentionProblem, desc: KernelDesc, r: Rates) -> bool:
     """Whether the kernel takes its split-KV path for ``p`` (more than one split)."""
     return desc.split_kv is not None and split_geometry(p, desc, r)[4] > 1
@@ -83,17 +101,21 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float]) 
     k = fa2.residency(tc, desc, d, e, c.profile)
     k = min(k, max(1, math.ceil(grid / r.sms)))
     st = fa2.step(sk.block_q, Bc, d, e, k, desc, tc, r)
+    step_s = fa2.measured_step(c.profile, desc, p, tc, k, SPLIT)
+    fixed = split_fixed(c.profile, desc, p) if step_s is not None else None
+    step_s = st.step_s if step_s is None else step_s
     per_split = cdiv(n_blocks, splits)
     per_sm_l2 = r.l2 / r.sms
-    t_block = k * sk.block_q * d * e / per_sm_l2 + r.block_s + 2 * latency + per_split * st.step_s  # causal: ignored
-    blocks = makespan(np.full(grid, t_block), r.sms * k)
-    main = max(blocks, r.dram_s(*dram)) + r.first_launch_s() + latency
+    start = 0.0 if fixed is not None else k * sk.block_q * d * e / per_sm_l2 + r.block_s + 2 * latency
+    blocks = makespan(np.full(grid, start + per_split * step_s), r.sms * k)  # causal: ignored
+    main = max(blocks, r.dram_s(*dram)) + (fixed if fixed is not None else r.first_launch_s() + latency)
     combine = 0.0
     if splits > 1:  # partial O (fp32) and lse of every split read once, O written once
         partial = p.batch * p.heads * p.seq_len * splits * (d + 1) * 4
-        combine = partial / r.l2 + r.next_launch_s() + 3 * latency  # read lse, then partial O; store O
-    parts = {"utilization": min(1.0, grid / (r.sms * k)), "splits": splits, "resident_blocks": k, "blocks": blocks, "main": main, "combine": combine,
-             "step": st.step_s, "launch": r.first_launch_s()}
+        combine = partial / r.l2 + (0.0 if fixed is not None else r.next_launch_s() + 3 * latency)  # lse, O; store
+    parts = {"utilization": min(1.0, grid / (r.sms * k)), "splits": splits, "resident_blocks": k, "blocks": blocks,
+             "main": main, "combine": combine, "step": step_s,
+             "launch": r.first_launch_s() if fixed is None else fixed}
     bound = "dram" if r.dram_s(*dram) > blocks else "blocks"
     smem = fa2.smem_bytes_moved(p, tc, desc.warps, grid, float(grid * per_split))
     return KernelTime.of(kernel.name, kernel.grid, main + combine, {**parts, "bound": bound}, smem)
