@@ -158,7 +158,8 @@ def split_part(b: Bench, torch, seconds: Callable[[Any], float], report: Callabl
         k = cdiv(4 * heads, b.sms)
         t = {m: seconds(_call(torch, heads, rows, 4 * m * bc, d, False, False)) for m in SPLIT_TILES}
         step = (t[SPLIT_TILES[2]] - t[SPLIT_TILES[1]]) / (SPLIT_TILES[2] - SPLIT_TILES[1])
-        how = (f"torch's FlashAttention-2 forward, its split-KV path (64-row Q blocks, Bc = {bc}, bf16), {heads} query "
+        how = (f"torch's FlashAttention-2 forward, its split-KV path (64-row Q blocks, its Bc at each head dim: "
+               f"{', '.join(f'{b_} at d = {d_}' for d_, b_ in sorted(sk.block_kv.items()))}; bf16), {heads} query "
                f"heads of {rows} queries on one kv head, cut into 4 splits ({4 * heads} blocks, {k} on each SM), "
                f"each time the median of {CALLS} calls behind a busy kernel after {REST_S} s idle")
         report(Measured(("forward", "resident_step", KERNEL, key, k), max(step, 1e-12), "s",
