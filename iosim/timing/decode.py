@@ -114,8 +114,8 @@ def kernel_time(c: Conditions, kernel: KernelCounts, dram: tuple[float, float]) 
         partial = p.batch * p.heads * p.seq_len * splits * (d + 1) * 4
         combine = partial / r.l2 + (0.0 if fixed is not None else r.next_launch_s() + 3 * latency)  # lse, O; store
     parts = {"utilization": min(1.0, grid / (r.sms * k)), "splits": splits, "resident_blocks": k, "blocks": blocks,
-             "main": main, "combine": combine, "step": step_s,
-             "launch": r.first_launch_s() if fixed is None else fixed}
+             "main": main, "combine": combine, "step": step_s, "launch": r.first_launch_s(),
+             **({"call_fixed": fixed} if fixed is not None else {})}
     bound = "dram" if r.dram_s(*dram) > blocks else "blocks"
     smem = fa2.smem_bytes_moved(p, tc, desc.warps, grid, float(grid * per_split))
     return KernelTime.of(kernel.name, kernel.grid, main + combine, {**parts, "bound": bound}, smem)
