@@ -26,9 +26,10 @@ of Br queries on each of k x SMs query heads, all on one kv head (batch 1; the K
   against Bc = 256 / 128 / 64 keys a tile at d = 64 / 128 / 256, then a combine kernel, :mod:`iosim.timing.decode`)
   at half an SM's count of query heads (:data:`SPLIT_HEADS_PER_SM`) of 64 queries on one kv head, which
   FlashAttention-2's heuristic cuts into 4 splits (one wave of two blocks an SM), at :data:`SPLIT_TILES` tiles a
-  split: ``resident_step.fa2.d<d>_64x<Bc>-splitkv.2`` from the calls at 8 and 32 tiles a split; ``call_fixed.fa2.bf16-splitkv.<d>``, what the call costs
-  beyond its steps and the combine's reads of the partial outputs at L2's rate (both launches, a block's start and
-  its partial output's store, the combine's chain): the call at 2 tiles a split less its 2 steps and those reads.
+  split: ``resident_step.fa2.d<d>_64x<Bc>-splitkv.2`` from the calls at 8 and 32 tiles a split;
+  ``call_fixed.fa2.bf16-splitkv.<d>``, what the call costs beyond its steps and the combine's reads of the partial
+  outputs at L2's rate (both launches, a block's start and its partial output's store, the combine's chain): the
+  call at 2 tiles a split less its 2 steps and those reads.
   Composed, the path was predicted 2-5 us fast on its short calls (H200, 2026-11-28: one head of 2048 queries at
   d = 128 -17.7%, decode of 256-4096 keys -10 to -13%).
 

@@ -22,9 +22,10 @@ them), and what the call costs beyond its tiles, ``forward.call_fixed`` = t1(4 B
 launch, the grid's start, the first loads' latency, the last stores' drain). Short tiles, because what a tile costs
 beyond its steps shrinks as its steps grow and hide more of it, so it counts, and is best measured, where tiles are
 short (cuDNN's fp8 forward, H200, 2026-11-28: a further Q tile less its steps 1.6-1.8 us at 1, 2 and 4 K/V tiles at
-every head dim, -0.6 to 1.6 us at 16; at 16 it is the small difference of calls 40-150 us long). Each time is the median of CALLS calls queued behind a
-busy kernel after a rest (a few milliseconds of tensor work, before the board's power limiter acts). The fp8 inputs
-are quantized once beforehand (``iosim.gpu.quantize_fp8``), as the fp8 time record times the kernel alone.
+every head dim, -0.6 to 1.6 us at 16; at 16 it is the small difference of calls 40-150 us long). Each time is the
+median of CALLS calls queued behind a busy kernel after a rest (a few milliseconds of tensor work, before the
+board's power limiter acts). The fp8 inputs are quantized once beforehand (``iosim.gpu.quantize_fp8``), as the fp8
+time record times the kernel alone.
 
 ``calibration.forward.{step,tile_fixed,call_fixed}.cudnn.fp8``: the same three parts of cuDNN's fused fp8 forward
 (cudnn-frontend's sdpa_fp8 through :mod:`iosim.calibrate.cudnn_fp8`, e4m3 inputs and output, as the fp8 time record

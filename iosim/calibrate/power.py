@@ -240,7 +240,8 @@ def _engage(nvml: Nvml, cp, launch: Callable[[int], None], stamps, sms: int, wha
                f"bursts: {', '.join(f'{e * 1e3:.0f}' for e in engages)} ms")
         for i, e in enumerate(engages, 1):  # the spread: a burst's engage is noise (ENGAGE_BURSTS' comment)
             report(Measured(("power", "limiter", "engage_bursts", i), e, "s", f"{bursts}: the start of each "
-                            "burst's first launch below half-way, as for engage, by burst (those whose loop acted)"), "")
+                            "burst's first launch below half-way, as for engage, by burst (those whose loop "
+                            "acted)"), "")
 
 
 def _every_sm(t: np.ndarray, clock: np.ndarray, samples: list[tuple[float, float]], held: float, what: str,
