@@ -172,7 +172,8 @@ def test_forward_steps_are_bound_by_the_tensor_cores(cal):
 def test_torchs_flashattention2_forward_step_and_masked_step(cal):
     """torch's FlashAttention-2 forward (the fa2 description) where torch runs: its step at every head dim, dense and
     varlen, bound by the tensor cores as ours; a step of its masking loop costs more than none and less than two
-    plain steps (one mask pass over the scores, not a second GEMM)."""
+    plain steps (one mask pass over the scores, not a second GEMM). Its split-KV path: a step at two blocks an SM at
+    every head dim, bound the same way, and a call part of microseconds (two launches and a combine's chain)."""
     from iosim.timing import load_kernel
 
     c, _, _, _ = cal
@@ -180,6 +181,8 @@ def test_torchs_flashattention2_forward_step_and_masked_step(cal):
         assert "fa2" not in (c.forward.resident_step or {})
         return
     desc, steps, masked = load_kernel("fa2"), c.forward.resident_step["fa2"], c.forward.masked_step["fa2"]
+    split = {key: t for key, t in steps.items() if key.endswith("-splitkv")}
+    steps = {key: t for key, t in steps.items() if key not in split}
     assert sorted(steps) == sorted(masked) and {key.partition("-")[2] for key in steps} == {"", "varlen"}
     assert {int(key.split("_")[0][1:]) for key in steps} == set(desc.tiles)
     for key, table in steps.items():
@@ -189,6 +192,14 @@ def test_torchs_flashattention2_forward_step_and_masked_step(cal):
             floor = k * 4 * tc.block_q * tc.block_kv * d / (4096 * c.sm_clock.value)
             assert floor < seconds < 10 * floor, (key, k, seconds, floor)
             assert 0 < masked[key].value[k] < 2 * seconds, (key, k, masked[key].value[k], seconds)
+    assert sorted(split) == sorted(f"d{d}_64x{desc.split_kv.block_kv[d]}-splitkv" for d in desc.tiles)
+    for key, table in split.items():
+        d = int(key.split("_")[0][1:])
+        assert list(table.value) == [2], key  # one wave of two blocks an SM
+        floor = 2 * 4 * 64 * desc.split_kv.block_kv[d] * d / (4096 * c.sm_clock.value)
+        assert floor < table.value[2] < 10 * floor, (key, table.value[2], floor)
+    fixed = c.forward.call_fixed["fa2"]["bf16-splitkv"].value
+    assert sorted(fixed) == sorted(desc.tiles) and all(1e-6 < s < 100e-6 for s in fixed.values()), fixed
 
 
 def _imports(module: str) -> bool:
