@@ -127,8 +127,9 @@ def block_share_cmd(timelines, do_measure):
 @click.option("--steps-only", is_flag=True,
               help="measure the forward and backward sections only (the steps of iosim's flash2 forward, dense, "
                    "varlen and paged, and flash3 forward, the naive kernels' rounds and softmax streaming, the steps "
-                   "of the backward kernels and, where torch runs here, of torch's FlashAttention-2 forward (plain "
-                   "and masked) and backward and cuDNN's backward and, with cudnn-frontend, cuDNN's fp8 forward) "
+                   "of the backward kernels and, where torch runs here, of torch's FlashAttention-2 forward (plain, "
+                   "masked and split-KV) and backward and cuDNN's backward and, with cudnn-frontend, cuDNN's fp8 "
+                   "forward) "
                    "and put them into the base profile's calibration section")
 def rates_cmd(output, base, repeats, power_only, decode_only, steps_only):
     """Measure what code reaches on this GPU (mma.sync, wgmma, exp, fp32, shared memory, L2, DRAM, launch costs,
