@@ -129,8 +129,7 @@ def block_share_cmd(timelines, do_measure):
                    "varlen and paged, and flash3 forward, the naive kernels' rounds and softmax streaming, the steps "
                    "of the backward kernels and, where torch runs here, of torch's FlashAttention-2 forward (plain, "
                    "masked and split-KV) and backward and cuDNN's backward and, with cudnn-frontend, cuDNN's fp8 "
-                   "forward) "
-                   "and put them into the base profile's calibration section")
+                   "forward) and put them into the base profile's calibration section")
 def rates_cmd(output, base, repeats, power_only, decode_only, steps_only):
     """Measure what code reaches on this GPU (mma.sync, wgmma, exp, fp32, shared memory, L2, DRAM, launch costs,
     iosim's decode kernels' tiles, fixed parts and combine rounds, the forward and backward kernels' steps, power and

@@ -77,8 +77,7 @@ def split_fixed(profile: Profile, desc: KernelDesc, p: AttentionProblem) -> floa
     """``calibration.forward.call_fixed.<kernel>.bf16-splitkv`` at the call's head dim: what the split path's call
     costs beyond its steps and the combine's reads, measured one wave of two blocks an SM
     (:mod:`iosim.calibrate.fa2_step`); None for other inputs than 16-bit ones or where it is not measured."""
-    cal = getattr(profile.calibration, "forward", None)
-    table = ((getattr(cal, "call_fixed", None) or {}).get(desc.name) or {}).get(f"bf16-{SPLIT}") if cal else None
+    table = fa2.forward_tables(profile, "call_fixed", desc.name).get(f"bf16-{SPLIT}")
     if table is None or p.elem_bytes != 2 or p.head_dim not in table.value:
         return None
     return float(table.value[p.head_dim])

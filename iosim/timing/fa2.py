@@ -195,9 +195,8 @@ def measured_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: T
     ``instantiation``: "" the dense kernel, "varlen" or "paged16" / "paged64", :func:`instantiation_key`) and ``k``
     blocks an SM, measured on bf16 inputs (:mod:`iosim.calibrate.forward_step`), for a 16-bit call at a head dim the
     description lists; else None."""
-    cal = getattr(profile.calibration, "forward", None)
-    table = (getattr(cal, "resident_step", None) or {}).get(desc.name) if cal is not None else None
-    entry = table.get(instantiation_key(p.head_dim, tc.block_q, tc.block_kv, instantiation)) if table else None
+    table = forward_tables(profile, "resident_step", desc.name)
+    entry = table.get(instantiation_key(p.head_dim, tc.block_q, tc.block_kv, instantiation))
     if entry is None or p.elem_bytes != 2 or p.head_dim not in desc.tiles or k not in entry.value:
         return None
     return float(entry.value[k])
@@ -209,12 +208,18 @@ def mask_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileC
     varlen one) at ``k`` blocks an SM: what a masked step adds to its measured step; 0 where the description names
     no mask (``masking``), the call has a window or pages, or the profile has no measurement
     (:mod:`iosim.calibrate.fa2_step`, :mod:`iosim.calibrate.forward_step`)."""
-    cal = getattr(profile.calibration, "forward", None)
-    table = (getattr(cal, "masked_step", None) or {}).get(desc.name) if cal is not None else None
+    table = forward_tables(profile, "masked_step", desc.name)
     if not table or desc.masking is None or window is not None or page_size or p.elem_bytes != 2:
         return 0.0
     entry = table.get(instantiation_key(p.head_dim, tc.block_q, tc.block_kv, "varlen" if packed else ""))
     return float(entry.value[k]) if entry is not None and k in entry.value else 0.0
+
+
+def forward_tables(profile: Profile, part: str, kernel: str) -> dict:
+    """``calibration.forward.<part>.<kernel>``: its tables by key (instantiation or input kind); empty where the
+    profile has none."""
+    cal = getattr(profile.calibration, "forward", None)
+    return (getattr(cal, part, None) or {}).get(kernel) or {} if cal is not None else {}
 
 
 def instantiation_key(d: int, block_q: int, block_kv: int, instantiation: str = "") -> str:
