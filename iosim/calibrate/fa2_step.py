@@ -95,7 +95,8 @@ def _splits(desc, sms: int, k: int, d: int) -> bool:
 
 def fa2_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """Measure ``forward.resident_step.fa2`` and ``forward.masked_step.fa2`` (module docstring) at each head dim of
-    the description, dense and varlen, k = 1 .. residency; said and skipped without torch or below sm_80."""
+    the description, dense and varlen, k = 1 .. residency, then its split-KV path (:func:`split_part`); said and
+    skipped without torch or below sm_80."""
     from iosim.timing import load_kernel
     from iosim.timing.fa2 import instantiation_key
 
