@@ -40,3 +40,22 @@ def test_gqa_decode_intensity_is_its_group():
 def test_bad_shapes_are_refused_naming_the_field(kw, match):
     with pytest.raises(ScheduleError, match=match):
         MlaDecode(**{"batch": 1, "kv_len": 10, **kw})
+
+
+def test_the_accumulator_in_global_memory_counted_by_hand():
+    # torch's design (iosim.timing.mla.reference): 32-row blocks, 128-key tiles; one sequence of 2048 keys is 4
+    # blocks of 16 tiles. Each tile reads the block's Q (32 x 576), K (128 x 576) and V (128 x 512, the latent's
+    # first 512); the fp32 accumulator (32 x 512) is read at 15 tiles and written at 15, O (bf16) once.
+    m = MlaDecode(batch=1, kv_len=2048, block_q=32, block_kv=128, accumulator="global")
+    a = counts(m).kernels[1]
+    per_block_tile = 32 * 576 * 2 + 128 * 576 * 2 + 128 * 512 * 2
+    assert a.global_read_bytes == 4 * (16 * per_block_tile + 15 * 32 * 512 * 4)
+    assert a.global_write_bytes == 4 * (15 * 32 * 512 * 4 + 32 * 512 * 2)
+    assert a.flops == counts(MlaDecode(batch=1, kv_len=2048)).kernels[1].flops  # the same math as FlashMLA's
+    # at DRAM its compulsory bytes: Q and the cache once, O once (its scratch not counted)
+    assert dram(m)[1] == (128 * 576 * 2 + 2048 * 576 * 2, 128 * 512 * 2)
+
+
+def test_an_unknown_accumulator_is_refused():
+    with pytest.raises(ScheduleError, match=r"accumulator='shared'; expected one of \['registers', 'global'\]"):
+        MlaDecode(batch=1, kv_len=8, accumulator="shared")

@@ -13,6 +13,12 @@ on the latent as one kv head shared by 128 query heads, and each head's latent o
                               once in all (``hbm``: the row blocks of a sequence run side by side and share it in L2)
     kernel mla_o_absorb       o = O_latent W_UV             per head (rows x 512) x (512 x 128)   W_UV read once a call
 
+With ``accumulator="global"`` the attention kernel is the design torch runs for these widths (its memory-efficient
+kernel, xFormers' CUTLASS one, at values wider than its 128-key tile: ``fmha_cutlassF_..._gmem``): the block's
+operands stream from global memory at every key tile, Q with them (its mainloop reads both operands of Q K^T), and
+its output accumulator is kept in global memory in fp32, read back at every key tile after the first and written at
+every one before the last (the last writes O in the input's type); :func:`iosim.timing.mla.reference` builds it.
+
 Not in the schedule registry: its problem has keys of 576 and values of 512 values, which an AttentionProblem (one
 head_dim) does not hold. FLOPs are the multiplies (2 per multiply-add) and one exp per score; split-KV partials are
 left out (a split adds (512 + 1) fp32 values per row written and read back, as iosim's decode kernel's do).
@@ -21,6 +27,7 @@ left out (a split adds (512 + 1) fp32 values per row written and read back, as i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ..blocks import cdiv
 from ..counts import Counts, KernelCounts
@@ -29,6 +36,8 @@ from .base import ScheduleError
 
 NOPE = 128  # per-head query/key dims without rotary embedding (DeepSeek-V3: qk_nope_head_dim)
 VALUE = 128  # per-head value dims (v_head_dim)
+ACCUMULATORS = ("registers", "global")  # where the attention kernel keeps its output accumulator (MlaDecode)
+ACCUMULATOR_BYTES = 4  # fp32
 
 
 def check_fields(m, what: str, whole: tuple[str, ...]) -> None:
@@ -45,7 +54,8 @@ def check_fields(m, what: str, whole: tuple[str, ...]) -> None:
 class MlaDecode:
     """One decode step of one MLA layer: ``batch`` sequences of ``kv_len`` cached tokens, ``q_len`` new tokens each;
     DeepSeek-V3's shapes by default. ``block_q``: rows (heads x tokens) a thread block of the attention kernel takes
-    (FlashMLA's 64); ``block_kv``: keys a tile."""
+    (FlashMLA's 64); ``block_kv``: keys a tile; ``accumulator``: "registers" (FlashMLA's design) or "global" (the
+    design torch runs: module docstring)."""
 
     batch: int
     kv_len: int
@@ -56,9 +66,12 @@ class MlaDecode:
     dtype: str = "bf16"
     block_q: int = 64
     block_kv: int = 64
+    accumulator: Literal["registers", "global"] = "registers"
 
     def __post_init__(self):
         check_fields(self, "MLA decode", ("batch", "kv_len", "q_len", "heads", "latent", "rope", "block_q", "block_kv"))
+        if self.accumulator not in ACCUMULATORS:
+            raise ScheduleError(f"MLA decode: accumulator={self.accumulator!r}; expected one of {list(ACCUMULATORS)}")
 
     @property
     def key_dim(self) -> int:
@@ -78,8 +91,15 @@ def counts(m: MlaDecode) -> Counts:
     q.flops.update(matmul=2 * R * NOPE * m.latent)
     blocks = cdiv(m.rows, m.block_q)
     a = KernelCounts("mla_attention", grid=m.batch * blocks)
-    a.global_read.update(Q=R * dk * e, K=m.batch * blocks * n * dk * e)  # the latent tile is K, and V is its 512
-    a.global_write.update(O=R * dv * e, lse=R * STAT_BYTES)
+    if m.accumulator == "registers":
+        a.global_read.update(Q=R * dk * e, K=m.batch * blocks * n * dk * e)  # the latent tile is K, and V is its 512
+        a.global_write.update(O=R * dv * e, lse=R * STAT_BYTES)
+    else:
+        tiles = cdiv(n, m.block_kv)
+        acc = R * dv * ACCUMULATOR_BYTES * (tiles - 1)  # fp32: written at every tile but the last, read at every but the first
+        a.global_read.update(Q=R * dk * e * tiles, K=m.batch * blocks * n * dk * e, V=m.batch * blocks * n * dv * e,
+                             O_accum=acc)
+        a.global_write.update(O_accum=acc, O=R * dv * e)
     a.flops.update(matmul=2 * R * n * (dk + dv), exp=R * n)
     o = KernelCounts("mla_o_absorb", grid=m.heads)
     o.global_read.update(O=R * dv * e, W_UV=m.heads * m.latent * VALUE * e)
@@ -90,11 +110,15 @@ def counts(m: MlaDecode) -> Counts:
 
 def dram(m: MlaDecode) -> list[tuple[int, int]]:
     """Each kernel's DRAM (read, write) bytes: every distinct byte once (the cache once a sequence, not once per
-    row block)."""
+    row block; Q once). With the accumulator in global memory its fp32 scratch is left out: it stays in L2 where the
+    resident blocks' accumulators and the cache tiles streaming past fit (one sequence: measured, 0.3-1.2 MB of its
+    67 MB reach DRAM), and what spills where they do not is not modeled (docs/serving.md, MLA decode measured)."""
     c = counts(m).kernels
     e = ELEMENT_BYTES[m.dtype]
     cache = m.batch * m.kv_len * m.key_dim * e
-    attention = (c[1].global_read_bytes - c[1].global_read["K"] + cache, c[1].global_write_bytes)
+    rows = m.batch * m.rows
+    attention = (rows * m.key_dim * e + cache, rows * m.latent * e + (rows * STAT_BYTES if "lse" in c[1].global_write
+                                                                       else 0))
     return [(c[0].global_read_bytes, c[0].global_write_bytes), attention,
             (c[2].global_read_bytes, c[2].global_write_bytes)]
 
