@@ -25,6 +25,7 @@ from iosim.calibrate.decode_tile import decode_part
 from iosim.calibrate.device import device_facts
 from iosim.calibrate.fa2_step import fa2_part
 from iosim.calibrate.forward_step import forward_part
+from iosim.calibrate.mla_step import mla_part
 from iosim.calibrate.naive_step import naive_part
 from iosim.calibrate.power import power_part
 from iosim.calibrate.rates_kernels import (
@@ -141,9 +142,10 @@ def with_part(base: str, measured: list[Measured], on: dict, *parts: str) -> dic
 
 def steps_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """The kernels' own steps: iosim's forward kernels (flash2's on any GPU, flash3's on Hopper), torch's
-    FlashAttention-2 forward, the naive schedule's GEMMs, then the backward kernels."""
+    FlashAttention-2 forward, torch's MLA decode attention, the naive schedule's GEMMs, then the backward kernels."""
     forward_part(b, cp, report)
     fa2_part(b, cp, report)
+    mla_part(b, cp, report)
     naive_part(b, cp, report)
     backward_part(b, cp, report)
 

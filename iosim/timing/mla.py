@@ -1,0 +1,118 @@
+"""Time of MLA decode's attention as torch runs it: its memory-efficient kernel at DeepSeek-V3's widths, from the
+kernel's measured step (issue 28 item 3; :mod:`iosim.schedules.mla_decode`).
+
+Torch's only fused kernel for keys of 576 and values of 512 is xFormers' CUTLASS kernel for sm_80
+(``fmha_cutlassF_bf16_aligned_32x128_gmem_sm80``, :data:`REFERENCE`): a thread block of 4 warps takes 32 query rows
+(here: heads of one sequence) and walks the keys in tiles of 128. At every tile it reads Q and the key tile from
+global memory for Q K^T, the value tile for P V, and, its values being wider than one tile, it keeps its output
+accumulator in global memory in fp32: read back at every tile after the first, written at every one before the last
+(``MlaDecode(accumulator="global")``, :func:`reference`). Nsight Compute (H200, 2026-11-28) gives it 122 registers a
+thread and 51,200 B of shared memory a block: 4 blocks an SM on an H100 or H200.
+
+**Why a measured step.** Its step is not the sum of rates the FlashAttention models compose: at 4 warps a block the
+SM's tensor pipe is 20-28% busy and its L2 traffic 29-76% of peak (Nsight Compute, H200), so latency and the SM's
+share of L2 bound it, and how much of each a second block hides is the code's. A block-step per SM costs 11.9 us
+alone and 8.7-9.1 us once two or more share the SM (measured, H200). So the step is measured where the kernel runs,
+as the other kernels' (``calibration.forward.resident_step.torch-mla.d576x512_32x128.<k>``: k blocks on every SM,
+each sequence its own cache, :mod:`iosim.calibrate.mla_step`), and the call's fixed part beside it
+(``call_fixed.torch-mla.d576x512_32x128.1``).
+
+**The call.** The grid is a block per 32 rows of each sequence, every block walking ceil(N / 128) tiles; the blocks
+are dealt over the SMs' slots (:func:`iosim.blocks.tail_makespan`: whole waves, then the last wave's blocks at the
+step of as many an SM as it leaves), plus the fixed part; never under the compulsory DRAM bytes
+(:func:`iosim.schedules.mla_decode.dram`) at the measured read rate. Where blocks of a grid larger than the SMs'
+slots end unevenly, the next ones start early and the waves overlap, which the wave count does not see (measured:
+800 blocks of 8 tiles predicted 12% slow; docs/serving.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..blocks import cdiv, tail_makespan
+from ..hardware.gpu import Profile
+from ..launch import resident_blocks
+from ..schedules.mla_decode import MlaDecode, dram
+from .estimate import KernelTime
+from .rates import rates
+
+KERNEL = "torch-mla"  # the calibration's name for it (calibration.forward.<part>.torch-mla)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The kernel torch runs for MLA decode's attention: its tiles, warps and resources."""
+
+    name: str = "fmha_cutlassF_bf16_aligned_32x128_gmem_sm80"
+    block_q: int = 32
+    block_kv: int = 128
+    warps: int = 4
+    registers: int = 122
+    smem: int = 51_200
+    source: str = ("torch 2.11 aten/src/ATen/native/transformers/cuda/mem_eff_attention/kernel_forward.h "
+                   "(kQueriesPerBlock 32, kKeysPerBlock 128, kMaxK 65536: kKeepOutputInRF false, the fp32 output "
+                   "accumulator in global memory); registers and dynamic shared memory per block from Nsight Compute "
+                   "(launch__registers_per_thread, launch__shared_mem_per_block_dynamic), H200, 2026-11-28")
+
+
+REFERENCE = Reference()
+
+
+class MlaTimeError(ValueError):
+    """A decode step the reference kernel's model does not describe."""
+
+
+def reference(batch: int, kv_len: int, q_len: int = 1) -> MlaDecode:
+    """The decode step as torch's kernel runs it: 32-row blocks, 128-key tiles, the accumulator in global memory."""
+    return MlaDecode(batch=batch, kv_len=kv_len, q_len=q_len, block_q=REFERENCE.block_q,
+                     block_kv=REFERENCE.block_kv, accumulator="global")
+
+
+def step_key(m: MlaDecode) -> str:
+    """The calibration's key for the kernel at ``m``'s widths and tiles: ``d576x512_32x128``."""
+    return f"d{m.key_dim}x{m.latent}_{m.block_q}x{m.block_kv}"
+
+
+def residency(profile: Profile) -> int:
+    """The reference kernel's thread blocks resident per SM on ``profile``."""
+    total, _ = resident_blocks(profile, REFERENCE.warps * 32, REFERENCE.smem, REFERENCE.registers)
+    return max(1, total // int(profile.require("sm_count")))
+
+
+def measured(profile: Profile, m: MlaDecode) -> tuple[dict[int, float], float] | None:
+    """(step by blocks an SM, the call's fixed part) of the reference kernel at ``m``'s key, or None where the
+    profile has not measured them."""
+    forward = profile.calibration.forward if profile.calibration else None
+    if forward is None or not forward.resident_step or not forward.call_fixed:
+        return None
+    step = forward.resident_step.get(KERNEL, {}).get(step_key(m))
+    fixed = forward.call_fixed.get(KERNEL, {}).get(step_key(m))
+    if step is None or fixed is None or 1 not in fixed.value:
+        return None
+    return {int(k): float(v) for k, v in step.value.items()}, float(fixed.value[1])
+
+
+def attention_time(m: MlaDecode, profile: Profile) -> KernelTime | None:
+    """The reference kernel's time on the decode step ``m`` (:func:`reference`; bf16), or None where ``profile``
+    has not measured its step."""
+    if (m.accumulator, m.block_q, m.block_kv, m.dtype) != ("global", REFERENCE.block_q, REFERENCE.block_kv, "bf16"):
+        raise MlaTimeError(f"the reference kernel's model describes bf16 steps with the accumulator in global memory "
+                           f"and {REFERENCE.block_q} x {REFERENCE.block_kv} tiles (iosim.timing.mla.reference); got "
+                           f"accumulator={m.accumulator!r}, {m.block_q} x {m.block_kv}, {m.dtype}")
+    got = measured(profile, m)
+    if got is None:
+        return None
+    steps, fixed = got
+    per_sm = min(residency(profile), max(steps))
+    if any(j not in steps for j in range(1, per_sm + 1)):
+        return None
+    sms = int(profile.require("sm_count"))
+    blocks, tiles = m.batch * cdiv(m.rows, m.block_q), cdiv(m.kv_len, m.block_kv)
+    speedup = {j: steps[per_sm] / steps[j] for j in range(1, per_sm + 1)}
+    run = tail_makespan([tiles * steps[per_sm]] * blocks, sms, per_sm, speedup)
+    read, write = dram(m)[1]
+    floor = rates(profile, m.dtype).dram_s(read, write)
+    parts = {"steps": run, "call_fixed": fixed, "dram": floor, "utilization": min(1.0, blocks / (sms * per_sm))}
+    seconds = max(run + fixed, floor)
+    parts["bound"] = "dram" if floor > run + fixed else "step"
+    return KernelTime.of(REFERENCE.name, blocks, seconds, parts)
