@@ -16,13 +16,21 @@ expanded per head from the latent), which is what absorption must equal.
 
 Bytes: one process per shape under ``ncu --cache-control all --profile-from-start off`` (L2 flushed before each
 kernel), the window the step's kernels; each kernel is given to its stage by the kernel list torch's profiler records
-for each stage (run first, without ncu), and a stage's DRAM reads and writes are its kernels' sum, judged by
-iosim.validation's rule for ``hbm`` (5% reads, 10% writes, or 1% of the stage's compulsory bytes). Time: the median
-of ``--reps`` CUDA-event intervals of each stage on a busy stream (benchmarks/cuda_events.py), beside
-:func:`iosim.timing.roofline.predict` of the schedule's counts and DRAM bytes (no MLA kernel description exists:
-the roofline is a floor, not a kernel model). Writes ``<out>/<device>-mla.json`` (default data/validation) and,
-from it, ``docs/validation/<device>-mla.csv`` (each stage's measured bytes and time; the report's serving section
-sets the schedule's counts and the roofline beside them).
+for each stage (run first, without ncu), and a stage's bytes are its kernels' sum. The projections' DRAM reads and
+writes are judged by iosim.validation's rule for ``hbm`` (5% reads, 10% writes, or 1% of the stage's compulsory
+bytes) against :func:`iosim.schedules.mla_decode.dram`. The attention stage is torch's kernel, not the schedule's
+(FlashMLA's) design: its bytes are judged at ``global`` (the loads and stores its instructions request, Nsight
+Compute's ``l1tex__t_bytes_pipe_lsu_mem_global_op_ld`` and ``_st``), exactly, against the counts of the design it
+runs (:func:`iosim.timing.mla.reference`: the accumulator in global memory); its DRAM bytes are shown beside the
+compulsory ones, a floor: what of its accumulators spills from L2 is not modeled.
+
+Time: the median of ``--reps`` CUDA-event intervals of each stage on a busy stream (benchmarks/cuda_events.py). The
+attention stage's is set beside :func:`iosim.timing.mla.attention_time` (the kernel's step measured by
+``iosim calibrate rates``, :mod:`iosim.calibrate.mla_step`, on ceil(k x SMs / 4) sequences of 2048 and 8192 keys, none
+of the shapes here), the others' beside :func:`iosim.timing.roofline.predict` of the schedule's counts and DRAM
+bytes. No parameter of the model is taken from these shapes. Writes
+``<out>/<device>-mla.json`` (default data/validation) and, from it, ``docs/validation/<device>-mla.csv`` (each
+stage's measured bytes and time; the report's serving section sets the counts and the models beside them).
 """
 
 from __future__ import annotations
@@ -39,16 +47,23 @@ from time_record import PROFILE, device_header  # beside this file
 
 from iosim.hardware.gpu import get_profile
 from iosim.schedules.mla_decode import NOPE, VALUE, MlaDecode, counts, dram
+from iosim.timing.mla import attention_time, reference
 from iosim.timing.roofline import predict
 from iosim.validation import hbm_rule
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = ((64, 4096), (64, 32768), (1, 32768), (128, 2048))  # (sequences, cached tokens): one new token each
+# (sequences, cached tokens): one new token each; the last four added with iosim.timing.mla (more SMs' worth of
+# blocks, longer caches, a grid over one wave): none is a shape the kernel's step is measured on
+SHAPES = ((64, 4096), (64, 32768), (1, 32768), (128, 2048), (16, 16384), (96, 8192), (200, 1024), (32, 65536))
 STAGES = ("q_absorb", "cat", "attention", "o_absorb")
 JUDGED = {"q_absorb": 0, "attention": 1, "o_absorb": 2}  # stage -> the schedule's kernel (mla_decode.counts)
 SCALE = (NOPE + 64) ** -0.5  # DeepSeek-V3's softmax scale: a query's 128 + 64 values per head
 CHECK_TOL = 1e-2  # bf16 step against float64: relative Frobenius error
-CSV_FIELDS = ("batch", "kv_len", "stage", "torch_kernels", "dram_read", "dram_write", "ms", "sdpa_backend", "commit")
+CSV_FIELDS = ("batch", "kv_len", "stage", "torch_kernels", "dram_read", "dram_write", "global_read", "global_write", "ms",
+              "sdpa_backend", "commit")
+METRICS = {"dram_read": "dram__bytes_read.sum", "dram_write": "dram__bytes_write.sum",
+           "global_read": "l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum",
+           "global_write": "l1tex__t_bytes_pipe_lsu_mem_global_op_st.sum"}
 
 
 def inputs(torch, batch: int, kv_len: int, m: MlaDecode, seed: int = 0) -> dict:
@@ -154,10 +169,9 @@ def kernel_lists(torch, fns: dict) -> dict[str, list[str]]:
 
 
 def ncu_kernels(shape_index: int, backend: str) -> list[dict]:
-    """(name, dram read, dram write) of each kernel of one shape's profiled step, in launch order."""
-    metrics = ("dram__bytes_read.sum", "dram__bytes_write.sum")
-    return [{"name": k["name"], "read": k.get(metrics[0], 0), "write": k.get(metrics[1], 0)}
-            for k in kernel_metrics(__file__, ["--child", str(shape_index), "--backend", backend], metrics)]
+    """Each kernel of one shape's profiled step, in launch order: its name and METRICS' values."""
+    got = kernel_metrics(__file__, ["--child", str(shape_index), "--backend", backend], tuple(METRICS.values()))
+    return [{"name": k["name"]} | {key: k.get(metric, 0) for key, metric in METRICS.items()} for k in got]
 
 
 def measure(device: str, reps: int, out: Path) -> int:
@@ -181,8 +195,7 @@ def measure(device: str, reps: int, out: Path) -> int:
             ks = launched[at:at + len(names[s])]
             at += len(names[s])
             row["stages"][s] = {"kernels": [k["name"][:80] for k in ks], "profiler_kernels": names[s],
-                                "dram_read": sum(k["read"] for k in ks), "dram_write": sum(k["write"] for k in ks),
-                                "ms": times[s]}
+                                **{key: sum(k[key] for k in ks) for key in METRICS}, "ms": times[s]}
         row["unassigned_kernels"] = [k["name"][:80] for k in launched[at:]]
         record["rows"].append(row)
         print(f"[{i + 1}/{len(SHAPES)}] B={batch} N={kv_len}: " + "; ".join(
@@ -202,30 +215,71 @@ def within(sim: int, meas: int, direction: str, compulsory: int) -> bool:
     return bool(hbm_rule(sim, meas, direction, compulsory))
 
 
-def table(device: str, path: Path) -> None:
-    """Each shape's judged stages: simulated DRAM reads and writes against measured (each judged by the rule), the
-    roofline's time against measured, and the kernel torch ran."""
+def mb(sim: float | None, meas: float | None, verdict: str = "") -> str:
+    """A cell: simulated / measured MB, and the verdict where there is one."""
+    sim_s = "-" if sim is None else f"{sim / 1e6:.2f}"
+    meas_s = "-" if meas is None else f"{meas / 1e6:.2f}"
+    return f"{sim_s} / {meas_s}" + (f" {verdict}" if verdict else "")
+
+
+def attention_cells(row: dict, profile) -> tuple[list[str], float | None, float]:
+    """The attention stage's cells (global read, global write, DRAM read, DRAM write), the model's ms (None where
+    the profile has not measured the kernel's step) and the roofline's ms: torch's kernel against the counts of
+    its design (:func:`iosim.timing.mla.reference`), exact at ``global``; DRAM against the compulsory bytes."""
+    m, ref = MlaDecode(batch=row["batch"], kv_len=row["kv_len"]), reference(row["batch"], row["kv_len"])
+    meas, c, d = row["stages"]["attention"], counts(ref).kernels[1], dram(ref)[1]
+    cells = []
+    for sim, x in ((c.global_read_bytes, "read"), (c.global_write_bytes, "write")):
+        got = meas.get(f"global_{x}")
+        cells.append(mb(sim, got, "" if got is None else ("exact" if got == sim else "no")))
+    cells += [mb(d[0], meas["dram_read"], "(floor)"), mb(d[1], meas["dram_write"], "(floor)")]
+    t = attention_time(ref, profile)
+    roof = predict(counts(m), [r + w for r, w in dram(m)], m.dtype, profile).kernels[1].predicted_s
+    return cells, None if t is None else t.predicted_s * 1e3, roof * 1e3
+
+
+def table(device: str, path: Path) -> list[float]:
+    """Each shape's judged stages (the projections' DRAM bytes by the rule, the attention's global bytes exactly)
+    and time (the projections' roofline, the attention's model) against measured; returns the attention rows'
+    relative time errors |model - measured| / measured."""
     rec = json.loads(path.read_text())
     profile = get_profile(PROFILE[device])
     print(f"{rec.get('device', device)}, commit {rec.get('commit', '?')}; SDPA {rec['sdpa_backend']}; absorbed step "
           f"against float64 {rec['check_error']:.1e}\n")
-    print("| sequences x keys | schedule's kernel | torch's kernel | DRAM read MB, sim / meas | within | "
-          "write MB, sim / meas | within | roofline ms / measured ms |")
+    print("| sequences x keys | schedule's kernel | torch's kernel | global read MB, sim / meas | global write MB | "
+          "DRAM read MB, sim / meas | DRAM write MB | ms: roofline / model / measured |")
     print("|---|---|---|---|---|---|---|---|")
+    errors = []
     for row in rec["rows"]:
         m = MlaDecode(batch=row["batch"], kv_len=row["kv_len"])
         c, d = counts(m).kernels, dram(m)
         est = predict(counts(m), [r + w for r, w in d], m.dtype, profile)
+        shape = f"| {row['batch']} x {row['kv_len']} |"
         for s, k in JUDGED.items():
             meas = row["stages"][s]
+            if s == "attention":
+                cells, model, roof = attention_cells(row, profile)
+                if model is not None:
+                    errors.append(abs(model - meas["ms"]) / meas["ms"])
+                time_cell = f"{roof:.4f} / {'-' if model is None else f'{model:.4f}'} / {meas['ms']:.4f}"
+                print(f"{shape} {c[k].name} (torch's design) | {short(meas['kernels'])} | {' | '.join(cells)} | "
+                      f"{time_cell} |")
+                continue
             verdict = [within(d[k][i], meas[f"dram_{x}"], x, sum(d[k])) for i, x in enumerate(("read", "write"))]
-            print(f"| {row['batch']} x {row['kv_len']} | {c[k].name} | {short(meas['kernels'])} | "
-                  f"{d[k][0] / 1e6:.2f} / {meas['dram_read'] / 1e6:.2f} | {'yes' if verdict[0] else 'no'} | "
-                  f"{d[k][1] / 1e6:.2f} / {meas['dram_write'] / 1e6:.2f} | {'yes' if verdict[1] else 'no'} | "
-                  f"{est.kernels[k].predicted_s * 1e3:.4f} / {meas['ms']:.4f} |")
+            print(f"{shape} {c[k].name} | {short(meas['kernels'])} | - | - | "
+                  f"{mb(d[k][0], meas['dram_read'], 'yes' if verdict[0] else 'no')} | "
+                  f"{mb(d[k][1], meas['dram_write'], 'yes' if verdict[1] else 'no')} | "
+                  f"{est.kernels[k].predicted_s * 1e3:.4f} / - / {meas['ms']:.4f} |")
         cat = row["stages"]["cat"]
-        print(f"| {row['batch']} x {row['kv_len']} | (none) | {short(cat['kernels'])} | - / "
-              f"{cat['dram_read'] / 1e6:.2f} | | - / {cat['dram_write'] / 1e6:.2f} | | - / {cat['ms']:.4f} |")
+        print(f"{shape} (none) | {short(cat['kernels'])} | - | - | {mb(None, cat['dram_read'])} | "
+              f"{mb(None, cat['dram_write'])} | - / - / {cat['ms']:.4f} |")
+    if errors:
+        e = sorted(errors)
+        print(f"\nattention time, model against measured ({len(e)} rows): median {e[len(e) // 2] * 100:.1f}%, "
+              f"worst {e[-1] * 100:.1f}%")
+    else:
+        print(f"\nattention time: no model ({profile.name} has not measured the kernel's step: iosim calibrate rates)")
+    return errors
 
 
 def write_csv(path: Path, csv_path: Path) -> None:
@@ -239,7 +293,8 @@ def write_csv(path: Path, csv_path: Path) -> None:
                 st = row["stages"][s]
                 w.writerow({"batch": row["batch"], "kv_len": row["kv_len"], "stage": s,
                             "torch_kernels": short(st["kernels"]), "dram_read": st["dram_read"],
-                            "dram_write": st["dram_write"], "ms": f"{st['ms']:.6f}",
+                            "dram_write": st["dram_write"], "global_read": st.get("global_read", ""),
+                            "global_write": st.get("global_write", ""), "ms": f"{st['ms']:.6f}",
                             "sdpa_backend": rec["sdpa_backend"], "commit": rec.get("commit", "")})
     print(f"wrote {csv_path}")
 

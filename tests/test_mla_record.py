@@ -40,15 +40,36 @@ def test_short_names_keep_the_kernel(mla):
 
 @pytest.mark.parametrize("device", ["h100", "h200"])
 def test_table_of_the_record(mla, device, capsys):
+    from iosim.hardware.gpu import get_profile
+    from iosim.schedules.mla_decode import counts
+    from iosim.timing.mla import attention_time, reference
+
     path = ROOT / "data/validation" / f"{device}-mla.json"
     rec = json.loads(path.read_text())
     assert rec["check_error"] < mla.CHECK_TOL
-    mla.table(device, path)
+    errors = mla.table(device, path)
     out = capsys.readouterr().out
+    profile = get_profile(mla.PROFILE[device])
     for row in rec["rows"]:
         shape = f"| {row['batch']} x {row['kv_len']} |"
         lines = [ln for ln in out.splitlines() if ln.startswith(shape)]
         assert len(lines) == len(mla.STAGES)  # the three judged stages and torch.cat
         simulated = dram(MlaDecode(batch=row["batch"], kv_len=row["kv_len"]))
         for (stage, k), line in zip(mla.JUDGED.items(), lines, strict=False):
-            assert f"{simulated[k][0] / 1e6:.2f} / {row['stages'][stage]['dram_read'] / 1e6:.2f}" in line
+            if stage != "attention":
+                assert f"{simulated[k][0] / 1e6:.2f} / {row['stages'][stage]['dram_read'] / 1e6:.2f}" in line
+        attention = lines[1]  # torch's kernel against the counts of its own design, and its model's time
+        ref = reference(row["batch"], row["kv_len"])
+        assert f"{counts(ref).kernels[1].global_read_bytes / 1e6:.2f} / " in attention
+        t = attention_time(ref, profile)
+        assert (f"/ {t.predicted_s * 1e3:.4f} / " if t else " / - / ") in attention
+    assert len(errors) == (len(rec["rows"]) if attention_time(reference(1, 1), profile) else 0)
+
+
+def test_the_h200_record_counts_torchs_kernel_exactly_at_global(mla, capsys):
+    path = ROOT / "data/validation" / "h200-mla.json"
+    rec = json.loads(path.read_text())
+    mla.table("h200", path)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "mla_attention" in ln]
+    assert len(lines) == len(rec["rows"]) == len(mla.SHAPES)
+    assert all(ln.count(" exact |") == 2 for ln in lines)  # global reads and writes, each to the byte

@@ -68,17 +68,21 @@ def test_the_paged_rows_have_flexattention_on_the_same_pages_beside_them():
 
 
 @pytest.mark.parametrize("name,profile", serving.GPUS)
-def test_the_mla_reference_is_tabled_beside_the_counts_and_the_roofline(name, profile):
+def test_the_mla_reference_is_tabled_beside_the_counts_and_the_models(name, profile):
     from iosim._resources import validation_dir
-    from iosim.schedules.mla_decode import MlaDecode, dram
+    from iosim.hardware.gpu import get_profile
+    from iosim.schedules.mla_decode import dram
+    from iosim.timing.mla import attention_time, reference
 
     with open(validation_dir() / serving.MLA_RECORDS[name], newline="") as f:
         rows = list(csv.DictReader(f))
     got = serving.mla_measured(name, profile)
-    assert got.count("<tr><td>") == len(rows) == 16  # 4 shapes x (3 stages of the schedule + torch.cat)
+    assert got.count("<tr><td>") == len(rows) == 4 * len({(r["batch"], r["kv_len"]) for r in rows})  # 3 stages + cat
     first = next(r for r in rows if r["stage"] == "attention")
-    sim = dram(MlaDecode(batch=int(first["batch"]), kv_len=int(first["kv_len"])))[1][0]
-    assert f"{sim / 1e6:.1f} / {int(first['dram_read']) / 1e6:.1f}" in got
+    ref = reference(int(first["batch"]), int(first["kv_len"]))
+    assert f"{dram(ref)[1][0] / 1e6:.1f} (floor) / {int(first['dram_read']) / 1e6:.1f}" in got
+    t = attention_time(ref, get_profile(profile))  # the model where the profile measured the kernel's step
+    assert (f"{t.predicted_s * 1e3:.3f} (model) / " if t else "no step measured / ") in got
 
 
 def test_a_missing_mla_record_is_named(monkeypatch):
