@@ -17,7 +17,8 @@ With ``accumulator="global"`` the attention kernel is the design torch runs for 
 kernel, xFormers' CUTLASS one, at values wider than its 128-key tile: ``fmha_cutlassF_..._gmem``): the block's
 operands stream from global memory at every key tile, Q with them (its mainloop reads both operands of Q K^T), and
 its output accumulator is kept in global memory in fp32, read back at every key tile after the first and written at
-every one before the last (the last writes O in the input's type); :func:`iosim.timing.mla.reference` builds it.
+every one before the last (the last writes O in the input's type; no lse, which torch's inference call does not ask
+for); :func:`iosim.timing.mla.reference` builds it.
 
 Not in the schedule registry: its problem has keys of 576 and values of 512 values, which an AttentionProblem (one
 head_dim) does not hold. FLOPs are the multiplies (2 per multiply-add) and one exp per score; split-KV partials are
