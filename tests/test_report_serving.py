@@ -12,9 +12,10 @@ from iosim._resources import benchmarks_dir
 from iosim.report import serving
 
 
-def test_the_section_draws_decode_varlen_and_window_figures_per_gpu_and_mla_once():
+def test_the_section_draws_decode_varlen_window_and_mla_time_figures_per_gpu_and_mla_intensity_once():
     html, n_fig = serving.serving_section()
-    assert n_fig == 3 * len(serving.GPUS) + 1
+    assert n_fig == 4 * len(serving.GPUS) + 1
+    assert "fig-serving-mla-time-h100" in html and "fig-serving-mla-time-h200" in html
     assert f'id="{serving.SECTION_ID}"' in html and "fig-serving-h100" in html and "fig-serving-h200" in html
     assert "fig-serving-window-h100" in html and "fig-serving-window-h200" in html and "fig-serving-mla" in html
     assert "fig-serving-varlen-h100" in html and "fig-serving-varlen-h200" in html
@@ -46,7 +47,7 @@ def test_the_model_is_drawn_on_every_contiguous_row():
 def test_a_missing_record_is_named_not_raised(monkeypatch, tmp_path):
     monkeypatch.setattr(serving, "benchmarks_dir", lambda: tmp_path)
     html, n_fig = serving.serving_section()
-    assert n_fig == len(serving.GPUS) + 1  # the simulated figures only: windows (no measured crosses) and MLA
+    assert n_fig == 2 * len(serving.GPUS) + 1  # windows (no measured crosses), MLA's intensity and its time record
     assert "docs/benchmarks/decode-h100-sxm5-80gb.csv: no record" in html
     assert "docs/benchmarks/varlen-h200-sxm-141gb.csv: no record" in html
 
@@ -88,6 +89,18 @@ def test_the_mla_reference_is_tabled_beside_the_counts_and_the_models(name, prof
 def test_a_missing_mla_record_is_named(monkeypatch):
     monkeypatch.setitem(serving.MLA_RECORDS, "H100", "no-such-mla.csv")
     assert "no MLA record" in serving.mla_measured("H100", serving.GPUS[0][1])
+    assert serving.mla_time_figure("H100", serving.GPUS[0][1]) == ""  # and no figure of it
+
+
+@pytest.mark.parametrize("name,profile", serving.GPUS)
+def test_the_mla_time_figure_draws_the_model_where_the_profile_measured_its_step(name, profile):
+    from iosim.hardware.gpu import get_profile
+    from iosim.timing.mla import attention_time, reference
+
+    got = serving.mla_time_figure(name, profile)
+    modeled = attention_time(reference(1, 1), get_profile(profile)) is not None
+    assert ("its model's (the kernel's step" in got) == modeled
+    assert ("no model: this GPU's profile has not measured its step" in got) == (not modeled)
 
 
 def test_the_decode_byte_record_is_folded_per_cache_boundary_and_direction(monkeypatch, tmp_path):

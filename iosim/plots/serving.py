@@ -1,7 +1,7 @@
 """The serving figures: iosim's decode kernel's DRAM bandwidth against KV length, measured (contiguous cache and pages
 of 16 tokens) beside the time model's prediction, as a share of the profile's calibrated DRAM read rate; MLA's
-arithmetic intensity against GQA's beside the GPUs' ridges; a sliding window's bytes and time against full causal
-attention, simulated beside measured."""
+arithmetic intensity against GQA's beside the GPUs' ridges; torch's MLA decode attention measured beside its model;
+a sliding window's bytes and time against full causal attention, simulated beside measured."""
 
 from __future__ import annotations
 
@@ -102,3 +102,20 @@ def varlen_against_padded(bars: dict[str, list[tuple[str, float]]], work: list[t
                              hovertemplate="%{x}<br>%{y:.2f}× the pairs<extra></extra>"))
     fig.update_layout(barmode="group")
     return layout(fig, title, "", "padded ÷ varlen", log_x=False, log_y=True)
+
+
+def mla_time(rows: list[tuple[str, float, float | None, float]], title: str) -> go.Figure:
+    """Torch's MLA decode attention per shape, each ``(label, measured ms, model ms or None, roofline ms)``: the
+    measured time beside its model's (where the profile measured the kernel's step) and the roofline of the
+    schedule's counts, grouped bars on a log axis."""
+    labels = [r[0] for r in rows]
+    fig = go.Figure()
+    series = (("measured", [r[1] for r in rows], "#d62728"), ("model", [r[2] for r in rows], "#1f77b4"),
+              ("roofline of the counts (FlashMLA's design)", [r[3] for r in rows], "#7f7f7f"))
+    for name, values, shade in series:
+        if all(v is None for v in values):
+            continue
+        fig.add_trace(go.Bar(x=labels, y=values, name=name, marker={"color": shade},
+                             hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} ms<extra></extra>"))
+    fig.update_layout(barmode="group")
+    return layout(fig, title, "sequences x cached keys", "ms", log_x=False, log_y=True)

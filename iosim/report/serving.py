@@ -19,7 +19,13 @@ import html
 
 from .._resources import benchmarks_dir, validation_dir
 from ..hardware.gpu import get_profile
-from ..plots.serving import decode_bandwidth, intensity_bars, varlen_against_padded, window_against_full
+from ..plots.serving import (
+    decode_bandwidth,
+    intensity_bars,
+    mla_time,
+    varlen_against_padded,
+    window_against_full,
+)
 from ..problem import AttentionProblem
 from ..schedules.mla_decode import MlaDecode
 from ..schedules.mla_decode import counts as mla_decode_counts
@@ -259,6 +265,35 @@ def mla_measured(name: str, profile: str) -> str:
             "measured step (docs/serving.md).</p></details>")
 
 
+def mla_time_figure(name: str, profile: str) -> str:
+    """Torch's MLA decode attention on GPU ``name``: each recorded shape's measured time beside the model's
+    (iosim.timing.mla, where the profile measured the kernel's step) and the roofline of the schedule's counts; ""
+    where there is no record."""
+    rows, note = validation_rows(name, MLA_RECORDS[name], MLA_COLUMNS, "MLA record", "mla_record.py")
+    if note:
+        return ""
+    prof, bars = get_profile(profile), []
+    for r in rows:
+        if r["stage"] != "attention":
+            continue
+        batch, kv_len = int(r["batch"]), int(r["kv_len"])
+        m = MlaDecode(batch=batch, kv_len=kv_len)
+        t = mla_attention_time(mla_reference(batch, kv_len), prof)
+        roof = roofline.predict(mla_decode_counts(m), [a + b for a, b in mla_decode_dram(m)], m.dtype, prof)
+        bars.append((f"{batch} x {kv_len}", float(r["ms"]), None if t is None else t.predicted_s * 1e3,
+                     roof.kernels[1].predicted_s * 1e3))
+    fig = mla_time(bars, f"{name}: torch's MLA decode attention, measured beside its model")
+    div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{SECTION_ID}-mla-time-{name.lower()}",
+                      config=PLOTLY_CONFIG)
+    model = ("its model's (the kernel's step measured by iosim calibrate rates, the blocks dealt over the SMs)"
+             if any(b[2] is not None for b in bars) else "no model: this GPU's profile has not measured its step")
+    over = [b[1] / b[3] for b in bars]
+    return (f"<figure>{div}<figcaption>{name}: the attention stage of DeepSeek-V3's absorbed decode step as torch runs "
+            f"it (its memory-efficient kernel, the fp32 accumulator in global memory), measured beside {model}, and the "
+            f"roofline of the schedule's counts (FlashMLA's design), which it takes {min(over):.1f}-{max(over):.1f}x "
+            "(benchmarks/mla_record.py).</figcaption></figure>")
+
+
 def _mla_row(r: dict, prof) -> str:
     """One stage of one shape of the MLA record as a table row (:func:`mla_measured`)."""
     batch, kv_len = int(r["batch"]), int(r["kv_len"])
@@ -335,6 +370,9 @@ def serving_section() -> tuple[str, int]:
                      "</figcaption></figure>")
         n_fig += 1
     parts.append(mla_figure())
-    parts += [mla_measured(name, profile) for name, profile in GPUS]
+    for name, profile in GPUS:
+        figure = mla_time_figure(name, profile)
+        parts += [figure, mla_measured(name, profile)]
+        n_fig += bool(figure)
     parts.append("</section>")
     return "\n".join(parts), n_fig + 1
