@@ -325,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "data/validation"
     rc = measure(args.device, args.reps, out) if args.measure else 0
     record = out / f"{args.device}-mla.json"
+    if not record.exists():
+        print(f"mla_record: no record {record} (python benchmarks/mla_record.py --measure --device {args.device} "
+              "on the GPU writes it)", file=sys.stderr)
+        return 2
     table(args.device, record)
     if args.out is None:  # the committed record: the report's CSV follows it
         write_csv(record, ROOT / "docs/validation" / f"{args.device}-mla.csv")

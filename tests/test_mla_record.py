@@ -73,3 +73,8 @@ def test_the_h200_record_counts_torchs_kernel_exactly_at_global(mla, capsys):
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "mla_attention" in ln]
     assert len(lines) == len(rec["rows"]) == len(mla.SHAPES)
     assert all(ln.count(" exact |") == 2 for ln in lines)  # global reads and writes, each to the byte
+
+
+def test_a_missing_record_is_one_line_not_a_traceback(mla, tmp_path, capsys):
+    assert mla.main(["--device", "h200", "--out", str(tmp_path)]) == 2
+    assert "no record" in capsys.readouterr().err
