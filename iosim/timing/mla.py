@@ -20,9 +20,9 @@ each sequence its own cache, :mod:`iosim.calibrate.mla_step`), and the call's fi
 **The call.** The grid is a block per 32 rows of each sequence, every block walking ceil(N / 128) tiles; the blocks
 are dealt over the SMs' slots (:func:`iosim.blocks.tail_makespan`: whole waves, then the last wave's blocks at the
 step of as many an SM as it leaves), plus the fixed part; never under the compulsory DRAM bytes
-(:func:`iosim.schedules.mla_decode.dram`) at the measured read rate. Where blocks of a grid larger than the SMs'
-slots end unevenly, the next ones start early and the waves overlap, which the wave count does not see (measured:
-800 blocks of 8 tiles predicted 12% slow; docs/serving.md).
+(:func:`iosim.schedules.mla_decode.dram`) at the measured read rate. Past one wave the hardware deals the later
+blocks to whichever SMs free a slot first, unevenly (Nsight Compute: 660 blocks land 4-7 an SM on an H200), which
+the wave count does not see: such grids are predicted 6-14% fast or up to 13% slow (docs/serving.md).
 """
 
 from __future__ import annotations
