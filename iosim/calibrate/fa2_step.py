@@ -57,10 +57,10 @@ from iosim.calibrate.forward_step import (
     step_from,
 )
 from iosim.calibrate.rates_kernels import Bench, Measured, busy_timer
+from iosim.timing.decode import SPLIT  # the split-KV path's key in calibration.forward
 
 KERNEL = "fa2"  # the timing description the steps belong to
 INSTANTIATIONS = ("", "varlen")  # the dense kernel (mha_fwd) and the packed-sequence one (mha_varlen_fwd)
-SPLIT = "splitkv"  # the split-KV path's instantiation key
 SPLIT_HEADS_PER_SM = 0.5  # query heads of one 64-row Q block per SM: its heuristic then takes 4 splits (two an SM)
 SPLIT_TILES = (2, 8, 32)  # K/V tiles a split: the fixed part's call, then the step's two
 

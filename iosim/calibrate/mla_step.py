@@ -37,16 +37,16 @@ def _call(torch, batch: int, kv_len: int) -> Callable[[], Any]:
     """torch's MLA attention on random bf16 inputs: ``batch`` sequences of ROWS rows, each on its own cache."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from iosim.schedules.mla_decode import MlaDecode
+    from iosim.schedules.mla_decode import NOPE, MlaDecode
 
     m = MlaDecode(batch=1, kv_len=1)
     q = torch.randn(batch, 1, ROWS, m.key_dim, device="cuda", dtype=torch.bfloat16)
     cache = torch.randn(batch, 1, kv_len, m.key_dim, device="cuda", dtype=torch.bfloat16)
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def call():
+    def call():  # the softmax scale of DeepSeek-V3's query heads: 128 + 64 values a head
         with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
-            return sdpa(q, cache, cache[..., :m.latent], scale=(128 + m.rope) ** -0.5)
+            return sdpa(q, cache, cache[..., :m.latent], scale=(NOPE + m.rope) ** -0.5)
 
     return call
 
@@ -68,19 +68,18 @@ def mla_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
            f"queries and keys of 576, values the keys' first 512: sequences of {ROWS} query rows ({per_seq} blocks "
            f"of {REFERENCE.block_q}) each on its own latent cache, ceil(k x {b.sms} / {per_seq}) of them (k blocks "
            f"on each SM); each time the median of {CALLS} calls behind a busy kernel after {REST_S} s idle")
-    step1 = 0.0
+    steps = {}
     for k in range(1, residency(profile) + 1):
         batch = cdiv(k * b.sms, per_seq)
         t = [seconds(_call(torch, batch, m * REFERENCE.block_kv)) for m in TILES]
-        step = step_from(*t)
-        step1 = step if k == 1 else step1
-        report(Measured(("forward", "resident_step", KERNEL, key, k), step, "s",
+        steps[k] = step_from(*t)
+        report(Measured(("forward", "resident_step", KERNEL, key, k), steps[k], "s",
                         f"{how}: (time at {TILES[1]} key tiles - time at {TILES[0]}) / {TILES[1] - TILES[0]} "
                         "(iosim/calibrate/mla_step.py); by widths and tiles, then k"),
                f"{t[0] * 1e6:.1f} us at {TILES[0]} key tiles, {t[1] * 1e6:.1f} us at {TILES[1]}")
         torch.cuda.empty_cache()
     short = seconds(_call(torch, cdiv(b.sms, per_seq), FIXED_TILES * REFERENCE.block_kv))
-    report(Measured(("forward", "call_fixed", KERNEL, key, 1), max(short - FIXED_TILES * step1, 1e-9), "s",
+    report(Measured(("forward", "call_fixed", KERNEL, key, 1), max(short - FIXED_TILES * steps[1], 1e-9), "s",
                     f"{how}: the call at k = 1 and {FIXED_TILES} key tiles less its {FIXED_TILES} steps "
                     "(iosim/calibrate/mla_step.py); by widths and tiles, then k"), f"{short * 1e6:.1f} us")
     torch.cuda.empty_cache()

@@ -154,14 +154,18 @@ class ForwardCalibration(_Strict):
     call_fixed: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
         None, description="seconds a call costs beyond its tiles (launch, start, first loads, last stores), keyed as "
                           "step; 'fa2' / 'bf16-splitkv': torch's FlashAttention-2 split-KV path beyond its steps and "
-                          "its combine's reads (iosim/calibrate/fa2_step.py); absent in files measured before it")
+                          "its combine's reads (iosim/calibrate/fa2_step.py); 'torch-mla' / 'd576x512_32x128' / 1: "
+                          "torch's MLA decode attention (iosim/calibrate/mla_step.py); absent in files measured "
+                          "before it")
     resident_step: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
         None, description="seconds an SM spends on one K/V step of each of k resident thread blocks, by the kernel's "
                           "timing description ('iosim-flash2'; 'fa2': torch's FlashAttention-2 forward), then its "
                           "instantiation ('d64_128x64': head dim, Br x Bc; '-varlen', '-paged16', '-paged64' after "
-                          "it: the packed-sequence and paged ones; '-splitkv': fa2's split-KV kernel), then k (1 to the instantiation's residency); "
-                          "bf16, a Q tile on each block, all on one kv head (K/V in L2), no mask; absent in files "
-                          "measured before it")
+                          "it: the packed-sequence and paged ones; '-splitkv': fa2's split-KV kernel), then k (1 to "
+                          "the instantiation's residency); bf16, a Q tile on each block, all on one kv head (K/V in "
+                          "L2), no mask; 'torch-mla' / 'd576x512_32x128': torch's MLA decode attention, each "
+                          "sequence on a cache of its own (iosim/calibrate/mla_step.py); absent in files measured "
+                          "before it")
     masked_step: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
         None, description="seconds an SM spends beyond resident_step on a K/V step of each of its k blocks that the "
                           "kernel masks (the causal diagonal's tiles, by the description's masking: "
