@@ -28,9 +28,10 @@
 // cu_seqlens_k[b + 1] - cu_seqlens_k[b] of its pages (the cache's lengths, FlashAttention's seqused_k), its queries the
 // packed rows of q as in Varlen (a chunk of new tokens: bottom-right causal puts them at the cache's end). Thread r < Bc
 // finds the cache row of key r of a tile and leaves it in the row list of the ring slot the tile goes to (Stages lists
-// of Bc rows in shared memory, after the K/V ring), which the 16-byte cp.async copies of K and V then read. Where
-// page_size is a multiple of Bc a tile lies in one page: thread 0 alone finds its first row, and the copies run as the
-// contiguous kernel's from there. The loop keeps the lookups off the barrier every warp waits at: the entry of tile
+// of Bc rows in shared memory, after the K/V ring), which the 16-byte cp.async copies of K and V then read. PageTiles
+// (an instantiation of its own, for a page_size that is a multiple of Bc): a tile lies in one page, thread 0 alone
+// finds its first row, and the copies run as the contiguous kernel's from there, with no row-list copy path compiled
+// in beside them. The loop keeps the lookups off the barrier every warp waits at: the entry of tile
 // jn+2 is loaded after tile j's barrier (jn = j+Stages-1, the tile it copies), its row list stored after the next
 // barrier, a tile before its copies read it, and the entry and slot of each key are moved on a tile at a time without
 // a division (PageCursor). Measured (H100, H200): 0.93-0.96x the contiguous cache on the same tiles (the first versions,
@@ -111,7 +112,8 @@ __device__ __forceinline__ void load_kv_paged(T* sk, T* sv, const T* kg, const T
     }
 }
 
-template <int D, int Br, int Bc, typename T, bool Causal, bool Local = false, bool Varlen = false, bool Paged = false>
+template <int D, int Br, int Bc, typename T, bool Causal, bool Local = false, bool Varlen = false, bool Paged = false,
+          bool PageTiles = false>
 __global__ void __launch_bounds__(128)
     flash_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                      float* __restrict__ lse, int seq_len, int kv_len, int heads, int kv_heads, float scale_log2,
@@ -126,6 +128,7 @@ __global__ void __launch_bounds__(128)
     static_assert(Br % (16 * kWarps) == 0 && Bc % 16 == 0 && D % 32 == 0, "tile shape");
     static_assert(!(Causal && Local), "a causal window is Local with right = 0");
     static_assert(!Paged || Varlen, "a paged cache takes the varlen arguments");
+    static_assert(!PageTiles || Paged, "tiles in one page are a paged cache's");
 
     constexpr int Stages = flash_stages(D);
     IOSIM_TRACE_BLOCK();  // no-op unless compiled with -DIOSIM_BLOCK_TRACE (kernels/common.cuh)
@@ -172,31 +175,28 @@ __global__ void __launch_bounds__(128)
     const T* kg = Varlen ? k + k0 * kv_stride + (long long)hk * D : k + (long long)b * kv_len * kv_stride + (long long)hk * D;
     const T* vg = Varlen ? v + k0 * kv_stride + (long long)hk * D : v + (long long)b * kv_len * kv_stride + (long long)hk * D;
     const int* table = Paged ? block_table + (long long)b * table_stride : nullptr;
-    // Paged: thread tid < Bc finds the cache row of key tid of each tile (one thread, of the tile's first key, where a
-    // tile lies in one page) and leaves it in the row list of the ring slot the tile goes to; the K/V loop does it
-    // without a division
-    const int finders = (Paged && page_size % Bc == 0) ? 1 : Bc;  // threads that find a tile's rows
-    // the block-table entry of key tid of tile jj (0 past the keys): issued before the tile's math, used after it
+    // Paged, row lists: thread tid < Bc finds the cache row of key tid of each tile and leaves it in the row list of
+    // the ring slot the tile goes to; the K/V loop does it without a division. PageTiles: every thread loads the
+    // entry of a tile's one page a tile ahead (the same word in every lane) and keeps it in a register.
+    // The block-table entry of key tid of tile jj (0 past the keys): issued before the tile's math, used after it
     // (ptxas would otherwise sink a plain load to its use)
     auto page_of = [&](int jj) {
-        const int t = jj * Bc + tid;
-        return (tid < finders && t < n_k) ? ld_global_again(table + t / page_size) : 0;
+        const int t = jj * Bc + (PageTiles ? 0 : tid);
+        return ((PageTiles || tid < Bc) && t < n_k) ? ld_global_again(table + t / page_size) : 0;
     };
     auto put_row = [&](int slot, int jj, int page) {
-        if (tid < finders) sRows[slot * Bc + tid] = page * page_size + (jj * Bc + tid) % page_size;
+        if (tid < Bc) sRows[slot * Bc + tid] = page * page_size + (jj * Bc + tid) % page_size;
     };
-    // Alg. line 7: K_j, V_j into ring slot `slot` (contiguous rows, or the pages of a paged cache: the slot's row list)
-    auto load_kv = [&](int slot, int jj) {
-        if constexpr (Paged) {
-            const int* rows = sRows + slot * Bc;
-            if (finders == 1) {  // one page: Bc consecutive rows from rows[0]
-                const long long off = (long long)rows[0] * kv_stride;
-                load_tile_async<Bc, D, kThreads>(sK + slot * Bc * D, kg + off, kv_stride, n_k - jj * Bc, tid);
-                load_tile_async<Bc, D, kThreads>(sV + slot * Bc * D, vg + off, kv_stride, n_k - jj * Bc, tid);
-            } else {
-                load_kv_paged<Bc, D, kThreads>(sK + slot * Bc * D, sV + slot * Bc * D, kg, vg, kv_stride, rows,
-                                               n_k - jj * Bc, tid);
-            }
+    // Alg. line 7: K_j, V_j into ring slot `slot` (contiguous rows; the pages of a paged cache: the slot's row list,
+    // or PageTiles: Bc consecutive rows from `first`, the cache row of the tile's first key)
+    auto load_kv = [&](int slot, int jj, int first) {
+        if constexpr (PageTiles) {
+            const long long off = (long long)first * kv_stride;
+            load_tile_async<Bc, D, kThreads>(sK + slot * Bc * D, kg + off, kv_stride, n_k - jj * Bc, tid);
+            load_tile_async<Bc, D, kThreads>(sV + slot * Bc * D, vg + off, kv_stride, n_k - jj * Bc, tid);
+        } else if constexpr (Paged) {
+            load_kv_paged<Bc, D, kThreads>(sK + slot * Bc * D, sV + slot * Bc * D, kg, vg, kv_stride,
+                                           sRows + slot * Bc, n_k - jj * Bc, tid);
         } else {
             const long long off = (long long)jj * Bc * kv_stride;
             load_tile_async<Bc, D, kThreads>(sK + slot * Bc * D, kg + off, kv_stride, n_k - jj * Bc, tid);
@@ -244,13 +244,19 @@ __global__ void __launch_bounds__(128)
 
     // Alg. line 4: Q_i into SRAM (group 0); line 6 for j = n_min .. n_min+Stages-2: K_j, V_j (one group each, maybe
     // empty) into ring slots 0 .. Stages-2 (n_min = 0 but for Local)
-    // Paged: the loop stores the row list of tile jn+1 (jn = j+Stages-1, the tile it loads) after its barrier, into
-    // the slot tile jn+1 will use (tile j's, read before that barrier), from next_page, the entry loaded a tile
-    // earlier; `at` is where key tid of tile jn+1 lives
+    // Paged, row lists: the loop stores the row list of tile jn+1 (jn = j+Stages-1, the tile it loads) after its
+    // barrier, into the slot tile jn+1 will use (tile j's, read before that barrier), from next_page, the entry loaded
+    // a tile earlier; `at` is where key tid of tile jn+1 lives. PageTiles: next_page is tile jn's page, `at` where
+    // its first key lives.
     int next_page = 0;
     PageCursor at{0, 0};
-    const int step_pages = Paged ? Bc / page_size : 0, step_keys = Paged ? Bc % page_size : 0;
-    if constexpr (Paged) {  // the row lists of the tiles loaded before the loop and at its first tile
+    const int step_pages = (Paged && !PageTiles) ? Bc / page_size : 0;  // a tile's whole pages and keys more
+    const int step_keys = PageTiles ? Bc : Paged ? Bc % page_size : 0;
+    if constexpr (PageTiles) {  // the first tile the loop loads
+        if (n_min + Stages - 1 < n_blocks) next_page = page_of(n_min + Stages - 1);
+        const int t = (n_min + Stages - 1) * Bc;
+        at = PageCursor{t / page_size, t % page_size};
+    } else if constexpr (Paged) {  // the row lists of the tiles loaded before the loop and at its first tile
 #pragma unroll
         for (int s = 0; s < Stages; ++s)
             if (n_min + s < n_blocks) put_row(s, n_min + s, page_of(n_min + s));
@@ -264,7 +270,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int s = 0; s < Stages - 1; ++s) {
         const int js = Local ? n_min + s : s;
-        if (js < n_blocks) load_kv(s, js);
+        if (js < n_blocks) load_kv(s, js, PageTiles ? page_of(js) * page_size + js * Bc % page_size : 0);
         cp_async_commit();
     }
 
@@ -295,17 +301,21 @@ __global__ void __launch_bounds__(128)
         // one barrier per tile: tile j is visible to every warp, and every warp is done with tile j-1 (slot `fill`)
         __syncthreads();
         const int jn = j + Stages - 1;
-        int ready = 0;  // Paged: tile jn+1's entry
+        int ready = 0;  // Paged: tile jn+1's entry (PageTiles: tile jn's first row)
         PageCursor next = at;
-        if constexpr (Paged) {  // tile jn+2's entry, issued before this tile's copies, in flight for its math
+        if constexpr (PageTiles) {  // tile jn+1's page, in flight for this tile's math
+            ready = next_page * page_size + at.slot;
+            at.advance(0, Bc, page_size);
+            if (jn + 1 < n_blocks) next_page = ld_global_again(table + at.entry);
+        } else if constexpr (Paged) {  // tile jn+2's entry, issued before this tile's copies, in flight for its math
             ready = next_page;
             next.advance(step_pages, step_keys, page_size);
             if (jn + 2 < n_blocks)
-                next_page = (tid < finders && (jn + 2) * Bc + tid < n_k) ? ld_global_again(table + next.entry) : 0;
+                next_page = (tid < Bc && (jn + 2) * Bc + tid < n_k) ? ld_global_again(table + next.entry) : 0;
         }
-        if (jn < n_blocks) load_kv(fill, jn);  // Alg. line 6 for tile j+Stages-1, overlapped with tiles j ..
-        if constexpr (Paged) {  // tile jn+1's row list, after the barrier: no warp waits for it until the next one
-            if (jn + 1 < n_blocks && tid < finders) sRows[stage * Bc + tid] = ready * page_size + at.slot;
+        if (jn < n_blocks) load_kv(fill, jn, ready);  // Alg. line 6 for tile j+Stages-1, overlapped with tiles j ..
+        if constexpr (Paged && !PageTiles) {  // tile jn+1's row list, after the barrier: no warp waits for it until
+            if (jn + 1 < n_blocks && tid < Bc) sRows[stage * Bc + tid] = ready * page_size + at.slot;  // the next one
             at = next;
         }
 

@@ -72,8 +72,8 @@ def test_instantiation_list_covers_every_tile_dtype_and_mask():
     n_local = sum(len(t) for t in varlen.FLASH_LOCAL_TILES.values())
     n_paged = len(varlen.FLASH_PAGED_TILES)
     # dense: every tile, dtype, causal or not; varlen: plain and causal, and a window (Local), per dtype; paged:
-    # plain, causal and a window per dtype at one tile per head dim
-    assert len(insts) == len(set(insts)) == n_tiles * 2 * 2 + n_varlen * 2 * 2 + n_local * 2 + n_paged * 3 * 2
+    # plain, causal and a window per dtype at one tile per head dim, each key's row looked up or a tile in one page
+    assert len(insts) == len(set(insts)) == n_tiles * 2 * 2 + n_varlen * 2 * 2 + n_local * 2 + n_paged * 3 * 2 * 2
     assert {(i.head_dim, i.block_q, i.block_kv) for i in insts if i.local and not i.paged} == \
         {(d, bq, bkv) for d, t in varlen.FLASH_LOCAL_TILES.items() for bq, bkv in t}
     assert {64, 128} <= set(launch.HEAD_DIMS)
@@ -90,6 +90,11 @@ def test_instantiation_list_covers_every_tile_dtype_and_mask():
         build.FlashInstance(64, 64, 64, "float16", True, True, True)
     with pytest.raises(ValueError, match="paged need varlen"):
         build.FlashInstance(64, 64, 64, "float16", True, False, False, True)
+    with pytest.raises(ValueError, match="page_tiles needs paged"):
+        build.FlashInstance(64, 64, 64, "float16", True, False, True, False, True)
+    assert build.FlashInstance(64, 64, 64, "float16", True, False, True, True, True).name_expression == \
+        "iosim::flash_fwd_kernel<64, 64, 64, __half, true, false, true, true, true>"
+    assert build.page_tiles(64, 64) and build.page_tiles(256, 32) and not build.page_tiles(32, 64)
     naive = build.naive_instances()
     # qk x2 and pv per d; the softmax per chunks of a row per thread
     assert len(naive) == len(set(naive)) == 2 * (3 * len(launch.HEAD_DIMS) + len(build.SOFTMAX_CHUNKS))

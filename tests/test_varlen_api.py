@@ -272,7 +272,8 @@ def test_paged_kv_refuses_a_page_size_and_lengths_that_do_not_fit():
 
 def test_the_paged_kernel_is_compiled_once_per_head_dim_dtype_and_mask_at_tiles_that_do_not_spill():
     paged = [i for i in build.flash_instances() if i.paged]
-    assert len(paged) == 3 * len(geo.FLASH_PAGED_TILES) * 2  # plain, causal, window
+    assert len(paged) == 3 * len(geo.FLASH_PAGED_TILES) * 2 * 2  # plain, causal, window; rows or page tiles
+    assert sum(i.page_tiles for i in paged) == len(paged) // 2
     assert {(i.head_dim, (i.block_q, i.block_kv)) for i in paged} == set(geo.FLASH_PAGED_TILES.items())
     assert geo.FLASH_PAGED_TILES[128] == (64, 64)  # 128 x 32 spills with the lookups
     for d, tiles in geo.FLASH_PAGED_TILES.items():
@@ -287,9 +288,10 @@ def test_every_instantiation_matches_the_kernels_parameter_list():
     for inst in build.flash_instances():
         params = inst.explicit_instantiation.split("(", 1)[1].rstrip(");")
         assert len(params.split(",")) == n_params, inst
-        flags = inst.name_expression.rstrip(">").split(", ")[4:]  # Causal, Local, Varlen, Paged; defaults left out
-        given = ["true" if f else "false" for f in (inst.causal, inst.local, inst.varlen, inst.paged)]
-        assert flags == given[: 4 if inst.paged else 3 if inst.varlen else 1], inst
+        flags = inst.name_expression.rstrip(">").split(", ")[4:]  # Causal .. PageTiles; defaults left out
+        given = ["true" if f else "false" for f in (inst.causal, inst.local, inst.varlen, inst.paged,
+                                                     inst.page_tiles)]
+        assert flags == given[: 5 if inst.page_tiles else 4 if inst.paged else 3 if inst.varlen else 1], inst
 
 
 # ------------------------------------------------------------------------------------------------------------------

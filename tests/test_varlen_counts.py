@@ -58,14 +58,16 @@ def kernel_bytes(N: int, Nk: int, Br: int, Bc: int, causal: bool, window, d: int
 
 def table_loads(N: int, Nk: int, Br: int, Bc: int, causal: bool, window, page_size: int) -> int:
     """Block-table entries (4 B each) one head of one sequence loads in the paged kernel, as page_of does and as the
-    SASS counter counts a load: thread tid < finders loads the entry of key tid of each visited K/V tile (finders: 1
-    where the page size is a multiple of Bc, else Bc), each warp's distinct entries once."""
-    finders = 1 if page_size % Bc == 0 else Bc
+    SASS counter counts a load: of each visited K/V tile, thread tid < Bc loads the entry of key tid (row lists), or
+    every thread the entry of its first key where the page size is a multiple of Bc (PageTiles); each warp's
+    distinct entries once."""
     n = 0
     for _, kv in visited(N, Nk, Br, Bc, causal, window):
         for j in kv:
             for warp in range(4):
-                keys = [j * Bc + tid for tid in range(32 * warp, 32 * warp + 32) if tid < finders and j * Bc + tid < Nk]
+                lanes = range(32 * warp, 32 * warp + 32)
+                keys = [j * Bc for _ in lanes] if page_size % Bc == 0 else \
+                    [j * Bc + tid for tid in lanes if tid < Bc and j * Bc + tid < Nk]
                 n += len({t // page_size for t in keys})
     return n
 

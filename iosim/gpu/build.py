@@ -73,13 +73,15 @@ def default_tiles(head_dim: int, dtype: str = "bfloat16", causal: bool = False) 
 
 @dataclass(frozen=True)
 class FlashInstance:
-    """One template instantiation of flash_fwd_kernel<D, Br, Bc, T, Causal, Local, Varlen, Paged>.
+    """One template instantiation of flash_fwd_kernel<D, Br, Bc, T, Causal, Local, Varlen, Paged, PageTiles>.
 
     ``local``: a sliding window (runtime bounds; a causal window is local with right = 0, so never with
     ``causal``); ``varlen``: packed sequences with cumulative lengths, or the dense batch with a window (null
-    cu_seqlens); ``paged``: varlen queries against a paged KV cache (a block table; chunked prefill). The dense
-    kernel (all False) is named by its first five arguments, as before the others were added: its code is what it
-    was (they default to false)."""
+    cu_seqlens); ``paged``: varlen queries against a paged KV cache (a block table; chunked prefill), each key's
+    row looked up; ``page_tiles``: the paged kernel for pages a multiple of Bc tokens long, where a K/V tile lies in
+    one page and is copied as the contiguous kernel copies it (:func:`page_tiles`). The dense kernel (all False) is
+    named by its first five arguments, as before the others were added: its code is what it was (they default to
+    false)."""
 
     head_dim: int
     block_q: int
@@ -89,6 +91,7 @@ class FlashInstance:
     local: bool = False
     varlen: bool = False
     paged: bool = False
+    page_tiles: bool = False
 
     def __post_init__(self):
         if self.causal and self.local:
@@ -96,13 +99,15 @@ class FlashInstance:
         if (self.local or self.paged) and not self.varlen:
             raise ValueError("FlashInstance: local and paged need varlen (the kernel takes the window and the "
                              "cache's lengths with the varlen arguments)")
+        if self.page_tiles and not self.paged:
+            raise ValueError("FlashInstance: page_tiles needs paged (tiles in one page of a paged cache)")
 
     @property
     def name_expression(self) -> str:  # what cupy.RawModule(name_expressions=...) and get_function take
         t = CUDA_TYPES[self.dtype]
         flags = ", ".join("true" if f else "false" for f in (self.causal, self.local, self.varlen))
         if self.paged:
-            flags += ", true"
+            flags += ", true, true" if self.page_tiles else ", true"
         elif not (self.local or self.varlen):
             flags = "true" if self.causal else "false"
         return f"{FLASH_KERNEL}<{self.head_dim}, {self.block_q}, {self.block_kv}, {t}, {flags}>"
@@ -124,16 +129,24 @@ def flash_instances() -> list[FlashInstance]:
     """Every flash2 instantiation the library can launch: the dense kernel per tile, dtype and causality; the
     varlen kernel per dtype, plain and causal at each of :data:`iosim.launch.varlen.FLASH_VARLEN_TILES` and with a
     window (Local) at each of :data:`~iosim.launch.varlen.FLASH_LOCAL_TILES`; the paged kernel (chunked prefill) per
-    dtype, plain, causal and with a window, at :data:`iosim.launch.varlen.FLASH_PAGED_TILES`."""
+    dtype, plain, causal and with a window, at :data:`iosim.launch.varlen.FLASH_PAGED_TILES`, each key's row looked
+    up and (``page_tiles``) a tile in one page."""
     out = [FlashInstance(d, bq, bkv, dt, c) for d, tiles in FLASH_TILES.items() for bq, bkv in tiles
            for dt in CUDA_TYPES for c in (False, True)]
     for local, table in ((False, varlen.FLASH_VARLEN_TILES), (True, varlen.FLASH_LOCAL_TILES)):
         out += [FlashInstance(d, bq, bkv, dt, c, local, True) for d, tiles in table.items() for bq, bkv in tiles
                 for dt in CUDA_TYPES for c in ((False,) if local else (False, True))]
     for local in (False, True):
-        out += [FlashInstance(d, *varlen.FLASH_PAGED_TILES[d], dt, c, local, True, True)
-                for d in FLASH_TILES for dt in CUDA_TYPES for c in ((False,) if local else (False, True))]
+        out += [FlashInstance(d, *varlen.FLASH_PAGED_TILES[d], dt, c, local, True, True, tiles)
+                for d in FLASH_TILES for dt in CUDA_TYPES for c in ((False,) if local else (False, True))
+                for tiles in (False, True)]
     return out
+
+
+def page_tiles(page_size: int, block_kv: int) -> bool:
+    """Whether the paged kernel runs its PageTiles instantiation: pages a multiple of the K/V tile's Bc keys, so a
+    tile never crosses a page (FlashAttention-2's paged KV cache asks this of every page size)."""
+    return page_size % block_kv == 0
 
 
 # ------------------------------------------------------------------------------------------------------------------

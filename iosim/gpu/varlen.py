@@ -286,8 +286,10 @@ def _launch(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask
             tiles: tuple[int, int, float]) -> LaunchRecord:
     """The varlen kernel on (q, k, v, o, lse); returns what it launched."""
     block_q, block_kv, scale = tiles
-    smem = flash_smem_checked(cp, s.head_dim, block_q, block_kv, s.dtype, batch.paged)
-    inst = build.FlashInstance(s.head_dim, block_q, block_kv, s.dtype, mask.causal, mask.local, True, batch.paged)
+    tiles_in_pages = batch.paged and build.page_tiles(batch.page_size, block_kv)  # no row lists then
+    smem = flash_smem_checked(cp, s.head_dim, block_q, block_kv, s.dtype, batch.paged and not tiles_in_pages)
+    inst = build.FlashInstance(s.head_dim, block_q, block_kv, s.dtype, mask.causal, mask.local, True, batch.paged,
+                               tiles_in_pages)
     grid = geo.varlen_grid(batch.max_seqlen_q, s.heads, batch.batch, block_q)
     block, i32 = (launch.FLASH_THREADS, 1, 1), cp.int32
     left, right = mask.kernel_window()

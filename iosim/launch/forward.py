@@ -45,8 +45,9 @@ FLASH_DEFAULT_TILES: dict[int, tuple[int, int]] = {32: (128, 64), 64: (128, 64),
 
 def flash_smem_terms(head_dim: int, block_q: int, block_kv: int, itemsize: int = 2,
                      paged: bool = False) -> dict[str, int]:
-    """Dynamic shared memory of one flash2 thread block, term by term, in bytes (``paged``: the paged kernel's, with
-    its row lists: a cache row per key of each K/V ring slot, as kernels/flash_fwd.cu's sRows)."""
+    """Dynamic shared memory of one flash2 thread block, term by term, in bytes (``paged``: the row-list paged
+    kernel's, with its row lists: a cache row per key of each K/V ring slot, as kernels/flash_fwd.cu's sRows; its
+    PageTiles instantiation keeps none)."""
     return ({"row lists": flash_stages(head_dim) * block_kv * 4} if paged else {}) | {
         # Q_i (Br x d), resident for the whole K/V loop; its rows are reused to stage O for 16-byte stores
         "Q_i": block_q * head_dim * itemsize,

@@ -200,12 +200,12 @@ def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int
 
 def _table_reads(x, pages: tuple[int, int], Bc: int, k: Rows) -> None:
     """The block-table entries the paged kernel reads to load keys ``k`` (a K/V tile) of a sequence (its row of the
-    table starts at entry ``pages[1]``): the tile's one entry where it lies in one page, else each warp's distinct
-    entries (a warp finds the pages of 32 keys)."""
+    table starts at entry ``pages[1]``): where pages are a multiple of Bc (the PageTiles instantiation) the tile's
+    one entry, by every warp; else each warp's distinct entries (a warp finds the pages of 32 keys)."""
     ps, row0 = pages
     for e in range(k.start // ps, (k.stop - 1) // ps + 1):
         lo, hi = max(k.start, e * ps), min(k.stop, (e + 1) * ps)  # keys of the tile in page e
-        warps = 1 if ps % Bc == 0 else (hi - 1) // 32 - lo // 32 + 1  # (the tile starts at a multiple of 32)
+        warps = WARPS if ps % Bc == 0 else (hi - 1) // 32 - lo // 32 + 1  # (the tile starts at a multiple of 32)
         x.broadcast("block_table", Rows(row0 + e, row0 + e + 1), warps)
 
 
@@ -223,8 +223,8 @@ def _table_sums(p: AttentionProblem, t: Flash2Tiles, N: int, Nk: int) -> tuple[i
     j = np.arange(visits.size, dtype=np.int64)
     end = np.minimum((j + 1) * Bc, Nk)  # one past tile j's last key
     pages = (end - 1) // ps - (j * Bc) // ps + 1  # the pages its keys lie in: one held each
-    if ps % Bc == 0:  # one page a tile: one entry loaded
-        return int(visits.sum()), int(visits.sum())
+    if ps % Bc == 0:  # one page a tile: its one entry, loaded by every warp
+        return int(visits.sum()) * WARPS, int(visits.sum())
     loads = np.zeros_like(j)
     for w in range(cdiv(Bc, 32)):  # warp w finds keys 32 w .. 32 w + 31 of the tile: its distinct pages
         first = j * Bc + 32 * w

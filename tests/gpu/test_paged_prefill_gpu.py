@@ -19,7 +19,9 @@ from iosim.launch import varlen as geo
 
 pytestmark = pytest.mark.gpu
 
-PAGE_SIZES = (1, 16, 48, 64, 256)  # one token; smaller than every tile; not a power of two; a tile; several tiles
+# one token; smaller than every tile; not a power of two; a tile (the PageTiles instantiation at every head dim);
+# several tiles
+PAGE_SIZES = (1, 16, 48, 64, 256)
 
 
 def paged(rng, dev, lens_k, page_size, spare=3):
@@ -59,6 +61,9 @@ def run_paged(dev, cu, table, page_size, **kw):
     assert got.o is out and got.lse is lse_out
     rec = gpu.last_launch()
     assert rec.page_size == page_size and "true>" in rec.launches[0].kernel
+    # pages a multiple of the K/V tile run the PageTiles instantiation (its ninth template argument), others not
+    args = rec.launches[0].kernel.split("<", 1)[1].rstrip(">").split(", ")
+    assert (args[8:] == ["true"]) == (page_size % rec.tiles["block_kv"] == 0), rec.launches[0].kernel
     cp.cuda.runtime.deviceSynchronize()
     return cp.asnumpy(out).astype(np.float64), cp.asnumpy(lse_out).astype(np.float64)
 
@@ -77,7 +82,7 @@ def test_chunked_prefill_on_a_paged_cache_equals_float64_reference(page_size, ba
 
 
 @pytest.mark.parametrize("d", sorted(geo.FLASH_PAGED_TILES))
-@pytest.mark.parametrize("page_size", (16, 64))
+@pytest.mark.parametrize("page_size", (16, 32, 64))  # 32: one tile at d = 256 (Bc 32), half a tile at the others
 @pytest.mark.parametrize("gqa", GQA)
 def test_every_head_dim_of_the_paged_kernel_equals_float64_reference(d, page_size, gqa):
     rng = seeded_rng()
