@@ -16,6 +16,7 @@ from iosim.calibrate import forward_step, rates_kernels
 from iosim.calibrate.rates_kernels import Measured
 from iosim.hardware.gpu import PROFILES_DIR, get_profile, profile_from_dict
 from iosim.launch.varlen import FLASH_PAGED_TILES, varlen_default_tiles
+from iosim.schedules.flash2 import PAGE_TILES_HEAD_DIMS
 from iosim.timing import load_kernel
 from iosim.timing.fa2 import instantiation_step, residency
 
@@ -102,8 +103,10 @@ def test_the_step_is_the_time_a_block_adds_per_kv_tile_between_the_two_lengths(s
         for tc in (own, *(own.with_tiles(o.block_q, o.block_kv) for o in own.others)):
             for k in range(1, residency(tc, desc, d, 2, prof) + 1):
                 want[(f"d{d}_{tc.block_q}x{tc.block_kv}", k)] = k * FLASH2_S
-        # the varlen instantiation at the tiles packed calls run, the paged one at its tile, pages of 16 and 64
-        for tiles, names in ((varlen_default_tiles(d, False), ("varlen",)), (FLASH_PAGED_TILES[d], PAGED)):
+        # the varlen instantiation at the tiles packed calls run, the paged one at its tile, pages of 16 and (its
+        # PageTiles instantiation, where it exists) 64
+        paged = PAGED if d in PAGE_TILES_HEAD_DIMS else ("paged16",)
+        for tiles, names in ((varlen_default_tiles(d, False), ("varlen",)), (FLASH_PAGED_TILES[d], paged)):
             tc = own.with_tiles(*tiles)
             for name in names:
                 for k in range(1, residency(tc, desc, d, 2, prof) + 1):
@@ -240,9 +243,10 @@ def test_the_fa2_model_takes_the_flash2_step_measured_at_the_calls_tiles_and_res
 
 
 def test_packed_and_paged_calls_take_their_own_instantiations_step():
-    """Packed sequences run flash_fwd.cu's varlen instantiation and take its step; keys in pages its paged one, at
-    the page size's block-table lookups a K/V tile between the steps measured with pages of 16 and 64 tokens; a
-    window keeps the composed step; a profile without them keeps the composed step too."""
+    """Packed sequences run flash_fwd.cu's varlen instantiation and take its step; keys in pages the paged one that
+    runs: its PageTiles instantiation's step (measured on pages of 64) where the pages are a multiple of Bc at a head
+    dim that has it, else its row lists' (measured on pages of 16); a window keeps the composed step; a profile
+    without them keeps the composed step too."""
     desc = load_kernel("iosim-flash2")
     p = AttentionProblem(batch=1, heads=4, seq_len=2048, head_dim=128, dtype="bf16")
     tc = desc.tiles_for(128).with_tiles(64, 64)  # the paged instantiation's tile at d = 128
@@ -251,9 +255,13 @@ def test_packed_and_paged_calls_take_their_own_instantiations_step():
     dense_tc = desc.tiles_for(128)
     assert instantiation_step(prof, desc, p, dense_tc, 1, None, False, None) == pytest.approx(1.0e-6)
     assert instantiation_step(prof, desc, p, dense_tc, 1, None, True, None) == pytest.approx(1.1e-6)
-    paged = {page: instantiation_step(prof, desc, p, tc, 1, None, True, page) for page in (16, 32, 64, 256)}
-    # Bc = 64 reads 4, 2, 1, 1 table entries a tile: pages of 32 a third of the way from 64's step to 16's
-    assert paged == pytest.approx({16: 1.6e-6, 32: 1.4e-6, 64: 1.3e-6, 256: 1.3e-6})
+    paged = {page: instantiation_step(prof, desc, p, tc, 1, None, True, page) for page in (16, 32, 48, 64, 256, 320)}
+    # Bc = 64: pages of 16, 32 and 48 cross tiles (row lists), 64, 256 and 320 hold whole tiles (PageTiles)
+    assert paged == pytest.approx({16: 1.6e-6, 32: 1.6e-6, 48: 1.6e-6, 64: 1.3e-6, 256: 1.3e-6, 320: 1.3e-6})
+    p256 = p.model_copy(update={"head_dim": 256})  # no PageTiles instantiation at d = 256: its row lists always
+    prof256 = _flash2_profile({"d256_64x32-paged16": {1: 1.7e-6}})
+    tc256 = desc.tiles_for(256).with_tiles(64, 32)
+    assert instantiation_step(prof256, desc, p256, tc256, 1, None, True, 64) == pytest.approx(1.7e-6)
     assert instantiation_step(prof, desc, p, dense_tc, 1, (256, 0), True, None) is None
     assert instantiation_step(_flash2_profile({"d128_128x32": {1: 1.0e-6}}), desc, p, dense_tc, 1, None, True,
                               None) is None
@@ -262,7 +270,7 @@ def test_packed_and_paged_calls_take_their_own_instantiations_step():
     packed = _flash2(batch, prof, seqlens=seqs)
     assert packed.bound == "step (measured)" and packed.resources["step"] == pytest.approx(1.1e-6)
     in_pages = _flash2(batch, prof, seqlens=seqs, page_size=32, block_q=64, block_kv=64)
-    assert in_pages.resources["step"] == pytest.approx(1.4e-6)
+    assert in_pages.resources["step"] == pytest.approx(1.6e-6)
 
 
 def test_the_tile_and_call_parts_are_taken_on_short_tiles(stand_in, monkeypatch):

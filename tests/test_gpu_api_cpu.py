@@ -15,6 +15,7 @@ import pytest
 from iosim import launch
 from iosim.gpu import build, inputs
 from iosim.launch import varlen
+from iosim.schedules.flash2 import PAGE_TILES_HEAD_DIMS, page_tiles
 
 
 def test_import_iosim_and_iosim_gpu_never_import_cupy():
@@ -73,7 +74,8 @@ def test_instantiation_list_covers_every_tile_dtype_and_mask():
     n_paged = len(varlen.FLASH_PAGED_TILES)
     # dense: every tile, dtype, causal or not; varlen: plain and causal, and a window (Local), per dtype; paged:
     # plain, causal and a window per dtype at one tile per head dim, each key's row looked up or a tile in one page
-    assert len(insts) == len(set(insts)) == n_tiles * 2 * 2 + n_varlen * 2 * 2 + n_local * 2 + n_paged * 3 * 2 * 2
+    n_paged += len(PAGE_TILES_HEAD_DIMS)
+    assert len(insts) == len(set(insts)) == n_tiles * 2 * 2 + n_varlen * 2 * 2 + n_local * 2 + n_paged * 3 * 2
     assert {(i.head_dim, i.block_q, i.block_kv) for i in insts if i.local and not i.paged} == \
         {(d, bq, bkv) for d, t in varlen.FLASH_LOCAL_TILES.items() for bq, bkv in t}
     assert {64, 128} <= set(launch.HEAD_DIMS)
@@ -94,7 +96,8 @@ def test_instantiation_list_covers_every_tile_dtype_and_mask():
         build.FlashInstance(64, 64, 64, "float16", True, False, True, False, True)
     assert build.FlashInstance(64, 64, 64, "float16", True, False, True, True, True).name_expression == \
         "iosim::flash_fwd_kernel<64, 64, 64, __half, true, false, true, true, true>"
-    assert build.page_tiles(64, 64) and build.page_tiles(256, 32) and not build.page_tiles(32, 64)
+    assert page_tiles(64, 64, 128) and page_tiles(128, 64, 64) and not page_tiles(32, 64, 128)
+    assert not page_tiles(64, 32, 256)  # d = 256 keeps its row lists
     naive = build.naive_instances()
     # qk x2 and pv per d; the softmax per chunks of a row per thread
     assert len(naive) == len(set(naive)) == 2 * (3 * len(launch.HEAD_DIMS) + len(build.SOFTMAX_CHUNKS))

@@ -20,6 +20,7 @@ from iosim._resources import kernels_dir
 from iosim.gpu import AttentionInputError, AttentionTypeError, build
 from iosim.gpu import varlen_inputs as vi
 from iosim.launch import varlen as geo
+from iosim.schedules.flash2 import PAGE_TILES_HEAD_DIMS
 
 # ------------------------------------------------------------------------------------------------------------------
 # the window
@@ -272,8 +273,10 @@ def test_paged_kv_refuses_a_page_size_and_lengths_that_do_not_fit():
 
 def test_the_paged_kernel_is_compiled_once_per_head_dim_dtype_and_mask_at_tiles_that_do_not_spill():
     paged = [i for i in build.flash_instances() if i.paged]
-    assert len(paged) == 3 * len(geo.FLASH_PAGED_TILES) * 2 * 2  # plain, causal, window; rows or page tiles
-    assert sum(i.page_tiles for i in paged) == len(paged) // 2
+    rows = [i for i in paged if not i.page_tiles]  # plain, causal, window per dtype; PageTiles where it exists
+    assert len(rows) == 3 * len(geo.FLASH_PAGED_TILES) * 2
+    assert {(i.head_dim, i.dtype, i.causal, i.local) for i in paged if i.page_tiles} == \
+        {(i.head_dim, i.dtype, i.causal, i.local) for i in rows if i.head_dim in PAGE_TILES_HEAD_DIMS}
     assert {(i.head_dim, (i.block_q, i.block_kv)) for i in paged} == set(geo.FLASH_PAGED_TILES.items())
     assert geo.FLASH_PAGED_TILES[128] == (64, 64)  # 128 x 32 spills with the lookups
     for d, tiles in geo.FLASH_PAGED_TILES.items():

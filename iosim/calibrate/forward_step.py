@@ -45,9 +45,10 @@ which is where `iosim tune` chose wrong. The residency is the model's on this GP
 (:func:`iosim.calibrate.device.guess_profile`); where none fits, k = 1 only. The same for the kernel's packed-sequence
 instantiations, each a compile of its own with its own per-step work (the sequence's bounds; the paged one's
 block-table lookups): the varlen one at the tiles packed calls run (``d128_128x32-varlen``: one packed sequence of
-Br queries and its keys), the paged one at its one tile with pages of 16 and of 64 tokens (``d128_64x64-paged16``,
-``-paged64``; the keys in pages in a random order). H100, 2026-11-28: the varlen step 0-9% and the paged one 2-15%
-longer than the dense one's at the same tiles. ``calibration.forward.masked_step.iosim-flash2``: what its mask pass
+Br queries and its keys), the paged kernel at its one tile: its row lists with pages of 16 tokens
+(``d128_64x64-paged16``) and its PageTiles instantiation with pages of 64 (``-paged64``, where it exists); the keys
+in pages in a random order. H100, 2026-11-28: the varlen step 0-9% and the paged one 2-15% longer than the dense
+one's at the same tiles (the paged kernel's version then, before PageTiles). ``calibration.forward.masked_step.iosim-flash2``: what its mask pass
 (the tiles holding a key past the causal diagonal or the keys' end) adds to a tile, at the dense and varlen keys and
 residencies: calls at :func:`mask_tiles` K/V tiles causal (bottom-right) less plain, over the tiles masked
 (:func:`extra_masked`; H200, 2026-11-28: 0-0.5 us a tile).
@@ -81,7 +82,9 @@ SHORT_TILES = 4  # K/V tiles of the calls the tile and call parts are taken from
 # what short sequences' tiles cost, docs/timing.md "packed sequences")
 KINDS = ("bf16", "fp8", "bf16-local", "bf16-varlen")
 MASKED = ("", "varlen")  # flash2's instantiations whose masked step is measured (the paged one's is not)
-PAGES = (16, 64)  # page sizes the flash2 paged instantiation's step is measured at (iosim.timing.fa2 interpolates)
+# page sizes the flash2 paged kernel's step is measured at: its row lists on pages of 16, its PageTiles instantiation
+# on pages of 64 (iosim.timing.fa2.paged_step takes the one that runs)
+PAGES = (16, 64)
 
 
 def step_from(t1: float, t2: float) -> float:
@@ -293,6 +296,7 @@ def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
     """``forward.resident_step.iosim-flash2`` at each compiled tile of each head dim and each count of blocks an SM
     up to its residency, then of its varlen and paged instantiations at the tiles they run (module docstring)."""
     from iosim.launch.varlen import FLASH_PAGED_TILES, varlen_default_tiles
+    from iosim.schedules.flash2 import PAGE_TILES_HEAD_DIMS
     from iosim.timing import load_kernel
     from iosim.timing.fa2 import instantiation_key
 
@@ -341,16 +345,19 @@ def flash2_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: 
     for d in sorted(desc.tiles):
         own = desc.tiles_for(d)
         resident_steps(own.with_tiles(*varlen_default_tiles(d, False)), d, "varlen")
-        for page in PAGES:
+        for page in PAGES:  # pages of 64: the PageTiles instantiation's step, where it exists
+            if page == 64 and d not in PAGE_TILES_HEAD_DIMS:
+                continue
             resident_steps(own.with_tiles(*FLASH_PAGED_TILES[d]), d, f"paged{page}")
 
 
 def _flash2_method(b: Bench, tc, instantiation: str, masked: bool = False) -> str:
     """The source of a ``resident_step`` (``masked``: ``masked_step``) measurement of ``instantiation`` at tiles
     ``tc``."""
+    page = instantiation.removeprefix("paged")
     how = {"": "", "varlen": ", its varlen instantiation (one packed sequence)"}.get(
-        instantiation, f", its paged instantiation (one packed sequence, keys in pages of "
-                       f"{instantiation.removeprefix('paged')} tokens in a random order)")
+        instantiation, f", its paged instantiation{' PageTiles' if page == '64' else ''} (one packed sequence, keys "
+                       f"in pages of {page} tokens in a random order)")
     first, last = mask_tiles(tc)
     what = (f"causal (bottom-right) less plain at {first} and {last} K/V tiles, each the median of {CALLS} calls "
             f"behind a busy kernel after {REST_S} s idle, over the tiles its mask pass runs on beyond the plain calls' "

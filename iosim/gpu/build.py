@@ -25,6 +25,7 @@ from iosim.launch import (
     NAIVE_SOFTMAX_REGISTERS,
     varlen,
 )
+from iosim.schedules.flash2 import PAGE_TILES_HEAD_DIMS
 
 # dtype name (NumPy/CuPy spelling) -> CUDA C++ type of the kernels' template argument
 CUDA_TYPES: dict[str, str] = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -79,7 +80,7 @@ class FlashInstance:
     ``causal``); ``varlen``: packed sequences with cumulative lengths, or the dense batch with a window (null
     cu_seqlens); ``paged``: varlen queries against a paged KV cache (a block table; chunked prefill), each key's
     row looked up; ``page_tiles``: the paged kernel for pages a multiple of Bc tokens long, where a K/V tile lies in
-    one page and is copied as the contiguous kernel copies it (:func:`page_tiles`). The dense kernel (all False) is
+    one page and is copied as the contiguous kernel copies it (:func:`iosim.schedules.flash2.page_tiles`). The dense kernel (all False) is
     named by its first five arguments, as before the others were added: its code is what it was (they default to
     false)."""
 
@@ -130,7 +131,7 @@ def flash_instances() -> list[FlashInstance]:
     varlen kernel per dtype, plain and causal at each of :data:`iosim.launch.varlen.FLASH_VARLEN_TILES` and with a
     window (Local) at each of :data:`~iosim.launch.varlen.FLASH_LOCAL_TILES`; the paged kernel (chunked prefill) per
     dtype, plain, causal and with a window, at :data:`iosim.launch.varlen.FLASH_PAGED_TILES`, each key's row looked
-    up and (``page_tiles``) a tile in one page."""
+    up and (``page_tiles``, at :data:`iosim.schedules.flash2.PAGE_TILES_HEAD_DIMS`) a tile in one page."""
     out = [FlashInstance(d, bq, bkv, dt, c) for d, tiles in FLASH_TILES.items() for bq, bkv in tiles
            for dt in CUDA_TYPES for c in (False, True)]
     for local, table in ((False, varlen.FLASH_VARLEN_TILES), (True, varlen.FLASH_LOCAL_TILES)):
@@ -139,14 +140,8 @@ def flash_instances() -> list[FlashInstance]:
     for local in (False, True):
         out += [FlashInstance(d, *varlen.FLASH_PAGED_TILES[d], dt, c, local, True, True, tiles)
                 for d in FLASH_TILES for dt in CUDA_TYPES for c in ((False,) if local else (False, True))
-                for tiles in (False, True)]
+                for tiles in ((False, True) if d in PAGE_TILES_HEAD_DIMS else (False,))]
     return out
-
-
-def page_tiles(page_size: int, block_kv: int) -> bool:
-    """Whether the paged kernel runs its PageTiles instantiation: pages a multiple of the K/V tile's Bc keys, so a
-    tile never crosses a page (FlashAttention-2's paged KV cache asks this of every page size)."""
-    return page_size % block_kv == 0
 
 
 # ------------------------------------------------------------------------------------------------------------------

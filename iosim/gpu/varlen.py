@@ -48,6 +48,7 @@ from iosim.gpu.inputs import (
     torch_stream,
 )
 from iosim.launch import varlen as geo
+from iosim.schedules.flash2 import page_tiles
 
 _LOG2E = 1.4426950408889634
 
@@ -286,7 +287,7 @@ def _launch(cp: Any, arrays: tuple, batch: VarlenBatch, s: vi.VarlenShapes, mask
             tiles: tuple[int, int, float]) -> LaunchRecord:
     """The varlen kernel on (q, k, v, o, lse); returns what it launched."""
     block_q, block_kv, scale = tiles
-    tiles_in_pages = batch.paged and build.page_tiles(batch.page_size, block_kv)  # no row lists then
+    tiles_in_pages = batch.paged and page_tiles(batch.page_size, block_kv, s.head_dim)  # no row lists then
     smem = flash_smem_checked(cp, s.head_dim, block_q, block_kv, s.dtype, batch.paged and not tiles_in_pages)
     inst = build.FlashInstance(s.head_dim, block_q, block_kv, s.dtype, mask.causal, mask.local, True, batch.paged,
                                tiles_in_pages)

@@ -28,9 +28,9 @@ totals, each sequence tiled on its own (a ragged last Q block and K/V block at e
 or computed past it); ``page_size`` with ``seqlens``, chunked prefill against a paged KV cache (the kernel's Paged
 mode): each sequence's keys sit in pages of that many tokens, found through a block table (a row per sequence, as
 wide as the batch's most pages), K and V bytes as packed, plus the table's entries as the kernel reads them, ahead
-of the copies that use them: where page_size is a multiple of Bc one thread loads the tile's one entry;
-otherwise one thread a key loads its page's entry, and the load instruction moves each distinct entry of a warp's 32
-keys once (4 B; what Nsight Compute's SASS counter measured for these loads, docs/validation.md).
+of the copies that use them: where a tile lies in one page (:func:`page_tiles`) every warp loads the tile's one
+entry; otherwise one thread a key loads its page's entry. The load instruction moves each distinct entry of a warp's
+32 keys once (4 B; what Nsight Compute's SASS counter measured for these loads, docs/validation.md).
 """
 
 from __future__ import annotations
@@ -49,6 +49,16 @@ NAME = "flash2"
 SUMMARY = "FlashAttention-2: Q outer loop, O and statistics on chip, O written once, causal block skipping"
 STATS = ("lse",)
 WARPS = 4  # kernels/flash_fwd.cu's warps a thread block; its varlen kernel reads the lengths once a warp
+# head dims whose paged kernel has a PageTiles instantiation (kernels/flash_fwd.cu): at d = 256 (64 x 32 tiles, 2
+# stages) its step measured longer than the row lists' (H200, 2026-11-28: 1.61 against 1.47 us at one block an SM)
+PAGE_TILES_HEAD_DIMS = (32, 64, 128)
+
+
+def page_tiles(page_size: int, block_kv: int, head_dim: int) -> bool:
+    """Whether the paged kernel runs its PageTiles instantiation: pages a multiple of the K/V tile's Bc keys, so a
+    tile never crosses a page (FlashAttention-2's paged KV cache asks this of every page size), at a head dim of
+    :data:`PAGE_TILES_HEAD_DIMS`; otherwise its row lists (each key's row looked up)."""
+    return head_dim in PAGE_TILES_HEAD_DIMS and page_size % block_kv == 0
 
 # FlashAttention-2's forward tiles (Br, Bc) by head dim: csrc/flash_attn/src/flash_fwd_launch_template.h,
 # run_mha_fwd_hdim* for sm80/sm90 without dropout. The largest head dim <= the key is used.
@@ -150,7 +160,8 @@ def program(x, p: AttentionProblem, t: Tiles) -> None:
         ps = getattr(t, "page_size", None)
         with x.kernel("flash2_fwd", grid=tr * len(seqs)):
             for s, (N, Nk) in enumerate(seqs):
-                pages = (ps, s * t.table_width) if ps else None  # sequence s's block-table row
+                # sequence s's block-table row, and whether PageTiles runs
+                pages = (ps, s * t.table_width, page_tiles(ps, Bc, p.head_dim)) if ps else None
                 for i in range(tr):
                     _packed_block(x, p, (Br, Bc, window, pages), (N, Nk, int(q0[s]), int(k0[s])), s, i)
         return
@@ -198,14 +209,14 @@ def _q_block(x, p: AttentionProblem, tiles: tuple, seq: tuple[int, int, int, int
     x.store("lse", q, L_i)  # line 15
 
 
-def _table_reads(x, pages: tuple[int, int], Bc: int, k: Rows) -> None:
+def _table_reads(x, pages: tuple[int, int, bool], Bc: int, k: Rows) -> None:
     """The block-table entries the paged kernel reads to load keys ``k`` (a K/V tile) of a sequence (its row of the
-    table starts at entry ``pages[1]``): where pages are a multiple of Bc (the PageTiles instantiation) the tile's
-    one entry, by every warp; else each warp's distinct entries (a warp finds the pages of 32 keys)."""
-    ps, row0 = pages
+    table starts at entry ``pages[1]``): in the PageTiles instantiation (``pages[2]``) the tile's one entry, by every
+    warp; else each warp's distinct entries (a warp finds the pages of 32 keys)."""
+    ps, row0, tiles = pages
     for e in range(k.start // ps, (k.stop - 1) // ps + 1):
         lo, hi = max(k.start, e * ps), min(k.stop, (e + 1) * ps)  # keys of the tile in page e
-        warps = WARPS if ps % Bc == 0 else (hi - 1) // 32 - lo // 32 + 1  # (the tile starts at a multiple of 32)
+        warps = WARPS if tiles else (hi - 1) // 32 - lo // 32 + 1  # (the tile starts at a multiple of 32)
         x.broadcast("block_table", Rows(row0 + e, row0 + e + 1), warps)
 
 
@@ -223,7 +234,7 @@ def _table_sums(p: AttentionProblem, t: Flash2Tiles, N: int, Nk: int) -> tuple[i
     j = np.arange(visits.size, dtype=np.int64)
     end = np.minimum((j + 1) * Bc, Nk)  # one past tile j's last key
     pages = (end - 1) // ps - (j * Bc) // ps + 1  # the pages its keys lie in: one held each
-    if ps % Bc == 0:  # one page a tile: its one entry, loaded by every warp
+    if page_tiles(ps, Bc, p.head_dim):  # one page a tile: its one entry, loaded by every warp
         return int(visits.sum()) * WARPS, int(visits.sum())
     loads = np.zeros_like(j)
     for w in range(cdiv(Bc, 32)):  # warp w finds keys 32 w .. 32 w + 31 of the tile: its distinct pages

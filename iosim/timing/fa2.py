@@ -55,6 +55,7 @@ from ..counts import KernelCounts
 from ..hardware.gpu import Profile
 from ..launch import flash_smem_bytes, resident_blocks
 from ..problem import AttentionProblem
+from ..schedules.flash2 import page_tiles
 from . import overlap
 from .estimate import Conditions, KernelTime
 from .kernels import KernelDesc, TileConfig
@@ -230,17 +231,12 @@ def instantiation_key(d: int, block_q: int, block_kv: int, instantiation: str = 
 
 def paged_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileConfig, k: int,
                page_size: int) -> float | None:
-    """The paged instantiation's measured step with pages of ``page_size`` tokens: measured at 16 and 64, and
-    between and past them linear in the block-table entries a K/V tile of Bc keys reads (ceil(Bc / page_size):
-    each row's page is looked up, so pages smaller than the tile cost lookups, larger ones do not); None where either
-    is not measured."""
-    s16, s64 = (measured_step(profile, desc, p, tc, k, f"paged{page}") for page in (16, 64))
-    if s16 is None or s64 is None:
-        return None
-    lookups = [cdiv(tc.block_kv, page) for page in (16, 64, page_size)]
-    if lookups[0] == lookups[1]:
-        return s64
-    return s64 + (s16 - s64) * (lookups[2] - lookups[1]) / (lookups[0] - lookups[1])
+    """The measured step of the paged instantiation that runs on pages of ``page_size`` tokens
+    (:func:`iosim.schedules.flash2.page_tiles`): the PageTiles one's, measured on pages of 64 (a multiple of every
+    paged tile's Bc), or the row lists', measured on pages of 16 (where every tile crosses pages; each key's row is
+    looked up at any page size, the same work); None where it is not measured."""
+    tiles = page_tiles(page_size, tc.block_kv, p.head_dim)
+    return measured_step(profile, desc, p, tc, k, "paged64" if tiles else "paged16")
 
 
 def instantiation_step(profile: Profile, desc: KernelDesc, p: AttentionProblem, tc: TileConfig, k: int,
