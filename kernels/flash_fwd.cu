@@ -26,16 +26,18 @@
 // KV cache. k, v (num_pages, page_size, H_kv, d); key t of sequence b is slot t % page_size of page
 // block_table[b * table_stride + t / page_size] (pages in any order); sequence b's keys are the first n_k =
 // cu_seqlens_k[b + 1] - cu_seqlens_k[b] of its pages (the cache's lengths, FlashAttention's seqused_k), its queries the
-// packed rows of q as in Varlen (a chunk of new tokens: bottom-right causal puts them at the cache's end). Thread r < Bc
-// finds the cache row of key r of a tile and leaves it in the row list of the ring slot the tile goes to (Stages lists
-// of Bc rows in shared memory, after the K/V ring), which the 16-byte cp.async copies of K and V then read. PageTiles
-// (an instantiation of its own, for a page_size that is a multiple of Bc): a tile lies in one page, thread 0 alone
-// finds its first row, and the copies run as the contiguous kernel's from there, with no row-list copy path compiled
-// in beside them. The loop keeps the lookups off the barrier every warp waits at: the entry of tile
-// jn+2 is loaded after tile j's barrier (jn = j+Stages-1, the tile it copies), its row list stored after the next
-// barrier, a tile before its copies read it, and the entry and slot of each key are moved on a tile at a time without
-// a division (PageCursor). Measured (H100, H200): 0.93-0.96x the contiguous cache on the same tiles (the first versions,
-// with a division and the list's store before the barrier: 0.61-0.90x); docs/kernels.md has the search.
+// packed rows of q as in Varlen (a chunk of new tokens: bottom-right causal puts them at the cache's end). Row lists:
+// thread r < Bc finds the cache row of key r of a tile and leaves it in the row list of the ring slot the tile goes to
+// (Stages lists of Bc rows in shared memory, after the K/V ring), which the 16-byte cp.async copies of K and V then
+// read; the loop keeps the lookups off the barrier every warp waits at: the entry of tile jn+2 is loaded after tile
+// j's barrier (jn = j+Stages-1, the tile it copies), its row list stored after the next barrier, a tile before its
+// copies read it, and the entry and slot of each key are moved on a tile at a time without a division (PageCursor).
+// PageTiles (an instantiation of its own, for a page_size that is a multiple of Bc; the host runs it at d <= 128): a
+// tile lies in one page, every thread loads the entry of tile jn+1 (one word, the same in every lane) after tile j's
+// barrier and keeps it in a register, and the copies run as the contiguous kernel's from the tile's first row; no row
+// list. Measured (H200, docs/kernels.md has the search): row lists 0.95-0.96x the contiguous cache on the same tiles
+// (the first versions, with a division and the list's store before the barrier: 0.61-0.90x); PageTiles 0.98-0.99x at
+// d = 128 and 0.95-0.96x at d = 64.
 // Sliding window (template Local; runtime bounds left, right: FlashAttention's window_size): row i sees keys
 // i + off - left .. i + off + right (off = kv_len - seq_len; a causal window is right = 0). K/V tiles wholly outside
 // a Q tile's window are never loaded (the loop runs n_min .. n_max - 1); tiles partly outside take the mask pass,
