@@ -217,7 +217,7 @@ def flex_paged_fn(torch, k, v, chunks, cache, page_size: int, options: dict | No
     logical = create_block_mask(lambda b, h, i, j: (i < n_q[b]) & (j <= i + offset[b]), B=B, H=None,
                                 Q_LEN=max(chunks), KV_LEN=max(cache), device="cuda", BLOCK_SIZE=(128, page_size))
     mask = pa.convert_logical_block_mask(logical, kv_len=torch.tensor(cache, device="cuda"))
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = fresh_compile(torch, flex_attention)
     return lambda qb: flex(qb, k_cache, v_cache, block_mask=mask, enable_gqa=qb.shape[1] != Hk, kernel_options=options)
 
 
@@ -237,13 +237,21 @@ def reference_chunked(torch, q, k, v, chunks, cache):
     return out
 
 
+def fresh_compile(torch, fn):
+    """``torch.compile(fn)`` with dynamo's caches emptied first: every row compiles FlexAttention for its own masks
+    and shapes, and past dynamo's recompile limit (8) a compiled function runs eagerly instead, 80-200x slower (a full
+    run of this benchmark timed the paged rows' FlexAttention so, 2026-11-28)."""
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
 def flex_fn(torch, mask_mod, B: int, H: int, T: int):
     """FlexAttention compiled, with its BlockMask for ``mask_mod`` built once: a function of (q, k, v) in
     (B, H, T, d)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device="cuda")
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = fresh_compile(torch, flex_attention)
     return lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
