@@ -252,8 +252,9 @@ __global__ void __launch_bounds__(128)
     // its first key lives.
     int next_page = 0;
     PageCursor at{0, 0};
-    const int step_pages = (Paged && !PageTiles) ? Bc / page_size : 0;  // a tile's whole pages and keys more
-    const int step_keys = PageTiles ? Bc : Paged ? Bc % page_size : 0;
+    constexpr bool kRowLists = Paged && !PageTiles;
+    const int step_pages = kRowLists ? Bc / page_size : 0, step_keys = kRowLists ? Bc % page_size : 0;  // row lists:
+    // a tile's whole pages and keys more
     if constexpr (PageTiles) {  // the first tile the loop loads
         if (n_min + Stages - 1 < n_blocks) next_page = page_of(n_min + Stages - 1);
         const int t = (n_min + Stages - 1) * Bc;
@@ -304,7 +305,7 @@ __global__ void __launch_bounds__(128)
         __syncthreads();
         const int jn = j + Stages - 1;
         int ready = 0;  // Paged: tile jn+1's entry (PageTiles: tile jn's first row)
-        PageCursor next = at;
+        PageCursor next = at;  // row lists: where key tid of tile jn+2 lives
         if constexpr (PageTiles) {  // tile jn+1's page, in flight for this tile's math
             ready = next_page * page_size + at.slot;
             at.advance(0, Bc, page_size);
@@ -316,7 +317,7 @@ __global__ void __launch_bounds__(128)
                 next_page = (tid < Bc && (jn + 2) * Bc + tid < n_k) ? ld_global_again(table + next.entry) : 0;
         }
         if (jn < n_blocks) load_kv(fill, jn, ready);  // Alg. line 6 for tile j+Stages-1, overlapped with tiles j ..
-        if constexpr (Paged && !PageTiles) {  // tile jn+1's row list, after the barrier: no warp waits for it until
+        if constexpr (kRowLists) {  // tile jn+1's row list, after the barrier: no warp waits for it until
             if (jn + 1 < n_blocks && tid < Bc) sRows[stage * Bc + tid] = ready * page_size + at.slot;  // the next one
             at = next;
         }
