@@ -48,10 +48,11 @@ block-table lookups): the varlen one at the tiles packed calls run (``d128_128x3
 Br queries and its keys), the paged kernel at its one tile: its row lists with pages of 16 tokens
 (``d128_64x64-paged16``) and its PageTiles instantiation with pages of 64 (``-paged64``, where it exists); the keys
 in pages in a random order. H100, 2026-11-28: the varlen step 0-9% and the paged one 2-15% longer than the dense
-one's at the same tiles (the paged kernel's version then, before PageTiles). ``calibration.forward.masked_step.iosim-flash2``: what its mask pass
-(the tiles holding a key past the causal diagonal or the keys' end) adds to a tile, at the dense and varlen keys and
-residencies: calls at :func:`mask_tiles` K/V tiles causal (bottom-right) less plain, over the tiles masked
-(:func:`extra_masked`; H200, 2026-11-28: 0-0.5 us a tile).
+one's at the same tiles (the paged kernel's version then, before PageTiles).
+``calibration.forward.masked_step.iosim-flash2``: what its mask pass (the tiles holding a key past the causal
+diagonal or the keys' end) adds to a tile, at the dense and varlen keys and residencies: calls at :func:`mask_tiles`
+K/V tiles causal (bottom-right) less plain, over the tiles masked (:func:`extra_masked`; H200, 2026-11-28: 0-0.5 us a
+tile).
 """
 
 from __future__ import annotations
