@@ -34,6 +34,7 @@ from ..hardware.gpu import Profile
 from ..launch import resident_blocks
 from ..schedules.mla_decode import MlaDecode, dram
 from .estimate import KernelTime
+from .fa2 import forward_tables
 from .rates import rates
 
 KERNEL = "torch-mla"  # the calibration's name for it (calibration.forward.<part>.torch-mla)
@@ -82,11 +83,8 @@ def residency(profile: Profile) -> int:
 def measured(profile: Profile, m: MlaDecode) -> tuple[dict[int, float], float] | None:
     """(step by blocks an SM, the call's fixed part) of the reference kernel at ``m``'s key, or None where the
     profile has not measured them."""
-    forward = profile.calibration.forward if profile.calibration else None
-    if forward is None or not forward.resident_step or not forward.call_fixed:
-        return None
-    step = forward.resident_step.get(KERNEL, {}).get(step_key(m))
-    fixed = forward.call_fixed.get(KERNEL, {}).get(step_key(m))
+    step = forward_tables(profile, "resident_step", KERNEL).get(step_key(m))
+    fixed = forward_tables(profile, "call_fixed", KERNEL).get(step_key(m))
     if step is None or fixed is None or 1 not in fixed.value:
         return None
     return {int(k): float(v) for k, v in step.value.items()}, float(fixed.value[1])
