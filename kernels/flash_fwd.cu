@@ -114,6 +114,27 @@ __device__ __forceinline__ void load_kv_paged(T* sk, T* sv, const T* kg, const T
     }
 }
 
+// PageTiles: K_j and V_j (ROWS consecutive rows of one page, nvalid of them real) from kt, vt (the tile's first row)
+// into swizzled shared memory. Every row lies in the page, so a row past nvalid keeps its own address and is
+// zero-filled; a copy's offset within the tile fits 32 bits (ROWS * stride elements).
+template <int ROWS, int D, int THREADS, typename T>
+__device__ __forceinline__ void load_kv_page_tile(T* sk, T* sv, const T* kt, const T* vt, int stride, int nvalid,
+                                                  int tid) {
+    constexpr int C = D / 8;
+    constexpr int TOTAL = ROWS * C;
+#pragma unroll
+    for (int it = 0; it < (TOTAL + THREADS - 1) / THREADS; ++it) {
+        const int idx = it * THREADS + tid;
+        if (TOTAL % THREADS == 0 || idx < TOTAL) {
+            const int r = idx / C, c = idx % C;
+            const int off = r * stride + c * 8;
+            const int bytes = r < nvalid ? 16 : 0;
+            cp_async_16(smem_u32(sk + swz<D>(r, c)), kt + off, bytes);
+            cp_async_16(smem_u32(sv + swz<D>(r, c)), vt + off, bytes);
+        }
+    }
+}
+
 template <int D, int Br, int Bc, typename T, bool Causal, bool Local = false, bool Varlen = false, bool Paged = false,
           bool PageTiles = false>
 __global__ void __launch_bounds__(128)
@@ -193,9 +214,9 @@ __global__ void __launch_bounds__(128)
     // or PageTiles: Bc consecutive rows from `first`, the cache row of the tile's first key)
     auto load_kv = [&](int slot, int jj, int first) {
         if constexpr (PageTiles) {
-            const long long off = (long long)first * kv_stride;
-            load_tile_async<Bc, D, kThreads>(sK + slot * Bc * D, kg + off, kv_stride, n_k - jj * Bc, tid);
-            load_tile_async<Bc, D, kThreads>(sV + slot * Bc * D, vg + off, kv_stride, n_k - jj * Bc, tid);
+            const long long off = (long long)first * (int)kv_stride;
+            load_kv_page_tile<Bc, D, kThreads>(sK + slot * Bc * D, sV + slot * Bc * D, kg + off, vg + off,
+                                               (int)kv_stride, n_k - jj * Bc, tid);
         } else if constexpr (Paged) {
             load_kv_paged<Bc, D, kThreads>(sK + slot * Bc * D, sV + slot * Bc * D, kg, vg, kv_stride,
                                            sRows + slot * Bc, n_k - jj * Bc, tid);
