@@ -337,13 +337,14 @@ __global__ void __launch_bounds__(128)
             if (jn + 2 < n_blocks)
                 next_page = (tid < Bc && (jn + 2) * Bc + tid < n_k) ? ld_global_again(table + next.entry) : 0;
         }
-        if (jn < n_blocks) load_kv(fill, jn, ready);  // Alg. line 6 for tile j+Stages-1, overlapped with tiles j ..
+        const int fill_jn = fill;  // PageTiles: tile jn's slot, its copies issued after S (below)
+        if (!PageTiles && jn < n_blocks) load_kv(fill, jn, ready);  // Alg. line 6 for tile j+Stages-1, overlapped
         if constexpr (kRowLists) {  // tile jn+1's row list, after the barrier: no warp waits for it until
             if (jn + 1 < n_blocks && tid < Bc) sRows[stage * Bc + tid] = ready * page_size + at.slot;  // the next one
             at = next;
         }
 
-        cp_async_commit();  // always one group per iteration, so the wait count above stays exact
+        if constexpr (!PageTiles) cp_async_commit();  // one group per iteration: the wait count above stays exact
         stage = (stage + 1 == Stages) ? 0 : stage + 1;
         fill = (fill + 1 == Stages) ? 0 : fill + 1;
 
@@ -387,6 +388,11 @@ __global__ void __launch_bounds__(128)
                     mma_16816<T>(acc_s[mt][2 * np + 1], a[mt], b2, b3);
                 }
             }
+        }
+
+        if constexpr (PageTiles) {
+            if (jn < n_blocks) load_kv(fill_jn, jn, ready);
+            cp_async_commit();
         }
 
         // mask keys past kv_len and, when causal, above the diagonal (Local: outside the window); only tiles that
