@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(128)
                 next_page = (tid < Bc && (jn + 2) * Bc + tid < n_k) ? ld_global_again(table + next.entry) : 0;
         }
         const int fill_jn = fill;  // PageTiles: tile jn's slot, its copies issued after S (below)
-        if (!PageTiles && jn < n_blocks) load_kv(fill, jn, ready);  // Alg. line 6 for tile j+Stages-1, overlapped
+        if (!PageTiles && jn < n_blocks) load_kv(fill, jn, ready);  // Alg. line 6, tile j+Stages-1, over tiles j ..
         if constexpr (kRowLists) {  // tile jn+1's row list, after the barrier: no warp waits for it until
             if (jn + 1 < n_blocks && tid < Bc) sRows[stage * Bc + tid] = ready * page_size + at.slot;  // the next one
             at = next;
@@ -390,6 +390,9 @@ __global__ void __launch_bounds__(128)
             }
         }
 
+        // PageTiles: tile jn's copies (Alg. line 6) after S. Issued before S, ptxas re-read the thread index for S's
+        // ldmatrix offsets behind them, and every warp waited on it (docs/kernels.md, v9); its slot was freed at the
+        // barrier either way, and it still has Stages-2 tiles to land
         if constexpr (PageTiles) {
             if (jn < n_blocks) load_kv(fill_jn, jn, ready);
             cp_async_commit();
