@@ -34,10 +34,10 @@
 // copies read it, and the entry and slot of each key are moved on a tile at a time without a division (PageCursor).
 // PageTiles (an instantiation of its own, for a page_size that is a multiple of Bc; the host runs it at d <= 128): a
 // tile lies in one page, every thread loads the entry of tile jn+1 (one word, the same in every lane) after tile j's
-// barrier and keeps it in a register, and the copies run as the contiguous kernel's from the tile's first row; no row
-// list. Measured (H200, docs/kernels.md has the search): row lists 0.95-0.96x the contiguous cache on the same tiles
-// (the first versions, with a division and the list's store before the barrier: 0.61-0.90x); PageTiles 0.98-0.99x at
-// d = 128 and 0.95-0.96x at d = 64.
+// barrier and keeps it in a register, and the tile's copies run from its first row through 32-bit offsets within the
+// page (load_kv_page_tile), issued after S; no row list. Measured (H200, docs/kernels.md has the search): row lists
+// 0.95-0.96x the contiguous cache on the same tiles (the first versions, with a division and the list's store before
+// the barrier: 0.61-0.90x); PageTiles 0.99-1.00x at d = 64 and 1.04-1.05x at d = 128.
 // Sliding window (template Local; runtime bounds left, right: FlashAttention's window_size): row i sees keys
 // i + off - left .. i + off + right (off = kv_len - seq_len; a causal window is right = 0). K/V tiles wholly outside
 // a Q tile's window are never loaded (the loop runs n_min .. n_max - 1); tiles partly outside take the mask pass,
@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(128)
             }
         }
 
-        // PageTiles: tile jn's copies (Alg. line 6) after S. Issued before S, ptxas re-read the thread index for S's
+        // PageTiles: tile jn's copies (Alg. line 7) after S. Issued before S, ptxas re-read the thread index for S's
         // ldmatrix offsets behind them, and every warp waited on it (docs/kernels.md, v9); its slot was freed at the
         // barrier either way, and it still has Stages-2 tiles to land
         if constexpr (PageTiles) {

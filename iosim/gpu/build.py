@@ -80,7 +80,7 @@ class FlashInstance:
     ``causal``); ``varlen``: packed sequences with cumulative lengths, or the dense batch with a window (null
     cu_seqlens); ``paged``: varlen queries against a paged KV cache (a block table; chunked prefill), each key's
     row looked up; ``page_tiles``: the paged kernel for pages a multiple of Bc tokens long, where a K/V tile lies in
-    one page and is copied as the contiguous kernel copies it (:func:`iosim.schedules.flash2.page_tiles`). The dense
+    one page and is copied from its first row (:func:`iosim.schedules.flash2.page_tiles`). The dense
     kernel (all False) is named by its first five arguments, as before the others were added: its code is what it
     was (they default to false)."""
 
