@@ -12,6 +12,14 @@ multi-head attention with keys of NOPE + rope = 192 values and values of VALUE =
                          on queries of 192 values, keys of 192 and values of 128: Q once per Q tile that sees a key,
                          K and V once per (Q tile, K/V tile) visited, O (128 a row) and lse written once
 
+``expansion="gemm+cat"`` is the design torch runs it with (and vLLM's MLA prefill): one GEMM c_KV · [W_UK | W_UV]
+writes K_nope and V side by side, 256 values a head, a copy then writes K = [K_nope ; k_R] (k_R read once a token
+and broadcast over the heads), and the attention reads V where the GEMM left it (rows of 128 values, 256 apart):
+
+    kernel mla_kv_up     [K_nope | V] = c_KV [W_UK | W_UV]; W_UK, W_UV read once a call
+    kernel mla_k_cat     K = [K_nope ; k_R] per head: K_nope read, k_R once a head at ``global`` (once at DRAM)
+    kernel mla_attention as above
+
 ``kv_len`` is the keys a chunk's queries see (the cached prefix and the chunk itself: chunked prefill; equal to
 ``seq_len`` for a first prefill). FLOPs are the multiplies (2 per multiply-add) and one exp per visited score; DRAM
 is every distinct byte once (K and V of a head stay in L2 while its Q tiles run), every byte written once.
@@ -20,12 +28,15 @@ is every distinct byte once (K and V of a head stay in L2 while its Q tiles run)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ..blocks import cdiv, visit_sums
 from ..counts import Counts, KernelCounts
 from ..problem import ELEMENT_BYTES, STAT_BYTES
 from .base import ScheduleError
 from .mla_decode import NOPE, VALUE, check_fields
+
+EXPANSIONS = ("fused", "gemm+cat")  # one kernel writing K and V (the schedule's), or torch's GEMM then a copy
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,7 @@ class MlaPrefill:
     block_q: int = 128
     block_kv: int = 128
     causal: bool = True
+    expansion: Literal["fused", "gemm+cat"] = "fused"
 
     def __post_init__(self):
         check_fields(self, "MLA prefill", ("batch", "seq_len", "kv_len", "heads", "latent", "rope", "block_q",
@@ -52,20 +64,36 @@ class MlaPrefill:
                                 "the cached prefix and the chunk itself (kv_len >= seq_len)")
         if not isinstance(self.causal, bool):
             raise ScheduleError(f"MLA prefill: causal={self.causal!r}; expected True or False")
+        if self.expansion not in EXPANSIONS:
+            raise ScheduleError(f"MLA prefill: expansion={self.expansion!r}; expected one of {list(EXPANSIONS)}")
 
     @property
     def key_dim(self) -> int:
         return NOPE + self.rope  # 192: a query's and a key's values per head
 
 
-def counts(m: MlaPrefill) -> Counts:
-    """The two kernels' bytes at ``global`` and FLOPs, for the whole batch."""
-    e, B, H, N, Nk, dk = ELEMENT_BYTES[m.dtype], m.batch, m.heads, m.seq_len, m.kv_len, m.key_dim
+def expansion_counts(m: MlaPrefill) -> list[KernelCounts]:
+    """The kernels that expand the keys' and values' rows from the latent cache: ``mla_kv_up`` (fused), or
+    ``mla_kv_up`` and ``mla_k_cat`` (gemm+cat); bytes at ``global`` and FLOPs, for the whole batch."""
+    e, B, H, Nk = ELEMENT_BYTES[m.dtype], m.batch, m.heads, m.kv_len
     up = KernelCounts("mla_kv_up", grid=B * cdiv(Nk, m.block_kv))
-    up.global_read.update(c_KV=B * Nk * m.latent * e, k_R=B * Nk * m.rope * e,
-                          W_UK=m.latent * H * NOPE * e, W_UV=m.latent * H * VALUE * e)
-    up.global_write.update(K=B * Nk * H * dk * e, V=B * Nk * H * VALUE * e)
+    up.global_read.update(c_KV=B * Nk * m.latent * e, W_UK=m.latent * H * NOPE * e, W_UV=m.latent * H * VALUE * e)
     up.flops.update(matmul=2 * B * Nk * m.latent * H * (NOPE + VALUE))
+    if m.expansion == "fused":
+        up.global_read.update(k_R=B * Nk * m.rope * e)
+        up.global_write.update(K=B * Nk * H * m.key_dim * e, V=B * Nk * H * VALUE * e)
+        return [up]
+    up.global_write.update(K_nope=B * Nk * H * NOPE * e, V=B * Nk * H * VALUE * e)
+    cat = KernelCounts("mla_k_cat", grid=B * cdiv(Nk, m.block_kv))
+    cat.global_read.update(K_nope=B * Nk * H * NOPE * e, k_R=B * Nk * H * m.rope * e)  # k_R at every head
+    cat.global_write.update(K=B * Nk * H * m.key_dim * e)
+    return [up, cat]
+
+
+def counts(m: MlaPrefill) -> Counts:
+    """The kernels' bytes at ``global`` and FLOPs, for the whole batch: the expansion's (:func:`expansion_counts`),
+    then ``mla_attention``."""
+    e, B, H, N, Nk, dk = ELEMENT_BYTES[m.dtype], m.batch, m.heads, m.seq_len, m.kv_len, m.key_dim
     v = visit_sums(N, Nk, m.block_q, m.block_kv, m.causal)
     heads = B * H
     a = KernelCounts("mla_attention", grid=heads * cdiv(N, m.block_q))
@@ -73,23 +101,29 @@ def counts(m: MlaPrefill) -> Counts:
                          V=heads * v.col_visits * VALUE * e)
     a.global_write.update(O=heads * N * VALUE * e, lse=heads * N * STAT_BYTES)
     a.flops.update(matmul=2 * heads * v.area * (dk + VALUE), exp=heads * v.area)
-    return Counts([up, a])
+    return Counts([*expansion_counts(m), a])
 
 
 def dram(m: MlaPrefill) -> list[tuple[int, int]]:
     """Each kernel's DRAM (read, write) bytes: every distinct byte once (the attention kernel's Q, K and V once, not
-    once per tile), every byte written once."""
-    up, a = counts(m).kernels
+    once per tile; the copy's k_R once a token, not once a head), every byte written once."""
+    *expand, a = counts(m).kernels
     e, rows = ELEMENT_BYTES[m.dtype], m.batch * m.heads
+    out = []
+    for k in expand:
+        read = k.global_read_bytes
+        if k.name == "mla_k_cat":
+            read -= (m.heads - 1) * m.batch * m.kv_len * m.rope * e
+        out.append((read, k.global_write_bytes))
     read = rows * (m.seq_len * m.key_dim + m.kv_len * (m.key_dim + VALUE)) * e
-    return [(up.global_read_bytes, up.global_write_bytes), (read, a.global_write_bytes)]
+    return [*out, (read, a.global_write_bytes)]
 
 
 def intensity(m: MlaPrefill, attention_only: bool = True) -> float:
-    """FLOPs per DRAM byte: of the attention kernel alone, or of both kernels."""
+    """FLOPs per DRAM byte: of the attention kernel alone, or of every kernel."""
     c, d = counts(m).kernels, dram(m)
     if attention_only:
-        return c[1].total_flops / sum(d[1])
+        return c[-1].total_flops / sum(d[-1])
     return sum(k.total_flops for k in c) / sum(r + w for r, w in d)
 
 

@@ -115,6 +115,10 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
         desc = None  # the roofline stands: packed sequences and windows are the fa2 model's (the varlen grid,
         # iosim.timing.fa2.packed_order; a window's K/V block ranges, iosim.timing.fa2.block_times) and the fa3
         # model's (iosim.timing.fa3.packed and block_times)
+    if work.value_dim is not None and (desc is None or desc.family != "fa3" or desc.pass_ != "forward"):
+        raise KernelError(f"values of {work.value_dim} per head against keys of {problem.head_dim}: only the fa3 "
+                          f"family's forward model (fa3, cudnn, iosim-flash3) times them; got "
+                          f"{'no kernel' if desc is None else desc.name}")
     if desc is None:
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline",
                        uncertainty=_band("roofline", profile, problem, roof.predicted_s, True),
@@ -159,11 +163,11 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
         return flash_decode.kernel_times(c, work, L2_RESIDENT_SHARE)
     if desc.family == "fa3":
         step, tile, call = (fa3.measured(c.profile, desc, p, work.tiles, part) for part in fa3.MEASURED_PARTS)
-        model = fa3.HopperModel(tensor_efficiency=_wgmma_efficiency(r, c.profile, p.dtype),
+        model = fa3.HopperModel(tensor_efficiency=fa3.wgmma_efficiency(r, c.profile, p.dtype),
                                 overlap_loss=overlap.OVERLAP_LOSS, step_s=step, tile_fixed_s=tile if step else None)
         order = desc.order_for(p.dtype)
         placement = {"persistent-iosim": "iosim", "persistent-in-order": "in-order"}.get(order, "dynamic")
-        k = fa3.kernel_time(kernels[0], p, work.tiles, c.profile, model, placement)
+        k = fa3.kernel_time(kernels[0], p, work.tiles, c.profile, model, placement, work.value_dim)
         fixed = call if step and call is not None else r.first_launch_s() + 3 * c.latency  # Q, first K/V; drain
         return [replace(k, predicted_s=k.predicted_s + fixed)]
     dram = (sum(x[0] for x in work.hbm), sum(x[1] for x in work.hbm))
@@ -200,13 +204,3 @@ def _backward_times(c: Conditions, work: Workload) -> list[KernelTime]:
         else:
             out.append(fa2_bwd.row_kernel_time(kc, dram, c.rates, i == 0))
     return out
-
-
-def _wgmma_efficiency(r: Rates, profile: Profile, dtype: str) -> float:
-    """The measured wgmma rate as a share of the datasheet peak of its input type (the Hopper model's
-    tensor_efficiency): fp8's own measurement where ``iosim calibrate rates`` made it (``calibration.wgmma.fp8``),
-    else the fp16 measurement's share of the fp16 peak (the estimate's ``calibration`` says so)."""
-    if r.wgmma == r.wgmma and r.calibration != "uncalibrated":  # measured (not nan)
-        measured = r.wgmma_dtype or ("bf16" if dtype == "bf16" else "fp16")
-        return min(1.0, r.wgmma / profile.matmul_rate(measured))
-    return fa3.HopperModel().tensor_efficiency

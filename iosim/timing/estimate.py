@@ -111,7 +111,9 @@ class TimeEstimate:
 class Workload:
     """What the simulator counted, for the time model: ``schedule`` run as ``pass_`` ("forward", "backward" or
     "both") on ``problem`` with ``tiles``, each kernel's ``counts``, and ``hbm[k]`` = (DRAM read, DRAM write) bytes
-    of kernel k (the L2 model's, or the global bytes without it)."""
+    of kernel k (the L2 model's, or the global bytes without it); ``value_dim``: values per head where they are
+    not ``problem.head_dim`` wide (MLA prefill's keys of 192 and values of 128, :mod:`iosim.timing.mla`; None: the
+    same), which only the fa3 family's model takes."""
 
     schedule: str
     pass_: str
@@ -119,6 +121,7 @@ class Workload:
     tiles: Tiles
     counts: Counts
     hbm: list[tuple[float, float]]
+    value_dim: int | None = None
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ from ..launch.flash3_schedule import block_tiles, varlen_schedule, varlen_tiles
 from ..problem import ELEMENT_BYTES, STAT_BYTES, AttentionProblem
 from ..schedules import flash3_fp8
 from .estimate import KernelTime
+from .rates import Rates
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,16 @@ def masked_steps(p: AttentionProblem, Br: int, Bc: int, window: tuple[int | None
     return total
 
 
+def wgmma_efficiency(r: Rates, profile: Profile, dtype: str) -> float:
+    """The measured wgmma rate as a share of the datasheet peak of its input type (:class:`HopperModel`'s
+    ``tensor_efficiency``): fp8's own measurement where ``iosim calibrate rates`` made it (``calibration.wgmma.fp8``),
+    else the fp16 measurement's share of the fp16 peak (the estimate's ``calibration`` says so)."""
+    if r.wgmma == r.wgmma and r.calibration != "uncalibrated":  # measured (not nan)
+        measured = r.wgmma_dtype or ("bf16" if dtype == "bf16" else "fp16")
+        return min(1.0, r.wgmma / profile.matmul_rate(measured))
+    return HopperModel().tensor_efficiency
+
+
 def _rates(profile: Profile, dtype: str, model: HopperModel) -> dict[str, float]:
     sms = int(profile.require("sm_count"))
     return {
@@ -182,14 +193,17 @@ def _l2_bandwidth(profile: Profile) -> float:
 
 
 def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: HopperModel = HopperModel(),
-                out_bytes: int | None = None, window: tuple[int | None, int | None] | None = None
-                ) -> tuple[np.ndarray, dict[str, float]]:
+                out_bytes: int | None = None, window: tuple[int | None, int | None] | None = None,
+                value_dim: int | None = None) -> tuple[np.ndarray, dict[str, float]]:
     """Seconds of each Q block's thread block (one head), and the summed parts (per head, at one SM's rates; and
     ``tiles``, the K/V steps of the head's Q blocks); ``out_bytes``: bytes of an element of O (None: the problem
     dtype's); ``window``: a sliding window (left, right), each Q block visiting the K/V blocks
-    :func:`iosim.blocks.kv_block_range` gives."""
+    :func:`iosim.blocks.kv_block_range` gives; ``value_dim``: values per head where they are narrower or wider
+    than the keys' ``head_dim`` (MLA prefill: keys of 192, values of 128; None: ``head_dim``), which Q K^T, P V,
+    the loads of K and V and the store of O each take at their own width."""
     r = _rates(profile, p.dtype, model)
     N, Nk, d, b = p.seq_len, p.kv_len, p.head_dim, p.elem_bytes
+    dv = d if value_dim is None else value_dim
     ob = b if out_bytes is None else out_bytes
     Tr = cdiv(N, Br)
     i = np.arange(Tr)
@@ -203,9 +217,9 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
         """(gemm, softmax, load) seconds of one step whose K/V tile holds ``keys`` keys. The tensor cores and the
         softmax run whole tiles, Br rows by Bc keys, whatever of them lies past the sequence's end (wgmma's shapes
         are fixed; both consumer warpgroups run every step of a Q tile); the loads move the keys there are."""
-        gemm = 4 * Br * Bc * d / r["tensor"]
-        softmax = (Br * Bc + Br) / r["exp"] + (4 * Br * Bc + (4 + d) * Br) / r["alu"]
-        load = 2 * keys * d * b / r["l2"]
+        gemm = 2 * Br * Bc * (d + dv) / r["tensor"]  # Q K^T at the keys' width, P V at the values'
+        softmax = (Br * Bc + Br) / r["exp"] + (4 * Br * Bc + (4 + dv) * Br) / r["alu"]  # O's rows rescaled
+        load = keys * (d + dv) * b / r["l2"]
         return gemm, softmax, load
 
     def step(keys, mask=0.0):
@@ -222,10 +236,11 @@ def block_times(p: AttentionProblem, Br: int, Bc: int, profile: Profile, model: 
     masks = masked_steps(p, Br, Bc, window, lo, hi)
     full, ragged = (step(Bc), step(last)) if model.step_s is None else (model.step_s, model.step_s)  # whole tiles
     steady = np.where(n > 0, np.maximum(n - 1, 0) * full + ragged + masks * per_mask, 0.0)
-    first = np.where(n > 0, br * d * b / r["l2"] + np.where(n > 1, l_full, l_last) + g_tile / 2, 0.0)
-    epilogue = g_tile / 2 + br * d * (4 / r["alu"] + ob / r["l2"])  # last P·V; O / l; store O (its rows)
+    qk, pv = 2 * Br * Bc * d / r["tensor"], 2 * Br * Bc * dv / r["tensor"]  # the first Q K^T, the last P V
+    first = np.where(n > 0, br * d * b / r["l2"] + np.where(n > 1, l_full, l_last) + qk, 0.0)
+    epilogue = pv + br * dv * (4 / r["alu"] + ob / r["l2"])  # last P·V; O / l; store O (its rows)
     fixed = first + epilogue if model.tile_fixed_s is None else model.tile_fixed_s
-    t = np.where(n > 0, fixed + steady, br * d * ob / r["l2"])  # a Q block that sees no key: store zeros
+    t = np.where(n > 0, fixed + steady, br * dv * ob / r["l2"])  # a Q block that sees no key: store zeros
     sums = {"tensor": float((n * g_tile).sum()), "softmax": float((n * s_tile).sum()),
             "load": float(parts(cols)[2].sum()), "tiles": float(n.sum())}
     return t, sums
@@ -283,27 +298,34 @@ def packed(p: AttentionProblem, tiles, profile: Profile, model: HopperModel, sms
 
 
 def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile: Profile,
-                model: HopperModel = HopperModel(), placement: str = "dynamic") -> KernelTime:
+                model: HopperModel = HopperModel(), placement: str = "dynamic", value_dim: int | None = None
+                ) -> KernelTime:
     """The time of ``kernel`` (flash3_fwd, as counted), its parts and its bound; the L2 bandwidth's absence (the
     loads then cost no time) is named in the roofline's ``unmodeled`` beside it; ``placement``: where the tiles run
-    (:func:`placed`); packed sequences (``tiles.seqlens``): :func:`packed`."""
+    (:func:`placed`); packed sequences (``tiles.seqlens``): :func:`packed`; ``value_dim``: as :func:`block_times`
+    (not with packed sequences or iosim's fp8 layout)."""
     p = problem
     layout = isinstance(tiles, flash3_fp8.Fp8LayoutTiles)  # iosim's fp8 kernel: O in bf16, its own compulsory bytes
     out_bytes = ELEMENT_BYTES[flash3_fp8.OUTPUT_DTYPE] if layout else None
     r = _rates(profile, p.dtype, model)
     sms = r["sms"]
     heads = p.n_heads_total
+    if value_dim is not None and (layout or getattr(tiles, "seqlens", ())):
+        raise ValueError("value_dim: the fa3 model takes values of their own width on dense calls only, not "
+                         "packed sequences or iosim's fp8 layout")
     if getattr(tiles, "seqlens", ()):
         every_tile, sums, pipeline = packed(p, tiles, profile, model, sms, placement)
         busy = float(every_tile.sum())
     else:
         per_block, sums = block_times(p, tiles.block_q, tiles.block_kv, profile, model, out_bytes,
-                                      getattr(tiles, "window", None))
+                                      getattr(tiles, "window", None), value_dim)
         pipeline = placed(per_block, p, tiles, sms, placement)
         busy = float(per_block.sum()) * heads
     k = kernel
     b, d = p.elem_bytes, p.head_dim
-    compulsory = heads * (2 * p.seq_len * d * b + p.seq_len * STAT_BYTES) + p.batch * p.kv_heads * 2 * p.kv_len * d * b
+    dv = d if value_dim is None else value_dim
+    compulsory = (heads * (p.seq_len * (d + dv) * b + p.seq_len * STAT_BYTES)
+                  + p.batch * p.kv_heads * p.kv_len * (d + dv) * b)
     if layout:
         compulsory = sum(rd + wr for rd, wr in flash3_fp8.dram(p, tiles))
     res = {
@@ -322,5 +344,5 @@ def kernel_time(kernel: KernelCounts, problem: AttentionProblem, tiles, profile:
     else:
         bound = "global" if res["global"] >= res["hbm"] else "hbm"
     utilization = busy / sms / pipeline if pipeline else 1.0
-    flops = heads * sums["tiles"] * 4 * tiles.block_q * tiles.block_kv * p.head_dim  # whole tiles (the energy's)
+    flops = heads * sums["tiles"] * 2 * tiles.block_q * tiles.block_kv * (d + dv)  # whole tiles (the energy's)
     return KernelTime(k.name, k.grid, float(utilization), res, total, bound, tensor_flops=flops)

@@ -1,5 +1,6 @@
-"""Time of MLA decode's attention as torch runs it: its memory-efficient kernel at DeepSeek-V3's widths, from the
-kernel's measured step (issue 28 item 3; :mod:`iosim.schedules.mla_decode`).
+"""Time of MLA's attention as torch runs it (issue 28 item 3): decode's on its memory-efficient kernel at DeepSeek-V3's
+widths, from the kernel's measured step (:mod:`iosim.schedules.mla_decode`); prefill's on cuDNN's fused forward, by
+the fa3 model of the ``cudnn`` description (:mod:`iosim.schedules.mla_prefill`, :func:`prefill_attention_time`).
 
 Torch's only fused kernel for keys of 576 and values of 512 is xFormers' CUTLASS kernel for sm_80
 (``fmha_cutlassF_bf16_aligned_32x128_gmem_sm80``, :data:`REFERENCE`): a thread block of 4 warps takes 32 query rows
@@ -23,6 +24,13 @@ step of as many an SM as it leaves), plus the fixed part; never under the compul
 (:func:`iosim.schedules.mla_decode.dram`) at the measured read rate. Past one wave the hardware deals the later
 blocks to whichever SMs free a slot first, unevenly (Nsight Compute: 660 blocks land 4-7 an SM on an H200), which
 the wave count does not see: such grids are predicted 6-14% fast or up to 13% slow (docs/serving.md).
+
+**Prefill.** Keys of 192 values and values of 128 are not a shape torch's flash backend takes; its cuDNN backend
+runs them with an FA3-class kernel (:data:`PREFILL_REFERENCE`: wgmma, 64-row warpgroups, 128-key tiles, as at
+d = 128). Its time is the ``cudnn`` description's model (:mod:`iosim.timing.fa3`: the composed step, the grid's
+order, the call's fixed part, the power limiter over a record's run), with Q K^T, P V, the loads of K and V and the
+store of O each at its own width (``Workload.value_dim``). Nothing in it is measured on MLA's shapes: the rates and
+the one fitted constant are those every cuDNN row of the time records is predicted with.
 """
 
 from __future__ import annotations
@@ -30,10 +38,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..blocks import cdiv, tail_makespan
+from ..counts import Counts
 from ..hardware.gpu import Profile
 from ..launch import resident_blocks
-from ..schedules.mla_decode import MlaDecode, dram
-from .estimate import KernelTime
+from ..problem import AttentionProblem
+from ..schedules import mla_prefill
+from ..schedules.base import Tiles
+from ..schedules.mla_decode import VALUE, MlaDecode, dram
+from .estimate import KernelTime, TimeEstimate, Workload
 from .fa2 import forward_tables
 from .rates import rates
 
@@ -114,3 +126,48 @@ def attention_time(m: MlaDecode, profile: Profile) -> KernelTime | None:
     seconds = max(run + fixed, floor)
     parts["bound"] = "dram" if floor > run + fixed else "step"
     return KernelTime.of(REFERENCE.name, blocks, seconds, parts)
+
+
+@dataclass(frozen=True)
+class PrefillReference:
+    """The kernel torch runs for MLA prefill's attention (keys of 192, values of 128) and the description that
+    times it."""
+
+    name: str = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x192"
+    kernel: str = "cudnn"
+    block_q: int = 128
+    block_kv: int = 128
+    source: str = ("torch 2.11 scaled_dot_product_attention, cuDNN backend (cuDNN 9.19), H200, 2026-11-28: the only "
+                   "fused backend that takes keys of 192 and values of 128 (flash refuses them; memory-efficient runs "
+                   "fmha_cutlassF_bf16_aligned_32x128_gmem_sm80, 4x slower); its name's 64x128x192 is a "
+                   "warpgroup's 64 rows, 128-key tiles and the keys' width, two consumer warpgroups a Q tile as at "
+                   "d = 128 (iosim/timing/kernels/cudnn.yaml)")
+
+
+PREFILL_REFERENCE = PrefillReference()
+
+
+def prefill_reference(batch: int, seq_len: int, kv_len: int | None = None) -> mla_prefill.MlaPrefill:
+    """MLA prefill as torch runs it: one GEMM then a copy expand K and V (``expansion="gemm+cat"``), cuDNN's tiles."""
+    return mla_prefill.MlaPrefill(batch=batch, seq_len=seq_len, kv_len=seq_len if kv_len is None else kv_len,
+                                  block_q=PREFILL_REFERENCE.block_q, block_kv=PREFILL_REFERENCE.block_kv,
+                                  expansion="gemm+cat")
+
+
+def prefill_attention_time(m: mla_prefill.MlaPrefill, profile: Profile, run: str | float = "record"
+                           ) -> TimeEstimate:
+    """The attention kernel of ``m`` (``mla_attention``) as :data:`PREFILL_REFERENCE`'s description times it: the
+    fa3 model on heads of ``batch x heads``, keys of ``key_dim``, values of 128 (``run``: as
+    :func:`iosim.timing.predict`'s)."""
+    from . import predict  # the package's entry; this module is not imported by it
+
+    if (m.block_q, m.block_kv) != (PREFILL_REFERENCE.block_q, PREFILL_REFERENCE.block_kv):
+        raise MlaTimeError(f"the prefill model describes {PREFILL_REFERENCE.kernel}'s {PREFILL_REFERENCE.block_q} x "
+                           f"{PREFILL_REFERENCE.block_kv} tiles (iosim.timing.mla.prefill_reference); got "
+                           f"{m.block_q} x {m.block_kv}")
+    problem = AttentionProblem(batch=m.batch, heads=m.heads, seq_len=m.seq_len, kv_len=m.kv_len,
+                               head_dim=m.key_dim, dtype=m.dtype, causal=m.causal)
+    attention = mla_prefill.counts(m).kernels[-1]
+    work = Workload("flash3", "forward", problem, Tiles(m.block_q, m.block_kv), Counts([attention]),
+                    [mla_prefill.dram(m)[-1]], value_dim=VALUE)
+    return predict(work, profile, PREFILL_REFERENCE.kernel, run=run)
