@@ -34,6 +34,12 @@ d = 256 rows 13-25% fast). Its tile and call parts are the slope and intercept o
 :data:`CUDNN_TILES` Q tiles an SM (at SHORT_TILES K/V tiles) less SHORT_TILES steps: from two calls at 16 K/V tiles it
 came out within the noise of their 70 us difference.
 
+``calibration.forward.{step,tile_fixed,call_fixed}.cudnn.bf16-v128-128x128``: the same three parts of cuDNN's bf16
+forward through torch SDPA's cuDNN backend at MLA prefill's widths, keys of 192 and values of 128 (the kernel
+:data:`iosim.timing.mla.PREFILL_REFERENCE` names, its 128 x 128 tiles), where torch runs it: the composed step put
+torch's MLA prefill 2-19% fast (docs/serving.md). Keyed by the keys' width (192) under
+:func:`iosim.timing.fa3.value_key`.
+
 ``calibration.forward.resident_step.iosim-flash2``: the step of iosim's FlashAttention-2 forward (kernels/flash_fwd.cu,
 any GPU of compute capability 8.0 or more), bf16, at every tile it is compiled with (its description's and the
 others `iosim tune` ranks), with k = 1 .. its residency blocks on each SM (k·SMs query heads of one Q tile on one
@@ -65,7 +71,7 @@ import numpy as np
 
 from iosim.blocks import cdiv
 from iosim.calibrate import cudnn_fp8
-from iosim.calibrate.backward_step import CALLS, REST_S
+from iosim.calibrate.backward_step import CALLS, REST_S, torch_or_none
 from iosim.calibrate.device import device_facts, guess_profile
 from iosim.calibrate.rates_kernels import Bench, Measured, RatesError, busy_timer
 from iosim.hardware.gpu import get_profile
@@ -193,6 +199,7 @@ def forward_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
         return
     flash3_part(b, cp, report, seconds, KINDS)
     cudnn_fp8_part(b, report, seconds)
+    cudnn_mla_part(b, report, seconds)
 
 
 def flash3_part(b: Bench, cp, report: Callable[[Measured, str], None], seconds: Callable[[Any], float],
@@ -256,6 +263,50 @@ def cudnn_fp8_part(b: Bench, report: Callable[[Measured, str], None], seconds: C
                 f"(a Q tile on each SM, K/V in L2; its description's Bc = {tc.block_kv}): {_method()}; by head dim")
         _report_parts(report, (CUDNN, "fp8", d), times, tc, what)
         torch.cuda.empty_cache()
+
+
+def cudnn_mla_part(b: Bench, report: Callable[[Measured, str], None], seconds: Callable[[Any], float]) -> None:
+    """``forward.step``, ``tile_fixed`` and ``call_fixed`` of ``cudnn`` at MLA prefill's widths (bf16, keys of 192,
+    values of 128, through torch SDPA's cuDNN backend, GQA onto one kv head), measured as :func:`cudnn_fp8_part`
+    measures its fp8 forward (Hopper, with torch; elsewhere said and skipped)."""
+    from iosim.schedules.mla_decode import VALUE
+    from iosim.timing.fa3 import value_key
+    from iosim.timing.mla import PREFILL_REFERENCE as ref
+    from iosim.timing.mla import prefill_reference
+
+    torch = torch_or_none()
+    if torch is None:
+        print("forward: cuDNN at MLA's widths skipped (needs torch with CUDA)", flush=True)
+        return
+    d, tc = prefill_reference(1, 1).key_dim, ref  # the keys' width (192); the reference's tiles (Br, Bc)
+    kind = value_key("bf16", VALUE, tc)
+    shapes = [(b.sms, n * tc.block_kv) for n in TILES] + [(m * b.sms, SHORT_TILES * tc.block_kv)
+                                                            for m in range(1, CUDNN_TILES + 1)]
+    times = _timed(f"forward.step.{CUDNN}.{kind}.{d}", seconds,
+                   [partial(_sdpa_call, torch, h, tc.block_q, nk, d, VALUE) for h, nk in shapes])
+    if times is None:
+        return
+    what = (f"cuDNN's bf16 forward through torch SDPA's cuDNN backend ({ref.name}), queries and keys of {d} "
+            f"values, values of {VALUE} (MLA prefill's), no mask, {b.sms} query heads of Br = {tc.block_q} queries "
+            f"on one kv head (a Q tile on each SM, K/V in L2; Bc = {tc.block_kv}): {_method()}; by the keys' width")
+    _report_parts(report, (CUDNN, kind, d), times, tc, what)
+    torch.cuda.empty_cache()
+
+
+def _sdpa_call(torch, heads: int, n: int, nk: int, d: int, dv: int) -> Callable[[], Any]:
+    """torch SDPA's cuDNN backend on random bf16 inputs: ``heads`` query heads of ``n`` queries of ``d`` values on
+    one kv head of ``nk`` keys (``d`` values) and values (``dv``), ready to time."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 1, nk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, 1, nk, dv, device="cuda", dtype=torch.bfloat16)
+
+    def call():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    return call
 
 
 def _report_parts(report: Callable[[Measured, str], None], key: tuple, times: list[float], tc, what: str,

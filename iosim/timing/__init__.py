@@ -162,7 +162,8 @@ def _forward_times(c: Conditions, work: Workload) -> list[KernelTime]:
     if desc.family == "decode":
         return flash_decode.kernel_times(c, work, L2_RESIDENT_SHARE)
     if desc.family == "fa3":
-        step, tile, call = (fa3.measured(c.profile, desc, p, work.tiles, part) for part in fa3.MEASURED_PARTS)
+        step, tile, call = (fa3.measured(c.profile, desc, p, work.tiles, part, work.value_dim)
+                            for part in fa3.MEASURED_PARTS)
         model = fa3.HopperModel(tensor_efficiency=fa3.wgmma_efficiency(r, c.profile, p.dtype),
                                 overlap_loss=overlap.OVERLAP_LOSS, step_s=step, tile_fixed_s=tile if step else None)
         order = desc.order_for(p.dtype)

@@ -99,15 +99,29 @@ to mask as these do."""
 MEASURED_PARTS = ("step", "tile_fixed", "call_fixed")  # calibration.forward's tables, as measured on the kernel
 
 
-def measured(profile: Profile, desc, p: AttentionProblem, tiles, part: str) -> float | None:
+def value_key(dtype: str, value_dim: int, tiles) -> str:
+    """The calibration's key of an instantiation whose values are ``value_dim`` wide against keys of another width,
+    at the tiles it was measured with: ``bf16-v128-128x128`` (MLA prefill's, :mod:`iosim.timing.mla`)."""
+    return f"{dtype}-v{value_dim}-{tiles.block_q}x{tiles.block_kv}"
+
+
+def measured(profile: Profile, desc, p: AttentionProblem, tiles, part: str, value_dim: int | None = None
+             ) -> float | None:
     """``calibration.forward.<part>`` (:data:`MEASURED_PARTS`) of the description ``desc`` for the call's input type
     and head dim, where the call runs the instantiation it was measured on: the description's own tiles, no pages; a
     window's call takes its Local instantiation's (``<dtype>-local``), or where that was not measured the plain
     one's; packed sequences their Varlen instantiation's step (``<dtype>-varlen``, measured alone: its tile and
     call parts, taken on a long sequence's tiles, are not what short sequences' tiles cost) and the plain one's tile
-    and call parts (the mask passes priced apart either way); else None (the model composes it)."""
+    and call parts (the mask passes priced apart either way); values of ``value_dim`` against keys of ``head_dim``
+    the instantiation measured at both widths and the call's tiles (:func:`value_key`) or none; else None (the model
+    composes it)."""
     cal = getattr(profile.calibration, "forward", None)
     tables = (getattr(cal, part) or {}).get(desc.name, {}) if cal is not None else {}
+    if value_dim is not None and value_dim != p.head_dim:
+        table = tables.get(value_key(p.dtype, value_dim, tiles))
+        if table is None or p.head_dim not in table.value or getattr(tiles, "page_size", None):
+            return None
+        return float(table.value[p.head_dim])
     local = mask_kind(p, getattr(tiles, "window", None)) == "local"
     table = tables.get(f"{p.dtype}-local") if local else None  # a window's Local instantiation, where measured
     if getattr(tiles, "seqlens", None) and not local:  # packed sequences: the Varlen instantiation's, where measured

@@ -1,5 +1,7 @@
-"""torch's MLA decode attention on a real GPU: the kernel it runs is the one iosim.timing.mla describes, and its
-step (iosim.calibrate.mla_step) is measured at every residency."""
+"""torch's MLA attention on a real GPU: in decode, the kernel it runs is the one iosim.timing.mla describes, and its
+step (iosim.calibrate.mla_step) is measured at every residency; in prefill, cuDNN's kernel at keys of 192 and values of
+128 is the one iosim.timing.mla.PREFILL_REFERENCE names, its step, tile and call parts are measured
+(iosim.calibrate.forward_step.cudnn_mla_part), and benchmarks/mla_prefill_record.py's reference equals float64."""
 
 from __future__ import annotations
 
@@ -63,3 +65,46 @@ def test_its_step_is_measured_at_every_residency(torch):
     assert 1e-6 < steps[1] < 1e-4 and 0 < fixed[0] < 1e-4
     for k in range(2, len(steps) + 1):
         assert steps[1] < steps[k] < k * steps[1]
+
+
+def test_cudnn_runs_the_prefill_kernel_the_model_names(torch):
+    from torch.profiler import ProfilerActivity, profile
+
+    from iosim.calibrate.forward_step import _sdpa_call
+    from iosim.timing.mla import PREFILL_REFERENCE
+
+    call = _sdpa_call(torch, 4, 256, 300, 192, 128)
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert any(n.startswith(PREFILL_REFERENCE.name) for n in names), names
+
+
+def test_the_prefill_reference_equals_float64(torch):
+    from helpers import load_benchmark
+
+    record = load_benchmark("mla_prefill_record")
+    assert record.check(torch) < record.CHECK_TOL
+
+
+def test_cudnns_step_at_mlas_widths_is_measured(torch):
+    from iosim.calibrate.backward_step import CALLS, REST_S
+    from iosim.calibrate.forward_step import cudnn_mla_part
+    from iosim.calibrate.rates_kernels import Bench, busy_timer
+    from iosim.gpu._cupy import require_cupy
+
+    cp = require_cupy()
+    b = Bench(cp, 10)
+    if not b.hopper:
+        pytest.skip("GPU test: cuDNN's MLA-width step is measured on Hopper, where the prefill model describes it")
+    got = {}
+    cudnn_mla_part(b, lambda m, note: got.setdefault(m.path[1], m), busy_timer(b, cp, CALLS, 2, REST_S))
+    assert sorted(got) == ["call_fixed", "step", "tile_fixed"]
+    assert all(m.path[2:] == ("cudnn", "bf16-v128-128x128", 192) for m in got.values())
+    # a 128 x 128 step of keys of 192 and values of 128 is about 2 us on an H100 or H200; a tile's and a call's
+    # fixed parts a few us
+    assert 0.5e-6 < got["step"].value < 10e-6
+    assert 0 < got["tile_fixed"].value < 50e-6 and 0 < got["call_fixed"].value < 50e-6
