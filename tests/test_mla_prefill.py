@@ -55,3 +55,26 @@ def test_gqa_prefill_intensity_counts_the_same_tiles_and_shares_k_and_v_within_a
     flops = 32 * (128 * 128 + 128 * 256) * (4 * 128 + 1)
     assert got == pytest.approx(flops / (2 * 256 * 32 * 128 * 2 + 2 * 256 * 8 * 128 * 2 + 256 * 32 * 4))
     assert gqa_intensity(32, 8, 128, 4096) > intensity(MlaPrefill(batch=1, seq_len=4096, kv_len=4096))
+
+
+def test_torchs_expansion_a_gemm_then_a_copy_counted_by_hand():
+    m = MlaPrefill(batch=1, seq_len=256, kv_len=256, expansion="gemm+cat")
+    up, cat, a = counts(m).kernels
+    assert (up.name, cat.name, a.name) == ("mla_kv_up", "mla_k_cat", "mla_attention")
+    assert dict(up.global_read) == {"c_KV": 256 * 512 * 2, "W_UK": 512 * 128 * 128 * 2, "W_UV": 512 * 128 * 128 * 2}
+    assert dict(up.global_write) == {"K_nope": 256 * 128 * 128 * 2, "V": 256 * 128 * 128 * 2}  # side by side
+    assert dict(cat.global_read) == {"K_nope": 256 * 128 * 128 * 2, "k_R": 256 * 128 * 64 * 2}  # k_R at each head
+    assert dict(cat.global_write) == {"K": 256 * 128 * 192 * 2}
+    assert up.grid == cat.grid == 2 * 128  # a block per 128 keys of one head
+    assert cat.total_flops == 0 and up.flops["matmul"] == 2 * 256 * 512 * 128 * 256
+    d = dram(m)
+    assert d[1] == (256 * 128 * 128 * 2 + 256 * 64 * 2, 256 * 128 * 192 * 2)  # k_R once a token at DRAM
+    fused = MlaPrefill(batch=1, seq_len=256, kv_len=256)
+    assert a == counts(fused).kernels[-1] and d[2] == dram(fused)[-1]  # the attention is the same either way
+    # the copy writes K_nope once more and reads it back: the fused kernel's bytes and twice K_nope
+    assert sum(map(sum, d[:2])) == sum(dram(fused)[0]) + 2 * 256 * 128 * 128 * 2
+
+
+def test_an_unknown_expansion_is_refused():
+    with pytest.raises(ScheduleError, match=r"expansion='cat'; expected one of \['fused', 'gemm\+cat'\]"):
+        MlaPrefill(batch=1, seq_len=100, kv_len=100, expansion="cat")

@@ -190,3 +190,33 @@ def test_cudnns_tiles_are_the_ones_its_launches_name():
             assert not fits(get_schedule("flash3"), p, Tiles(128, bc), get_profile("h100-sxm5-80gb"))
             continue
         assert desc.tiles_for(d, dtype).block_kv == bc, (dtype, d, bc)
+
+
+def test_the_fa3_model_takes_values_of_their_own_width():
+    """Values as wide as the keys are the model as it was; narrower ones shorten P V, the loads and O's store."""
+    from iosim.timing import fa3
+
+    prof = get_profile("h100-sxm5-80gb")
+    p = AttentionProblem(batch=1, heads=16, seq_len=2048, head_dim=192, dtype="bf16", causal=True)
+    same, same_parts = fa3.block_times(p, 128, 128, prof)
+    given, given_parts = fa3.block_times(p, 128, 128, prof, value_dim=192)
+    assert (same == given).all() and same_parts == given_parts
+    narrow, parts = fa3.block_times(p, 128, 128, prof, value_dim=128)
+    assert (narrow < same).all()
+    assert parts["tensor"] == pytest.approx(same_parts["tensor"] * (192 + 128) / (2 * 192))
+
+
+def test_values_of_their_own_width_only_through_the_fa3_family():
+    from dataclasses import replace
+
+    from iosim.schedules.base import Tiles
+    from iosim.timing import KernelError, Workload, predict
+
+    prof = get_profile("h100-sxm5-80gb")
+    p = AttentionProblem(batch=1, heads=16, seq_len=1024, head_dim=192, dtype="bf16")
+    r = simulate("flash3", p, prof, kernel="cudnn", l2=False)
+    work = Workload("flash3", "forward", p, Tiles(128, 128), r.counts, [(0.0, 0.0)])
+    narrow = predict(replace(work, value_dim=128), prof, "cudnn")
+    assert narrow.predicted_s < predict(work, prof, "cudnn").predicted_s
+    with pytest.raises(KernelError, match="only the fa3 family's forward model"):
+        predict(replace(work, value_dim=128, schedule="flash2"), prof, "fa2")

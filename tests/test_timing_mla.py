@@ -1,4 +1,5 @@
-"""iosim.timing.mla: the time of torch's MLA decode attention kernel from its measured step."""
+"""iosim.timing.mla: the time of torch's MLA decode attention kernel from its measured step, and of its prefill
+attention (cuDNN's kernel at keys of 192 and values of 128) by the fa3 model."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 
 from iosim.hardware.gpu import get_profile
 from iosim.schedules.mla_decode import MlaDecode
+from iosim.schedules.mla_prefill import MlaPrefill
 from iosim.timing.mla import REFERENCE, MlaTimeError, attention_time, measured, reference, residency, step_key
 
 H200 = "h200-sxm-141gb"
@@ -49,3 +51,42 @@ def test_other_designs_are_refused():
     with pytest.raises(MlaTimeError, match="accumulator='registers', 64 x 64, bf16"):
         attention_time(MlaDecode(batch=1, kv_len=64), get_profile(H200))
     assert REFERENCE.name.startswith("fmha_cutlassF")
+
+
+def test_the_prefill_reference_is_torchs_expansion_on_cudnns_tiles():
+    from iosim.timing.mla import PREFILL_REFERENCE, prefill_reference
+
+    m = prefill_reference(2, 4096)
+    assert (m.expansion, m.block_q, m.block_kv, m.kv_len, m.key_dim) == ("gemm+cat", 128, 128, 4096, 192)
+    assert PREFILL_REFERENCE.kernel == "cudnn" and "64x128x192" in PREFILL_REFERENCE.name
+
+
+def test_prefill_on_the_h200_walks_cudnns_measured_step_tile_and_call():
+    """512 Q tiles of 4 steps each (one sequence of 512 tokens, 128 heads, not causal) on 132 SMs in the grid's order:
+    the busiest SM takes 4 tiles; the call is its measured fixed part, 4 tile parts and 16 steps."""
+    from iosim.timing.fa3 import value_key
+    from iosim.timing.mla import PREFILL_REFERENCE, prefill_attention_time, prefill_reference
+
+    p = get_profile(H200)
+    key = value_key("bf16", 128, PREFILL_REFERENCE)
+    step, tile, call = (getattr(p.calibration.forward, part)["cudnn"][key].value[192]
+                        for part in ("step", "tile_fixed", "call_fixed"))
+    m = MlaPrefill(batch=1, seq_len=512, kv_len=512, causal=False, expansion="gemm+cat")
+    t = prefill_attention_time(m, p, run="single")
+    assert t.kernel == "cudnn" and t.kernels[0].bound == "step (measured)"
+    assert t.predicted_s == pytest.approx(call + 4 * (tile + 4 * step))
+    assert prefill_attention_time(prefill_reference(1, 512), p).predicted_s < t.predicted_s  # causal: fewer steps
+
+
+def test_prefill_without_a_measured_step_composes_it_from_the_rates():
+    from iosim.timing.mla import prefill_attention_time, prefill_reference
+
+    t = prefill_attention_time(prefill_reference(1, 4096), get_profile("h100-sxm5-80gb"))
+    assert t.kernels[0].bound in ("tensor", "softmax", "load")
+
+
+def test_prefill_on_other_tiles_is_refused():
+    from iosim.timing.mla import prefill_attention_time
+
+    with pytest.raises(MlaTimeError, match="128 x 128 tiles"):
+        prefill_attention_time(MlaPrefill(batch=1, seq_len=512, kv_len=512, block_q=64), get_profile(H200))

@@ -76,7 +76,8 @@ def expansion_counts(m: MlaPrefill) -> list[KernelCounts]:
     """The kernels that expand the keys' and values' rows from the latent cache: ``mla_kv_up`` (fused), or
     ``mla_kv_up`` and ``mla_k_cat`` (gemm+cat); bytes at ``global`` and FLOPs, for the whole batch."""
     e, B, H, Nk = ELEMENT_BYTES[m.dtype], m.batch, m.heads, m.kv_len
-    up = KernelCounts("mla_kv_up", grid=B * cdiv(Nk, m.block_kv))
+    grid = B * cdiv(Nk, m.block_kv) * H  # a block per block_kv keys of one head: its 256 columns of the GEMM
+    up = KernelCounts("mla_kv_up", grid=grid)
     up.global_read.update(c_KV=B * Nk * m.latent * e, W_UK=m.latent * H * NOPE * e, W_UV=m.latent * H * VALUE * e)
     up.flops.update(matmul=2 * B * Nk * m.latent * H * (NOPE + VALUE))
     if m.expansion == "fused":
@@ -84,7 +85,7 @@ def expansion_counts(m: MlaPrefill) -> list[KernelCounts]:
         up.global_write.update(K=B * Nk * H * m.key_dim * e, V=B * Nk * H * VALUE * e)
         return [up]
     up.global_write.update(K_nope=B * Nk * H * NOPE * e, V=B * Nk * H * VALUE * e)
-    cat = KernelCounts("mla_k_cat", grid=B * cdiv(Nk, m.block_kv))
+    cat = KernelCounts("mla_k_cat", grid=grid)
     cat.global_read.update(K_nope=B * Nk * H * NOPE * e, k_R=B * Nk * H * m.rope * e)  # k_R at every head
     cat.global_write.update(K=B * Nk * H * m.key_dim * e)
     return [up, cat]
