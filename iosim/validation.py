@@ -224,9 +224,10 @@ def record_dir() -> Path:
 
 def devices() -> list[str]:
     """Devices with a byte record (``<device>.csv``; beside them, the time records ``<device>-time.csv`` and their
-    held-out part ``<device>-time-heldout.csv``, the MLA reference's ``<device>-mla.csv`` and the decode kernels' byte
-    record ``<device>-decode.csv``, benchmarks/decode_bytes_record.py's, judged there a kernel at a time)."""
-    skip = ("-time", "-time-heldout", "-mla", "-decode")
+    held-out part ``<device>-time-heldout.csv``, the MLA references' ``<device>-mla.csv`` and ``-mla-prefill.csv``
+    and the decode kernels' byte record ``<device>-decode.csv``, benchmarks/decode_bytes_record.py's, judged there a
+    kernel at a time)."""
+    skip = ("-time", "-time-heldout", "-mla", "-mla-prefill", "-decode")
     return sorted(p.stem for p in record_dir().glob("*.csv") if not p.stem.endswith(skip))
 
 

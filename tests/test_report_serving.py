@@ -108,3 +108,23 @@ def test_the_decode_byte_record_is_folded_per_cache_boundary_and_direction(monke
     assert html.count("<tr><td>") == 8 and "16 of 16" in html and "exact 16" in html
     monkeypatch.setattr(serving, "validation_dir", lambda: tmp_path)
     assert "no decode byte record" in serving.decode_bytes("H200")
+
+
+def test_the_mla_prefill_reference_is_tabled_beside_the_counts_and_the_model():
+    from iosim._resources import validation_dir
+    from iosim.hardware.gpu import get_profile
+    from iosim.schedules.mla_prefill import dram
+    from iosim.timing.mla import prefill_attention_time, prefill_reference
+
+    name, profile = serving.GPUS[1]  # the H200: the GPU the record was measured on
+    with open(validation_dir() / serving.MLA_PREFILL_RECORDS[name], newline="") as f:
+        rows = list(csv.DictReader(f))
+    got = serving.mla_prefill_measured(name, profile)
+    assert got.count("<tr><td>") == len(rows) == 3 * len({(r["batch"], r["seq_len"]) for r in rows})
+    first = next(r for r in rows if r["stage"] == "attention")
+    m = prefill_reference(int(first["batch"]), int(first["seq_len"]))
+    assert f"{dram(m)[2][0] / 1e6:.1f} / {int(first['dram_read']) / 1e6:.1f}" in got
+    t = prefill_attention_time(m, get_profile(profile)).predicted_s * 1e3
+    assert f"{t:.3f} (model) / {float(first['ms']):.3f}" in got
+    assert "no MLA prefill record" in serving.mla_prefill_measured(*serving.GPUS[0])  # no H100 run
+    assert got in serving.serving_section()[0]

@@ -33,11 +33,14 @@ from ..schedules.mla_decode import dram as mla_decode_dram
 from ..schedules.mla_decode import gqa_intensity as gqa_decode_intensity
 from ..schedules.mla_decode import intensity as mla_decode_intensity
 from ..schedules.mla_prefill import MlaPrefill
+from ..schedules.mla_prefill import counts as mla_prefill_counts
+from ..schedules.mla_prefill import dram as mla_prefill_dram
 from ..schedules.mla_prefill import gqa_intensity as gqa_prefill_intensity
 from ..schedules.mla_prefill import intensity as mla_prefill_intensity
 from ..simulate import simulate
 from ..timing import roofline
 from ..timing.mla import attention_time as mla_attention_time
+from ..timing.mla import prefill_attention_time, prefill_reference
 from ..timing.mla import reference as mla_reference
 from ..timing.rates import rates
 from .figures import PLOTLY_CONFIG
@@ -50,6 +53,10 @@ DECODE_BYTES = {"H100": "h100-decode.csv", "H200": "h200-decode.csv"}  # docs/va
 DECODE_BYTE_COLUMNS = {"cache", "kernel", "boundary", "direction", "passed", "by", "error"}
 MLA_COLUMNS = {"batch", "kv_len", "stage", "torch_kernels", "dram_read", "dram_write", "ms"}
 MLA_STAGES = {"q_absorb": 0, "attention": 1, "o_absorb": 2}  # -> mla_decode.counts' kernel
+# MLA prefill run by torch (benchmarks/mla_prefill_record.py): its record per GPU, its stages -> mla_prefill's kernels
+MLA_PREFILL_RECORDS = {"H100": "h100-mla-prefill.csv", "H200": "h200-mla-prefill.csv"}
+MLA_PREFILL_COLUMNS = {"batch", "seq_len", "stage", "torch_kernels", "dram_read", "dram_write", "ms"}
+MLA_PREFILL_STAGES = ("kv_up", "k_cat", "attention")
 DECODE_COLUMNS = {"n", "batch", "heads", "kv_heads", "d", "layout", "ours_ms", "pct_of_dram", "torch_best",
                   "speedup_vs_torch_best"}
 VARLEN_COLUMNS = {"part", "case", "d", "causal", "ours_ms", "padded_over_ours", "ours_over_flex", "flex_ms",
@@ -318,6 +325,38 @@ def _mla_row(r: dict, prof) -> str:
             f"</td><td>{sim_w} / {int(r['dram_write']) / 1e6:.2f}</td><td>{sim_t} / {float(r['ms']):.3f}</td></tr>")
 
 
+def mla_prefill_measured(name: str, profile: str) -> str:
+    """MLA prefill run by torch (benchmarks/mla_prefill_record.py) beside the counts: each stage's DRAM bytes
+    simulated (mla_prefill.dram, torch's gemm+cat expansion) and measured, the attention's time beside its model's
+    (iosim.timing.mla.prefill_attention_time), the GEMM's and the copy's beside the roofline's."""
+    rows, note = validation_rows(name, MLA_PREFILL_RECORDS[name], MLA_PREFILL_COLUMNS, "MLA prefill record",
+                                 "mla_prefill_record.py")
+    if note:
+        return note
+    prof, body = get_profile(profile), []
+    for r in rows:
+        m = prefill_reference(int(r["batch"]), int(r["seq_len"]))
+        k, d = MLA_PREFILL_STAGES.index(r["stage"]), mla_prefill_dram(m)
+        if r["stage"] == "attention":
+            t = f"{prefill_attention_time(m, prof).predicted_s * 1e3:.3f} (model)"
+        else:
+            roof = roofline.predict(mla_prefill_counts(m), [a + b for a, b in d], m.dtype, prof)
+            t = f"{roof.kernels[k].predicted_s * 1e3:.3f} (roofline)"
+        body.append(f"<tr><td>{m.batch} × {m.seq_len}</td><td>{html.escape(r['stage'])}</td>"
+                    f"<td>{html.escape(r['torch_kernels'][:60])}</td><td>{d[k][0] / 1e6:.1f} / "
+                    f"{int(r['dram_read']) / 1e6:.1f}</td><td>{d[k][1] / 1e6:.1f} / {int(r['dram_write']) / 1e6:.1f}"
+                    f"</td><td>{t} / {float(r['ms']):.3f}</td></tr>")
+    head = ("<tr><th>sequences × tokens</th><th>stage</th><th>torch's kernel</th><th>DRAM read MB, simulated / "
+            "measured</th><th>written MB, simulated / measured</th><th>ms, predicted / measured</th></tr>")
+    return (f"<details><summary>{name}: MLA prefill, a torch reference measured against the counts ({len(rows)} "
+            f"rows)</summary><div class=wide><table>{head}{''.join(body)}</table></div><p class=note>DeepSeek-V3's "
+            "prefill (128 heads, causal) as torch runs it: one GEMM writes each head's K_nope and V from the latent, "
+            "torch.cat joins K = [K_nope ; k_R], SDPA's cuDNN kernel attends on keys of 192 and values of 128; bytes "
+            "by Nsight Compute, L2 flushed before each kernel (outputs that stay in L2 past a kernel's end are not "
+            "in its DRAM writes); the attention's time beside the fa3 model of cuDNN's kernel with its step, tile "
+            "and call parts measured at these widths (docs/serving.md).</p></details>")
+
+
 def serving_section() -> tuple[str, int]:
     """The section's HTML and its number of figures (per GPU: decode and varlen against padded, where the GPU has
     records, and the sliding window; MLA against GQA once)."""
@@ -372,7 +411,7 @@ def serving_section() -> tuple[str, int]:
     parts.append(mla_figure())
     for name, profile in GPUS:
         figure = mla_time_figure(name, profile)
-        parts += [figure, mla_measured(name, profile)]
+        parts += [figure, mla_measured(name, profile), mla_prefill_measured(name, profile)]
         n_fig += bool(figure)
     parts.append("</section>")
     return "\n".join(parts), n_fig + 1
