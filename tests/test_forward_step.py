@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from iosim import AttentionProblem, simulate
-from iosim.calibrate import forward_step, rates_kernels
+from iosim.calibrate import cudnn_step, forward_step, rates_kernels
 from iosim.calibrate.rates_kernels import Measured
 from iosim.hardware.gpu import PROFILES_DIR, get_profile, profile_from_dict
 from iosim.launch.varlen import FLASH_PAGED_TILES, varlen_default_tiles
@@ -315,13 +315,13 @@ def test_cudnns_fp8_parts_come_from_its_own_calls_and_a_line_through_four_tile_c
         calls.append(tiles)
         return ("cudnn", fixed + (tiles - 1) * tile_fixed + tiles * nk // tc.block_kv * step[d])
 
-    monkeypatch.setattr(forward_step, "_cudnn_call", call)
-    monkeypatch.setattr(forward_step.cudnn_fp8, "open_handle", lambda torch, cudnn: None, raising=False)
+    monkeypatch.setattr(cudnn_step, "_cudnn_call", call)
+    monkeypatch.setattr(cudnn_step.cudnn_fp8, "open_handle", lambda torch, cudnn: None, raising=False)
     monkeypatch.setitem(sys.modules, "cudnn", SimpleNamespace())
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(empty_cache=lambda: None)))
     monkeypatch.setattr(rates_kernels, "time_ms", lambda c, reps, warmup, view, clock: 1e3 * c[1])
     got: list[Measured] = []
-    forward_step.cudnn_fp8_part(_Bench(), report=lambda m, note: got.append(m), seconds=forward_step.busy_timer(
+    cudnn_step.cudnn_fp8_part(_Bench(), report=lambda m, note: got.append(m), seconds=forward_step.busy_timer(
         _Bench(), _CuPy(), 15, warmup=2))
     parts = {(m.path[1], m.path[4]): m.value for m in got}
     assert all(m.path[2:4] == ("cudnn", "fp8") for m in got) and set(calls) == {1, 2, 3, 4}
@@ -333,7 +333,7 @@ def test_cudnns_fp8_parts_come_from_its_own_calls_and_a_line_through_four_tile_c
 def test_without_cudnn_frontend_the_cudnn_part_is_said_and_skipped(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "cudnn", None)  # import cudnn raises ImportError
     got: list[Measured] = []
-    forward_step.cudnn_fp8_part(_Bench(), report=lambda m, note: got.append(m), seconds=lambda call: 0.0)
+    cudnn_step.cudnn_fp8_part(_Bench(), report=lambda m, note: got.append(m), seconds=lambda call: 0.0)
     assert not got and "cuDNN fp8 skipped" in capsys.readouterr().out
 
 

@@ -9,7 +9,7 @@ from itertools import pairwise
 import pytest
 
 from iosim._resources import benchmarks_dir
-from iosim.report import serving
+from iosim.report import records, serving
 
 
 def test_the_section_draws_decode_varlen_window_and_mla_time_figures_per_gpu_and_mla_intensity_once():
@@ -45,7 +45,7 @@ def test_the_model_is_drawn_on_every_contiguous_row():
 
 
 def test_a_missing_record_is_named_not_raised(monkeypatch, tmp_path):
-    monkeypatch.setattr(serving, "benchmarks_dir", lambda: tmp_path)
+    monkeypatch.setattr(records, "benchmarks_dir", lambda: tmp_path)
     html, n_fig = serving.serving_section()
     assert n_fig == 2 * len(serving.GPUS) + 1  # windows (no measured crosses), MLA's intensity and its time record
     assert "docs/benchmarks/decode-h100-sxm5-80gb.csv: no record" in html
@@ -106,7 +106,7 @@ def test_the_mla_time_figure_draws_the_model_where_the_profile_measured_its_step
 def test_the_decode_byte_record_is_folded_per_cache_boundary_and_direction(monkeypatch, tmp_path):
     html = serving.decode_bytes("H100")
     assert html.count("<tr><td>") == 8 and "16 of 16" in html and "exact 16" in html
-    monkeypatch.setattr(serving, "validation_dir", lambda: tmp_path)
+    monkeypatch.setattr(records, "validation_dir", lambda: tmp_path)
     assert "no decode byte record" in serving.decode_bytes("H200")
 
 

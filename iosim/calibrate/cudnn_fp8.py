@@ -1,6 +1,6 @@
 """cuDNN's FP8 (e4m3) attention forward through NVIDIA's cudnn-frontend Python package (``import cudnn``), the measured
 peer of iosim's FP8 forward: timed beside it by benchmarks/bench_fp8.py and benchmarks/time_record_fp8.py, and its
-step by ``iosim calibrate rates`` (:mod:`iosim.calibrate.forward_step`).
+step by ``iosim calibrate rates`` (:mod:`iosim.calibrate.cudnn_step`).
 
 One graph per (shape, causal), built once off the timed path: ``pygraph(io_data_type=FP8_E4M3)``, Q, K, V as
 (B, H, N, d) views of the (B, N, H, d) buffers (strides (N H d, d, H d, 1); K and V with the shape's ``kv_heads``

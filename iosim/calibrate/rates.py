@@ -21,6 +21,7 @@ import yaml
 
 from iosim._version import __version__
 from iosim.calibrate.backward_step import backward_part
+from iosim.calibrate.cudnn_step import cudnn_part
 from iosim.calibrate.decode_tile import decode_part
 from iosim.calibrate.device import device_facts
 from iosim.calibrate.fa2_step import fa2_part
@@ -141,9 +142,10 @@ def with_part(base: str, measured: list[Measured], on: dict, *parts: str) -> dic
 
 
 def steps_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """The kernels' own steps: iosim's forward kernels (flash2's on any GPU, flash3's on Hopper), torch's
-    FlashAttention-2 forward, torch's MLA decode attention, the naive schedule's GEMMs, then the backward kernels."""
+    """The kernels' own steps: iosim's forward kernels (flash2's on any GPU, flash3's on Hopper), cuDNN's forward
+    (Hopper), torch's FlashAttention-2 forward, torch's MLA decode attention, the naive schedule's GEMMs, then the backward kernels."""
     forward_part(b, cp, report)
+    cudnn_part(b, cp, report)
     fa2_part(b, cp, report)
     mla_part(b, cp, report)
     naive_part(b, cp, report)

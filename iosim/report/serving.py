@@ -9,15 +9,15 @@ windows and document masks against FlexAttention). The decode figure draws the m
 model's (``simulate("flash-decoding", ..., kernel="iosim-decode")``, contiguous rows). A missing record is named in
 the section; nothing here raises for it. Two figures need no record: a causal sliding window's simulated bytes and
 predicted time against full attention (the benchmark's measured window rows drawn over them where the record has
-them), and MLA's arithmetic intensity against GQA's beside each GPU's ridge (issue 28's report items).
+them), and MLA's arithmetic intensity against GQA's beside each GPU's ridge (issue 28's report items). torch's MLA
+decode and prefill, measured (``docs/validation/<device>-mla.csv`` and ``-mla-prefill.csv``, benchmarks/mla_record.py
+and mla_prefill_record.py), are tabled beside the counts and the time models.
 """
 
 from __future__ import annotations
 
-import csv
 import html
 
-from .._resources import benchmarks_dir, validation_dir
 from ..hardware.gpu import get_profile
 from ..plots.serving import (
     decode_bandwidth,
@@ -44,6 +44,7 @@ from ..timing.mla import prefill_attention_time, prefill_reference
 from ..timing.mla import reference as mla_reference
 from ..timing.rates import rates
 from .figures import PLOTLY_CONFIG
+from .records import read_record, validation_rows
 
 SECTION_ID = "serving"
 TITLE = "Serving: decode, varlen, sliding windows"
@@ -67,25 +68,6 @@ INTRO = ("<p>Inference servers run attention as decode: one new token a sequence
          "calibrated DRAM read rate, measured on a contiguous cache and on pages of 16 tokens, beside the time model's "
          "prediction. The tables fold the rows and the packed-sequence (varlen) and sliding-window kernels against the "
          "same batch padded and against FlexAttention, measured in the same runs.</p>")
-
-
-def csv_rows(path) -> list[dict] | None:
-    """The rows of the CSV file ``path`` as dicts, or None where it cannot be read."""
-    try:
-        with open(path, newline="") as f:
-            return list(csv.DictReader(f))
-    except OSError:
-        return None
-
-
-def read_record(name: str, columns: set[str]) -> tuple[list[dict], str | None]:
-    """The rows of ``docs/benchmarks/<name>``, or ([], why not)."""
-    rows = csv_rows(benchmarks_dir() / name)
-    if rows is None:
-        return [], f"docs/benchmarks/{name}: no record"
-    if not rows or not columns <= set(rows[0]):
-        return [], f"docs/benchmarks/{name}: not the expected record (columns {', '.join(sorted(columns))})"
-    return rows, None
 
 
 def cache_of(r: dict) -> str:
@@ -208,17 +190,6 @@ def mla_figure() -> str:
             "expands keys and values per head; GQA at d = 128), against each GPU's ridge (calibrated bf16 tensor "
             "rate over DRAM read rate): over a line, a kernel there is bound by its tensor cores.</figcaption>"
             "</figure>")
-
-
-def validation_rows(name: str, file: str, columns: set[str], what: str, script: str) -> tuple[list[dict], str]:
-    """The rows of ``docs/validation/<file>`` (a record ``benchmarks/<script>`` writes), or ([], a note of GPU
-    ``name`` saying there is no ``what``, or that the file is not the expected record)."""
-    rows = csv_rows(validation_dir() / file)
-    if rows is None:
-        return [], f"<p class=note>{name}: no {what} (python benchmarks/{script} --measure).</p>"
-    if not rows or not columns <= set(rows[0]):
-        return [], f"<p class=note>{name}: {file} is not the expected record.</p>"
-    return rows, ""
 
 
 def decode_bytes(name: str) -> str:

@@ -1,5 +1,6 @@
 """MLA prefill: DeepSeek's multi-head latent attention on a chunk of new tokens, counted in closed form (issue 28
-item 3; simulated, no kernel). DeepSeek-V2 (arXiv 2405.04434) §2.1.2-2.1.3, DeepSeek-V3 (arXiv 2412.19437) §2.1.1.
+item 3; no kernel of ours: torch's run of it is measured against these counts by benchmarks/mla_prefill_record.py).
+DeepSeek-V2 (arXiv 2405.04434) §2.1.2-2.1.3, DeepSeek-V3 (arXiv 2412.19437) §2.1.1.
 
 In prefill the up-projections are not absorbed (absorption pays where one query row meets many cached keys, in
 decode: :mod:`iosim.schedules.mla_decode`). The cache holds per token a latent c_KV of ``latent`` = 512 values and a

@@ -32,6 +32,9 @@ longer of that schedule and the memory system's floor: global bytes over the L2 
 compulsory bytes (Q, K, V read once, O and L written once) over DRAM bandwidth, because FA3's scheduler
 keeps a head's K and V in L2 while its Q blocks run (hopper/tile_scheduler.hpp, "L2 swizzling").
 
+Values narrower or wider than the keys (MLA prefill: keys of 192, values of 128; ``value_dim``, through
+``Workload.value_dim``) take Q K^T at the keys' width and P V at the values', each load and store at its own.
+
 fp8 (e4m3): 1-byte Q, K, V in the loads, the tensor rate of fp8 (the profile's ``compute.tensor.fp8`` times the
 efficiency :mod:`iosim.timing` passes: the calibrated fp8 wgmma rate's share of that peak where ``iosim calibrate rates``
 measured it). With iosim's fp8 layout (:mod:`iosim.schedules.flash3_fp8`) O is stored in bf16 and the compulsory

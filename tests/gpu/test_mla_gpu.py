@@ -1,7 +1,7 @@
 """torch's MLA attention on a real GPU: in decode, the kernel it runs is the one iosim.timing.mla describes, and its
 step (iosim.calibrate.mla_step) is measured at every residency; in prefill, cuDNN's kernel at keys of 192 and values of
 128 is the one iosim.timing.mla.PREFILL_REFERENCE names, its step, tile and call parts are measured
-(iosim.calibrate.forward_step.cudnn_mla_part), and benchmarks/mla_prefill_record.py's reference equals float64."""
+(iosim.calibrate.cudnn_step.cudnn_mla_part), and benchmarks/mla_prefill_record.py's reference equals float64."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_its_step_is_measured_at_every_residency(torch):
 def test_cudnn_runs_the_prefill_kernel_the_model_names(torch):
     from torch.profiler import ProfilerActivity, profile
 
-    from iosim.calibrate.forward_step import _sdpa_call
+    from iosim.calibrate.cudnn_step import _sdpa_call
     from iosim.timing.mla import PREFILL_REFERENCE
 
     call = _sdpa_call(torch, 4, 256, 300, 192, 128)
@@ -92,7 +92,7 @@ def test_the_prefill_reference_equals_float64(torch):
 
 def test_cudnns_step_at_mlas_widths_is_measured(torch):
     from iosim.calibrate.backward_step import CALLS, REST_S
-    from iosim.calibrate.forward_step import cudnn_mla_part
+    from iosim.calibrate.cudnn_step import cudnn_mla_part
     from iosim.calibrate.rates_kernels import Bench, busy_timer
     from iosim.gpu._cupy import require_cupy
 
