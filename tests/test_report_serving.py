@@ -120,11 +120,12 @@ def test_the_mla_prefill_reference_is_tabled_beside_the_counts_and_the_model():
     with open(validation_dir() / serving.MLA_PREFILL_RECORDS[name], newline="") as f:
         rows = list(csv.DictReader(f))
     got = serving.mla_prefill_measured(name, profile)
-    assert got.count("<tr><td>") == len(rows) == 3 * len({(r["batch"], r["seq_len"]) for r in rows})
-    first = next(r for r in rows if r["stage"] == "attention")
-    m = prefill_reference(int(first["batch"]), int(first["seq_len"]))
-    assert f"{dram(m)[2][0] / 1e6:.1f} / {int(first['dram_read']) / 1e6:.1f}" in got
+    assert got.count("<tr><td>") == len(rows) == 3 * len({(r["batch"], r["seq_len"], r["kv_len"]) for r in rows})
+    last = [r for r in rows if r["stage"] == "attention"][-1]  # a chunk after a cached prefix
+    m = prefill_reference(int(last["batch"]), int(last["seq_len"]), int(last["kv_len"]))
+    assert m.kv_len > m.seq_len and f"{m.batch} × {m.seq_len} on {m.kv_len}" in got
+    assert f"{dram(m)[2][0] / 1e6:.1f} / {int(last['dram_read']) / 1e6:.1f}" in got
     t = prefill_attention_time(m, get_profile(profile)).predicted_s * 1e3
-    assert f"{t:.3f} (model) / {float(first['ms']):.3f}" in got
+    assert f"{t:.3f} (model) / {float(last['ms']):.3f}" in got
     assert "no MLA prefill record" in serving.mla_prefill_measured(*serving.GPUS[0])  # no H100 run
     assert got in serving.serving_section()[0]

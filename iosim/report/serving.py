@@ -56,7 +56,7 @@ MLA_COLUMNS = {"batch", "kv_len", "stage", "torch_kernels", "dram_read", "dram_w
 MLA_STAGES = {"q_absorb": 0, "attention": 1, "o_absorb": 2}  # -> mla_decode.counts' kernel
 # MLA prefill run by torch (benchmarks/mla_prefill_record.py): its record per GPU, its stages -> mla_prefill's kernels
 MLA_PREFILL_RECORDS = {"H100": "h100-mla-prefill.csv", "H200": "h200-mla-prefill.csv"}
-MLA_PREFILL_COLUMNS = {"batch", "seq_len", "stage", "torch_kernels", "dram_read", "dram_write", "ms"}
+MLA_PREFILL_COLUMNS = {"batch", "seq_len", "kv_len", "stage", "torch_kernels", "dram_read", "dram_write", "ms"}
 MLA_PREFILL_STAGES = ("kv_up", "k_cat", "attention")
 DECODE_COLUMNS = {"n", "batch", "heads", "kv_heads", "d", "layout", "ours_ms", "pct_of_dram", "torch_best",
                   "speedup_vs_torch_best"}
@@ -306,23 +306,25 @@ def mla_prefill_measured(name: str, profile: str) -> str:
         return note
     prof, body = get_profile(profile), []
     for r in rows:
-        m = prefill_reference(int(r["batch"]), int(r["seq_len"]))
+        m = prefill_reference(int(r["batch"]), int(r["seq_len"]), int(r["kv_len"]))
         k, d = MLA_PREFILL_STAGES.index(r["stage"]), mla_prefill_dram(m)
         if r["stage"] == "attention":
             t = f"{prefill_attention_time(m, prof).predicted_s * 1e3:.3f} (model)"
         else:
             roof = roofline.predict(mla_prefill_counts(m), [a + b for a, b in d], m.dtype, prof)
             t = f"{roof.kernels[k].predicted_s * 1e3:.3f} (roofline)"
-        body.append(f"<tr><td>{m.batch} × {m.seq_len}</td><td>{html.escape(r['stage'])}</td>"
+        on = f" on {m.kv_len}" if m.kv_len != m.seq_len else ""
+        body.append(f"<tr><td>{m.batch} × {m.seq_len}{on}</td><td>{html.escape(r['stage'])}</td>"
                     f"<td>{html.escape(r['torch_kernels'][:60])}</td><td>{d[k][0] / 1e6:.1f} / "
                     f"{int(r['dram_read']) / 1e6:.1f}</td><td>{d[k][1] / 1e6:.1f} / {int(r['dram_write']) / 1e6:.1f}"
                     f"</td><td>{t} / {float(r['ms']):.3f}</td></tr>")
-    head = ("<tr><th>sequences × tokens</th><th>stage</th><th>torch's kernel</th><th>DRAM read MB, simulated / "
+    head = ("<tr><th>sequences × tokens (on keys)</th><th>stage</th><th>torch's kernel</th><th>DRAM read MB, simulated / "
             "measured</th><th>written MB, simulated / measured</th><th>ms, predicted / measured</th></tr>")
     return (f"<details><summary>{name}: MLA prefill, a torch reference measured against the counts ({len(rows)} "
             f"rows)</summary><div class=wide><table>{head}{''.join(body)}</table></div><p class=note>DeepSeek-V3's "
-            "prefill (128 heads, causal) as torch runs it: one GEMM writes each head's K_nope and V from the latent, "
-            "torch.cat joins K = [K_nope ; k_R], SDPA's cuDNN kernel attends on keys of 192 and values of 128; bytes "
+            "prefill (128 heads, causal; a chunk on its cached prefix, bottom-right) as torch runs it: one GEMM writes "
+            "each head's K_nope and V from the latent, torch.cat joins K = [K_nope ; k_R], cuDNN's kernel attends on "
+            "keys of 192 and values of 128 (SDPA's backend; a chunk through cudnn-frontend); bytes "
             "by Nsight Compute, L2 flushed before each kernel (outputs that stay in L2 past a kernel's end are not "
             "in its DRAM writes); the attention's time beside the fa3 model of cuDNN's kernel with its step, tile "
             "and call parts measured at these widths (docs/serving.md).</p></details>")
