@@ -122,7 +122,7 @@ def chunk_attention(torch, x: dict, m: MlaPrefill):
     q, k, v = (g.tensor(uid=u, dim=tuple(t.shape), stride=tuple(t.stride()), data_type=bf16)
                for u, t in ((u, views[u]) for u in (1, 2, 3)))
     o, _ = g.sdpa(q=q, k=k, v=v, generate_stats=False, attn_scale=SCALE,
-                  diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT, right_bound=0)
+                  diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT, diagonal_band_right_bound=0)
     o.set_uid(4).set_output(True).set_dim(tuple(x["o"].shape)).set_stride(tuple(x["o"].stride())).set_data_type(bf16)
     g.validate()
     g.build_operation_graph()
