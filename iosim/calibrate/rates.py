@@ -143,7 +143,8 @@ def with_part(base: str, measured: list[Measured], on: dict, *parts: str) -> dic
 
 def steps_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
     """The kernels' own steps: iosim's forward kernels (flash2's on any GPU, flash3's on Hopper), cuDNN's forward
-    (Hopper), torch's FlashAttention-2 forward, torch's MLA decode attention, the naive schedule's GEMMs, then the backward kernels."""
+    (Hopper), torch's FlashAttention-2 forward, torch's MLA decode attention, the naive schedule's GEMMs, then the
+    backward kernels."""
     forward_part(b, cp, report)
     cudnn_part(b, cp, report)
     fa2_part(b, cp, report)
