@@ -121,6 +121,8 @@ def test_forward_steps_are_bound_by_the_tensor_cores(cal):
     2·Br·Bc·d FLOPs: no step beats them at the dense tensor peak (4096 FLOP/clk/SM for bf16, 8192 for fp8), none
     takes ten times as long."""
     from iosim.timing import load_kernel
+    from iosim.timing.fa3 import value_key
+    from iosim.timing.mla import PREFILL_REFERENCE
 
     c, dev, _, _ = cal
     assert c.forward is not None and c.forward.resident_step is not None  # flash2: any GPU of cc 8.0 or more
@@ -146,19 +148,24 @@ def test_forward_steps_are_bound_by_the_tensor_cores(cal):
     if not dev["hopper"]:
         assert not c.forward.step
         return
-    # ours by input type, its Local and Varlen instantiations; cuDNN's fp8 forward where cudnn-frontend imports here
-    for kernel, kinds in (("iosim-flash3", ["bf16", "bf16-local", "bf16-varlen", "fp8"]), ("cudnn", ["fp8"])):
-        if kernel == "cudnn" and not _imports("cudnn"):
-            assert "cudnn" not in c.forward.step
+    # ours by input type, its Local and Varlen instantiations; cuDNN's fp8 forward where cudnn-frontend imports here,
+    # and its bf16 forward at MLA prefill's widths (keys of 192, values of 128) where torch does
+    mla = value_key("bf16", 128, PREFILL_REFERENCE)
+    cudnn_kinds = sorted([mla] * _imports("torch") + ["fp8"] * (_imports("cudnn") and _imports("torch")))
+    for kernel, kinds in (("iosim-flash3", ["bf16", "bf16-local", "bf16-varlen", "fp8"]), ("cudnn", cudnn_kinds)):
+        if not kinds:
+            assert kernel not in c.forward.step
             continue
         desc = load_kernel(kernel)
         assert sorted(c.forward.step[kernel]) == kinds
         for kind, table in c.forward.step[kernel].items():
             dtype = kind.split("-")[0]
-            assert sorted(table.value) == sorted(desc.fp8_tiles if dtype == "fp8" else desc.tiles)
+            own = [192] if kind == mla else sorted(desc.fp8_tiles if dtype == "fp8" else desc.tiles)
+            assert sorted(table.value) == own
             for d, seconds in table.value.items():
-                tc = desc.tiles_for(d, dtype)
-                floor = 4 * tc.block_q * tc.block_kv * d / ((8192 if dtype == "fp8" else 4096) * c.sm_clock.value)
+                tc = PREFILL_REFERENCE if kind == mla else desc.tiles_for(d, dtype)
+                width = d + 128 if kind == mla else 2 * d  # Q K^T at the keys' width, P V at the values'
+                floor = 2 * tc.block_q * tc.block_kv * width / ((8192 if dtype == "fp8" else 4096) * c.sm_clock.value)
                 assert floor < seconds < 10 * floor, (kernel, kind, d, seconds, floor)
                 if kind.endswith("-varlen"):  # its step alone: a long sequence's tile and call parts are not kept
                     assert kind not in c.forward.tile_fixed[kernel] and kind not in c.forward.call_fixed[kernel]
