@@ -90,3 +90,12 @@ def test_prefill_on_other_tiles_is_refused():
 
     with pytest.raises(MlaTimeError, match="128 x 128 tiles"):
         prefill_attention_time(MlaPrefill(batch=1, seq_len=512, kv_len=512, block_q=64), get_profile(H200))
+
+
+def test_prefill_on_a_gpu_other_than_hopper_is_a_what_if_said_so():
+    from iosim.problem import InputWarning
+    from iosim.timing.mla import prefill_attention_time, prefill_reference
+
+    with pytest.warns(InputWarning, match="not a Hopper GPU"):
+        t = prefill_attention_time(prefill_reference(1, 1024), get_profile("a100-sxm4-80gb"))
+    assert t.predicted_s > 0  # the counts hold; the time is the Hopper model's

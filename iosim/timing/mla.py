@@ -35,13 +35,14 @@ the one fitted constant are those every cuDNN row of the time records is predict
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from ..blocks import cdiv, tail_makespan
 from ..counts import Counts
 from ..hardware.gpu import Profile
 from ..launch import resident_blocks
-from ..problem import AttentionProblem
+from ..problem import AttentionProblem, InputWarning
 from ..schedules import mla_prefill
 from ..schedules.base import Tiles
 from ..schedules.mla_decode import VALUE, MlaDecode, dram
@@ -161,6 +162,11 @@ def prefill_attention_time(m: mla_prefill.MlaPrefill, profile: Profile, run: str
     :func:`iosim.timing.predict`'s)."""
     from . import predict  # the package's entry; this module is not imported by it
 
+    if not profile.is_hopper():
+        warnings.warn(InputWarning(
+            f"MLA prefill's time model is cuDNN's Hopper kernel ({PREFILL_REFERENCE.kernel}, wgmma: sm_90), and "
+            f"{profile.display_name} is not a Hopper GPU: its time is a what-if (the counts hold); use an H100/H200 "
+            "profile"), stacklevel=2)
     if (m.block_q, m.block_kv) != (PREFILL_REFERENCE.block_q, PREFILL_REFERENCE.block_kv):
         raise MlaTimeError(f"the prefill model describes {PREFILL_REFERENCE.kernel}'s {PREFILL_REFERENCE.block_q} x "
                            f"{PREFILL_REFERENCE.block_kv} tiles (iosim.timing.mla.prefill_reference); got "
