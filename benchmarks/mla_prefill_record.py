@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 
 from cuda_events import time_ms  # beside this file
-from mla_record import kernel_lists, mb, short, within  # beside this file
+from mla_record import by_stage, kernel_lists, mb, short, within  # beside this file
 from ncu_child import kernel_metrics  # beside this file
 from time_record import PROFILE, device_header  # beside this file
 
@@ -197,16 +197,14 @@ def measure(device: str, reps: int, out: Path) -> int:
         times = {s: time_ms(fn, reps, 3) for s, fn in fns.items()}
         launched = kernel_metrics(__file__, ["--child", str(i)], tuple(METRICS.values()))
         row = {"batch": batch, "seq_len": seq_len, "kv_len": kv_len, "stages": {}}
-        at = 0
-        for s in STAGES:
-            ks = launched[at:at + len(names[s])]
-            at += len(names[s])
+        staged, left = by_stage(launched, names)
+        for s, ks in staged.items():
             row["stages"][s] = {"kernels": [k["name"][:100] for k in ks], "profiler_kernels": names[s],
                                 "dram_read": sum(k.get(METRICS["dram_read"], 0) for k in ks),
                                 "dram_write": sum(k.get(METRICS["dram_write"], 0) for k in ks), "ms": times[s]}
             if s == "attention":
                 row["stages"][s]["launch"] = [{key: k.get(metric, 0) for key, metric in METRICS.items()} for k in ks]
-        row["unassigned_kernels"] = [k["name"][:100] for k in launched[at:]]
+        row["unassigned_kernels"] = [k["name"][:100] for k in left]
         record["rows"].append(row)
         print(f"[{i + 1}/{len(SHAPES)}] B={batch} N={seq_len} N_k={kv_len}: " + "; ".join(
             f"{s} {v['ms']:.4f} ms {v['dram_read'] / 1e6:.1f}/{v['dram_write'] / 1e6:.1f} MB {short(v['kernels'])}"

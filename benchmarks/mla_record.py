@@ -168,6 +168,16 @@ def kernel_lists(torch, fns: dict) -> dict[str, list[str]]:
     return out
 
 
+def by_stage(launched: list[dict], names: dict[str, list[str]]) -> tuple[dict[str, list[dict]], list[dict]]:
+    """Nsight Compute's kernels (``launched``, in launch order) given to the stages in turn, as many to each as torch's
+    profiler listed for it (``names``, :func:`kernel_lists`); and those left over."""
+    out, at = {}, 0
+    for stage, listed in names.items():
+        out[stage] = launched[at:at + len(listed)]
+        at += len(listed)
+    return out, launched[at:]
+
+
 def ncu_kernels(shape_index: int, backend: str) -> list[dict]:
     """Each kernel of one shape's profiled step, in launch order: its name and METRICS' values."""
     got = kernel_metrics(__file__, ["--child", str(shape_index), "--backend", backend], tuple(METRICS.values()))
@@ -190,13 +200,11 @@ def measure(device: str, reps: int, out: Path) -> int:
         times = {s: time_ms(fn, reps, 3) for s, fn in fns.items()}
         launched = ncu_kernels(i, backend)
         row = {"batch": batch, "kv_len": kv_len, "stages": {}}
-        at = 0
-        for s in STAGES:
-            ks = launched[at:at + len(names[s])]
-            at += len(names[s])
+        staged, left = by_stage(launched, names)
+        for s, ks in staged.items():
             row["stages"][s] = {"kernels": [k["name"][:80] for k in ks], "profiler_kernels": names[s],
                                 **{key: sum(k[key] for k in ks) for key in METRICS}, "ms": times[s]}
-        row["unassigned_kernels"] = [k["name"][:80] for k in launched[at:]]
+        row["unassigned_kernels"] = [k["name"][:80] for k in left]
         record["rows"].append(row)
         print(f"[{i + 1}/{len(SHAPES)}] B={batch} N={kv_len}: " + "; ".join(
             f"{s} {v['ms']:.4f} ms {v['dram_read'] / 1e6:.2f}/{v['dram_write'] / 1e6:.2f} MB"

@@ -28,19 +28,23 @@ def torch():
     return t
 
 
-def test_torch_runs_the_kernel_the_model_describes(torch):
+def kernels_of(torch, call) -> list[str]:
+    """The CUDA kernels one warm ``call`` launches (torch's profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from iosim.calibrate.mla_step import _call
-    from iosim.timing.mla import REFERENCE
-
-    call = _call(torch, 2, 300)
     call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def test_torch_runs_the_kernel_the_model_describes(torch):
+    from iosim.calibrate.mla_step import _call
+    from iosim.timing.mla import REFERENCE
+
+    names = kernels_of(torch, _call(torch, 2, 300))
     assert any(n.startswith(REFERENCE.name) for n in names), names
 
 
@@ -68,18 +72,10 @@ def test_its_step_is_measured_at_every_residency(torch):
 
 
 def test_cudnn_runs_the_prefill_kernel_the_model_names(torch):
-    from torch.profiler import ProfilerActivity, profile
-
     from iosim.calibrate.cudnn_step import _sdpa_call
     from iosim.timing.mla import PREFILL_REFERENCE
 
-    call = _sdpa_call(torch, 4, 256, 300, 192, 128)
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    names = kernels_of(torch, _sdpa_call(torch, 4, 256, 300, 192, 128))
     assert any(n.startswith(PREFILL_REFERENCE.name) for n in names), names
 
 
