@@ -9,13 +9,14 @@ from itertools import pairwise
 import pytest
 
 from iosim._resources import benchmarks_dir
-from iosim.report import records, serving
+from iosim.report import records, serving, serving_mla
 
 
 def test_the_section_draws_decode_varlen_window_and_mla_time_figures_per_gpu_and_mla_intensity_once():
     html, n_fig = serving.serving_section()
-    assert n_fig == 4 * len(serving.GPUS) + 1
+    assert n_fig == 4 * len(serving.GPUS) + 1 + 1  # and MLA prefill's time figure: the H200's record only
     assert "fig-serving-mla-time-h100" in html and "fig-serving-mla-time-h200" in html
+    assert "fig-serving-mla-prefill-h200" in html and "fig-serving-mla-prefill-h100" not in html
     assert f'id="{serving.SECTION_ID}"' in html and "fig-serving-h100" in html and "fig-serving-h200" in html
     assert "fig-serving-window-h100" in html and "fig-serving-window-h200" in html and "fig-serving-mla" in html
     assert "fig-serving-varlen-h100" in html and "fig-serving-varlen-h200" in html
@@ -47,7 +48,8 @@ def test_the_model_is_drawn_on_every_contiguous_row():
 def test_a_missing_record_is_named_not_raised(monkeypatch, tmp_path):
     monkeypatch.setattr(records, "benchmarks_dir", lambda: tmp_path)
     html, n_fig = serving.serving_section()
-    assert n_fig == 2 * len(serving.GPUS) + 1  # windows (no measured crosses), MLA's intensity and its time record
+    # windows (no measured crosses), MLA's intensity, its decode time records and the H200's prefill record
+    assert n_fig == 2 * len(serving.GPUS) + 1 + 1
     assert "docs/benchmarks/decode-h100-sxm5-80gb.csv: no record" in html
     assert "docs/benchmarks/varlen-h200-sxm-141gb.csv: no record" in html
 
@@ -75,9 +77,9 @@ def test_the_mla_reference_is_tabled_beside_the_counts_and_the_models(name, prof
     from iosim.schedules.mla_decode import dram
     from iosim.timing.mla import attention_time, reference
 
-    with open(validation_dir() / serving.MLA_RECORDS[name], newline="") as f:
+    with open(validation_dir() / serving_mla.MLA_RECORDS[name], newline="") as f:
         rows = list(csv.DictReader(f))
-    got = serving.mla_measured(name, profile)
+    got = serving_mla.mla_measured(name, profile)
     assert got.count("<tr><td>") == len(rows) == 4 * len({(r["batch"], r["kv_len"]) for r in rows})  # 3 stages + cat
     first = next(r for r in rows if r["stage"] == "attention")
     ref = reference(int(first["batch"]), int(first["kv_len"]))
@@ -87,9 +89,9 @@ def test_the_mla_reference_is_tabled_beside_the_counts_and_the_models(name, prof
 
 
 def test_a_missing_mla_record_is_named(monkeypatch):
-    monkeypatch.setitem(serving.MLA_RECORDS, "H100", "no-such-mla.csv")
-    assert "no MLA record" in serving.mla_measured("H100", serving.GPUS[0][1])
-    assert serving.mla_time_figure("H100", serving.GPUS[0][1]) == ""  # and no figure of it
+    monkeypatch.setitem(serving_mla.MLA_RECORDS, "H100", "no-such-mla.csv")
+    assert "no MLA record" in serving_mla.mla_measured("H100", serving.GPUS[0][1])
+    assert serving_mla.mla_time_figure("H100", serving.GPUS[0][1], serving.SECTION_ID) == ""  # and no figure of it
 
 
 @pytest.mark.parametrize("name,profile", serving.GPUS)
@@ -97,7 +99,7 @@ def test_the_mla_time_figure_draws_the_model_where_the_profile_measured_its_step
     from iosim.hardware.gpu import get_profile
     from iosim.timing.mla import attention_time, reference
 
-    got = serving.mla_time_figure(name, profile)
+    got = serving_mla.mla_time_figure(name, profile, serving.SECTION_ID)
     modeled = attention_time(reference(1, 1), get_profile(profile)) is not None
     assert ("its model's (the kernel's step" in got) == modeled
     assert ("no model: this GPU's profile has not measured its step" in got) == (not modeled)
@@ -117,9 +119,9 @@ def test_the_mla_prefill_reference_is_tabled_beside_the_counts_and_the_model():
     from iosim.timing.mla import prefill_attention_time, prefill_reference
 
     name, profile = serving.GPUS[1]  # the H200: the GPU the record was measured on
-    with open(validation_dir() / serving.MLA_PREFILL_RECORDS[name], newline="") as f:
+    with open(validation_dir() / serving_mla.MLA_PREFILL_RECORDS[name], newline="") as f:
         rows = list(csv.DictReader(f))
-    got = serving.mla_prefill_measured(name, profile)
+    got = serving_mla.mla_prefill_measured(name, profile)
     assert got.count("<tr><td>") == len(rows) == 3 * len({(r["batch"], r["seq_len"], r["kv_len"]) for r in rows})
     last = [r for r in rows if r["stage"] == "attention"][-1]  # a chunk after a cached prefix
     m = prefill_reference(int(last["batch"]), int(last["seq_len"]), int(last["kv_len"]))
@@ -127,5 +129,17 @@ def test_the_mla_prefill_reference_is_tabled_beside_the_counts_and_the_model():
     assert f"{dram(m)[2][0] / 1e6:.1f} / {int(last['dram_read']) / 1e6:.1f}" in got
     t = prefill_attention_time(m, get_profile(profile)).predicted_s * 1e3
     assert f"{t:.3f} (model) / {float(last['ms']):.3f}" in got
-    assert "no MLA prefill record" in serving.mla_prefill_measured(*serving.GPUS[0])  # no H100 run
+    assert "no MLA prefill record" in serving_mla.mla_prefill_measured(*serving.GPUS[0])  # no H100 run
     assert got in serving.serving_section()[0]
+
+
+def test_the_mla_prefill_time_figure_draws_the_measured_the_model_and_the_roofline():
+    from iosim.hardware.gpu import get_profile
+    from iosim.timing.mla import prefill_attention_time, prefill_reference
+
+    name, profile = serving.GPUS[1]
+    got = serving_mla.mla_prefill_time_figure(name, profile, serving.SECTION_ID)
+    assert f'id="fig-serving-mla-prefill-{name.lower()}"' in got and "roofline of the counts" in got
+    model = prefill_attention_time(prefill_reference(4, 1024, 8192), get_profile(profile)).predicted_s * 1e3
+    assert "4 x 1024 on 8192" in got and f"{model:.6g}"[:5] in got  # the chunk's bar, at the model's time
+    assert serving_mla.mla_prefill_time_figure(*serving.GPUS[0], serving.SECTION_ID) == ""  # no H100 record

@@ -104,18 +104,20 @@ def varlen_against_padded(bars: dict[str, list[tuple[str, float]]], work: list[t
     return layout(fig, title, "", "padded ÷ varlen", log_x=False, log_y=True)
 
 
-def mla_time(rows: list[tuple[str, float, float | None, float]], title: str) -> go.Figure:
-    """Torch's MLA decode attention per shape, each ``(label, measured ms, model ms or None, roofline ms)``: the
-    measured time beside its model's (where the profile measured the kernel's step) and the roofline of the
-    schedule's counts, grouped bars on a log axis."""
+def mla_time(rows: list[tuple[str, float, float | None, float]], title: str,
+             roofline_name: str = "roofline of the counts (FlashMLA's design)",
+             x_title: str = "sequences x cached keys") -> go.Figure:
+    """Torch's MLA attention (decode, or prefill) per shape, each ``(label, measured ms, model ms or None, roofline
+    ms)``: the measured time beside its model's (where the profile measured what it needs) and the roofline of the
+    schedule's counts (``roofline_name``), grouped bars on a log axis."""
     labels = [r[0] for r in rows]
     fig = go.Figure()
     series = (("measured", [r[1] for r in rows], "#d62728"), ("model", [r[2] for r in rows], "#1f77b4"),
-              ("roofline of the counts (FlashMLA's design)", [r[3] for r in rows], "#7f7f7f"))
+              (roofline_name, [r[3] for r in rows], "#7f7f7f"))
     for name, values, shade in series:
         if all(v is None for v in values):
             continue
         fig.add_trace(go.Bar(x=labels, y=values, name=name, marker={"color": shade},
                              hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} ms<extra></extra>"))
     fig.update_layout(barmode="group")
-    return layout(fig, title, "sequences x cached keys", "ms", log_x=False, log_y=True)
+    return layout(fig, title, x_title, "ms", log_x=False, log_y=True)
