@@ -38,8 +38,7 @@ import json
 import sys
 from pathlib import Path
 
-from cuda_events import time_ms  # beside this file
-from mla_record import by_stage, kernel_lists, mb, short, within  # beside this file
+from mla_record import by_stage, listed_and_timed, mb, profiled_once, short, within  # beside this file
 from ncu_child import kernel_metrics  # beside this file
 from time_record import PROFILE, device_header  # beside this file
 
@@ -169,17 +168,7 @@ def child(shape_index: int) -> None:
     import torch
 
     m = prefill_reference(*SHAPES[shape_index])
-    x = inputs(torch, m)
-    fns = stages(torch, x, m)
-    for _ in range(2):
-        for fn in fns.values():
-            fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for fn in fns.values():
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    profiled_once(torch, stages(torch, inputs(torch, m), m))
 
 
 def measure(device: str, reps: int, out: Path) -> int:
@@ -192,9 +181,7 @@ def measure(device: str, reps: int, out: Path) -> int:
     for i, (batch, seq_len, kv_len) in enumerate(SHAPES):
         m = prefill_reference(batch, seq_len, kv_len)
         x = inputs(torch, m)
-        fns = stages(torch, x, m)
-        names = kernel_lists(torch, fns)
-        times = {s: time_ms(fn, reps, 3) for s, fn in fns.items()}
+        names, times = listed_and_timed(torch, stages(torch, x, m), reps)
         launched = kernel_metrics(__file__, ["--child", str(i)], tuple(METRICS.values()))
         row = {"batch": batch, "seq_len": seq_len, "kv_len": kv_len, "stages": {}}
         staged, left = by_stage(launched, names)
@@ -209,7 +196,7 @@ def measure(device: str, reps: int, out: Path) -> int:
         print(f"[{i + 1}/{len(SHAPES)}] B={batch} N={seq_len} N_k={kv_len}: " + "; ".join(
             f"{s} {v['ms']:.4f} ms {v['dram_read'] / 1e6:.1f}/{v['dram_write'] / 1e6:.1f} MB {short(v['kernels'])}"
             for s, v in row["stages"].items()), flush=True)
-        del x, fns
+        del x
         torch.cuda.empty_cache()
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{device}-mla-prefill.json"

@@ -140,7 +140,11 @@ def child(shape_index: int, backend: str) -> None:
     batch, kv_len = SHAPES[shape_index]
     m = MlaDecode(batch=batch, kv_len=kv_len)
     x = inputs(torch, batch, kv_len, m)
-    fns = stages(torch, x, m, backend)
+    profiled_once(torch, stages(torch, x, m, backend))
+
+
+def profiled_once(torch, fns: dict) -> None:
+    """The stages ``fns`` twice to warm up, then once inside the profiled window (cudaProfilerStart / Stop)."""
     for _ in range(2):
         for fn in fns.values():
             fn()
@@ -150,6 +154,11 @@ def child(shape_index: int, backend: str) -> None:
         fn()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
+
+
+def listed_and_timed(torch, fns: dict, reps: int) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """Each stage's kernels (:func:`kernel_lists`) and its median ms over ``reps`` CUDA-event intervals."""
+    return kernel_lists(torch, fns), {s: time_ms(fn, reps, 3) for s, fn in fns.items()}
 
 
 def kernel_lists(torch, fns: dict) -> dict[str, list[str]]:
@@ -195,9 +204,7 @@ def measure(device: str, reps: int, out: Path) -> int:
     for i, (batch, kv_len) in enumerate(SHAPES):
         m = MlaDecode(batch=batch, kv_len=kv_len)
         x = inputs(torch, batch, kv_len, m)
-        fns = stages(torch, x, m, backend)
-        names = kernel_lists(torch, fns)
-        times = {s: time_ms(fn, reps, 3) for s, fn in fns.items()}
+        names, times = listed_and_timed(torch, stages(torch, x, m, backend), reps)
         launched = ncu_kernels(i, backend)
         row = {"batch": batch, "kv_len": kv_len, "stages": {}}
         staged, left = by_stage(launched, names)
@@ -209,7 +216,7 @@ def measure(device: str, reps: int, out: Path) -> int:
         print(f"[{i + 1}/{len(SHAPES)}] B={batch} N={kv_len}: " + "; ".join(
             f"{s} {v['ms']:.4f} ms {v['dram_read'] / 1e6:.2f}/{v['dram_write'] / 1e6:.2f} MB"
             for s, v in row["stages"].items()), flush=True)
-        del x, fns
+        del x
         torch.cuda.empty_cache()
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{device}-mla.json"

@@ -66,7 +66,7 @@ def mla_measured(name: str, profile: str) -> str:
     (mla_decode.dram) and measured, the attention's global bytes against the counts of the design torch runs
     (iosim.timing.mla.reference) and its DRAM bytes beside the compulsory ones; the time of the projections beside
     the roofline's, of the attention beside its model's (iosim.timing.mla) where the profile measured its step."""
-    rows, note = validation_rows(name, MLA_RECORDS[name], MLA_COLUMNS, "MLA record", "mla_record.py")
+    rows, note = _decode_rows(name)
     if note:
         return note
     body, prof = [], get_profile(profile)
@@ -89,7 +89,7 @@ def mla_time_figure(name: str, profile: str, section_id: str) -> str:
     """Torch's MLA decode attention on GPU ``name``: each recorded shape's measured time beside the model's
     (iosim.timing.mla, where the profile measured the kernel's step) and the roofline of the schedule's counts; ""
     where there is no record."""
-    rows, note = validation_rows(name, MLA_RECORDS[name], MLA_COLUMNS, "MLA record", "mla_record.py")
+    rows, note = _decode_rows(name)
     if note:
         return ""
     prof, bars = get_profile(profile), []
@@ -142,8 +142,7 @@ def mla_prefill_measured(name: str, profile: str) -> str:
     """MLA prefill run by torch (benchmarks/mla_prefill_record.py) beside the counts: each stage's DRAM bytes
     simulated (mla_prefill.dram, torch's gemm+cat expansion) and measured, the attention's time beside its model's
     (iosim.timing.mla.prefill_attention_time), the GEMM's and the copy's beside the roofline's."""
-    rows, note = validation_rows(name, MLA_PREFILL_RECORDS[name], MLA_PREFILL_COLUMNS, "MLA prefill record",
-                                 "mla_prefill_record.py")
+    rows, note = _prefill_rows(name)
     if note:
         return note
     prof, body = get_profile(profile), []
@@ -155,8 +154,7 @@ def mla_prefill_measured(name: str, profile: str) -> str:
         else:
             roof = roofline.predict(mla_prefill_counts(m), [a + b for a, b in d], m.dtype, prof)
             t = f"{roof.kernels[k].predicted_s * 1e3:.3f} (roofline)"
-        on = f" on {m.kv_len}" if m.kv_len != m.seq_len else ""
-        body.append(f"<tr><td>{m.batch} × {m.seq_len}{on}</td><td>{html.escape(r['stage'])}</td>"
+        body.append(f"<tr><td>{_shape(m, '×')}</td><td>{html.escape(r['stage'])}</td>"
                     f"<td>{html.escape(r['torch_kernels'][:60])}</td><td>{d[k][0] / 1e6:.1f} / "
                     f"{int(r['dram_read']) / 1e6:.1f}</td><td>{d[k][1] / 1e6:.1f} / {int(r['dram_write']) / 1e6:.1f}"
                     f"</td><td>{t} / {float(r['ms']):.3f}</td></tr>")
@@ -176,8 +174,7 @@ def mla_prefill_time_figure(name: str, profile: str, section_id: str) -> str:
     """Torch's MLA prefill attention (cuDNN's kernel) on GPU ``name``: each recorded shape's measured time beside the
     model's (iosim.timing.mla.prefill_attention_time) and the roofline of the schedule's counts; "" where there is no
     record."""
-    rows, note = validation_rows(name, MLA_PREFILL_RECORDS[name], MLA_PREFILL_COLUMNS, "MLA prefill record",
-                                 "mla_prefill_record.py")
+    rows, note = _prefill_rows(name)
     if note:
         return ""
     prof, bars = get_profile(profile), []
@@ -186,8 +183,7 @@ def mla_prefill_time_figure(name: str, profile: str, section_id: str) -> str:
             continue
         m = prefill_reference(int(r["batch"]), int(r["seq_len"]), int(r["kv_len"]))
         roof = roofline.predict(mla_prefill_counts(m), [a + b for a, b in mla_prefill_dram(m)], m.dtype, prof)
-        on = f" on {m.kv_len}" if m.kv_len != m.seq_len else ""
-        bars.append((f"{m.batch} x {m.seq_len}{on}", float(r["ms"]), prefill_attention_time(m, prof).predicted_s * 1e3,
+        bars.append((_shape(m, "x"), float(r["ms"]), prefill_attention_time(m, prof).predicted_s * 1e3,
                      roof.kernels[-1].predicted_s * 1e3))
     fig = mla_time(bars, f"{name}: torch's MLA prefill attention, measured beside its model",
                    roofline_name="roofline of the counts", x_title="sequences x new tokens (on keys)")
@@ -197,6 +193,22 @@ def mla_prefill_time_figure(name: str, profile: str, section_id: str) -> str:
             "kernel on keys of 192 and values of 128; a chunk on its cached prefix, bottom-right) measured beside the "
             "fa3 model of cuDNN's kernel (its step, tile and call parts measured at these widths) and the roofline of "
             "the schedule's counts (benchmarks/mla_prefill_record.py).</figcaption></figure>")
+
+
+def _decode_rows(name: str) -> tuple[list[dict], str]:
+    """GPU ``name``'s MLA decode record (benchmarks/mla_record.py), or a note that there is none."""
+    return validation_rows(name, MLA_RECORDS[name], MLA_COLUMNS, "MLA record", "mla_record.py")
+
+
+def _prefill_rows(name: str) -> tuple[list[dict], str]:
+    """GPU ``name``'s MLA prefill record (benchmarks/mla_prefill_record.py), or a note that there is none."""
+    return validation_rows(name, MLA_PREFILL_RECORDS[name], MLA_PREFILL_COLUMNS, "MLA prefill record",
+                           "mla_prefill_record.py")
+
+
+def _shape(m: MlaPrefill, times: str) -> str:
+    """A prefill's shape: sequences ``times`` new tokens, and the keys they see where those are more (a chunk)."""
+    return f"{m.batch} {times} {m.seq_len}" + (f" on {m.kv_len}" if m.kv_len != m.seq_len else "")
 
 
 def mla_part(gpus, section_id: str) -> tuple[str, int]:
