@@ -19,8 +19,8 @@
 //   inside a block the 4 warps split the keys, not the rows: warp w takes the 16-key tiles w, w + 4, w + 8, ... of
 //   the split, each warp with its own ring of Stages cp.async buffers (16-byte copies, rows past n_b zero-filled),
 //   its own running (m, l, O) and no block-wide barrier in the loop (cp.async.wait_group + __syncwarp per tile).
-//   A 16-key tile never crosses a page: page sizes are multiples of 16 (checked on the host). The physical page of
-//   the next tile is read one tile ahead, so the block-table load never stalls a copy.
+//   A 16-key tile never crosses a page: page sizes are multiples of 16 (checked on the host). The block table is
+//   read 32 tiles at a time (a lane a tile), a batch ahead of its use, so its loads never stall a copy.
 //   per tile: S = Q K^T (16 x 16 per stripe), online softmax in exp2 (FlashAttention-2 lines 8-10), O += P V with P
 //   rounded to the input dtype; keys past n_b and above the causal diagonal get -inf (one comparison: j > limit).
 //   fp8 cache: the ring holds the e4m3 bytes (half the bytes in flight per slot; 16-byte chunks swizzled by row like
@@ -48,8 +48,10 @@
 //       (contiguous), but ~2.9 TB/s on the H200 too: a warp's serial load-convert-multiply chain, 8 warps an SM.
 //   v4  K's fragments straight from the e4m3 ring (no fp16 K tile), so a warp needs 4 KB less shared memory and an
 //       SM holds 3 blocks of d = 128 (12 warps).
-//   v5  this one: each warp's (page, slot) cursor moves by an add a tile; v4 divided a tile's first key by the
-//       run-time page size twice a tile (~160 of a loop's 647 SASS instructions were that address work).
+//   v5  each warp's (page, slot) cursor moves by an add a tile; v4 divided a tile's first key by the run-time page
+//       size twice a tile (~160 of a loop's 647 SASS instructions were that address work).
+//   v6  this one: the block table read 32 tiles at a time, 32 to 64 tiles ahead (v5 read a tile's page one tile
+//       ahead: a dependent L2 load in each warp's copy stream wherever pages hold 64 keys or fewer).
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -160,22 +162,47 @@ __global__ void __launch_bounds__(128)
     KV* ring = reinterpret_cast<KV*>(sRing + warp * decode_warp_bytes<D, T, KV>());
     TC* sV16 = reinterpret_cast<TC*>(ring + Stages * kSlot);  // fp8: this warp's fp16 V tile
     auto tile_token = [&](int i) { return key_begin + (warp + kDecodeWarps * i) * kDecodeTile; };
-    // where the warp's tiles lie: a cursor of (page of the sequence, slot in it) moved a tile (64 keys) at a time by
-    // an add and a compare, no division in the loop (a contiguous cache is one page of max_len: page_size)
+    // where the warp's tiles lie: the slot by a cursor moved a tile (64 keys) at a time by an add and a compare, no
+    // division in the loop (a contiguous cache is one page of max_len: page_size); the physical page from the block
+    // table read 32 tiles at a time, 32 to 64 tiles ahead of its copies: lane l holds the page of the warp's tile
+    // 32 m + l for the batch m in use (pg_cur) and the next (pg_nxt), and a tile's page is a shuffle from them
     constexpr int kStep = kDecodeWarps * kDecodeTile;  // keys between a warp's tiles
-    const int step_pages = kStep / page_size, step_slots = kStep % page_size;
-    int look_entry = tile_token(0) / page_size, look_slot = tile_token(0) % page_size, looked = 0;
-    auto page_of = [&]() -> int2 {  // (physical page, slot) of the warp's next tile, read a tile ahead of its copies
-        int2 at = make_int2(b, look_slot);
-        if (block_table != nullptr)
-            at.x = looked < n_w ? __ldg(block_table + (long long)b * table_stride + look_entry) : 0;
-        ++looked;
-        look_entry += step_pages;
-        look_slot += step_slots;
-        if (look_slot >= page_size) {
-            look_slot -= page_size;
-            ++look_entry;
+    const int step_slots = kStep % page_size;
+    const int* table_row = block_table != nullptr ? block_table + (long long)b * table_stride : nullptr;
+    // this lane's tile of the batch to read next: its table entry and slot, moved a batch (32 tiles, 2048 keys) at a
+    // time by an add and a compare
+    constexpr int kBatchKeys = 32 * kStep;
+    const int batch_entries = kBatchKeys / page_size, batch_slots = kBatchKeys % page_size;
+    int lane_entry = tile_token(lane) / page_size, lane_slot = tile_token(lane) % page_size, lane_tile = lane;
+    auto table_batch = [&]() -> int {  // the page of this lane's tile of the next batch (0 past the warp's tiles)
+        const int page = lane_tile < n_w ? __ldg(table_row + lane_entry) : 0;
+        lane_tile += 32;
+        lane_entry += batch_entries;
+        lane_slot += batch_slots;
+        if (lane_slot >= page_size) {
+            lane_slot -= page_size;
+            ++lane_entry;
         }
+        return page;
+    };
+    int pg_cur = 0, pg_nxt = 0;
+    if (table_row != nullptr) {
+        pg_cur = table_batch();
+        pg_nxt = table_batch();
+    }
+    int look_slot = tile_token(0) % page_size, looked = 0;
+    auto page_of = [&]() -> int2 {  // (physical page, slot) of the warp's next tile
+        int2 at = make_int2(b, look_slot);
+        if (table_row != nullptr) {
+            at.x = __shfl_sync(0xffffffffu, pg_cur, looked & 31);
+            if ((looked & 31) == 31) {  // batch used up: the next one in use, the one after it requested
+                pg_cur = pg_nxt;
+                pg_nxt = table_batch();
+            }
+        }
+        ++looked;
+        look_slot += step_slots;
+        if (look_slot >= page_size) look_slot -= page_size;
         return at;
     };
     // K_j, V_j (16 x D each) of tile i into ring slot `slot`; rows at or past n_b are zero-filled, never read.
