@@ -168,7 +168,7 @@ def bench_shape(torch, gpu, n: int, B: int, args, bw: float) -> list[dict]:
                 continue
             ms, o, lse, plan = run_ours(torch, gpu, q, kc, vc, page, args, seed=n + B, scales=scales)
             row = {"n": n, "batch": B, "heads": H, "kv_heads": Hk, "d": d, "cache": cache, "layout": layout,
-                   "splits": plan.splits, "chunk": plan.split.chunk, "ours_ms": ms,
+                   "splits": plan.splits, "chunk": plan.split.chunk, "split_rule": plan.split_rule, "ours_ms": ms,
                    "GB_per_s": cbytes / (ms * 1e-3) / 1e9, "pct_of_dram": 100 * cbytes / (ms * 1e-3) / bw,
                    "torch_best": best[0], "torch_best_ms": best[1][0], "speedup_vs_torch_best": best[1][0] / ms}
             row.update({f"{name}_ms": t for name, (t, _) in peers.items()})

@@ -61,8 +61,8 @@ def simulate_row(row: dict, profile: str, run: str | float = "record"):
         bq, bkv = tc.block_q, tc.block_kv
     if row.get("block_q"):  # the tiles the kernel ran, where the row says (a window's flash2: its Local tiles)
         bq, bkv = row["block_q"], row["block_kv"]
-    decode = ({"kv_lens": row.get("kv_lens"), "page_size": row.get("page_size"), "kv_dtype": row.get("kv_dtype")}
-              if desc.family == "decode" else {})
+    decode = ({"kv_lens": row.get("kv_lens"), "page_size": row.get("page_size"), "kv_dtype": row.get("kv_dtype"),
+               "splits": decode_splits(row)} if desc.family == "decode" else {})
     if row.get("window") is not None:  # a sliding window (left, right), the window and varlen parts' rows
         decode["window"] = tuple(row["window"])
     if row.get("seqlens"):  # packed sequences, (queries, keys) each: the varlen part's rows
@@ -73,6 +73,14 @@ def simulate_row(row: dict, profile: str, run: str | float = "record"):
         warnings.simplefilter("ignore", InputWarning)
         return simulate(SCHEDULE[kernel], p, profile, block_q=bq, block_kv=bkv, kernel=kernel, l2=True, warm=True,
                         pass_=desc.pass_, run=run, **decode)
+
+
+def decode_splits(row: dict) -> int | None:
+    """The split count to simulate a measured decode row at: None (the simulator's own choice, which must be the
+    kernel's) where the time model chose it (``split_rule`` "time model (...)"); the count the kernel launched where
+    another rule did: forced, or the occupancy rule of rows measured before the time model chose (no
+    ``split_rule``)."""
+    return None if row.get("split_rule", "occupancy").startswith("time model") else row.get("splits")
 
 
 def comparable(row: dict) -> bool:

@@ -33,6 +33,7 @@ import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from time_judge import decode_splits  # beside this file
 from time_record import PROFILE, device_header, save_record  # beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +185,8 @@ def measure_shape(torch, gpu, s: DecodeShape, reps: int, seed: int) -> dict:
     ms = time_ms(lambda: plan.run(q, kc, vc, out=(o, lse)), reps)
     return {**asdict(s), "kv_lens": list(s.kv_lens), "kernel": "iosim-decode", "seq_len": s.q_len,
             "kv_len": s.capacity, "causal": s.q_len > 1, "measured_ms": ms, "splits": plan.splits,
-            "chunk": plan.split.chunk, "grids": [list(k.grid) for k in plan.launches], "check_err": err,
+            "chunk": plan.split.chunk, "split_rule": plan.split_rule, "grids": [list(k.grid) for k in plan.launches],
+            "check_err": err,
             "check": "ok" if err <= TOL[s.dtype] else "FAIL"}
 
 
@@ -217,7 +219,8 @@ def predict(row: dict, profile: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InputWarning)
         return simulate("flash-decoding", p, profile, kernel="iosim-decode", kv_lens=row.get("kv_lens"),
-                        page_size=row.get("page_size"), kv_dtype=row.get("kv_dtype"), warm=True)
+                        page_size=row.get("page_size"), kv_dtype=row.get("kv_dtype"), warm=True,
+                        splits=decode_splits(row))
 
 
 def benchmark_rows(profile: str) -> list[dict]:
@@ -230,7 +233,8 @@ def benchmark_rows(profile: str) -> list[dict]:
                         "causal": False, "kv_lens": None, "layout": r["layout"],
                         "kv_dtype": "fp8" if r.get("cache") == "fp8" else None,
                         "page_size": None if r["layout"] == "contig" else int(r["layout"]),
-                        "measured_ms": float(r["ours_ms"]), "splits": int(r["splits"]), "chunk": int(r["chunk"])})
+                        "measured_ms": float(r["ours_ms"]), "splits": int(r["splits"]), "chunk": int(r["chunk"]),
+                        **({"split_rule": r["split_rule"]} if r.get("split_rule") else {})})
     return out
 
 

@@ -35,6 +35,7 @@ from .schedules import (
 from .schedules.backward import group_sum
 from .schedules.decode_layout import PagedDecodingTiles
 from .schedules.machine import Counter
+from .timing import decode_split
 from .units import fmt_bytes
 
 MAX_HEAD_DIM = 256  # FlashAttention-2/3 and iosim.gpu take head_dim <= 256, a multiple of 8 (16-byte rows)
@@ -191,9 +192,10 @@ def as_problem(problem: AttentionProblem | Mapping) -> AttentionProblem:
 
 
 def decode_kernel_options(problem: AttentionProblem, profile: Profile, desc, options: ScheduleOptions) -> ScheduleOptions:
-    """flash-decoding's options as a decode-family kernel (iosim-decode) runs it: its own tiling, and the splits its
-    heuristic (:func:`iosim.launch.decode.decode_split`) launches on ``profile`` unless ``options.splits`` forces
-    them (cut to what the longest sequence can use)."""
+    """flash-decoding's options as a decode-family kernel (iosim-decode) runs it: its own tiling, and the splits it
+    launches on ``profile`` (:func:`iosim.timing.decode_split.kernel_split`: ``options.splits`` where given, cut to
+    what the longest sequence can use; else the time model's choice, or the occupancy rule where the profile lacks
+    the kernel's calibration)."""
     decode_layout.check_problem(problem)
     lens, _ = decode_layout.check_layout(problem, options.kv_lens, options.page_size)
     rows = problem.group * problem.seq_len
@@ -203,9 +205,9 @@ def decode_kernel_options(problem: AttentionProblem, profile: Profile, desc, opt
     kv_itemsize = ELEMENT_BYTES[kv_dtype] if kv_dtype else None
     slots = launch_decode.decode_slots(profile, problem.head_dim, stripes, problem.elem_bytes, registers, kv_itemsize)
     slots = launch_decode.split_slots(profile.sm_count.value, slots // profile.sm_count.value)
-    blocks = problem.kv_heads * decode_layout.row_blocks(rows, problem.head_dim)
     try:
-        split = launch_decode.decode_split(lens, blocks, slots, options.splits)
+        split, _ = decode_split.kernel_split(problem, profile, desc, slots, lens, options.page_size, kv_dtype,
+                                             options.splits)
     except launch_decode.DecodeGeometryError as exc:
         raise ScheduleError(str(exc)) from None
     return replace(options, splits=split.splits, tiling="iosim")

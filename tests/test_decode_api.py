@@ -381,7 +381,8 @@ def fake_cupy(monkeypatch):
     cp.empty = lambda shape, dtype=None: _dev(np.empty(shape, dtype=dtype))
     stream = types.SimpleNamespace(synchronize=lambda: None)
     cp.cuda = types.SimpleNamespace(Device=Device, get_current_stream=lambda: stream,
-                                    runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0))
+                                    runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
+                                                                  getDeviceProperties=lambda d: {"name": b"Fake GPU"}))
     monkeypatch.setitem(sys.modules, "cupy", cp)
     calls = []
 

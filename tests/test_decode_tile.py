@@ -138,13 +138,14 @@ def test_the_combine_merges_a_round_of_splits_per_l2_round_trip():
     assert "constexpr int kCombineUnroll = V == 8 ? 4 : 8;" in src
     assert [geo.combine_unroll(d) for d in (64, 128, 256)] == [8, 8, 4]
     p = AttentionProblem(batch=1, heads=8, kv_heads=1, seq_len=1, kv_len=32768, head_dim=128, dtype="bf16")
-    r = simulate("flash-decoding", p, "h100-sxm5-80gb", kernel="iosim-decode", warm=True, page_size=16)
+    r = simulate("flash-decoding", p, "h100-sxm5-80gb", kernel="iosim-decode", warm=True, page_size=16, splits=128)
     assert r.tiles.splits == 128
     lat = get_profile("h100-sxm5-80gb").measured("latency.l2")
     bare = _without_decode("h100-sxm5-80gb")
-    r = simulate("flash-decoding", p, bare, kernel="iosim-decode", warm=True, page_size=16)
+    r = simulate("flash-decoding", p, bare, kernel="iosim-decode", warm=True, page_size=16, splits=128)
     assert r.time.kernels[1].resources["blocks"] == pytest.approx((2 + 16) * lat, rel=0.05)  # a round: one latency
-    r = simulate("flash-decoding", p, _profile_with_tiles(), kernel="iosim-decode", warm=True, page_size=16)
+    r = simulate("flash-decoding", p, _profile_with_tiles(), kernel="iosim-decode", warm=True, page_size=16,
+                 splits=128)
     assert r.time.kernels[1].resources["blocks"] == pytest.approx(2 * lat + 16 * 450e-9, rel=0.05)  # the measured
 
 

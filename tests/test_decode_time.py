@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from iosim import AttentionProblem, get_profile, simulate
-from iosim.timing.flash_decode import _shares, fluid
+from iosim.timing.flash_decode import fluid, shares
 from iosim.timing.rates import rates
 
 H100 = "h100-sxm5-80gb"
@@ -55,8 +55,8 @@ def test_blocks_dealt_to_one_sm_stream_at_its_shared_pace():
 
 def test_capped_blocks_leave_the_rest_of_the_bandwidth_to_the_others():
     # 5 B/s over caps 1, 3, 3: the first takes its 1, the other two share 4 (water-filling)
-    assert _shares(np.array([3.0, 1.0, 3.0]), 5.0) == pytest.approx([2.0, 1.0, 2.0])
-    assert _shares(np.array([1.0, 2.0]), 5.0) == pytest.approx([1.0, 2.0])  # under the bandwidth: at their caps
+    assert shares(np.array([3.0, 1.0, 3.0]), 5.0) == pytest.approx([2.0, 1.0, 2.0])
+    assert shares(np.array([1.0, 2.0]), 5.0) == pytest.approx([1.0, 2.0])  # under the bandwidth: at their caps
 
 
 # -- the kernels -------------------------------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def test_a_full_grid_streams_the_cache_at_the_calibrated_dram_read_rate():
 
 
 def test_splits_add_the_combine_kernel_at_a_dependent_launch():
-    r = _decode(16, 8192)
+    r = _decode(16, 8192, splits=4)
     rt = rates(get_profile(H100), "bf16")
     _, combine = r.time.kernels
     assert r.tiles.splits == 4 and combine.name == "flash_decode_combine"
@@ -81,10 +81,10 @@ def test_splits_add_the_combine_kernel_at_a_dependent_launch():
 
 
 def test_a_grid_far_under_a_wave_runs_at_the_blocks_own_rate_not_dram():
-    r = _decode(1, 4096, kv_heads=1, heads=8)
+    r = _decode(1, 4096, kv_heads=1, heads=8, splits=16)
     split = r.time.kernels[0]
     rt = rates(get_profile(H100), "bf16")
-    assert split.bound == "blocks" and split.grid == r.tiles.splits <= 16  # at most 4096 // 256 splits
+    assert split.bound == "blocks" and split.grid == r.tiles.splits == 16
     assert split.predicted_s > 4 * (2 * 4096 * 128 * 2) / rt.dram_read  # far slower than the stream
 
 

@@ -5,6 +5,7 @@ DRAM closed form; every new input refused with one error naming it."""
 from __future__ import annotations
 
 import json
+from dataclasses import astuple
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from helpers import run_cli, without_peak
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iosim import AttentionProblem, ScheduleError, simulate
+from iosim import AttentionProblem, ScheduleError, get_profile, simulate
 from iosim.blocks import cdiv
 from iosim.launch import decode as geo
 from iosim.numeric import execute
@@ -21,6 +22,7 @@ from iosim.schedules import paged_decoding as pd
 from iosim.schedules.decode_layout import PagedDecodingTiles, make_tiles
 from iosim.simulate import closed, walk
 from iosim.timing import load_kernel
+from iosim.timing.decode_split import kernel_split
 
 
 @st.composite
@@ -218,15 +220,20 @@ def test_the_cli_takes_kv_lens_and_page_size_and_agrees_with_python(capsys):
     assert code == 0 and "kv_lens=[4096, 17, 1000]" in out and "block_table" in out
 
 
-def test_the_simulators_splits_are_the_kernels_heuristic():
+def test_the_simulators_splits_are_the_kernels():
     p = AttentionProblem(batch=5, heads=32, kv_heads=4, seq_len=1, kv_len=32768, head_dim=128, dtype="bf16")
     lens = [32768, 300, 9000, 0, 17]
-    r = simulate("flash-decoding", p, "h100-sxm5-80gb", kernel="iosim-decode", kv_lens=lens)
-    regs = load_kernel("iosim-decode").decode_registers(128, 1)
+    desc = load_kernel("iosim-decode")
+    regs = desc.decode_registers(128, 1)
     smem = geo.decode_smem_bytes(128, 1, 2)
     slots = 132 * geo.decode_blocks_per_sm(smem, regs, 228 * 1024)  # plan_decode's residency from device attributes
-    want = geo.decode_split(lens, 4, slots)
+    r = simulate("flash-decoding", p, "h100-sxm5-80gb", kernel="iosim-decode", kv_lens=lens)
+    want, rule = kernel_split(p, get_profile("h100-sxm5-80gb"), desc, geo.split_slots(132, slots // 132), lens)
     assert (r.tiles.splits, r.tiles.chunk) == (want.splits, want.chunk) and want.splits > 1
+    assert rule == "time model"  # the H100 profile has the kernel's calibration
+    a100 = simulate("flash-decoding", p, "a100-sxm4-80gb", kernel="iosim-decode", kv_lens=lens)  # it has none:
+    per_sm = geo.decode_blocks_per_sm(smem, regs, 164 * 1024)  # the occupancy rule on its residency
+    assert (a100.tiles.splits, a100.tiles.chunk) == astuple(geo.decode_split(lens, 4, geo.split_slots(108, per_sm)))
     forced = simulate("flash-decoding", p, kernel="iosim-decode", kv_lens=lens, splits=3)
     assert (forced.tiles.splits, forced.tiles.chunk) == (3, 10928)
 

@@ -3,24 +3,17 @@ profile its name fits."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 
 from iosim.calibrate.rates_kernels import RatesError
-from iosim.hardware.gpu import builtin_profile_names, get_profile
+from iosim.hardware.gpu import profiles_fitting
 
 
 def guess_profile(device: str) -> str:
     """The built-in profile whose display name shares the most model tokens (H100, SXM5, 80GB ...) with the CUDA
-    device name; RatesError where none or several fit equally."""
-    have = set(re.findall(r"[a-z0-9]+", device.lower()))
-    score = {}
-    for name in builtin_profile_names():
-        toks = {t for t in re.findall(r"[a-z0-9]+", get_profile(name).display_name.lower()) if re.search(r"\d", t)}
-        score[name] = len(toks & have)
-    best = max(score.values(), default=0)
-    names = [n for n, s in score.items() if s == best]
-    if best == 0 or len(names) > 1:
+    device name (:func:`iosim.hardware.gpu.profiles_fitting`); RatesError where none or several fit equally."""
+    names = profiles_fitting(device)
+    if len(names) != 1:
         raise RatesError(f"no built-in profile fits {device!r} by name ({', '.join(names) or 'none'}): "
                          "give --profile NAME|FILE")
     return names[0]

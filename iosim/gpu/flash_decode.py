@@ -15,14 +15,16 @@ lengths and table on the host (one small synchronizing copy where they are on th
 dtypes and layout and never synchronizes. An fp8 cache (:class:`~iosim.gpu.decode_inputs.QuantizedKV` pairs of e4m3
 values and a scale per kv head) halves the bytes decode streams: the kernel converts e4m3 to fp16 exactly (K's mma
 fragments straight from its shared-memory ring, V through a per-warp fp16 tile), multiplies in fp16 and folds the
-scales into the softmax scale and the output. Geometry and the split heuristic: :mod:`iosim.launch.decode`; the
-argument checks: :mod:`iosim.gpu.decode_inputs`.
+scales into the softmax scale and the output. Geometry and the occupancy rule: :mod:`iosim.launch.decode`; the
+argument checks: :mod:`iosim.gpu.decode_inputs`; the split count: :mod:`iosim.timing.decode_split` (the time
+model's fastest on the GPU's profile).
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -53,7 +55,11 @@ from iosim.gpu.inputs import (
     torch_of,
     torch_stream,
 )
+from iosim.hardware.gpu import Profile, get_profile, profiles_fitting
 from iosim.launch import decode as geo
+from iosim.problem import AttentionProblem
+from iosim.timing.decode_split import kernel_split
+from iosim.timing.kernels import load_kernel
 
 _LOG2E = 1.4426950408889634
 # Tests set this to fill the split kernel's partial outputs with NaN before each launch, so a partial the combine
@@ -81,6 +87,7 @@ class DecodePlan:
     table: Any  # CuPy int32 (batch, max_pages), or None for a contiguous cache
     launches: tuple[KernelLaunch, ...]  # the split kernel, then the combine kernel where splits > 1
     device: int
+    split_rule: str = "occupancy"  # how the splits were chosen: "forced", "time model (<profile>)" or "occupancy"
 
     @property
     def splits(self) -> int:
@@ -215,9 +222,13 @@ def _dtype_names(*xs: Any) -> tuple[str, ...]:
 
 
 def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, block_table: Any = None,
-                scale: float | None = None, splits: int | None = None) -> DecodePlan:
+                scale: float | None = None, splits: int | None = None,
+                profile: str | Profile | None = None) -> DecodePlan:
     """Check a decode call's layout, lengths and an fp8 cache's scales, choose the splits, upload the lengths and
-    block table: the arguments of :func:`decode` without the output."""
+    block table: the arguments of :func:`decode` without the output, and ``profile``: the GPU's profile whose time
+    model chooses the splits (a built-in name, a file or a Profile; default: the built-in profile whose name fits the
+    device's). Choosing the splits by the time model takes 1-10 ms of host time (up to ~0.2 s for thousands of ragged
+    blocks): make the plan once per batch layout."""
     cp = require_cupy()
     qc, kc, vc, raw = _as_inputs(cp, q, k_cache, v_cache)
     table_host = host_ints(block_table, "block_table") if block_table is not None else None
@@ -251,9 +262,9 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
         per_sm = geo.decode_blocks_per_sm(smem, regs, int(attrs["MaxSharedMemoryPerMultiprocessor"]),
                                           int(attrs.get("MaxRegistersPerMultiprocessor", 65536)))
         slots = geo.split_slots(int(attrs["MultiProcessorCount"]), per_sm)
-        row_blocks = geo.decode_row_blocks(s.rows, s.head_dim)
         try:
-            split = geo.decode_split(lens, s.kv_heads * row_blocks, slots, splits)
+            fitting = _profile_of(device) if profile is None and splits is None else None
+            split, rule = _split(s, lens, slots, splits, get_profile(profile) if profile is not None else fitting)
         except geo.DecodeGeometryError as exc:
             raise AttentionInputError(str(exc)) from None
         seqlens = cp.asarray(lens)
@@ -265,7 +276,30 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
     if split.splits > 1:
         launches.append(KernelLaunch(DecodeInstance("combine", s.head_dim, s.dtype).name_expression,
                                      geo.combine_grid(s.batch, s.q_len, s.heads), (geo.DECODE_THREADS, 1, 1), 0))
-    return DecodePlan(s, split, scale, tuple(int(n) for n in lens), seqlens, table, tuple(launches), device)
+    return DecodePlan(s, split, scale, tuple(int(n) for n in lens), seqlens, table, tuple(launches), device, rule)
+
+
+@cache
+def _profile_of(device: int) -> Profile | None:
+    """The built-in profile whose name fits this device's (None where none or several do)."""
+    cp = require_cupy()
+    name = cp.cuda.runtime.getDeviceProperties(device)["name"]
+    fits = profiles_fitting(name.decode() if isinstance(name, bytes) else str(name))
+    return get_profile(fits[0]) if len(fits) == 1 else None
+
+
+def _split(s: DecodeShapes, lens, slots: int, splits: int | None, profile: Profile | None) -> tuple[geo.SplitChoice, str]:
+    """The split the kernel launches and how it was chosen (:func:`iosim.timing.decode_split.kernel_split` on
+    ``profile``; without one, a forced count or the occupancy rule on the device's ``slots``)."""
+    if profile is None:
+        blocks = s.kv_heads * geo.decode_row_blocks(s.rows, s.head_dim)
+        return geo.decode_split(lens, blocks, slots, splits), "forced" if splits is not None else "occupancy"
+    problem = AttentionProblem(batch=s.batch, heads=s.heads, kv_heads=s.kv_heads, seq_len=s.q_len, kv_len=s.capacity,
+                               head_dim=s.head_dim, dtype={"float16": "fp16", "bfloat16": "bf16"}[s.dtype],
+                               causal=s.q_len > 1)
+    split, rule = kernel_split(problem, profile, load_kernel("iosim-decode"), slots, list(lens),
+                               s.page_size if s.paged else None, "fp8" if s.fp8_cache else None, splits)
+    return split, f"{rule} ({profile.name})" if rule == "time model" else rule
 
 
 def decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, block_table: Any = None,
@@ -286,8 +320,11 @@ def decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, block_t
     block_table: (batch, max_pages) integers: token t of sequence b is slot t % page_size of page
     block_table[b, t // page_size]; pages in any order; page_size a multiple of 16; entries past a sequence's last
     page are never read.
-    scale: default 1/sqrt(head_dim). splits: force the number of K/V splits (1 to 128; default: the heuristic of
-    :func:`iosim.launch.decode.decode_split`). out: an optional (o, lse) pair of preallocated outputs.
+    scale: default 1/sqrt(head_dim). splits: force the number of K/V splits (1 to 128; default: the count the time
+    model predicts fastest on the built-in profile whose name fits the GPU's, :func:`iosim.timing.decode_split
+    .kernel_split`; where none fits, or it lacks the decode kernel's calibration, the occupancy rule of
+    :func:`iosim.launch.decode.decode_split`; :func:`plan_decode` takes a profile of your own). out: an optional
+    (o, lse) pair of preallocated outputs.
     CuPy arrays or CUDA torch tensors (torch in, torch out, on torch's current stream). Each call checks the lengths
     and table on the host; to run one layout many times, :func:`plan_decode` once and ``plan.run`` each time.
     """

@@ -250,6 +250,18 @@ def _builtin(name: str) -> Profile:
     return load_profile_file(PROFILES_DIR / f"{name}.yaml")
 
 
+def profiles_fitting(device: str) -> list[str]:
+    """The built-in profiles whose display names share the most model tokens (H100, SXM5, 80GB ...: the tokens with
+    a digit) with a CUDA device name; empty where none shares one. One name: the profile of that GPU."""
+    have = set(re.findall(r"[a-z0-9]+", device.lower()))
+    score = {}
+    for name in builtin_profile_names():
+        toks = {t for t in re.findall(r"[a-z0-9]+", get_profile(name).display_name.lower()) if re.search(r"\d", t)}
+        score[name] = len(toks & have)
+    best = max(score.values(), default=0)
+    return [n for n, s in score.items() if s == best] if best else []
+
+
 def get_profile(name_or_path: str | Path | Profile | None = None) -> Profile:
     """A built-in profile by name (default ``h100-sxm5-80gb``), a profile file path, or a Profile as is."""
     if isinstance(name_or_path, Profile):

@@ -123,11 +123,8 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
         return replace(roof, roofline_s=roof.predicted_s, kernel="roofline",
                        uncertainty=_band("roofline", profile, problem, roof.predicted_s, True),
                        energy_j=_energy(work, roof.predicted_s, None, profile))
-    r = rates(profile, problem.dtype)
-    dram_free = warm and _resident(problem, profile, work.counts, work.pass_)
-    if dram_free:
-        work = replace(work, hbm=[(0.0, 0.0)] * len(work.hbm))
-    c = Conditions(problem, desc, profile, r, r.l2_latency_s if dram_free else r.dram_latency_s)
+    c, work, dram_free = conditions(work, profile, desc, warm)
+    r = c.rates
     at_start = _backward_times(c, work) if desc.pass_ == "backward" else _forward_times(c, work)
     power = profile.calibration.power if profile.calibration is not None and r.calibration != "uncalibrated" else None
     if problem.dtype == "fp8" and (power is None or power.wgmma_fp8 is None):
@@ -141,6 +138,16 @@ def predict(work: Workload, profile: Profile, kernel: str | KernelDesc | None = 
     return TimeEstimate(out, roof.unmodeled, roofline_s=roof.predicted_s, kernel=desc.name,
                         calibration=r.calibration, dram_free=dram_free, uncertainty=band, energy_j=joules,
                         clock=clocks)
+
+
+def conditions(work: Workload, profile: Profile, desc: KernelDesc, warm: bool) -> tuple[Conditions, Workload, bool]:
+    """What ``desc``'s model predicts ``work`` under (:class:`Conditions`), the work as it prices it and whether its
+    DRAM is free: with ``warm`` calls whose inputs stay in L2, no DRAM bytes and one L2 latency a dependent load."""
+    r = rates(profile, work.problem.dtype)
+    dram_free = warm and _resident(work.problem, profile, work.counts, work.pass_)
+    if dram_free:
+        work = replace(work, hbm=[(0.0, 0.0)] * len(work.hbm))
+    return Conditions(work.problem, desc, profile, r, r.l2_latency_s if dram_free else r.dram_latency_s), work, dram_free
 
 
 def _energy(work: Workload, seconds: float, family: str | None, profile: Profile,

@@ -44,7 +44,6 @@ measured decode rows (docs/benchmarks/decode-*.csv, the time records) judge the 
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 
@@ -78,59 +77,22 @@ def fluid(stream: np.ndarray, fixed: np.ndarray, sms: int, per_sm: int, bandwidt
     not streaming, then streams ``stream[i]`` bytes. The first ``sms · per_sm`` blocks are placed breadth first
     (block i on SM i mod sms: one on every SM, then a second, as the block scheduler deals out a grid); every later
     one takes the slot the block that ended last left, on that block's SM. The streaming blocks share ``bandwidth``
-    by water-filling, each at most ``caps[k]`` bytes/s while k blocks stream on its SM (its warps' pace there). An
-    event walk: a block starts streaming or ends at each event, and the rates are set again."""
-    n = len(stream)
-    caps = np.asarray(caps, dtype=float)
-    sm = np.zeros(n, dtype=np.int64)
-    first = min(n, sms * per_sm)
-    sm[:first] = np.arange(first) % sms
-    starting = [(float(fixed[i]), i) for i in range(first)]  # (end of its fixed part, block)
-    heapq.heapify(starting)
-    nxt, t = first, 0.0
-    load = np.zeros(sms, dtype=np.int64)  # streaming blocks on each SM
-    left = np.asarray(stream, dtype=float).copy()
-    ids: list[int] = []  # the streaming blocks
-    while starting or ids:
-        t_stream = math.inf
-        if ids:
-            idx = np.asarray(ids)
-            rate = _shares(caps[load[sm[idx]]], bandwidth)
-            dt = left[idx] / rate
-            j = int(dt.argmin())
-            t_stream = t + float(dt[j])
-        t_start = starting[0][0] if starting else math.inf
-        if t_start <= t_stream:
-            if ids:
-                left[idx] -= rate * (t_start - t)
-            t = t_start
-            i = heapq.heappop(starting)[1]
-            if stream[i] > 0:
-                ids.append(i)
-                load[sm[i]] += 1
-                continue
-        else:
-            left[idx] -= rate * (t_stream - t)
-            t = t_stream
-            i = ids.pop(j)
-            load[sm[i]] -= 1
-        if nxt < n:  # a slot freed: the next block in launch order takes it, on the same SM
-            sm[nxt] = sm[i]
-            heapq.heappush(starting, (t + float(fixed[nxt]), nxt))
-            nxt += 1
-    return float(t)
+    by water-filling (:func:`shares`), each at most ``caps[k]`` bytes/s while k blocks stream on its SM (its warps'
+    pace there). An event walk: blocks start streaming or end at each event (all those that do at the same
+    instant: a wave of equal blocks is one event), and the rates are set again; compiled
+    (:func:`iosim.timing._fluid.walk`), since the split choice walks every candidate grid."""
+    from ._fluid import walk  # numba, on the first decode prediction
+
+    return float(walk(np.asarray(stream, dtype=np.float64), np.asarray(fixed, dtype=np.float64), int(sms), int(per_sm),
+                      float(bandwidth), np.asarray(caps, dtype=np.float64)))
 
 
-def _shares(caps: np.ndarray, bandwidth: float) -> np.ndarray:
+def shares(caps: np.ndarray, bandwidth: float) -> np.ndarray:
     """Each streaming block's rate: ``bandwidth`` shared equally, none above its cap, what a capped block leaves
     shared by the others (water-filling)."""
-    if caps.sum() <= bandwidth:
-        return caps
-    c = np.sort(caps)
-    m = len(c)
-    below = np.concatenate(([0.0], np.cumsum(c)[:-1]))  # bytes/s the j smallest caps take
-    level = (bandwidth - below) / (m - np.arange(m))  # the common rate if blocks j.. share what is left
-    return np.minimum(caps, level[int(np.argmax(level <= c))])
+    from ._fluid import shares as compiled
+
+    return compiled(np.asarray(caps, dtype=np.float64), float(bandwidth))
 
 
 def _split_keys(p: AttentionProblem, t: PagedDecodingTiles, row_blocks: int) -> np.ndarray:

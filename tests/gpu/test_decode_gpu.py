@@ -162,15 +162,23 @@ def test_forced_splits_give_the_same_result(dtype, layout, splits):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_heuristic_splits_a_long_sequence_and_agrees(dtype):
-    from iosim import gpu
+def test_the_chosen_splits_split_a_long_sequence_as_the_simulator_does(dtype):
+    from iosim import AttentionProblem, gpu, simulate
 
     rng = seeded_rng()
     host, dev = make_case(rng, [20000], 1, (32, 4), 128, dtype, "page64")
     plan = gpu.plan_decode(dev["q"], dev["k"], dev["v"], seqlens_k=dev["lens"], block_table=dev["table"])
-    assert plan.splits > 1 and plan.split.chunk >= 256
+    assert plan.splits > 1
+    if plan.split_rule.startswith("time model ("):  # this GPU has a calibrated built-in profile
+        profile = plan.split_rule.removeprefix("time model (").removesuffix(")")
+        p = AttentionProblem(batch=1, heads=32, kv_heads=4, seq_len=1, kv_len=dev["table"].shape[1] * 64,
+                             head_dim=128, dtype={"float16": "fp16", "bfloat16": "bf16"}[dtype])
+        r = simulate("flash-decoding", p, profile, kernel="iosim-decode", kv_lens=[20000], page_size=64)
+        assert (r.tiles.splits, r.tiles.chunk) == (plan.splits, plan.split.chunk)
+    else:
+        assert plan.split_rule == "occupancy" and plan.split.chunk >= 256
     o, lse = run(dev)
-    check(o, lse, *reference(*host), dtype, f"heuristic splits={plan.splits}")
+    check(o, lse, *reference(*host), dtype, f"{plan.split_rule} splits={plan.splits}")
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "page16"])
