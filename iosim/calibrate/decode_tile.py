@@ -11,9 +11,11 @@ kernel is not waiting on DRAM (16 new tokens a sequence, d = 256, grids of a few
 58% busy at most. No rate of the chip (``mma_sync``, ``exp``, ``fp32`` throughputs) gives that time, so the kernel's
 own loop is timed.
 
-How: one block on every SM, then two where two fit (``batch`` = SMs or 2 · SMs sequences of one kv head, one split
-each, so the grid is one block per sequence; with two blocks the warps on a scheduler share its issue slots and a
-warp's tile takes 1.2-1.6x as long on an H100), every sequence's block table pointing at the same pages, so the
+How: one block on every SM, then two, and so on to as many as an SM holds (``batch`` = k · SMs sequences of one kv
+head, one split each, so the grid is one block per sequence; with two blocks the warps on a scheduler share its issue
+slots and a warp's tile takes 1.2-1.6x as long on an H100; an fp8 cache's blocks fit three an SM at d = 128, the
+count the split choice fills, :mod:`iosim.timing.decode_split`), every sequence's block table pointing at the same
+pages, so the
 cache (at most 8 MiB) sits in L2 and each warp's ring is full when it asks; 8 query heads on the kv head and 1 new
 token (one stripe of 16 rows) or 4 (32 rows: two stripes). Each sequence holds ``N1`` and then ``N2`` keys; the
 time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy kernel) grows by (N2 − N1) / 64
@@ -79,12 +81,12 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
         for d, stripes in geo.DECODE_STRIPES:
             (cache, key), q_len = decode_keys(d, stripes, fp8), 1 if stripes == 1 else 4
             fit = _blocks_per_sm(d, stripes, fp8)
-            for per_sm in (1, 2)[:fit]:
+            for per_sm in range(1, fit + 1):
                 t1, t2 = (seconds(_call(cp, gpu, per_sm * b.sms, d, q_len, n, fp8)) for n in (N1, N2))
                 tile, fixed = _slope(t1, t2)
                 what = (f"iosim's decode kernel, {'e4m3' if fp8 else 'fp16'} cache, d = {d}, {q_len} new token(s) of "
-                        f"{GROUP} heads on one kv head ({stripes} stripe(s)), blocks of one sequence each, 1 or 2 on "
-                        f"each of {b.sms} SMs (the key), every sequence on the same {N2 // PAGE} pages of {PAGE} keys "
+                        f"{GROUP} heads on one kv head ({stripes} stripe(s)), blocks of one sequence each, 1 to {fit} "
+                        f"on each of {b.sms} SMs (the key), every sequence on the same {N2 // PAGE} pages of {PAGE} keys "
                         f"(in L2), one split: (time at {N2} keys - time at {N1}) / {(N2 - N1) // 64} tiles a warp")
                 report(Measured(("decode", "tile", cache, key, per_sm), tile, "s", what),
                        f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
