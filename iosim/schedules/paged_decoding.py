@@ -9,7 +9,8 @@ kernel="iosim-decode")`` runs this program instead of FlashAttention-2's (:mod:`
         (fp8 cache) every thread loads its kv head's k_scale and v_scale
         load Q_i: the block's packed rows (rows past M are zero-filled, not read)
         warp w, for the 16-key tiles w, w + 4, ... of the split:
-            (paged) every lane loads the tile's block-table entry
+            (paged) the tile's physical page: one lane's load of its block-table entry, 32 to 64 tiles earlier
+                (lane l reads tile 32 m + l's, a batch of 32 tiles ahead of the batch in use)
             load K_j, V_j: the tile's keys below n_b (the rest zero-filled, not read), in the cache's dtype
             (fp8: converted to fp16 on chip, K's fragments from the ring and V through a warp's fp16 tile; the
             descaling is folded into the softmax scale and the output: no FLOP counted, as flash3's fp8 program)
@@ -24,7 +25,7 @@ kernel="iosim-decode")`` runs this program instead of FlashAttention-2's (:mod:`
 **What `global` counts** is what the load and store instructions move, thread by thread, as Nsight Compute's
 ``smsp__sass_data_bytes_mem_global`` counters do (docs/validation.md): Q, K, V, O and the partials are 16-, 8- or
 4-byte vectors of distinct elements, so their bytes are the elements'; a value every lane of a warp loads from one
-address (the length, the fp8 scales, a block-table entry, a split's lse in the combine) counts once per warp: the
+address (the length, the fp8 scales, a split's lse in the combine) counts once per warp: the
 counter counts a warp's load of one address once (measured: ``benchmarks/decode_bytes_record.py``, every kernel
 exact on the H100 and the H200). At L2 each of those is one 32-byte sector (``hbm``:
 :func:`iosim.schedules.decode_layout.dram`).
@@ -91,9 +92,9 @@ def _split_block(x, p: AttentionProblem, t: PagedDecodingTiles, where: tuple[int
         O, l, m = x.init_state(pad)
         for i in x.order(list(range(w, cdiv(k1 - k0, TILE_KEYS), WARPS))):
             tok = k0 + i * TILE_KEYS
-            if t.paged:  # every lane loads the physical page of the tile
+            if t.paged:  # one lane loads the physical page of the tile (a batch of 32 tiles ahead)
                 e = b * t.max_pages + tok // page
-                x.broadcast("block_table", Rows(e, e + 1), 1)
+                x.load("block_table", Rows(e, e + 1))
             first = ((hk * p.batch + b) * cdiv(p.kv_len, page) + tok // page) * page + tok % page
             kv = Rows(first, first + min(TILE_KEYS, n - tok))  # keys past n_b: zero-filled, not read
             K_j, V_j = x.load("K", kv, dtype=t.kv_dtype), x.load("V", kv, dtype=t.kv_dtype)
