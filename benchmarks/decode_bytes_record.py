@@ -26,6 +26,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -153,17 +154,35 @@ def measure(device: str) -> int:
     for r in launched:
         r["kernels"] = kernels[at:at + r["launches"]]
         at += r["launches"]
-    record = device_header(device, 1) | {"rows": launched}
+    record = device_header(device, 1) | {"decode_kernel": kernel_version(), "rows": launched}
     path = ROOT / "data" / "validation" / f"{device}-decode-bytes.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
 
 
-def judged(device: str, row: dict) -> list[dict]:
+def kernel_version() -> str:
+    """The version of kernels/flash_decode.cu this tree builds (its header's "vN  this one" line), recorded with
+    each measurement."""
+    text = (ROOT / "kernels" / "flash_decode.cu").read_text()
+    return re.search(r"//\s+(v\d+)\s+this one", text).group(1)
+
+
+def v5_table_bytes(p, tiles, kv_lens) -> int:
+    """The block-table bytes v5 of the split kernel loaded (records without ``decode_kernel`` are of v5 or before):
+    each warp one entry a tile, counted once (its lanes read one address), against v6's batches of 32 (a lane a
+    tile, an address once: :func:`iosim.schedules.decode_layout.table_bytes`)."""
+    from iosim.schedules.decode_layout import TILE_KEYS, row_blocks
+
+    rb = row_blocks(p.group * p.seq_len, p.head_dim)
+    return 4 * rb * p.kv_heads * sum(-(-n // TILE_KEYS) for n in kv_lens) if tiles.paged else 0
+
+
+def judged(device: str, row: dict, kernel: str = "v6") -> list[dict]:
     """One recorded call judged, a row per (kernel, boundary, direction): the simulated count at the split count the
     plan launched beside the measurement, by iosim.validation's rule (``global`` exact; ``hbm`` its bound or floor,
-    the floor 1% of the call's compulsory bytes: q, the keys' K and V in the cache's dtype, O and lse once)."""
+    the floor 1% of the call's compulsory bytes: q, the keys' K and V in the cache's dtype, O and lse once).
+    ``kernel``: the version of the split kernel the record measured; before v6 its block-table loads are v5's."""
     from iosim import AttentionProblem, simulate
     from iosim.validation import hbm_rule
 
@@ -183,8 +202,11 @@ def judged(device: str, row: dict) -> list[dict]:
                   + 2 * sum(c.kv_lens) * p.kv_heads * p.head_dim * r.tiles.kv_bytes(p))
     out = []
     for kc, hbm_r, hbm_w, meas in zip(r.counts.kernels, r.hbm_read, r.hbm_write, row["kernels"], strict=True):
+        read = sum(kc.global_read.values())
+        if kernel == "v5" and kc.name == "flash_decode_split":
+            read += v5_table_bytes(p, r.tiles, c.kv_lens) - kc.global_read.get("block_table", 0)
         for boundary, direction, sim, m in (
-                ("global", "read", sum(kc.global_read.values()), meas["ld"] + meas["ldgsts"]),
+                ("global", "read", read, meas["ld"] + meas["ldgsts"]),
                 ("global", "write", sum(kc.global_write.values()), meas["st"]),
                 ("hbm", "read", hbm_r, meas["dram_read"]), ("hbm", "write", hbm_w, meas["dram_write"])):
             by = ("exact" if sim == m else "") if boundary == "global" else hbm_rule(sim, m, direction, compulsory)
@@ -202,14 +224,16 @@ def judge(device: str) -> int:
         print(f"{path} is missing: run --measure --device {device} on the GPU first", file=sys.stderr)
         return 2
     record = json.loads(path.read_text())
-    rows = [j | {"commit": record.get("commit", "")} for r in record["rows"] for j in judged(device, r)]
+    kernel = record.get("decode_kernel", "v5")  # records before v6 did not say
+    rows = [j | {"commit": record.get("commit", "")} for r in record["rows"] for j in judged(device, r, kernel)]
     out = ROOT / "docs" / "validation" / f"{device}-decode.csv"
     with out.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, lineterminator="\n")
         w.writeheader()
         for row in rows:
             w.writerow({k: (f"{v:.5f}" if isinstance(v, float) else v) for k, v in row.items()})
-    print(f"{record['device']} (commit {record.get('commit', '?')}); wrote {out.relative_to(ROOT)}\n")
+    print(f"{record['device']} (commit {record.get('commit', '?')}, kernels/flash_decode.cu {kernel}); wrote "
+          f"{out.relative_to(ROOT)}\n")
     print("| cache | boundary | direction | passed | exact / by bound / by floor | worst error |")
     print("|---|---|---|---|---|---|")
     for cache in CACHES:

@@ -150,14 +150,17 @@ def test_more_rows_than_32_take_more_row_blocks_each_rereading_kv():
         assert c.global_read["K"] == blocks * 4096 * d * 2
 
 
-def test_the_block_table_costs_a_tile_load_whatever_the_page_size_but_dram_sectors_by_the_page():
+def test_the_block_table_costs_a_load_a_distinct_page_of_a_warps_batch_and_dram_sectors_by_the_page():
     p = AttentionProblem(batch=4, heads=32, kv_heads=4, seq_len=1, kv_len=8192, head_dim=128, dtype="bf16")
     glob, hbm = {}, {}
     for page in (16, 64, 256, None):
         t = make_tiles(p, None, page, 1)
         glob[page] = closed("flash-decoding", p, t).global_read["block_table"]
         hbm[page] = decode_layout.dram(p, t)[0][0]
-    assert glob[16] == glob[64] == glob[256] == 4 * 4 * (8192 // 16) * 4 and glob[None] == 0  # once a warp-tile
+    # a warp's tiles are 64 keys apart: pages of 16 and 64 hold one of them each, an entry a tile; a page of 256
+    # holds 4 of a batch's 32, 8 entries a batch (4 batches of a warp's 128 tiles, 4 warps, 16 kv heads)
+    assert glob[16] == glob[64] == 4 * 4 * (8192 // 16) * 4 and glob[None] == 0
+    assert glob[256] == 4 * 4 * (4 * 4 * 8) * 4
     # DRAM: each sequence's entries once, in 32-byte sectors: 512, 128 and 32 entries of 4 B
     assert hbm[16] - hbm[None] == 4 * 512 * 4 and hbm[64] - hbm[None] == 4 * 128 * 4
     assert hbm[256] - hbm[None] == 4 * 32 * 4
@@ -236,6 +239,14 @@ def test_the_simulators_splits_are_the_kernels():
     assert (a100.tiles.splits, a100.tiles.chunk) == astuple(geo.decode_split(lens, 4, geo.split_slots(108, per_sm)))
     forced = simulate("flash-decoding", p, kernel="iosim-decode", kv_lens=lens, splits=3)
     assert (forced.tiles.splits, forced.tiles.chunk) == (3, 10928)
+
+
+@given(k0=st.integers(0, 40).map(lambda x: 16 * x), span=st.integers(1, 9000),
+       page=st.sampled_from([16, 32, 48, 64, 80, 128, 256, 1024]))
+def test_the_table_bytes_closed_form_counts_each_batchs_distinct_entries(k0, span, page):
+    k1 = k0 + span
+    want = 4 * sum(len(batch) for w in range(4) for batch in decode_layout.table_entries(k0, k1, w, page))
+    assert decode_layout.table_bytes(k0, k1, page) == want
 
 
 def test_the_descriptions_registers_are_the_kernels():

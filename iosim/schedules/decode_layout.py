@@ -60,6 +60,33 @@ def row_blocks(rows: int, head_dim: int) -> int:
     return cdiv(rows, STRIPE_ROWS * stripes(rows, head_dim))
 
 
+TABLE_BATCH = 32  # tiles whose block-table entries a warp reads with one load instruction, a lane a tile
+
+
+def table_entries(k0: int, k1: int, warp: int, page: int) -> list[list[int]]:
+    """The block-table entries (page indices within the sequence) warp ``warp`` of a split of keys k0..k1 loads,
+    instruction by instruction: its tiles w, w + 4, ... (``TILE_KEYS`` keys each, ``WARPS`` · 16 keys apart) in
+    batches of 32, a lane a tile, and the distinct entries of each batch (lanes that read one address count once,
+    as Nsight Compute's global-load bytes do)."""
+    tiles = list(range(warp, cdiv(k1 - k0, TILE_KEYS), WARPS))
+    return [sorted({(k0 + i * TILE_KEYS) // page for i in tiles[j:j + TABLE_BATCH]})
+            for j in range(0, len(tiles), TABLE_BATCH)]
+
+
+def table_bytes(k0: int, k1: int, page: int) -> int:
+    """Global bytes of the block-table loads of a split of keys k0..k1 (every warp's :func:`table_entries`), in
+    closed form per batch: a batch's tiles are ``WARPS`` · 16 keys apart, so where that is at least a page each tile
+    is a page of its own, and where a page holds more every page between the batch's first and last is read."""
+    step, total = WARPS * TILE_KEYS, 0
+    for w in range(WARPS):
+        n_w = len(range(w, cdiv(k1 - k0, TILE_KEYS), WARPS))
+        first = np.arange(0, n_w, TABLE_BATCH)
+        last = np.minimum(first + TABLE_BATCH, n_w) - 1
+        tok0, tok1 = k0 + w * TILE_KEYS + step * first, k0 + w * TILE_KEYS + step * last
+        total += int((last - first + 1).sum()) if page <= step else int((tok1 // page - tok0 // page + 1).sum())
+    return INDEX_BYTES * total
+
+
 def even_split(longest: int, splits: int) -> tuple[int, int]:
     """(splits, chunk): ``splits`` cut to the longest sequence's tiles of 16 keys, then the chunk evened out over
     it in whole tiles, so its splits are equal; the count is what that chunk needs (no split is empty)."""

@@ -9,8 +9,8 @@ kernel="iosim-decode")`` runs this program instead of FlashAttention-2's (:mod:`
         (fp8 cache) every thread loads its kv head's k_scale and v_scale
         load Q_i: the block's packed rows (rows past M are zero-filled, not read)
         warp w, for the 16-key tiles w, w + 4, ... of the split:
-            (paged) the tile's physical page: one lane's load of its block-table entry, 32 to 64 tiles earlier
-                (lane l reads tile 32 m + l's, a batch of 32 tiles ahead of the batch in use)
+            (paged) the tile's physical page, from the block table read 32 tiles at a time (lane l reads tile
+                32 m + l's entry, a batch ahead of its use; lanes that read one entry count once)
             load K_j, V_j: the tile's keys below n_b (the rest zero-filled, not read), in the cache's dtype
             (fp8: converted to fp16 on chip, K's fragments from the ring and V through a warp's fp16 tile; the
             descaling is folded into the softmax scale and the output: no FLOP counted, as flash3's fp8 program)
@@ -41,7 +41,16 @@ import numpy as np
 from ..blocks import Rows, block_rows, cdiv
 from ..counts import Counts, KernelCounts
 from ..problem import STAT_BYTES, AttentionProblem
-from .decode_layout import ROW_SCALE_BYTES, TILE_KEYS, WARPS, PagedDecodingTiles, stages
+from .decode_layout import (
+    ROW_SCALE_BYTES,
+    TABLE_BATCH,
+    TILE_KEYS,
+    WARPS,
+    PagedDecodingTiles,
+    stages,
+    table_bytes,
+    table_entries,
+)
 
 SPLIT, COMBINE = "flash_decode_split", "flash_decode_combine"
 
@@ -90,11 +99,12 @@ def _split_block(x, p: AttentionProblem, t: PagedDecodingTiles, where: tuple[int
     states = []
     for w in range(WARPS):  # warp w: tiles w, w + 4, ... of the split, its own (O, l, m)
         O, l, m = x.init_state(pad)
+        batches = table_entries(k0, k1, w, page) if t.paged else []
         for i in x.order(list(range(w, cdiv(k1 - k0, TILE_KEYS), WARPS))):
             tok = k0 + i * TILE_KEYS
-            if t.paged:  # one lane loads the physical page of the tile (a batch of 32 tiles ahead)
-                e = b * t.max_pages + tok // page
-                x.load("block_table", Rows(e, e + 1))
+            if t.paged and (i // WARPS) % TABLE_BATCH == 0:  # a batch's pages: a lane a tile, one load each address
+                for e in batches[(i // WARPS) // TABLE_BATCH]:
+                    x.load("block_table", Rows(b * t.max_pages + e, b * t.max_pages + e + 1))
             first = ((hk * p.batch + b) * cdiv(p.kv_len, page) + tok // page) * page + tok % page
             kv = Rows(first, first + min(TILE_KEYS, n - tok))  # keys past n_b: zero-filled, not read
             K_j, V_j = x.load("K", kv, dtype=t.kv_dtype), x.load("V", kv, dtype=t.kv_dtype)
@@ -187,8 +197,9 @@ def _split_counts(p: AttentionProblem, t: PagedDecodingTiles, n: int) -> dict:
     O, lm = Br * d * 4, 2 * Br * st  # a state's O and its l, m
     c = {"global_read:seqlens_k": 4 * WARPS * RB * S, "global_read:Q": A * M * d * e,
          "global_read:K": RB * n * d * kv, "global_read:V": RB * n * d * kv}
-    if t.paged:
-        c["global_read:block_table"] = 4 * RB * T
+    if t.paged:  # each split's warps' batches of 32 tiles, a load an address (table_bytes)
+        c["global_read:block_table"] = RB * sum(table_bytes(s * t.chunk, min(n, (s + 1) * t.chunk), t.page_size)
+                                                for s in range(A))
     if t.kv_dtype:
         c["global_read:k_scale"] = c["global_read:v_scale"] = 4 * WARPS * RB * A
     # per tile: scores (S tile 16 x Br), online softmax (FA2 lines 8-10 on the padded tile)
@@ -196,7 +207,7 @@ def _split_counts(p: AttentionProblem, t: PagedDecodingTiles, n: int) -> dict:
     c["flops:exp"] = RB * T * (TILE_KEYS * Br + Br) + RB * A * ((WARPS - 1) * 2 * Br + Br)
     c["flops:other"] = (RB * T * (4 * TILE_KEYS * Br + 4 * Br + Br * d)
                         + RB * A * ((WARPS - 1) * (6 * Br + 3 * Br * d) + 2 * Br + Br * d))
-    tiles_w = RB * (T * (2 * 64 * Br + O + lm + (4 if t.paged else 0)) + 2 * n * d * kv)
+    tiles_w = RB * (T * (2 * 64 * Br + O + lm) + 2 * n * d * kv) + c.get("global_read:block_table", 0)
     blocks_w = (4 * RB * S + A * M * d * e + RB * A * (WARPS * (O + lm) + (WARPS - 1) * (O + lm) + O + Br * st)
                 + (2 * st * RB * A if t.kv_dtype else 0))  # the scales, one copy each on chip
     tiles_r = T * M * d * e + RB * (2 * n * d * kv + T * (64 * Br + O + lm))
