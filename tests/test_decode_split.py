@@ -54,6 +54,11 @@ def test_the_kernel_takes_a_forced_count_the_model_where_calibrated_else_occupan
     p = AttentionProblem(batch=16, heads=32, kv_heads=4, seq_len=1, kv_len=8192, head_dim=128, dtype="bf16")
     h200, a100 = get_profile("h200-sxm-141gb"), get_profile("a100-sxm4-80gb")
     assert calibrated(h200, 128, 1, False) and calibrated(h200, 128, 1, True) and not calibrated(a100, 128, 1, False)
+    # an fp8 cache's blocks fit three an SM at d = 128: the H200's pace is measured at 1-3, the H100's at 1-2 only
+    h100 = get_profile("h100-sxm5-80gb")
+    assert calibrated(h200, 128, 1, True, 3) and calibrated(h100, 128, 1, True, 2) and not calibrated(h100, 128, 1, True, 3)
+    fp8 = kernel_split(p, h100, DESC, 264, kv_dtype="fp8")
+    assert fp8[1] == "occupancy" and astuple(fp8[0]) == astuple(geo.decode_split([8192] * 16, 4, 264))
     split, rule = kernel_split(p, h200, DESC, 264, splits=3)
     assert rule == "forced" and astuple(split) == astuple(geo.decode_split([8192] * 16, 4, 264, 3))
     split, rule = kernel_split(p, h200, DESC, 264)

@@ -19,7 +19,8 @@ thousands of ragged blocks).
 
 :func:`kernel_split` is what the kernel launches, and what ``simulate("flash-decoding", ..., kernel="iosim-decode")``
 counts: a forced count; else the time model's choice where the profile has the kernel's decode calibration for this
-head dim and cache (the model's block pace is measured there); else the occupancy rule.
+head dim and cache at every count of blocks an SM holds (the model's block pace is measured there, not
+extrapolated); else the occupancy rule.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 from ..hardware.calibration import decode_keys
 from ..hardware.gpu import Profile
 from ..launch import decode as geo
-from ..problem import AttentionProblem
+from ..problem import ELEMENT_BYTES, AttentionProblem
 from ..schedules import decode_layout, paged_decoding
 from ..schedules.decode_layout import TILE_KEYS
 from . import flash_decode
@@ -83,12 +84,15 @@ def choose_splits(problem: AttentionProblem, profile: Profile, desc: KernelDesc,
     return best
 
 
-def calibrated(profile: Profile, head_dim: int, stripes: int, fp8: bool) -> bool:
+def calibrated(profile: Profile, head_dim: int, stripes: int, fp8: bool, per_sm: int = 1) -> bool:
     """Whether ``profile`` has the decode kernel's measured block pace (``calibration.decode.tile``) for this
-    instantiation, which the time model's split choice stands on."""
+    instantiation at every count of blocks an SM from 1 to ``per_sm`` (the most it holds): the time model's split
+    choice stands on it, and a count it would extrapolate to is not one to choose by (the H100's profile measured
+    one and two an SM before the choice existed; an fp8 cache's blocks fit three there)."""
     cal = getattr(profile.calibration, "decode", None) if profile.calibration is not None else None
     cache, key = decode_keys(head_dim, stripes, fp8)
-    return cal is not None and cal.tile.get(cache, {}).get(key) is not None
+    entry = cal.tile.get(cache, {}).get(key) if cal is not None else None
+    return entry is not None and all(k in entry.value for k in range(1, per_sm + 1))
 
 
 def kernel_split(problem: AttentionProblem, profile: Profile, desc: KernelDesc, slots: int, kv_lens=None,
@@ -96,7 +100,7 @@ def kernel_split(problem: AttentionProblem, profile: Profile, desc: KernelDesc, 
                  splits: int | None = None) -> tuple[geo.SplitChoice, str]:
     """(the split iosim's decode kernel launches, how it was chosen: "forced", "time model" or "occupancy"):
     ``splits`` where given (cut to what the longest sequence can use); else :func:`choose_splits` where the
-    profile is :func:`calibrated` for the call's instantiation; else :func:`iosim.launch.decode.decode_split` on
+    profile is :func:`calibrated` for the call's instantiation at every count of blocks an SM holds; else :func:`iosim.launch.decode.decode_split` on
     ``slots`` (the blocks its fill counts: :func:`iosim.launch.decode.split_slots`). DecodeGeometryError for a
     forced count out of range."""
     lens, _ = decode_layout.check_layout(problem, kv_lens, page_size)
@@ -104,7 +108,10 @@ def kernel_split(problem: AttentionProblem, profile: Profile, desc: KernelDesc, 
     if splits is not None:
         return geo.decode_split(lens, blocks, slots, splits), "forced"
     stripes = decode_layout.stripes(problem.group * problem.seq_len, problem.head_dim)
-    if calibrated(profile, problem.head_dim, stripes, kv_dtype is not None):
+    kv_itemsize = ELEMENT_BYTES[kv_dtype] if kv_dtype else None
+    per_sm = geo.decode_slots(profile, problem.head_dim, stripes, problem.elem_bytes,
+                              desc.decode_registers(problem.head_dim, stripes), kv_itemsize) // profile.sm_count.value
+    if calibrated(profile, problem.head_dim, stripes, kv_dtype is not None, per_sm):
         chosen = choose_splits(problem, profile, desc, lens, page_size, kv_dtype)
         return geo.decode_split(lens, blocks, slots, chosen), "time model"
     return geo.decode_split(lens, blocks, slots), "occupancy"
