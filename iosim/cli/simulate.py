@@ -204,7 +204,8 @@ def simulate_cmd(schedule, profile, block_q, block_kv, method, pass_, splits, de
 @contextmanager
 def compile_notice():
     """While inside, the first numba compilation prints one line on stderr. numba caches what it compiles
-    (``cache=True`` in iosim/l2/_jit.py), so this happens on the first run after an install, never again:
+    (``cache=True`` in iosim/l2/_jit.py, which iosim/timing/_fluid.py uses too), so this happens on the first run
+    after an install, never again:
     with an empty NUMBA_CACHE_DIR, 6.6 s of compiling (5.9 s of it the L2 model's round loop, ``run_kernel``)
     then 0.5 s for the next run, on an idle 2-core machine; issue 20 saw ~30 s. Other commands may use it too."""
     if numba_event is None:
@@ -222,7 +223,8 @@ if numba_event is not None:
         def on_start(self, event):
             if not self.said:
                 self.said = True
-                click.echo("iosim: compiling the L2 model with numba, once per install (cached for later runs; "
+                click.echo("iosim: compiling the L2 model and the decode model's walk with numba, once per install "
+                           "(cached for later runs; "
                            "this first run takes a few seconds to half a minute longer)", err=True)
 
         def on_end(self, event):
