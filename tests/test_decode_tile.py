@@ -18,6 +18,7 @@ from iosim.calibrate.rates_kernels import Measured
 from iosim.hardware.gpu import PROFILES_DIR, get_profile, load_profile_file, profile_from_dict
 from iosim.launch import decode as geo
 from iosim.timing.flash_decode import tile_chain_s
+from iosim.timing.rates import rates
 
 TILE_S = {"16bit": {"d64x1": 0.6e-6, "d64x2": 0.9e-6, "d128x1": 0.9e-6, "d128x2": 1.4e-6, "d256x1": 1.6e-6},
           "fp8": {"d64x1": 0.8e-6, "d64x2": 1.1e-6, "d128x1": 1.2e-6, "d128x2": 1.8e-6, "d256x1": 2.3e-6}}
@@ -67,15 +68,18 @@ def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add
         fixed + -(-call[1] // geo.combine_unroll(call[0])) * per[call[0]]))
     got: list[Measured] = []
     decode_tile.combine_round_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
-    assert {m.path[-1]: m.value for m in got} == pytest.approx(per, rel=1e-9)
-    assert all(m.path[:2] == ("decode", "combine_round") for m in got)
+    rounds = {m.path[-1]: m.value for m in got if m.path[:2] == ("decode", "combine_round")}
+    assert rounds == pytest.approx(per, rel=1e-9)
+    # what the call costs beyond its rounds: the intercept, whatever the rounds a head dim's unroll makes
+    assert {m.path[-1]: m.value for m in got if m.path[:2] == ("decode", "combine_fixed")} == pytest.approx(
+        {64: fixed, 128: fixed, 256: fixed}, rel=1e-9)
     got.clear()  # a GPU whose shared memory holds no d = 256 block (an RTX 4090's 100 KB): that head dim is skipped
     monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 0 if d == 256 else 1)
     decode_tile.combine_round_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
-    assert sorted(m.path[-1] for m in got) == [64, 128]
+    assert sorted({m.path[-1] for m in got}) == [64, 128]
 
 
-def _profile_with_tiles(name: str = "h100-sxm5-80gb", fixed: bool = True):
+def _profile_with_tiles(name: str = "h100-sxm5-80gb", fixed: bool = True, combine_fixed: str | None = None):
     data = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
     data["calibration"]["decode"] = {"tile": {c: {k: {"value": {1: f"{v * 1e6} us", 2: f"{1.5 * v * 1e6} us"},
                                                       "source": "test"} for k, v in t.items()}
@@ -84,6 +88,9 @@ def _profile_with_tiles(name: str = "h100-sxm5-80gb", fixed: bool = True):
                                                        "source": "test"},
                                      "fixed": {c: {k: {"value": {1: "9 us", 2: "10 us"}, "source": "test"} for k in t}
                                                for c, t in TILE_S.items()} if fixed else None}
+    if combine_fixed is not None:
+        data["calibration"]["decode"]["combine_fixed"] = {"value": {64: combine_fixed, 128: combine_fixed,
+                                                                    256: combine_fixed}, "source": "test"}
     return profile_from_dict(data, "test")
 
 
@@ -208,3 +215,16 @@ def test_a_block_s_fixed_part_is_the_calibrated_intercept_less_the_launch_and_th
     gain = _split_s(p, prob, page_size=16) - _split_s(no_fixed, prob, page_size=16)
     own = r.block_s + r.l2_latency_s + r.dram_latency_s  # the composed part the measurement replaces (and the merge)
     assert 9e-6 - r.first_launch_s() - r.l2_latency_s - own - 1e-6 < gain < 9e-6 - r.first_launch_s()
+
+
+def test_the_combine_takes_its_measured_part_beyond_its_rounds():
+    """decode.combine_fixed where measured: the calibration's own shape (one sequence of 8 query heads, 2 blocks)
+    costs that part plus its rounds, as timed; without it the part is composed from the launch and L2 latency."""
+    p = AttentionProblem(batch=1, heads=8, kv_heads=1, seq_len=1, kv_len=32768, head_dim=128, dtype="bf16")
+    kw = dict(kernel="iosim-decode", warm=True, page_size=16, splits=128)
+    r = simulate("flash-decoding", p, _profile_with_tiles(combine_fixed="5 us"), **kw)
+    combine = r.time.kernels[1]
+    assert combine.predicted_s == pytest.approx(5e-6 + 16 * 450e-9, rel=1e-6)  # 16 rounds of 8 splits
+    bare = simulate("flash-decoding", p, _profile_with_tiles(), **kw).time.kernels[1]
+    rt = rates(get_profile("h100-sxm5-80gb"), "bf16")
+    assert bare.resources["launch"] == pytest.approx(rt.next_launch_s() + rt.l2_latency_s, rel=1e-9)

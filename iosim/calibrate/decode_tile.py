@@ -1,7 +1,7 @@
 """``calibration.decode``: what one warp of iosim's Flash-Decoding kernel (kernels/flash_decode.cu) spends on a tile
 of 16 keys when no load keeps it waiting (``decode.tile``), what a call spends beyond its tiles (``decode.fixed``,
-``decode.fixed_alone``), and what a round of the combine kernel's split loop costs (``decode.combine_round``), on
-this GPU.
+``decode.fixed_alone``), and what a round of the combine kernel's split loop costs (``decode.combine_round``) and
+what a combine call costs beyond its rounds (``decode.combine_fixed``), on this GPU.
 
 Why it is measured: a warp's tile is a dependent chain (ldmatrix, the QK^T multiplies, the row max and sum across
 lanes, exp2, the rescale of O, the PV multiplies; on an fp8 cache the conversion of K and V to fp16 before them), and
@@ -29,7 +29,10 @@ The combine's round: its loop merges :func:`iosim.launch.decode.combine_unroll` 
 together; a round is one trip to L2 and back, but for 8 warp-wide rows of 512 B and their lse, not the one 8-byte
 load of ``latency.l2`` (an H100 with one sequence of 32K keys, 128 splits, measured about 3x that per round). So the
 combine kernel alone (:func:`iosim.gpu.flash_decode.launch_combine`) is timed on partials of 128 and of 8 splits (one
-sequence, 8 query heads: 2 blocks) and the difference divided by the rounds between.
+sequence, 8 query heads: 2 blocks) and the difference divided by the rounds between; what is left of the first
+call beyond its rounds is ``decode.combine_fixed`` (the combine after a split kernel costs what it costs alone:
+H200, 2026-11-28, the whole call's CUDA-event time within -2.3 to +0.6 us of the split kernel's and the combine's
+alone on six calls of 2-94 splits, docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -115,6 +118,10 @@ def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) ->
                 f"of the second) / {rounds[1] - rounds[0]} rounds of {unroll} splits")
         report(Measured(("decode", "combine_round", d), per, "s", what),
                f"{times[0] * 1e6:.1f} us at {COMBINE_SPLITS[0]} splits, {times[1] * 1e6:.1f} us at {COMBINE_SPLITS[1]}")
+        fixed = max(times[0] - rounds[0] * per, 1e-12)
+        report(Measured(("decode", "combine_fixed", d), fixed, "s",
+                        f"the same calls: time at {COMBINE_SPLITS[0]} splits - {rounds[0]} round(s) x the round above"),
+               "")
 
 
 def _combine_call(cp, d: int, splits: int):

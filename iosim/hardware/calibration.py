@@ -134,6 +134,10 @@ class DecodeCalibration(_Strict):
     combine_round: SourcedSecondsTable | None = Field(
         None, description="seconds a round of the combine kernel's split loop takes (one L2 round trip for its "
                           "splits' partial rows), by head dim; absent in files measured before it")
+    combine_fixed: SourcedSecondsTable | None = Field(
+        None, description="the same measurement's intercept: seconds of a combine call beyond its rounds (its "
+                          "launch on a busy stream, a block's start, the length and lse loads, the stores), by head "
+                          "dim; absent in files measured before 2026-11-28")
 
 
 class ForwardCalibration(_Strict):

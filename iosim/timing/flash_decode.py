@@ -34,9 +34,11 @@ dependent L2 loads (the length, the splits' lse, then the splits' lse and O_s a 
 :func:`iosim.launch.decode.combine_unroll` splits at a time, their loads in flight together: a round is the
 calibrated ``decode.combine_round``, one L2 latency where the profile lacks it), placed on the combine kernel's own
 resident slots; the kernel takes the longer of that placement and the partials' bytes (from L2 where they fit in
-it, else DRAM), plus a further launch (``launch.dependent``).
+it, else DRAM), plus the call's part beyond its blocks: ``decode.combine_fixed`` (the combine alone on a busy
+stream, less its rounds and one block's start; a combine after the split kernel costs what it costs alone,
+measured), or a further launch (``launch.dependent``) and an L2 latency where the profile lacks it.
 
-Nothing here is fitted: ``decode.tile``, ``decode.fixed`` and ``decode.combine_round`` are measured on shapes of
+Nothing here is fitted: ``decode.tile``, ``decode.fixed``, ``decode.combine_round`` and ``decode.combine_fixed`` are measured on shapes of
 their own (every sequence on the same pages in L2, one or two blocks an SM; the combine kernel alone), and the
 measured decode rows (docs/benchmarks/decode-*.csv, the time records) judge the model
 (``benchmarks/time_record_decode.py --judge-benchmark``, ``benchmarks/time_record.py``).
@@ -163,6 +165,15 @@ def combine_round_s(profile, head_dim: int, r: Rates) -> float:
     return float(table.get(head_dim, r.l2_latency_s))
 
 
+def combine_fixed_s(profile, head_dim: int) -> float | None:
+    """``calibration.decode.combine_fixed`` at this head dim: a combine call's time beyond its rounds, measured
+    (None where the profile lacks it: the model then composes it from the launch and L2 latencies)."""
+    cal = getattr(profile.calibration, "decode", None)
+    entry = cal.combine_fixed if cal is not None else None
+    value = entry.value.get(head_dim) if entry is not None else None
+    return float(value) if value is not None else None
+
+
 def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     """The split kernel (module docstring)."""
     p, t, r = c.problem, work.tiles, c.rates
@@ -211,16 +222,19 @@ def combine_time(c: Conditions, work: Workload, registers: int, resident_share: 
     ns = np.repeat(np.minimum(t.splits, cdiv(np.asarray(t.kv_lens, dtype=np.int64), t.chunk)), p.seq_len * p.heads)
     ns = np.concatenate([ns, np.zeros(-rows % WARPS, dtype=np.int64)]).reshape(-1, WARPS).max(axis=1)
     rounds = cdiv(ns, geo.combine_unroll(p.head_dim))  # a round: combine_unroll splits, their loads in flight together
-    chain = r.block_s + 2 * r.l2_latency_s + rounds * combine_round_s(c.profile, p.head_dim, r)  # length; lse; rounds
+    start = r.block_s + 2 * r.l2_latency_s  # a block's start, its length and its splits' lse
+    chain = start + rounds * combine_round_s(c.profile, p.head_dim, r)
     slots = resident_blocks(c.profile, geo.DECODE_THREADS, 0, registers)[0]
     placed = makespan(chain.astype(float), slots)
     read, write = work.hbm[1]
     cap = c.profile.l2.capacity.value
     from_l2 = bool(cap) and work.hbm[0][1] <= resident_share * cap  # the partials the split kernel just wrote
     streamed = read / (r.l2 if from_l2 else r.dram_read) + write / r.l2_write
-    seconds = r.next_launch_s() + max(placed, streamed) + r.l2_latency_s
+    measured = combine_fixed_s(c.profile, p.head_dim)  # the call beyond its rounds, one block's start included
+    call = r.next_launch_s() + r.l2_latency_s if measured is None else max(0.0, measured - start)
+    seconds = call + max(placed, streamed)
     parts = {"utilization": min(1.0, len(ns) / slots), "blocks": placed, "stream": streamed,
-             "launch": r.next_launch_s(), "bound": "latency" if placed >= streamed else ("l2" if from_l2 else "dram")}
+             "launch": call, "bound": "latency" if placed >= streamed else ("l2" if from_l2 else "dram")}
     return KernelTime.of(work.counts.kernels[1].name, len(ns), seconds, parts)
 
 
