@@ -5,7 +5,8 @@ memory, blocks per SM, bytes in flight, and the split heuristic, as plain data a
 here). Names follow the math: ``rows`` = M = G·L packed query rows of one kv head (G = heads / kv_heads query heads,
 L = new tokens per sequence), ``chunk`` = keys per split, ``d`` = head dim.
 
-The split heuristic (:func:`decode_split`), the rule a time model should reproduce:
+The occupancy split rule (:func:`decode_split`; where the GPU's profile has the kernel's calibration the kernel
+launches the time model's fastest count instead, :mod:`iosim.timing.decode_split`, and this rule is the fallback):
 
 1. A launch has ``units`` = batch · kv_heads · row_blocks thread blocks before splitting; the GPU holds SMs ·
    (blocks per SM) of them at once (:func:`decode_blocks_per_sm`: shared memory, registers, threads). The split
