@@ -74,3 +74,12 @@ def test_simulate_counts_the_split_the_kernel_launches():
     r = simulate("flash-decoding", p, "h200-sxm-141gb", kernel="iosim-decode", kv_lens=RAGGED, page_size=16)
     want, _ = kernel_split(p, get_profile("h200-sxm-141gb"), DESC, 264, RAGGED, 16)
     assert (r.tiles.splits, r.tiles.chunk) == astuple(want)
+
+
+def test_a_batch_with_no_key_runs_one_split_and_simulates():
+    """Every sequence empty (legal: O = 0, lse = -inf): one split, no model search, and the time model prices the
+    blocks that only start and exit (it divided by a zero bandwidth before)."""
+    p = AttentionProblem(batch=2, heads=8, kv_heads=1, seq_len=1, kv_len=64, head_dim=64, dtype="fp16")
+    assert choose_splits(p, get_profile("h200-sxm-141gb"), DESC, [0, 0]) == 1
+    r = simulate("flash-decoding", p, "h200-sxm-141gb", kernel="iosim-decode", kv_lens=[0, 0])
+    assert r.tiles.splits == 1 and 0 < r.time.predicted_s < 20e-6

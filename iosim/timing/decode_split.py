@@ -68,6 +68,8 @@ def choose_splits(problem: AttentionProblem, profile: Profile, desc: KernelDesc,
     """The split count with the least predicted time for this decode call (module docstring); ``warm``: the cache
     stays in L2 between calls where it fits (default False: each call finds it in DRAM, as a model's layers do)."""
     lens, _ = decode_layout.check_layout(problem, kv_lens, page_size)
+    if max(lens, default=0) <= 0:  # no key in the batch: one split, which writes O = 0 and lse = -inf
+        return 1
     best, best_s, since, seen = 1, float("inf"), 0, set()
     for s in candidates(max(lens, default=0)):
         tiles = decode_layout.make_tiles(problem, lens, page_size, s, kv_dtype)

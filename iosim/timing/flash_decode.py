@@ -197,7 +197,9 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
                    tile / (_tile_seconds(p, t, r, WARPS * k, fp8_path(c.profile)) * k))
 
     hbm_read, hbm_write = work.hbm[0]
-    reuse = float(stream.sum()) / hbm_read if hbm_read else math.inf  # global K/V bytes per DRAM byte read
+    total = float(stream.sum())
+    # global K/V bytes per DRAM byte read (a batch with no key streams nothing: the bandwidth is then moot)
+    reuse = (total / hbm_read if total else 1.0) if hbm_read else math.inf
     bandwidth = min(r.l2, r.dram_read * reuse)
     merge = 2 * WARPS * t.block_q * (d + 2) * 4 / (r.smem / r.sms)  # the warps' states through shared memory
     own = r.block_s + r.l2_latency_s + c.latency + merge
@@ -208,7 +210,7 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     walk = fluid(stream, fixed, r.sms, per_sm, bandwidth, [math.inf] + [cap(k) for k in range(1, per_sm + 1)])
     dram = r.dram_s(hbm_read, hbm_write)
     seconds = r.first_launch_s() + max(walk + c.latency, dram)
-    ideal = float(stream.sum()) / bandwidth
+    ideal = total / bandwidth
     bound = ("l2" if bandwidth == r.l2 else "dram") if ideal >= 0.8 * walk else "blocks"
     parts = {"utilization": min(1.0, len(keys) / slots), "splits": t.splits, "resident_blocks": per_sm,
              "blocks": walk, "stream": ideal, "dram": dram, "launch": r.first_launch_s(), "bound": bound}
