@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from iosim import AttentionProblem, get_profile, simulate
-from iosim.timing.flash_decode import fluid, shares
+from iosim.timing._fluid import shares
+from iosim.timing.flash_decode import fluid
 from iosim.timing.rates import rates
 
 H100 = "h100-sxm5-80gb"

@@ -79,22 +79,14 @@ def fluid(stream: np.ndarray, fixed: np.ndarray, sms: int, per_sm: int, bandwidt
     not streaming, then streams ``stream[i]`` bytes. The first ``sms · per_sm`` blocks are placed breadth first
     (block i on SM i mod sms: one on every SM, then a second, as the block scheduler deals out a grid); every later
     one takes the slot the block that ended last left, on that block's SM. The streaming blocks share ``bandwidth``
-    by water-filling (:func:`shares`), each at most ``caps[k]`` bytes/s while k blocks stream on its SM (its warps'
-    pace there). An event walk: blocks start streaming or end at each event (all those that do at the same
+    by water-filling (:func:`iosim.timing._fluid.shares`), each at most ``caps[k]`` bytes/s while k blocks stream
+    on its SM (its warps' pace there). An event walk: blocks start streaming or end at each event (all those that do at the same
     instant: a wave of equal blocks is one event), and the rates are set again; compiled
     (:func:`iosim.timing._fluid.walk`), since the split choice walks every candidate grid."""
     from ._fluid import walk  # numba, on the first decode prediction
 
     return float(walk(np.asarray(stream, dtype=np.float64), np.asarray(fixed, dtype=np.float64), int(sms), int(per_sm),
                       float(bandwidth), np.asarray(caps, dtype=np.float64)))
-
-
-def shares(caps: np.ndarray, bandwidth: float) -> np.ndarray:
-    """Each streaming block's rate: ``bandwidth`` shared equally, none above its cap, what a capped block leaves
-    shared by the others (water-filling)."""
-    from ._fluid import shares as compiled
-
-    return compiled(np.asarray(caps, dtype=np.float64), float(bandwidth))
 
 
 def _split_keys(p: AttentionProblem, t: PagedDecodingTiles, row_blocks: int) -> np.ndarray:
