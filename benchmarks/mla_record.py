@@ -43,7 +43,7 @@ from pathlib import Path
 
 from cuda_events import time_ms  # beside this file
 from ncu_child import kernel_metrics  # beside this file
-from time_record import PROFILE, device_header  # beside this file
+from time_record import PROFILE, device_header, save_record  # beside this file
 
 from iosim.hardware.gpu import get_profile
 from iosim.schedules.mla_decode import NOPE, VALUE, MlaDecode, counts, dram
@@ -218,10 +218,7 @@ def measure(device: str, reps: int, out: Path) -> int:
             for s, v in row["stages"].items()), flush=True)
         del x
         torch.cuda.empty_cache()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{device}-mla.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {save_record(record, out / f'{device}-mla.json')}")
     return 0 if err < CHECK_TOL else 1
 
 
