@@ -15,11 +15,10 @@ How: one block on every SM, then two, and so on to as many as an SM holds (``bat
 head, one split each, so the grid is one block per sequence; with two blocks the warps on a scheduler share its issue
 slots and a warp's tile takes 1.2-1.6x as long on an H100; an fp8 cache's blocks fit three an SM at d = 128, the
 count the split choice fills, :mod:`iosim.timing.decode_split`), every sequence's block table pointing at the same
-pages, so the
-cache (at most 8 MiB) sits in L2 and each warp's ring is full when it asks; 8 query heads on the kv head and 1 new
-token (one stripe of 16 rows) or 4 (32 rows: two stripes). Each sequence holds ``N1`` and then ``N2`` keys; the
-time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy kernel) grows by (N2 − N1) / 64
-tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps' merge)
+pages, so the cache (at most 8 MiB) sits in L2 and each warp's ring is full when it asks; 8 query heads on the kv
+head and 1 new token (one stripe of 16 rows) or 4 (32 rows: two stripes). Each sequence holds ``N1`` and then ``N2``
+keys; the time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy kernel) grows by
+(N2 − N1) / 64 tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps' merge)
 are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1); and those fixed costs are what is left, ``decode.fixed`` = t(N1) −
 N1 / 64 · tile (the call's launch included), and ``decode.fixed_alone`` the same with a grid of 4 blocks: a
 block that starts beside a block on every other SM costs more than one alone. Both caches: 16-bit (fp16 q and
