@@ -178,11 +178,18 @@ def v5_table_bytes(p, tiles, kv_lens) -> int:
     return 4 * rb * p.kv_heads * sum(-(-n // TILE_KEYS) for n in kv_lens) if tiles.paged else 0
 
 
-def judged(device: str, row: dict, kernel: str = "v6") -> list[dict]:
+def v6_combine_lse_bytes(p, tiles, kv_lens) -> int:
+    """The lse bytes the combine kernel loaded before v7 beyond v7's: its pass for the maximum, every row's lse_s
+    of its sequence's splits once more (lane s % 32 reads lse_s; v7 keeps a running maximum)."""
+    return 4 * p.seq_len * p.heads * sum(tiles.active_splits(n) for n in kv_lens)
+
+
+def judged(device: str, row: dict, kernel: str = "v7") -> list[dict]:
     """One recorded call judged, a row per (kernel, boundary, direction): the simulated count at the split count the
     plan launched beside the measurement, by iosim.validation's rule (``global`` exact; ``hbm`` its bound or floor,
     the floor 1% of the call's compulsory bytes: q, the keys' K and V in the cache's dtype, O and lse once).
-    ``kernel``: the version of the split kernel the record measured; before v6 its block-table loads are v5's."""
+    ``kernel``: the version of kernels/flash_decode.cu the record measured; before v6 the split kernel's block-table
+    loads are v5's, before v7 the combine's lse loads v6's."""
     from iosim import AttentionProblem, simulate
     from iosim.validation import hbm_rule
 
@@ -203,8 +210,11 @@ def judged(device: str, row: dict, kernel: str = "v6") -> list[dict]:
     out = []
     for kc, hbm_r, hbm_w, meas in zip(r.counts.kernels, r.hbm_read, r.hbm_write, row["kernels"], strict=True):
         read = sum(kc.global_read.values())
-        if kernel == "v5" and kc.name == "flash_decode_split":
+        version = int(kernel[1:])
+        if version < 6 and kc.name == "flash_decode_split":
             read += v5_table_bytes(p, r.tiles, c.kv_lens) - kc.global_read.get("block_table", 0)
+        if version < 7 and kc.name == "flash_decode_combine":
+            read += v6_combine_lse_bytes(p, r.tiles, c.kv_lens)
         for boundary, direction, sim, m in (
                 ("global", "read", read, meas["ld"] + meas["ldgsts"]),
                 ("global", "write", sum(kc.global_write.values()), meas["st"]),

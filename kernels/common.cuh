@@ -151,6 +151,21 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 #endif
 }
 
+// Programmatic dependent launch (sm_90; no-ops before it, and where the host launched the dependent plainly):
+// allow_dependent_launch lets the grid launched after this one as its programmatic dependent start once every block
+// here has called it or exited; wait_prerequisite_grids blocks a dependent's threads until the grids it depends on
+// have completed and their memory operations are visible. Nothing before the wait may read what they write.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_prerequisite_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float exp2_approx(float x) {  // 2^x; ex2.approx(-inf) = +0
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

@@ -33,7 +33,12 @@
 //   epilogue: the 4 warps' (m, l, O) meet in shared memory (over Q_i and the K/V ring) and merge by the log-sum-exp
 //   rule; one split: O in the input dtype and lse; several: O_s / l_s in fp32 and lse_s, per split.
 // Kernel 2, flash_decode_combine_kernel (only when splits > 1; one warp per output row (b, i, h)):
-//   m = max_s lse_s; O = sum_s e^(lse_s - m) O_s / sum_s e^(lse_s - m); lse = m + ln sum_s e^(lse_s - m).
+//   m = max_s lse_s; O = sum_s e^(lse_s - m) O_s / sum_s e^(lse_s - m); lse = m + ln sum_s e^(lse_s - m), in one
+//   pass over the splits (m kept as a running maximum, the sums rescaled when it grows: the online softmax's rule).
+//   On sm_90 the host launches it as a programmatic dependent of kernel 1 (iosim/gpu/driver.py): every block of
+//   kernel 1 allows it at its start (griddepcontrol.launch_dependents), so its blocks start, read their lengths and
+//   wait (griddepcontrol.wait: kernel 1 complete, its stores visible) on the SMs kernel 1's last blocks free,
+//   instead of after kernel 1's end and a launch.
 //
 // Why mma.sync and not CUDA cores: per key the block does 4 * M * d FLOPs (M = G * L rows) for 4 * d bytes of K and V,
 // M FLOP/B. At G * L >= 8 that is >= 24 TFLOP/s at 3 TB/s: a third of the H100's fp32 FMA issue rate before the
@@ -50,8 +55,11 @@
 //       SM holds 3 blocks of d = 128 (12 warps).
 //   v5  each warp's (page, slot) cursor moves by an add a tile; v4 divided a tile's first key by the run-time page
 //       size twice a tile (~160 of a loop's 647 SASS instructions were that address work).
-//   v6  this one: the block table read 32 tiles at a time, 32 to 64 tiles ahead (v5 read a tile's page one tile
-//       ahead: a dependent L2 load in each warp's copy stream wherever pages hold 64 keys or fewer).
+//   v6  the block table read 32 tiles at a time, 32 to 64 tiles ahead (v5 read a tile's page one tile ahead: a
+//       dependent L2 load in each warp's copy stream wherever pages hold 64 keys or fewer).
+//   v7  this one: the combine a programmatic dependent launch on sm_90 (its start and length read overlap kernel
+//       1's last blocks), and one pass over the splits (v6 read every lse_s twice: a pass for the maximum, then
+//       the weights; the first pass was one more L2 round trip a row).
 #include "common.cuh"
 #include "tile.cuh"
 
@@ -106,6 +114,7 @@ __global__ void __launch_bounds__(128)
                       Br * D * (int)sizeof(T) + kDecodeWarps * decode_warp_bytes<D, T, KV>(),
                   "the merge area must fit over Q_i and the K/V ring");
     IOSIM_TRACE_BLOCK();
+    allow_dependent_launch();  // the combine (a programmatic dependent on sm_90) may start on the SMs we free
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T* sQ = reinterpret_cast<T*>(smem_raw);                                  // Br x D
@@ -514,19 +523,37 @@ __device__ __forceinline__ void load_row(const float* __restrict__ src, float (&
     }
 }
 
-// One split into a row's sum: weight f = e^(lse_s - m) (0 for a split where the row saw no key), l += f, acc += f O_s.
-template <int V>
-__device__ __forceinline__ void merge_split(float lse_s, const float (&x)[V], float mx, float& l, float (&acc)[V]) {
+// One round of a row's splits into its sums: the running maximum mx raised to the round's largest lse_s (the sums
+// rescaled by e^(old - new), 0 from -inf), then each split's weight f = e^(lse_s - mx) added: l += f, acc += f O_s.
+template <int V, int U>
+__device__ __forceinline__ void merge_round(const float (&ls)[U], const float (&x)[U][V], int n, float& mx, float& l,
+                                            float (&acc)[V]) {
     constexpr float kLog2e = 1.4426950408889634f;
-    const float f = exp2_approx((lse_s - mx) * kLog2e);
-    l += f;
+    float m_new = mx;
 #pragma unroll
-    for (int e = 0; e < V; ++e) acc[e] += f * x[e];
+    for (int u = 0; u < U; ++u)
+        if (u < n) m_new = fmaxf(m_new, ls[u]);
+    if (m_new == -INFINITY) return;  // no split of this round saw a key: nothing to add
+    const float c = exp2_approx((mx - m_new) * kLog2e);  // mx = -inf: 0 (the sums are 0 too)
+    l *= c;
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] *= c;
+    mx = m_new;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        if (u < n) {
+            const float f = exp2_approx((ls[u] - mx) * kLog2e);
+            l += f;
+#pragma unroll
+            for (int e = 0; e < V; ++e) acc[e] += f * x[u][e];
+        }
+    }
 }
 
 // Kernel 2: merge the splits of each output row (b, i, h), one warp a row, D / 32 columns a lane.
 // o_part (B * L * H, n_splits, D) fp32 and lse_part (B * L * H, n_splits) as kernel 1 wrote them; a sequence of n_b
-// keys has ceil(n_b / chunk) splits written (none when n_b = 0: O = 0, lse = -inf).
+// keys has ceil(n_b / chunk) splits written (none when n_b = 0: O = 0, lse = -inf); a row whose token sees no key
+// (i < L - n_b) has O = 0, lse = -inf and reads nothing.
 // __launch_bounds__(128, 4): at least 4 blocks an SM, which leaves ptxas the registers to keep a round's loads in
 // flight (56-71 registers; with the default it scheduled for 34 and issued the loads two at a time)
 template <int D, typename T>
@@ -539,41 +566,33 @@ __global__ void __launch_bounds__(128, 4)
     constexpr int kCombineUnroll = V == 8 ? 4 : 8;  // splits a round (iosim/launch/decode.py COMBINE_UNROLL)
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (row >= n_rows) return;
-    const int b = (int)(row / ((long long)q_len * heads));
+    const int b = row < n_rows ? (int)(row / ((long long)q_len * heads)) : 0;
     const int i = (int)((row / heads) % q_len), h = (int)(row % heads);
-    const int seqlen = seqlens_k[b];
-    const int ns = min(n_splits, (seqlen + chunk - 1) / chunk);
+    const int seqlen = seqlens_k[b];  // an input: read before kernel 1 is done
+    wait_prerequisite_grids();        // kernel 1's partials complete and visible (sm_90: a dependent launch)
+    if (row >= n_rows) return;
+    const int ns = i >= q_len - seqlen ? min(n_splits, (seqlen + chunk - 1) / chunk) : 0;  // 0: the row sees no key
     const float* lp = lse_part + row * n_splits;
     const float* op = o_part + row * n_splits * D + lane * V;
 
-    float mx = -INFINITY;
-    for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, lp[s]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-
+    // kCombineUnroll splits a round, their loads (lse_s and O_s) all issued before any is used, so a round costs one
+    // L2 round trip: a long sequence of a small batch has up to 128 splits (the loop one split after another was a
+    // chain of L2 round trips: 14 us of a 26 us call, one sequence of 32K keys on an H100). The last round loads the
+    // splits that exist only (predicated), so every byte is read once.
     float acc[V];
 #pragma unroll
     for (int e = 0; e < V; ++e) acc[e] = 0.f;
-    float l = 0.f;
-    if (mx != -INFINITY) {
-        // kCombineUnroll splits a round, their loads (lse_s and O_s) all issued before any is used, so a round costs
-        // one L2 round trip: a long sequence of a small batch has up to 128 splits (the loop one split after another
-        // was a chain of L2 round trips: 14 us of a 26 us call, one sequence of 32K keys on an H100). The last round
-        // loads the splits that exist only (predicated), so every byte is read once.
-        for (int s = 0; s < ns; s += kCombineUnroll) {
-            float ls[kCombineUnroll], x[kCombineUnroll][V];
+    float l = 0.f, mx = -INFINITY;
+    for (int s = 0; s < ns; s += kCombineUnroll) {
+        float ls[kCombineUnroll], x[kCombineUnroll][V];
 #pragma unroll
-            for (int u = 0; u < kCombineUnroll; ++u) {
-                if (s + u < ns) {
-                    ls[u] = lp[s + u];
-                    load_row<V>(op + (long long)(s + u) * D, x[u]);
-                }
+        for (int u = 0; u < kCombineUnroll; ++u) {
+            if (s + u < ns) {
+                ls[u] = lp[s + u];
+                load_row<V>(op + (long long)(s + u) * D, x[u]);
             }
-#pragma unroll
-            for (int u = 0; u < kCombineUnroll; ++u)
-                if (s + u < ns) merge_split<V>(ls[u], x[u], mx, l, acc);
         }
+        merge_round<V, kCombineUnroll>(ls, x, ns - s, mx, l, acc);
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;
     unsigned packed[V / 2];

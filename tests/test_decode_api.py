@@ -379,7 +379,7 @@ def fake_cupy(monkeypatch):
     cp.ndarray, cp.asarray, cp.int32, cp.float32, cp.uint64, cp.dtype = _DevArray, _dev, np.int32, np.float32, \
         np.uint64, np.dtype
     cp.empty = lambda shape, dtype=None: _dev(np.empty(shape, dtype=dtype))
-    stream = types.SimpleNamespace(synchronize=lambda: None)
+    stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0)
     cp.cuda = types.SimpleNamespace(Device=Device, get_current_stream=lambda: stream,
                                     runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
                                                                   getDeviceProperties=lambda d: {"name": b"Fake GPU"}))
@@ -388,11 +388,17 @@ def fake_cupy(monkeypatch):
 
     def kernel(cp_, inst, smem, trace=False):
         def fn(grid, block, args, shared_mem=0):
-            calls.append(types.SimpleNamespace(inst=inst, grid=grid, block=block, args=args, smem=shared_mem))
-        fn.num_regs = 160
+            calls.append(types.SimpleNamespace(inst=inst, grid=grid, block=block, args=args, smem=shared_mem,
+                                               dependent=False))
+        fn.num_regs, fn.inst = 160, inst
         return fn
 
+    def dependent(fn, grid, block, args, stream, shared_mem=0):  # iosim.gpu.driver's programmatic dependent launch
+        calls.append(types.SimpleNamespace(inst=fn.inst, grid=grid, block=block, args=args, smem=shared_mem,
+                                           dependent=True))
+
     monkeypatch.setattr(flash_decode, "_kernel", kernel)
+    monkeypatch.setattr(flash_decode, "launch_dependent", dependent)
     monkeypatch.setattr(flash_decode, "_smem_limit", lambda cp_: 232448)
     return calls
 
@@ -421,9 +427,26 @@ def test_a_paged_plan_launches_the_split_then_the_combine_kernel_with_the_checke
     assert [int(x) for x in a[11:18]] == [4, 16, 2, 64, 10, 208, 3]
     assert float(a[18]) == pytest.approx(1.4426950408889634 / 128 ** 0.5, rel=1e-6)
     assert combine.inst == DecodeInstance("combine", 128, "float16") and combine.grid == (48, 1, 1)
+    assert not split.dependent and combine.dependent  # compute capability 9.0: the combine a dependent launch
     c = combine.args
     assert c[0] is a[5] and c[1] is a[6] and c[2] is a[7] and c[3] is o and c[4] is lse
     assert [int(x) for x in c[5:]] == [192, 4, 16, 208, 3]  # rows, q_len, heads, chunk, splits
+
+
+def test_before_compute_capability_9_the_combine_is_a_plain_launch(fake_cupy, monkeypatch):
+    import cupy  # the fake
+
+    from iosim import gpu
+
+    monkeypatch.setattr(cupy.cuda.Device, "compute_capability", "80")  # no griddepcontrol before sm_90
+    q = _dev(np.zeros((1, 1, 8, 64), np.float16))
+    k = _dev(np.zeros((1, 512, 1, 64), np.float16))
+    plan = gpu.plan_decode(q, k, k, splits=2)
+    plan.run(q, k, k)
+    split, combine = fake_cupy
+    assert split.inst == DecodeInstance("split", 64, "float16", 1) and not split.dependent
+    assert not plan.dependent_combine and not combine.dependent
+    assert combine.inst == DecodeInstance("combine", 64, "float16")
 
 
 def test_an_fp8_plan_launches_the_e4m3_instance_with_its_scales_and_smaller_ring(fake_cupy):

@@ -1,11 +1,8 @@
 """Host side of the FlashAttention-3-style forward kernel (kernels/flash3_fwd.cu, sm_90a only): TMA tensor maps,
 the Hopper check and the launch.
 
-Tensor maps come from the CUDA driver's ``cuTensorMapEncodeTiled``, called through :mod:`ctypes` on ``libcuda``.
-Why ctypes: CuPy (our only GPU dependency) does not wrap the tensor-map API, and ``cuda-python``/``cuda-bindings``
-would be a second CUDA binding to install and keep in step with CuPy's CUDA major; ``libcuda.so.1`` is always
-present where a kernel can run at all (it is the driver), its C ABI for this entry point has been stable since
-CUDA 12.0, and the function only fills a 128-byte host struct (no context, no device memory, no stream), so
+Tensor maps come from the CUDA driver's ``cuTensorMapEncodeTiled`` (:mod:`iosim.gpu.driver`: ctypes on
+``libcuda``, and why); the function only fills a 128-byte host struct (no context, no device memory, no stream), so
 nothing is shared with CuPy's driver state. The 128 bytes reach the kernel by value as a ``__grid_constant__``
 parameter, passed through CuPy as a NumPy structured scalar of 16 uint64 (CuPy's custom-struct arguments).
 
@@ -21,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from iosim import launch
+from iosim.gpu.driver import libcuda
 from iosim.launch.flash3_schedule import tile_schedule, varlen_schedule, varlen_tiles
 from iosim.launch.varlen import Mask
 
@@ -47,33 +45,6 @@ def require_hopper(cp: Any) -> None:
             f"setmaxnreg of sm_90a), but device {dev.id} is {name} (compute capability {cc[:-1]}.{cc[-1]}); "
             "use schedule='flash2'"
         )
-
-
-_libcuda: Any = None
-
-
-def _driver() -> Any:
-    global _libcuda
-    if _libcuda is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuTensorMapEncodeTiled
-        fn.restype = ctypes.c_int
-        fn.argtypes = [
-            ctypes.c_void_p,  # CUtensorMap* (128 bytes, 64-byte aligned)
-            ctypes.c_int,  # CUtensorMapDataType
-            ctypes.c_uint32,  # rank
-            ctypes.c_void_p,  # global address
-            ctypes.POINTER(ctypes.c_uint64),  # globalDim[rank]
-            ctypes.POINTER(ctypes.c_uint64),  # globalStrides[rank - 1], bytes
-            ctypes.POINTER(ctypes.c_uint32),  # boxDim[rank]
-            ctypes.POINTER(ctypes.c_uint32),  # elementStrides[rank]
-            ctypes.c_int,  # interleave
-            ctypes.c_int,  # swizzle
-            ctypes.c_int,  # L2 promotion
-            ctypes.c_int,  # OOB fill
-        ]
-        _libcuda = lib
-    return _libcuda
 
 
 def _tensor_map_dtype():
@@ -113,7 +84,7 @@ def _encode(name: str, ptr: int, dtype: str, dims_: tuple[int, ...], box_: tuple
     one = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
     buf = ctypes.create_string_buffer(128 + 64)
     addr = (ctypes.addressof(buf) + 63) // 64 * 64
-    rc = _driver().cuTensorMapEncodeTiled(
+    rc = libcuda().cuTensorMapEncodeTiled(
         ctypes.c_void_p(addr), _TMA_DTYPE[dtype], 4, ctypes.c_void_p(ptr), dims, strides, box, one, 0,
         _SWIZZLE[row_bytes], _L2_PROMOTION_256B, _OOB_FILL_ZERO,
     )

@@ -22,6 +22,7 @@ model's fastest on the GPU's profile).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
@@ -44,6 +45,7 @@ from iosim.gpu.decode_inputs import (
     host_ints,
     host_scales,
 )
+from iosim.gpu.driver import launch_dependent
 from iosim.gpu.inputs import (
     AttentionInputError,
     SharedMemoryError,
@@ -65,6 +67,9 @@ _LOG2E = 1.4426950408889634
 # Tests set this to fill the split kernel's partial outputs with NaN before each launch, so a partial the combine
 # kernel reads but no block wrote fails the comparison instead of passing on stale memory.
 POISON_PARTIALS = False
+# The combine as a programmatic dependent launch of the split kernel where the GPU has it (sm_90+): its blocks start
+# on the SMs the split kernel's last blocks free and wait there for its partials (kernels/flash_decode.cu, v7).
+DEPENDENT_COMBINE = True
 
 
 class Decoded(NamedTuple):
@@ -88,6 +93,7 @@ class DecodePlan:
     launches: tuple[KernelLaunch, ...]  # the split kernel, then the combine kernel where splits > 1
     device: int
     split_rule: str = "occupancy"  # how the splits were chosen: "forced", "time model (<profile>)" or "occupancy"
+    dependent_combine: bool = False  # sm_90+: the combine is a programmatic dependent launch of the split kernel
 
     @property
     def splits(self) -> int:
@@ -152,15 +158,28 @@ class DecodePlan:
                                       f"{self.device}, the plan's")
 
     def _launch(self, cp: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, scales: tuple[Any, Any] | None) -> None:
+        o_part, lse_part = self._partials(cp)
+        self._launch_split(cp, q, k, v, o, lse, scales, o_part, lse_part)
+        if self.split.splits > 1:
+            launch_combine(self, o_part, lse_part, o, lse, dependent=self.dependent_combine)
+
+    def _partials(self, cp: Any) -> tuple[Any, Any]:
+        """The split kernel's fp32 partial outputs (o_part (rows, splits, d), lse_part (rows, splits)); null
+        pointers where one split writes O and lse itself."""
+        s, sp = self.shapes, self.split
+        if sp.splits == 1:
+            return cp.uint64(0), cp.uint64(0)
+        o_part = cp.empty((s.batch * s.q_len * s.heads, sp.splits, s.head_dim), dtype=cp.float32)
+        lse_part = cp.empty((s.batch * s.q_len * s.heads, sp.splits), dtype=cp.float32)
+        if POISON_PARTIALS:
+            o_part.fill(float("nan"))
+            lse_part.fill(float("nan"))
+        return o_part, lse_part
+
+    def _launch_split(self, cp: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, scales: tuple[Any, Any] | None,
+                      o_part: Any, lse_part: Any) -> None:
         s, sp, i32 = self.shapes, self.split, cp.int32
         main = self.launches[0]
-        o_part = lse_part = cp.uint64(0)  # null pointers: one split writes O and lse itself
-        if sp.splits > 1:
-            o_part = cp.empty((s.batch * s.q_len * s.heads, sp.splits, s.head_dim), dtype=cp.float32)
-            lse_part = cp.empty((s.batch * s.q_len * s.heads, sp.splits), dtype=cp.float32)
-            if POISON_PARTIALS:
-                o_part.fill(float("nan"))
-                lse_part.fill(float("nan"))
         null = cp.uint64(0)
         table = self.table if self.table is not None else null
         k_scale, v_scale = scales if scales is not None else (null, null)
@@ -169,20 +188,34 @@ class DecodePlan:
                                    i32(s.q_len), i32(s.heads), i32(s.kv_heads), i32(s.page_size), i32(s.max_pages),
                                    i32(sp.chunk), i32(sp.splits), cp.float32(self.scale * _LOG2E)),
            shared_mem=main.smem_bytes)
-        if sp.splits > 1:
-            launch_combine(self, o_part, lse_part, o, lse)
 
 
-def launch_combine(plan: DecodePlan, o_part: Any, lse_part: Any, o: Any, lse: Any) -> None:
-    """The plan's combine kernel alone, on CuPy partials (o_part (rows, splits, d) and lse_part (rows, splits),
-    float32; rows = batch · q_len · heads) into o and lse: what :meth:`DecodePlan.run` launches after the split
-    kernel (:mod:`iosim.calibrate.decode_tile` times it alone)."""
+def split_kernel_alone(plan: DecodePlan, q: Any, k_cache: Any, v_cache: Any) -> Callable[[], None]:
+    """A launch of the plan's split kernel alone (16-bit cache; its partials and outputs allocated once), ready to
+    time: :mod:`iosim.calibrate.decode_tile` takes it from the whole call to find the combine's part."""
+    cp = require_cupy()
+    s = plan.shapes
+    o = cp.empty((s.batch, s.q_len, s.heads, s.head_dim), dtype=q.dtype)
+    lse = cp.empty((s.batch, s.heads, s.q_len), dtype=cp.float32)
+    o_part, lse_part = plan._partials(cp)
+    return lambda: plan._launch_split(cp, q, k_cache, v_cache, o, lse, None, o_part, lse_part)
+
+
+def launch_combine(plan: DecodePlan, o_part: Any, lse_part: Any, o: Any, lse: Any, dependent: bool = False) -> None:
+    """The plan's combine kernel on CuPy partials (o_part (rows, splits, d) and lse_part (rows, splits), float32;
+    rows = batch · q_len · heads) into o and lse: what :meth:`DecodePlan.run` launches after the split kernel,
+    ``dependent``: as its programmatic dependent (sm_90+, :func:`iosim.gpu.driver.launch_dependent`), else a plain
+    launch."""
     cp = require_cupy()
     s, sp, i32 = plan.shapes, plan.split, cp.int32
     comb = plan.launches[1]
     fn = _kernel(cp, DecodeInstance("combine", s.head_dim, s.dtype), 0)
-    fn(comb.grid, comb.block, (o_part, lse_part, plan.seqlens, o, lse, i32(s.batch * s.q_len * s.heads),
-                               i32(s.q_len), i32(s.heads), i32(sp.chunk), i32(sp.splits)))
+    args = (o_part, lse_part, plan.seqlens, o, lse, i32(s.batch * s.q_len * s.heads), i32(s.q_len), i32(s.heads),
+            i32(sp.chunk), i32(sp.splits))
+    if dependent:
+        launch_dependent(fn, comb.grid, comb.block, args, cp.cuda.get_current_stream().ptr)
+    else:
+        fn(comb.grid, comb.block, args)
 
 
 _NUMBER_SCALES: dict[tuple[int, int, float], Any] = {}  # (device, kv_heads, scale) -> float32 (kv_heads,) on it
@@ -276,7 +309,8 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
     if split.splits > 1:
         launches.append(KernelLaunch(DecodeInstance("combine", s.head_dim, s.dtype).name_expression,
                                      geo.combine_grid(s.batch, s.q_len, s.heads), (geo.DECODE_THREADS, 1, 1), 0))
-    return DecodePlan(s, split, scale, tuple(int(n) for n in lens), seqlens, table, tuple(launches), device, rule)
+    return DecodePlan(s, split, scale, tuple(int(n) for n in lens), seqlens, table, tuple(launches), device, rule,
+                      dependent_combine=cc >= 90 and DEPENDENT_COMBINE)
 
 
 @cache

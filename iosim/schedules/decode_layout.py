@@ -242,9 +242,9 @@ def dram(p: AttentionProblem, t: PagedDecodingTiles, dirty_room: float | None = 
         return [(read, crossing(out_bytes))]
     active = np.minimum(t.splits, cdiv(lens, t.chunk))
     partial = int(active.sum()) * L * H * (d + 1) * STAT_BYTES
-    # the combine reads every row's lse_s, and O_s of the rows that see a key (token i sees one iff i >= L - n_b)
-    seen = int((active * np.minimum(L, lens)).sum()) * H * d * STAT_BYTES
-    return [(read, crossing(partial)), (int(active.sum()) * L * H * STAT_BYTES + seen + lengths, crossing(out_bytes))]
+    # the combine reads lse_s and O_s of the rows that see a key (token i sees one iff i >= L - n_b)
+    seen = int((active * np.minimum(L, lens)).sum()) * H * (d + 1) * STAT_BYTES
+    return [(read, crossing(partial)), (seen + lengths, crossing(out_bytes))]
 
 
 def dirty_room(profile) -> float:

@@ -18,8 +18,9 @@ kernel="iosim-decode")`` runs this program instead of FlashAttention-2's (:mod:`
         the 4 warps' (O, l, m) merge by the log-sum-exp rule; O /= l
         one split: write O (dtype) and lse; several: this split's O_s (fp32) and lse_s
     kernel flash_decode_combine (splits > 1), a warp per output row (b, token, head), 4 rows a block:
-        every lane loads n_b; lse_s of the ns = ceil(n_b / chunk) splits (lane s % 32 reads lse_s)
-        a row that sees a key: for each split every lane loads lse_s, and O_s (d / 32 floats a lane); merge
+        every lane loads n_b
+        a row that sees a key: for each of the ns = ceil(n_b / chunk) splits every lane loads lse_s, and O_s
+            (d / 32 floats a lane); the online merge (a running maximum)
         write O (dtype) and lse
 
 **What `global` counts** is what the load and store instructions move, thread by thread, as Nsight Compute's
@@ -133,8 +134,6 @@ def _combine_row(x, p: AttentionProblem, t: PagedDecodingTiles, row: int) -> Non
     ns = t.active_splits(n)
     pr = (b * p.kv_heads + h // G) * G * L + i * G + h % G  # its packed row
     R = p.batch * p.kv_heads * G * L
-    for s in range(ns):  # the max over the splits: lane s % 32 reads lse_s
-        x.load("lsepart", Rows(s * R + pr, s * R + pr + 1))
     O, l, m = x.init_state(Rows(0, 1))
     if ns and i >= L - n:  # the row sees a key (else every lse_s is -inf: O = 0, lse = -inf)
         for s in range(ns):
@@ -228,8 +227,8 @@ def _combine_counts(p: AttentionProblem, t: PagedDecodingTiles, n: int) -> dict:
     d, e, L, H, st = p.head_dim, p.elem_bytes, p.seq_len, p.heads, STAT_BYTES
     rows, ns = L * H, t.active_splits(n)
     seen = H * min(L, n) * ns  # (row, split) pairs of rows that see a key: the weights pass
-    return {"global_read:seqlens_k": 4 * rows, "global_read:lsepart": 4 * ns * rows + 4 * seen,
+    return {"global_read:seqlens_k": 4 * rows, "global_read:lsepart": 4 * seen,
             "global_read:Opart": 4 * d * seen, "global_write:O": rows * d * e, "global_write:lse": rows * st,
             "flops:exp": 2 * seen + rows, "flops:other": (5 + 3 * d) * seen + (2 + d) * rows,
-            "sram_write": rows * (4 + 4 * ns + (4 * d + 8) + (4 * d + 4)) + seen * (4 + 4 * d + 4 * d + 8),
+            "sram_write": rows * (4 + (4 * d + 8) + (4 * d + 4)) + seen * (4 + 4 * d + 4 * d + 8),
             "sram_read": rows * ((4 * d + 8) + 4 * d + 4) + seen * (8 * d + 12)}
