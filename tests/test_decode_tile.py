@@ -60,12 +60,20 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
 
 
 def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add(monkeypatch):
+    # the combine's part of a call is the whole call less its split kernel alone; the split kernel's own time (here
+    # growing with the splits) drops out
     fixed, per = 5e-6, {64: 0.3e-6, 128: 0.45e-6, 256: 0.4e-6}
+    split_s = {8: 7e-6, 128: 11e-6}
     monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
-    monkeypatch.setattr(decode_tile, "_combine_call", lambda cp, d, splits: (d, splits))
+    monkeypatch.setattr(decode_tile, "_combine_calls", lambda cp, d, splits: (("whole", d, splits), ("alone", d, splits)))
     monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 1)
-    monkeypatch.setattr(rates_kernels, "time_ms", lambda call, reps, warmup, view, clock: 1e3 * (
-        fixed + -(-call[1] // geo.combine_unroll(call[0])) * per[call[0]]))
+
+    def seconds(call):
+        kind, d, splits = call
+        combine = fixed + -(-splits // geo.combine_unroll(d)) * per[d]
+        return split_s[splits] + (combine if kind == "whole" else 0.0)
+
+    monkeypatch.setattr(rates_kernels, "time_ms", lambda call, reps, warmup, view, clock: 1e3 * seconds(call))
     got: list[Measured] = []
     decode_tile.combine_round_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
     rounds = {m.path[-1]: m.value for m in got if m.path[:2] == ("decode", "combine_round")}

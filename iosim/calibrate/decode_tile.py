@@ -26,12 +26,13 @@ cache; a bf16 call runs the same instructions) and e4m3 (fp16 q, device scales o
 
 The combine's round: its loop merges :func:`iosim.launch.decode.combine_unroll` splits a round, their loads issued
 together; a round is one trip to L2 and back, but for 8 warp-wide rows of 512 B and their lse, not the one 8-byte
-load of ``latency.l2`` (an H100 with one sequence of 32K keys, 128 splits, measured about 3x that per round). So the
-combine kernel alone (:func:`iosim.gpu.flash_decode.launch_combine`) is timed on partials of 128 and of 8 splits (one
-sequence, 8 query heads: 2 blocks) and the difference divided by the rounds between; what is left of the first
-call beyond its rounds is ``decode.combine_fixed`` (the combine after a split kernel costs what it costs alone:
-H200, 2026-11-28, the whole call's CUDA-event time within -2.3 to +0.6 us of the split kernel's and the combine's
-alone on six calls of 2-94 splits, docs/kernels.md).
+load of ``latency.l2`` (an H100 with one sequence of 32K keys, 128 splits, measured about 3x that per round). The
+combine is measured where it runs, after the split kernel (on sm_90 as its programmatic dependent, its start
+overlapping the split kernel's last blocks): a decode call of one sequence (8 query heads: 2 combine blocks) in 128
+and in 8 splits of ``PAGE`` keys is timed whole and with its split kernel alone
+(:func:`iosim.gpu.flash_decode.split_kernel_alone`); the combine's part is the difference. ``decode.combine_round``
+is how that part grows over the rounds between the two, ``decode.combine_fixed`` what is left of the first beyond
+its rounds.
 """
 
 from __future__ import annotations
@@ -102,39 +103,41 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
 
 
 def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """Measure ``decode.combine_round`` at each head dim: the combine kernel alone (module docstring) on one
-    sequence of 8 query heads, its partials of 128 and of 8 splits; the difference over the rounds between."""
+    """Measure ``decode.combine_round`` and ``decode.combine_fixed`` at each head dim (module docstring): one
+    sequence of 8 query heads in 128 and in 8 splits, each call whole less its split kernel alone."""
     seconds = busy_timer(b, cp, CALLS, warmup=3)
     for d in geo.DECODE_HEAD_DIMS:
         if not _blocks_per_sm(d, 1, False):  # the plan's split kernel does not fit this GPU's shared memory
             continue
         unroll = geo.combine_unroll(d)
-        times = [seconds(_combine_call(cp, d, splits)) for splits in COMBINE_SPLITS]
+        parts = []
+        for splits in COMBINE_SPLITS:
+            whole, alone = _combine_calls(cp, d, splits)
+            parts.append(seconds(whole) - seconds(alone))
         rounds = [-(-x // unroll) for x in COMBINE_SPLITS]
-        per = max(times[1] - times[0], 1e-12) / (rounds[1] - rounds[0])
-        what = (f"iosim's decode combine kernel alone, {GROUP} rows (one sequence of {GROUP} query heads), partials "
-                f"of {COMBINE_SPLITS[1]} and of {COMBINE_SPLITS[0]} splits (fp32, in L2): (time of the first - time "
-                f"of the second) / {rounds[1] - rounds[0]} rounds of {unroll} splits")
+        per = max(parts[1] - parts[0], 1e-12) / (rounds[1] - rounds[0])
+        what = (f"iosim's decode call of one sequence ({GROUP} query heads, {PAGE} keys a split) less its split "
+                f"kernel alone, at {COMBINE_SPLITS[1]} and at {COMBINE_SPLITS[0]} splits: (the first - the second) / "
+                f"{rounds[1] - rounds[0]} rounds of {unroll} splits")
         report(Measured(("decode", "combine_round", d), per, "s", what),
-               f"{times[0] * 1e6:.1f} us at {COMBINE_SPLITS[0]} splits, {times[1] * 1e6:.1f} us at {COMBINE_SPLITS[1]}")
-        fixed = max(times[0] - rounds[0] * per, 1e-12)
+               f"the combine's part {parts[0] * 1e6:.2f} us at {COMBINE_SPLITS[0]} splits, {parts[1] * 1e6:.2f} us "
+               f"at {COMBINE_SPLITS[1]}")
+        fixed = max(parts[0] - rounds[0] * per, 1e-12)
         report(Measured(("decode", "combine_fixed", d), fixed, "s",
-                        f"the same calls: time at {COMBINE_SPLITS[0]} splits - {rounds[0]} round(s) x the round above"),
-               "")
+                        f"the same calls: the combine's part at {COMBINE_SPLITS[0]} splits - {rounds[0]} round(s) x "
+                        f"the round above"), "")
 
 
-def _combine_call(cp, d: int, splits: int):
-    """A launch of the combine kernel alone on random partials of ``splits`` splits (one sequence of GROUP heads,
-    PAGE keys a split), ready to time."""
+def _combine_calls(cp, d: int, splits: int):
+    """(the whole decode call, its split kernel alone) of one sequence of GROUP heads, PAGE keys a split, ``splits``
+    splits, ready to time."""
     from iosim.gpu import flash_decode
 
     q = cp.random.standard_normal((1, 1, GROUP, d), dtype=cp.float32).astype(cp.float16)
-    kv = cp.zeros((1, splits * PAGE, 1, d), dtype=cp.float16)
+    kv = cp.random.standard_normal((1, splits * PAGE, 1, d), dtype=cp.float32).astype(cp.float16)
     plan = flash_decode.plan_decode(q, kv, kv, splits=splits)
-    o_part = cp.random.standard_normal((GROUP, splits, d), dtype=cp.float32)
-    lse_part = cp.random.standard_normal((GROUP, splits), dtype=cp.float32)
     o, lse = cp.empty((1, 1, GROUP, d), cp.float16), cp.empty((1, GROUP, 1), cp.float32)
-    return lambda: flash_decode.launch_combine(plan, o_part, lse_part, o, lse)
+    return (lambda: plan.run(q, kv, kv, out=(o, lse))), flash_decode.split_kernel_alone(plan, q, kv, kv)
 
 
 def decode_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:

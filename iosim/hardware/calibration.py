@@ -135,9 +135,10 @@ class DecodeCalibration(_Strict):
         None, description="seconds a round of the combine kernel's split loop takes (one L2 round trip for its "
                           "splits' partial rows), by head dim; absent in files measured before it")
     combine_fixed: SourcedSecondsTable | None = Field(
-        None, description="the same measurement's intercept: seconds of a combine call beyond its rounds (its "
-                          "launch on a busy stream, a block's start, the length and lse loads, the stores), by head "
-                          "dim; absent in files measured before 2026-11-28")
+        None, description="the same measurement's intercept: seconds the combine adds to a decode call beyond its "
+                          "rounds, after the split kernel (its launch, or on sm_90 its wait as the split kernel's "
+                          "programmatic dependent; a block's start, the length load, the stores), by head dim; absent "
+                          "in files measured before 2026-11-28")
 
 
 class ForwardCalibration(_Strict):

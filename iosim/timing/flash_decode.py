@@ -30,13 +30,14 @@ The kernel takes that walk, the call's first launch (``launch.call``) and the dr
 latency), and no less than its DRAM reads and writes at the calibrated rates.
 
 **The combine kernel** (splits > 1) runs a warp per output row, 4 rows a block: each block's time is a chain of
-dependent L2 loads (the length, the splits' lse, then the splits' lse and O_s a round of
-:func:`iosim.launch.decode.combine_unroll` splits at a time, their loads in flight together: a round is the
-calibrated ``decode.combine_round``, one L2 latency where the profile lacks it), placed on the combine kernel's own
-resident slots; the kernel takes the longer of that placement and the partials' bytes (from L2 where they fit in
-it, else DRAM), plus the call's part beyond its blocks: ``decode.combine_fixed`` (the combine alone on a busy
-stream, less its rounds and one block's start; a combine after the split kernel costs what it costs alone,
-measured), or a further launch (``launch.dependent``) and an L2 latency where the profile lacks it.
+dependent L2 loads (the length, then the splits' lse and O_s a round of :func:`iosim.launch.decode.combine_unroll`
+splits at a time, their loads in flight together, one pass: a round is the calibrated ``decode.combine_round``, one
+L2 latency where the profile lacks it), placed on the combine kernel's own resident slots; the kernel takes the
+longer of that placement and the partials' bytes (from L2 where they fit in it, else DRAM), plus the call's part
+beyond its blocks: ``decode.combine_fixed`` (what the combine adds to a call after the split kernel beyond its
+rounds, measured there: on sm_90 the combine is the split kernel's programmatic dependent, its launch and start
+overlapping the split kernel's last blocks), less one block's start, or a further launch (``launch.dependent``) and
+an L2 latency where the profile lacks it.
 
 Nothing here is fitted: ``decode.tile``, ``decode.fixed``, ``decode.combine_round`` and ``decode.combine_fixed`` are measured on shapes of
 their own (every sequence on the same pages in L2, one or two blocks an SM; the combine kernel alone), and the
@@ -158,8 +159,9 @@ def combine_round_s(profile, head_dim: int, r: Rates) -> float:
 
 
 def combine_fixed_s(profile, head_dim: int) -> float | None:
-    """``calibration.decode.combine_fixed`` at this head dim: a combine call's time beyond its rounds, measured
-    (None where the profile lacks it: the model then composes it from the launch and L2 latencies)."""
+    """``calibration.decode.combine_fixed`` at this head dim: what the combine adds to a call beyond its rounds,
+    measured after the split kernel (None where the profile lacks it: the model then composes it from the launch and
+    L2 latencies)."""
     cal = getattr(profile.calibration, "decode", None)
     entry = cal.combine_fixed if cal is not None else None
     value = entry.value.get(head_dim) if entry is not None else None
@@ -216,7 +218,7 @@ def combine_time(c: Conditions, work: Workload, registers: int, resident_share: 
     ns = np.repeat(np.minimum(t.splits, cdiv(np.asarray(t.kv_lens, dtype=np.int64), t.chunk)), p.seq_len * p.heads)
     ns = np.concatenate([ns, np.zeros(-rows % WARPS, dtype=np.int64)]).reshape(-1, WARPS).max(axis=1)
     rounds = cdiv(ns, geo.combine_unroll(p.head_dim))  # a round: combine_unroll splits, their loads in flight together
-    start = r.block_s + 2 * r.l2_latency_s  # a block's start, its length and its splits' lse
+    start = r.block_s + r.l2_latency_s  # a block's start and its length
     chain = start + rounds * combine_round_s(c.profile, p.head_dim, r)
     slots = resident_blocks(c.profile, geo.DECODE_THREADS, 0, registers)[0]
     placed = makespan(chain.astype(float), slots)
@@ -224,7 +226,7 @@ def combine_time(c: Conditions, work: Workload, registers: int, resident_share: 
     cap = c.profile.l2.capacity.value
     from_l2 = bool(cap) and work.hbm[0][1] <= resident_share * cap  # the partials the split kernel just wrote
     streamed = read / (r.l2 if from_l2 else r.dram_read) + write / r.l2_write
-    measured = combine_fixed_s(c.profile, p.head_dim)  # the call beyond its rounds, one block's start included
+    measured = combine_fixed_s(c.profile, p.head_dim)  # beyond its rounds after the split kernel, a start included
     call = r.next_launch_s() + r.l2_latency_s if measured is None else max(0.0, measured - start)
     seconds = call + max(placed, streamed)
     parts = {"utilization": min(1.0, len(ns) / slots), "blocks": placed, "stream": streamed,
