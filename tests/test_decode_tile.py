@@ -61,16 +61,19 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
 
 def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add(monkeypatch):
     # the combine's part of a call is the whole call less its split kernel alone; the split kernel's own time (here
-    # growing with the splits) drops out
+    # growing with the splits) drops out. The rounds come from one sequence, the fixed part from a full grid (one
+    # sequence's combine costs less beyond its rounds: here 2 us, the full grid's 5 us)
     fixed, per = 5e-6, {64: 0.3e-6, 128: 0.45e-6, 256: 0.4e-6}
-    split_s = {8: 7e-6, 128: 11e-6}
+    split_s = {8: 7e-6, 128: 11e-6, 2: 9e-6}
     monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
-    monkeypatch.setattr(decode_tile, "_combine_calls", lambda cp, d, splits: (("whole", d, splits), ("alone", d, splits)))
-    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 1)
+    monkeypatch.setattr(decode_tile, "_combine_calls",
+                        lambda cp, d, splits, batch: (("whole", d, splits, batch), ("alone", d, splits, batch)))
+    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 2)
 
     def seconds(call):
-        kind, d, splits = call
-        combine = fixed + -(-splits // geo.combine_unroll(d)) * per[d]
+        kind, d, splits, batch = call
+        assert batch == (1 if splits != decode_tile.FULL_SPLITS else 2 * 132 // decode_tile.FULL_SPLITS)
+        combine = (fixed if batch > 1 else 2e-6) + -(-splits // geo.combine_unroll(d)) * per[d]
         return split_s[splits] + (combine if kind == "whole" else 0.0)
 
     monkeypatch.setattr(rates_kernels, "time_ms", lambda call, reps, warmup, view, clock: 1e3 * seconds(call))
@@ -82,7 +85,7 @@ def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add
     assert {m.path[-1]: m.value for m in got if m.path[:2] == ("decode", "combine_fixed")} == pytest.approx(
         {64: fixed, 128: fixed, 256: fixed}, rel=1e-9)
     got.clear()  # a GPU whose shared memory holds no d = 256 block (an RTX 4090's 100 KB): that head dim is skipped
-    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 0 if d == 256 else 1)
+    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 0 if d == 256 else 2)
     decode_tile.combine_round_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
     assert sorted({m.path[-1] for m in got}) == [64, 128]
 

@@ -30,9 +30,13 @@ load of ``latency.l2`` (an H100 with one sequence of 32K keys, 128 splits, measu
 combine is measured where it runs, after the split kernel (on sm_90 as its programmatic dependent, its start
 overlapping the split kernel's last blocks): a decode call of one sequence (8 query heads: 2 combine blocks) in 128
 and in 8 splits of ``PAGE`` keys is timed whole and with its split kernel alone
-(:func:`iosim.gpu.flash_decode.split_kernel_alone`); the combine's part is the difference. ``decode.combine_round``
-is how that part grows over the rounds between the two, ``decode.combine_fixed`` what is left of the first beyond
-its rounds.
+(:func:`iosim.gpu.flash_decode.split_kernel_alone`); the combine's part is the difference, and
+``decode.combine_round`` how it grows over the rounds between the two. ``decode.combine_fixed`` is what the combine
+adds beyond its rounds where the split kernel fills the GPU, as a split choice makes it: as many sequences in
+``FULL_SPLITS`` splits as make the split kernel's blocks fill every SM once (blocks an SM × SMs), the combine's part
+of that call less its one round. (Measured on the one sequence instead, the intercept was 1.3 us on an H200 where
+the calls of the time record took 1.5 us more on average than a combine of that cost: with its few blocks the
+combine's start and length read hide in the split kernel's idle SMs, which a full grid does not have.)
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ from iosim.launch import decode as geo
 
 N1, N2 = 1024, 8192  # keys of each sequence, the two calls
 CALLS = 50  # timed calls of each, queued behind a busy kernel (median)
-COMBINE_SPLITS = (8, 128)  # the combine's two measurements: partials of this many splits
+COMBINE_SPLITS = (8, 128)  # the combine's rounds: one sequence in this many splits
+FULL_SPLITS = 2  # the combine's fixed part: a full grid of sequences in this many splits
 ALONE_BLOCKS = 4  # decode.fixed_alone's grid: a few blocks, each alone on its SM
 PAGE = 256  # the shared pages' size
 GROUP = 8  # query heads on the one kv head
@@ -103,17 +108,20 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
 
 
 def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> None:
-    """Measure ``decode.combine_round`` and ``decode.combine_fixed`` at each head dim (module docstring): one
-    sequence of 8 query heads in 128 and in 8 splits, each call whole less its split kernel alone."""
+    """Measure ``decode.combine_round`` and ``decode.combine_fixed`` at each head dim (module docstring): the
+    combine's part of a call is the call less its split kernel alone."""
     seconds = busy_timer(b, cp, CALLS, warmup=3)
+
+    def part(d: int, splits: int, batch: int) -> float:
+        whole, alone = _combine_calls(cp, d, splits, batch)
+        return seconds(whole) - seconds(alone)
+
     for d in geo.DECODE_HEAD_DIMS:
-        if not _blocks_per_sm(d, 1, False):  # the plan's split kernel does not fit this GPU's shared memory
+        fit = _blocks_per_sm(d, 1, False)
+        if not fit:  # the plan's split kernel does not fit this GPU's shared memory
             continue
         unroll = geo.combine_unroll(d)
-        parts = []
-        for splits in COMBINE_SPLITS:
-            whole, alone = _combine_calls(cp, d, splits)
-            parts.append(seconds(whole) - seconds(alone))
+        parts = [part(d, splits, 1) for splits in COMBINE_SPLITS]
         rounds = [-(-x // unroll) for x in COMBINE_SPLITS]
         per = max(parts[1] - parts[0], 1e-12) / (rounds[1] - rounds[0])
         what = (f"iosim's decode call of one sequence ({GROUP} query heads, {PAGE} keys a split) less its split "
@@ -122,21 +130,23 @@ def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) ->
         report(Measured(("decode", "combine_round", d), per, "s", what),
                f"the combine's part {parts[0] * 1e6:.2f} us at {COMBINE_SPLITS[0]} splits, {parts[1] * 1e6:.2f} us "
                f"at {COMBINE_SPLITS[1]}")
-        fixed = max(parts[0] - rounds[0] * per, 1e-12)
-        report(Measured(("decode", "combine_fixed", d), fixed, "s",
-                        f"the same calls: the combine's part at {COMBINE_SPLITS[0]} splits - {rounds[0]} round(s) x "
-                        f"the round above"), "")
+        batch = max(1, fit * b.sms // FULL_SPLITS)
+        full = part(d, FULL_SPLITS, batch)
+        report(Measured(("decode", "combine_fixed", d), max(full - per, 1e-12), "s",
+                        f"the same call of {batch} sequences in {FULL_SPLITS} splits (the split kernel's blocks fill "
+                        f"each of {b.sms} SMs with {fit}), less its split kernel alone and its one round"),
+               f"the combine's part {full * 1e6:.2f} us")
 
 
-def _combine_calls(cp, d: int, splits: int):
-    """(the whole decode call, its split kernel alone) of one sequence of GROUP heads, PAGE keys a split, ``splits``
-    splits, ready to time."""
+def _combine_calls(cp, d: int, splits: int, batch: int):
+    """(the whole decode call, its split kernel alone) of ``batch`` sequences of GROUP heads, PAGE keys a split,
+    ``splits`` splits, ready to time."""
     from iosim.gpu import flash_decode
 
-    q = cp.random.standard_normal((1, 1, GROUP, d), dtype=cp.float32).astype(cp.float16)
-    kv = cp.random.standard_normal((1, splits * PAGE, 1, d), dtype=cp.float32).astype(cp.float16)
+    q = cp.random.standard_normal((batch, 1, GROUP, d), dtype=cp.float32).astype(cp.float16)
+    kv = cp.random.standard_normal((batch, splits * PAGE, 1, d), dtype=cp.float32).astype(cp.float16)
     plan = flash_decode.plan_decode(q, kv, kv, splits=splits)
-    o, lse = cp.empty((1, 1, GROUP, d), cp.float16), cp.empty((1, GROUP, 1), cp.float32)
+    o, lse = cp.empty((batch, 1, GROUP, d), cp.float16), cp.empty((batch, GROUP, 1), cp.float32)
     return (lambda: plan.run(q, kv, kv, out=(o, lse))), flash_decode.split_kernel_alone(plan, q, kv, kv)
 
 
