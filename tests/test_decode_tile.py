@@ -62,20 +62,18 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
 def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add(monkeypatch):
     # the combine's part of a call is the whole call less its split kernel alone; the split kernel's own time (here
     # growing with the splits) drops out. The rounds come from one sequence, the fixed part from a full grid (one
-    # sequence's combine costs less beyond its rounds: here 2 us, the full grid's 5 us with a 16-bit cache and 6 us
-    # with an fp8 one, whose split kernel holds 3 blocks an SM here)
-    fixed, per = {False: 5e-6, True: 6e-6}, {64: 0.3e-6, 128: 0.45e-6, 256: 0.4e-6}
+    # sequence's combine costs less beyond its rounds: here 2 us, the full grid's 5 us)
+    fixed, per = 5e-6, {64: 0.3e-6, 128: 0.45e-6, 256: 0.4e-6}
     split_s = {8: 7e-6, 128: 11e-6, 2: 9e-6}
     monkeypatch.setattr(rates_kernels, "cupy_clock", lambda cp, spin: None)
-    monkeypatch.setattr(decode_tile, "_combine_calls", lambda cp, d, splits, batch, fp8=False: (
-        ("whole", d, splits, batch, fp8), ("alone", d, splits, batch, fp8)))
-    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 3 if fp8 else 2)
+    monkeypatch.setattr(decode_tile, "_combine_calls",
+                        lambda cp, d, splits, batch: (("whole", d, splits, batch), ("alone", d, splits, batch)))
+    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 2)
 
     def seconds(call):
-        kind, d, splits, batch, fp8 = call
-        full = (3 if fp8 else 2) * 132 // decode_tile.FULL_SPLITS  # the split kernel's blocks fill every SM
-        assert batch == (1 if splits != decode_tile.FULL_SPLITS else full) and (not fp8 or batch > 1)
-        combine = (fixed[fp8] if batch > 1 else 2e-6) + -(-splits // geo.combine_unroll(d)) * per[d]
+        kind, d, splits, batch = call
+        assert batch == (1 if splits != decode_tile.FULL_SPLITS else 2 * 132 // decode_tile.FULL_SPLITS)
+        combine = (fixed if batch > 1 else 2e-6) + -(-splits // geo.combine_unroll(d)) * per[d]
         return split_s[splits] + (combine if kind == "whole" else 0.0)
 
     monkeypatch.setattr(rates_kernels, "time_ms", lambda call, reps, warmup, view, clock: 1e3 * seconds(call))
@@ -84,10 +82,10 @@ def test_a_combine_round_is_the_time_the_rounds_between_the_two_split_counts_add
     rounds = {m.path[-1]: m.value for m in got if m.path[:2] == ("decode", "combine_round")}
     assert rounds == pytest.approx(per, rel=1e-9)
     # what the call costs beyond its rounds: the intercept, whatever the rounds a head dim's unroll makes
-    assert {m.path[2:]: m.value for m in got if m.path[:2] == ("decode", "combine_fixed")} == pytest.approx(
-        {(c, d): fixed[c == "fp8"] for c in ("16bit", "fp8") for d in (64, 128, 256)}, rel=1e-9)
+    assert {m.path[-1]: m.value for m in got if m.path[:2] == ("decode", "combine_fixed")} == pytest.approx(
+        {64: fixed, 128: fixed, 256: fixed}, rel=1e-9)
     got.clear()  # a GPU whose shared memory holds no d = 256 block (an RTX 4090's 100 KB): that head dim is skipped
-    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 0 if d == 256 else (3 if fp8 else 2))
+    monkeypatch.setattr(decode_tile, "_blocks_per_sm", lambda d, stripes, fp8: 0 if d == 256 else 2)
     decode_tile.combine_round_part(_Bench(), cp=None, report=lambda m, note: got.append(m))
     assert sorted({m.path[-1] for m in got}) == [64, 128]
 
@@ -101,10 +99,9 @@ def _profile_with_tiles(name: str = "h100-sxm5-80gb", fixed: bool = True, combin
                                                        "source": "test"},
                                      "fixed": {c: {k: {"value": {1: "9 us", 2: "10 us"}, "source": "test"} for k in t}
                                                for c, t in TILE_S.items()} if fixed else None}
-    if combine_fixed is not None:  # the 16-bit cache's; an fp8 cache's 1 us more
-        fp8 = f"{float(combine_fixed.split()[0]) + 1} {combine_fixed.split()[1]}"
-        data["calibration"]["decode"]["combine_fixed"] = {
-            c: {"value": {64: v, 128: v, 256: v}, "source": "test"} for c, v in (("16bit", combine_fixed), ("fp8", fp8))}
+    if combine_fixed is not None:
+        data["calibration"]["decode"]["combine_fixed"] = {"value": {64: combine_fixed, 128: combine_fixed,
+                                                                    256: combine_fixed}, "source": "test"}
     return profile_from_dict(data, "test")
 
 
@@ -232,16 +229,13 @@ def test_a_block_s_fixed_part_is_the_calibrated_intercept_less_the_launch_and_th
 
 
 def test_the_combine_takes_its_measured_part_beyond_its_rounds():
-    """decode.combine_fixed of the call's cache where measured: a combine of one block a slot (one sequence of 8
-    query heads, 2 blocks) costs that part plus its rounds; without it the part is composed from the launch and L2
-    latency."""
+    """decode.combine_fixed where measured: the calibration's own shape (one sequence of 8 query heads, 2 blocks)
+    costs that part plus its rounds, as timed; without it the part is composed from the launch and L2 latency."""
     p = AttentionProblem(batch=1, heads=8, kv_heads=1, seq_len=1, kv_len=32768, head_dim=128, dtype="bf16")
     kw = dict(kernel="iosim-decode", warm=True, page_size=16, splits=128)
     r = simulate("flash-decoding", p, _profile_with_tiles(combine_fixed="5 us"), **kw)
     combine = r.time.kernels[1]
     assert combine.predicted_s == pytest.approx(5e-6 + 16 * 450e-9, rel=1e-6)  # 16 rounds of 8 splits
-    r = simulate("flash-decoding", p, _profile_with_tiles(combine_fixed="5 us"), kv_dtype="fp8", **kw)
-    assert r.time.kernels[1].predicted_s == pytest.approx(6e-6 + 16 * 450e-9, rel=1e-6)  # the fp8 cache's part
     bare = simulate("flash-decoding", p, _profile_with_tiles(), **kw).time.kernels[1]
     rt = rates(get_profile("h100-sxm5-80gb"), "bf16")
     assert bare.resources["launch"] == pytest.approx(rt.next_launch_s() + rt.l2_latency_s, rel=1e-9)

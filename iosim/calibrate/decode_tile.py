@@ -34,10 +34,9 @@ and in 8 splits of ``PAGE`` keys is timed whole and with its split kernel alone
 ``decode.combine_round`` how it grows over the rounds between the two. ``decode.combine_fixed`` is what the combine
 adds beyond its rounds where the split kernel fills the GPU, as a split choice makes it: as many sequences in
 ``FULL_SPLITS`` splits as make the split kernel's blocks fill every SM once (blocks an SM × SMs), the combine's part
-of that call less its one round, for each cache (a 16-bit cache's blocks leave an SM room for combine blocks, which
-then start and read their lengths while the split kernel runs; an fp8 cache's three blocks of d = 128 fill its
-registers). Measured on the one sequence instead, the intercept was 1.3 us on an H200 where the time record's calls
-came out 1.5 us over the model using it, on average: the few blocks left most SMs idle for the combine.
+of that call less its one round. (Measured on the one sequence instead, the intercept was 1.3 us on an H200 where
+the calls of the time record took 1.5 us more on average than a combine of that cost: with its few blocks the
+combine's start and length read hide in the split kernel's idle SMs, which a full grid does not have.)
 """
 
 from __future__ import annotations
@@ -113,12 +112,13 @@ def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) ->
     combine's part of a call is the call less its split kernel alone."""
     seconds = busy_timer(b, cp, CALLS, warmup=3)
 
-    def part(d: int, splits: int, batch: int, fp8: bool = False) -> float:
-        whole, alone = _combine_calls(cp, d, splits, batch, fp8)
+    def part(d: int, splits: int, batch: int) -> float:
+        whole, alone = _combine_calls(cp, d, splits, batch)
         return seconds(whole) - seconds(alone)
 
     for d in geo.DECODE_HEAD_DIMS:
-        if not _blocks_per_sm(d, 1, False):  # the plan's split kernel does not fit this GPU's shared memory
+        fit = _blocks_per_sm(d, 1, False)
+        if not fit:  # the plan's split kernel does not fit this GPU's shared memory
             continue
         unroll = geo.combine_unroll(d)
         parts = [part(d, splits, 1) for splits in COMBINE_SPLITS]
@@ -130,30 +130,21 @@ def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) ->
         report(Measured(("decode", "combine_round", d), per, "s", what),
                f"the combine's part {parts[0] * 1e6:.2f} us at {COMBINE_SPLITS[0]} splits, {parts[1] * 1e6:.2f} us "
                f"at {COMBINE_SPLITS[1]}")
-        for fp8 in (False, True):
-            fit = _blocks_per_sm(d, 1, fp8)
-            batch = max(1, fit * b.sms // FULL_SPLITS)
-            full = part(d, FULL_SPLITS, batch, fp8)
-            cache = decode_keys(d, 1, fp8)[0]
-            report(Measured(("decode", "combine_fixed", cache, d), max(full - per, 1e-12), "s",
-                            f"a decode call of {batch} sequences in {FULL_SPLITS} splits ({cache} cache: the split "
-                            f"kernel's blocks fill each of {b.sms} SMs with {fit}), less its split kernel alone and "
-                            f"its one round"), f"the combine's part {full * 1e6:.2f} us")
+        batch = max(1, fit * b.sms // FULL_SPLITS)
+        full = part(d, FULL_SPLITS, batch)
+        report(Measured(("decode", "combine_fixed", d), max(full - per, 1e-12), "s",
+                        f"the same call of {batch} sequences in {FULL_SPLITS} splits (the split kernel's blocks fill "
+                        f"each of {b.sms} SMs with {fit}), less its split kernel alone and its one round"),
+               f"the combine's part {full * 1e6:.2f} us")
 
 
-def _combine_calls(cp, d: int, splits: int, batch: int, fp8: bool = False):
+def _combine_calls(cp, d: int, splits: int, batch: int):
     """(the whole decode call, its split kernel alone) of ``batch`` sequences of GROUP heads, PAGE keys a split,
-    ``splits`` splits, a 16-bit or an e4m3 cache (moderate values, device scales of 1), ready to time."""
-    from iosim.gpu import decode_inputs, flash_decode
+    ``splits`` splits, ready to time."""
+    from iosim.gpu import flash_decode
 
     q = cp.random.standard_normal((batch, 1, GROUP, d), dtype=cp.float32).astype(cp.float16)
-    shape = (batch, splits * PAGE, 1, d)
-    if fp8:  # e4m3 bits of moderate values (exponent field under 8; no NaN encodings), sign random
-        one = cp.ones(1, dtype=cp.float32)
-        bits = cp.random.randint(0, 0x38, shape, dtype=cp.int32) | cp.random.randint(0, 2, shape, dtype=cp.int32) << 7
-        kv = decode_inputs.QuantizedKV(bits.astype(cp.uint8), one)
-    else:
-        kv = cp.random.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
+    kv = cp.random.standard_normal((batch, splits * PAGE, 1, d), dtype=cp.float32).astype(cp.float16)
     plan = flash_decode.plan_decode(q, kv, kv, splits=splits)
     o, lse = cp.empty((batch, 1, GROUP, d), cp.float16), cp.empty((batch, GROUP, 1), cp.float32)
     return (lambda: plan.run(q, kv, kv, out=(o, lse))), flash_decode.split_kernel_alone(plan, q, kv, kv)

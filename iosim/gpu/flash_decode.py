@@ -191,18 +191,14 @@ class DecodePlan:
 
 
 def split_kernel_alone(plan: DecodePlan, q: Any, k_cache: Any, v_cache: Any) -> Callable[[], None]:
-    """A launch of the plan's split kernel alone (CuPy inputs as ``plan.run`` takes them; its partials and outputs
-    allocated once), ready to time: :mod:`iosim.calibrate.decode_tile` takes it from the whole call to find the
-    combine's part."""
+    """A launch of the plan's split kernel alone (16-bit cache; its partials and outputs allocated once), ready to
+    time: :mod:`iosim.calibrate.decode_tile` takes it from the whole call to find the combine's part."""
     cp = require_cupy()
-    qc, kc, vc, raw = _as_inputs(cp, q, k_cache, v_cache)
-    plan._check_same(qc, kc, vc)
-    scales = plan._scales(cp, *raw)
     s = plan.shapes
-    o = cp.empty((s.batch, s.q_len, s.heads, s.head_dim), dtype=qc.dtype)
+    o = cp.empty((s.batch, s.q_len, s.heads, s.head_dim), dtype=q.dtype)
     lse = cp.empty((s.batch, s.heads, s.q_len), dtype=cp.float32)
     o_part, lse_part = plan._partials(cp)
-    return lambda: plan._launch_split(cp, qc, kc, vc, o, lse, scales, o_part, lse_part)
+    return lambda: plan._launch_split(cp, q, k_cache, v_cache, o, lse, None, o_part, lse_part)
 
 
 def launch_combine(plan: DecodePlan, o_part: Any, lse_part: Any, o: Any, lse: Any, dependent: bool = False) -> None:

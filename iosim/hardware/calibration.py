@@ -134,12 +134,11 @@ class DecodeCalibration(_Strict):
     combine_round: SourcedSecondsTable | None = Field(
         None, description="seconds a round of the combine kernel's split loop takes (one L2 round trip for its "
                           "splits' partial rows), by head dim; absent in files measured before it")
-    combine_fixed: dict[str, SourcedSecondsTable] | None = Field(
-        None, description="seconds the combine adds to a decode call beyond its rounds, after a split kernel whose "
-                          "blocks fill every SM (its launch, or on sm_90 its wait as the split kernel's programmatic "
-                          "dependent; a block's start, the length load, the stores): by the cache's element ('16bit', "
-                          "'fp8': the split kernel's residency differs), then head dim; absent in files measured "
-                          "before 2026-11-28")
+    combine_fixed: SourcedSecondsTable | None = Field(
+        None, description="the same measurement's intercept: seconds the combine adds to a decode call beyond its "
+                          "rounds, after the split kernel (its launch, or on sm_90 its wait as the split kernel's "
+                          "programmatic dependent; a block's start, the length load, the stores), by head dim; absent "
+                          "in files measured before 2026-11-28")
 
 
 class ForwardCalibration(_Strict):

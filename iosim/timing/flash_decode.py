@@ -34,11 +34,10 @@ dependent L2 loads (the length, then the splits' lse and O_s a round of :func:`i
 splits at a time, their loads in flight together, one pass: a round is the calibrated ``decode.combine_round``, one
 L2 latency where the profile lacks it), placed on the combine kernel's own resident slots; the kernel takes the
 longer of that placement and the partials' bytes (from L2 where they fit in it, else DRAM), plus the call's part
-beyond its blocks: ``decode.combine_fixed`` of the call's cache (what the combine adds to a call beyond its rounds,
-measured after a split kernel that fills the GPU: on sm_90 the combine is the split kernel's programmatic dependent,
-its launch and start overlapping the split kernel's last blocks where their SMs have room for its blocks, which
-differs by the cache), less one block's start, or a further launch (``launch.dependent``) and an L2 latency where the
-profile lacks it.
+beyond its blocks: ``decode.combine_fixed`` (what the combine adds to a call after the split kernel beyond its
+rounds, measured there: on sm_90 the combine is the split kernel's programmatic dependent, its launch and start
+overlapping the split kernel's last blocks), less one block's start, or a further launch (``launch.dependent``) and
+an L2 latency where the profile lacks it.
 
 Nothing here is fitted: ``decode.tile``, ``decode.fixed``, ``decode.combine_round`` and ``decode.combine_fixed`` are measured on shapes of
 their own (every sequence on the same pages in L2, one or two blocks an SM; the combine kernel alone), and the
@@ -159,12 +158,12 @@ def combine_round_s(profile, head_dim: int, r: Rates) -> float:
     return float(table.get(head_dim, r.l2_latency_s))
 
 
-def combine_fixed_s(profile, head_dim: int, fp8: bool) -> float | None:
-    """``calibration.decode.combine_fixed`` of this cache and head dim: what the combine adds to a call beyond its
-    rounds, measured after a split kernel that fills the GPU (None where the profile lacks it: the model then composes
-    it from the launch and L2 latencies)."""
+def combine_fixed_s(profile, head_dim: int) -> float | None:
+    """``calibration.decode.combine_fixed`` at this head dim: what the combine adds to a call beyond its rounds,
+    measured after the split kernel (None where the profile lacks it: the model then composes it from the launch and
+    L2 latencies)."""
     cal = getattr(profile.calibration, "decode", None)
-    entry = (cal.combine_fixed or {}).get(decode_keys(head_dim, 1, fp8)[0]) if cal is not None else None
+    entry = cal.combine_fixed if cal is not None else None
     value = entry.value.get(head_dim) if entry is not None else None
     return float(value) if value is not None else None
 
@@ -227,7 +226,7 @@ def combine_time(c: Conditions, work: Workload, registers: int, resident_share: 
     cap = c.profile.l2.capacity.value
     from_l2 = bool(cap) and work.hbm[0][1] <= resident_share * cap  # the partials the split kernel just wrote
     streamed = read / (r.l2 if from_l2 else r.dram_read) + write / r.l2_write
-    measured = combine_fixed_s(c.profile, p.head_dim, bool(t.kv_dtype))  # beyond its rounds, a start included
+    measured = combine_fixed_s(c.profile, p.head_dim)  # beyond its rounds after the split kernel, a start included
     call = r.next_launch_s() + r.l2_latency_s if measured is None else max(0.0, measured - start)
     seconds = call + max(placed, streamed)
     parts = {"utilization": min(1.0, len(ns) / slots), "blocks": placed, "stream": streamed,
