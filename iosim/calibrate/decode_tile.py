@@ -133,9 +133,9 @@ def combine_round_part(b: Bench, cp, report: Callable[[Measured, str], None]) ->
         batch = max(1, fit * b.sms // FULL_SPLITS)
         full = part(d, FULL_SPLITS, batch)
         report(Measured(("decode", "combine_fixed", d), max(full - per, 1e-12), "s",
-                        f"the same call of {batch} sequences in {FULL_SPLITS} splits (the split kernel's blocks fill "
-                        f"each of {b.sms} SMs with {fit}), less its split kernel alone and its one round"),
-               f"the combine's part {full * 1e6:.2f} us")
+                        f"a decode call of as many sequences in {FULL_SPLITS} splits as fill every SM with split blocks "
+                        f"(16-bit cache), less its split kernel alone and its one round"),
+               f"the combine's part {full * 1e6:.2f} us ({batch} sequences, {fit} split blocks an SM)")
 
 
 def _combine_calls(cp, d: int, splits: int, batch: int):
