@@ -58,8 +58,22 @@ def test_kv_bytes_are_each_sequences_keys_once_per_kv_head_and_row_block(case):
     assert c.global_read["K"] == c.global_read["V"] == kv
     tiles = sum(cdiv(n, 16) for n in t.kv_lens)  # every tile of 16 keys holds keys: its rows past n_b are not read
     assert c.flops["matmul"] == row_blocks * tiles * p.kv_heads * 4 * t.block_q * 16 * p.head_dim
-    assert c.global_read["block_table"] == (row_blocks * tiles * p.kv_heads * 4 if t.paged else 0)
+    table = sum(_table_reads(n, t) for n in t.kv_lens) if t.paged else 0
+    assert c.global_read["block_table"] == row_blocks * p.kv_heads * table
     assert c.global_write["O"] == p.batch * p.seq_len * p.heads * p.head_dim * p.elem_bytes
+
+
+def _table_reads(n: int, t: PagedDecodingTiles) -> int:
+    """Block-table bytes one row block of a sequence of n keys loads, walked tile by tile as flash_decode.cu v6+
+    does: in each split, warp w takes the 16-key tiles w, w + 4, ... and reads their pages 32 tiles at a time, a lane a
+    tile, an address once (lanes of a batch whose tiles share a page load one entry)."""
+    total = 0
+    for s in range(t.splits):
+        starts = list(range(s * t.chunk, min(n, (s + 1) * t.chunk), 16))
+        for w in range(4):
+            mine = starts[w::4]
+            total += sum(4 * len({x // t.page_size for x in mine[i:i + 32]}) for i in range(0, len(mine), 32))
+    return total
 
 
 def _small(splits):

@@ -158,10 +158,10 @@ class DecodePlan:
                                       f"{self.device}, the plan's")
 
     def _launch(self, cp: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, scales: tuple[Any, Any] | None) -> None:
-        o_part, lse_part = self._partials(cp)
-        self._launch_split(cp, q, k, v, o, lse, scales, o_part, lse_part)
+        partials = self._partials(cp)
+        self._launch_split(cp, q, k, v, o, lse, scales, partials)
         if self.split.splits > 1:
-            launch_combine(self, o_part, lse_part, o, lse, dependent=self.dependent_combine)
+            launch_combine(self, *partials, o, lse, dependent=self.dependent_combine)
 
     def _partials(self, cp: Any) -> tuple[Any, Any]:
         """The split kernel's fp32 partial outputs (o_part (rows, splits, d), lse_part (rows, splits)); null
@@ -177,9 +177,10 @@ class DecodePlan:
         return o_part, lse_part
 
     def _launch_split(self, cp: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, scales: tuple[Any, Any] | None,
-                      o_part: Any, lse_part: Any) -> None:
+                      partials: tuple[Any, Any]) -> None:
         s, sp, i32 = self.shapes, self.split, cp.int32
         main = self.launches[0]
+        o_part, lse_part = partials
         null = cp.uint64(0)
         table = self.table if self.table is not None else null
         k_scale, v_scale = scales if scales is not None else (null, null)
@@ -197,8 +198,8 @@ def split_kernel_alone(plan: DecodePlan, q: Any, k_cache: Any, v_cache: Any) -> 
     s = plan.shapes
     o = cp.empty((s.batch, s.q_len, s.heads, s.head_dim), dtype=q.dtype)
     lse = cp.empty((s.batch, s.heads, s.q_len), dtype=cp.float32)
-    o_part, lse_part = plan._partials(cp)
-    return lambda: plan._launch_split(cp, q, k_cache, v_cache, o, lse, None, o_part, lse_part)
+    partials = plan._partials(cp)
+    return lambda: plan._launch_split(cp, q, k_cache, v_cache, o, lse, None, partials)
 
 
 def launch_combine(plan: DecodePlan, o_part: Any, lse_part: Any, o: Any, lse: Any, dependent: bool = False) -> None:
