@@ -10,8 +10,9 @@ once per kv head, the keys split across thread blocks and merged by their log-su
     >>> kq, vq = gpu.quantize_kv_fp8(k_pages), gpu.quantize_kv_fp8(v_pages)           # an fp8 (e4m3) cache:
     >>> o, lse = gpu.decode(q, kq, vq, seqlens_k=lens, block_table=bt)                # QuantizedKV(values, scale)
 
-A plan holds the checked lengths and block table on the device and the split choice; building one reads the
-lengths and table on the host (one small synchronizing copy where they are on the GPU). ``run`` checks only shapes,
+A plan holds the checked lengths and block table on the device, the split choice and (several splits) the split
+kernel's partial outputs; building one reads the lengths and table on the host (one small synchronizing copy where
+they are on the GPU). ``run`` checks only shapes,
 dtypes and layout and never synchronizes. An fp8 cache (:class:`~iosim.gpu.decode_inputs.QuantizedKV` pairs of e4m3
 values and a scale per kv head) halves the bytes decode streams: the kernel converts e4m3 to fp16 exactly (K's mma
 fragments straight from its shared-memory ring, V through a per-warp fp16 tile), multiplies in fp16 and folds the
@@ -82,7 +83,9 @@ class Decoded(NamedTuple):
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """One batch layout, checked and on the device: run it on any q, k, v of these shapes (every layer of a model)."""
+    """One batch layout, checked and on the device: run it on any q, k, v of these shapes (every layer of a model).
+    With several splits it holds the split kernel's partial outputs, so its calls allocate nothing and a CUDA graph
+    can capture them; run one plan on one stream at a time (calls on two streams at once: a plan each)."""
 
     shapes: DecodeShapes
     split: geo.SplitChoice
@@ -94,6 +97,7 @@ class DecodePlan:
     device: int
     split_rule: str = "occupancy"  # how the splits were chosen: "forced", "time model (<profile>)" or "occupancy"
     dependent_combine: bool = False  # sm_90+: the combine is a programmatic dependent launch of the split kernel
+    partials: tuple[Any, Any] | None = None  # splits > 1: the split kernel's fp32 (o_part, lse_part), the plan's own
 
     @property
     def splits(self) -> int:
@@ -164,17 +168,15 @@ class DecodePlan:
             launch_combine(self, *partials, o, lse, dependent=self.dependent_combine)
 
     def _partials(self, cp: Any) -> tuple[Any, Any]:
-        """The split kernel's fp32 partial outputs (o_part (rows, splits, d), lse_part (rows, splits)); null
-        pointers where one split writes O and lse itself."""
-        s, sp = self.shapes, self.split
-        if sp.splits == 1:
+        """The split kernel's fp32 partial outputs (o_part (rows, splits, d), lse_part (rows, splits)): the plan's
+        own, allocated with it, so a call allocates nothing (CUDA graphs can capture it); null pointers where one
+        split writes O and lse itself."""
+        if self.partials is None:
             return cp.uint64(0), cp.uint64(0)
-        o_part = cp.empty((s.batch * s.q_len * s.heads, sp.splits, s.head_dim), dtype=cp.float32)
-        lse_part = cp.empty((s.batch * s.q_len * s.heads, sp.splits), dtype=cp.float32)
         if POISON_PARTIALS:
-            o_part.fill(float("nan"))
-            lse_part.fill(float("nan"))
-        return o_part, lse_part
+            for x in self.partials:
+                x.fill(float("nan"))
+        return self.partials
 
     def _launch_split(self, cp: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, scales: tuple[Any, Any] | None,
                       partials: tuple[Any, Any]) -> None:
@@ -303,6 +305,11 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
             raise AttentionInputError(str(exc)) from None
         seqlens = cp.asarray(lens)
         table = cp.asarray(table_host) if table_host is not None else None
+        partials = None
+        if split.splits > 1:
+            rows = s.batch * s.q_len * s.heads
+            partials = (cp.empty((rows, split.splits, s.head_dim), dtype=cp.float32),
+                        cp.empty((rows, split.splits), dtype=cp.float32))
         cp.cuda.get_current_stream().synchronize()  # the uploads are done before a run on another stream reads them
     launches = [KernelLaunch(_split_instance(s).name_expression,
                              geo.decode_grid(s.batch, s.kv_heads, s.rows, s.head_dim, split.splits),
@@ -311,7 +318,7 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
         launches.append(KernelLaunch(DecodeInstance("combine", s.head_dim, s.dtype).name_expression,
                                      geo.combine_grid(s.batch, s.q_len, s.heads), (geo.DECODE_THREADS, 1, 1), 0))
     return DecodePlan(s, split, scale, tuple(int(n) for n in lens), seqlens, table, tuple(launches), device, rule,
-                      dependent_combine=cc >= 90 and DEPENDENT_COMBINE)
+                      dependent_combine=cc >= 90 and DEPENDENT_COMBINE, partials=partials)
 
 
 @cache

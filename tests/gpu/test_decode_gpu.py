@@ -308,3 +308,35 @@ def test_a_torch_call_runs_in_order_on_torchs_current_stream():
         diff = (o.float() - ref.transpose(1, 2).float()).abs().max()
     side.synchronize()
     assert diff.item() < 2e-2
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_plan_runs_under_cuda_graph_capture(splits):
+    """A plan's calls allocate nothing (its partials are its own) and launch on torch's stream, the combine as the
+    split kernel's programmatic dependent on sm_90: a torch CUDA graph captures a call, and its replay on new values
+    of q and the cache gives what an eager call gives, bit for bit."""
+    torch = pytest.importorskip("torch", reason="torch is not importable")
+    from iosim import gpu
+
+    q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 4096, 4, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    plan = gpu.plan_decode(q, k, v, splits=splits)
+    out = (torch.empty_like(q), torch.empty(2, 32, 1, device="cuda", dtype=torch.float32))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (compile, upload) off the capture
+        plan.run(q, k, v, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, k, v, out=out)
+    for x in (q, k, v):
+        x.copy_(torch.randn_like(x))
+    out[0].fill_(float("nan"))
+    out[1].fill_(float("nan"))
+    graph.replay()
+    o, lse = plan.run(q, k, v)
+    torch.cuda.synchronize()
+    assert plan.splits == splits
+    assert torch.equal(out[0], o) and torch.equal(out[1], lse)
