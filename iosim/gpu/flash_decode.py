@@ -194,8 +194,9 @@ class DecodePlan:
 
 
 def split_kernel_alone(plan: DecodePlan, q: Any, k_cache: Any, v_cache: Any) -> Callable[[], None]:
-    """A launch of the plan's split kernel alone (16-bit cache; its partials and outputs allocated once), ready to
-    time: :mod:`iosim.calibrate.decode_tile` takes it from the whole call to find the combine's part."""
+    """A launch of the plan's split kernel alone (CuPy arrays, a 16-bit cache; into the plan's partials and outputs
+    allocated here once), ready to time: :mod:`iosim.calibrate.decode_tile` takes it from the whole call to find the
+    combine's part."""
     cp = require_cupy()
     s = plan.shapes
     o = cp.empty((s.batch, s.q_len, s.heads, s.head_dim), dtype=q.dtype)

@@ -226,7 +226,7 @@ def _combine_counts(p: AttentionProblem, t: PagedDecodingTiles, n: int) -> dict:
     """The combine kernel's counts for the L·H output rows of a sequence of n keys."""
     d, e, L, H, st = p.head_dim, p.elem_bytes, p.seq_len, p.heads, STAT_BYTES
     rows, ns = L * H, t.active_splits(n)
-    seen = H * min(L, n) * ns  # (row, split) pairs of rows that see a key: the weights pass
+    seen = H * min(L, n) * ns  # (row, split) pairs of rows that see a key: the pairs the merge reads
     return {"global_read:seqlens_k": 4 * rows, "global_read:lsepart": 4 * seen,
             "global_read:Opart": 4 * d * seen, "global_write:O": rows * d * e, "global_write:lse": rows * st,
             "flops:exp": 2 * seen + rows, "flops:other": (5 + 3 * d) * seen + (2 + d) * rows,
