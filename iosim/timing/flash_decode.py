@@ -42,8 +42,7 @@ an L2 latency where the profile lacks it.
 Nothing here is fitted: ``decode.tile``, ``decode.fixed``, ``decode.combine_round`` and ``decode.combine_fixed`` are
 measured on shapes of their own (every sequence on the same pages in L2, one block an SM up to as many as an SM
 holds, and a grid of 4 blocks; the combine as what it adds to calls of one sequence and of a grid that fills every
-SM), and the measured
-decode rows (docs/benchmarks/decode-*.csv, the time records) judge the model
+SM), and the measured decode rows (docs/benchmarks/decode-*.csv, the time records) judge the model
 (``benchmarks/time_record_decode.py --judge-benchmark``, ``benchmarks/time_record.py``).
 """
 
