@@ -203,7 +203,8 @@ def decode_kernel_options(problem: AttentionProblem, profile: Profile, desc, opt
     registers = desc.decode_registers(problem.head_dim, stripes)
     kv_dtype = decode_layout.check_kv_dtype(options.kv_dtype)
     kv_itemsize = ELEMENT_BYTES[kv_dtype] if kv_dtype else None
-    slots = launch_decode.decode_slots(profile, problem.head_dim, stripes, problem.elem_bytes, registers, kv_itemsize)
+    slots = launch_decode.decode_slots(profile, problem.head_dim, stripes, problem.elem_bytes, registers, kv_itemsize,
+                                       problem.kv_heads)
     slots = launch_decode.split_slots(profile.sm_count.value, slots // profile.sm_count.value)
     try:
         split, _ = decode_split.kernel_split(problem, profile, desc, slots, lens, options.page_size, kv_dtype,

@@ -465,6 +465,36 @@ def test_an_fp8_plan_launches_the_e4m3_instance_with_its_scales_and_smaller_ring
         gpu.plan_decode(q, bits, v)
 
 
+def test_an_fp8_cache_of_64_byte_rows_among_four_kv_heads_asks_for_the_shared_memory_of_three_blocks_an_sm(fake_cupy):
+    from iosim import gpu
+
+    regs = geo.DECODE_REGISTERS_FP8[(64, 1)]
+    for kv_heads, per_sm in ((4, 3), (8, 3), (2, 4), (1, 4)):  # docs/kernels.md, "Three blocks an SM"
+        q = _dev(np.zeros((2, 1, 8 * kv_heads, 64), np.float16))
+        bits = _dev(np.zeros((2, 300, kv_heads, 64), np.uint8))  # e4m3 bits: a row of 64 bytes every 64 x kv_heads
+        k = gpu.QuantizedKV(bits, 1.0)
+        plan = gpu.plan_decode(q, k, k, splits=1)
+        smem = plan.launches[0].smem_bytes
+        assert smem >= geo.decode_smem_bytes(64, 1, 2, 1)
+        assert geo.decode_blocks_per_sm(smem, regs, 233472) == per_sm, kv_heads
+
+
+def test_only_short_spread_rows_hold_a_block_count():
+    need = geo.decode_smem_bytes(64, 1, 2, 1)
+    held = geo.decode_launch_smem(64, 1, 2, 1, 4, 233472)
+    assert held > need and geo.decode_blocks_per_sm(held, 1, 233472) == 3  # registers aside: shared memory binds
+    assert geo.decode_launch_smem(64, 1, 2, 1, 4, 167936) == need  # an A100's SM holds 3 of them as they are
+    for d, stripes, kv_itemsize in ((64, 1, None), (64, 2, 1), (128, 1, 1), (256, 1, 1)):  # 16-bit, or longer rows
+        assert geo.decode_launch_smem(d, stripes, 2, kv_itemsize, 32, 233472) == \
+            geo.decode_smem_bytes(d, stripes, 2, kv_itemsize), (d, stripes)
+    from iosim.hardware.gpu import get_profile
+
+    h200 = get_profile("h200-sxm-141gb")
+    regs = geo.DECODE_REGISTERS_FP8[(64, 1)]
+    assert geo.decode_slots(h200, 64, 1, 2, regs, 1, kv_heads=4) == 3 * 132
+    assert geo.decode_slots(h200, 64, 1, 2, regs, 1, kv_heads=2) == 4 * 132
+
+
 def test_a_contiguous_cache_is_one_page_per_sequence_and_one_split_needs_no_combine(fake_cupy):
     from iosim import gpu
 

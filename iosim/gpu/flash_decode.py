@@ -287,7 +287,8 @@ def plan_decode(q: Any, k_cache: Any, v_cache: Any, *, seqlens_k: Any = None, bl
                                       f"mma.sync); device {device} is {cc / 10:.1f}")
         itemsize = build.ITEMSIZE[s.dtype]
         kv_itemsize = 1 if s.fp8_cache else itemsize
-        smem = geo.decode_smem_bytes(s.head_dim, s.stripes, itemsize, kv_itemsize)
+        smem = geo.decode_launch_smem(s.head_dim, s.stripes, itemsize, kv_itemsize, s.kv_heads,
+                                      int(attrs["MaxSharedMemoryPerMultiprocessor"]))  # more where held to fewer
         if smem > _smem_limit(cp):
             terms = geo.decode_smem_terms(s.head_dim, s.stripes, itemsize, kv_itemsize)
             raise SharedMemoryError(f"decode at head_dim={s.head_dim}: needs {smem} B of shared memory per block "

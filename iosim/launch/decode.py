@@ -128,11 +128,39 @@ def decode_blocks_per_sm(smem_bytes: int, registers: int, smem_per_sm: int, regs
     return max(0, min(by_regs, by_smem, threads_per_sm // DECODE_THREADS, max_blocks))
 
 
+# Blocks an SM an instantiation is held to where its cache's rows are short and spread out: an fp8 cache at d = 64
+# (64-byte rows) whose kv head's rows lie among SPREAD_KV_HEADS or more heads' (a row every 256 bytes or more, the
+# (..., kv_heads, d) layout of every cache). Four such blocks fit an SM, but there a warp's tile took 1.31-1.56 us
+# against 0.93 at three (H200, 2026-11-29, decode.tile's call over DRAM with 4 to 32 kv heads interleaved; one or
+# two heads: 1.19 at four), so four ran 7-16% slower than three; docs/kernels.md, "Three blocks an SM".
+SPREAD_ROWS_CAP: dict[tuple[int, int], int] = {(64, 1): 3}  # (d, stripes) of an fp8 cache -> blocks an SM at most
+SPREAD_KV_HEADS = 4
+
+
+def decode_blocks_cap(head_dim: int, stripes: int, itemsize: int, kv_itemsize: int | None, kv_heads: int) -> int | None:
+    """Blocks an SM the split kernel is held to for this layout (:data:`SPREAD_ROWS_CAP`), or None (what fits)."""
+    fp8 = kv_itemsize is not None and kv_itemsize < itemsize
+    return SPREAD_ROWS_CAP.get((head_dim, stripes)) if fp8 and kv_heads >= SPREAD_KV_HEADS else None
+
+
+def decode_launch_smem(head_dim: int, stripes: int, itemsize: int, kv_itemsize: int | None, kv_heads: int,
+                       smem_per_sm: int, reserved_per_block: int = 1024) -> int:
+    """Dynamic shared memory a split-kernel launch asks for: what a block uses (:func:`decode_smem_bytes`), or, where
+    the layout is held to fewer blocks an SM (:func:`decode_blocks_cap`), enough more that no more of them fit an
+    SM of ``smem_per_sm`` bytes (each block also costs the runtime's reserved 1 KB)."""
+    need = decode_smem_bytes(head_dim, stripes, itemsize, kv_itemsize)
+    cap = decode_blocks_cap(head_dim, stripes, itemsize, kv_itemsize, kv_heads)
+    if cap is None:
+        return need
+    return max(need, smem_per_sm // (cap + 1) - reserved_per_block + 1)
+
+
 def decode_slots(profile: Profile, head_dim: int, stripes: int, itemsize: int, registers: int,
-                 kv_itemsize: int | None = None) -> int:
+                 kv_itemsize: int | None = None, kv_heads: int = 1) -> int:
     """Split-kernel blocks the GPU of ``profile`` holds at once (:func:`iosim.launch.model.resident_blocks`: the
-    same limits as :func:`decode_blocks_per_sm`, from the profile instead of the device's attributes)."""
-    smem = decode_smem_bytes(head_dim, stripes, itemsize, kv_itemsize)
+    same limits as :func:`decode_blocks_per_sm`, from the profile instead of the device's attributes), at the
+    shared memory the launch asks for with ``kv_heads`` kv heads (:func:`decode_launch_smem`)."""
+    smem = decode_launch_smem(head_dim, stripes, itemsize, kv_itemsize, kv_heads, int(profile.require("smem.per_sm")))
     return resident_blocks(profile, DECODE_THREADS, smem, registers)[0]
 
 

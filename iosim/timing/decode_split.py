@@ -112,7 +112,8 @@ def kernel_split(problem: AttentionProblem, profile: Profile, desc: KernelDesc, 
     stripes = decode_layout.stripes(problem.group * problem.seq_len, problem.head_dim)
     kv_itemsize = ELEMENT_BYTES[kv_dtype] if kv_dtype else None
     per_sm = geo.decode_slots(profile, problem.head_dim, stripes, problem.elem_bytes,
-                              desc.decode_registers(problem.head_dim, stripes), kv_itemsize) // profile.sm_count.value
+                              desc.decode_registers(problem.head_dim, stripes), kv_itemsize,
+                              problem.kv_heads) // profile.sm_count.value
     if calibrated(profile, problem.head_dim, stripes, kv_dtype is not None, per_sm):
         chosen = choose_splits(problem, profile, desc, lens, page_size, kv_dtype)
         return geo.decode_split(lens, blocks, slots, chosen), "time model"

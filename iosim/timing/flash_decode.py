@@ -175,7 +175,7 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     d, e = p.head_dim, t.kv_bytes(p)  # the cache's element: what streams
     stripes = t.block_q // geo.STRIPE_ROWS
     row_blocks = cdiv(p.group * p.seq_len, t.block_q)
-    slots = geo.decode_slots(c.profile, d, stripes, p.elem_bytes, registers, e)
+    slots = geo.decode_slots(c.profile, d, stripes, p.elem_bytes, registers, e, p.kv_heads)
     per_sm = max(1, slots // r.sms)
     keys = _split_keys(p, t, row_blocks)
     stream = keys * 2 * d * e  # K and V of the block's keys
