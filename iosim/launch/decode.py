@@ -9,7 +9,8 @@ The occupancy split rule (:func:`decode_split`; where the GPU's profile has the 
 launches the time model's fastest count instead, :mod:`iosim.timing.decode_split`, and this rule is the fallback):
 
 1. A launch has ``units`` = batch · kv_heads · row_blocks thread blocks before splitting; the GPU holds SMs ·
-   (blocks per SM) of them at once (:func:`decode_blocks_per_sm`: shared memory, registers, threads). The split
+   (blocks per SM) of them at once (:func:`decode_blocks_per_sm`: shared memory, registers, threads; fewer where
+   the cache's rows are short and spread out, :func:`decode_blocks_cap`). The split
    rule counts at most ``FILL_BLOCKS_PER_SM`` (2) of those an SM: ``slots`` = :func:`split_slots`.
 2. Decode is DRAM-bound: every K/V byte is read once and a block does M FLOPs per byte. DRAM stays busy as long as
    enough bytes are in flight, and two resident blocks an SM have several times what it needs
@@ -132,7 +133,7 @@ def decode_blocks_per_sm(smem_bytes: int, registers: int, smem_per_sm: int, regs
 # (64-byte rows) whose kv head's rows lie among SPREAD_KV_HEADS or more heads' (a row every 256 bytes or more, the
 # (..., kv_heads, d) layout of every cache). Four such blocks fit an SM, but there a warp's tile took 1.31-1.56 us
 # against 0.93 at three (H200, 2026-11-29, decode.tile's call over DRAM with 4 to 32 kv heads interleaved; one or
-# two heads: 1.19 at four), so four ran 7-16% slower than three; docs/kernels.md, "Three blocks an SM".
+# two heads: 1.19 at four): four moved 6-25% fewer bytes an SM than three; docs/kernels.md, "Three blocks an SM".
 SPREAD_ROWS_CAP: dict[tuple[int, int], int] = {(64, 1): 3}  # (d, stripes) of an fp8 cache -> blocks an SM at most
 SPREAD_KV_HEADS = 4
 
