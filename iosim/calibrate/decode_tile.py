@@ -19,10 +19,14 @@ pages, so the cache (at most 8 MiB) sits in L2 and each warp's ring is full when
 head and 1 new token (one stripe of 16 rows) or 4 (32 rows: two stripes). Each sequence holds ``N1`` and then ``N2``
 keys; the time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy kernel) grows by
 (N2 − N1) / 64 tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps' merge)
-are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1); and those fixed costs are what is left, ``decode.fixed`` = t(N1) −
-N1 / 64 · tile (the call's launch included), and ``decode.fixed_alone`` the same with a grid of 4 blocks: a
-block that starts beside a block on every other SM costs more than one alone. Both caches: 16-bit (fp16 q and
-cache; a bf16 call runs the same instructions) and e4m3 (fp16 q, device scales of 1).
+are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Those fixed costs are what is left at N1, measured as calls run: the
+same calls with each sequence on pages of its own (a cache of up to 1.1 GB, in DRAM), ``decode.fixed`` = t(N1) −
+N1 / 64 · (their own slope) (the call's launch included), and ``decode.fixed_alone`` the same with a grid of 4
+blocks: a block that starts beside a block on every other SM costs more than one alone. (Taken from the L2 calls,
+the fixed part missed what a full grid's first loads cost when every block sends them to DRAM at once: an H200's
+fixed parts over DRAM differed by −0.8 to +2.5 us at one block an SM and +0.6 to +5.0 us at the most an SM holds,
+2026-11-29, and the decode time record's fp8 rows, 3-4 blocks an SM, all came out fast.) Both caches: 16-bit (fp16 q and cache;
+a bf16 call runs the same instructions) and e4m3 (fp16 q, device scales of 1).
 
 The combine's round: its loop merges :func:`iosim.launch.decode.combine_unroll` splits a round, their loads issued
 together; a round is one trip to L2 and back, but for 8 warp-wide rows of 512 B and their lse, not the one 8-byte
@@ -62,18 +66,23 @@ def _slope(t1: float, t2: float) -> tuple[float, float]:
     return tile, max(t1 - N1 // 64 * tile, 1e-12)
 
 
-def _call(cp, gpu, sms: int, d: int, q_len: int, n: int, fp8: bool):
-    """A launch of the decode kernel as described in the module docstring, ready to time."""
+def _call(cp, gpu, sms: int, d: int, q_len: int, n: int, fp8: bool, own_pages: bool = False):
+    """A launch of the decode kernel as described in the module docstring, ready to time: every sequence on the same
+    pages (in L2), or, ``own_pages``, each on pages of its own in a shuffled order (in DRAM)."""
     pages = N2 // PAGE
+    pool = pages * (sms if own_pages else 1)
     q = cp.random.standard_normal((sms, q_len, GROUP, d), dtype=cp.float32).astype(cp.float16)
     if fp8:  # e4m3 bits of moderate values (exponent field under 8; no NaN encodings), sign random
-        raw = cp.random.randint(0, 0x38, (2, pages, PAGE, 1, d), dtype=cp.int32)
+        raw = cp.random.randint(0, 0x38, (2, pool, PAGE, 1, d), dtype=cp.int32)
         raw |= cp.random.randint(0, 2, raw.shape, dtype=cp.int32) << 7
         one = cp.ones(1, dtype=cp.float32)  # device scales, read as they are (a number would be copied every call)
         k, v = (gpu.QuantizedKV(x.astype(cp.uint8), one) for x in raw)
     else:
-        k, v = (x.astype(cp.float16) for x in cp.random.standard_normal((2, pages, PAGE, 1, d), dtype=cp.float32))
-    table = cp.tile(cp.arange(pages, dtype=cp.int32), (sms, 1))
+        k, v = (x.astype(cp.float16) for x in cp.random.standard_normal((2, pool, PAGE, 1, d), dtype=cp.float32))
+    if own_pages:
+        table = cp.random.permutation(pool).astype(cp.int32).reshape(sms, pages)
+    else:
+        table = cp.tile(cp.arange(pages, dtype=cp.int32), (sms, 1))
     lens = cp.full((sms,), n, dtype=cp.int32)
     plan = gpu.plan_decode(q, k, v, seqlens_k=lens, block_table=table, splits=1)
     o, lse = plan.run(q, k, v)
@@ -91,7 +100,9 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
             fit = _blocks_per_sm(d, stripes, fp8)
             for per_sm in range(1, fit + 1):
                 t1, t2 = (seconds(_call(cp, gpu, per_sm * b.sms, d, q_len, n, fp8)) for n in (N1, N2))
-                tile, fixed = _slope(t1, t2)
+                tile = _slope(t1, t2)[0]
+                d1, d2 = (seconds(_call(cp, gpu, per_sm * b.sms, d, q_len, n, fp8, own_pages=True)) for n in (N1, N2))
+                fixed = _slope(d1, d2)[1]
                 what = (f"iosim's decode kernel, {'e4m3' if fp8 else 'fp16'} cache, d = {d}, {q_len} new token(s) of "
                         f"{GROUP} heads on one kv head ({stripes} stripe(s)), blocks of one sequence each, 1 to {fit} "
                         f"on each of {b.sms} SMs (the key), every sequence on the same {N2 // PAGE} pages of {PAGE} keys "
@@ -99,9 +110,11 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
                 report(Measured(("decode", "tile", cache, key, per_sm), tile, "s", what),
                        f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
                 report(Measured(("decode", "fixed", cache, key, per_sm), fixed, "s",
-                                f"the same calls: time at {N1} keys - {N1 // 64} tiles a warp x the tile above"), "")
+                                f"the same calls with each sequence on {N2 // PAGE} pages of its own (in DRAM): time at "
+                                f"{N1} keys - {N1 // 64} tiles a warp x their (time at {N2} - time at {N1}) / "
+                                f"{(N2 - N1) // 64}"), f"{d1 * 1e6:.1f} us at {N1} keys, {d2 * 1e6:.1f} us at {N2}")
             if fit:
-                t1, t2 = (seconds(_call(cp, gpu, ALONE_BLOCKS, d, q_len, n, fp8)) for n in (N1, N2))
+                t1, t2 = (seconds(_call(cp, gpu, ALONE_BLOCKS, d, q_len, n, fp8, own_pages=True)) for n in (N1, N2))
                 report(Measured(("decode", "fixed_alone", cache, key), _slope(t1, t2)[1], "s",
                                 f"as decode.fixed, a grid of {ALONE_BLOCKS} blocks (on {ALONE_BLOCKS} SMs)"),
                        f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")

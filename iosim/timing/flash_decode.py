@@ -40,9 +40,9 @@ overlapping the split kernel's last blocks), less one block's start, or a furthe
 an L2 latency where the profile lacks it.
 
 Nothing here is fitted: ``decode.tile``, ``decode.fixed``, ``decode.combine_round`` and ``decode.combine_fixed`` are
-measured on shapes of their own (every sequence on the same pages in L2, one block an SM up to as many as an SM
-holds, and a grid of 4 blocks; the combine as what it adds to calls of one sequence and of a grid that fills every
-SM), and the measured decode rows (docs/benchmarks/decode-*.csv, the time records) judge the model
+measured on shapes of their own (one block an SM up to as many as an SM holds, and a grid of 4 blocks; the tile with
+every sequence on the same pages in L2, the fixed parts with each on its own in DRAM, as calls run; the combine as
+what it adds to calls of one sequence and of a grid that fills every SM), and the measured decode rows (docs/benchmarks/decode-*.csv, the time records) judge the model
 (``benchmarks/time_record_decode.py --judge-benchmark``, ``benchmarks/time_record.py``).
 """
 
@@ -126,7 +126,7 @@ def tile_chain_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float 
 def block_fixed_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float, r: Rates,
                   fill: float = 1.0) -> float | None:
     """``calibration.decode.fixed`` less the call's launch and its last stores' drain: the seconds a block spends
-    beyond its tiles (start, length and Q, the first tiles from L2, the warps' merge, the stores), at ``per_sm``
+    beyond its tiles (start, length and Q, the first tiles, the warps' merge, the stores), at ``per_sm``
     blocks an SM (as :func:`tile_chain_s` interpolates); with ``fill`` (running blocks over SMs) under 1, on the
     way to ``decode.fixed_alone`` (a grid of a few blocks) where the profile has it. None where the profile has no
     such measurement."""
@@ -199,8 +199,8 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     merge = 2 * WARPS * t.block_q * (d + 2) * 4 / (r.smem / r.sms)  # the warps' states through shared memory
     own = r.block_s + r.l2_latency_s + c.latency + merge
     measured = block_fixed_s(c.profile, d, stripes, bool(t.kv_dtype), k_eff, r, min(1.0, running / r.sms))
-    if measured is not None:  # the kernel's own, less what the calibration's L2-resident ring did not wait for
-        own = measured + max(0.0, c.latency - r.l2_latency_s)
+    if measured is not None:  # the kernel's own, measured over DRAM; a warm call whose cache stays in L2 waits less
+        own = max(0.0, measured - max(0.0, r.dram_latency_s - c.latency))
     fixed = np.where(active, own, r.block_s + r.l2_latency_s)
     walk = fluid(stream, fixed, r.sms, per_sm, bandwidth, [math.inf] + [cap(k) for k in range(1, per_sm + 1)])
     dram = r.dram_s(hbm_read, hbm_write)
