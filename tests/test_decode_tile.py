@@ -56,7 +56,7 @@ def test_the_tile_is_the_time_a_warp_adds_per_tile_between_the_two_lengths(monke
         _, _, cache, key, per_sm = m.path
         assert m.unit == "s" and m.value == pytest.approx(TILE_S[cache][key] * (1.5 if per_sm == 2 else 1), rel=1e-9)
     # the intercept of the calls over DRAM: what they spend beyond their tiles as calls run (their own slope)
-    fixed_parts = [m for m in got if m.path[1] == "fixed"]
+    fixed_parts = [m for m in got if m.path[1] == "fixed_dram"]
     assert len(fixed_parts) == len(tiles) and all(m.value == pytest.approx(dram_fixed, rel=1e-6) for m in fixed_parts)
     alone = [m for m in got if m.path[1] == "fixed_alone"]  # a grid of a few blocks: its own slope and intercept
     assert len(alone) == 2 * len(geo.DECODE_STRIPES)
@@ -207,9 +207,8 @@ def test_a_gpu_older_than_ampere_skips_the_section(capsys):
 
 def test_a_block_s_fixed_part_is_the_calibrated_intercept_less_the_launch_and_the_drain():
     """decode.fixed (9 us at one block an SM) is a call: the model takes the call's launch and its last stores'
-    drain off it, and charges the rest to every block that holds keys (measured with the cache in DRAM: a warm call
-    whose cache stays in L2, as here, waits the latency beyond L2's less). A grid of 4 blocks then takes that much
-    longer than without the field."""
+    drain off it, and charges the rest to every block that holds keys (its first tiles from DRAM: the latency
+    beyond L2's). A grid of 4 blocks then takes that much longer than without the field."""
     from iosim.timing.flash_decode import block_fixed_s
     from iosim.timing.rates import rates
 
@@ -230,7 +229,40 @@ def test_a_block_s_fixed_part_is_the_calibrated_intercept_less_the_launch_and_th
     no_fixed = _profile_with_tiles(fixed=False)
     gain = _split_s(p, prob, page_size=16) - _split_s(no_fixed, prob, page_size=16)
     own = r.block_s + r.l2_latency_s + r.dram_latency_s  # the composed part the measurement replaces (and the merge)
-    assert 9e-6 - r.first_launch_s() - r.dram_latency_s - own - 1e-6 < gain < 9e-6 - r.first_launch_s()
+    assert 9e-6 - r.first_launch_s() - r.l2_latency_s - own - 1e-6 < gain < 9e-6 - r.first_launch_s()
+
+
+def test_a_fixed_part_measured_over_dram_is_taken_as_it_is_where_the_call_reads_dram():
+    """decode.fixed_dram (the intercept with the cache in DRAM, as calls run) replaces decode.fixed where a profile
+    has both. Measured over DRAM it already holds the first tiles' DRAM latency: a call whose cache is in DRAM gets
+    no more added; one whose cache stays in L2 between warm calls waits the latency beyond L2's less. Measured in L2
+    (decode.fixed alone, files before 2026-11-29) that latency is added instead."""
+    from iosim.timing.flash_decode import block_fixed_s
+    from iosim.timing.rates import rates
+
+    def with_dram(value: str):
+        base = _profile_with_tiles()
+        data = yaml.safe_load((PROFILES_DIR / "h100-sxm5-80gb.yaml").read_text())
+        data["calibration"]["decode"] = base.calibration.decode.model_dump(mode="json") | {
+            "fixed_dram": {c: {k: {"value": {1: value, 2: value}, "source": "test"} for k in t}
+                           for c, t in TILE_S.items()}}
+        return profile_from_dict(data, "dram")
+
+    p = with_dram("12 us")
+    r = rates(p, "bf16")
+    assert block_fixed_s(p, 128, 1, False, 1, r) == pytest.approx(12e-6 - r.first_launch_s() - r.l2_latency_s)
+    big = AttentionProblem(batch=1, heads=8, kv_heads=1, seq_len=1, kv_len=1 << 20, head_dim=128, dtype="bf16")
+    small = AttentionProblem(batch=1, heads=8, kv_heads=1, seq_len=1, kv_len=1024, head_dim=128, dtype="bf16")
+    kw = dict(page_size=16, splits=4)
+    # a cache past L2 (256 MB): the measured part as it is; 3 us more measured, 3 us more predicted
+    assert _split_s(with_dram("15 us"), big, **kw) - _split_s(p, big, **kw) == pytest.approx(3e-6, rel=1e-6)
+    # in DRAM the L2-measured field adds the latency beyond L2's, the DRAM-measured one nothing
+    l2_measured = _profile_with_tiles()  # decode.fixed = 9 us
+    dram_9 = with_dram("9 us")
+    gap = r.dram_latency_s - r.l2_latency_s
+    assert _split_s(l2_measured, big, **kw) - _split_s(dram_9, big, **kw) == pytest.approx(gap, rel=1e-6)
+    # a warm call whose cache stays in L2: the DRAM-measured part less that latency, the L2-measured as it is
+    assert _split_s(l2_measured, small, **kw) - _split_s(dram_9, small, **kw) == pytest.approx(gap, rel=1e-6)
 
 
 def test_the_combine_takes_its_measured_part_beyond_its_rounds():

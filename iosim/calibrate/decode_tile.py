@@ -1,5 +1,5 @@
 """``calibration.decode``: what one warp of iosim's Flash-Decoding kernel (kernels/flash_decode.cu) spends on a tile
-of 16 keys when no load keeps it waiting (``decode.tile``), what a call spends beyond its tiles (``decode.fixed``,
+of 16 keys when no load keeps it waiting (``decode.tile``), what a call spends beyond its tiles (``decode.fixed_dram``,
 ``decode.fixed_alone``), and what a round of the combine kernel's split loop costs (``decode.combine_round``) and
 what a combine call costs beyond its rounds (``decode.combine_fixed``), on this GPU.
 
@@ -21,9 +21,10 @@ keys; the time of a call (median CUDA-event time of ``CALLS`` calls queued behin
 (N2 − N1) / 64 tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps' merge)
 are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Those fixed costs are what is left at N1, measured as calls run: the
 same calls with each sequence on pages of its own (a cache of up to 1.1 GB, in DRAM), ``decode.fixed`` = t(N1) −
-N1 / 64 · (their own slope) (the call's launch included), and ``decode.fixed_alone`` the same with a grid of 4
-blocks: a block that starts beside a block on every other SM costs more than one alone. (Taken from the L2 calls,
-the fixed part missed what a full grid's first loads cost when every block sends them to DRAM at once: an H200's
+N1 / 64 · (their own slope) (the call's launch included), written as ``decode.fixed_dram``, and
+``decode.fixed_alone`` the same with a grid of 4 blocks: a block that starts beside a block on every other SM costs
+more than one alone. (Taken from the L2 calls, ``decode.fixed`` of files measured before 2026-11-29, the fixed part
+missed what a full grid's first loads cost when every block sends them to DRAM at once: an H200's
 fixed parts over DRAM differed by −0.8 to +2.5 us at one block an SM and +0.6 to +5.0 us at the most an SM holds,
 2026-11-29, and the decode time record's fp8 rows, 3-4 blocks an SM, all came out fast.) Both caches: 16-bit (fp16 q and cache;
 a bf16 call runs the same instructions) and e4m3 (fp16 q, device scales of 1).
@@ -109,14 +110,14 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
                         f"(in L2), one split: (time at {N2} keys - time at {N1}) / {(N2 - N1) // 64} tiles a warp")
                 report(Measured(("decode", "tile", cache, key, per_sm), tile, "s", what),
                        f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
-                report(Measured(("decode", "fixed", cache, key, per_sm), fixed, "s",
+                report(Measured(("decode", "fixed_dram", cache, key, per_sm), fixed, "s",
                                 f"the same calls with each sequence on {N2 // PAGE} pages of its own (in DRAM): time at "
                                 f"{N1} keys - {N1 // 64} tiles a warp x their (time at {N2} - time at {N1}) / "
                                 f"{(N2 - N1) // 64}"), f"{d1 * 1e6:.1f} us at {N1} keys, {d2 * 1e6:.1f} us at {N2}")
             if fit:
                 t1, t2 = (seconds(_call(cp, gpu, ALONE_BLOCKS, d, q_len, n, fp8, own_pages=True)) for n in (N1, N2))
                 report(Measured(("decode", "fixed_alone", cache, key), _slope(t1, t2)[1], "s",
-                                f"as decode.fixed, a grid of {ALONE_BLOCKS} blocks (on {ALONE_BLOCKS} SMs)"),
+                                f"as decode.fixed_dram, a grid of {ALONE_BLOCKS} blocks (on {ALONE_BLOCKS} SMs)"),
                        f"{t1 * 1e6:.1f} us at {N1} keys, {t2 * 1e6:.1f} us at {N2}")
 
 

@@ -129,8 +129,13 @@ class DecodeCalibration(_Strict):
         None, description="the same measurement's intercept: seconds of a call of one (two) blocks an SM beyond their "
                           "tiles (launch, the block's start, Q, the first tiles, the warps' merge, the stores), keyed "
                           "as tile; absent in files measured before it")
+    fixed_dram: dict[str, dict[str, SourcedSecondsTable]] | None = Field(
+        None, description="as fixed, with each sequence on pages of its own (the cache in DRAM, as calls run: a full "
+                          "grid's first loads go to DRAM at once); where present the time model takes it for fixed; "
+                          "absent in files measured before 2026-11-29")
     fixed_alone: dict[str, dict[str, SourcedSeconds]] | None = Field(
-        None, description="as fixed, a grid of 4 blocks (each alone on its SM); absent in files measured before it")
+        None, description="as fixed, a grid of 4 blocks (each alone on its SM; since 2026-11-29 with the cache in "
+                          "DRAM, as fixed_dram); absent in files measured before it")
     combine_round: SourcedSecondsTable | None = Field(
         None, description="seconds a round of the combine kernel's split loop takes (one L2 round trip for its "
                           "splits' partial rows), by head dim; absent in files measured before it")

@@ -125,21 +125,33 @@ def tile_chain_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float 
 
 def block_fixed_s(profile, head_dim: int, stripes: int, fp8: bool, per_sm: float, r: Rates,
                   fill: float = 1.0) -> float | None:
-    """``calibration.decode.fixed`` less the call's launch and its last stores' drain: the seconds a block spends
-    beyond its tiles (start, length and Q, the first tiles, the warps' merge, the stores), at ``per_sm``
-    blocks an SM (as :func:`tile_chain_s` interpolates); with ``fill`` (running blocks over SMs) under 1, on the
-    way to ``decode.fixed_alone`` (a grid of a few blocks) where the profile has it. None where the profile has no
-    such measurement."""
-    cal = getattr(profile.calibration, "decode", None)
-    cache, key = decode_keys(head_dim, stripes, fp8)
-    entry = ((cal.fixed or {}).get(cache, {}) if cal is not None else {}).get(key)
+    """``calibration.decode.fixed_dram`` (or ``fixed``, :func:`_fixed_entry`) less the call's launch and its last
+    stores' drain: the seconds a block spends beyond its tiles (start, length and Q, the first tiles, the warps'
+    merge, the stores), at ``per_sm`` blocks an SM (as :func:`tile_chain_s` interpolates); with ``fill`` (running
+    blocks over SMs) under 1, on the way to ``decode.fixed_alone`` (a grid of a few blocks) where the profile has it.
+    None where the profile has no such measurement."""
+    entry, _ = _fixed_entry(profile, head_dim, stripes, fp8)
     if entry is None:
         return None
+    cal = profile.calibration.decode
+    cache, key = decode_keys(head_dim, stripes, fp8)
     full = _interpolate(entry.value, per_sm)
     alone = ((cal.fixed_alone or {}).get(cache, {})).get(key)
     if alone is not None and alone.value is not None and fill < 1.0:
         full = float(alone.value) + (full - float(alone.value)) * fill
     return max(0.0, full - r.first_launch_s() - r.l2_latency_s)
+
+
+def _fixed_entry(profile, head_dim: int, stripes: int, fp8: bool):
+    """(``decode.fixed_dram``'s entry, True) where the profile has it; else (``decode.fixed``'s, measured with the
+    cache in L2 before 2026-11-29, False); else (None, False)."""
+    cal = getattr(profile.calibration, "decode", None)
+    cache, key = decode_keys(head_dim, stripes, fp8)
+    for table, over_dram in ((getattr(cal, "fixed_dram", None), True), (getattr(cal, "fixed", None), False)):
+        entry = (table or {}).get(cache, {}).get(key)
+        if entry is not None:
+            return entry, over_dram
+    return None, False
 
 
 def _interpolate(table: dict, per_sm: float) -> float:
@@ -199,8 +211,10 @@ def split_time(c: Conditions, work: Workload, registers: int) -> KernelTime:
     merge = 2 * WARPS * t.block_q * (d + 2) * 4 / (r.smem / r.sms)  # the warps' states through shared memory
     own = r.block_s + r.l2_latency_s + c.latency + merge
     measured = block_fixed_s(c.profile, d, stripes, bool(t.kv_dtype), k_eff, r, min(1.0, running / r.sms))
-    if measured is not None:  # the kernel's own, measured over DRAM; a warm call whose cache stays in L2 waits less
-        own = max(0.0, measured - max(0.0, r.dram_latency_s - c.latency))
+    if measured is not None and _fixed_entry(c.profile, d, stripes, bool(t.kv_dtype))[1]:
+        own = max(0.0, measured - max(0.0, r.dram_latency_s - c.latency))  # over DRAM; a call in L2 waits less
+    elif measured is not None:  # measured in L2: what its ring did not wait for added
+        own = measured + max(0.0, c.latency - r.l2_latency_s)
     fixed = np.where(active, own, r.block_s + r.l2_latency_s)
     walk = fluid(stream, fixed, r.sms, per_sm, bandwidth, [math.inf] + [cap(k) for k in range(1, per_sm + 1)])
     dram = r.dram_s(hbm_read, hbm_write)
