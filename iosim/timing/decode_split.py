@@ -12,8 +12,10 @@ three blocks an SM (docs/kernels.md, "The split count from the time model").
 So :func:`choose_splits` predicts the kernels' time at each candidate count (the model
 :func:`iosim.timing.predict` runs, on the schedule's closed-form counts and DRAM bytes, as ``simulate`` has them,
 less the power limiter's slowing over a run of calls, which does not rank the counts) and takes the fastest, the
-fewest splits among equals. Candidates: 1 to 8, then about 1.25x apart up to the cap (MAX_SPLITS, and a split a
-16-key tile of the longest sequence); the search stops two candidates past the fastest so far. One prediction is
+fewest splits among equals. Candidates: 1 to 8, every one of them tried (the grid's waves make the time rise and
+fall there: 16 sequences of 2 fp8 kv heads at d = 256, 2 blocks an SM, are predicted 35.4 us at 4 splits, 36.1 at 6
+and 30.5 at 8, measured 30.7 at 8 on an H200), then about 1.25x apart up to the cap (MAX_SPLITS, and a split a
+16-key tile of the longest sequence), where the search stops two candidates past the fastest so far. One prediction is
 one event walk of the grid (compiled: :mod:`iosim.timing._fluid`), a choice 1-10 ms (up to ~0.2 s for grids of
 thousands of ragged blocks).
 
@@ -79,7 +81,7 @@ def choose_splits(problem: AttentionProblem, profile: Profile, desc: KernelDesc,
         t = predicted_s(problem, profile, desc, tiles, warm)
         if t < best_s:
             best, best_s, since = tiles.splits, t, 0
-        else:
+        elif s > FIRST:  # every count up to FIRST is tried: waves make the times there rise and fall
             since += 1
             if since >= PATIENCE:
                 break
