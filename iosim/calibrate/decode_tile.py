@@ -19,15 +19,15 @@ pages, so the cache (at most 8 MiB) sits in L2 and each warp's ring is full when
 head and 1 new token (one stripe of 16 rows) or 4 (32 rows: two stripes). Each sequence holds ``N1`` and then ``N2``
 keys; the time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy kernel) grows by
 (N2 − N1) / 64 tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps' merge)
-are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Those fixed costs are what is left at N1, measured as calls run: the
-same calls with each sequence on pages of its own (a cache of up to 1.1 GB, in DRAM), ``decode.fixed`` = t(N1) −
-N1 / 64 · (their own slope) (the call's launch included), written as ``decode.fixed_dram``, and
-``decode.fixed_alone`` the same with a grid of 4 blocks: a block that starts beside a block on every other SM costs
-more than one alone. (Taken from the L2 calls, ``decode.fixed`` of files measured before 2026-11-29, the fixed part
-missed what a full grid's first loads cost when every block sends them to DRAM at once: an H200's
-fixed parts over DRAM differed by −0.8 to +2.5 us at one block an SM and +0.6 to +5.0 us at the most an SM holds,
-2026-11-29, and the decode time record's fp8 rows, 3-4 blocks an SM, all came out fast.) Both caches: 16-bit (fp16 q and cache;
-a bf16 call runs the same instructions) and e4m3 (fp16 q, device scales of 1).
+are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Those fixed costs are measured as calls meet them: the same calls with
+each sequence on pages of its own (a cache of up to 1.1 GB, in DRAM), ``decode.fixed_dram`` = t(N1) − N1 / 64 ·
+(t(N2) − t(N1)) · 64 / (N2 − N1) of those calls (the call's launch included), and ``decode.fixed_alone`` the same
+with a grid of 4 blocks: a block that starts beside a block on every other SM costs more than one alone. (Files
+measured before 2026-11-29 hold ``decode.fixed``, the intercept of the L2 calls: it missed what a full grid's first
+loads cost when every block sends them to DRAM at once. An H200's fixed parts over DRAM differed from it by −0.8 to
++2.5 us at one block an SM and +0.6 to +5.0 us at the most an SM holds, and the decode time record's fp8 rows, 3-4
+blocks an SM, had all come out fast.) Both caches: 16-bit (fp16 q and cache; a bf16 call runs the same instructions)
+and e4m3 (fp16 q, device scales of 1).
 
 The combine's round: its loop merges :func:`iosim.launch.decode.combine_unroll` splits a round, their loads issued
 together; a round is one trip to L2 and back, but for 8 warp-wide rows of 512 B and their lse, not the one 8-byte

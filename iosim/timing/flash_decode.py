@@ -8,7 +8,8 @@ the description's registers, threads). Each block
 
 1. starts (``launch.per_block``), reads its sequence's length (one L2 latency) and issues Q and its first K/V tiles
    (one DRAM latency, ``latency.dram``; L2's where warm calls keep the cache in L2); where the profile has
-   ``decode.fixed`` (:func:`block_fixed_s`), that measurement replaces these terms and the merge of step 3;
+   ``decode.fixed_dram`` or ``decode.fixed`` (:func:`block_fixed_s`), that measurement replaces these terms and the
+   merge of step 3;
 2. streams its split's K and V: all streaming blocks share the bandwidth equally (water-filling), each capped by
    its warps' own pace, a tile of 16 keys a warp each ``decode.tile`` seconds (the calibrated time of the warp's
    dependent chain through a tile at the blocks sharing its SM, :mod:`iosim.calibrate.decode_tile`; 0 where the
