@@ -102,7 +102,8 @@ def decode_tile_part(b: Bench, cp, report: Callable[[Measured, str], None]) -> N
             for per_sm in range(1, fit + 1):
                 t1, t2 = (seconds(_call(cp, gpu, per_sm * b.sms, d, q_len, n, fp8)) for n in (N1, N2))
                 tile = _slope(t1, t2)[0]
-                d1, d2 = (seconds(_call(cp, gpu, per_sm * b.sms, d, q_len, n, fp8, own_pages=True)) for n in (N1, N2))
+                d1, d2 = (seconds(_call(cp, gpu, per_sm * b.sms, d, q_len, n, fp8, own_pages=True))
+                          for n in (N1, N2))
                 fixed = _slope(d1, d2)[1]
                 what = (f"iosim's decode kernel, {'e4m3' if fp8 else 'fp16'} cache, d = {d}, {q_len} new token(s) of "
                         f"{GROUP} heads on one kv head ({stripes} stripe(s)), blocks of one sequence each, 1 to {fit} "

@@ -112,8 +112,8 @@ class MemoryLatency(_Strict):
 
 
 def decode_keys(head_dim: int, stripes: int, fp8: bool) -> tuple[str, str]:
-    """The keys of an instantiation in ``decode.tile`` and ``decode.fixed``: the cache's element ('16bit', 'fp8') and
-    'd128x2' (head dim 128, two 16-row stripes a block)."""
+    """The keys of an instantiation in ``decode.tile`` and ``decode.fixed`` (``fixed_dram``): the cache's element
+    ('16bit', 'fp8') and 'd128x2' (head dim 128, two 16-row stripes a block)."""
     return "fp8" if fp8 else "16bit", f"d{head_dim}x{stripes}"
 
 

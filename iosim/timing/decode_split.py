@@ -3,21 +3,21 @@
 The split count trades the grid's fill against its overheads. Too few splits leave SMs idle, or a long sequence's
 blocks straggling at one block's pace (:func:`iosim.timing.flash_decode.fluid`); too many add blocks' fixed parts,
 fp32 partial outputs and the combine kernel. Where the balance lies depends on the GPU's calibrated rates (a block's
-pace at the blocks sharing its SM, ``decode.tile``; its fixed part, ``decode.fixed``; the DRAM read rate), the head
-dim, the cache's dtype and the lengths, and no rule of thumb follows all of them: the occupancy rule
-(:func:`iosim.launch.decode.decode_split`, 80% of two blocks an SM) splits a 16-bit cache at d = 128 where one
-block an SM already streams at the DRAM rate, and an fp8 cache too little where its warps' conversion chain needs
-three blocks an SM (docs/kernels.md, "The split count from the time model").
+pace at the blocks sharing its SM, ``decode.tile``; its fixed part, ``decode.fixed_dram``; the DRAM read rate), the
+head dim, the cache's dtype and the lengths, and no rule of thumb follows all of them: the occupancy rule
+(:func:`iosim.launch.decode.decode_split`, 80% of two blocks an SM) splits a 16-bit cache at d = 128 where one block
+an SM already streams at the DRAM rate, and an fp8 cache too little where its warps' conversion chain needs three
+blocks an SM (docs/kernels.md, "The split count from the time model").
 
-So :func:`choose_splits` predicts the kernels' time at each candidate count (the model
-:func:`iosim.timing.predict` runs, on the schedule's closed-form counts and DRAM bytes, as ``simulate`` has them,
-less the power limiter's slowing over a run of calls, which does not rank the counts) and takes the fastest, the
-fewest splits among equals. Candidates: 1 to 8, every one of them tried (the grid's waves make the time rise and
-fall there: 16 sequences of 2 fp8 kv heads at d = 256, 2 blocks an SM, are predicted 35.4 us at 4 splits, 36.1 at 6
-and 30.5 at 8, measured 30.7 at 8 on an H200), then about 1.25x apart up to the cap (MAX_SPLITS, and a split a
-16-key tile of the longest sequence), where the search stops two candidates past the fastest so far. One prediction is
-one event walk of the grid (compiled: :mod:`iosim.timing._fluid`), a choice 1-10 ms (up to ~0.2 s for grids of
-thousands of ragged blocks).
+So :func:`choose_splits` predicts the kernels' time at each candidate count (the model :func:`iosim.timing.predict`
+runs, on the schedule's closed-form counts and DRAM bytes, as ``simulate`` has them, less the power limiter's
+slowing over a run of calls, which does not rank the counts) and takes the fastest, the fewest splits among equals.
+Candidates: 1 to 8, every one of them tried (the grid's waves make the time rise and fall there: 16 sequences of 2
+fp8 kv heads at d = 256, 2 blocks an SM, are predicted 35.4 us at 4 splits, 36.1 at 6 and 30.5 at 8, measured 30.7
+at 8 on an H200), then about 1.25x apart up to the cap (MAX_SPLITS, and a split a 16-key tile of the longest
+sequence), where the search stops two candidates past the fastest so far. One prediction is one event walk of the
+grid (compiled: :mod:`iosim.timing._fluid`), a choice 1-10 ms (up to ~0.2 s for grids of thousands of ragged
+blocks).
 
 :func:`kernel_split` is what the kernel launches, and what ``simulate("flash-decoding", ..., kernel="iosim-decode")``
 counts: a forced count; else the time model's choice where the profile has the kernel's decode calibration for this

@@ -40,10 +40,11 @@ rounds, measured there: on sm_90 the combine is the split kernel's programmatic 
 overlapping the split kernel's last blocks), less one block's start, or a further launch (``launch.dependent``) and
 an L2 latency where the profile lacks it.
 
-Nothing here is fitted: ``decode.tile``, ``decode.fixed``, ``decode.combine_round`` and ``decode.combine_fixed`` are
-measured on shapes of their own (one block an SM up to as many as an SM holds, and a grid of 4 blocks; the tile with
-every sequence on the same pages in L2, the fixed parts with each on its own in DRAM, as calls run; the combine as
-what it adds to calls of one sequence and of a grid that fills every SM), and the measured decode rows (docs/benchmarks/decode-*.csv, the time records) judge the model
+Nothing here is fitted: ``decode.tile``, ``decode.fixed_dram``, ``decode.combine_round`` and
+``decode.combine_fixed`` are measured on shapes of their own (one block an SM up to as many as an SM holds, and a
+grid of 4 blocks; the tile with every sequence on the same pages in L2, the fixed parts with each on its own in
+DRAM, as calls run; the combine as what it adds to calls of one sequence and of a grid that fills every SM), and the
+measured decode rows (docs/benchmarks/decode-*.csv, the time records) judge the model
 (``benchmarks/time_record_decode.py --judge-benchmark``, ``benchmarks/time_record.py``).
 """
 
