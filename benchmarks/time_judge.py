@@ -42,7 +42,7 @@ BOUNDS = {"iosim-flash2": (0.05, 0.15), "iosim-naive": (0.05, 0.15), "fa2": (0.0
           "iosim-flash3 varlen": (0.05, 0.15), "iosim-flash2 paged": (0.05, 0.15),  # issue 28's, chunked prefill
           "iosim-decode fp8 cache": (0.05, 0.15)}  # issue 28's, decode on an fp8 KV cache
 PARTS = ("backward", "decode", "fp8", "window", "varlen")  # <device>-time-<part>.json judged beside the forward record
-HELDOUT_PARTS = ("decode-heldout",)  # <device>-time-<part>.json judged beside the held-out forward rows
+HELDOUT_PARTS = ("decode-heldout", "decode-blind")  # <device>-time-<part>.json judged beside the held-out forward rows
 COLUMNS = ("kernel", "device", "profile", "batch", "heads", "kv_heads", "seq_len", "kv_len", "head_dim", "dtype",
            "causal", "block_q", "block_kv", "predicted_s", "measured_s", "page_size", "kv_lens", "window", "seqlens",
            "kv_dtype")
@@ -139,7 +139,7 @@ def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "
     for more_part in PARTS if part == "record" else HELDOUT_PARTS:
         more = raw.with_name(f"{device}-time-{more_part}.json")
         if more.exists():
-            rows += json.loads(more.read_text())["rows"]
+            rows += [{**r, "part": more_part} for r in json.loads(more.read_text())["rows"]]
     out_rows, errors = [], {}
     for row in rows:
         if row["kernel"] not in SCHEDULE or row["measured_ms"] is None or not comparable(row):
@@ -172,6 +172,12 @@ def judge_record(device: str, raw: Path, profile: str, root: Path, part: str = "
         ok &= good
         print(f"{kernel:<14} {len(errs):>4} {med:>8.1%} {worst:>8.1%}  ({bm:.0%}, {bw:.0%})  "
               f"{'within' if good else 'OUTSIDE'}")
+    for part_name in sorted({e[2].get("part") for errs in errors.values() for e in errs} - {None}):
+        for kernel, errs in errors.items():
+            mine = [e[0] for e in errs if e[2].get("part") == part_name]
+            if mine and len(mine) < len(errs):  # the part's own rows, where the group has others too
+                print(f"  of which {part_name}: {kernel:<24} {len(mine):>3} rows, median {statistics.median(mine):.1%}, "
+                      f"worst {max(mine):.1%}")
     print("\nrows outside the worst bound:")
     for kernel, errs in errors.items():
         for a, e, row, bound in sorted(errs, key=lambda x: -x[0]):

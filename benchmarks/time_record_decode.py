@@ -6,6 +6,7 @@
                                                                          # measured rows of docs/benchmarks/decode-*.csv
     python benchmarks/time_record_decode.py --measure --part heldout --device h100   # the held-out shapes
     python benchmarks/time_record.py --part heldout --device h100        # judges them with the held-out part
+    python benchmarks/time_record_decode.py --measure --part blind --device h200     # shapes predicted before measured
 
 ``--measure`` runs every shape of :func:`sweep` (q_len 1, 4 and 16; ragged batches; contiguous caches and pages of
 16, 64 and 256 tokens in a shuffled order; d 64, 128 and 256; GQA 1:1 and 8:1; batches that do not fill the GPU; and
@@ -110,6 +111,20 @@ def held_out() -> list[DecodeShape]:
     return out + [replace(s, kv_dtype="fp8") for s in fp8]
 
 
+def blind() -> list[DecodeShape]:
+    """Shapes chosen and predicted (their predictions written down) before they were first measured, after the fixed
+    parts over DRAM and three blocks an SM went in (2026-11-29), none of them in :func:`sweep` or :func:`held_out`:
+    pages of 32 and 128, GQA 7:1, ragged batches of 6 sequences, d = 256 with 8 tokens, fp8 at d = 64 over 8 kv
+    heads (held to 3 blocks an SM) and at d = 256."""
+    ragged = (40000, 9000, 2500, 600, 20000, 150)
+    out = [DecodeShape(24, 32, 8, 1, 128, (12000,) * 24, 32), DecodeShape(6, 64, 8, 2, 128, ragged, 64),
+           DecodeShape(96, 16, 2, 1, 64, (3000,) * 96), DecodeShape(3, 32, 4, 8, 256, (7000,) * 3, 128),
+           DecodeShape(40, 28, 4, 1, 128, (5000,) * 40, 16), DecodeShape(2, 8, 1, 4, 128, (60000, 30000), 256)]
+    fp8 = [DecodeShape(24, 32, 8, 1, 128, (12000,) * 24, 32), DecodeShape(64, 32, 8, 1, 64, (4000,) * 64, 64),
+           DecodeShape(6, 64, 8, 2, 128, ragged, 64), DecodeShape(20, 16, 2, 1, 256, (9000,) * 20, 16)]
+    return out + [replace(s, kv_dtype="fp8") for s in fp8]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # measuring (GPU)
 
@@ -195,7 +210,7 @@ def measure(device: str, reps: int, part: str = "record") -> dict:
 
     from iosim import gpu
 
-    rows, shapes = [], held_out() if part == "heldout" else sweep()
+    rows, shapes = [], {"record": sweep, "heldout": held_out, "blind": blind}[part]()
     for i, s in enumerate(shapes):
         row = measure_shape(torch, gpu, s, reps, seed=1000 + i)
         rows.append(row)
@@ -288,16 +303,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="predict docs/benchmarks/decode-<profile>.csv's measured rows and print the errors")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=None, help="with --measure: folder for the JSON (default data/validation)")
-    ap.add_argument("--part", choices=("record", "heldout"), default="record",
-                    help="with --measure: the record's shapes, or the held-out ones (time_record.py --part heldout "
-                         "judges them beside the forward kernels' held-out rows)")
+    ap.add_argument("--part", choices=("record", "heldout", "blind"), default="record",
+                    help="with --measure: the record's shapes, the held-out ones, or the blind ones (time_record.py "
+                         "--part heldout judges both beside the forward kernels' held-out rows)")
     args = ap.parse_args(argv)
     if args.judge_benchmark:
         return print_benchmark(args.device)
     if not args.measure:
         ap.error("give --measure (on the GPU) or --judge-benchmark; time_record.py --device DEVICE judges the record")
     data = measure(args.device, args.reps, args.part)
-    name = f"{args.device}-time-decode{'-heldout' if args.part == 'heldout' else ''}.json"
+    name = f"{args.device}-time-decode{'' if args.part == 'record' else '-' + args.part}.json"
     raw = save_record(data, (args.out or ROOT / "data/validation") / name)
     print(f"wrote {raw}")
     failed = [r["check"] for r in data["rows"] if r["check"] != "ok"]
