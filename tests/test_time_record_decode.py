@@ -51,3 +51,17 @@ def test_every_shape_of_the_gpu_record_simulates_as_the_judge_will_ask():
                             "kv_len": s.capacity, "head_dim": s.head_dim, "dtype": s.dtype, "causal": s.q_len > 1,
                             "kv_lens": list(s.kv_lens), "page_size": s.page_size}, H100).time.kernels[0].bound
                == "blocks" for s in shapes)  # small grids
+
+
+def test_the_held_out_and_blind_shapes_are_none_of_the_records_and_simulate():
+    """The held-out part and the blind one (shapes predicted before their first measurement) share no shape with the
+    record or with each other, and each runs through the simulator as the judge will run it."""
+    mod = load_benchmark("time_record_decode")
+    record, held, blind = ({s.key for s in part()} for part in (mod.sweep, mod.held_out, mod.blind))
+    assert len(blind) == len(mod.blind()) == 10 and not (blind & record) and not (blind & held) and not (held & record)
+    for s in mod.blind():
+        row = {"batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "seq_len": s.q_len, "kv_len": s.capacity,
+               "head_dim": s.head_dim, "dtype": s.dtype, "causal": s.q_len > 1, "kv_lens": list(s.kv_lens),
+               "page_size": s.page_size, "kv_dtype": s.kv_dtype}
+        r = mod.predict(row, "h200-sxm-141gb")
+        assert r.time.kernel == "iosim-decode" and r.time.predicted_s > 0 and r.tiles.kv_dtype == s.kv_dtype
