@@ -12,17 +12,17 @@ kernel is not waiting on DRAM (16 new tokens a sequence, d = 256, grids of a few
 own loop is timed.
 
 How: one block on every SM, then two, and so on to as many as an SM holds (``batch`` = k · SMs sequences of one kv
-head, one split each, so the grid is one block per sequence; with two blocks the warps on a scheduler share its issue
-slots and a warp's tile takes 1.2-1.6x as long on an H100; an fp8 cache's blocks fit three an SM at d = 128, the
-count the split choice fills, :mod:`iosim.timing.decode_split`), every sequence's block table pointing at the same
-pages, so the cache (at most 8 MiB) sits in L2 and each warp's ring is full when it asks; 8 query heads on the kv
-head and 1 new token (one stripe of 16 rows) or 4 (32 rows: two stripes). Each sequence holds ``N1`` and then ``N2``
-keys; the time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy kernel) grows by
-(N2 − N1) / 64 tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps' merge)
-are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Those fixed costs are measured as calls meet them: the same calls with
-each sequence on pages of its own (a cache of up to 1.1 GB, in DRAM), ``decode.fixed_dram`` = t(N1) − N1 / 64 ·
-(t(N2) − t(N1)) · 64 / (N2 − N1) of those calls (the call's launch included), and ``decode.fixed_alone`` the same
-with a grid of 4 blocks: a block that starts beside a block on every other SM costs more than one alone. (Files
+head, one split each, so the grid is one block per sequence; with two blocks the warps on a scheduler share its
+issue slots and a warp's tile takes 1.2-1.6x as long on an H100; an fp8 cache's blocks fit three an SM at d = 128,
+the count the split choice fills, :mod:`iosim.timing.decode_split`), every sequence's block table pointing at the
+same pages, so the cache (at most 8 MiB) sits in L2 and each warp's ring is full when it asks; 8 query heads on the
+kv head and 1 new token (one stripe of 16 rows) or 4 (32 rows: two stripes). Each sequence holds ``N1`` and then
+``N2`` keys; the time of a call (median CUDA-event time of ``CALLS`` calls queued behind a busy kernel) grows by (N2
+− N1) / 64 tiles of each warp, whatever the block's fixed costs (its start, Q, the first tiles' latency, the warps'
+merge) are: tile = (t(N2) − t(N1)) · 64 / (N2 − N1). Those fixed costs are measured as calls meet them: the same
+calls with each sequence on pages of its own (a cache of up to 1.1 GB, in DRAM), ``decode.fixed_dram`` = t(N1) − N1
+/ 64 · (t(N2) − t(N1)) · 64 / (N2 − N1) of those calls (the call's launch included), and ``decode.fixed_alone`` the
+same with a grid of 4 blocks: a block that starts beside a block on every other SM costs more than one alone. (Files
 measured before 2026-11-29 hold ``decode.fixed``, the intercept of the L2 calls: it missed what a full grid's first
 loads cost when every block sends them to DRAM at once. An H200's fixed parts over DRAM differed from it by −0.8 to
 +2.5 us at one block an SM and +0.6 to +5.0 us at the most an SM holds, and the decode time record's fp8 rows, 3-4

@@ -79,13 +79,13 @@ def fp8_path(profile) -> str:
 
 
 def fluid(stream: np.ndarray, fixed: np.ndarray, sms: int, per_sm: int, bandwidth: float, caps) -> float:
-    """When the last of the blocks ends: block i (launch order) takes a slot on an SM, spends ``fixed[i]`` seconds
-    not streaming, then streams ``stream[i]`` bytes. The first ``sms · per_sm`` blocks are placed breadth first
-    (block i on SM i mod sms: one on every SM, then a second, as the block scheduler deals out a grid); every later
-    one takes the slot the block that ended last left, on that block's SM. The streaming blocks share ``bandwidth``
-    by water-filling (:func:`iosim.timing._fluid.shares`), each at most ``caps[k]`` bytes/s while k blocks stream
-    on its SM (its warps' pace there). An event walk: blocks start streaming or end at each event (all those that do at the same
-    instant: a wave of equal blocks is one event), and the rates are set again; compiled
+    """When the last of the blocks ends: block i (launch order) takes a slot on an SM, spends ``fixed[i]`` seconds not
+    streaming, then streams ``stream[i]`` bytes. The first ``sms · per_sm`` blocks are placed breadth first (block i
+    on SM i mod sms: one on every SM, then a second, as the block scheduler deals out a grid); every later one takes
+    the slot the block that ended last left, on that block's SM. The streaming blocks share ``bandwidth`` by
+    water-filling (:func:`iosim.timing._fluid.shares`), each at most ``caps[k]`` bytes/s while k blocks stream on
+    its SM (its warps' pace there). An event walk: blocks start streaming or end at each event (all those that do at
+    the same instant: a wave of equal blocks is one event), and the rates are set again; compiled
     (:func:`iosim.timing._fluid.walk`), since the split choice walks every candidate grid."""
     from ._fluid import walk  # numba, on the first decode prediction
 
