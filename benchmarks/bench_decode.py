@@ -110,6 +110,11 @@ def torch_peers(torch, q, k, v, args) -> dict[str, tuple[float, object]]:
         try:
             from torch.nn.attention.flex_attention import flex_attention
 
+            # one compile per shape: past dynamo's recompile limit (8) flex_attention would fall back to its unfused
+            # form (the whole score matrix), which is not the peer to time
+            cfg = torch._dynamo.config
+            limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # its older name
+            setattr(cfg, limit, max(getattr(cfg, limit), 64))
             flex = torch.compile(flex_attention, dynamic=False)
             fn = lambda: flex(qt, kt, vt, enable_gqa=True)  # noqa: E731
             res = fn().transpose(1, 2)
